@@ -1,0 +1,43 @@
+# onbox — the two commands that do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  := torch==2.13.0
+
+.PHONY: all demo test test-fast bench lint zipapp sysdeps venv clean
+
+all: zipapp
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,controller]' '$(TORCH)'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+sysdeps:
+	bash build/sysdeps.sh
+
+zipapp: $(STAMP)
+	$(PY) build/zipapp.py --out dist
+
+demo: $(STAMP) sysdeps
+	$(PY) -m onbox audit
+
+test: $(STAMP) sysdeps
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
+
+bench: $(STAMP) sysdeps
+	$(PY) -m tests.bench
+
+lint: $(STAMP)
+	$(PY) -m ruff check onbox controller tests build
+	$(PY) -m mypy
+
+clean:
+	rm -rf dist build/out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system tools the tests and the demo use (TESTHOSTS.md): OpenSSH, rsync, Slurm + munge, rclone.
+# Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+need=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
+command -v rclone >/dev/null 2>&1 || need+=(rclone)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v fuser >/dev/null 2>&1 || need+=(psmisc)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "sysdeps: installing ${need[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

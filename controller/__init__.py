@@ -1,0 +1,1 @@
+"""onboxctl: the local controller. May import onbox (schemas); onbox never imports it."""

@@ -1,0 +1,1 @@
+"""Thin click commands of `onboxctl`."""

@@ -1,0 +1,81 @@
+"""What both CLIs share: a group that imports each command only when it is run (fast `--version`),
+and the one place that turns a domain error into a message, a hint and an exit code."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import click
+
+from onbox.errors import ExitCode, OnboxError
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands live in other modules and are imported on first use.
+
+    `lazy` maps a command name to ("package.module", "attribute", "one-line help"): `--help` lists the names and
+    help lines without importing anything heavy.
+    """
+
+    def __init__(self, *args: Any, lazy: Optional[Dict[str, Tuple[str, str, str]]] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name in self.lazy:
+            module, attr, _ = self.lazy[cmd_name]
+            cmd = getattr(importlib.import_module(module), attr)
+            if not isinstance(cmd, click.Command):
+                raise TypeError("%s.%s is not a click command" % (module, attr))
+            return cmd
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy:
+                rows.append((name, self.lazy[name][2]))
+            else:
+                cmd = super().get_command(ctx, name)
+                if cmd is not None and not cmd.hidden:
+                    rows.append((name, cmd.get_short_help_str(limit=80)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def report_error(prog: str, err: OnboxError) -> int:
+    """Print a domain error as `prog: message` (+ `hint: ...`) on stderr and return its exit code."""
+    click.echo("%s: %s" % (prog, err.message), err=True)
+    if err.hint:
+        click.echo("hint: %s" % err.hint, err=True)
+    return int(err.exit_code)
+
+
+def run_cli(group: click.Group, prog: str, argv: Optional[List[str]] = None) -> None:
+    """Invoke a click group; domain errors become one clean message and their exit code, never a traceback."""
+    try:
+        rv = group.main(args=argv, prog_name=prog, standalone_mode=False)
+    except OnboxError as e:
+        sys.exit(report_error(prog, e))
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(int(ExitCode.USAGE))
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def echo_json(obj: Any) -> None:
+    """The one JSON printer for `--json` output: stable key order, one document."""
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,113 @@
+"""Crash-consistent file writes and free-space readings: the ONE place for these (DESIGN.md).
+
+The recipe (DOMAIN.md): write a temp file in the same directory, flush, fsync the file, os.replace onto the final
+name, fsync the directory (an fsync of the file does not persist its directory entry).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from typing import Any, NamedTuple, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+TMP_PREFIX = ".onbox-tmp-"
+
+
+def fsync_dir(path: PathLike) -> None:
+    """fsync a directory so that renames and creations inside it survive a power cut."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems (e.g. certain FUSE/NFS mounts) refuse fsync on a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that a reader sees the old or the new content, never a mix."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path: PathLike, obj: Any, mode: int = 0o644) -> None:
+    """atomic_write of a JSON document, sorted and indented so diffs and golden files stay stable."""
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode=mode)
+
+
+def read_json(path: PathLike) -> Any:
+    with open(os.fspath(path), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def append_jsonl(path: PathLike, obj: Any) -> None:
+    """Append one JSON line with a single write(2) on an O_APPEND fd (whole lines, even with several writers)."""
+    line = (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class FreeSpace(NamedTuple):
+    """statvfs of the filesystem holding a path, as an unprivileged writer sees it."""
+
+    path: str
+    free_bytes: int  # bytes available to non-root (f_bavail * f_frsize)
+    total_bytes: int
+    free_inodes: int  # f_favail; 0 on filesystems without inode limits reports as -1 (see has_inode_limit)
+    total_inodes: int
+
+    @property
+    def has_inode_limit(self) -> bool:
+        return self.total_inodes > 0
+
+
+def free_space(path: PathLike) -> FreeSpace:
+    """Free bytes AND free inodes (U7: disks die on inodes before bytes). Walks up to the nearest existing dir."""
+    probe = os.path.abspath(os.fspath(path))
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    st = os.statvfs(probe)
+    return FreeSpace(
+        path=probe,
+        free_bytes=st.f_bavail * st.f_frsize,
+        total_bytes=st.f_blocks * st.f_frsize,
+        free_inodes=st.f_favail if st.f_files > 0 else -1,
+        total_inodes=st.f_files,
+    )
+
+
+def is_writable_dir(path: PathLike) -> bool:
+    """True when a file can really be created in `path` (access(2) lies on read-only mounts and for root)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=os.fspath(path))
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True

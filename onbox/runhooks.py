@@ -1,0 +1,69 @@
+"""The seams between the supervisor loop and the subsystems it drives.
+
+The supervisor (issue 3) owns the loop; checkpoints (issue 4), heartbeats (issue 5) and the GPU reaper (issue 7)
+plug in through these protocols. Each has a no-op implementation so the supervisor runs without them.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Protocol
+
+
+class CheckpointHook(Protocol):
+    def restore(self) -> Optional[str]:
+        """Before an attempt: make the newest verified checkpoint available locally; return its path or None."""
+
+    def periodic(self) -> None:
+        """Called from the loop every tick; commits a newly completed checkpoint when its interval is due."""
+
+    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        """On preemption/stop: commit the newest complete checkpoint that can finish before `deadline`
+        (a monotonic time). Returns a summary (name, step, durable path) or None when nothing was committed."""
+
+
+class TelemetryHook(Protocol):
+    def on_output(self, line: str) -> None:
+        """Each line of the child's output (already decoded, without the newline)."""
+
+    def on_event(self, event: Dict[str, Any]) -> None:
+        """Each lifecycle event the supervisor records (state changes, exits, restarts, preemption)."""
+
+    def tick(self, state: Dict[str, Any]) -> None:
+        """Every loop tick with the current state.json document; sends a heartbeat when one is due."""
+
+    def close(self, state: Dict[str, Any]) -> None:
+        """Final heartbeat and flush, best effort within a short bound."""
+
+
+class ReapHook(Protocol):
+    def before_attempt(self, earlier_sessions: List[int]) -> None:
+        """Kill GPU holders left by earlier attempts (their session ids) and wait, bounded, for memory to return."""
+
+
+class NoCheckpoints:
+    def restore(self) -> Optional[str]:
+        return None
+
+    def periodic(self) -> None:
+        return None
+
+    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        return None
+
+
+class NoTelemetry:
+    def on_output(self, line: str) -> None:
+        return None
+
+    def on_event(self, event: Dict[str, Any]) -> None:
+        return None
+
+    def tick(self, state: Dict[str, Any]) -> None:
+        return None
+
+    def close(self, state: Dict[str, Any]) -> None:
+        return None
+
+
+class NoReaper:
+    def before_attempt(self, earlier_sessions: List[int]) -> None:
+        return None

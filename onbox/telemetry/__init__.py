@@ -1,0 +1,1 @@
+"""Readings of the box: host (cgroups, disks), GPUs (NVML), metrics, alerts."""

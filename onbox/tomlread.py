@@ -1,0 +1,26 @@
+"""Read TOML on every supported Python: tomllib from 3.11, the bundled tomli before (DOMAIN.md: shiv resolves
+markers at build time, so tomli is shipped explicitly)."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict
+
+from onbox.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib as _toml
+else:  # pragma: no cover - exercised by the zipapp test under 3.8-3.10
+    import tomli as _toml
+
+
+def load_toml(path: str, what: str = "file") -> Dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file is a UsageError naming the file and the problem."""
+    try:
+        with open(path, "rb") as f:
+            return _toml.load(f)
+    except FileNotFoundError:
+        raise UsageError("%s not found: %s" % (what, path))
+    except _toml.TOMLDecodeError as e:
+        raise UsageError("%s %s is not valid TOML: %s" % (what, path, e), hint="fix the syntax at the line named")
+    except OSError as e:
+        raise UsageError("cannot read %s %s: %s" % (what, path, e.strerror or e))

@@ -1,0 +1,47 @@
+"""Shared fixtures. Service fixtures (sshd, Slurm, tracker, rclone, network namespaces) live in tests/hosts/
+and are loaded as plugins so any test can ask for them."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins: list = []
+
+
+@pytest.fixture
+def onbox_home(tmp_path, monkeypatch):
+    """An isolated $ONBOX_HOME for one test."""
+    home = tmp_path / "onbox-home"
+    home.mkdir()
+    monkeypatch.setenv("ONBOX_HOME", str(home))
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _no_user_onbox_env(monkeypatch):
+    """Keep the developer's own ONBOX_* settings out of tests."""
+    for key in list(os.environ):
+        if key.startswith("ONBOX_"):
+            monkeypatch.delenv(key, raising=False)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def subprocess_env(extra=None):
+    """Environment for child processes that run this checkout's code (not an installed copy)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONBOX_")}
+    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+@pytest.fixture
+def onbox_argv():
+    """argv prefix that runs this checkout's `onbox` CLI in a subprocess: [python, -m, onbox]."""
+    import sys
+
+    return [sys.executable, "-m", "onbox"]
