@@ -5,7 +5,32 @@ plug in through these protocols. Each has a no-op implementation so the supervis
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol
+
+if TYPE_CHECKING:
+    from onbox.clock import Clock
+    from onbox.config import RunConfig
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What every hook is constructed with. The supervisor owns it.
+
+    Files in run_dir that hooks share (each written atomically by its owner, read by anyone):
+      state.json              supervisor: run, state, attempt, child_pid, attempts[{n, pid, sid, pgid, ...}], last_exit
+      events.jsonl            supervisor's recorder (hooks write through `emit`)
+      progress.json           heartbeat/metrics: newest step, loss, eval_loss, lr, tokens_per_s, samples_per_s, time
+      checkpoint_status.json  checkpoints: latest_local, latest_durable, verified, last_sync {ok, error, at}
+    """
+
+    name: str
+    run_dir: str
+    ckpt_dir: str
+    config: "RunConfig"
+    clock: "Clock"
+    emit: Callable[..., None]  # emit(event_type: str, **fields): one line in events.jsonl (+ telemetry)
+    attempt: Callable[[], int]  # the current attempt number (0 on the first)
 
 
 class CheckpointHook(Protocol):
@@ -67,3 +92,15 @@ class NoTelemetry:
 class NoReaper:
     def before_attempt(self, earlier_sessions: List[int]) -> None:
         return None
+
+
+@dataclasses.dataclass
+class Hooks:
+    checkpoints: CheckpointHook
+    telemetry: TelemetryHook
+    reaper: ReapHook
+
+
+def make_hooks(ctx: RunContext) -> Hooks:
+    """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
+    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=NoReaper())
