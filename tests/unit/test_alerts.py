@@ -1,0 +1,91 @@
+"""Alerts fire on crafted streams (NaN, spike, stall, ...) and stay quiet on healthy ones."""
+from __future__ import annotations
+
+import math
+import random
+
+from onbox.telemetry.alerts import AlertEngine, AlertSettings, robust_z
+
+
+def healthy_losses(n=400, seed=1):
+    rng = random.Random(seed)
+    return [4.0 * math.exp(-i / 150.0) + 1.0 + rng.gauss(0, 0.03) for i in range(n)]
+
+
+def codes(engine):
+    return [a.code for a in engine.collect()]
+
+
+def test_healthy_stream_is_quiet():
+    eng = AlertEngine()
+    for i, loss in enumerate(healthy_losses()):
+        assert eng.observe_loss(loss, i) is None
+    eng.evaluate(child_alive=True, child_pid=123, quiet_seconds=5.0,
+                 disks=[{"path": "/", "free_bytes": 50 * 2**30, "total_bytes": 100 * 2**30, "free_inodes": 10**6,
+                         "total_inodes": 2 * 10**6}],
+                 gpus=[{"index": 0, "throttle_reasons": ["GpuIdle"], "xid_events": []}], oom_kill=0,
+                 last_sync={"ok": True}, state={"attempts": [{"exit": {"code": 1, "classification": "error"}}]})
+    eng.evaluate(child_alive=True, quiet_seconds=6.0, oom_kill=0)
+    assert codes(eng) == []
+
+
+def test_nan_and_inf_fire_and_latch_until_collected():
+    eng = AlertEngine()
+    assert eng.observe_loss(float("nan"), 7).code == "nan_loss"
+    assert eng.observe_loss(2.0, 8) is None
+    assert codes(eng) == ["nan_loss"]
+    assert codes(eng) == []  # collected once
+    assert eng.observe_loss(float("inf"), 9).code == "nan_loss"
+
+
+def test_spike_fires_on_robust_z_and_not_on_noise():
+    eng = AlertEngine(AlertSettings(spike_min_points=20))
+    for i, loss in enumerate(healthy_losses(100)):
+        eng.observe_loss(loss, i)
+    alert = eng.observe_loss(9.0, 100)
+    assert alert is not None and alert.code == "loss_spike" and alert.data["z"] > 8
+    assert "loss_spike" in codes(eng)
+    # a single outlier in the window does not make every later point a spike (median/MAD are robust)
+    for i, loss in enumerate(healthy_losses(50, seed=2)):
+        assert eng.observe_loss(loss - 1.0 if loss > 2 else loss, 101 + i) is None
+
+
+def test_flat_history_does_not_divide_by_zero():
+    assert robust_z(1.0, [1.0] * 30) == 0.0
+    assert robust_z(1.01, [1.0] * 30) < 10
+
+
+def test_stall_only_while_child_lives():
+    eng = AlertEngine(AlertSettings(stall_seconds=60))
+    eng.evaluate(child_alive=True, child_pid=4242, quiet_seconds=61)
+    [alert] = eng.collect()
+    assert alert.code == "stall" and "py-spy dump --pid 4242" in alert.hint
+    eng.evaluate(child_alive=False, child_pid=None, quiet_seconds=600)
+    assert codes(eng) == []
+    eng.evaluate(child_alive=True, child_pid=1, quiet_seconds=59)
+    assert codes(eng) == []
+
+
+def test_box_conditions_each_with_a_hint():
+    eng = AlertEngine(AlertSettings(crash_loop_threshold=3))
+    eng.evaluate(child_alive=True, quiet_seconds=0, oom_kill=2)  # baseline
+    failed = {"exit": {"code": 1, "classification": "error"}}
+    eng.evaluate(
+        child_alive=True, quiet_seconds=0, oom_kill=3,
+        disks=[{"path": "/ckpt", "free_bytes": 2**20, "total_bytes": 2**40, "free_inodes": 5, "total_inodes": 10**6}],
+        gpus=[{"index": 1, "throttle_reasons": ["HwSlowdown", "SwThermalSlowdown"], "xid_events": [{"xid": 79}]}],
+        last_sync={"ok": False, "error": "mkdir: No space left on device", "at": 1.0},
+        state={"state": "backoff", "attempts": [failed, failed, failed]})
+    alerts = {a.code: a for a in eng.collect()}
+    assert sorted(alerts) == ["crash_loop", "gpu_throttle", "host_oom_kill", "low_disk", "low_inodes",
+                              "sync_failed", "xid"]
+    assert all(a.hint for a in alerts.values())
+    assert "re-rent" in alerts["xid"].hint and "U22" in alerts["xid"].hint
+
+
+def test_crash_loop_needs_the_same_failure():
+    eng = AlertEngine(AlertSettings(crash_loop_threshold=3))
+    a = {"exit": {"code": 1, "classification": "error"}}
+    b = {"exit": {"code": 137, "classification": "oom"}}
+    eng.evaluate(child_alive=True, state={"attempts": [a, b, a]})
+    assert codes(eng) == []
