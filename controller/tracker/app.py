@@ -11,8 +11,11 @@ import hmac
 import json
 import logging
 import os
+import queue
 import socket
-from typing import Any, AsyncIterator, Optional
+import sqlite3
+import threading
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,6 +33,60 @@ MAX_BEATS = 1000
 MAX_LIMIT = 1000
 
 
+class GroupCommitter:
+    """One writer thread: requests queue their beats, the writer commits everything queued so far in ONE
+    transaction and answers each request. The event loop never waits on SQLite; commits are amortised."""
+
+    def __init__(self, store: Store, max_requests: int = 256) -> None:
+        self.store = store
+        self.max_requests = max_requests
+        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tracker-writer", daemon=True)
+        self._thread.start()
+
+    async def add(self, beats: List[Dict[str, Any]]) -> Tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._q.put((beats, fut, loop))
+        return await fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            items = [item]
+            while len(items) < self.max_requests:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._q.put(None)
+                    break
+                items.append(nxt)
+            try:
+                results: List[Any] = list(self.store.add_many([beats for beats, _, _ in items]))
+            except Exception as e:  # a database failure fails these requests (503), not the tracker
+                log.exception("onbox tracker: commit failed")
+                results = [e] * len(items)
+            for (_, fut, loop), res in zip(items, results):
+                loop.call_soon_threadsafe(_resolve, fut, res)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(10)
+
+
+def _resolve(fut: "asyncio.Future[Any]", res: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(res, Exception):
+        fut.set_exception(res)
+    else:
+        fut.set_result(res)
+
+
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, **extra: Any) -> None:
         super().__init__(message)
@@ -41,8 +98,10 @@ def _reject_constant(name: str) -> Any:
 
 
 def create_app(store: Store, token: Optional[str], public_read: bool = False, max_body: int = MAX_BODY,
-               thin_every_s: float = 3600.0, thin_older_than_s: float = 7 * 86400.0) -> Starlette:
+               thin_every_s: float = 3600.0, thin_older_than_s: float = 7 * 86400.0,
+               checkpoint_every_s: float = 1.0) -> Starlette:
     token_bytes = token.encode("utf-8") if token else None
+    writer = GroupCommitter(store)
 
     def authorised(request: Request) -> bool:
         if token_bytes is None:
@@ -88,7 +147,12 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             errors = validate(beat)
             if errors:
                 raise BadRequest(400, "heartbeats[%d]: %s" % (i, "; ".join(errors[:5])), index=i)
-        accepted, duplicates = store.add(beats) if beats else (0, 0)
+        if not beats:
+            return JSONResponse({"accepted": 0, "duplicates": 0})
+        try:
+            accepted, duplicates = await writer.add(beats)
+        except sqlite3.Error as e:
+            raise BadRequest(503, "the tracker's database failed: %s" % e)
         return JSONResponse({"accepted": accepted, "duplicates": duplicates})
 
     async def list_runs(request: Request) -> JSONResponse:
@@ -135,16 +199,25 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         async def thinner() -> None:
             while True:
                 await asyncio.sleep(thin_every_s)
-                n = store.thin(thin_older_than_s)
+                n = await asyncio.get_running_loop().run_in_executor(None, store.thin, thin_older_than_s)
                 if n:
                     log.info("onbox tracker: thinned %d old beats", n)
 
-        task = asyncio.ensure_future(thinner()) if thin_every_s > 0 else None
+        async def checkpointer() -> None:
+            while True:
+                await asyncio.sleep(checkpoint_every_s)
+                await asyncio.get_running_loop().run_in_executor(None, store.checkpoint)
+
+        tasks = [asyncio.ensure_future(checkpointer())]
+        if thin_every_s > 0:
+            tasks.append(asyncio.ensure_future(thinner()))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
+            writer.close()
+            store.checkpoint()
 
     return Starlette(
         routes=[
@@ -180,7 +253,7 @@ def serve(db: str, host: str, port: int, token: Optional[str], public_read: bool
     app = create_app(store, token, public_read=public_read, max_body=max_body)
     sock = bind(host, port)
     actual = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="auto",
                             timeout_keep_alive=30, limit_concurrency=2048)
     server = uvicorn.Server(config)
 
@@ -193,7 +266,13 @@ def serve(db: str, host: str, port: int, token: Optional[str], public_read: bool
         await task
 
     try:
-        asyncio.run(main())
+        try:
+            from uvloop import (
+                run as loop_run,  # the controller extra brings it (uvicorn.run would pick it too)
+            )
+        except ImportError:
+            loop_run = asyncio.run  # type: ignore[assignment]
+        loop_run(main())
     finally:
         store.close()
 

@@ -71,54 +71,69 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
+        # No checkpoint inside a commit (its fsync would stall every request queued behind it): checkpoint()
+        # runs from the server's background task on the read connection, PASSIVE, beside the writer.
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        # WAL lets readers run beside the writer: reads get their own connection and lock
+        self._rlock = threading.Lock()
+        self._rdb = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._rdb.execute("PRAGMA busy_timeout=5000")
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._rlock:
             self._db.close()
+            self._rdb.close()
 
     def add(self, beats: List[Dict[str, Any]]) -> Tuple[int, int]:
         """Store validated beats in one transaction. Returns (accepted, duplicates)."""
+        return self.add_many([beats])[0]
+
+    def add_many(self, batches: List[List[Dict[str, Any]]]) -> List[Tuple[int, int]]:
+        """Several requests' beats in ONE transaction (group commit); (accepted, duplicates) per request."""
         received = self.now()
-        accepted = 0
+        results: List[Tuple[int, int]] = []
+        newest: Dict[str, Tuple[Dict[str, Any], str]] = {}
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                newest: Dict[str, Dict[str, Any]] = {}
-                for b in beats:
-                    p = metric_point(b)
-                    step = p.get("step")
-                    cur.execute(
-                        "INSERT OR IGNORE INTO beats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (b["run"], b["attempt"], b["seq"], b["time"], received, b["state"],
-                         step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
-                         _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")),
-                         json.dumps(b, separators=(",", ":"), sort_keys=True)))
-                    if cur.rowcount == 1:
-                        accepted += 1
-                    prev = newest.get(b["run"])
-                    if prev is None or (b["attempt"], b["seq"]) > (prev["attempt"], prev["seq"]):
-                        newest[b["run"]] = b
-                for run, b in newest.items():
+                for beats in batches:
+                    accepted = 0
+                    for b in beats:
+                        p = metric_point(b)
+                        step = p.get("step")
+                        doc = json.dumps(b, separators=(",", ":"))
+                        cur.execute(
+                            "INSERT OR IGNORE INTO beats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                            (b["run"], b["attempt"], b["seq"], b["time"], received, b["state"],
+                             step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
+                             _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc))
+                        if cur.rowcount == 1:
+                            accepted += 1
+                        prev = newest.get(b["run"])
+                        if prev is None or (b["attempt"], b["seq"]) > (prev[0]["attempt"], prev[0]["seq"]):
+                            newest[b["run"]] = (b, doc)
+                    results.append((accepted, len(beats) - accepted))
+                for run, (b, doc) in newest.items():
                     row = cur.execute("SELECT attempt, seq FROM runs WHERE run=?", (run,)).fetchone()
                     if row is None or (b["attempt"], b["seq"]) >= (row[0], row[1]):
                         cur.execute(
                             "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
                             (run, b["box"], b["attempt"], b["seq"], b["time"], received, _num(b.get("interval_s")),
-                             b["state"], json.dumps(b, separators=(",", ":"), sort_keys=True)))
+                             b["state"], doc))
                     else:  # an old beat arrived late: the run is still alive as of now
                         cur.execute("UPDATE runs SET received=? WHERE run=?", (received, run))
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
-        return accepted, len(beats) - accepted
+        return results
 
     def runs(self) -> List[Dict[str, Any]]:
         now = self.now()
-        with self._lock:
-            rows = self._db.execute(
+        with self._rlock:
+            rows = self._rdb.execute(
                 "SELECT run, box, attempt, seq, received, interval_s, state, latest FROM runs ORDER BY run").fetchall()
         out = []
         for run, box, attempt, seq, received, interval, state, latest in rows:
@@ -129,8 +144,8 @@ class Store:
 
     def heartbeats(self, run: str, after: int = -1, limit: int = 100) -> List[Dict[str, Any]]:
         """A run's beats with seq > after, in seq order; thinned beats come back as compact metric points."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._rlock:
+            rows = self._rdb.execute(
                 "SELECT attempt, seq, time, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc "
                 "FROM beats WHERE run=? AND seq>? ORDER BY seq, attempt LIMIT ?", (run, after, limit)).fetchall()
         out = []
@@ -154,6 +169,11 @@ class Store:
                 "AND r.seq=beats.seq)", (cutoff, max(1, keep_every)))
             return cur.rowcount
 
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database without blocking the writer (PASSIVE); keeps the WAL file bounded."""
+        with self._rlock:
+            self._rdb.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM beats").fetchone()[0])
+        with self._rlock:
+            return int(self._rdb.execute("SELECT COUNT(*) FROM beats").fetchone()[0])

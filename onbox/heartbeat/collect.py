@@ -65,7 +65,7 @@ def default_host_reader() -> Callable[[], Dict[str, Any]]:
 
 def read_disks(paths: Sequence[Tuple[str, str]]) -> List[Dict[str, Any]]:
     """Free bytes and inodes (U7) for each (role, path); the same filesystem is listed once per role."""
-    out = []
+    out: List[Dict[str, Any]] = []
     for role, path in paths:
         try:
             fs = free_space(path)

@@ -169,12 +169,13 @@ class HeartbeatHook:
         self.progress.update(fields, wall, mono)
         self._progress_dirty = True
         loss = fields.get("loss")
-        if loss is not None and self.alerts.observe_loss(float(loss), self.progress.values.get("step")) is not None:
+        step = self.progress.values.get("step")
+        if loss is not None and self.alerts.observe_loss(float(loss), None if step is None else int(step)) is not None:
             self._stream_alert = True
 
     def _quiet_seconds(self, mono: float) -> Optional[float]:
         marks = [m for m in (self._last_output_mono, self.progress.step_advanced_mono) if m is not None]
-        return mono - max(marks + [self._started_mono])
+        return mono - max([*marks, self._started_mono])
 
     def _stall_suspected(self, state: Dict[str, Any], mono: float) -> bool:
         quiet = self._quiet_seconds(mono)

@@ -41,7 +41,7 @@ def validate(doc: Any) -> List[str]:
         errs.append("run must be a run name (letters, digits, '.', '_', '-'; at most 128)")
     for key in ("attempt", "seq"):
         v = doc.get(key)
-        if not _is_int(v) or not 0 <= v < MAX_SEQ:
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEQ):
             errs.append("%s must be an integer >= 0" % key)
     if not _is_num(doc.get("time")):
         errs.append("time must be a number (seconds since the epoch)")

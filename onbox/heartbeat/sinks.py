@@ -11,7 +11,7 @@ import logging
 import os
 import random
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.heartbeat.spool import Spool
@@ -33,15 +33,15 @@ class Rejected(Exception):
         self.status = status
 
 
-def read_token(token_file: Optional[str], environ: Optional[Dict[str, str]] = None) -> Optional[str]:
+def read_token(token_file: Optional[str], environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The bearer token: the file's first line, else $ONBOX_TRACKER_TOKEN, else None."""
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     if token_file:
         with open(os.path.expanduser(token_file), encoding="utf-8") as f:
             token = f.readline().strip()
         if token:
             return token
-    return environ.get(TOKEN_ENV) or None
+    return env.get(TOKEN_ENV) or None
 
 
 def _session() -> Any:

@@ -69,12 +69,12 @@ class AlertEngine:
         """Feed one training loss; returns the alert it raised (also latched for the next beat), if any."""
         s = self.settings
         if not math.isfinite(loss):
-            alert = Alert("nan_loss", "critical", "loss is %s at step %s" % (loss, step),
+            nan = Alert("nan_loss", "critical", "loss is %s at step %s" % (loss, step),
                           "the run diverged: lower the learning rate or enable gradient clipping, and resume from "
                           "the last good checkpoint; check the data batch at that step", {"step": step})
-            self._latched[alert.code] = alert
-            return alert
-        alert = None
+            self._latched[nan.code] = nan
+            return nan
+        alert: Optional[Alert] = None
         if len(self._losses) >= s.spike_min_points:
             z = robust_z(loss, list(self._losses))
             if z > s.spike_z:

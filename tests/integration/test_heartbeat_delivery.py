@@ -43,9 +43,9 @@ def start_agent(tmp_path, url, token_file, wrap=lambda argv: argv, request_timeo
     argv = [sys.executable, "-m", "tests.hosts.heartbeat_agent", "--run-dir", str(run_dir), "--name", RUN,
             "--tracker", url, "--token-file", token_file, "--interval", "0.05", "--stop-file", str(stop),
             "--result", str(result), "--request-timeout", str(request_timeout)]
-    log = open(tmp_path / "agent.log", "wb")
-    proc = subprocess.Popen(wrap(argv), env=subprocess_env(), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
+    with open(tmp_path / "agent.log", "wb") as log:
+        proc = subprocess.Popen(wrap(argv), env=subprocess_env(), cwd=REPO_ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
     return proc, run_dir, stop, result
 
 

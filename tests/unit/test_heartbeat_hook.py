@@ -119,7 +119,7 @@ def test_seq_continues_after_agent_restart(tmp_path):
 def test_golden_heartbeat_matches_schema_file(tmp_path, monkeypatch):
     monkeypatch.setenv("ONBOX_BOX", "box-a")
     clock = FakeClock()
-    hook, run_dir, out = make(tmp_path, clock)
+    hook, _run_dir, _out = make(tmp_path, clock)
     hook.on_output("{'loss': 2.25, 'grad_norm': 1.0, 'learning_rate': 3e-05, 'epoch': 0.5}")
     hook.on_output(" 36%|███▋      | 500/1377 [01:04<01:46,  8.23it/s]")
     doc = hook.beat(dict(STATE, child_pid=None, attempts=[{"n": 0}]), "interval")
