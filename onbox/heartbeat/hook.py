@@ -119,11 +119,8 @@ class HeartbeatHook:
         if self._closed:
             return
         mono = self.clock.monotonic()
-        records = self.metrics_tail.read_new()
+        self._absorb_metrics_file()
         with self._lock:
-            wall = self.clock.time()
-            for fields in records:
-                self._apply(fields, wall, mono)
             write_progress = self._progress_dirty and mono - self._progress_written_mono >= self.progress_write_interval
             if write_progress:
                 self._progress_dirty = False
@@ -152,7 +149,7 @@ class HeartbeatHook:
     def close(self, state: Dict[str, Any]) -> None:
         if self._closed:
             return
-        self.tick(state)
+        self._absorb_metrics_file()
         self.beat(state, "final")
         self._closed = True
         deadline = self.clock.monotonic() + self.close_timeout
@@ -165,6 +162,13 @@ class HeartbeatHook:
         atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), self.progress.to_dict())
 
     # -- internals
+    def _absorb_metrics_file(self) -> None:
+        records = self.metrics_tail.read_new()
+        mono, wall = self.clock.monotonic(), self.clock.time()
+        with self._lock:
+            for fields in records:
+                self._apply(fields, wall, mono)
+
     def _apply(self, fields: Dict[str, float], wall: float, mono: float) -> None:
         self.progress.update(fields, wall, mono)
         self._progress_dirty = True
@@ -223,6 +227,7 @@ class HeartbeatHook:
             "child": {"pid": pid if isinstance(pid, int) else None, "alive": alive,
                       "restarts": state.get("restarts"), "last_exit": state.get("last_exit"),
                       "last_output_age_s": last_output_age},
+            "preemption": state.get("preemption"),
             "progress": progress,
             "checkpoint": checkpoint,
             "gpus": gpus,
@@ -269,6 +274,8 @@ class HeartbeatHook:
         else:
             kind = "success"
         if self._ping_thread is not None and self._ping_thread.is_alive():
-            return  # the previous ping is still under way: pings are liveness, the next beat sends a fresh one
+            if reason != "final":
+                return
+            self._ping_thread.join(self.close_timeout / 2)  # the last word (success or /fail) must go out  # the previous ping is still under way: pings are liveness, the next beat sends a fresh one
         self._ping_thread = threading.Thread(target=self.ping.ping, args=(kind,), name="onbox-ping", daemon=True)
         self._ping_thread.start()
