@@ -31,7 +31,8 @@ DISKS = [{"role": "run", "path": "/runs", "free_bytes": 100 * 2**30, "total_byte
 def make(tmp_path, clock, **cfg):
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
-    config = RunConfig(name="exp1", heartbeat_interval=30.0, **cfg)
+    cfg.setdefault("heartbeat_interval", 30.0)
+    config = RunConfig(name="exp1", **cfg)
     ctx = RunContext(name="exp1", run_dir=str(run_dir), ckpt_dir=str(tmp_path / "ckpt"), config=config,
                      clock=clock, emit=lambda *a, **k: None, attempt=lambda: 0)
     readers = BoxReaders(gpu=lambda: GPUS, host=lambda: HOST, disks=lambda paths: DISKS)
@@ -152,3 +153,70 @@ def test_make_hooks_plugs_the_heartbeat_in(tmp_path):
     ctx = RunContext(name="r", run_dir=str(tmp_path), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
                      clock=FakeClock(), emit=lambda *a, **k: None, attempt=lambda: 0)
     assert isinstance(make_hooks(ctx).telemetry, HeartbeatHook)
+
+
+def test_stall_beat_while_child_lives(tmp_path):
+    clock = FakeClock()
+    hook, _, out = make(tmp_path, clock, stall_minutes=1.0, heartbeat_interval=300.0)
+    live = dict(STATE, child_pid=os.getpid())
+    hook.tick(live)
+    hook.on_output("iter 1: loss 2.0, time 5.00ms, mfu 1.00%")
+    clock.advance(59)
+    hook.tick(live)
+    clock.advance(2)
+    hook.tick(live)  # quiet for 61 s < interval: the stall alone makes a beat
+    hook.close(dict(live, state="done", child_pid=None))
+    got = beats(out)
+    assert [b["reason"] for b in got] == ["start", "alert", "final"]
+    stall = [a for a in got[1]["alerts"] if a["code"] == "stall"][0]
+    assert "py-spy dump --pid %d" % os.getpid() in stall["hint"]
+    assert got[2]["alerts"] == []  # the child is gone: no stall
+
+
+def test_a_failing_reader_does_not_stop_the_beat(tmp_path):
+    clock = FakeClock()
+    hook, _, out = make(tmp_path, clock)
+
+    def broken():
+        raise RuntimeError("boom")
+
+    hook.readers = BoxReaders(gpu=broken, host=lambda: HOST, disks=lambda paths: DISKS)
+    doc = hook.beat(STATE, "interval")
+    hook.close(STATE)
+    assert doc["gpus"] == {"available": False, "reason": "reading failed: RuntimeError('boom')"}
+
+
+def test_default_readers_adapt_the_host_and_gpu_modules(monkeypatch):
+    import collections
+    import sys
+    import types
+
+    from onbox.heartbeat import collect
+
+    Reading = collections.namedtuple("Reading", "version path memory_limit_bytes memory_current_bytes oom_kill "
+                                                "cpu_quota_cores")
+    fake_host = types.ModuleType("onbox.telemetry.host")
+    fake_host.read_cgroup = lambda root="/", pid="self": Reading(2, "/x", 8 * 2**30, 2**30, 1, 4.0)
+    fake_host.effective_cpus = lambda *a, **k: 4
+    fake_host.load_average = lambda: (0.5, 0.4, 0.3)
+    monkeypatch.setitem(sys.modules, "onbox.telemetry.host", fake_host)
+    import onbox.telemetry as tele
+    monkeypatch.setattr(tele, "host", fake_host, raising=False)
+    host = collect.default_host_reader()()
+    assert host["oom_kill"] == 1 and host["cpu_quota_cores"] == 4.0 and host["load_average"] == [0.5, 0.4, 0.3]
+
+    import onbox.telemetry.gpu as gpu_mod
+    monkeypatch.delattr(gpu_mod, "gpu_readings", raising=False)
+    assert collect.default_gpu_reader()()["available"] is False
+    seen = {}
+
+    def fake_readings(seam=None):
+        seen["seam"] = seam
+        return {"available": False, "reason": "no NVIDIA driver", "gpus": []}
+
+    monkeypatch.setattr(gpu_mod, "gpu_readings", fake_readings, raising=False)
+    reader = collect.default_gpu_reader()
+    assert reader()["reason"] == "no NVIDIA driver"
+    first = seen["seam"]
+    reader()
+    assert seen["seam"] is first  # one NVML seam per agent, initialised once
