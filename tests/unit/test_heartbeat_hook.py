@@ -168,14 +168,14 @@ def test_stall_beat_while_child_lives(tmp_path):
     hook.close(dict(live, state="done", child_pid=None))
     got = beats(out)
     assert [b["reason"] for b in got] == ["start", "alert", "final"]
-    stall = [a for a in got[1]["alerts"] if a["code"] == "stall"][0]
+    stall = next(a for a in got[1]["alerts"] if a["code"] == "stall")
     assert "py-spy dump --pid %d" % os.getpid() in stall["hint"]
     assert got[2]["alerts"] == []  # the child is gone: no stall
 
 
 def test_a_failing_reader_does_not_stop_the_beat(tmp_path):
     clock = FakeClock()
-    hook, _, out = make(tmp_path, clock)
+    hook, _, _out = make(tmp_path, clock)
 
     def broken():
         raise RuntimeError("boom")
