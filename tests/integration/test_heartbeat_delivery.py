@@ -4,7 +4,7 @@
 - a partition between a box in a network namespace and the tracker: the job goes on, the backlog arrives after
   the link returns.
 
-Time is scaled down through parameters: heartbeat interval 50 ms, request timeout 1-3 s, backoff cap 0.5 s. The
+Time is scaled down through parameters: heartbeat interval 50 ms, request timeout 1-10 s, backoff cap 0.5 s. The
 partition lasts PARTITION_S (6 s: ~120 heartbeat intervals and a dozen backoff cycles, i.e. more beats queued
 behind the cut than a minute-long partition at the default 30 s interval). The minute-long partition of the
 issue runs with HEARTBEAT_FULL_PARTITION=1 (marked slow).
@@ -120,7 +120,7 @@ def _partition(netns_host, tmp_path, seconds):
     proc = None
     try:
         proc, run_dir, stop, result = start_agent(tmp_path, tr.url, tr.token_file, wrap=netns_host.argv,
-                                                  request_timeout=3.0)
+                                                  request_timeout=10.0)
         poll(lambda: len(tr.all_heartbeats(RUN)) >= 5, what="first beats from the box")
         netns_host.cut()
         at_cut = len(tr.all_heartbeats(RUN))
@@ -135,7 +135,8 @@ def _partition(netns_host, tmp_path, seconds):
         assert progress_step(run_dir) > step_at_cut + 50
         netns_host.restore()
         res = finish_agent(proc, stop, result, tmp_path)
-        assert res["max_tick_s"] < 2.5, "a tick blocked on the network (request timeout 3 s)"
+        # a request into the cut blocks for its 10 s timeout: the job's loop must never have waited for one
+        assert res["max_tick_s"] < 5.0, "a tick blocked on the network"
         assert res["backlog"] == 0
         assert_exactly_once_in_order(tr, res["beats"])
     finally:
