@@ -11,7 +11,9 @@ in order (the first that recognises a line wins; golden files of real output liv
 - LitGPT: `Epoch 1 | iter 100 step 25 | loss train: 2.345, val: n/a | iter time: 12.34 ms (step) ...`, the older
   `iter 100 step 25: loss 2.3456, iter time: 12.34ms (optimizer.step)` and `iter 600: val loss 3.1, val time: ...`
 - tqdm progress bars (HF's `34/204 [01:07<05:30,  1.94s/it]`), PyTorch Lightning's `Epoch 0:  6%|█▍ | 86/1563
-  [00:06<01:44, 14.19it/s, v_num=0, train_loss=1.800]` with its postfix metrics
+  [00:06<01:44, 14.19it/s, v_num=0, train_loss=1.800]` with its postfix metrics, its RichProgressBar
+  (`Epoch 0/23 ━━━ 98/98 0:00:22 • 0:00:00 4.44it/s v_num: 0 train/loss: 1.559`) and its printed metrics table
+  (`     val_loss            0.2121`)
 - `key=value` pairs (any key; `key: value` only for the known metric names)
 
 A carriage return inside a line (tqdm redraws) splits it into segments; each is parsed and merged.
@@ -37,8 +39,8 @@ ALIASES: Dict[str, str] = {}
 for _field, _names in {
     "step": ("step", "global_step", "iter", "iter_num", "iteration", "it", "trainer/global_step", "train/step"),
     "loss": ("loss", "train_loss", "train/loss", "training_loss", "loss_train", "train_loss_step", "loss_step",
-             "lm_loss", "train/lm_loss"),
-    "eval_loss": ("eval_loss", "val_loss", "valid_loss", "validation_loss", "eval/loss", "val/loss", "test_loss",
+             "lm_loss", "train/lm_loss", "train/loss_step"),
+    "eval_loss": ("eval_loss", "val_loss", "valid_loss", "validation_loss", "eval/loss", "val/loss",
                   "val_loss_epoch", "loss_val"),
     "lr": ("lr", "learning_rate", "train/learning_rate", "lr-adamw", "train/lr", "lr_0"),
     "tokens_per_s": ("tokens_per_s", "tokens_per_sec", "tokens_per_second", "tok/s", "tok_per_s", "tok_per_sec",
@@ -51,9 +53,8 @@ for _field, _names in {
     for _n in _names:
         ALIASES[_n] = _field
 
-# Names accepted in the `key: value` form (colons are everywhere in logs; only these are trusted).
-_COLON_KEYS = ("loss", "train_loss", "val_loss", "eval_loss", "lr", "learning_rate", "step", "global_step",
-               "tokens_per_sec", "tokens/s", "tok/s", "samples_per_sec", "samples/s")
+# Names accepted in the `key: value` form (colons are everywhere in logs; only the known names are trusted).
+_COLON_KEYS = tuple(k for k in ALIASES if k not in ("it", "iter", "it/s"))
 
 Fields = Dict[str, float]
 
@@ -106,8 +107,12 @@ _TQDM = re.compile(
     r"(?:(?P<prefix>[^|\r]*?)\s*)?(?:(?P<pct>\d{1,3})%%\s*(?:\|[^|]*\|)?\s*|\|[^|]*\|\s*)?(?P<n>\d+)/(?P<total>\d+|\?)\s*"
     r"\[(?P<elapsed>[\d:]+)<(?P<remain>[\d:?]+),\s*(?P<rate>%s|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]" % NUM)
 _LIGHTNING_EPOCH = re.compile(r"^\s*Epoch (\d+)(?:/\d+)?\s*:?\s*$")
+_RICH_BAR = re.compile(
+    r"^\s*Epoch (\d+)/-?\d+\s+\S*\s+(\d+)/(?:\d+|--)\s+[\d:]+\s+\u2022\s+[-\d:]+\s+(%s)(it/s|s/it)(.*)$" % NUM)
+_TABLE_ROW = re.compile(r"^\s*[\u2502\u2503|]?\s*([\w./-]+)\s*[\u2502\u2503|]?\s+(%s)\s*[\u2502\u2503|]?\s*$" % NUM)
 _KV = re.compile(r"(?<![\w./-])([A-Za-z_][\w./-]*)=(%s)(?![\w.])" % NUM)  # `a = 3` is a config dump
-_COLON = re.compile(r"(?<![\w./-])(%s)\s*:\s*(%s)(?![\w.:])" % ("|".join(re.escape(k) for k in _COLON_KEYS), NUM))
+_COLON = re.compile(r"(?<![\w./-])(%s)\s*:\s*(%s)(?![\w.:])" % (
+    "|".join(re.escape(k) for k in sorted(_COLON_KEYS, key=len, reverse=True)), NUM))
 
 
 def parse_json_line(line: str) -> Optional[Fields]:
@@ -219,6 +224,27 @@ def parse_progress_bar(line: str) -> Optional[Fields]:
     return out
 
 
+def parse_rich_bar(line: str) -> Optional[Fields]:
+    """Lightning's RichProgressBar: `Epoch 0/23 ━━━ 98/98 0:00:22 • 0:00:00 4.44it/s v_num: 0 train/loss: 1.559`."""
+    m = _RICH_BAR.match(line)
+    if not m:
+        return None
+    out: Fields = {"epoch": float(m.group(1))}
+    rate = to_number(m.group(3))
+    if rate is not None and math.isfinite(rate) and rate > 0:
+        out["steps_per_s"] = rate if m.group(4) == "it/s" else 1.0 / rate
+    out.update(canonical(re.findall(r"([\w./-]+):\s*(%s)(?![\w.])" % NUM, m.group(5))))
+    return out
+
+
+def parse_table_row(line: str) -> Optional[Fields]:
+    """A row of Lightning's printed metrics table (`val_loss   0.2121` or `│ val_loss │ 0.2121 │`)."""
+    m = _TABLE_ROW.match(line)
+    if not m:
+        return None
+    return canonical([(m.group(1), m.group(2))]) or None
+
+
 def parse_key_values(line: str) -> Optional[Fields]:
     pairs: List[Tuple[str, str]] = _KV.findall(line)
     pairs += _COLON.findall(line)
@@ -248,6 +274,8 @@ class MetricsParser:
             ("nanogpt", parse_nanogpt),
             ("litgpt", parse_litgpt),
             ("progress_bar", parse_progress_bar),
+            ("rich_bar", parse_rich_bar),
+            ("table_row", parse_table_row),
             ("key_value", parse_key_values),
         ]
 
