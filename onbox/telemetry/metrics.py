@@ -57,6 +57,7 @@ for _field, _names in {
 _COLON_KEYS = tuple(k for k in ALIASES if k not in ("it", "iter", "it/s"))
 
 Fields = Dict[str, float]
+MAX_LINE = 16384
 
 
 def to_number(value: Any) -> Optional[float]:
@@ -103,9 +104,12 @@ _LITGPT_NEW = re.compile(
 _LITGPT_OLD = re.compile(r"\biter (\d+) step (\d+): loss (%s), iter time: (%s) ?ms" % (NUM, NUM))
 _LITGPT_VAL = re.compile(r"\biter (\d+): val loss (%s), val time: (%s) ?ms" % (NUM, NUM))
 _LITGPT_FINAL = re.compile(r"Final evaluation \| val loss: (%s)" % NUM)
+# The core of a tqdm bar: `n/total [elapsed<remaining, rate unit, postfix]`. It may only start where a number
+# starts (the lookbehind): without it a long run of digits makes the search quadratic.
 _TQDM = re.compile(
-    r"(?:(?P<prefix>[^|\r]*?)\s*)?(?:(?P<pct>\d{1,3})%%\s*(?:\|[^|]*\|)?\s*|\|[^|]*\|\s*)?(?P<n>\d+)/(?P<total>\d+|\?)\s*"
-    r"\[(?P<elapsed>[\d:]+)<(?P<remain>[\d:?]+),\s*(?P<rate>%s|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]" % NUM)
+    r"(?<![\d/.])(?P<n>\d+)/(?P<total>\d+|\?)\s*\[(?P<elapsed>[\d:]+)<(?P<remain>[\d:?]+),\s*"
+    r"(?P<rate>%s|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]" % NUM)
+_PERCENT_TAIL = re.compile(r"\d{1,3}%$")
 _LIGHTNING_EPOCH = re.compile(r"^\s*Epoch (\d+)(?:/\d+)?\s*:?\s*$")
 _RICH_BAR = re.compile(
     r"^\s*Epoch (\d+)/-?\d+\s+\S*\s+(\d+)/(?:\d+|--)\s+[\d:]+\s+\u2022\s+[-\d:]+\s+(%s)(it/s|s/it)(.*)$" % NUM)
@@ -197,15 +201,29 @@ def parse_litgpt(line: str) -> Optional[Fields]:
     return None
 
 
+def _bar_label(prefix: str) -> str:
+    """What stands before a tqdm bar's counts, without the bar and the percentage: 'Epoch 0:' or ''."""
+    text = prefix.rstrip()
+    if text.endswith("|"):
+        cut = text.rfind("|", 0, len(text) - 1)
+        text = text[:cut].rstrip() if cut >= 0 else ""
+    m = _PERCENT_TAIL.search(text)
+    if m:
+        text = text[: m.start()]
+    return text.strip()
+
+
 def parse_progress_bar(line: str) -> Optional[Fields]:
     """A tqdm bar. Lightning's (`Epoch N: ... n/total`) counts batches within the epoch, so n is not a step."""
+    if "[" not in line or "<" not in line or "/" not in line:
+        return None
     m = _TQDM.search(line)
     if not m:
         return None
     out: Fields = {}
-    prefix = (m.group("prefix") or "").strip()
-    lightning = _LIGHTNING_EPOCH.match(prefix)
-    if prefix and not lightning:
+    label = _bar_label(line[: m.start()])
+    lightning = _LIGHTNING_EPOCH.match(label) if len(label) < 64 else None
+    if label and not lightning:
         return None  # another bar (validation, a download, a data loader): not training progress
     if lightning:
         out["epoch"] = float(lightning.group(1))
@@ -281,8 +299,8 @@ class MetricsParser:
 
     def parse(self, line: str) -> Optional[Fields]:
         """Canonical fields found in one line of output, or None."""
-        if len(line) > 65536:
-            line = line[-65536:]
+        if len(line) > MAX_LINE:  # a metrics line is short; a megabyte of output on one line is not one
+            line = line[-MAX_LINE:]
         merged: Fields = {}
         for segment in line.split("\r"):
             found = self._parse_segment(segment)

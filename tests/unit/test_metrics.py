@@ -122,3 +122,13 @@ def test_parser_fuzz_structured_lines(d):
     for line in (json.dumps(d), repr(d), " ".join("%s=%s" % kv for kv in d.items())):
         found = p.parse(line)
         assert found is None or isinstance(found, dict)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fragment", ["1", "1/2 ", "|", "5%|", "a=1 ", "loss: ", "Epoch 1/2 ", "12/34 [00:01<",
+                                      "iter 1: loss 1, time ", "{'a': 1, ", "│ a ", "1e", "nan"])
+def test_pathological_lines_stay_linear(fragment):
+    # A child can print anything: a regex that backtracks quadratically would freeze the output reader
+    # (the line cap is 16 KB; quadratic patterns took minutes on these before the lookbehinds).
+    line = fragment * (20000 // len(fragment))
+    MetricsParser().parse(line)
