@@ -92,6 +92,10 @@ class RunConfig:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
         if self.grace is not None and self.grace < 0:
             raise UsageError("grace must be >= 0 seconds, not %r" % self.grace)
+        if self.metrics_regex:
+            from onbox.telemetry.metrics import MetricsParser
+
+            MetricsParser(self.metrics_regex)  # raises UsageError naming the bad regex
         return self
 
 

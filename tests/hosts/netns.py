@@ -53,19 +53,33 @@ class NetnsHost:
         self.ns = "onbox%s" % tag
         self.veth_host = ("ob%sh" % tag)[:15]
         self.veth_box = ("ob%sn" % tag)[:15]
-        third = (pid * 7 + n * 13) % 254 + 1  # 10.200.<1..254>.0/24 from the pid: parallel runs differ
-        self.subnet = "10.200.%d.0/24" % third
-        self.host_ip = "10.200.%d.1" % third
-        self.box_ip = "10.200.%d.2" % third
+        self._third = (pid * 7 + n * 13) % 254 + 1  # 10.200.<1..254>.0/24 from the pid: parallel runs differ
+        self._set_subnet(self._third)
         self._route = False
         self._ns = False
         self._veth = False
 
+    def _set_subnet(self, third: int) -> None:
+        self.subnet = "10.200.%d.0/24" % third
+        self.host_ip = "10.200.%d.1" % third
+        self.box_ip = "10.200.%d.2" % third
+
+    def _claim_subnet(self) -> None:
+        """Add the unreachable route; a /24 another run holds already ("File exists") moves us to the next one."""
+        for k in range(254):
+            self._set_subnet((self._third - 1 + k) % 254 + 1)
+            res = _ip("route", "add", "unreachable", self.subnet, "metric", str(UNREACHABLE_METRIC), check=False)
+            if res.returncode == 0:
+                self._route = True
+                return
+            if "exists" not in res.stderr.lower():
+                raise NetnsError("ip route add unreachable %s failed: %s" % (self.subnet, res.stderr.strip()))
+        raise NetnsError("no free /24 in 10.200.0.0/16 for a test namespace")
+
     def setup(self) -> "NetnsHost":
         try:
             # FIRST: keep every packet for this /24 on the machine, whatever happens to the links below
-            _ip("route", "add", "unreachable", self.subnet, "metric", str(UNREACHABLE_METRIC))
-            self._route = True
+            self._claim_subnet()
             _ip("netns", "add", self.ns)
             self._ns = True
             _ip("link", "add", self.veth_host, "type", "veth", "peer", "name", self.veth_box)

@@ -132,3 +132,11 @@ def test_pathological_lines_stay_linear(fragment):
     # (the line cap is 16 KB; quadratic patterns took minutes on these before the lookbehinds).
     line = fragment * (20000 // len(fragment))
     MetricsParser().parse(line)
+
+
+def test_bad_user_regex_is_a_config_error():
+    from onbox.config import RunConfig
+
+    with pytest.raises(UsageError, match="metrics_regex"):
+        RunConfig(name="r", metrics_regex=["(?P<step>"]).validate()
+    RunConfig(name="r", metrics_regex=[r"s=(?P<step>\d+)"]).validate()
