@@ -4,8 +4,9 @@ Tables:
   beats(run, attempt, seq, time, received, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc)
         PRIMARY KEY (run, attempt, seq): a resent beat is a no-op (at-least-once delivery, exactly-once storage).
         `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns.
-  runs(run, box, attempt, seq, time, received, interval_s, state, latest)
-        the newest beat of each run (by (attempt, seq)) and when the tracker received it.
+  runs(run, box, attempt, seq, time, received, interval_s, state)
+        the newest beat of each run (by (attempt, seq); its document stays in `beats`, never thinned) and when
+        the tracker last heard from the run.
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
@@ -28,17 +29,17 @@ DEFAULT_INTERVAL = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS beats (
+    id INTEGER PRIMARY KEY,
     run TEXT NOT NULL, attempt INTEGER NOT NULL, seq INTEGER NOT NULL,
     time REAL, received REAL NOT NULL, state TEXT,
     step INTEGER, loss REAL, eval_loss REAL, lr REAL, tokens_per_s REAL, samples_per_s REAL,
-    doc TEXT,
-    PRIMARY KEY (run, attempt, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS beats_by_seq ON beats (run, seq);
-CREATE INDEX IF NOT EXISTS beats_by_received ON beats (received);
+    doc TEXT
+);
+-- ONE index: uniqueness of (run, attempt, seq) for dedupe, and the order of a run's listing (seq, attempt)
+CREATE UNIQUE INDEX IF NOT EXISTS beats_key ON beats (run, seq, attempt);
 CREATE TABLE IF NOT EXISTS runs (
     run TEXT PRIMARY KEY, box TEXT, attempt INTEGER, seq INTEGER, time REAL, received REAL,
-    interval_s REAL, state TEXT, latest TEXT
+    interval_s REAL, state TEXT
 );
 """
 
@@ -75,6 +76,9 @@ class Store:
         # runs from the server's background task on the read connection, PASSIVE, beside the writer.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        # the newest (attempt, seq) of each run, kept in memory by the one writer: no SELECT per commit
+        self._heads: Dict[str, Tuple[int, int]] = {
+            run: (attempt, seq) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
         # WAL lets readers run beside the writer: reads get their own connection and lock
         self._rlock = threading.Lock()
         self._rdb = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -93,7 +97,7 @@ class Store:
         """Several requests' beats in ONE transaction (group commit); (accepted, duplicates) per request."""
         received = self.now()
         results: List[Tuple[int, int]] = []
-        newest: Dict[str, Tuple[Dict[str, Any], str]] = {}
+        newest: Dict[str, Dict[str, Any]] = {}
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -103,43 +107,49 @@ class Store:
                     for b in beats:
                         p = metric_point(b)
                         step = p.get("step")
-                        doc = json.dumps(b, separators=(",", ":"))
+                        doc = json.dumps(b, separators=(",", ":"))  # as received (validated), compact
                         cur.execute(
-                            "INSERT OR IGNORE INTO beats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                            "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
+                            "eval_loss, lr, tokens_per_s, samples_per_s, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             (b["run"], b["attempt"], b["seq"], b["time"], received, b["state"],
                              step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
                              _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc))
                         if cur.rowcount == 1:
                             accepted += 1
                         prev = newest.get(b["run"])
-                        if prev is None or (b["attempt"], b["seq"]) > (prev[0]["attempt"], prev[0]["seq"]):
-                            newest[b["run"]] = (b, doc)
+                        if prev is None or (b["attempt"], b["seq"]) > (prev["attempt"], prev["seq"]):
+                            newest[b["run"]] = b
                     results.append((accepted, len(beats) - accepted))
-                for run, (b, doc) in newest.items():
-                    row = cur.execute("SELECT attempt, seq FROM runs WHERE run=?", (run,)).fetchone()
-                    if row is None or (b["attempt"], b["seq"]) >= (row[0], row[1]):
+                heads: Dict[str, Tuple[int, int]] = {}
+                for run, b in newest.items():
+                    head = self._heads.get(run)
+                    if head is None or (b["attempt"], b["seq"]) >= head:
+                        heads[run] = (b["attempt"], b["seq"])
                         cur.execute(
-                            "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                            "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?)",
                             (run, b["box"], b["attempt"], b["seq"], b["time"], received, _num(b.get("interval_s")),
-                             b["state"], doc))
+                             b["state"]))
                     else:  # an old beat arrived late: the run is still alive as of now
                         cur.execute("UPDATE runs SET received=? WHERE run=?", (received, run))
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+            self._heads.update(heads)  # only once committed
         return results
 
     def runs(self) -> List[Dict[str, Any]]:
         now = self.now()
         with self._rlock:
             rows = self._rdb.execute(
-                "SELECT run, box, attempt, seq, received, interval_s, state, latest FROM runs ORDER BY run").fetchall()
+                "SELECT r.run, r.box, r.attempt, r.seq, r.received, r.interval_s, r.state, b.doc FROM runs r "
+                "LEFT JOIN beats b ON b.run=r.run AND b.attempt=r.attempt AND b.seq=r.seq ORDER BY r.run").fetchall()
         out = []
         for run, box, attempt, seq, received, interval, state, latest in rows:
             out.append({"run": run, "box": box, "attempt": attempt, "seq": seq, "state": state,
                         "received": received, "age_s": round(now - received, 3),
-                        "liveness": liveness(state, received, interval, now), "latest": json.loads(latest)})
+                        "liveness": liveness(state, received, interval, now),
+                        "latest": json.loads(latest) if latest else None})
         return out
 
     def heartbeats(self, run: str, after: int = -1, limit: int = 100) -> List[Dict[str, Any]]:
