@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import logging
@@ -256,6 +257,12 @@ def serve(db: str, host: str, port: int, token: Optional[str], public_read: bool
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="auto",
                             timeout_keep_alive=30, limit_concurrency=2048)
     server = uvicorn.Server(config)
+
+    # Fewer, cheaper cyclic-GC passes: the request path makes short-lived acyclic objects; everything loaded at
+    # start-up is frozen out of the collector's view (p99 latency under load).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50000, 20, 100)
 
     async def main() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -235,7 +235,8 @@ class HeartbeatHook:
             "disks": disks,
             "alerts": [a.to_dict() for a in alerts],
             "spool": {"backlog": sum(s.spool.backlog() for s in self.senders),
-                      "dropped": sum(s.spool.dropped for s in self.senders)},
+                      "dropped": sum(s.spool.dropped for s in self.senders),
+                      "errors": {s.sink.name: s.last_error for s in self.senders if s.last_error}},
         }
         for sender in self.senders:
             sender.spool.put(doc["seq"], doc)

@@ -191,6 +191,9 @@ def bench_agent_tick() -> None:
             state = {"run": "bench", "state": "running", "attempt": 0, "child_pid": os.getpid(), "restarts": 0,
                      "attempts": [], "last_exit": None}
             hook.tick(state)  # the first beat
+            for _ in range(20):  # warm up: first-time code paths and file creations are not the steady state
+                hook.beat(state, "interval")
+            hook.senders[0].flush(30)
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(n):
                 hook.tick(state)  # nothing due: the baseline
