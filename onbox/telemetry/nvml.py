@@ -137,6 +137,36 @@ class NvmlSeam:
                     self._initialised = False
 
 
+def running_processes(seam: NvmlSeam, handle: Any) -> Any:
+    """The compute processes NVML sees on one GPU (objects with .pid and .usedGpuMemory), or NA.
+
+    nvidia-smi equivalent: `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`. pynvml's plain call is
+    the v3 struct; a driver without the v3 symbol raises FunctionNotFound and we ask for _v2 (DOMAIN.md: v3 data is
+    wrong before 535.104). The PIDs may be HOST PIDs inside a container: never act on them alone.
+    """
+    if not seam.available():
+        return NA
+    nv = seam.nvml
+    try:
+        return seam.call("nvmlDeviceGetComputeRunningProcesses", handle, optional=False)
+    except nv.NVMLError_FunctionNotFound:
+        return seam.call("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+    except nv.NVMLError_NotSupported:
+        return NA
+
+
+def clock_event_reasons(seam: NvmlSeam, handle: Any) -> Any:
+    """The current clocks-event (throttle) bitmask, or NA. nvidia-smi: `-q -d PERFORMANCE`.
+
+    nvmlDeviceGetCurrentClocksThrottleReasons is deprecated (renamed ...ClocksEventReasons); older drivers only
+    have the old symbol, so fall back to it.
+    """
+    mask = seam.call("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is NA:
+        mask = seam.call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    return mask
+
+
 def decode(value: Any) -> Any:
     """Older pynvml returned bytes for strings."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
