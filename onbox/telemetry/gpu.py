@@ -14,7 +14,14 @@ import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.clock import Clock, SystemClock
-from onbox.telemetry.nvml import NA, NvmlSeam, clock_event_reasons, cuda_version_string, decode, running_processes
+from onbox.telemetry.nvml import (
+    NA,
+    NvmlSeam,
+    clock_event_reasons,
+    cuda_version_string,
+    decode,
+    running_processes,
+)
 from onbox.telemetry.xid import (
     DEAD_XIDS,
     MAX_EVENTS_KEPT,
