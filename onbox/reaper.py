@@ -1,0 +1,349 @@
+"""The VRAM-zombie reaper (U11): decide, per GPU holder, whether it may be killed, and kill only what is safe.
+
+Owners (from the supervisor's state.json `attempts: [{n, pid, sid, pgid, start_time, ...}]` of every run here):
+  self     this process or its session: never touched
+  current  the newest attempt of a run that is still live: never touched
+  earlier  an earlier attempt of a run this agent supervises (its session id): our own orphans, e.g. DataLoader
+           workers forked after CUDA init whose parent was SIGKILLed. Reaped automatically before a restart.
+  foreign  anything else: only reported, unless `onbox reap --force`, and then only when it is invisible to NVML
+           or idle, older than the minimum age, ours (or root with --all-users), and in our PID namespace.
+
+A kill is TERM, a bounded wait, then KILL (the elastic agent's escalation), each step logged. A process is
+re-identified by (pid, start ticks) before every signal, so a recycled PID is never hit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import signal
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from onbox.clock import Clock, SystemClock
+from onbox.fsutil import append_jsonl
+from onbox.telemetry.holders import Holder, ScanResult
+
+log = logging.getLogger("onbox.reaper")
+
+# Run states after which no attempt of the run is live (the supervisor's RunState values, lower-cased).
+TERMINAL_STATES = frozenset({"succeeded", "failed", "stopped", "done", "finished", "crashed", "exited",
+                             "preempted", "cancelled"})
+# Daemons that legitimately keep the driver open; never reap them, whoever asks.
+SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-fabricmanager", "nvidia-smi",
+                            "nvidia-cuda-mps-server", "nvidia-cuda-mps-control", "dcgm-exporter", "Xorg", "Xwayland"})
+START_SLACK_S = 5.0  # a holder started before its session's attempt (minus this) is a recycled session id
+
+
+@dataclasses.dataclass
+class Attempt:
+    run: str
+    n: int
+    sid: Optional[int]
+    pgid: Optional[int]
+    pid: Optional[int]
+    start_time: Optional[float]  # epoch seconds, when the state file records a number
+    current: bool
+
+
+def _num(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+class AttemptIndex:
+    """Every attempt of every run under $ONBOX_HOME/runs, by session id."""
+
+    def __init__(self, attempts: Iterable[Attempt]) -> None:
+        self.by_sid: Dict[int, List[Attempt]] = {}
+        for a in attempts:
+            if a.sid is not None:
+                self.by_sid.setdefault(a.sid, []).append(a)
+
+    @classmethod
+    def load(cls, runs_dir: str) -> "AttemptIndex":
+        out: List[Attempt] = []
+        for path in sorted(glob.glob(os.path.join(runs_dir, "*", "state.json"))):
+            try:
+                with open(path) as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                continue  # a torn or foreign file: its holders stay "foreign" (never auto-reaped)
+            if not isinstance(doc, dict):
+                continue
+            out.extend(attempts_of(doc, os.path.basename(os.path.dirname(path))))
+        return cls(out)
+
+    def owner_of(self, h: Holder) -> Optional[Attempt]:
+        """The attempt whose session the holder is in, unless it started before that attempt (sid reuse)."""
+        for a in self.by_sid.get(h.sid, []):
+            if a.start_time is not None and h.start_time < a.start_time - START_SLACK_S:
+                continue
+            return a
+        return None
+
+
+def attempts_of(state: Dict[str, Any], run: str) -> List[Attempt]:
+    """Attempts recorded in one state.json; the newest is current unless the run reached a terminal state."""
+    raw = [a for a in state.get("attempts") or [] if isinstance(a, dict)]
+    live = str(state.get("state", "")).lower() not in TERMINAL_STATES
+    out = []
+    for i, a in enumerate(raw):
+        sid = a.get("sid")
+        out.append(Attempt(
+            run=str(state.get("run") or run), n=int(a.get("n", i)),
+            sid=int(sid) if isinstance(sid, int) else None,
+            pgid=a.get("pgid") if isinstance(a.get("pgid"), int) else None,
+            pid=a.get("pid") if isinstance(a.get("pid"), int) else None,
+            start_time=_num(a.get("start_time")), current=live and i == len(raw) - 1,
+        ))
+    return out
+
+
+def ancestors(pid: int, proc: str = "/proc") -> List[int]:
+    """pid and its parents up to init: a holder among them is the caller itself (never reaped)."""
+    out: List[int] = []
+    while pid > 0 and pid not in out and len(out) < 512:
+        out.append(pid)
+        try:
+            with open("%s/%d/stat" % (proc, pid), "rb") as f:
+                st = f.read().decode("utf-8", "replace")
+        except OSError:
+            break
+        pid = int(st[st.rfind(")") + 2:].split()[1])
+    return out
+
+
+def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None,
+             extra_earlier_sids: Sequence[int] = (), proc: str = "/proc") -> None:
+    """Set each holder's owner/run/attempt. `extra_earlier_sids`: sessions the caller knows to be dead attempts."""
+    me = set(ancestors(os.getpid() if my_pid is None else my_pid, proc))
+    for h in scan.holders:
+        a = index.owner_of(h)
+        if h.pid in me and not h.other_pid_ns:
+            h.owner = "self"
+        elif a is not None:
+            h.owner, h.run, h.attempt = ("current" if a.current else "earlier"), a.run, a.n
+        elif h.sid in extra_earlier_sids:
+            h.owner = "earlier"
+        else:
+            h.owner = "foreign"
+
+
+@dataclasses.dataclass
+class Decision:
+    holder: Holder
+    verdict: str  # "reap" or "keep"
+    reason: str
+    outcome: Optional[str] = None  # what happened when acted on
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = self.holder.to_dict()
+        d.update(verdict=self.verdict, reason=self.reason, outcome=self.outcome)
+        return d
+
+
+def _exe_name(h: Holder) -> str:
+    first = h.command.split(" ", 1)[0]
+    return os.path.basename(first.strip("[]"))
+
+
+def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_uid: int,
+           busy_pids: Optional[Iterable[int]] = None, nvml_available: bool = True) -> Decision:
+    """The verdict for one classified holder under `onbox reap --force` rules."""
+    if h.owner == "self":
+        return Decision(h, "keep", "this onbox process or its parent")
+    if h.owner == "current":
+        return Decision(h, "keep", "current attempt %s of run %s: never reaped" % (h.attempt, h.run))
+    if _exe_name(h) in SYSTEM_HOLDERS:
+        return Decision(h, "keep", "system GPU service (%s)" % _exe_name(h))
+    if h.other_pid_ns:
+        return Decision(h, "keep", "lives in another container (PID namespace differs): restart that container")
+    if h.uid != my_uid and not (is_root and all_users):
+        need = "--all-users" if is_root else "root and --all-users"
+        return Decision(h, "keep", "owned by %s: needs %s" % (h.user, need))
+    if h.age_s < min_age_s:
+        return Decision(h, "keep", "younger than the minimum age (%.0f s < %.0f s)" % (h.age_s, min_age_s))
+    if h.owner == "earlier":
+        what = "run %s attempt %s" % (h.run, h.attempt) if h.run else "an earlier attempt"
+        return Decision(h, "reap", "orphan of %s (session %d)" % (what, h.sid))
+    if not h.gpus:
+        return Decision(h, "keep", "holds no GPU (driver control files only)")
+    if h.nvml_visible is False:
+        return Decision(h, "reap", "invisible to NVML (U11 zombie holder)")
+    busy = set(busy_pids or ())
+    if not nvml_available:
+        return Decision(h, "reap", "NVML not available: cannot tell whether it is busy")
+    if any(p in busy for p in h.ns_pids):
+        return Decision(h, "keep", "busy: NVML saw it using the GPU in the last sample")
+    return Decision(h, "reap", "idle: no GPU activity in the last sample")
+
+
+def decide_all(scan: ScanResult, **kw: Any) -> List[Decision]:
+    return [decide(h, nvml_available=scan.nvml_available, **kw) for h in scan.holders]
+
+
+# -- acting ---------------------------------------------------------------------------------------------------
+
+class ProcessOps:
+    """The OS seam for signalling a holder: re-identify by (pid, start ticks), signal, and check it is gone."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+
+    def start_ticks(self, pid: int) -> Optional[int]:
+        """Start time of a live process, None when gone (or a zombie: its files are already closed)."""
+        try:
+            with open("%s/%d/stat" % (self.proc, pid), "rb") as f:
+                st = f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        rest = st[st.rfind(")") + 2:].split()
+        if rest[0] in ("Z", "X"):
+            return None
+        return int(rest[19])
+
+    def kill(self, pid: int, sig: int) -> None:
+        os.kill(pid, sig)
+
+
+def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout_s: float = 5.0,
+         poll_s: float = 0.05, ops: Optional[ProcessOps] = None, clock: Optional[Clock] = None,
+         record: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
+    """TERM every "reap" decision's process, wait up to term_timeout_s, KILL survivors, wait up to kill_timeout_s.
+    Fills each decision's `outcome`; `record` receives one dict per signal sent (the kill log)."""
+    ops = ops or ProcessOps()
+    clock = clock or SystemClock()
+    targets = [d for d in decisions if d.verdict == "reap"]
+
+    def alive(d: Decision) -> bool:
+        return ops.start_ticks(d.holder.pid) == d.holder.start_ticks
+
+    def send(d: Decision, sig: int) -> bool:
+        if not alive(d):
+            d.outcome = d.outcome or "already gone"
+            return False
+        try:
+            ops.kill(d.holder.pid, sig)
+        except ProcessLookupError:
+            d.outcome = d.outcome or "already gone"
+            return False
+        except PermissionError:
+            d.outcome = "permission denied (owned by %s)" % d.holder.user
+            return False
+        name = signal.Signals(sig).name
+        log.warning("onbox.reaper: sent %s to pid %d (%s): %s", name, d.holder.pid, d.holder.command[:80], d.reason)
+        if record:
+            record({"event": "reap_signal", "signal": name, "pid": d.holder.pid, "sid": d.holder.sid,
+                    "user": d.holder.user, "command": d.holder.command[:200], "owner": d.holder.owner,
+                    "run": d.holder.run, "attempt": d.holder.attempt, "reason": d.reason, "time": clock.time()})
+        return True
+
+    def wait(pending: List[Decision], timeout_s: float) -> List[Decision]:
+        deadline = clock.monotonic() + timeout_s
+        while True:
+            pending = [d for d in pending if alive(d)]
+            if not pending or clock.monotonic() >= deadline:
+                return pending
+            clock.sleep(poll_s)
+
+    termed = [d for d in targets if send(d, signal.SIGTERM)]
+    survivors = wait(termed, term_timeout_s)
+    for d in termed:
+        if d not in survivors:
+            d.outcome = "terminated by SIGTERM"
+    killed = [d for d in survivors if send(d, signal.SIGKILL)]
+    stuck = wait(killed, kill_timeout_s)
+    for d in killed:
+        d.outcome = ("still alive %.0f s after SIGKILL (stuck in driver teardown? state D): re-check, or reboot"
+                     % kill_timeout_s) if d in stuck else "killed by SIGKILL (ignored SIGTERM)"
+    for d in decisions:
+        if d.outcome is None:
+            d.outcome = "not touched" if d.verdict == "keep" else d.outcome
+
+
+def kill_log(path: str) -> Callable[[Dict[str, Any]], None]:
+    """A `record` callback appending one JSON line per signal to `path`."""
+    def record(entry: Dict[str, Any]) -> None:
+        append_jsonl(path, entry)
+    return record
+
+
+# -- before a restart -----------------------------------------------------------------------------------------
+
+def memory_settled(seam: Any, gpus: Iterable[int], *, timeout_s: float, poll_s: float, clock: Clock,
+                   slack_bytes: int = 512 << 20) -> Dict[str, Any]:
+    """Wait, bounded, until each GPU's used memory is no more than what NVML still attributes to live processes
+    plus `slack_bytes`: the driver frees a dead context's memory asynchronously (the resiliency launcher waits the
+    same way). Returns {"waited_s", "released", "gpus": {index: used bytes}} or {"skipped": reason}."""
+    from onbox.telemetry.nvml import NA, running_processes
+
+    gpus = sorted(set(gpus))
+    if not gpus:
+        return {"skipped": "no GPU was held"}
+    if seam is None or not seam.available():
+        return {"skipped": "NVML not available: %s" % (seam.unavailable_reason if seam else "no seam")}
+    start = clock.monotonic()
+    deadline = start + timeout_s
+    while True:
+        used: Dict[int, Any] = {}
+        settled = True
+        for i in gpus:
+            h = seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)
+            mem = seam.call("nvmlDeviceGetMemoryInfo", h)
+            procs = running_processes(seam, h)
+            expected = sum(p.usedGpuMemory or 0 for p in ([] if procs is NA else procs))
+            used[i] = None if mem is NA else mem.used
+            if mem is not NA and mem.used > expected + slack_bytes:
+                settled = False
+        if settled or clock.monotonic() >= deadline:
+            return {"waited_s": round(clock.monotonic() - start, 3), "released": settled, "gpus": used}
+        clock.sleep(poll_s)
+
+
+class ReaperHook:
+    """runhooks.ReapHook: before each restart, kill what earlier attempts of this run left on the GPU (U11),
+    then wait (bounded by config.reap_wait) for the memory to come back."""
+
+    def __init__(self, ctx: Any, seam: Any = None, proc: str = "/proc", term_timeout_s: float = 5.0,
+                 kill_timeout_s: float = 5.0, poll_s: float = 0.05, memory_poll_s: float = 0.5) -> None:
+        self.ctx = ctx
+        self.seam = seam
+        self.proc = proc
+        self.term_timeout_s = term_timeout_s
+        self.kill_timeout_s = kill_timeout_s
+        self.poll_s = poll_s
+        self.memory_poll_s = memory_poll_s
+
+    def before_attempt(self, earlier_sessions: List[int]) -> None:
+        from onbox.paths import onbox_home
+        from onbox.telemetry.holders import HolderScan
+        from onbox.telemetry.nvml import NvmlSeam
+
+        ctx = self.ctx
+        if not ctx.config.reap_orphans:
+            return
+        seam = self.seam if self.seam is not None else NvmlSeam()
+        scan = HolderScan(ctx.config.gpu_devices, self.proc, seam).scan()
+        classify(scan, AttemptIndex.load(os.path.dirname(ctx.run_dir)), extra_earlier_sids=earlier_sessions,
+                 proc=self.proc)
+        mine = set(earlier_sessions)
+        orphans = [h for h in scan.holders if h.owner == "earlier" and (h.sid in mine or h.run == ctx.name)
+                   and not h.other_pid_ns]
+        if not orphans:
+            return
+        decisions = [Decision(h, "reap", "orphan of run %s attempt %s (session %d)"
+                              % (ctx.name, "?" if h.attempt is None else h.attempt, h.sid)) for h in orphans]
+        logfile = kill_log(os.path.join(onbox_home(), "reap.jsonl"))
+
+        def record(entry: Dict[str, Any]) -> None:
+            logfile(dict(entry, run_name=ctx.name))
+            fields = {k: v for k, v in entry.items() if k != "event"}
+            ctx.emit("reap_signal", **fields)
+
+        reap(decisions, term_timeout_s=self.term_timeout_s, kill_timeout_s=self.kill_timeout_s,
+             poll_s=self.poll_s, clock=ctx.clock, record=record)
+        memory = memory_settled(seam, {g for h in orphans for g in h.gpus}, timeout_s=ctx.config.reap_wait,
+                                poll_s=self.memory_poll_s, clock=ctx.clock)
+        ctx.emit("reaped", holders=[{"pid": d.holder.pid, "sid": d.holder.sid, "outcome": d.outcome}
+                                    for d in decisions], memory=memory)
