@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import signal
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.fsutil import append_jsonl
@@ -183,6 +183,36 @@ def decide_all(scan: ScanResult, **kw: Any) -> List[Decision]:
     return [decide(h, nvml_available=scan.nvml_available, **kw) for h in scan.holders]
 
 
+def busy_pids(seam: Any, now: float, window_s: float = 10.0) -> List[int]:
+    """PIDs NVML saw running kernels in the last `window_s` (nvmlDeviceGetProcessUtilization). NOT_FOUND (nobody
+    ran) and an old driver without the call both mean: none known busy."""
+    from onbox.telemetry.nvml import NA
+
+    if seam is None or not seam.available():
+        return []
+    out: List[int] = []
+    since_us = int(max(0.0, now - window_s) * 1e6)
+    for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
+        h = seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)
+        samples = seam.call("nvmlDeviceGetProcessUtilization", h, since_us)
+        out.extend(x.pid for x in ([] if samples is NA else samples) if getattr(x, "smUtil", 0))
+    return out
+
+
+def survey(*, devices: str, seam: Any, runs_dir: str, min_age_s: float, all_users: bool, proc: str = "/proc",
+           clock: Optional[Clock] = None) -> Tuple[ScanResult, List[Decision]]:
+    """Scan, classify and decide: what `onbox reap` shows (and acts on with --force)."""
+    from onbox.telemetry.holders import HolderScan
+
+    clock = clock or SystemClock()
+    scan = HolderScan(devices, proc, seam).scan()
+    classify(scan, AttemptIndex.load(runs_dir), proc=proc)
+    busy = busy_pids(seam, clock.time())
+    decisions = decide_all(scan, min_age_s=min_age_s, all_users=all_users, is_root=os.geteuid() == 0,
+                           my_uid=os.geteuid(), busy_pids=busy)
+    return scan, decisions
+
+
 # -- acting ---------------------------------------------------------------------------------------------------
 
 class ProcessOps:
@@ -232,7 +262,7 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
             d.outcome = "permission denied (owned by %s)" % d.holder.user
             return False
         name = signal.Signals(sig).name
-        log.warning("onbox.reaper: sent %s to pid %d (%s): %s", name, d.holder.pid, d.holder.command[:80], d.reason)
+        log.info("onbox.reaper: sent %s to pid %d (%s): %s", name, d.holder.pid, d.holder.command[:80], d.reason)
         if record:
             record({"event": "reap_signal", "signal": name, "pid": d.holder.pid, "sid": d.holder.sid,
                     "user": d.holder.user, "command": d.holder.command[:200], "owner": d.holder.owner,
@@ -265,6 +295,7 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
 def kill_log(path: str) -> Callable[[Dict[str, Any]], None]:
     """A `record` callback appending one JSON line per signal to `path`."""
     def record(entry: Dict[str, Any]) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         append_jsonl(path, entry)
     return record
 
