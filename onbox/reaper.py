@@ -83,8 +83,24 @@ class AttemptIndex:
         return None
 
 
-def attempts_of(state: Dict[str, Any], run: str) -> List[Attempt]:
-    """Attempts recorded in one state.json; the newest is current unless the run reached a terminal state."""
+def _pid_alive(pid: Optional[int]) -> bool:
+    """Conservative: unknown or unreadable counts as alive (a live attempt is never reaped)."""
+    if pid is None:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            st = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return st[st.rfind(")") + 2:st.rfind(")") + 3] not in ("Z", "X")
+
+
+def attempts_of(state: Dict[str, Any], run: str, pid_alive: Callable[[Optional[int]], bool] = _pid_alive
+                ) -> List[Attempt]:
+    """Attempts recorded in one state.json. The newest is current while the run is not in a terminal state and
+    the attempt's leader process lives; once its leader died (restart pending), what it left is an orphan."""
     raw = [a for a in state.get("attempts") or [] if isinstance(a, dict)]
     live = str(state.get("state", "")).lower() not in TERMINAL_STATES
     out = []
@@ -95,7 +111,8 @@ def attempts_of(state: Dict[str, Any], run: str) -> List[Attempt]:
             sid=int(sid) if isinstance(sid, int) else None,
             pgid=a.get("pgid") if isinstance(a.get("pgid"), int) else None,
             pid=a.get("pid") if isinstance(a.get("pid"), int) else None,
-            start_time=_num(a.get("start_time")), current=live and i == len(raw) - 1,
+            start_time=_num(a.get("start_time")),
+            current=live and i == len(raw) - 1 and pid_alive(a.get("pid") if isinstance(a.get("pid"), int) else None),
         ))
     return out
 
@@ -122,10 +139,12 @@ def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None
         a = index.owner_of(h)
         if h.pid in me and not h.other_pid_ns:
             h.owner = "self"
+        elif h.sid in extra_earlier_sids:  # the supervisor says so: that attempt is over
+            h.owner = "earlier"
+            if a is not None:
+                h.run, h.attempt = a.run, a.n
         elif a is not None:
             h.owner, h.run, h.attempt = ("current" if a.current else "earlier"), a.run, a.n
-        elif h.sid in extra_earlier_sids:
-            h.owner = "earlier"
         else:
             h.owner = "foreign"
 
@@ -174,7 +193,7 @@ def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_ui
     busy = set(busy_pids or ())
     if not nvml_available:
         return Decision(h, "reap", "NVML not available: cannot tell whether it is busy")
-    if any(p in busy for p in h.ns_pids):
+    if h.pid in busy:
         return Decision(h, "keep", "busy: NVML saw it using the GPU in the last sample")
     return Decision(h, "reap", "idle: no GPU activity in the last sample")
 

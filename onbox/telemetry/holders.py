@@ -20,7 +20,7 @@ import pwd
 import re
 import stat
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox.telemetry.nvml import NA, NvmlSeam, running_processes
 
@@ -145,10 +145,14 @@ def _user(uid: int, cache: Dict[int, str]) -> str:
 class HolderScan:
     """Scans `/proc` for NVIDIA device holders. `devices` is the device-file glob; `proc` the procfs root."""
 
-    def __init__(self, devices: str = DEFAULT_DEVICES, proc: str = "/proc", seam: Optional[NvmlSeam] = None) -> None:
+    def __init__(self, devices: str = DEFAULT_DEVICES, proc: str = "/proc", seam: Optional[NvmlSeam] = None,
+                 listdir: Callable[[str], List[str]] = os.listdir,
+                 readlink: Callable[[str], str] = os.readlink) -> None:
         self.pattern = devices
         self.proc = proc
         self.seam = seam
+        self.listdir = listdir  # seams: tests make a directory or a link unreadable (root reads everything)
+        self.readlink = readlink
 
     def _raw(self, files: List[DeviceFile]) -> Tuple[Dict[int, List[str]], int, List[int], int]:
         """pid -> device paths held. The hot loop: one listdir and one readlink per fd, no stat unless a link
@@ -160,14 +164,14 @@ class HolderScan:
         hits: Dict[int, List[str]] = {}
         unreadable: List[int] = []
         scanned = vanished = 0
-        readlink = os.readlink
-        for name in os.listdir(proc):
+        readlink, listdir = self.readlink, self.listdir
+        for name in listdir(proc):
             if not name.isdigit():
                 continue
             scanned += 1
             fd_dir = proc + "/" + name + "/fd/"
             try:
-                fds = os.listdir(fd_dir)
+                fds = listdir(fd_dir)
             except PermissionError:
                 unreadable.append(int(name))
                 continue
@@ -285,10 +289,9 @@ class HolderScan:
         seam = self.seam
         if seam is None or not seam.available():
             return False, []
-        by_pid: Dict[int, Holder] = {}
-        for holder in holders:
-            for p in holder.ns_pids:
-                by_pid.setdefault(p, holder)
+        # NVML translates PIDs to the CALLER's namespace (or, on old drivers in a container, gives host PIDs):
+        # only the holder's pid as seen from here can match, never its pid inside its own namespace.
+        by_pid = {h.pid: h for h in holders}
         unmatched: List[Dict[str, Any]] = []
         listed: Dict[int, bool] = {}  # gpu index -> NVML gave a process list
         for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
