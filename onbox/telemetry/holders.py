@@ -146,8 +146,8 @@ class HolderScan:
     """Scans `/proc` for NVIDIA device holders. `devices` is the device-file glob; `proc` the procfs root."""
 
     def __init__(self, devices: str = DEFAULT_DEVICES, proc: str = "/proc", seam: Optional[NvmlSeam] = None,
-                 listdir: Callable[[str], List[str]] = os.listdir,
-                 readlink: Callable[[str], str] = os.readlink) -> None:
+                 listdir: Callable[[Any], List[str]] = os.listdir,
+                 readlink: Callable[..., str] = os.readlink) -> None:
         self.pattern = devices
         self.proc = proc
         self.seam = seam
@@ -155,43 +155,54 @@ class HolderScan:
         self.readlink = readlink
 
     def _raw(self, files: List[DeviceFile]) -> Tuple[Dict[int, List[str]], int, List[int], int]:
-        """pid -> device paths held. The hot loop: one listdir and one readlink per fd, no stat unless a link
-        names an NVIDIA path we do not know (a device node under another name, e.g. in another mount namespace),
-        then its st_rdev decides."""
+        """pid -> device paths held. The hot loop: per process one open of its fd directory, one listdir and one
+        readlink per fd relative to that directory (dir_fd: no path walk through /proc each time), no stat unless
+        a link names an NVIDIA path we do not know (a device node under another name, e.g. another mount
+        namespace), then its st_rdev decides."""
         by_path = {d.path: d.path for d in files}
         by_rdev = {d.rdev: d.path for d in files if d.rdev is not None}
         proc = self.proc
         hits: Dict[int, List[str]] = {}
         unreadable: List[int] = []
         scanned = vanished = 0
-        readlink, listdir = self.readlink, self.listdir
+        readlink, listdir, open_, close = self.readlink, self.listdir, os.open, os.close
+        flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
         for name in listdir(proc):
             if not name.isdigit():
                 continue
             scanned += 1
-            fd_dir = proc + "/" + name + "/fd/"
             try:
-                fds = listdir(fd_dir)
+                dfd = open_(proc + "/" + name + "/fd", flags)
             except PermissionError:
                 unreadable.append(int(name))
                 continue
             except OSError:  # ENOENT/ESRCH: it exited meanwhile
                 vanished += 1
                 continue
+            try:
+                fds = listdir(dfd)
+            except PermissionError:
+                unreadable.append(int(name))
+                close(dfd)
+                continue
+            except OSError:
+                vanished += 1
+                close(dfd)
+                continue
             held = None
             denied = False
             for fd in fds:
                 try:
-                    target = readlink(fd_dir + fd)
+                    target = readlink(fd, dir_fd=dfd)
                 except PermissionError:  # listable but not readable (ptrace access mode check)
                     denied = True
                     continue
                 except OSError:  # the fd closed meanwhile
                     continue
                 path = by_path.get(target)
-                if path is None and target.startswith("/dev/nvidia") and by_rdev:
+                if path is None and by_rdev and target.startswith("/dev/nvidia"):
                     try:
-                        path = by_rdev.get(os.stat(fd_dir + fd).st_rdev)
+                        path = by_rdev.get(os.stat(fd, dir_fd=dfd).st_rdev)
                     except OSError:
                         path = None
                 if path is not None:
@@ -199,6 +210,7 @@ class HolderScan:
                         held = hits[int(name)] = []
                     if path not in held:
                         held.append(path)
+            close(dfd)
             if denied:
                 unreadable.append(int(name))
         return hits, scanned, unreadable, vanished

@@ -171,15 +171,18 @@ def test_unreadable_processes_are_counted_not_dropped(tmp_path):
     os.symlink(str(dev), str(proc / "300" / "fd" / "4"))
     (proc / "self").mkdir()
 
+    def path_of(dir_fd):
+        return os.readlink("/proc/self/fd/%d" % dir_fd)
+
     def listdir(path):
-        if path.endswith("/200/fd/"):
+        if isinstance(path, int) and path_of(path).endswith("/200/fd"):
             raise PermissionError(13, "Permission denied")
         return os.listdir(path)
 
-    def readlink(path):
-        if "/300/fd/" in path:
+    def readlink(name, dir_fd):
+        if path_of(dir_fd).endswith("/300/fd"):
             raise PermissionError(13, "Permission denied")
-        return os.readlink(path)
+        return os.readlink(name, dir_fd=dir_fd)
 
     scan = HolderScan(str(tmp_path / "nvidia*"), proc=str(proc), listdir=listdir, readlink=readlink)
     hits, scanned, unreadable, vanished = scan._raw(device_files(str(tmp_path / "nvidia*")))
