@@ -205,15 +205,18 @@ def decide_all(scan: ScanResult, **kw: Any) -> List[Decision]:
 def busy_pids(seam: Any, now: float, window_s: float = 10.0) -> List[int]:
     """PIDs NVML saw running kernels in the last `window_s` (nvmlDeviceGetProcessUtilization). NOT_FOUND (nobody
     ran) and an old driver without the call both mean: none known busy."""
+    from onbox.telemetry.holders import nvml_handles
     from onbox.telemetry.nvml import NA
 
     if seam is None or not seam.available():
         return []
     out: List[int] = []
     since_us = int(max(0.0, now - window_s) * 1e6)
-    for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
-        h = seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)
-        samples = seam.call("nvmlDeviceGetProcessUtilization", h, since_us)
+    for _, h in nvml_handles(seam):
+        try:
+            samples = seam.call("nvmlDeviceGetProcessUtilization", h, since_us)
+        except (seam.nvml.NVMLError_GpuIsLost, seam.nvml.NVMLError_Unknown):
+            continue
         out.extend(x.pid for x in ([] if samples is NA else samples) if getattr(x, "smUtil", 0))
     return out
 
@@ -326,13 +329,22 @@ def memory_settled(seam: Any, gpus: Iterable[int], *, timeout_s: float, poll_s: 
     """Wait, bounded, until each GPU's used memory is no more than what NVML still attributes to live processes
     plus `slack_bytes`: the driver frees a dead context's memory asynchronously (the resiliency launcher waits the
     same way). Returns {"waited_s", "released", "gpus": {index: used bytes}} or {"skipped": reason}."""
-    from onbox.telemetry.nvml import NA, running_processes
 
     gpus = sorted(set(gpus))
     if not gpus:
         return {"skipped": "no GPU was held"}
     if seam is None or not seam.available():
         return {"skipped": "NVML not available: %s" % (seam.unavailable_reason if seam else "no seam")}
+    try:
+        return _memory_settled(seam, gpus, timeout_s=timeout_s, poll_s=poll_s, clock=clock, slack_bytes=slack_bytes)
+    except seam.nvml.NVMLError as e:  # e.g. the GPU fell off the bus meanwhile: the restart decides, not us
+        return {"skipped": "NVML error while waiting: %s" % e}
+
+
+def _memory_settled(seam: Any, gpus: List[int], *, timeout_s: float, poll_s: float, clock: Clock,
+                    slack_bytes: int) -> Dict[str, Any]:
+    from onbox.telemetry.nvml import NA, running_processes
+
     start = clock.monotonic()
     deadline = start + timeout_s
     while True:

@@ -200,8 +200,14 @@ class GpuMonitor:
         seam = self.seam
         if not seam.available():
             return {"available": False, "reason": seam.unavailable_reason, "gpus": []}
+        nv = seam.nvml
         count = seam.call("nvmlDeviceGetCount", optional=False)
-        handles = [(i, seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)) for i in range(count)]
+        handles, lost = [], {}
+        for i in range(count):
+            try:
+                handles.append((i, seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)))
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown) as e:
+                lost[i] = str(e)
         self.xid_watcher.start(handles)
         for ev in self.xid_watcher.drain(self.clock.time()):
             kept = self._nvml_events.setdefault(ev.gpu_index if ev.gpu_index is not None else -1, [])
@@ -210,9 +216,16 @@ class GpuMonitor:
         self._kernel_log_events(handles)
         gpus = []
         for i, h in handles:
-            g = self._one(i, h)
+            try:
+                g = self._one(i, h)
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown) as e:
+                lost[i] = str(e)
+                continue
             g["verdict"], g["verdict_reason"] = judge(g, None if holders is None else holders.get(i, []))
             gpus.append(g)
+        for i, why in lost.items():
+            gpus.append(self._lost(i, why))
+        gpus.sort(key=lambda g: g["index"])
         return {
             "available": True,
             "reason": None,
@@ -224,6 +237,17 @@ class GpuMonitor:
             },
             "gpus": gpus,
         }
+
+    def _lost(self, i: int, why: str) -> Dict[str, Any]:
+        """A GPU NVML can no longer talk to (NVML_ERROR_GPU_IS_LOST: what Xid 79 looks like from NVML)."""
+        xids = self._nvml_events.get(i, []) + [e for e in self._dmesg_events if e.gpu_index == i]
+        g: Dict[str, Any] = {k: None for k in (
+            "name", "uuid", "util_percent", "memory_util_percent", "sm_clock_mhz", "sm_clock_max_mhz", "power_w",
+            "power_limit_w", "memory_used_bytes", "memory_total_bytes", "temperature_c", "throttle_mask",
+            "processes")}
+        g.update(index=i, throttle_reasons=[], ecc={}, xid_events=[e.to_dict() for e in xids], verdict=Verdict.DEAD,
+                 verdict_reason="dead card: NVML says %r (fell off the bus?) - re-rent, don't debug (U22)" % why)
+        return g
 
     def _one(self, i: int, h: Any) -> Dict[str, Any]:
         seam, nv = self.seam, self.seam.nvml

@@ -218,9 +218,12 @@ class HolderScan:
     def scan(self) -> ScanResult:
         t0 = time.monotonic()
         files = device_files(self.pattern)
+        if not files:  # a GPU-less box: nothing can hold a GPU, and NVML need not load
+            return ScanResult(holders=[], scanned=0, unreadable=[], vanished=0, devices=[], nvml_unmatched=[],
+                              nvml_available=False, duration_s=time.monotonic() - t0)
         minor_to_index = self._minor_map()
         kind_of = {d.path: d for d in files}
-        hits, scanned, unreadable, vanished = self._raw(files) if files else ({}, 0, [], 0)
+        hits, scanned, unreadable, vanished = self._raw(files)
         boot = self._boot_time()
         uptime = self._uptime()
         my_ns = self._pid_ns("self")
@@ -290,8 +293,8 @@ class HolderScan:
         if seam is None or not seam.available():
             return {}
         out = {}
-        for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
-            minor = seam.call("nvmlDeviceGetMinorNumber", seam.call("nvmlDeviceGetHandleByIndex", i, optional=False))
+        for i, h in nvml_handles(seam):
+            minor = seam.call("nvmlDeviceGetMinorNumber", h)
             if minor is not NA:
                 out[int(minor)] = i
         return out
@@ -306,8 +309,12 @@ class HolderScan:
         by_pid = {h.pid: h for h in holders}
         unmatched: List[Dict[str, Any]] = []
         listed: Dict[int, bool] = {}  # gpu index -> NVML gave a process list
-        for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
-            procs = running_processes(seam, seam.call("nvmlDeviceGetHandleByIndex", i, optional=False))
+        nv = seam.nvml
+        for i, handle in nvml_handles(seam):
+            try:
+                procs = running_processes(seam, handle)
+            except (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown):
+                procs = NA
             listed[i] = procs is not NA
             for p in ([] if procs is NA else procs):
                 h = by_pid.get(p.pid)
@@ -326,3 +333,15 @@ class HolderScan:
             else:
                 h.nvml_visible = False
         return True, unmatched
+
+
+def nvml_handles(seam: NvmlSeam) -> List[Tuple[int, Any]]:
+    """(index, handle) of every GPU NVML can still reach; a lost one (Xid 79) is left out, never fatal here."""
+    nv = seam.nvml
+    out = []
+    for i in range(seam.call("nvmlDeviceGetCount", optional=False)):
+        try:
+            out.append((i, seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)))
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown):
+            continue
+    return out

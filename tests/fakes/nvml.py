@@ -9,7 +9,8 @@ NVMLError_NotFound from nvmlDeviceGetProcessUtilization when no process ran in t
 Health readings follow the documented units: power in milliwatts, clocks in MHz, temperature in degrees C,
 utilisation rates as an object with .gpu/.memory percentages, throttle reasons as the clocks-event bitmask, ECC
 counters per (error type, counter type). A GPU lists readings it does not support in `unsupported` (they raise
-NVMLError_NotSupported, like a consumer card asked for ECC). Events: nvmlEventSetCreate, nvmlDeviceRegisterEvents
+NVMLError_NotSupported, like a consumer card asked for ECC); a `lost` GPU raises NVMLError_GpuIsLost from its
+handle lookup and every call, as after Xid 79. Events: nvmlEventSetCreate, nvmlDeviceRegisterEvents
 (NotSupported for a type outside nvmlDeviceGetSupportedEventTypes), nvmlEventSetWait(set, timeout_ms) returning
 c_nvmlEventData_t-like objects (eventType, eventData = the Xid number, device) or raising NVMLError_Timeout when
 nothing is pending. Tests queue an Xid with `FakeNvml.raise_xid(index, xid)`.
@@ -51,6 +52,7 @@ class FakeGpu:
     supported_events: int = (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
                              | _real.nvmlEventTypeDoubleBitEccError)
     unsupported: Set[str] = dataclasses.field(default_factory=set)  # nvml function names -> NotSupported
+    lost: bool = False  # fell off the bus (Xid 79): every call on it raises NVMLError_GpuIsLost
 
 
 class _Utilization:
@@ -138,6 +140,8 @@ class FakeNvml:
         self._check()
         if not isinstance(handle, FakeGpu):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if handle.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         if call and call in handle.unsupported:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         return handle
@@ -160,6 +164,8 @@ class FakeNvml:
         self._check()
         if not 0 <= index < len(self.gpus):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[index].lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         return self.gpus[index]
 
     def nvmlDeviceGetIndex(self, h: Any) -> int:

@@ -305,3 +305,16 @@ def test_holder_scan_matches_fuser(gpu_devices, spawn_holder):
     ours = {h.pid for h in HolderScan(path, seam=NO_DRIVER).scan().holders}
     expected = {s.pid for s in spawned} | {w for s in spawned for w in s.workers}
     assert expected <= fuser_pids and ours == fuser_pids
+
+
+def test_scan_survives_a_lost_gpu(gpu_devices, spawn_holder):
+    h = spawn_holder(files=("nvidia1",))
+    fake = FakeNvml([FakeGpu(minor=0, lost=True), FakeGpu(minor=1, processes=[FakeProcess(h.pid, 1 << 30)])])
+    got = next(x for x in scan_with(fake, gpu_devices).holders if x.pid == h.pid)
+    assert got.gpus == [1] and got.nvml_visible is True
+
+
+def test_gpu_less_box_scans_nothing_and_leaves_nvml_alone(tmp_path):
+    fake = FakeNvml([FakeGpu()])
+    scan = HolderScan(str(tmp_path / "nvidia*"), seam=NvmlSeam(fake)).scan()
+    assert scan.holders == [] and scan.devices == [] and fake.calls == []

@@ -173,3 +173,19 @@ def test_pinned_counts_holders_not_of_the_current_attempt():
 def test_inventory_unchanged():
     inv = inventory(NvmlSeam(FakeNvml([FakeGpu(memory_used=5)])))
     assert inv.available and inv.gpus[0].memory_used_bytes == 5
+
+
+def test_lost_gpu_is_a_dead_card_and_the_others_still_read():
+    fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", lost=True), FakeGpu(uuid="GPU-c")])
+    doc = monitor(fake).readings()
+    assert [g["index"] for g in doc["gpus"]] == [0, 1, 2]
+    assert [g["verdict"] for g in doc["gpus"]] == ["healthy", "dead", "healthy"]
+    assert "GPU is lost" in doc["gpus"][1]["verdict_reason"] and "re-rent" in doc["gpus"][1]["verdict_reason"]
+
+
+def test_gpu_lost_after_handle_lookup():
+    fake = FakeNvml([FakeGpu()])
+    mon = monitor(fake)
+    assert mon.readings()["gpus"][0]["verdict"] == "healthy"
+    fake.gpus[0].lost = True
+    assert mon.readings()["gpus"][0]["verdict"] == "dead"

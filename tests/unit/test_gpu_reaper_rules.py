@@ -187,3 +187,12 @@ def test_unreadable_processes_are_counted_not_dropped(tmp_path):
     scan = HolderScan(str(tmp_path / "nvidia*"), proc=str(proc), listdir=listdir, readlink=readlink)
     hits, scanned, unreadable, vanished = scan._raw(device_files(str(tmp_path / "nvidia*")))
     assert hits == {100: [str(dev)]} and scanned == 3 and sorted(unreadable) == [200, 300] and vanished == 0
+
+
+def test_memory_wait_survives_a_gpu_lost_meanwhile():
+    fake = FakeNvml([FakeGpu(memory_used=30 * GiB)])
+    seam = NvmlSeam(fake)
+    seam.available()
+    fake.gpus[0].lost = True
+    out = memory_settled(seam, [0], timeout_s=5, poll_s=1, clock=FakeClock())
+    assert out["skipped"].startswith("NVML error while waiting") and "GPU is lost" in out["skipped"]
