@@ -17,6 +17,13 @@ def _gib(v: Optional[float]) -> str:
     return "-" if v is None else "%.1f" % (v / 2**30)
 
 
+def _age(s: float) -> str:
+    for unit, size, upto in (("s", 1, 120), ("m", 60, 7200), ("h", 3600, 172800)):
+        if s < upto:
+            return "%d%s" % (s // size, unit)
+    return "%dd" % (s // 86400)
+
+
 def _na(v: Any, fmt: str = "%s") -> str:
     return "N/A" if v is None else fmt % v
 
@@ -25,6 +32,12 @@ def _seam() -> Any:
     from onbox.telemetry.nvml import NvmlSeam
 
     return NvmlSeam()
+
+
+def _monitor(seam: Any) -> Any:
+    from onbox.telemetry.gpu import GpuMonitor
+
+    return GpuMonitor(seam)
 
 
 @click.command("gpu")
@@ -36,7 +49,6 @@ def gpu(as_json: bool, devices: str) -> None:
     holders, or dead. A box without the NVIDIA driver prints why and exits 0."""
     from onbox.paths import runs_dir
     from onbox.reaper import AttemptIndex, classify
-    from onbox.telemetry.gpu import GpuMonitor
     from onbox.telemetry.holders import HolderScan
 
     seam = _seam()
@@ -44,7 +56,7 @@ def gpu(as_json: bool, devices: str) -> None:
     classify(scan, AttemptIndex.load(runs_dir()))
     by_gpu: Dict[int, List[Dict[str, Any]]] = {
         i: [{"pid": h.pid, "owner": h.owner} for h in hs] for i, hs in scan.by_gpu().items()}
-    doc = GpuMonitor(seam).readings(holders=by_gpu)
+    doc = _monitor(seam).readings(holders=by_gpu)
     doc["holders"] = scan.to_dict()
     if as_json:
         echo_json(doc)
@@ -138,7 +150,7 @@ def _print_table(decisions: List[Any], force: bool) -> None:
         h = d.holder
         nvml = {True: "yes", False: "no", None: "?"}[h.nvml_visible]
         owner = h.owner if not h.run else "%s:%s#%s" % (h.owner, h.run, h.attempt)
-        rows.append((str(h.pid), h.user, "%.0fs" % h.age_s, str(h.sid), ",".join(map(str, h.gpus)) or "-",
+        rows.append((str(h.pid), h.user, _age(h.age_s), str(h.sid), ",".join(map(str, h.gpus)) or "-",
                      _gib(h.gpu_memory_bytes), nvml, owner, d.verdict,
                      (d.outcome or d.reason) if force else d.reason, h.command[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

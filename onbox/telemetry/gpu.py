@@ -145,15 +145,17 @@ def judge(gpu: Dict[str, Any], holders: Optional[Sequence[Any]] = None,
         return Verdict.DEAD, "dead card: Xid %d (%s) - re-rent, don't debug (U22)" % (e["xid"], DEAD_XIDS[e["xid"]])
     used = gpu["memory_used_bytes"]
     idle = not gpu["util_percent"]
-    if holders is not None:
-        stale = [h for h in holders if _holder_owner(h) != "current"]
-        if stale and used and used >= pinned_min_bytes and idle:
-            return Verdict.PINNED, "memory pinned by %d holder%s (%.1f GiB used, 0%% util): see `onbox reap`" % (
-                len(stale), "" if len(stale) == 1 else "s", used / 2**30)
-    elif used and used >= pinned_min_bytes and idle and gpu["processes"] == []:
-        # U11: NVML lists nobody yet memory is held: holders NVML cannot see
-        return Verdict.PINNED, "memory pinned by holders NVML cannot see (%.1f GiB used): see `onbox reap`" % (
-            used / 2**30)
+    held = bool(used and used >= pinned_min_bytes and idle)
+    stale = [h for h in holders or [] if _holder_owner(h) != "current"]
+    if held and stale:
+        return Verdict.PINNED, "memory pinned by %d holder%s (%.1f GiB used, 0%% util): see `onbox reap`" % (
+            len(stale), "" if len(stale) == 1 else "s", used / 2**30)
+    if held and gpu["processes"] == [] and not holders:
+        # U11: nobody NVML lists (and, when scanned, nobody with the device open here) yet memory is held
+        where = ("NVML cannot see" if holders is None
+                 else "neither NVML nor this box's processes show (another container or the host)")
+        return Verdict.PINNED, "memory pinned by holders %s (%.1f GiB used): see `onbox reap`" % (
+            where, used / 2**30)
     slow = [n for bit, n in THROTTLE_BITS if bit & SLOWDOWN_BITS and n in gpu["throttle_reasons"]]
     if slow:
         return Verdict.THROTTLED, "throttled: %s (U23: re-rent if it persists)" % ", ".join(slow)

@@ -189,3 +189,11 @@ def test_gpu_lost_after_handle_lookup():
     assert mon.readings()["gpus"][0]["verdict"] == "healthy"
     fake.gpus[0].lost = True
     assert mon.readings()["gpus"][0]["verdict"] == "dead"
+
+
+def test_pinned_by_nobody_visible_anywhere():
+    fake = FakeNvml([FakeGpu(memory_used=30 * GiB, processes=[])])
+    g = monitor(fake).readings(holders={})["gpus"][0]
+    assert g["verdict"] == "pinned" and "neither NVML nor this box's processes" in g["verdict_reason"]
+    busy = FakeNvml([FakeGpu(memory_used=30 * GiB, util_gpu=80, processes=[])])
+    assert monitor(busy).readings(holders={})["gpus"][0]["verdict"] == "healthy"
