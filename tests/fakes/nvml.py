@@ -52,12 +52,19 @@ class FakeGpu:
     supported_events: int = (_real.nvmlEventTypeXidCriticalError | _real.nvmlEventTypeSingleBitEccError
                              | _real.nvmlEventTypeDoubleBitEccError)
     unsupported: Set[str] = dataclasses.field(default_factory=set)  # nvml function names -> NotSupported
+    process_util: Dict[int, int] = dataclasses.field(default_factory=dict)  # pid -> SM % in the sample window
     lost: bool = False  # fell off the bus (Xid 79): every call on it raises NVMLError_GpuIsLost
 
 
 class _Utilization:
     def __init__(self, gpu: int, memory: int) -> None:
         self.gpu, self.memory = gpu, memory
+
+
+class _UtilSample:
+    def __init__(self, pid: int, sm: int, ts: int) -> None:
+        self.pid, self.smUtil, self.timeStamp = pid, sm, ts
+        self.memUtil = self.encUtil = self.decUtil = 0
 
 
 class _PciInfo:
@@ -193,8 +200,12 @@ class FakeNvml:
         return list(self._gpu(h).processes)
 
     def nvmlDeviceGetProcessUtilization(self, h: Any, last_seen_us: int) -> List[Any]:
-        self._gpu(h)
-        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        """Samples (like c_nvmlProcessUtilizationSample_t) of processes that ran since last_seen_us; NOT_FOUND
+        when none did."""
+        g = self._gpu(h, "nvmlDeviceGetProcessUtilization")
+        if not g.process_util:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return [_UtilSample(pid, sm, last_seen_us + 1) for pid, sm in g.process_util.items()]
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any) -> List[FakeProcess]:
         return list(self._gpu(h).processes)

@@ -318,3 +318,20 @@ def test_gpu_less_box_scans_nothing_and_leaves_nvml_alone(tmp_path):
     fake = FakeNvml([FakeGpu()])
     scan = HolderScan(str(tmp_path / "nvidia*"), seam=NvmlSeam(fake)).scan()
     assert scan.holders == [] and scan.devices == [] and fake.calls == []
+
+
+def test_busy_foreign_holder_is_kept_idle_one_is_a_candidate(onbox_home, gpu_devices, spawn_holder):
+    from onbox.reaper import survey
+
+    busy = spawn_holder(files=("nvidia0",))
+    idle = spawn_holder(files=("nvidia0",))
+    fake = FakeNvml([FakeGpu(minor=0, memory_used=40 << 30, util_gpu=90,
+                             processes=[FakeProcess(busy.pid, 20 << 30), FakeProcess(idle.pid, 20 << 30)],
+                             process_util={busy.pid: 90})])
+    _, decisions = survey(devices=gpu_devices, seam=NvmlSeam(fake), runs_dir=str(onbox_home / "runs"),
+                          min_age_s=0, all_users=False)
+    by_pid = {d.holder.pid: d for d in decisions}
+    assert (by_pid[busy.pid].verdict, by_pid[busy.pid].reason) == (
+        "keep", "busy: NVML saw it using the GPU in the last sample")
+    assert (by_pid[idle.pid].verdict, by_pid[idle.pid].reason) == ("reap", "idle: no GPU activity in the last sample")
+    assert alive(busy.pid) and alive(idle.pid)  # a survey never acts
