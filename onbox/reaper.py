@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import signal
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.fsutil import append_jsonl
@@ -167,8 +167,20 @@ def _exe_name(h: Holder) -> str:
     return os.path.basename(first.strip("[]"))
 
 
+@dataclasses.dataclass
+class Activity:
+    """What NVML says about GPU use in the last sample window."""
+
+    busy_pids: Set[int] = dataclasses.field(default_factory=set)  # per-process samples with SM use > 0
+    sampled_gpus: Set[int] = dataclasses.field(default_factory=set)  # GPUs that returned per-process samples
+    gpu_util: Dict[int, Optional[int]] = dataclasses.field(default_factory=dict)  # index -> util %, None unknown
+
+    def idle_gpus(self, gpus: Iterable[int]) -> bool:
+        return all(self.gpu_util.get(g) == 0 for g in gpus)
+
+
 def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_uid: int,
-           busy_pids: Optional[Iterable[int]] = None, nvml_available: bool = True) -> Decision:
+           activity: Optional[Activity] = None, nvml_available: bool = True) -> Decision:
     """The verdict for one classified holder under `onbox reap --force` rules."""
     if h.owner == "self":
         return Decision(h, "keep", "this onbox process or its parent")
@@ -190,35 +202,47 @@ def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_ui
         return Decision(h, "keep", "holds no GPU (driver control files only)")
     if h.nvml_visible is False:
         return Decision(h, "reap", "invisible to NVML (U11 zombie holder)")
-    busy = set(busy_pids or ())
     if not nvml_available:
         return Decision(h, "reap", "NVML not available: cannot tell whether it is busy")
-    if h.pid in busy:
+    act = activity or Activity()
+    gpus = ",".join(map(str, h.gpus))
+    if h.pid in act.busy_pids:
         return Decision(h, "keep", "busy: NVML saw it using the GPU in the last sample")
-    return Decision(h, "reap", "idle: no GPU activity in the last sample")
+    if act.idle_gpus(h.gpus):
+        return Decision(h, "reap", "idle: GPU %s ran no kernel in the last sample" % gpus)
+    if h.nvml_visible and all(g in act.sampled_gpus for g in h.gpus):
+        return Decision(h, "reap", "idle: no GPU activity of it in the last sample")
+    # U21 aside, a busy GPU whose use NVML cannot attribute (no per-process samples, or PIDs from another
+    # namespace) may be this holder's: never guess in favour of a kill.
+    return Decision(h, "keep", "cannot tell whether it is busy: GPU %s is in use and NVML cannot attribute it" % gpus)
 
 
 def decide_all(scan: ScanResult, **kw: Any) -> List[Decision]:
     return [decide(h, nvml_available=scan.nvml_available, **kw) for h in scan.holders]
 
 
-def busy_pids(seam: Any, now: float, window_s: float = 10.0) -> List[int]:
-    """PIDs NVML saw running kernels in the last `window_s` (nvmlDeviceGetProcessUtilization). NOT_FOUND (nobody
-    ran) and an old driver without the call both mean: none known busy."""
+def gpu_activity(seam: Any, now: float, window_s: float = 10.0) -> Activity:
+    """Per-process SM use in the last `window_s` (nvmlDeviceGetProcessUtilization: NOT_FOUND means nobody ran, as
+    does an old driver without the call, so the GPU's own utilisation is read beside it)."""
     from onbox.telemetry.holders import nvml_handles
     from onbox.telemetry.nvml import NA
 
+    act = Activity()
     if seam is None or not seam.available():
-        return []
-    out: List[int] = []
+        return act
+    nv = seam.nvml
     since_us = int(max(0.0, now - window_s) * 1e6)
-    for _, h in nvml_handles(seam):
+    for i, h in nvml_handles(seam):
         try:
+            util = seam.call("nvmlDeviceGetUtilizationRates", h)
             samples = seam.call("nvmlDeviceGetProcessUtilization", h, since_us)
-        except (seam.nvml.NVMLError_GpuIsLost, seam.nvml.NVMLError_Unknown):
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_Unknown):
             continue
-        out.extend(x.pid for x in ([] if samples is NA else samples) if getattr(x, "smUtil", 0))
-    return out
+        act.gpu_util[i] = None if util is NA else int(util.gpu)
+        if samples is not NA and samples:
+            act.sampled_gpus.add(i)
+            act.busy_pids.update(x.pid for x in samples if getattr(x, "smUtil", 0))
+    return act
 
 
 def survey(*, devices: str, seam: Any, runs_dir: str, min_age_s: float, all_users: bool, proc: str = "/proc",
@@ -229,9 +253,9 @@ def survey(*, devices: str, seam: Any, runs_dir: str, min_age_s: float, all_user
     clock = clock or SystemClock()
     scan = HolderScan(devices, proc, seam).scan()
     classify(scan, AttemptIndex.load(runs_dir), proc=proc)
-    busy = busy_pids(seam, clock.time())
+    activity = gpu_activity(seam, clock.time()) if scan.nvml_available else Activity()
     decisions = decide_all(scan, min_age_s=min_age_s, all_users=all_users, is_root=os.geteuid() == 0,
-                           my_uid=os.geteuid(), busy_pids=busy)
+                           my_uid=os.geteuid(), activity=activity)
     return scan, decisions
 
 
@@ -378,7 +402,6 @@ class ReaperHook:
         self.memory_poll_s = memory_poll_s
 
     def before_attempt(self, earlier_sessions: List[int]) -> None:
-        from onbox.paths import onbox_home
         from onbox.telemetry.holders import HolderScan
         from onbox.telemetry.nvml import NvmlSeam
 
@@ -396,7 +419,7 @@ class ReaperHook:
             return
         decisions = [Decision(h, "reap", "orphan of run %s attempt %s (session %d)"
                               % (ctx.name, "?" if h.attempt is None else h.attempt, h.sid)) for h in orphans]
-        logfile = kill_log(os.path.join(onbox_home(), "reap.jsonl"))
+        logfile = kill_log(os.path.join(os.path.dirname(os.path.dirname(ctx.run_dir)), "reap.jsonl"))
 
         def record(entry: Dict[str, Any]) -> None:
             logfile(dict(entry, run_name=ctx.name))

@@ -194,14 +194,19 @@ class GpuMonitor:
         self._dmesg_events = parse_kernel_log(text, gpu_pci_map(self.seam, handles)) if text else []
 
     def readings(self, holders: Optional[Mapping[int, Sequence[Any]]] = None) -> Dict[str, Any]:
-        """The `gpu_readings()` document. `holders` (GPU index -> holder entries) sharpens the pinned verdict."""
+        """The `gpu_readings()` document. `holders` (GPU index -> holder entries) sharpens the pinned verdict.
+        An NVML failure beyond one lost GPU (e.g. driver/library version mismatch after an upgrade) reads as
+        "not available" with NVML's message, never as "no GPUs" and never as an exception in a heartbeat."""
         with self._lock:
-            return self._readings(holders)
+            if not self.seam.available():
+                return {"available": False, "reason": self.seam.unavailable_reason, "gpus": []}
+            try:
+                return self._readings(holders)
+            except self.seam.nvml.NVMLError as e:
+                return {"available": False, "reason": "NVML failed: %s" % e, "gpus": []}
 
     def _readings(self, holders: Optional[Mapping[int, Sequence[Any]]]) -> Dict[str, Any]:
         seam = self.seam
-        if not seam.available():
-            return {"available": False, "reason": seam.unavailable_reason, "gpus": []}
         nv = seam.nvml
         count = seam.call("nvmlDeviceGetCount", optional=False)
         handles, lost = [], {}

@@ -103,6 +103,7 @@ class ScanResult:
     nvml_unmatched: List[Dict[str, Any]]  # NVML processes no scanned process matches: {gpu, pid, memory_bytes}
     nvml_available: bool
     duration_s: float
+    nvml_error: Optional[str] = None  # NVML answered but failed: the scan stands, the cross-check does not
 
     def by_gpu(self) -> Dict[int, List[Holder]]:
         out: Dict[int, List[Holder]] = {}
@@ -121,6 +122,7 @@ class ScanResult:
             "devices": [dataclasses.asdict(d) for d in self.devices],
             "nvml_unmatched": self.nvml_unmatched,
             "nvml_available": self.nvml_available,
+            "nvml_error": self.nvml_error,
             "duration_s": round(self.duration_s, 4),
         }
 
@@ -221,7 +223,11 @@ class HolderScan:
         if not files:  # a GPU-less box: nothing can hold a GPU, and NVML need not load
             return ScanResult(holders=[], scanned=0, unreadable=[], vanished=0, devices=[], nvml_unmatched=[],
                               nvml_available=False, duration_s=time.monotonic() - t0)
-        minor_to_index = self._minor_map()
+        nvml_error = None
+        try:
+            minor_to_index = self._minor_map()
+        except self.seam.nvml.NVMLError as e:  # type: ignore[union-attr]  # seam exists when NVML answered
+            minor_to_index, nvml_error = {}, str(e)
         kind_of = {d.path: d for d in files}
         hits, scanned, unreadable, vanished = self._raw(files)
         boot = self._boot_time()
@@ -235,10 +241,18 @@ class HolderScan:
                 vanished += 1
             else:
                 holders.append(h)
-        nvml_ok, unmatched = self._cross_check(holders)
+        nvml_ok = False
+        unmatched: List[Dict[str, Any]] = []
+        if nvml_error is None:
+            try:
+                nvml_ok, unmatched = self._cross_check(holders)
+            except self.seam.nvml.NVMLError as e:  # type: ignore[union-attr]
+                nvml_error = str(e)
+                for h in holders:
+                    h.nvml_visible, h.gpu_memory_bytes = None, None
         return ScanResult(holders=holders, scanned=scanned, unreadable=unreadable, vanished=vanished,
                           devices=files, nvml_unmatched=unmatched, nvml_available=nvml_ok,
-                          duration_s=time.monotonic() - t0)
+                          duration_s=time.monotonic() - t0, nvml_error=nvml_error)
 
     # -- details of a holder
     def _describe(self, pid: int, paths: List[str], kind_of: Dict[str, DeviceFile], minor_to_index: Dict[int, int],

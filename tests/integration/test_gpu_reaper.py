@@ -333,5 +333,15 @@ def test_busy_foreign_holder_is_kept_idle_one_is_a_candidate(onbox_home, gpu_dev
     by_pid = {d.holder.pid: d for d in decisions}
     assert (by_pid[busy.pid].verdict, by_pid[busy.pid].reason) == (
         "keep", "busy: NVML saw it using the GPU in the last sample")
-    assert (by_pid[idle.pid].verdict, by_pid[idle.pid].reason) == ("reap", "idle: no GPU activity in the last sample")
+    assert (by_pid[idle.pid].verdict, by_pid[idle.pid].reason) == (
+        "reap", "idle: no GPU activity of it in the last sample")
     assert alive(busy.pid) and alive(idle.pid)  # a survey never acts
+
+
+def test_scan_stands_when_nvml_fails(gpu_devices, spawn_holder):
+    from tests.unit.test_gpu_readings import BrokenCount
+
+    h = spawn_holder(files=("nvidia0",))
+    scan = scan_with(BrokenCount([FakeGpu()]), gpu_devices)
+    got = next(x for x in scan.holders if x.pid == h.pid)
+    assert got.gpus == [0] and got.nvml_visible is None and not scan.nvml_available and scan.nvml_error

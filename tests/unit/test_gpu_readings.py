@@ -197,3 +197,15 @@ def test_pinned_by_nobody_visible_anywhere():
     assert g["verdict"] == "pinned" and "neither NVML nor this box's processes" in g["verdict_reason"]
     busy = FakeNvml([FakeGpu(memory_used=30 * GiB, util_gpu=80, processes=[])])
     assert monitor(busy).readings(holders={})["gpus"][0]["verdict"] == "healthy"
+
+
+class BrokenCount(FakeNvml):
+    def nvmlDeviceGetCount(self):
+        self._check()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+
+
+def test_nvml_failure_reads_as_not_available_with_the_reason():
+    doc = monitor(BrokenCount([FakeGpu()])).readings()
+    assert doc["available"] is False and doc["gpus"] == []
+    assert doc["reason"].startswith("NVML failed: ") and "ersion" in doc["reason"]

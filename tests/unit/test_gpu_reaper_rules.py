@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.reaper import Attempt, AttemptIndex, Decision, attempts_of, decide, memory_settled, reap
+from onbox.reaper import Activity, Attempt, AttemptIndex, Decision, attempts_of, decide, memory_settled, reap
 from onbox.telemetry.holders import Holder, HolderScan, device_files
 from onbox.telemetry.nvml import NvmlSeam
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
@@ -33,9 +33,16 @@ RULES = dict(min_age_s=60, all_users=False, is_root=False, my_uid=1000)
     (dict(owner="earlier", run="r", attempt=0), {}, "reap", "orphan of run r attempt 0 (session 400)"),
     (dict(owner="earlier", age_s=5), {}, "keep", "younger than the minimum age (5 s < 60 s)"),
     (dict(nvml_visible=False), {}, "reap", "invisible to NVML (U11 zombie holder)"),
-    (dict(nvml_visible=True), {}, "reap", "idle: no GPU activity in the last sample"),
-    (dict(nvml_visible=True), dict(busy_pids=[500]), "keep", "busy: NVML saw it using the GPU in the last sample"),
-    (dict(nvml_visible=None), dict(busy_pids=[500]), "keep", "busy: NVML saw it using the GPU in the last sample"),
+    (dict(nvml_visible=True), dict(activity=Activity(sampled_gpus={0}, gpu_util={0: 50})), "reap",
+     "idle: no GPU activity of it in the last sample"),
+    (dict(nvml_visible=True), dict(activity=Activity(busy_pids={500}, sampled_gpus={0}, gpu_util={0: 50})),
+     "keep", "busy: NVML saw it using the GPU in the last sample"),
+    (dict(nvml_visible=None), dict(activity=Activity(gpu_util={0: 0})), "reap",
+     "idle: GPU 0 ran no kernel in the last sample"),
+    (dict(nvml_visible=None), dict(activity=Activity(sampled_gpus={0}, gpu_util={0: 80})), "keep",
+     "cannot tell whether it is busy: GPU 0 is in use and NVML cannot attribute it"),
+    (dict(nvml_visible=True, gpus=[0, 1]), dict(activity=Activity(gpu_util={0: 0, 1: 30})), "keep",
+     "cannot tell whether it is busy: GPU 0,1 is in use and NVML cannot attribute it"),
     (dict(uid=0, user="root"), {}, "keep", "owned by root: needs root and --all-users"),
     (dict(uid=0, user="root"), dict(is_root=True, my_uid=0, all_users=False, min_age_s=60), "reap",
      "invisible to NVML (U11 zombie holder)"),
