@@ -47,8 +47,8 @@ def gpu(as_json: bool, devices: str) -> None:
     """GPU health: utilisation beside SM clock and power (U21), memory, temperature, throttle reasons (U23), ECC,
     Xid events (U22: Xid 48/79 = dead card, re-rent) and a verdict per GPU: healthy, throttled, memory pinned by N
     holders, or dead. A box without the NVIDIA driver prints why and exits 0."""
+    from onbox.ownership import AttemptIndex, classify
     from onbox.paths import runs_dir
-    from onbox.reaper import AttemptIndex, classify
     from onbox.telemetry.holders import HolderScan
 
     seam = _seam()

@@ -19,7 +19,8 @@ from onbox.clock import SystemClock
 from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json
-from onbox.reaper import AttemptIndex, ReaperHook, classify, decide_all
+from onbox.ownership import AttemptIndex, classify
+from onbox.reaper import ReaperHook, decide_all
 from onbox.runhooks import RunContext, make_hooks
 from onbox.telemetry.holders import HolderScan
 from onbox.telemetry.nvml import NvmlSeam

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.reaper import Activity, Attempt, AttemptIndex, Decision, attempts_of, decide, memory_settled, reap
+from onbox.ownership import Attempt, AttemptIndex, attempts_of
+from onbox.reaper import Activity, Decision, decide, memory_settled, reap
 from onbox.telemetry.holders import Holder, HolderScan, device_files
 from onbox.telemetry.nvml import NvmlSeam
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
