@@ -227,10 +227,11 @@ def kill_log(path: str) -> Callable[[Dict[str, Any]], None]:
 # -- before a restart -----------------------------------------------------------------------------------------
 
 def memory_settled(seam: Any, gpus: Iterable[int], *, timeout_s: float, poll_s: float, clock: Clock,
-                   slack_bytes: int = 512 << 20) -> Dict[str, Any]:
-    """Wait, bounded, until each GPU's used memory is no more than what NVML still attributes to live processes
-    plus `slack_bytes`: the driver frees a dead context's memory asynchronously (the resiliency launcher waits the
-    same way). Returns {"waited_s", "released", "gpus": {index: used bytes}} or {"skipped": reason}."""
+                   slack_bytes: int = 512 << 20, gone_pids: Iterable[int] = ()) -> Dict[str, Any]:
+    """Wait, bounded, until each GPU's used memory is no more than what NVML attributes to processes other than
+    `gone_pids` (the ones just reaped) plus `slack_bytes`: the driver frees a dead context's memory
+    asynchronously (NVIDIA's resiliency launcher waits the same way). Returns {"waited_s", "released",
+    "gpus": {index: used bytes}} or {"skipped": reason}."""
 
     gpus = sorted(set(gpus))
     if not gpus:
@@ -238,13 +239,14 @@ def memory_settled(seam: Any, gpus: Iterable[int], *, timeout_s: float, poll_s: 
     if seam is None or not seam.available():
         return {"skipped": "NVML not available: %s" % (seam.unavailable_reason if seam else "no seam")}
     try:
-        return _memory_settled(seam, gpus, timeout_s=timeout_s, poll_s=poll_s, clock=clock, slack_bytes=slack_bytes)
+        return _memory_settled(seam, gpus, timeout_s=timeout_s, poll_s=poll_s, clock=clock, slack_bytes=slack_bytes,
+                               gone=set(gone_pids))
     except seam.nvml.NVMLError as e:  # e.g. the GPU fell off the bus meanwhile: the restart decides, not us
         return {"skipped": "NVML error while waiting: %s" % e}
 
 
 def _memory_settled(seam: Any, gpus: List[int], *, timeout_s: float, poll_s: float, clock: Clock,
-                    slack_bytes: int) -> Dict[str, Any]:
+                    slack_bytes: int, gone: Set[int]) -> Dict[str, Any]:
     from onbox.telemetry.nvml import NA, running_processes
 
     start = clock.monotonic()
@@ -256,7 +258,7 @@ def _memory_settled(seam: Any, gpus: List[int], *, timeout_s: float, poll_s: flo
             h = seam.call("nvmlDeviceGetHandleByIndex", i, optional=False)
             mem = seam.call("nvmlDeviceGetMemoryInfo", h)
             procs = running_processes(seam, h)
-            expected = sum(p.usedGpuMemory or 0 for p in ([] if procs is NA else procs))
+            expected = sum(p.usedGpuMemory or 0 for p in ([] if procs is NA else procs) if p.pid not in gone)
             used[i] = None if mem is NA else mem.used
             if mem is not NA and mem.used > expected + slack_bytes:
                 settled = False
@@ -307,6 +309,6 @@ class ReaperHook:
         reap(decisions, term_timeout_s=self.term_timeout_s, kill_timeout_s=self.kill_timeout_s,
              poll_s=self.poll_s, clock=ctx.clock, record=record)
         memory = memory_settled(seam, {g for h in orphans for g in h.gpus}, timeout_s=ctx.config.reap_wait,
-                                poll_s=self.memory_poll_s, clock=ctx.clock)
+                                poll_s=self.memory_poll_s, clock=ctx.clock, gone_pids=[h.pid for h in orphans])
         ctx.emit("reaped", holders=[{"pid": d.holder.pid, "sid": d.holder.sid, "outcome": d.outcome}
                                     for d in decisions], memory=memory)

@@ -346,3 +346,28 @@ def test_scan_stands_when_nvml_fails(gpu_devices, spawn_holder):
     scan = scan_with(BrokenCount([FakeGpu()]), gpu_devices)
     got = next(x for x in scan.holders if x.pid == h.pid)
     assert got.gpus == [0] and got.nvml_visible is None and not scan.nvml_available and scan.nvml_error
+
+
+class LiveDriver(FakeNvml):
+    """NVML over real processes: a listed process counts (and holds its memory) only while it is alive."""
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h):
+        return [p for p in self._gpu(h).processes if alive(p.pid)]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        h.memory_used = sum(p.usedGpuMemory for p in self.nvmlDeviceGetComputeRunningProcesses_v3(h))
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_hook_waits_for_memory_to_come_back(onbox_home, gpu_devices, spawn_holder):
+    trainer, sid, t0 = orphaned_trainer(spawn_holder, workers=2, ignore_term=0)
+    current = spawn_holder(files=("nvidia0",))
+    fake = LiveDriver([FakeGpu(minor=0, processes=[FakeProcess(w, 10 << 30) for w in trainer.workers]
+                               + [FakeProcess(current.pid, 1 << 30)])])
+    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running")
+    events: list = []
+    ReaperHook(make_ctx(onbox_home, "train", gpu_devices, events, reap_wait=30), seam=NvmlSeam(fake),
+               term_timeout_s=5, memory_poll_s=0.01).before_attempt([sid])
+    done = next(e for e in events if e["event"] == "reaped")
+    assert done["memory"]["released"] is True and done["memory"]["gpus"] == {0: 1 << 30}
+    assert alive(current.pid) and not any(alive(w) for w in trainer.workers)

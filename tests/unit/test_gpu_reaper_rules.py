@@ -204,3 +204,26 @@ def test_memory_wait_survives_a_gpu_lost_meanwhile():
     fake.gpus[0].lost = True
     out = memory_settled(seam, [0], timeout_s=5, poll_s=1, clock=FakeClock())
     assert out["skipped"].startswith("NVML error while waiting") and "GPU is lost" in out["skipped"]
+
+
+class SlowTeardown(FakeNvml):
+    """NVML keeps listing a killed process (and its memory) until the driver finishes tearing its context down."""
+
+    def __init__(self, *a, polls_until_free=4, **k):
+        super().__init__(*a, **k)
+        self.polls = 0
+        self.polls_until_free = polls_until_free
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self.polls += 1
+        if self.polls > self.polls_until_free:
+            h.processes = [p for p in h.processes if p.pid != 66]
+            h.memory_used = sum(p.usedGpuMemory for p in h.processes)
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_memory_wait_ignores_what_nvml_still_lists_for_reaped_pids():
+    fake = SlowTeardown([FakeGpu(memory_used=32 * GiB, processes=[FakeProcess(66, 30 * GiB),
+                                                                   FakeProcess(9, 2 * GiB)])])
+    out = memory_settled(NvmlSeam(fake), [0], timeout_s=60, poll_s=1, clock=FakeClock(), gone_pids=[66])
+    assert out == {"waited_s": 4.0, "released": True, "gpus": {0: 2 * GiB}}
