@@ -73,8 +73,10 @@ def fetch_wheels(arch: str, cache: str, offline: bool) -> str:
     dest = os.path.join(cache, "wheels", arch)
     stamp = os.path.join(dest, ".requirements.sha256")
     digest = requirements_digest()
-    if os.path.exists(stamp) and open(stamp).read().strip() == digest:
-        return dest
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            if f.read().strip() == digest:
+                return dest
     if offline:
         raise SystemExit("zipapp: no cached wheels for %s in %s and --offline given" % (arch, dest))
     shutil.rmtree(dest, ignore_errors=True)
