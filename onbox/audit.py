@@ -197,7 +197,7 @@ def check_torch(seams: Seams, gpu: Check) -> Check:
         if spec is None or not spec.submodule_search_locations:
             return Check("torch", INFO, "torch is not importable by %s" % sys.executable,
                          "fine for onbox itself; the job's own python may differ")
-        torch_dir = list(spec.submodule_search_locations)[0]
+        torch_dir = next(iter(spec.submodule_search_locations))
     build = _torch_build(torch_dir)
     data: Dict[str, Any] = {"dir": torch_dir, "version": build["version"], "cuda_build": build["cuda"],
                             "cuda_driver": gpu.data.get("cuda_driver_version")}
