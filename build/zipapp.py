@@ -37,6 +37,10 @@ DOWNLOAD_TIMEOUT = 600
 MAIN_TEMPLATE = """\
 # -*- coding: utf-8 -*-
 # onbox.pyz entry point (build/zipapp.py): choose the extraction root, then hand over to shiv's bootstrap.
+import sys
+if sys.version_info < (3, 8):
+    sys.stderr.write("onbox: needs Python 3.8 or newer, not %s (%s)\\n" % (sys.version.split()[0], sys.executable))
+    sys.exit(3)
 {extractroot}
 
 prepare(sys.argv[0])
@@ -159,6 +163,8 @@ def stage(arch: str, wheels: str, work: str) -> str:
 def main_template() -> str:
     with open(os.path.join(REPO, "onbox", "extractroot.py"), encoding="utf-8") as f:
         source = f.read()
+    # Without its __future__ import the module also compiles on old Pythons, which then get the message above.
+    source = source.replace("from __future__ import annotations\n", "", 1)
     return MAIN_TEMPLATE.format(extractroot=source.replace("{", "{{").replace("}", "}}"))
 
 

@@ -267,8 +267,9 @@ def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
     checks.append(check_space("disk.ckpt", "checkpoint dir", ckpt, opts, must_write=True, floor=True))
     durable = opts.durable
     if durable is None:
-        guess = os.path.expanduser(paths.get("durable") or "")
-        durable = guess if guess.startswith("/") and "<" not in guess and os.path.isdir(guess) else None
+        guess = os.path.expanduser(prof.run_defaults().get("durable") or paths.get("durable") or "")
+        usable = guess.startswith("/") and "<" not in guess
+        durable = guess if usable and (os.path.isdir(guess) or os.path.isdir(os.path.dirname(guess))) else None
     if durable and is_remote(durable):
         checks.append(Check("disk.durable", INFO, "durable %s is an rclone remote (checked by `onbox sync`)" % durable))
     elif durable:

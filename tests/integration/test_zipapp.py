@@ -191,3 +191,13 @@ def test_old_extractions_are_removed_unless_in_use(pyz, tmp_path):
     assert busy.exists() and foreign.exists()
     current = [p for p in os.listdir(str(shiv_root)) if p.startswith("onbox.pyz_") and not p.endswith("a" * 64)]
     assert len(current) == 1
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.7"])
+def test_too_old_python_gets_one_clear_line(version, pyz, tmp_path):
+    python = pyenv_pythons().get(version)
+    if python is None:
+        pytest.skip("no pyenv CPython %s on this machine" % version)
+    r = run_pyz(python, pyz, ["--version"], clean_env(tmp_path, SHIV_ROOT=tmp_path / "shiv"))
+    assert r.returncode == 3
+    assert r.stderr.startswith("onbox: needs Python 3.8 or newer, not %s." % version)
