@@ -14,16 +14,12 @@ onbox package is not importable yet. Runs on CPython 3.8-3.13.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
 import sys
-import tempfile
 from typing import Dict, List, Mapping, Optional, Tuple
 
 INUSE_FILE = ".onbox-inuse"
-EXTRACTION_RE = re.compile(r"^(?P<name>.+)_(?P<build>[0-9a-f]{64})$")
+HEX = frozenset("0123456789abcdef")
 _held_fds: List[int] = []  # shared locks on our own extraction, held for the life of the process
 
 
@@ -66,6 +62,8 @@ def unusable_reason(root: str, extraction: Optional[str] = None, private: bool =
             return "not a directory owned by uid %d" % os.getuid()  # a shared /tmp: never trust another's dir
     if is_noexec(root):
         return "mounted noexec"
+    import tempfile  # start-up cost matters here (issue 2 benchmark): import only when probing
+
     try:  # access(2) lies on read-only mounts and for root: really create a file
         fd, probe = tempfile.mkstemp(prefix=".onbox-probe-", dir=root)
         os.close(fd)
@@ -87,8 +85,14 @@ def choose_root(environ: Mapping[str, str], extraction: Optional[str] = None
     return None, rejected
 
 
+def is_extraction_name(name: str) -> bool:
+    """shiv names an extraction <pyz file name>_<64 hex build id> (no regex: this runs at every start)."""
+    return len(name) > 65 and name[-65] == "_" and set(name[-64:]) <= HEX
+
+
 def _extraction_name(archive: str) -> Optional[str]:
     """shiv's extraction dir name: <resolved pyz file name>_<build id from environment.json>."""
+    import json
     import zipfile
 
     try:
@@ -120,7 +124,7 @@ def current_root() -> Optional[str]:
     """The extraction root this onbox runs from, or None when it runs from a source checkout."""
     sp = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     extraction = os.path.dirname(sp)
-    if os.path.basename(sp) == "site-packages" and EXTRACTION_RE.match(os.path.basename(extraction)):
+    if os.path.basename(sp) == "site-packages" and is_extraction_name(os.path.basename(extraction)):
         return os.path.dirname(extraction)
     return None
 
@@ -153,6 +157,8 @@ def hold_and_clean(current: str) -> List[str]:
     Returns the removed paths. Other shiv apps' extractions are never touched. A removal renames first, so a
     starting process of that build re-extracts instead of using a half-deleted tree.
     """
+    import shutil
+
     fd = _try_lock(os.path.join(current, INUSE_FILE), exclusive=False)
     if fd is not None:
         _held_fds.append(fd)
@@ -169,8 +175,8 @@ def hold_and_clean(current: str) -> List[str]:
         if entry.startswith(".onbox-deleting-"):
             shutil.rmtree(path, ignore_errors=True)
             continue
-        stale_tmp = entry.endswith(".tmp") and EXTRACTION_RE.match(entry[:-4])
-        if not (EXTRACTION_RE.match(entry) or stale_tmp) or not _is_onbox(path):
+        stale_tmp = entry.endswith(".tmp") and is_extraction_name(entry[:-4])
+        if not (is_extraction_name(entry) or stale_tmp) or not _is_onbox(path):
             continue
         name = entry[:-4] if stale_tmp else entry
         # shiv's own extraction lock (.<name>_lock) guards a running extraction; our in-use lock guards users.
