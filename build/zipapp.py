@@ -10,13 +10,17 @@
   site-packages with fixed file modes; the onbox package is copied the same way (a wheel would only be unpacked
   again), profiles/*.toml go in as package data onbox/_profiles/; shiv then writes entries sorted, stamped with
   SOURCE_DATE_EPOCH (the commit time of HEAD, or shiv's default outside git).
-- The pyz's __main__.py embeds onbox/extractroot.py and picks the extraction root before shiv's bootstrap
-  (read-only $HOME, noexec /tmp); the preamble (build/preamble.py) holds the extraction and removes old ones.
+- The pyz's __main__.py embeds onbox/extractroot.py: it picks the extraction root before shiv's bootstrap
+  (read-only $HOME, noexec /tmp) and starts onbox directly when this build is already extracted (warm starts
+  skip the bootstrap's heavy imports); on a first start shiv extracts and the preamble (build/preamble.py) holds
+  the extraction and removes old ones.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -32,6 +36,7 @@ ARCHES = {"x86_64": "onbox.pyz", "aarch64": "onbox-aarch64.pyz"}
 TARGET_PYTHON = "3.8"
 SHIV_VERSION = "1.0.8"
 SHEBANG = "/usr/bin/env python3"
+ENTRY_POINT = "onbox.cli:main"
 DOWNLOAD_TIMEOUT = 600
 
 MAIN_TEMPLATE = """\
@@ -43,7 +48,7 @@ if sys.version_info < (3, 8):
     sys.exit(3)
 {extractroot}
 
-prepare(sys.argv[0])
+start(sys.argv[0], "{build_id}", "{entry}")
 import {{module}}
 {{module}}.{{fn}}()
 """
@@ -160,12 +165,28 @@ def stage(arch: str, wheels: str, work: str) -> str:
     return site
 
 
-def main_template() -> str:
+def content_id(site: str, preamble: str) -> str:
+    """The build id: a hash of every shipped file and its path (what shiv computes, made explicit so that
+    __main__.py can know its extraction's name without opening the zip)."""
+    h = hashlib.sha256()
+    files = []
+    for dirpath, dirnames, filenames in os.walk(site):
+        dirnames.sort()
+        files.extend(os.path.join(dirpath, f) for f in filenames)
+    for path in [*sorted(files, key=lambda p: os.path.relpath(p, site)), preamble]:
+        with open(path, "rb") as f:
+            h.update(f.read())
+        h.update(os.path.relpath(path, site).encode() if path != preamble else b"bin/preamble.py")
+    return h.hexdigest()
+
+
+def main_template(build_id: str) -> str:
     with open(os.path.join(REPO, "onbox", "extractroot.py"), encoding="utf-8") as f:
         source = f.read()
     # Without its __future__ import the module also compiles on old Pythons, which then get the message above.
     source = source.replace("from __future__ import annotations\n", "", 1)
-    return MAIN_TEMPLATE.format(extractroot=source.replace("{", "{{").replace("}", "}}"))
+    return MAIN_TEMPLATE.format(extractroot=source.replace("{", "{{").replace("}", "}}"), build_id=build_id,
+                                entry=ENTRY_POINT)
 
 
 def run_shiv(site: str, preamble: str, output: str, epoch: str) -> None:
@@ -178,15 +199,23 @@ def run_shiv(site: str, preamble: str, output: str, epoch: str) -> None:
     if shiv.__version__ != SHIV_VERSION:
         raise SystemExit("zipapp: shiv %s is required (found %s): pip install shiv==%s"
                          % (SHIV_VERSION, shiv.__version__, SHIV_VERSION))
-    builder.MAIN_TEMPLATE = main_template()  # type: ignore[attr-defined]
+    build_id = content_id(site, preamble)
+    builder.MAIN_TEMPLATE = main_template(build_id)  # type: ignore[attr-defined]
     os.environ["SOURCE_DATE_EPOCH"] = epoch
+    out = io.StringIO()
     try:
-        shiv_cli.main.main(args=["--site-packages", site, "--entry-point", "onbox.cli:main",
-                                 "--output-file", output, "--python", SHEBANG, "--reproducible",
-                                 "--compressed", "--preamble", preamble], standalone_mode=False)
+        # --build-id: shiv warns that a custom id must be unique per build; ours is the content hash, so it is.
+        with contextlib.redirect_stdout(out):
+            shiv_cli.main.main(args=["--site-packages", site, "--entry-point", ENTRY_POINT, "--build-id", build_id,
+                                     "--output-file", output, "--python", SHEBANG, "--reproducible",
+                                     "--compressed", "--preamble", preamble], standalone_mode=False)
     except SystemExit as e:  # shiv exits with a message string on bad input
         if e.code not in (None, 0):
             raise
+    finally:
+        for line in out.getvalue().splitlines():
+            if "overridden the default build-id" not in line:
+                print(line)
 
 
 def build(out: str, arches: List[str], cache: str, offline: bool) -> List[str]:

@@ -5,7 +5,8 @@ $HOME can be read-only (some container images, NFS homes), and a noexec mount (a
 native libraries (psutil's .so) fail to load. So the pyz's __main__.py runs `prepare()` first: it walks
 $SHIV_ROOT (when the user set one), ~/.shiv, $XDG_RUNTIME_DIR/onbox-shiv, /tmp/onbox-shiv-<uid>,
 /dev/shm/onbox-shiv-<uid>, takes the first writable, exec-capable one, exports it as SHIV_ROOT (children that run
-the pyz again agree), and prints one line when it had to fall back. shiv's preamble then calls
+the pyz again agree), and prints one line when it had to fall back. When this build is already extracted
+there, `start()` runs onbox directly (a warm start); otherwise shiv's bootstrap extracts and its preamble calls
 `hold_and_clean()`: this process holds a shared lock on its extraction while it runs, and extractions of other
 onbox builds that nobody holds are removed (they otherwise pile up, one per version).
 
@@ -90,34 +91,61 @@ def is_extraction_name(name: str) -> bool:
     return len(name) > 65 and name[-65] == "_" and set(name[-64:]) <= HEX
 
 
-def _extraction_name(archive: str) -> Optional[str]:
-    """shiv's extraction dir name: <resolved pyz file name>_<build id from environment.json>."""
-    import json
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            build_id = json.loads(zf.read("environment.json").decode("utf-8")).get("build_id")
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return None
-    return "%s_%s" % (os.path.basename(os.path.realpath(archive)), build_id) if build_id else None
+def extraction_name(archive: str, build_id: str) -> str:
+    """shiv's extraction dir name: <resolved pyz file name>_<build id>."""
+    return "%s_%s" % (os.path.basename(os.path.realpath(archive)), build_id)
 
 
-def prepare(argv0: str, environ: Optional[Dict[str, str]] = None) -> None:
-    """Pick the extraction root and export it as SHIV_ROOT; exit 3 with one line when nothing is usable."""
+def prepare(extraction: str, environ: Optional[Dict[str, str]] = None) -> str:
+    """Pick the extraction root, export it as SHIV_ROOT and return it; exit 3 with one line when none is usable."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    extraction = _extraction_name(argv0)
     root, rejected = choose_root(environ, extraction)  # type: ignore[arg-type]
     if root is None:
         sys.stderr.write("onbox: no usable extraction root (%s)\nhint: set SHIV_ROOT to a writable directory on "
                          "a filesystem not mounted noexec\n" % "; ".join("%s: %s" % r for r in rejected))
         sys.exit(3)
     environ["SHIV_ROOT"] = root  # type: ignore[index]
-    fresh = not (extraction and os.path.isdir(os.path.join(root, extraction)))
-    if rejected and fresh:
+    if rejected and not os.path.isdir(os.path.join(root, extraction)):
         first, why = rejected[0]
         sys.stderr.write("onbox: %s is not usable (%s); extracting to %s (set SHIV_ROOT to choose)\n"
                          % (first, why, root))
+    return root
+
+
+# Variables that change what shiv's bootstrap does: with any of them set, shiv handles the start.
+SHIV_OVERRIDES = ("SHIV_FORCE_EXTRACT", "SHIV_COMPILE_PYC", "SHIV_COMPILE_WORKERS", "SHIV_EXTEND_PYTHONPATH",
+                  "SHIV_PREPEND_PYTHONPATH", "SHIV_INTERPRETER", "SHIV_ENTRY_POINT", "SHIV_CONSOLE_SCRIPT",
+                  "SHIV_MODULE")
+
+
+def start(argv0: str, build_id: str, entry: str) -> None:
+    """The pyz's first move: choose the root; when this build is already extracted there, start `entry` directly.
+
+    Returns (to shiv's bootstrap) on a first start or when a SHIV_* override is set. The direct path does what
+    shiv's bootstrap does for a warm start (site.addsitedir of the extraction, placed before other site dirs;
+    the preamble's hold_and_clean) without its imports of subprocess, pathlib and compileall, which cost more
+    than importing click itself (issue 2: warm `--version` <= 1.5x a bare `import click`).
+    """
+    extraction = extraction_name(argv0, build_id)
+    root = prepare(extraction)
+    site_packages = os.path.join(root, extraction, "site-packages")
+    if any(os.environ.get(k) for k in SHIV_OVERRIDES) or not os.path.isdir(site_packages):
+        return
+    import site
+
+    length = len(sys.path)
+    index = next((i for i, p in enumerate(sys.path)
+                  if os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages")), None) or length
+    site.addsitedir(site_packages)
+    sys.path = sys.path[:index] + sys.path[length:] + sys.path[index:length]  # as shiv orders it
+    # Our own private extraction: write bytecode caches there even under PYTHONDONTWRITEBYTECODE (set by many
+    # container images), or every start recompiles click from source.
+    sys.dont_write_bytecode = False
+    hold_and_clean(os.path.dirname(site_packages))
+    import importlib
+
+    module, _, attr = entry.partition(":")
+    sys.exit(getattr(importlib.import_module(module), attr)())
 
 
 def current_root() -> Optional[str]:
@@ -157,8 +185,6 @@ def hold_and_clean(current: str) -> List[str]:
     Returns the removed paths. Other shiv apps' extractions are never touched. A removal renames first, so a
     starting process of that build re-extracts instead of using a half-deleted tree.
     """
-    import shutil
-
     fd = _try_lock(os.path.join(current, INUSE_FILE), exclusive=False)
     if fd is not None:
         _held_fds.append(fd)
@@ -173,6 +199,8 @@ def hold_and_clean(current: str) -> List[str]:
         if path == current or not os.path.isdir(path):
             continue
         if entry.startswith(".onbox-deleting-"):
+            import shutil
+
             shutil.rmtree(path, ignore_errors=True)
             continue
         stale_tmp = entry.endswith(".tmp") and is_extraction_name(entry[:-4])
@@ -184,6 +212,8 @@ def hold_and_clean(current: str) -> List[str]:
         lock = _try_lock(guard, exclusive=True)
         if lock is None:
             continue  # in use (or unlockable): keep it
+        import shutil
+
         try:
             doomed = os.path.join(root, ".onbox-deleting-%s-%d" % (entry, os.getpid()))
             os.rename(path, doomed)

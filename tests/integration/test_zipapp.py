@@ -201,3 +201,19 @@ def test_too_old_python_gets_one_clear_line(version, pyz, tmp_path):
     r = run_pyz(python, pyz, ["--version"], clean_env(tmp_path, SHIV_ROOT=tmp_path / "shiv"))
     assert r.returncode == 3
     assert r.stderr.startswith("onbox: needs Python 3.8 or newer, not %s." % version)
+
+
+def test_warm_start_cleans_too_and_caches_bytecode(pyz, tmp_path):
+    """The second start takes extractroot.start()'s direct path: it must also clean up and write bytecode caches
+    into its private extraction even under PYTHONDONTWRITEBYTECODE (set by many container images)."""
+    shiv_root = tmp_path / "shiv"
+    env = clean_env(tmp_path, SHIV_ROOT=shiv_root, PYTHONDONTWRITEBYTECODE="1")
+    assert run_pyz(sys.executable, pyz, ["--version"], env).returncode == 0  # first start: shiv extracts
+    old = _fake_extraction(shiv_root, "onbox.pyz_" + "d" * 64)
+    r = run_pyz(sys.executable, pyz, ["--version"], env)  # warm start
+    assert r.returncode == 0 and r.stdout.startswith("onbox, version"), r.stderr
+    assert not old.exists()
+    assert glob.glob(str(shiv_root / "onbox.pyz_*" / "site-packages" / "click" / "__pycache__" / "core.*.pyc"))
+    # a shiv override still goes through shiv's own bootstrap
+    r = run_pyz(sys.executable, pyz, ["--version"], dict(env, SHIV_FORCE_EXTRACT="1"))
+    assert r.returncode == 0 and r.stdout.startswith("onbox, version"), r.stderr
