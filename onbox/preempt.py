@@ -71,11 +71,13 @@ class MetadataClient:
         self.provider = provider
         self.base = (base or {"aws": AWS_BASE, "gcp": GCP_BASE, "azure": AZURE_BASE}[provider]).rstrip("/")
         self.timeout = timeout
+        self._token: Optional[str] = None  # AWS IMDSv2 session token (valid for its TTL)
 
     def available(self) -> bool:
         """True when this provider's metadata service answers (detection for notice_source=auto)."""
         if self.provider == "aws":
-            return self._aws_token() is not None
+            self._token = self._aws_token()
+            return self._token is not None
         if self.provider == "gcp":
             status, _ = http("GET", self.base + GCP_PREEMPTED_PATH, {"Metadata-Flavor": "Google"}, self.timeout)
             return status == 200
@@ -90,11 +92,12 @@ class MetadataClient:
     def check(self, now_wall: float) -> Optional[Tuple[float, str]]:
         """(seconds until the instance goes, detail) when a notice is out, else None."""
         if self.provider == "aws":
-            token = self._aws_token()
+            token = self._token or self._aws_token()
             if token is None:
                 return None
             status, body = http("GET", self.base + AWS_ACTION_PATH, {"X-aws-ec2-metadata-token": token},
                                 self.timeout)
+            self._token = token if status != 401 else None  # reuse the token until it expires (401)
             if status != 200:  # 404: no action scheduled
                 return None
             try:

@@ -11,7 +11,7 @@
         metadata_server.provider = "aws"     # which cloud it pretends to be ("aws", "gcp", "azure")
         metadata_server.preempt(lead=30)     # switch to "preempt now"
         metadata_server.url                   # base URL
-        metadata_server.requests              # [(method, path, headers)] seen
+        metadata_server.requests              # [(method, path, {lowercased header: value})] seen
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class FakeMetadata:
 
     def handle(self, method: str, path: str, headers: Any) -> Tuple[int, str, bytes]:
         with self.lock:
-            self.requests.append((method, path, dict(headers)))
+            self.requests.append((method, path, {k.lower(): v for k, v in headers.items()}))
             p = self.provider
             at = self.preempt_at
         if p == "aws":
