@@ -59,7 +59,7 @@ def child_env(base: Mapping[str, str], run: str, ckpt_dir: str, resume_from: Opt
     # U40: torch/numpy size their thread pools by the host's CPU count, not the cgroup quota: on a 4-CPU
     # container of a 128-core host that oversubscribes and starves the GPU. Cap them unless the user chose.
     if quota_cores is not None:
-        cap = str(max(1, int(math.floor(quota_cores))))
+        cap = str(max(1, math.floor(quota_cores)))
         for var in THREAD_VARS:
             if not env.get(var):
                 env[var] = cap

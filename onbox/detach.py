@@ -93,7 +93,7 @@ def daemonize(agent: Callable[[Callable[[Dict[str, Any]], None]], int], log_path
             _redirect_stdio(log_path)
             os.chdir("/")
 
-            sent = []
+            sent: list = []
 
             def ready(info: Dict[str, Any]) -> None:
                 if not sent:

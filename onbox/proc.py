@@ -70,7 +70,7 @@ def is_alive(pid: int, expected_start: Optional[int] = None, proc: str = PROC) -
 
 def session_members(sid: int, proc: str = PROC, exclude: Sequence[int] = ()) -> List[int]:
     """Every live (non-zombie) process whose session id is `sid`, found by scanning /proc."""
-    out = []
+    out: List[int] = []
     skip = set(exclude)
     try:
         names = os.listdir(proc)
@@ -209,7 +209,7 @@ class ProcessSeam:
         """
         me = os.getpid()
         my_sid = os.getsid(0)
-        reaped = []
+        reaped: List[int] = []
         try:
             zombies = zombie_children(me, self.proc)
         except OSError:

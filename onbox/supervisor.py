@@ -95,7 +95,7 @@ class Supervisor:
         self.oom_reader = oom_reader
         self.requeue = requeue
         self.environ = dict(os.environ if environ is None else environ)
-        self._log = log or (lambda m: sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), m)))
+        self._log: Callable[[str], None] = log or self._stderr_log
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
         self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
@@ -127,6 +127,11 @@ class Supervisor:
             emit=self.emit, attempt=lambda: self.attempt_no))
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
+
+    @staticmethod
+    def _stderr_log(message: str) -> None:
+        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+        sys.stderr.flush()
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
@@ -185,7 +190,7 @@ class Supervisor:
     def _install_signals(self) -> Dict[int, Any]:
         wanted = {signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1, signal.SIGUSR2,
                   signal.SIGHUP, signal.SIGCHLD}
-        old = {}
+        old: Dict[int, Any] = {}
         for s in wanted:
             old[s] = signal.signal(s, self._on_signal)
         self._wake_r, self._wake_w = os.pipe()
@@ -472,8 +477,9 @@ class Supervisor:
                 pass
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
-        self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % self.notice.source
-        self.transition(RunState.PREEMPTED, reason=self.notice.source if self.notice else "")
+        source = self.notice.source if self.notice else "?"
+        self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % source
+        self.transition(RunState.PREEMPTED, reason=source)
         job = self.environ.get("SLURM_JOB_ID")
         want = self.cfg.requeue if self.cfg.requeue is not None else bool(job)
         if want and job:

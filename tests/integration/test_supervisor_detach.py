@@ -11,8 +11,15 @@ import textwrap
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.integration.supervisor_helpers import (FAST, events, kill_if_alive, onbox, pid_alive, state,
-                                                  wait_for)
+from tests.integration.supervisor_helpers import (
+    FAST,
+    events,
+    kill_if_alive,
+    onbox,
+    pid_alive,
+    state,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

@@ -118,19 +118,19 @@ def test_orphan_ignoring_sigterm_is_gone_before_the_next_attempt(onbox_home, tmp
 def _memory_cgroup_base():
     """(our memory cgroup dir, version) when a memory controller is writable here, else None."""
     try:
-        rows = [line.strip().split(":", 2) for line in open("/proc/self/cgroup")]
+        rows = [line.strip().split(":", 2) for line in _read("/proc/self/cgroup").splitlines()]
     except OSError:
         return None
-    for hier, ctrls, path in rows:
+    for _hier, ctrls, path in rows:
         if "memory" in ctrls.split(","):
             d = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
             if os.path.isfile(os.path.join(d, "memory.limit_in_bytes")) and os.access(d, os.W_OK):
                 return d, 1
-    for hier, ctrls, path in rows:
+    for hier, _ctrls, path in rows:
         if hier == "0":
             d = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
             try:
-                if "memory" in open(os.path.join(d, "cgroup.controllers")).read().split() and os.access(d, os.W_OK):
+                if "memory" in _read(os.path.join(d, "cgroup.controllers")).split() and os.access(d, os.W_OK):
                     return d, 2
             except OSError:
                 pass
@@ -147,10 +147,10 @@ def test_host_oom_in_a_memory_limited_cgroup_is_classified_host_oom(onbox_home, 
     os.mkdir(cg)
     try:
         if version == 1:
-            open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(160 * 1024 * 1024))
+            _write(os.path.join(cg, "memory.limit_in_bytes"), str(160 * 1024 * 1024))
         else:
-            open(os.path.join(cg, "memory.max"), "w").write(str(160 * 1024 * 1024))
-            open(os.path.join(cg, "memory.swap.max"), "w").write("0")
+            _write(os.path.join(cg, "memory.max"), str(160 * 1024 * 1024))
+            _write(os.path.join(cg, "memory.swap.max"), "0")
         hog = "import time; x = bytearray(600 * 1024 * 1024); time.sleep(5)"
         argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cg, PY, "-m", "onbox", "run",
                 "--foreground", "--restart", "never", "--name", "oom", "--", PY, "-c", hog]
@@ -172,3 +172,13 @@ def test_host_oom_in_a_memory_limited_cgroup_is_classified_host_oom(onbox_home, 
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)

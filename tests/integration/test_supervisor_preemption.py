@@ -56,7 +56,7 @@ def test_signal_to_the_agent_becomes_checkpoint_then_exit_75(onbox_home, tmp_pat
     try:
         wait_for(lambda: _running(onbox_home, "pre"), what="child running")
         p.send_signal(getattr(signal, "SIG" + sig))
-        out, err = p.communicate(timeout=30)
+        _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
         assert marker.read_text() == "got %d preempt_file=True" % signal.SIGTERM
         doc = state(onbox_home, "pre")
@@ -102,7 +102,7 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
         assert agent == 1  # the agent sees itself as PID 1 in the new namespace
         host_agent = wait_for(lambda: _children_of(p.pid), what="the agent's host pid")[0]
         os.kill(host_agent, signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
+        _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
         assert marker.read_text().startswith("got %d" % signal.SIGTERM)
         assert state(onbox_home, "pid1")["state"] == "preempted"
@@ -130,7 +130,7 @@ def test_cloud_notice_from_the_metadata_service_triggers_the_preemption_path(onb
         wait_for(lambda: _running(onbox_home, "cloud"), what="child running")
         wait_for(lambda: len(metadata_server.requests) >= 4, what="the agent polling the metadata service")
         metadata_server.preempt(lead=30)
-        out, err = p.communicate(timeout=30)
+        _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
         assert marker.read_text().startswith("got %d" % signal.SIGTERM)
         doc = state(onbox_home, "cloud")
