@@ -2,11 +2,13 @@
 
 Owners (from each run's state.json `attempts: [{n, pid, sid, pgid, start_time, ...}]` under $ONBOX_HOME/runs):
   self     this process or one of its ancestors: never touched
-  current  the newest attempt of a run that is still live (its leader process lives): never touched
+  current  the attempt a live run's state names (`current_sid`), while its leader process lives: never touched
   earlier  an earlier attempt of a run this agent supervises: our own orphans, e.g. DataLoader workers forked
            after CUDA init whose parent was SIGKILLed (they keep the session id)
   foreign  anything else
-A session id can be recycled: a holder that started before the attempt it would belong to is not its.
+A holder belongs to an attempt by its session id (orphaned workers keep it) or, failing that, by the ONBOX_RUN and
+ONBOX_RESTART_COUNT its environment inherited. A session id can be recycled: a holder that started before the
+attempt's leader is not its.
 """
 from __future__ import annotations
 
@@ -14,14 +16,13 @@ import dataclasses
 import glob
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from onbox.telemetry.holders import Holder, ScanResult
 
-# Run states after which no attempt of the run is live (the supervisor's RunState values, lower-cased).
-TERMINAL_STATES = frozenset({"succeeded", "failed", "stopped", "done", "finished", "crashed", "exited",
-                             "preempted", "cancelled"})
-START_SLACK_S = 5.0  # a holder started before its session's attempt (minus this) is a recycled session id
+# Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
+TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped"})
+START_SLACK_S = 5.0  # wall-clock slack for the recycled-session guard when only `started_at` is known
 
 
 @dataclasses.dataclass
@@ -31,8 +32,13 @@ class Attempt:
     sid: Optional[int]
     pgid: Optional[int]
     pid: Optional[int]
-    start_time: Optional[float]  # epoch seconds, when the state file records a number
+    start_ticks: Optional[int]  # the leader's /proc start time in clock ticks (supervisor's `start_time`)
+    started_at: Optional[float]  # wall clock (supervisor's `started_at`)
     current: bool
+
+
+def _int(v: Any) -> Optional[int]:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _num(v: Any) -> Optional[float]:
@@ -40,13 +46,15 @@ def _num(v: Any) -> Optional[float]:
 
 
 class AttemptIndex:
-    """Every attempt of every run under $ONBOX_HOME/runs, by session id."""
+    """Every attempt of every run under $ONBOX_HOME/runs, by session id and by (run, attempt number)."""
 
     def __init__(self, attempts: Iterable[Attempt]) -> None:
         self.by_sid: Dict[int, List[Attempt]] = {}
+        self.by_run: Dict[Tuple[str, int], Attempt] = {}
         for a in attempts:
             if a.sid is not None:
                 self.by_sid.setdefault(a.sid, []).append(a)
+            self.by_run[(a.run, a.n)] = a
 
     @classmethod
     def load(cls, runs_dir: str) -> "AttemptIndex":
@@ -63,44 +71,43 @@ class AttemptIndex:
         return cls(out)
 
     def owner_of(self, h: Holder) -> Optional[Attempt]:
-        """The attempt whose session the holder is in, unless it started before that attempt (sid reuse)."""
+        """The attempt whose session the holder is in. A session's members start after its leader, so a holder
+        that started before the attempt's leader is in a recycled session id, not ours."""
         for a in self.by_sid.get(h.sid, []):
-            if a.start_time is not None and h.start_time < a.start_time - START_SLACK_S:
+            if a.start_ticks is not None and h.start_ticks < a.start_ticks:
+                continue
+            if a.start_ticks is None and a.started_at is not None and h.start_time < a.started_at - START_SLACK_S:
                 continue
             return a
         return None
 
 
-def _pid_alive(pid: Optional[int]) -> bool:
-    """Conservative: unknown or unreadable counts as alive (a live attempt is never reaped)."""
+def _leader_alive(pid: Optional[int], start_ticks: Optional[int]) -> bool:
+    """Conservative: an unknown leader counts as alive (a live attempt is never reaped)."""
     if pid is None:
         return True
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            st = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return st[st.rfind(")") + 2:st.rfind(")") + 3] not in ("Z", "X")
+    from onbox.proc import is_alive
+
+    return is_alive(pid, start_ticks)
 
 
-def attempts_of(state: Dict[str, Any], run: str, pid_alive: Callable[[Optional[int]], bool] = _pid_alive
-                ) -> List[Attempt]:
-    """Attempts recorded in one state.json. The newest is current while the run is not in a terminal state and
-    the attempt's leader process lives; once its leader died (restart pending), what it left is an orphan."""
+def attempts_of(state: Dict[str, Any], run: str,
+                leader_alive: Callable[[Optional[int], Optional[int]], bool] = _leader_alive) -> List[Attempt]:
+    """Attempts recorded in one state.json (supervisor: `attempts`, `current_sid`, `state`). An attempt is current
+    while the run is not in a terminal state, it is the newest (or the one `current_sid` names) and its leader
+    process lives; once its leader died (restart pending), what it left behind is an orphan."""
     raw = [a for a in state.get("attempts") or [] if isinstance(a, dict)]
     live = str(state.get("state", "")).lower() not in TERMINAL_STATES
+    named = _int(state.get("current_sid"))
     out = []
     for i, a in enumerate(raw):
-        sid = a.get("sid")
+        sid, pid, ticks, n = _int(a.get("sid")), _int(a.get("pid")), _int(a.get("start_time")), _int(a.get("n"))
+        # the supervisor names the running attempt's session (None between attempts); older files do not
+        newest = (named is not None and sid == named) if "current_sid" in state else (i == len(raw) - 1)
         out.append(Attempt(
-            run=str(state.get("run") or run), n=int(a.get("n", i)),
-            sid=int(sid) if isinstance(sid, int) else None,
-            pgid=a.get("pgid") if isinstance(a.get("pgid"), int) else None,
-            pid=a.get("pid") if isinstance(a.get("pid"), int) else None,
-            start_time=_num(a.get("start_time")),
-            current=live and i == len(raw) - 1 and pid_alive(a.get("pid") if isinstance(a.get("pid"), int) else None),
+            run=str(state.get("run") or run), n=i if n is None else n,
+            sid=sid, pgid=_int(a.get("pgid")), pid=pid, start_ticks=ticks, started_at=_num(a.get("started_at")),
+            current=live and newest and leader_alive(pid, ticks),
         ))
     return out
 
@@ -119,12 +126,37 @@ def ancestors(pid: int, proc: str = "/proc") -> List[int]:
     return out
 
 
+def run_marker(pid: int, proc: str = "/proc") -> Optional[Tuple[str, int]]:
+    """(ONBOX_RUN, ONBOX_RESTART_COUNT) from a process's environment: every descendant of an attempt inherits
+    them (DESIGN.md child contract), also one that left the attempt's session with setsid. None when absent or
+    unreadable (another user's process)."""
+    try:
+        with open("%s/%d/environ" % (proc, pid), "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    run = count = None
+    for item in env.split(b"\0"):
+        if item.startswith(b"ONBOX_RUN="):
+            run = item[len(b"ONBOX_RUN="):].decode("utf-8", "replace")
+        elif item.startswith(b"ONBOX_RESTART_COUNT="):
+            try:
+                count = int(item[len(b"ONBOX_RESTART_COUNT="):])
+            except ValueError:
+                return None
+    return (run, count) if run and count is not None else None
+
+
 def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None,
              extra_earlier_sids: Sequence[int] = (), proc: str = "/proc") -> None:
-    """Set each holder's owner/run/attempt. `extra_earlier_sids`: sessions the caller knows to be dead attempts."""
+    """Set each holder's owner/run/attempt: by session id first, then by the run marker in its environment.
+    `extra_earlier_sids`: sessions the caller (the supervisor) knows to be finished attempts."""
     me = set(ancestors(os.getpid() if my_pid is None else my_pid, proc))
     for h in scan.holders:
         a = index.owner_of(h)
+        if a is None:
+            marker = run_marker(h.pid, proc)
+            a = index.by_run.get(marker) if marker else None
         if h.pid in me and not h.other_pid_ns:
             h.owner = "self"
         elif h.sid in extra_earlier_sids:  # the supervisor says so: that attempt is over

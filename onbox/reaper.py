@@ -190,7 +190,8 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
         if record:
             record({"event": "reap_signal", "signal": name, "pid": d.holder.pid, "sid": d.holder.sid,
                     "user": d.holder.user, "command": d.holder.command[:200], "owner": d.holder.owner,
-                    "run": d.holder.run, "attempt": d.holder.attempt, "reason": d.reason, "time": clock.time()})
+                    "of_run": d.holder.run, "of_attempt": d.holder.attempt, "reason": d.reason,
+                    "time": clock.time()})
         return True
 
     def wait(pending: List[Decision], timeout_s: float) -> List[Decision]:
@@ -302,8 +303,8 @@ class ReaperHook:
         logfile = kill_log(os.path.join(os.path.dirname(os.path.dirname(ctx.run_dir)), "reap.jsonl"))
 
         def record(entry: Dict[str, Any]) -> None:
-            logfile(dict(entry, run_name=ctx.name))
-            fields = {k: v for k, v in entry.items() if k != "event"}
+            logfile(dict(entry, run=ctx.name))
+            fields = {k: v for k, v in entry.items() if k not in ("event", "time")}  # emit stamps its own
             ctx.emit("reap_signal", **fields)
 
         reap(decisions, term_timeout_s=self.term_timeout_s, kill_timeout_s=self.kill_timeout_s,

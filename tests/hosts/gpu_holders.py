@@ -27,6 +27,7 @@ class Spawned:
     pid: int  # the holding process, as /proc here sees it
     workers: List[int]
     sid: int  # its session id, read while it was alive
+    start_ticks: int  # /proc/<pid>/stat field 22, what the supervisor records as an attempt's start_time
 
 
 def alive(pid: int) -> bool:
@@ -37,6 +38,12 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return st[st.rfind(")") + 2] not in "ZX"
+
+
+def start_ticks(pid: int) -> int:
+    with open("/proc/%d/stat" % pid) as f:
+        st = f.read()
+    return int(st[st.rfind(")") + 2:].split()[19])
 
 
 def wait_until(cond, timeout_s: float = 20.0, what: str = "condition") -> None:
@@ -66,12 +73,14 @@ def spawn_holder(gpu_devices):
     dev_dir = os.path.dirname(gpu_devices)
 
     def spawn(files=("nvidia0", "nvidiactl", "nvidia-uvm"), workers: int = 0, ignore_term: int = 0,
-              uid: Optional[int] = None, new_session: bool = True, new_pid_ns: bool = False) -> Spawned:
+              uid: Optional[int] = None, new_session: bool = True, new_pid_ns: bool = False,
+              env: Optional[dict] = None) -> Spawned:
         argv = [sys.executable, HOLDER, str(workers), str(ignore_term), str(-1 if uid is None else uid)]
         argv += [os.path.join(dev_dir, f) for f in files]
         if new_pid_ns:
             argv = ["unshare", "--pid", "--fork", "--", *argv]
-        p = subprocess.Popen(argv, start_new_session=new_session, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        p = subprocess.Popen(argv, start_new_session=new_session, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             env=dict(os.environ, **(env or {})))
         ready, _, _ = select.select([p.stdout], [], [], 30.0)
         line = p.stdout.readline() if ready else b""  # type: ignore[union-attr]
         p.stdout.close()  # type: ignore[union-attr]
@@ -80,7 +89,8 @@ def spawn_holder(gpu_devices):
             p.wait(timeout=10)
             raise AssertionError("holder did not start (exit %s)" % p.returncode)
         doc = json.loads(line)
-        s = Spawned(popen=p, pid=doc["pid"], workers=doc["workers"], sid=os.getsid(doc["pid"]))
+        s = Spawned(popen=p, pid=doc["pid"], workers=doc["workers"], sid=os.getsid(doc["pid"]),
+                    start_ticks=start_ticks(doc["pid"]))
         started.append(s)
         return s
 

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -34,13 +35,16 @@ NO_DRIVER = NvmlSeam(FakeNvml(driver=False))
 IMPOSSIBLE_PID = 4194304 + 17  # above the kernel's pid_max limit: a host PID no process here can have
 
 
-def write_state(home, run, attempts, state="restarting"):
+def write_state(home, run, attempts, state="backoff", current=None):
+    """A state.json as the supervisor writes it: attempts [{n, pid, sid, pgid, start_time (leader's start in
+    clock ticks), started_at (wall)}], current_sid naming the running attempt (None between attempts)."""
     run_dir = os.path.join(str(home), "runs", run)
     os.makedirs(run_dir, exist_ok=True)
     atomic_write_json(os.path.join(run_dir, "state.json"), {
         "run": run, "state": state, "attempt": len(attempts) - 1,
-        "attempts": [{"n": i, "pid": a.pid, "sid": a.sid, "pgid": os.getpgid(a.pid) if alive(a.pid) else a.sid,
-                      "start_time": t} for i, (a, t) in enumerate(attempts)],
+        "current_sid": current.sid if current is not None else None,
+        "attempts": [{"n": i, "pid": a.pid, "sid": a.sid, "pgid": a.sid, "start_time": a.start_ticks,
+                      "started_at": t, "ended_at": None, "exit": None} for i, (a, t) in enumerate(attempts)],
     })
     return run_dir
 
@@ -84,7 +88,7 @@ def test_hook_reaps_orphans_before_restart_and_spares_current_and_foreign(onbox_
     trainer, sid, t0 = orphaned_trainer(spawn_holder, workers=3, ignore_term=1)
     current = spawn_holder(files=("nvidia1", "nvidiactl"), workers=1)
     foreign = spawn_holder(files=("nvidia0",))
-    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running")
+    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running", current=current)
     events: list = []
     hook = ReaperHook(make_ctx(onbox_home, "train", gpu_devices, events), seam=NO_DRIVER,
                       term_timeout_s=0.5, kill_timeout_s=10)
@@ -150,7 +154,7 @@ def test_cli_force_kills_foreign_and_orphans_never_the_current_attempt(onbox_hom
     trainer, _sid, t0 = orphaned_trainer(spawn_holder, workers=2, ignore_term=0)
     current = spawn_holder(files=("nvidia0", "nvidiactl"), workers=1)
     foreign = spawn_holder(files=("nvidia1",))
-    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running")
+    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running", current=current)
 
     rc, doc, err = run_reap(onbox_argv, onbox_home, gpu_devices, "--force", "--min-age", "0",
                             "--term-timeout", "5")
@@ -364,10 +368,76 @@ def test_hook_waits_for_memory_to_come_back(onbox_home, gpu_devices, spawn_holde
     current = spawn_holder(files=("nvidia0",))
     fake = LiveDriver([FakeGpu(minor=0, processes=[FakeProcess(w, 10 << 30) for w in trainer.workers]
                                + [FakeProcess(current.pid, 1 << 30)])])
-    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running")
+    write_state(onbox_home, "train", [(trainer, t0), (current, time.time())], state="running", current=current)
     events: list = []
     ReaperHook(make_ctx(onbox_home, "train", gpu_devices, events, reap_wait=30), seam=NvmlSeam(fake),
                term_timeout_s=5, memory_poll_s=0.01).before_attempt([sid])
     done = next(e for e in events if e["event"] == "reaped")
     assert done["memory"]["released"] is True and done["memory"]["gpus"] == {0: 1 << 30}
     assert alive(current.pid) and not any(alive(w) for w in trainer.workers)
+
+
+def test_holder_that_left_the_session_is_ours_by_its_environment(onbox_home, gpu_devices, spawn_holder):
+    """A worker that called setsid() keeps the ONBOX_RUN/ONBOX_RESTART_COUNT it inherited."""
+    t0 = time.time()
+    leader = spawn_holder(files=("nvidia0",))
+    escaped = spawn_holder(files=("nvidia0",), env={"ONBOX_RUN": "train", "ONBOX_RESTART_COUNT": "0"})
+    stranger = spawn_holder(files=("nvidia0",), env={"ONBOX_RUN": "other", "ONBOX_RESTART_COUNT": "0"})
+    write_state(onbox_home, "train", [(leader, t0)], state="backoff")
+    os.kill(leader.pid, signal.SIGKILL)
+    leader.popen.wait(timeout=10)
+    events: list = []
+    ReaperHook(make_ctx(onbox_home, "train", gpu_devices, events), seam=NO_DRIVER,
+               term_timeout_s=5).before_attempt([leader.sid])
+    assert not alive(escaped.pid) and alive(stranger.pid)
+    [sent] = [e for e in events if e["event"] == "reap_signal"]
+    assert (sent["pid"], sent["of_run"], sent["of_attempt"], sent["signal"]) == (escaped.pid, "train", 0, "SIGTERM")
+
+
+def test_real_onbox_run_reaps_a_worker_that_escaped_the_attempt_session(onbox_home, gpu_devices, tmp_path):
+    """`onbox run`: attempt 0 forks a worker that holds the GPU and leaves the session (so the supervisor's own
+    session sweep misses it), then fails; before attempt 1 the reaper finds the worker by its run marker and
+    kills it; attempt 1 sees it gone."""
+    import textwrap
+
+    from tests.integration.supervisor_helpers import events as run_events
+    from tests.integration.supervisor_helpers import kill_if_alive, onbox
+
+    dev = os.path.join(os.path.dirname(gpu_devices), "nvidia0")
+    pidfile, verdict = tmp_path / "worker.pid", tmp_path / "verdict"
+    script = textwrap.dedent("""
+        import os, sys, time
+        dev, pidfile, verdict = %r, %r, %r
+        if os.environ["ONBOX_RESTART_COUNT"] == "0":
+            fd = os.open(dev, os.O_RDONLY)  # "CUDA init"
+            if os.fork() == 0:
+                os.setsid()  # leaves the attempt's session, keeps the device and the environment
+                open(pidfile + ".tmp", "w").write(str(os.getpid()))
+                os.rename(pidfile + ".tmp", pidfile)
+                time.sleep(120)
+                os._exit(0)
+            while not os.path.exists(pidfile):
+                time.sleep(0.01)
+            sys.exit(1)
+        pid = int(open(pidfile).read())
+        try:
+            st = open("/proc/%%d/stat" %% pid).read().rpartition(")")[2].split()[0]
+        except OSError:
+            st = "gone"
+        open(verdict, "w").write("gone" if st in ("Z", "X", "gone") else st)
+    """ % (dev, str(pidfile), str(verdict)))
+    try:
+        r = onbox(onbox_home, "run", "--foreground", "--name", "gpuorph", "--", sys.executable, "-c", script,
+                  env_extra={"ONBOX_GPU_DEVICES": gpu_devices, "ONBOX_REAP_WAIT": "1"})
+        assert r.returncode == 0, r.stderr
+        assert verdict.read_text() == "gone"
+        evs = run_events(onbox_home, "gpuorph")
+        sent = [e for e in evs if e["type"] == "reap_signal"]
+        worker = int(pidfile.read_text())
+        assert [(e["pid"], e["signal"], e["of_run"], e["of_attempt"]) for e in sent] == [
+            (worker, "SIGTERM", "gpuorph", 0)]
+        reaped = next(e for e in evs if e["type"] == "reaped")
+        assert reaped["holders"] == [{"pid": worker, "sid": worker, "outcome": "terminated by SIGTERM"}]
+    finally:
+        if pidfile.exists():
+            kill_if_alive(int(pidfile.read_text()))

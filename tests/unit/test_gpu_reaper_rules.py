@@ -141,22 +141,50 @@ def test_memory_wait_without_driver_is_skipped():
     assert out["skipped"].startswith("NVML not available")
 
 
+def supervisor_state(**kw):
+    doc = {"run": "r", "state": "running", "current_sid": 20, "attempts": [
+        {"n": 0, "pid": 10, "sid": 10, "pgid": 10, "start_time": 1000, "started_at": 1_700_000_000.0},
+        {"n": 1, "pid": 20, "sid": 20, "pgid": 20, "start_time": 5000, "started_at": 1_700_000_040.0}]}
+    doc.update(kw)
+    return doc
+
+
 def test_attempts_current_earlier_terminal():
-    state = {"run": "r", "state": "running", "attempts": [
-        {"n": 0, "pid": 10, "sid": 10, "start_time": 100.0}, {"n": 1, "pid": 20, "sid": 20, "start_time": 200.0}]}
-    a = attempts_of(state, "r", pid_alive=lambda pid: True)
-    assert [(x.n, x.sid, x.current) for x in a] == [(0, 10, False), (1, 20, True)]
-    a = attempts_of(state, "r", pid_alive=lambda pid: pid != 20)  # the leader died: restart pending
+    a = attempts_of(supervisor_state(), "r", leader_alive=lambda pid, ticks: True)
+    assert [(x.n, x.sid, x.start_ticks, x.current) for x in a] == [(0, 10, 1000, False), (1, 20, 5000, True)]
+    # the leader died (restart pending): what it left is an orphan
+    a = attempts_of(supervisor_state(), "r", leader_alive=lambda pid, ticks: pid != 20)
     assert [x.current for x in a] == [False, False]
-    a = attempts_of(dict(state, state="failed"), "r", pid_alive=lambda pid: True)
+    # between attempts the supervisor names no current session
+    a = attempts_of(supervisor_state(state="backoff", current_sid=None), "r", leader_alive=lambda p, t: True)
     assert [x.current for x in a] == [False, False]
+    for terminal in ("done", "failed", "preempted", "stopped"):
+        a = attempts_of(supervisor_state(state=terminal), "r", leader_alive=lambda pid, ticks: True)
+        assert [x.current for x in a] == [False, False]
+    # an older state file without current_sid: the newest attempt is the current one
+    doc = supervisor_state()
+    del doc["current_sid"]
+    assert [x.current for x in attempts_of(doc, "r", leader_alive=lambda p, t: True)] == [False, True]
+
+
+def test_leader_check_uses_start_ticks(tmp_path):
+    import onbox.ownership as own
+
+    me = os.getpid()
+    with open("/proc/%d/stat" % me) as f:
+        ticks = int(f.read().rpartition(")")[2].split()[19])
+    assert own._leader_alive(me, ticks) and not own._leader_alive(me, ticks + 1)  # a recycled pid is not it
 
 
 def test_recycled_session_id_is_not_ours():
-    index = AttemptIndex([Attempt(run="r", n=0, sid=400, pgid=400, pid=400, start_time=1_700_000_000.0,
+    index = AttemptIndex([Attempt(run="r", n=0, sid=400, pgid=400, pid=400, start_ticks=5000, started_at=None,
                                   current=False)])
-    assert index.owner_of(holder(sid=400, start_time=1_700_000_100.0)).n == 0
-    assert index.owner_of(holder(sid=400, start_time=1_600_000_000.0)) is None  # started long before
+    assert index.owner_of(holder(sid=400, start_ticks=5000)).n == 0
+    assert index.owner_of(holder(sid=400, start_ticks=4999)) is None  # started before the session's leader
+    by_wall = AttemptIndex([Attempt(run="r", n=0, sid=400, pgid=400, pid=400, start_ticks=None,
+                                    started_at=1_700_000_000.0, current=False)])
+    assert by_wall.owner_of(holder(sid=400, start_time=1_700_000_100.0)).n == 0
+    assert by_wall.owner_of(holder(sid=400, start_time=1_600_000_000.0)) is None
 
 
 def test_attempt_index_skips_torn_state_files(tmp_path):
