@@ -85,10 +85,6 @@ class Holder:
     run: Optional[str] = None
     attempt: Optional[int] = None
 
-    @property
-    def gpu_files_held(self) -> bool:
-        return bool(self.gpus)
-
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
