@@ -441,3 +441,29 @@ def test_real_onbox_run_reaps_a_worker_that_escaped_the_attempt_session(onbox_ho
     finally:
         if pidfile.exists():
             kill_if_alive(int(pidfile.read_text()))
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_char_device_minor_comes_from_st_rdev(tmp_path):
+    """A real character device (mknod, /dev/null's driver so it opens anywhere): the GPU number is the device
+    minor, not the name, as for /dev/nvidia<N> (major 195)."""
+    import stat as st
+
+    from onbox.telemetry.holders import device_files
+
+    d = tmp_path / "chr"
+    d.mkdir()
+    os.mknod(str(d / "nvidia9"), 0o666 | st.S_IFCHR, os.makedev(1, 3))
+    [f] = device_files(str(d / "nvidia*"))
+    assert (f.kind, f.minor, f.rdev) == ("gpu", 3, os.makedev(1, 3))
+    p = subprocess.Popen([sys.executable, "-c", "import os,sys,time; fd=os.open(%r, os.O_RDONLY); "
+                          "print(1, flush=True); time.sleep(60)" % str(d / "nvidia9")],
+                         stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == b"1"
+        [h] = HolderScan(str(d / "nvidia*"), seam=NO_DRIVER).scan().holders
+        assert h.pid == p.pid and h.gpus == [3]
+    finally:
+        p.kill()
+        p.wait(timeout=10)
