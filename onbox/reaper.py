@@ -214,7 +214,7 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
                      % kill_timeout_s) if d in stuck else "killed by SIGKILL (ignored SIGTERM)"
     for d in decisions:
         if d.outcome is None:
-            d.outcome = "not touched" if d.verdict == "keep" else d.outcome
+            d.outcome = "not touched: " + d.reason if d.verdict == "keep" else d.outcome
 
 
 def kill_log(path: str) -> Callable[[Dict[str, Any]], None]:

@@ -101,7 +101,7 @@ def test_reap_escalates_term_then_kill_and_reports_each_pid():
     assert outcomes[3].startswith("still alive 3 s after SIGKILL")
     assert outcomes[4] == "already gone"  # same pid, different start ticks: recycled, never signalled
     assert outcomes[5] == "permission denied (owned by alice)"
-    assert outcomes[6] == "not touched"
+    assert outcomes[6] == "not touched: current"
     assert (4, signal.SIGTERM) not in procs.sent and all(p != 6 for p, _ in procs.sent)
     assert [(e["pid"], e["signal"]) for e in log] == [(1, "SIGTERM"), (2, "SIGTERM"), (3, "SIGTERM"),
                                                      (2, "SIGKILL"), (3, "SIGKILL")]
