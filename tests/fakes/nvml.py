@@ -208,7 +208,14 @@ class FakeNvml:
         return [_UtilSample(pid, sm, last_seen_us + 1) for pid, sm in g.process_util.items()]
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any) -> List[FakeProcess]:
-        return list(self._gpu(h).processes)
+        procs = list(self._gpu(h).processes)
+        if self._driver_tuple() < (535, 104):
+            # the documented trap: the v3 struct read from an older driver is misaligned garbage
+            return [FakeProcess(pid=p.usedGpuMemory or 0, usedGpuMemory=p.pid) for p in procs]
+        return procs
+
+    def _driver_tuple(self) -> Tuple[int, ...]:
+        return tuple(int(x) for x in self.driver_version.split("."))
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> _PciInfo:
         return _PciInfo(self._gpu(h).pci_bus_id)

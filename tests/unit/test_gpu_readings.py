@@ -209,3 +209,13 @@ def test_nvml_failure_reads_as_not_available_with_the_reason():
     doc = monitor(BrokenCount([FakeGpu()])).readings()
     assert doc["available"] is False and doc["gpus"] == []
     assert doc["reason"].startswith("NVML failed: ") and "ersion" in doc["reason"]
+
+
+def test_old_driver_gets_v2_not_the_misread_v3():
+    fake = FakeNvml([FakeGpu(processes=[FakeProcess(4242, 3 * GiB)])], driver_version="525.85.12")
+    seam = NvmlSeam(fake)
+    seam.available()
+    assert [p.pid for p in fake.nvmlDeviceGetComputeRunningProcesses(fake.gpus[0])] != [4242]  # the trap
+    assert [(p.pid, p.usedGpuMemory) for p in running_processes(seam, fake.gpus[0])] == [(4242, 3 * GiB)]
+    fake.driver_version = "535.104.05"
+    assert [p.pid for p in running_processes(seam, fake.gpus[0])] == [4242]
