@@ -144,7 +144,7 @@ def judge(gpu: Dict[str, Any], holders: Optional[Sequence[Any]] = None,
         e = dead[-1]
         return Verdict.DEAD, "dead card: Xid %d (%s) - re-rent, don't debug (U22)" % (e["xid"], DEAD_XIDS[e["xid"]])
     used = gpu["memory_used_bytes"]
-    idle = not gpu["util_percent"]
+    idle = gpu["util_percent"] == 0  # unknown utilisation is not "idle"
     held = bool(used and used >= pinned_min_bytes and idle)
     stale = [h for h in holders or [] if _holder_owner(h) != "current"]
     if held and stale:

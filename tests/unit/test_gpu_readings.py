@@ -219,3 +219,9 @@ def test_old_driver_gets_v2_not_the_misread_v3():
     assert [(p.pid, p.usedGpuMemory) for p in running_processes(seam, fake.gpus[0])] == [(4242, 3 * GiB)]
     fake.driver_version = "535.104.05"
     assert [p.pid for p in running_processes(seam, fake.gpus[0])] == [4242]
+
+
+def test_unknown_utilisation_is_not_idle():
+    fake = FakeNvml([FakeGpu(memory_used=30 * GiB, processes=[], unsupported={"nvmlDeviceGetUtilizationRates"})])
+    g = monitor(fake).readings()["gpus"][0]
+    assert g["util_percent"] is None and g["verdict"] == "healthy"
