@@ -82,6 +82,9 @@ def gpu(as_json: bool, devices: str) -> None:
 
 
 def _print_scan_footer(scan: Dict[str, Any]) -> None:
+    if not scan["devices"]:
+        click.echo("no NVIDIA device files here (--devices): nothing can hold a GPU")
+        return
     click.echo("device holders: %d of %d processes (scan %.0f ms)" % (
         len(scan["holders"]), scan["scanned"], scan["duration_s"] * 1000))
     if scan["unreadable"]:
