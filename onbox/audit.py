@@ -40,6 +40,7 @@ class AuditOptions:
     min_free_gb: float = 10.0
     min_free_inodes: int = 10000
     profile: Optional[str] = None
+    profile_file: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -252,11 +253,7 @@ def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
     seams = seams or Seams()
     t0 = time.monotonic()
     checks: List[Check] = [check_python()]
-    if opts.profile:
-        name, why = opts.profile, "--profile"
-    else:
-        name, why = profiles.detect(seams.environ)
-    prof = profiles.load(name)
+    prof, why = profiles.select(opts.profile, opts.profile_file, seams.environ)
     bill, paths = prof.table("billing"), prof.table("paths")
     checks.append(Check("profile", INFO, "%s (%s): meter stop %r%s, verified %s" % (
         prof.name, why, bill["meter_stop"], " IRREVERSIBLE" if bill["irreversible"] else "", bill["verified"]),
