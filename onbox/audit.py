@@ -280,7 +280,13 @@ def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
     else:
         checks.append(Check("disk.durable", WARN, "no durable target (--durable)",
                             "checkpoints on this box die with it: give --durable a mounted path or rclone remote"))
-    checks.append(check_space("disk.home", "home", os.path.expanduser("~"), opts, must_write=False, floor=False))
+    home = check_space("disk.home", "home", os.path.expanduser("~"), opts, must_write=False, floor=False)
+    home.data["writable"] = is_writable_dir(home.data["measured_at"])
+    if not home.data["writable"] and home.verdict == OK:
+        home.verdict, home.hint = WARN, ("$HOME is read-only: onbox keeps its state in $ONBOX_HOME (now %s) and "
+                                         "extracts itself elsewhere; caches that default to ~ (pip, HF) need "
+                                         "redirecting" % onbox_home())
+    checks.append(home)
     checks.append(check_space("disk.extract", "extraction root", _extraction_root(seams.environ), opts,
                               must_write=False, floor=False))
     checks.extend(check_cgroup(seams))
