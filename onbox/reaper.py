@@ -165,7 +165,7 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
          poll_s: float = 0.05, ops: Optional[ProcessOps] = None, clock: Optional[Clock] = None,
          record: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
     """TERM every "reap" decision's process, wait up to term_timeout_s, KILL survivors, wait up to kill_timeout_s.
-    Fills each decision's `outcome`; `record` receives one dict per signal sent (the kill log)."""
+    Fills each decision's `outcome`; `record` receives one dict per signal sent or refused (the kill log)."""
     ops = ops or ProcessOps()
     clock = clock or SystemClock()
     targets = [d for d in decisions if d.verdict == "reap"]
@@ -173,10 +173,20 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
     def alive(d: Decision) -> bool:
         return ops.start_ticks(d.holder.pid) == d.holder.start_ticks
 
+    def note(d: Decision, name: str, result: str) -> None:
+        log.info("onbox.reaper: %s %s to pid %d (%s): %s", result, name, d.holder.pid, d.holder.command[:80],
+                 d.reason)
+        if record:
+            record({"event": "reap_signal", "signal": name, "result": result, "pid": d.holder.pid,
+                    "sid": d.holder.sid, "user": d.holder.user, "command": d.holder.command[:200],
+                    "owner": d.holder.owner, "of_run": d.holder.run, "of_attempt": d.holder.attempt,
+                    "reason": d.reason, "time": clock.time()})
+
     def send(d: Decision, sig: int) -> bool:
         if not alive(d):
             d.outcome = d.outcome or "already gone"
             return False
+        name = signal.Signals(sig).name
         try:
             ops.kill(d.holder.pid, sig)
         except ProcessLookupError:
@@ -184,14 +194,9 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
             return False
         except PermissionError:
             d.outcome = "permission denied (owned by %s)" % d.holder.user
+            note(d, name, "denied")
             return False
-        name = signal.Signals(sig).name
-        log.info("onbox.reaper: sent %s to pid %d (%s): %s", name, d.holder.pid, d.holder.command[:80], d.reason)
-        if record:
-            record({"event": "reap_signal", "signal": name, "pid": d.holder.pid, "sid": d.holder.sid,
-                    "user": d.holder.user, "command": d.holder.command[:200], "owner": d.holder.owner,
-                    "of_run": d.holder.run, "of_attempt": d.holder.attempt, "reason": d.reason,
-                    "time": clock.time()})
+        note(d, name, "sent")
         return True
 
     def wait(pending: List[Decision], timeout_s: float) -> List[Decision]:

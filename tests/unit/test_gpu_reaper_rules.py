@@ -103,8 +103,9 @@ def test_reap_escalates_term_then_kill_and_reports_each_pid():
     assert outcomes[5] == "permission denied (owned by alice)"
     assert outcomes[6] == "not touched: current"
     assert (4, signal.SIGTERM) not in procs.sent and all(p != 6 for p, _ in procs.sent)
-    assert [(e["pid"], e["signal"]) for e in log] == [(1, "SIGTERM"), (2, "SIGTERM"), (3, "SIGTERM"),
-                                                     (2, "SIGKILL"), (3, "SIGKILL")]
+    assert [(e["pid"], e["signal"], e["result"]) for e in log] == [
+        (1, "SIGTERM", "sent"), (2, "SIGTERM", "sent"), (3, "SIGTERM", "sent"), (5, "SIGTERM", "denied"),
+        (2, "SIGKILL", "sent"), (3, "SIGKILL", "sent")]
     assert sum(clock.sleeps) <= 2 + 3 + 1  # bounded by the two timeouts
 
 
