@@ -1,7 +1,5 @@
-"""Box readings for a heartbeat: host (cgroup), disks, GPUs. Each reader is a seam the hook receives.
-
-The host and GPU readers come from onbox.telemetry.host / onbox.telemetry.gpu; until a build has them, the
-section says "not available" with the reason instead of failing the beat.
+"""Box readings for a heartbeat: host (cgroup), disks, GPUs. Each reader is a seam the hook receives; the
+defaults read through onbox.telemetry.host and onbox.telemetry.gpu (the NVML seam).
 """
 from __future__ import annotations
 
@@ -11,54 +9,40 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from onbox.fsutil import free_space
 
 
-def _clean(v: Any) -> Any:
-    from onbox.telemetry.nvml import NA
-
-    return None if v is NA else v
-
-
-def default_gpu_reader() -> Callable[[], Dict[str, Any]]:
-    try:
-        from onbox.telemetry.gpu import gpu_readings  # type: ignore[attr-defined]
-    except ImportError:
-        gpu_readings = None
-    if gpu_readings is None:
-        return lambda: {"available": False, "reason": "GPU readings are not in this build", "gpus": []}
-    seam_holder: Dict[str, Any] = {}
+def default_gpu_reader(seam: Any = None) -> Callable[[], Dict[str, Any]]:
+    """gpu_readings() over one NVML seam for the agent's life (Xid events accumulate on it); `seam` for tests.
+    A GPU-less box reads {"available": False, "reason": ...}; gpu_readings never raises for that."""
+    holder: Dict[str, Any] = {} if seam is None else {"seam": seam}
 
     def read() -> Dict[str, Any]:
+        from onbox.telemetry.gpu import gpu_readings
         from onbox.telemetry.nvml import NvmlSeam
 
-        seam = seam_holder.setdefault("seam", NvmlSeam())  # one seam: NVML initialised once per agent
-        return gpu_readings(seam)
+        one = holder.setdefault("seam", NvmlSeam())  # NVML initialised once per agent
+        return gpu_readings(one)
 
     return read
 
 
-def default_host_reader() -> Callable[[], Dict[str, Any]]:
-    try:
-        from onbox.telemetry import host  # type: ignore[attr-defined]
-    except ImportError:
-        host = None
-    if host is None or not hasattr(host, "read_cgroup"):
-        return lambda: {"available": False, "reason": "host readings are not in this build"}
+def default_host_reader(root: str = "/") -> Callable[[], Dict[str, Any]]:
+    """The container's own view (U41): cgroup memory current/limit, oom_kill counter, CPU quota, usable CPUs;
+    the host-wide load average beside it, never instead of it."""
 
     def read() -> Dict[str, Any]:
-        r = host.read_cgroup()
-        out: Dict[str, Any] = {
-            "cgroup_version": getattr(r, "version", None),
-            "cgroup_path": getattr(r, "path", None),
-            "memory_current_bytes": getattr(r, "memory_current_bytes", None),
-            "memory_limit_bytes": getattr(r, "memory_limit_bytes", None),
-            "oom_kill": getattr(r, "oom_kill", None),
-            "cpu_quota_cores": getattr(r, "cpu_quota_cores", None),
+        from onbox.telemetry import host
+
+        r = host.read_cgroup(root=root)
+        la = host.load_average()
+        return {
+            "cgroup_version": r.version,
+            "cgroup_path": r.path,
+            "memory_current_bytes": r.memory_current_bytes,
+            "memory_limit_bytes": r.memory_limit_bytes,
+            "oom_kill": r.oom_kill,
+            "cpu_quota_cores": r.cpu_quota_cores,
+            "effective_cpus": host.effective_cpus(r),
+            "load_average": list(la) if la is not None else None,
         }
-        if hasattr(host, "effective_cpus"):
-            out["effective_cpus"] = host.effective_cpus()
-        if hasattr(host, "load_average"):
-            la = host.load_average()
-            out["load_average"] = list(la) if la is not None else None
-        return {k: _clean(v) for k, v in out.items()}
 
     return read
 

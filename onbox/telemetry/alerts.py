@@ -15,9 +15,11 @@ import math
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
-# Throttle reasons that are not a problem (an idle GPU downclocks; an admin may pin application clocks).
-BENIGN_THROTTLE = {"gpuidle", "idle", "applicationsclockssetting", "none", "displayclocksetting"}
+# U23: the clock-event reasons that steal throughput (power cap, HW slowdown, thermal, power brake); an idle GPU,
+# application clocks, sync boost or the display clock are benign. Same bits as onbox.telemetry.gpu.SLOWDOWN_BITS.
+SLOWDOWN_REASONS = {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
 DEAD_GPU_XIDS = {48, 79}  # U22: double-bit ECC, fell off the bus
+MAX_SEEN_XIDS = 4096
 
 
 @dataclasses.dataclass
@@ -63,6 +65,7 @@ class AlertEngine:
         self._latched: Dict[str, Alert] = {}
         self._current: Dict[str, Alert] = {}
         self._oom_baseline: Optional[int] = None
+        self._seen_xids: Dict[Any, None] = {}  # insertion-ordered set, bounded
 
     # -- the loss stream
     def observe_loss(self, loss: float, step: Optional[int] = None) -> Optional[Alert]:
@@ -150,28 +153,50 @@ class AlertEngine:
                 "them into tar (U25)", {"path": path, "free_inodes": ifree}))
 
     def _gpu(self, cur: Dict[str, Alert], gpu: Mapping[str, Any]) -> None:
+        """One GPU of onbox.telemetry.gpu.gpu_readings(): throttling, dead card, pinned memory, NEW Xid events."""
         index = gpu.get("index")
+        verdict = gpu.get("verdict")
+        if verdict == "dead":
+            prev = cur.get("gpu_dead")
+            gpus = (prev.data["gpus"] if prev else []) + [index]
+            cur["gpu_dead"] = Alert(
+                "gpu_dead", "critical", "GPU %s is dead: %s" % (",".join(str(g) for g in gpus),
+                                                                 gpu.get("verdict_reason") or "?"),
+                "U22: Xid 48/79 or a lost GPU: re-rent the box, don't debug it; the run resumes from the last "
+                "durable checkpoint on the new box", {"gpus": gpus})
+        elif verdict == "pinned":
+            cur.setdefault("gpu_pinned", Alert(
+                "gpu_pinned", "warning", "GPU %s: %s" % (index, gpu.get("verdict_reason") or "memory pinned"),
+                "U11: a process that is not this run holds GPU memory: `onbox reap` lists it, `--force` kills it",
+                {"gpu": index}))
         reasons = [str(r) for r in (gpu.get("throttle_reasons") or [])]
-        bad = [r for r in reasons if r.lower().replace("_", "").replace(" ", "") not in BENIGN_THROTTLE]
-        if bad:
+        slow = [r for r in reasons if r in SLOWDOWN_REASONS]
+        if slow:
             prev = cur.get("gpu_throttle")
             gpus = (prev.data["gpus"] if prev else []) + [index]
             cur["gpu_throttle"] = Alert(
-                "gpu_throttle", "warning", "GPU %s throttled: %s" % (",".join(str(g) for g in gpus), ", ".join(bad)),
+                "gpu_throttle", "warning", "GPU %s throttled: %s" % (",".join(str(g) for g in gpus), ", ".join(slow)),
                 "U23: thermal/power throttling steals 25-40%% of throughput: check temperature and power limit "
-                "(`nvidia-smi -q -d PERFORMANCE`); ask the provider or re-rent", {"gpus": gpus, "reasons": bad})
-        xids = []
+                "(`nvidia-smi -q -d PERFORMANCE`); ask the provider or re-rent", {"gpus": gpus, "reasons": slow})
+        new = []
         for ev in gpu.get("xid_events") or []:
-            code = ev.get("xid") if isinstance(ev, Mapping) else ev
-            if isinstance(code, int):
-                xids.append(code)
-        if xids:
-            dead = sorted(set(xids) & DEAD_GPU_XIDS)
+            if not isinstance(ev, Mapping) or not isinstance(ev.get("xid"), int):
+                continue
+            key = (index, ev.get("xid"), ev.get("source"), ev.get("message"), ev.get("at"))
+            if key in self._seen_xids:
+                continue  # gpu_readings keeps the newest events; alert on each only once
+            self._seen_xids[key] = None
+            if len(self._seen_xids) > MAX_SEEN_XIDS:
+                del self._seen_xids[next(iter(self._seen_xids))]
+            new.append(ev["xid"])
+        if new:
+            dead = sorted(set(new) & DEAD_GPU_XIDS)
+            prev = cur.get("xid")
             cur["xid"] = Alert(
-                "xid", "critical", "GPU %s reported Xid %s" % (index, ", ".join(str(x) for x in xids)),
+                "xid", "critical", "GPU %s reported Xid %s" % (index, ", ".join(str(x) for x in new)),
                 ("U22: Xid %s means the GPU is dead: re-rent, don't debug" % dead) if dead else
-                "look up the Xid in NVIDIA's Xid table; a repeated Xid usually means a hardware fault: re-rent",
-                {"gpu": index, "xids": xids})
+                "look the Xid up in NVIDIA's Xid catalog; a repeating Xid means a hardware fault: re-rent",
+                {"gpu": index, "xids": new, "earlier": prev.data if prev else None})
 
     def collect(self) -> List[Alert]:
         """Active alerts for this beat: the condition alerts plus the stream alerts latched since the last beat."""
@@ -181,26 +206,32 @@ class AlertEngine:
         return [merged[k] for k in sorted(merged)]
 
 
+NOT_FAILURES = ("success", "preempted", "stopped", "unknown")
+
+
 def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[Alert]:
-    """The last `threshold` attempts all failed with the same classification (from state.json's attempts)."""
+    """The last `threshold` FINISHED attempts (state.json attempts[].exit) failed the same way: the same
+    classification, and for a plain failure the same exit code, for a signal the same signal (classify.loop_key)."""
     if not state or threshold <= 0:
         return None
-    if str(state.get("state", "")).lower() in ("crash_loop", "crashloop"):
-        last = state.get("last_exit") or {}
-        return _crash_alert(last.get("classification"), threshold, last.get("message"))
-    attempts = [a for a in (state.get("attempts") or []) if isinstance(a, Mapping)]
-    tail = attempts[-threshold:]
+    exits = [a["exit"] for a in (state.get("attempts") or [])
+             if isinstance(a, Mapping) and isinstance(a.get("exit"), Mapping)]
+    tail = exits[-threshold:]
     if len(tail) < threshold:
         return None
-    classes = []
-    for a in tail:
-        ex = a.get("exit") or a.get("last_exit") or a
-        code, classification = ex.get("code"), ex.get("classification")
-        if classification in (None, "ok", "success", "preempted") and code in (0, None):
+    keys = []
+    for ex in tail:
+        c = ex.get("classification")
+        if c in NOT_FAILURES:
             return None
-        classes.append(classification or "exit %s" % code)
-    if len(set(classes)) == 1:
-        return _crash_alert(classes[0], threshold, None)
+        if c == "failed":
+            keys.append("failed (exit %s)" % ex.get("code"))
+        elif c == "signal":
+            keys.append("signal %s" % (ex.get("signal_name") or ex.get("signal")))
+        else:
+            keys.append(str(c))
+    if len(set(keys)) == 1:
+        return _crash_alert(keys[0], threshold, tail[-1].get("message"))
     return None
 
 

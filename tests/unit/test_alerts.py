@@ -23,8 +23,9 @@ def test_healthy_stream_is_quiet():
     eng.evaluate(child_alive=True, child_pid=123, quiet_seconds=5.0,
                  disks=[{"path": "/", "free_bytes": 50 * 2**30, "total_bytes": 100 * 2**30, "free_inodes": 10**6,
                          "total_inodes": 2 * 10**6}],
-                 gpus=[{"index": 0, "throttle_reasons": ["GpuIdle"], "xid_events": []}], oom_kill=0,
-                 last_sync={"ok": True}, state={"attempts": [{"exit": {"code": 1, "classification": "error"}}]})
+                 gpus=[{"index": 0, "throttle_reasons": ["GpuIdle", "SyncBoost"], "xid_events": [],
+                         "verdict": "healthy"}], oom_kill=0,
+                 last_sync={"ok": True}, state={"attempts": [{"exit": {"code": 1, "classification": "failed"}}]})
     eng.evaluate(child_alive=True, quiet_seconds=6.0, oom_kill=0)
     assert codes(eng) == []
 
@@ -69,23 +70,49 @@ def test_stall_only_while_child_lives():
 def test_box_conditions_each_with_a_hint():
     eng = AlertEngine(AlertSettings(crash_loop_threshold=3))
     eng.evaluate(child_alive=True, quiet_seconds=0, oom_kill=2)  # baseline
-    failed = {"exit": {"code": 1, "classification": "error"}}
+    failed = {"exit": {"code": 1, "classification": "failed"}}
     eng.evaluate(
         child_alive=True, quiet_seconds=0, oom_kill=3,
         disks=[{"path": "/ckpt", "free_bytes": 2**20, "total_bytes": 2**40, "free_inodes": 5, "total_inodes": 10**6}],
-        gpus=[{"index": 1, "throttle_reasons": ["HwSlowdown", "SwThermalSlowdown"], "xid_events": [{"xid": 79}]}],
+        gpus=[{"index": 1, "throttle_reasons": ["HwSlowdown", "SwThermalSlowdown"], "verdict": "dead",
+               "verdict_reason": "dead card: Xid 79", "xid_events": [{"xid": 79, "source": "nvml", "at": 5.0,
+                                                                       "message": "fell off the bus"}]},
+              {"index": 2, "verdict": "pinned", "throttle_reasons": [], "xid_events": []}],
         last_sync={"ok": False, "error": "mkdir: No space left on device", "at": 1.0},
         state={"state": "backoff", "attempts": [failed, failed, failed]})
     alerts = {a.code: a for a in eng.collect()}
-    assert sorted(alerts) == ["crash_loop", "gpu_throttle", "host_oom_kill", "low_disk", "low_inodes",
-                              "sync_failed", "xid"]
+    assert sorted(alerts) == ["crash_loop", "gpu_dead", "gpu_pinned", "gpu_throttle", "host_oom_kill", "low_disk",
+                              "low_inodes", "sync_failed", "xid"]
     assert all(a.hint for a in alerts.values())
     assert "re-rent" in alerts["xid"].hint and "U22" in alerts["xid"].hint
 
 
 def test_crash_loop_needs_the_same_failure():
     eng = AlertEngine(AlertSettings(crash_loop_threshold=3))
-    a = {"exit": {"code": 1, "classification": "error"}}
-    b = {"exit": {"code": 137, "classification": "oom"}}
+    a = {"exit": {"code": 1, "classification": "failed"}}
+    a2 = {"exit": {"code": 2, "classification": "failed"}}
+    b = {"exit": {"code": None, "signal": 9, "classification": "host_oom"}}
+    running = {"exit": None}
     eng.evaluate(child_alive=True, state={"attempts": [a, b, a]})
     assert codes(eng) == []
+    eng.evaluate(child_alive=True, state={"attempts": [a, a2, a]})  # a different exit code is another failure
+    assert codes(eng) == []
+    eng.evaluate(child_alive=True, state={"attempts": [b, b, b, running]})  # the running attempt does not count
+    [alert] = eng.collect()
+    assert alert.code == "crash_loop" and "host_oom" in alert.message
+    eng.evaluate(child_alive=True, state={"attempts": [b, b, b, {"exit": {"classification": "success"}}]})
+    assert codes(eng) == []
+
+
+def test_xid_alerts_once_per_event():
+    eng = AlertEngine()
+    ev = {"xid": 13, "source": "dmesg", "message": "graphics engine exception", "at": None}
+    gpu = {"index": 0, "throttle_reasons": [], "xid_events": [ev], "verdict": "healthy"}
+    eng.evaluate(child_alive=True, gpus=[gpu])
+    assert codes(eng) == ["xid"]
+    eng.evaluate(child_alive=True, gpus=[gpu])  # the same kept event in the next reading: no new alert
+    assert codes(eng) == []
+    gpu2 = dict(gpu, xid_events=[ev, dict(ev, xid=31, message="GPU memory page fault")])
+    eng.evaluate(child_alive=True, gpus=[gpu2])
+    [alert] = eng.collect()
+    assert alert.data["xids"] == [31]

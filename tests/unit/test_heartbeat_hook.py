@@ -21,7 +21,7 @@ GPUS = {"available": True, "reason": None, "gpus": [{
     "index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 97.0, "sm_clock_mhz": 1980, "power_w": 650.5,
     "memory_used_bytes": 70 * 2**30, "memory_total_bytes": 80 * 2**30, "temperature_c": 71,
     "throttle_reasons": [], "xid_events": []}]}
-HOST = {"cgroup_version": 2, "cgroup_path": "/", "memory_current_bytes": 10 * 2**30,
+HOST = {"cgroup_version": "v2", "cgroup_path": "/", "memory_current_bytes": 10 * 2**30,
         "memory_limit_bytes": 64 * 2**30, "oom_kill": 0, "cpu_quota_cores": 8.0, "effective_cpus": 8,
         "load_average": [1.0, 1.0, 1.0]}
 DISKS = [{"role": "run", "path": "/runs", "free_bytes": 100 * 2**30, "total_bytes": 200 * 2**30,
@@ -186,37 +186,26 @@ def test_a_failing_reader_does_not_stop_the_beat(tmp_path):
     assert doc["gpus"] == {"available": False, "reason": "reading failed: RuntimeError('boom')"}
 
 
-def test_default_readers_adapt_the_host_and_gpu_modules(monkeypatch):
-    import collections
-    import sys
-    import types
-
+def test_beat_with_real_host_and_gpu_readers_matches_the_schema(tmp_path):
+    """The landed readers (cgroup of this machine; NVML through tests/fakes/nvml.py) produce a valid beat."""
     from onbox.heartbeat import collect
+    from onbox.telemetry.nvml import NvmlSeam
+    from tests.fakes.nvml import FakeGpu, FakeNvml
 
-    Reading = collections.namedtuple("Reading", "version path memory_limit_bytes memory_current_bytes oom_kill "
-                                                "cpu_quota_cores")
-    fake_host = types.ModuleType("onbox.telemetry.host")
-    fake_host.read_cgroup = lambda root="/", pid="self": Reading(2, "/x", 8 * 2**30, 2**30, 1, 4.0)
-    fake_host.effective_cpus = lambda *a, **k: 4
-    fake_host.load_average = lambda: (0.5, 0.4, 0.3)
-    monkeypatch.setitem(sys.modules, "onbox.telemetry.host", fake_host)
-    import onbox.telemetry as tele
-    monkeypatch.setattr(tele, "host", fake_host, raising=False)
-    host = collect.default_host_reader()()
-    assert host["oom_kill"] == 1 and host["cpu_quota_cores"] == 4.0 and host["load_average"] == [0.5, 0.4, 0.3]
-
-    import onbox.telemetry.gpu as gpu_mod
-    monkeypatch.delattr(gpu_mod, "gpu_readings", raising=False)
-    assert collect.default_gpu_reader()()["available"] is False
-    seen = {}
-
-    def fake_readings(seam=None):
-        seen["seam"] = seam
-        return {"available": False, "reason": "no NVIDIA driver", "gpus": []}
-
-    monkeypatch.setattr(gpu_mod, "gpu_readings", fake_readings, raising=False)
-    reader = collect.default_gpu_reader()
-    assert reader()["reason"] == "no NVIDIA driver"
-    first = seen["seam"]
-    reader()
-    assert seen["seam"] is first  # one NVML seam per agent, initialised once
+    clock = FakeClock()
+    hook, _, _ = make(tmp_path, clock)
+    for nvml, available in ((FakeNvml(gpus=[FakeGpu(memory_used=2 * 2**30)]), True),
+                            (FakeNvml(driver=False), False),
+                            (FakeNvml(gpus=[FakeGpu()], missing={"nvmlDeviceGetPowerUsage"}), True)):
+        hook.readers = BoxReaders(gpu=collect.default_gpu_reader(NvmlSeam(module=nvml)),
+                                  host=collect.default_host_reader())
+        doc = json.loads(json.dumps(hook.beat(STATE, "interval")))
+        jsonschema.validate(doc, load_schema())
+        assert validate(doc) == []
+        assert doc["gpus"]["available"] is available
+        if available:
+            assert doc["gpus"]["gpus"][0]["memory_total_bytes"] == 80 * 2**30
+        else:
+            assert "driver" in doc["gpus"]["reason"]
+        assert doc["host"].get("cgroup_version") in ("v1", "v2", "hybrid", "none")
+    hook.close(STATE)
