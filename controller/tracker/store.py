@@ -5,8 +5,8 @@ Tables:
         PRIMARY KEY (run, attempt, seq): a resent beat is a no-op (at-least-once delivery, exactly-once storage).
         `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns.
   runs(run, box, attempt, seq, time, received, interval_s, state)
-        the newest beat of each run (by (attempt, seq); its document stays in `beats`, never thinned) and when
-        the tracker last heard from the run.
+        the newest beat of each run (by seq, which only grows over a run's attempts and boxes; its document
+        stays in `beats`, never thinned) and when the tracker last heard from the run.
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
@@ -78,7 +78,7 @@ class Store:
         self._db.executescript(_SCHEMA)
         # the newest (attempt, seq) of each run, kept in memory by the one writer: no SELECT per commit
         self._heads: Dict[str, Tuple[int, int]] = {
-            run: (attempt, seq) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
+            run: (seq, attempt) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
         # WAL lets readers run beside the writer: reads get their own connection and lock
         self._rlock = threading.Lock()
         self._rdb = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -117,14 +117,14 @@ class Store:
                         if cur.rowcount == 1:
                             accepted += 1
                         prev = newest.get(b["run"])
-                        if prev is None or (b["attempt"], b["seq"]) > (prev["attempt"], prev["seq"]):
+                        if prev is None or (b["seq"], b["attempt"]) > (prev["seq"], prev["attempt"]):
                             newest[b["run"]] = b
                     results.append((accepted, len(beats) - accepted))
                 heads: Dict[str, Tuple[int, int]] = {}
                 for run, b in newest.items():
                     head = self._heads.get(run)
-                    if head is None or (b["attempt"], b["seq"]) >= head:
-                        heads[run] = (b["attempt"], b["seq"])
+                    if head is None or (b["seq"], b["attempt"]) >= head:
+                        heads[run] = (b["seq"], b["attempt"])
                         cur.execute(
                             "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?)",
                             (run, b["box"], b["attempt"], b["seq"], b["time"], received, _num(b.get("interval_s")),

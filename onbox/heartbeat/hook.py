@@ -71,7 +71,7 @@ class HeartbeatHook:
         self.box = box_name()
         hb_dir = os.path.join(ctx.run_dir, "heartbeats")
         os.makedirs(hb_dir, exist_ok=True)
-        self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"))
+        self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
         self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, METRICS_FILE))
         if sinks is None:
             sinks = []

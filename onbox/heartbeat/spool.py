@@ -100,20 +100,27 @@ class Spool:
 
 
 class SeqCounter:
-    """The run's heartbeat sequence number, persisted (atomic write) so that a restarted agent continues it."""
+    """The run's heartbeat sequence number, persisted (atomic write) so that a restarted agent continues it.
 
-    def __init__(self, path: str) -> None:
+    A fresh counter starts at `first` (the hook passes the wall clock in milliseconds), not at 0: a replacement
+    box that runs the same run name with a fresh run dir must not reuse the seqs (and attempt numbers) of the
+    box it replaces, or the tracker would drop its beats as duplicates of (run, attempt, seq).
+    """
+
+    def __init__(self, path: str, first: int = 0) -> None:
         self.path = path
         self._lock = threading.Lock()
         try:
             with open(path, encoding="utf-8") as f:
-                self._next = int(json.load(f).get("next_seq", 0))
-        except (OSError, ValueError, AttributeError, TypeError):
-            self._next = 0
+                data = json.load(f)
+            self._next = int(data["next_seq"])
+            self.first = int(data.get("first_seq", 0))
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            self._next = self.first = int(first)
 
     def next(self) -> int:
         with self._lock:
             seq = self._next
             self._next += 1
-            atomic_write_json(self.path, {"next_seq": self._next})
+            atomic_write_json(self.path, {"first_seq": self.first, "next_seq": self._next})
             return seq

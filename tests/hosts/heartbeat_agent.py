@@ -62,8 +62,9 @@ def main(argv=None) -> int:
     state["state"] = "done"
     hook.close(state)
     with open(os.path.join(args.run_dir, "heartbeats", "seq.json")) as f:
-        beats = json.load(f)["next_seq"]
-    atomic_write_json(args.result, {"steps": step, "max_tick_s": max_tick, "beats": beats,
+        seq = json.load(f)
+    atomic_write_json(args.result, {"steps": step, "max_tick_s": max_tick, "first_seq": seq["first_seq"],
+                                    "next_seq": seq["next_seq"],
                                     "backlog": sum(s.spool.backlog() for s in hook.senders)})
     return 0
 

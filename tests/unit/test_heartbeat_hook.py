@@ -79,7 +79,8 @@ def test_beats_on_start_interval_state_change_and_alert(tmp_path, monkeypatch):
     hook.tick(dict(STATE, state="backoff"))  # new alert
     got = wait_beats(out, 4)
     assert [b["reason"] for b in got] == ["start", "interval", "event", "alert"]
-    assert [b["seq"] for b in got] == [0, 1, 2, 3]
+    first = int(1_700_000_000.0 * 1000)  # a fresh counter starts at the wall clock in ms (FakeClock's start)
+    assert [b["seq"] for b in got] == [first, first + 1, first + 2, first + 3]
     assert got[1]["progress"]["step"] == 10 and got[1]["progress"]["loss"] == 3.2118
     assert [a["code"] for a in got[3]["alerts"]] == ["nan_loss"]
     progress = json.loads((run_dir / "progress.json").read_text())
@@ -111,10 +112,12 @@ def test_seq_continues_after_agent_restart(tmp_path):
     hook, _, out = make(tmp_path, clock)
     hook.tick(STATE)
     hook.close(STATE)
-    hook2, _, _ = make(tmp_path, clock)
+    clock.advance(3600)
+    hook2, _, _ = make(tmp_path, clock)  # a restarted agent continues the counter, whatever the time
     hook2.tick(STATE)
     hook2.close(STATE)
-    assert [b["seq"] for b in beats(out)] == [0, 1, 2, 3]
+    seqs = [b["seq"] for b in beats(out)]
+    assert seqs == list(range(seqs[0], seqs[0] + 4))
 
 
 def test_golden_heartbeat_matches_schema_file(tmp_path, monkeypatch):

@@ -56,9 +56,10 @@ def test_bound_drops_oldest_and_counts(tmp_path):
 
 
 def test_seq_counter_persists(tmp_path):
-    c = SeqCounter(str(tmp_path / "seq.json"))
-    assert [c.next(), c.next()] == [0, 1]
-    assert SeqCounter(str(tmp_path / "seq.json")).next() == 2
+    c = SeqCounter(str(tmp_path / "seq.json"), first=1000)
+    assert [c.next(), c.next()] == [1000, 1001]
+    again = SeqCounter(str(tmp_path / "seq.json"), first=5)  # an existing counter ignores `first`
+    assert again.next() == 1002 and again.first == 1000
 
 
 def test_sender_in_order_batches_backlog_and_retries(tmp_path):

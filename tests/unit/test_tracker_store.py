@@ -64,3 +64,12 @@ def test_thinning_keeps_metric_points_and_newest(tmp_path):
     b7 = beats[7]
     assert b7["thinned"] and b7["progress"]["step"] == 70 and b7["progress"]["loss"] == 8.0
     assert "thinned" not in beats[10] and "thinned" not in beats[24]
+
+
+def test_replacement_box_is_not_a_duplicate_and_becomes_latest(tmp_path):
+    st = Store(str(tmp_path / "t.db"), now=Now())
+    st.add([beat(100 + i, attempt=3) for i in range(3)])  # the old box, fourth attempt
+    # the replacement box: a fresh run dir, attempt 0 again, seq from its wall clock (larger)
+    assert st.add([beat(5000, attempt=0), beat(5001, attempt=0)]) == (2, 0)
+    assert st.runs()[0]["seq"] == 5001 and st.runs()[0]["attempt"] == 0
+    assert [b["seq"] for b in st.heartbeats("r1", after=101)] == [102, 5000, 5001]
