@@ -111,3 +111,30 @@ def test_fuzz_get_never_500(shared_tracker, run, after, limit):
     path = "/api/v1/runs/%s/heartbeats" % requests.utils.quote(run, safe="")
     r = requests.get(t.url + path, params={"after": after, "limit": limit}, headers=t.headers(), timeout=10)
     assert r.status_code < 500, (r.status_code, r.text)
+
+
+@pytest.mark.integration
+def test_chunked_body_over_the_limit_is_413(shared_tracker):
+    t = shared_tracker
+
+    def chunks():  # no Content-Length: the limit must hold while streaming
+        for _ in range(40):
+            yield b" " * 4096
+
+    r = requests.post(t.url + "/api/v1/heartbeats", data=chunks(), headers=t.headers(), timeout=10)
+    assert r.status_code == 413
+
+
+@pytest.mark.integration
+def test_public_read_opens_reads_only(tmp_path):
+    t = TrackerProcess(str(tmp_path / "pub"), public_read=True)
+    t.start()
+    try:
+        assert t.post([beat(0, run="pub")]).status_code == 200
+        assert requests.get(t.url + "/api/v1/runs", timeout=10).status_code == 200
+        r = requests.get(t.url + "/api/v1/runs/pub/heartbeats", timeout=10)
+        assert r.status_code == 200 and r.json()["heartbeats"][0]["seq"] == 0
+        r = requests.post(t.url + "/api/v1/heartbeats", json={"heartbeats": [beat(1, run="pub")]}, timeout=10)
+        assert r.status_code == 401
+    finally:
+        t.stop()
