@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.clock import Clock, SystemClock
+from onbox.errors import UsageError
 from onbox.heartbeat.spool import Spool
 
 log = logging.getLogger("onbox.heartbeat")
@@ -60,11 +61,18 @@ class TrackerSink:
 
     def __init__(self, url: str, token_file: Optional[str] = None, timeout: float = 10.0,
                  environ: Optional[Dict[str, str]] = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError("tracker %r is not an http(s) URL" % url, hint="e.g. --tracker http://10.0.0.5:8787")
         self.endpoint = url.rstrip("/") + "/api/v1/heartbeats"
         self.token_file = token_file
         self.timeout = timeout
         self.environ = environ
-        self.token = read_token(token_file, environ)
+        try:
+            self.token = read_token(token_file, environ)
+        except OSError as e:
+            raise UsageError("cannot read the tracker token file %s: %s" % (token_file, e.strerror or e),
+                             hint="put the token in a file (mode 600), or in ONBOX_TRACKER_TOKEN; never on the "
+                                  "command line (U34)")
         self._http: Any = None
 
     def send(self, beats: List[Dict[str, Any]]) -> None:
@@ -130,6 +138,8 @@ class PingSink:
     """
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError("ping_url %r is not an http(s) URL" % url, hint="e.g. https://hc-ping.com/<uuid>")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._http: Any = None

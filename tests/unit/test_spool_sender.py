@@ -122,3 +122,18 @@ def test_flush_is_bounded_when_sink_is_down(tmp_path):
     sender.stop()
     assert time.monotonic() - t0 < 5
     assert sp.backlog() == 3  # nothing removed without an ack
+
+
+def test_sink_configuration_errors_are_usage_errors(tmp_path):
+    import pytest
+
+    from onbox.errors import UsageError
+    from onbox.heartbeat.sinks import PingSink, TrackerSink
+
+    with pytest.raises(UsageError, match="token file"):
+        TrackerSink("http://127.0.0.1:1", token_file=str(tmp_path / "missing"))
+    with pytest.raises(UsageError, match="not an http"):
+        TrackerSink("127.0.0.1:8787")
+    with pytest.raises(UsageError, match="not an http"):
+        PingSink("hc-ping.com/abc")
+    assert TrackerSink("http://x:1", environ={"ONBOX_TRACKER_TOKEN": "t"}).token == "t"
