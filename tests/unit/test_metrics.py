@@ -140,3 +140,13 @@ def test_bad_user_regex_is_a_config_error():
     with pytest.raises(UsageError, match="metrics_regex"):
         RunConfig(name="r", metrics_regex=["(?P<step>"]).validate()
     RunConfig(name="r", metrics_regex=[r"s=(?P<step>\d+)"]).validate()
+
+
+def test_tracker_and_ping_urls_are_validated_with_the_config():
+    from onbox.config import RunConfig
+
+    with pytest.raises(UsageError, match="tracker must be an http"):
+        RunConfig(name="r", tracker="10.0.0.5:8787").validate()
+    with pytest.raises(UsageError, match="ping_url"):
+        RunConfig(name="r", ping_url="hc-ping.com/x").validate()
+    RunConfig(name="r", tracker="https://t.example", ping_url="https://hc-ping.com/x").validate()
