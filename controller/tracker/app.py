@@ -255,7 +255,7 @@ def serve(db: str, host: str, port: int, token: Optional[str], public_read: bool
     sock = bind(host, port)
     actual = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="auto",
-                            timeout_keep_alive=30, limit_concurrency=2048)
+                            timeout_keep_alive=30, limit_concurrency=2048, timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
 
     # Fewer, cheaper cyclic-GC passes: the request path makes short-lived acyclic objects; everything loaded at
