@@ -152,8 +152,11 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             return JSONResponse({"accepted": 0, "duplicates": 0})
         try:
             accepted, duplicates = await writer.add(beats)
-        except sqlite3.Error as e:
-            raise BadRequest(503, "the tracker's database failed: %s" % e)
+        except (sqlite3.Error, OverflowError, ValueError) as e:
+            # validated beats should always store; if one does not, say so without losing the tracker
+            log.error("onbox tracker: storing %d beat(s) failed: %r", len(beats), e)
+            raise BadRequest(503 if isinstance(e, sqlite3.OperationalError) else 400,
+                             "the tracker could not store these heartbeats: %s" % e)
         return JSONResponse({"accepted": accepted, "duplicates": duplicates})
 
     async def list_runs(request: Request) -> JSONResponse:

@@ -111,7 +111,7 @@ class Store:
                         cur.execute(
                             "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
                             "eval_loss, lr, tokens_per_s, samples_per_s, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                            (b["run"], b["attempt"], b["seq"], b["time"], received, b["state"],
+                            (b["run"], b["attempt"], b["seq"], float(b["time"]), received, b["state"],
                              step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
                              _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc))
                         if cur.rowcount == 1:
@@ -127,7 +127,7 @@ class Store:
                         heads[run] = (b["seq"], b["attempt"])
                         cur.execute(
                             "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?)",
-                            (run, b["box"], b["attempt"], b["seq"], b["time"], received, _num(b.get("interval_s")),
+                            (run, b["box"], b["attempt"], b["seq"], float(b["time"]), received, _num(b.get("interval_s")),
                              b["state"]))
                     else:  # an old beat arrived late: the run is still alive as of now
                         cur.execute("UPDATE runs SET received=? WHERE run=?", (received, run))

@@ -14,6 +14,7 @@ SCHEMA = "onbox.heartbeat/1"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_SEQ = 2**53  # JSON numbers stay exact below this
+MAX_TIME = 1e11  # seconds since the epoch: year 5138
 MAX_STR = 4096
 SECTIONS = ("child", "progress", "checkpoint", "gpus", "host", "spool", "preemption")
 LIST_SECTIONS = ("disks", "alerts")
@@ -43,8 +44,9 @@ def validate(doc: Any) -> List[str]:
         v = doc.get(key)
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEQ):
             errs.append("%s must be an integer >= 0" % key)
-    if not _is_num(doc.get("time")):
-        errs.append("time must be a number (seconds since the epoch)")
+    t = doc.get("time")
+    if not (_is_num(t) and 0 <= t < MAX_TIME):
+        errs.append("time must be a number of seconds since the epoch")
     for key in ("box", "state"):
         v = doc.get(key)
         if not isinstance(v, str) or not 0 < len(v) <= 256:

@@ -138,3 +138,19 @@ def test_public_read_opens_reads_only(tmp_path):
         assert r.status_code == 401
     finally:
         t.stop()
+
+
+numbers = st.one_of(st.integers(-2**80, 2**80), st.floats(allow_nan=False, allow_infinity=False), st.none(),
+                    st.sampled_from(["NaN", "Infinity", "-Infinity", "x"]))
+
+
+@pytest.mark.integration
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(time_=numbers, seq=st.integers(-2, 2**60), attempt=st.integers(-2, 2**60), step=numbers, loss=numbers,
+       interval=numbers)
+def test_fuzz_numeric_extremes_in_well_formed_beats(shared_tracker, time_, seq, attempt, step, loss, interval):
+    """Well-formed beats with extreme numbers: stored (200) when valid, 400 otherwise, never a 5xx."""
+    b = beat(0, run="nums")
+    b.update(time=time_, seq=seq, attempt=attempt, interval_s=interval, progress={"step": step, "loss": loss})
+    r = shared_tracker.post([b])
+    assert r.status_code in (200, 400), (r.status_code, r.text)
