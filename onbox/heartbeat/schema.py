@@ -45,7 +45,7 @@ def validate(doc: Any) -> List[str]:
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEQ):
             errs.append("%s must be an integer >= 0" % key)
     t = doc.get("time")
-    if not (_is_num(t) and 0 <= t < MAX_TIME):
+    if not (isinstance(t, (int, float)) and _is_num(t) and 0 <= t < MAX_TIME):
         errs.append("time must be a number of seconds since the epoch")
     for key in ("box", "state"):
         v = doc.get(key)
