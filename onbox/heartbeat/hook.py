@@ -11,6 +11,7 @@ Nothing here blocks on the network: beats are spooled (fsynced) and pushed by on
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -34,6 +35,18 @@ FAILED_STATES = {"failed", "crash_loop", "crashloop"}
 METRICS_FILE = "metrics.jsonl"
 PROGRESS_FILE = "progress.json"
 CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN/Infinity: a non-finite float anywhere in a reading becomes "NaN"/"Infinity"/"-Infinity"
+    (the convention of the progress section) instead of making the beat unsendable."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def box_name() -> str:
@@ -238,6 +251,7 @@ class HeartbeatHook:
                       "dropped": sum(s.spool.dropped for s in self.senders),
                       "errors": {s.sink.name: s.last_error for s in self.senders if s.last_error}},
         }
+        doc = json_safe(doc)
         for sender in self.senders:
             sender.spool.put(doc["seq"], doc)
             sender.notify()

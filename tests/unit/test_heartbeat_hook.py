@@ -212,3 +212,15 @@ def test_beat_with_real_host_and_gpu_readers_matches_the_schema(tmp_path):
             assert "driver" in doc["gpus"]["reason"]
         assert doc["host"].get("cgroup_version") in ("v1", "v2", "hybrid", "none")
     hook.close(STATE)
+
+
+def test_non_finite_reading_does_not_break_the_beat(tmp_path):
+    clock = FakeClock()
+    hook, _, out = make(tmp_path, clock)
+    gpus = {"available": True, "reason": None, "gpus": [dict(GPUS["gpus"][0], power_w=float("nan"))]}
+    hook.readers = BoxReaders(gpu=lambda: gpus, host=lambda: dict(HOST, load_average=(float("inf"), 1.0, 1.0)),
+                              disks=lambda paths: DISKS)
+    hook.beat(STATE, "interval")
+    hook.close(STATE)
+    first = beats(out)[0]
+    assert first["gpus"]["gpus"][0]["power_w"] == "NaN" and first["host"]["load_average"][0] == "Infinity"
