@@ -40,6 +40,7 @@ class AlertSettings:
     spike_window: int = 50  # losses kept for the robust baseline
     spike_min_points: int = 20  # no spike verdict before this many finite losses
     spike_z: float = 8.0  # robust z-score (0.6745 * (x - median) / MAD) above which a loss is a spike
+    spike_min_rel: float = 0.25  # ...and at least this far above the median, relative (heavy-tailed batch noise)
     stall_seconds: float = 30 * 60.0
     min_free_bytes: int = 2 * 1024**3
     min_free_ratio: float = 0.02
@@ -47,11 +48,17 @@ class AlertSettings:
     crash_loop_threshold: int = 3
 
 
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
 def robust_z(value: float, history: Sequence[float]) -> float:
     """Robust z-score of `value` against `history`: 0.6745 * (value - median) / MAD (MAD floored, never 0)."""
     ordered = sorted(history)
     n = len(ordered)
-    med = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    med = median(ordered)
     dev = sorted(abs(x - med) for x in ordered)
     mad = dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
     mad = max(mad, 1e-3 * abs(med), 1e-12)  # a perfectly flat history must not turn every wiggle into a spike
@@ -79,8 +86,9 @@ class AlertEngine:
             return nan
         alert: Optional[Alert] = None
         if len(self._losses) >= s.spike_min_points:
-            z = robust_z(loss, list(self._losses))
-            if z > s.spike_z:
+            window = list(self._losses)
+            z = robust_z(loss, window)
+            if z > s.spike_z and loss - median(window) > s.spike_min_rel * abs(median(window)):
                 alert = Alert("loss_spike", "warning",
                               "loss spiked to %.4g at step %s (robust z-score %.1f over the last %d losses)"
                               % (loss, step, z, len(self._losses)),
