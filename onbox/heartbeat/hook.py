@@ -23,7 +23,8 @@ from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
-from onbox.telemetry.metrics import MetricsFileTail, MetricsParser, Progress
+from onbox.telemetry.metrics import MetricsParser
+from onbox.telemetry.progress import MetricsFileTail, Progress
 
 if TYPE_CHECKING:
     from onbox.runhooks import RunContext

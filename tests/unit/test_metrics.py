@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onbox.errors import UsageError
-from onbox.telemetry.metrics import MetricsFileTail, MetricsParser, Progress
+from onbox.telemetry.metrics import MetricsParser
+from onbox.telemetry.progress import MetricsFileTail, Progress
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "metrics")
 FORMATS = sorted(f[:-4] for f in os.listdir(GOLDEN) if f.endswith(".txt"))
