@@ -103,4 +103,6 @@ class Hooks:
 
 def make_hooks(ctx: RunContext) -> Hooks:
     """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
-    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=NoReaper())
+    from onbox.checkpoints.hook import CheckpointCommitHook
+
+    return Hooks(checkpoints=CheckpointCommitHook(ctx), telemetry=NoTelemetry(), reaper=NoReaper())

@@ -1,0 +1,137 @@
+"""Verify a checkpoint: manifest sizes and hashes, format checks without torch, and optionally a real load.
+
+U33: "synced" in a log proves nothing; trust the artifact you loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional
+
+from onbox import fsutil
+from onbox.checkpoints import MANIFEST, formats, hashcopy
+
+TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    path: str
+    has_manifest: bool
+    files: List[Dict[str, Any]]  # {path, size, kind, ok, problem}
+    problems: List[str]  # "file: what is wrong"
+    loaded: Optional[bool] = None  # None: --load not asked or torch absent
+    load_note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: bool = True,
+                         rows: Optional[List[Dict[str, Any]]] = None) -> List[str]:
+    """Every file the manifest lists: present, the right size, the right hash (and formats when asked)."""
+    problems = []
+    algo = manifest.get("hash", hashcopy.HASH_NAME)
+    for entry in manifest.get("files", []):
+        rel = entry.get("path", "")
+        path = os.path.join(ckpt_dir, rel)
+        row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None}
+        problem = None
+        if not os.path.isfile(path):
+            problem = "missing"
+        else:
+            size = os.path.getsize(path)
+            if size != entry.get("size"):
+                problem = "size %d, manifest says %s (truncated or replaced)" % (size, entry.get("size"))
+            else:
+                _, digest = hashcopy.hash_file(path, algo)
+                if digest != entry.get(algo, entry.get("hash")):
+                    problem = "%s mismatch (content corrupted)" % algo
+                elif formats_too:
+                    res = formats.check_file(path, full=True)
+                    row["kind"] = res.kind
+                    problem = res.problem
+        if problem:
+            problems.append("%s: %s" % (rel, problem))
+            row.update(ok=False, problem=problem)
+        if rows is not None:
+            rows.append(row)
+    return problems
+
+
+def verify_path(path: str, load: bool = False) -> VerifyReport:
+    """Verify a committed checkpoint dir (with MANIFEST.json), a plain checkpoint dir, or one file."""
+    path = os.path.abspath(path)
+    rows: List[Dict[str, Any]] = []
+    problems: List[str] = []
+    manifest_path = os.path.join(path, MANIFEST)
+    has_manifest = os.path.isdir(path) and os.path.exists(manifest_path)
+    if has_manifest:
+        try:
+            manifest = fsutil.read_json(manifest_path)
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+                raise ValueError("no file list")
+        except (OSError, ValueError) as e:
+            problems.append("%s: unreadable manifest: %s" % (MANIFEST, e))
+            manifest = {"files": []}
+        problems += check_manifest_files(path, manifest, formats_too=True, rows=rows)
+        files = [os.path.join(path, r["path"]) for r in rows]
+    else:
+        if os.path.isdir(path):
+            from onbox.checkpoints.detect import _walk_files
+
+            files = [os.path.join(path, r) for r in _walk_files(path)]
+            if not files:
+                problems.append("%s: empty directory" % path)
+        else:
+            files = [path]
+        for f in files:
+            rel = os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
+            res = formats.check_file(f, full=True)
+            rows.append({"path": rel, "size": os.path.getsize(f) if os.path.exists(f) else None,
+                         "kind": res.kind, "ok": res.ok, "problem": res.problem})
+            if res.problem:
+                problems.append("%s: %s" % (rel, res.problem))
+    report = VerifyReport(path=path, has_manifest=has_manifest, files=rows, problems=problems)
+    if load and not problems:
+        _load_with_torch(report, [f for f in files if f.endswith((*TORCH_SUFFIXES, ".safetensors"))])
+    return report
+
+
+def _load_with_torch(report: VerifyReport, files: List[str]) -> None:
+    try:
+        import torch  # the box's own torch (U28): never installed by onbox
+    except ImportError:
+        report.load_note = "torch is not importable here; format and hash checks only"
+        return
+    refused = []
+    for f in files:
+        try:
+            if f.endswith(".safetensors"):
+                try:
+                    from safetensors.torch import load_file
+                except ImportError:
+                    continue
+                load_file(f)
+            elif formats.sniff(f) == "zip" or f.endswith(TORCH_SUFFIXES):
+                torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # any load failure is the finding we report, with its type
+            if "Unsupported global" in str(e) or ("weights_only" in str(e) and "GLOBAL" in str(e)):
+                # not corruption: the file pickles Python objects (HF training_args.bin, numpy RNG state), which
+                # weights_only=True refuses by design
+                refused.append(os.path.basename(f))
+                continue
+            report.problems.append("%s: torch.load(weights_only=True) failed: %s: %s" % (
+                os.path.basename(f), type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            report.loaded = False
+            return
+    report.loaded = True
+    report.load_note = "loaded %d file(s) with torch %s" % (len(files) - len(refused), torch.__version__)
+    if refused:
+        report.load_note += "; weights_only refused (Python objects, not corruption): %s" % ", ".join(refused)
