@@ -85,7 +85,7 @@ class LocalPathTarget:
     def list_names(self) -> List[str]:
         try:
             return sorted(n for n in os.listdir(self.ckpts) if not n.startswith("."))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
     def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
@@ -158,11 +158,16 @@ class LocalPathTarget:
             raise sync_failed_from_oserror(self.run_root, e)
 
     def clean_leftovers(self) -> List[str]:
-        removed = []
         try:
-            names = os.listdir(self.ckpts)
+            return self._clean_leftovers()
         except FileNotFoundError:
             return []
+        except OSError as e:
+            raise sync_failed_from_oserror(self.ckpts, e)
+
+    def _clean_leftovers(self) -> List[str]:
+        removed = []
+        names = os.listdir(self.ckpts)
         for n in names:
             path = os.path.join(self.ckpts, n)
             if n.startswith(fsutil.TMP_PREFIX) and os.path.isfile(path):  # an atomic_write temp
