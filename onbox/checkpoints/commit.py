@@ -94,7 +94,9 @@ class CheckpointCommitter:
         fs = self.target.free_space()
         if fs is None:
             return
-        need_bytes = cand.bytes + max(self.margin_bytes, int(cand.bytes * self.margin_fraction))
+        # the fixed margin is capped at 1% of the filesystem, so a small volume is not refused outright
+        margin = max(min(self.margin_bytes, fs.total_bytes // 100), int(cand.bytes * self.margin_fraction))
+        need_bytes = cand.bytes + margin
         dirs = len({os.path.dirname(f) for f in cand.files}) + 1
         need_inodes = len(cand.files) + dirs + 1 + self.margin_inodes  # files, dirs, manifest, index temp
         short_bytes = fs.free_bytes < need_bytes

@@ -210,8 +210,10 @@ class CheckpointCommitHook:
             try:
                 r = self.committer.commit(cand)
             except SyncFailed as e:
-                self.ctx.emit("sync_failed", checkpoint=cand.name, error=e.message, errno=e.errno_name,
-                              durable=self.committer.target.url, **e.details)
+                fields = dict(e.details)
+                fields.update(checkpoint=cand.name, error=e.message, errno=e.errno_name,
+                              durable=self.committer.target.url)
+                self.ctx.emit("sync_failed", **fields)
                 self._update_status(last_sync={"ok": False, "error": e.message, "at": at, "bytes": 0,
                                                "seconds": 0.0, "checkpoint": cand.name})
                 return None
