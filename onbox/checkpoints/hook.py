@@ -141,7 +141,7 @@ class CheckpointCommitHook:
 
     def periodic(self) -> None:
         now = self.clock.monotonic()
-        if now - self._last_scan < min(RESCAN_S, self.cfg.sync_interval or RESCAN_S):
+        if now - self._last_scan < min(RESCAN_S, self.cfg.sync_interval):
             return
         self._last_scan = now
         try:
