@@ -65,7 +65,7 @@ def test_bytes_full_preflight_and_enospc_mid_copy(tmp_path):
                                dur, "--ckpt-dir", src, "--now"], capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "too full" in proc.stderr and "MiB free" in proc.stderr and "synced" not in proc.stdout + proc.stderr
-        events = [json.loads(x) for x in open(tmp_path / "home" / "runs" / "r1" / "events.jsonl")]
+        events = [json.loads(x) for x in (tmp_path / "home" / "runs" / "r1" / "events.jsonl").read_text().splitlines()]
         [full] = [e for e in events if e["type"] == "durable_full"]
         assert full["need_bytes"] > full["free_bytes"] > 0
         # a target that cannot see free space: ENOSPC in the middle of the copy, staging cleaned
