@@ -89,21 +89,37 @@ def main() -> int:
             os.sync()
             return p
 
-        times = {}
-        dst = fresh("cp")
-        times["cp -r + sync"] = _timed(lambda: (_run(["cp", "-r", ckpt, dst]), _run(["sync"])))
-        shutil.rmtree(dst)
-        dst = fresh("rsync")
-        if shutil.which("rsync"):
-            times["rsync -a + sync"] = _timed(lambda: (_run(["rsync", "-a", ckpt + "/", dst + "/"]), _run(["sync"])))
-            shutil.rmtree(dst)
-        dst = fresh("onbox")
         [cand] = [c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.complete]
-        com = CheckpointCommitter(LocalPathTarget(dst, "run"), "run", SystemClock(), lambda *a, **k: None)
-        times["onbox commit"] = _timed(lambda: com.commit(cand))
-        committed = os.path.join(dst, "run", "checkpoints", "checkpoint-1000")
+
+        def cp_sync(dst: str) -> None:
+            _run(["cp", "-r", ckpt, dst])
+            _run(["sync"])
+
+        def rsync_sync(dst: str) -> None:
+            _run(["rsync", "-a", ckpt + "/", dst + "/"])
+            _run(["sync"])
+
+        def onbox_commit(dst: str) -> None:
+            com = CheckpointCommitter(LocalPathTarget(dst, "run"), "run", SystemClock(), lambda *a, **k: None)
+            com.commit(cand)
+
+        methods = [("cp -r + sync", cp_sync), ("onbox commit", onbox_commit)]
+        if shutil.which("rsync"):
+            methods.append(("rsync -a + sync", rsync_sync))
+        # a shared, busy box is noisy: rounds in rotated order, best of each
+        times: dict = {}
+        rounds = int(os.environ.get("ONBOX_BENCH_ROUNDS", "2"))
+        for r in range(rounds):
+            for name, fn in methods[r % len(methods):] + methods[:r % len(methods)]:
+                dst = fresh("dst")
+                t = _timed(lambda fn=fn, dst=dst: fn(dst))
+                times[name] = min(t, times.get(name, t))
+                shutil.rmtree(dst)
+        kept = fresh("kept")
+        onbox_commit(kept)  # the committed copy that verify reads
+        committed = os.path.join(kept, "run", "checkpoints", "checkpoint-1000")
         for k, v in times.items():
-            print("commit  %-16s %6.2f s  %6.0f MiB/s" % (k, v, total / MiB / v))
+            print("commit  %-16s %6.2f s  %6.0f MiB/s  (best of %d)" % (k, v, total / MiB / v, rounds))
         ratio = times["onbox commit"] / times["cp -r + sync"]
         ok = ratio <= 1.2
         print("commit  onbox / (cp+sync) = %.2fx   target <= 1.20x   %s" % (ratio, "ok" if ok else "MISSED"))
