@@ -81,8 +81,9 @@ def hash_file(path: str, hash_name: str = HASH_NAME) -> Tuple[int, str]:
     return size, h.hexdigest()
 
 
-def copy_and_hash(src: str, dst: str, hash_name: str = HASH_NAME) -> Tuple[int, str]:
-    """Copy src to a NEW file dst (O_EXCL), fsync it; return (size, hex digest of the bytes in dst).
+def copy_and_hash(src: str, dst: str, hash_name: str = HASH_NAME, fsync: bool = True) -> Tuple[int, str]:
+    """Copy src to a NEW file dst (O_EXCL), fsync it unless told not to (the caller then must, see
+    fsync_file); return (size, hex digest of the bytes in dst).
 
     In-kernel copy_file_range where the two files share a filesystem type that supports it (no user-space copy),
     hashing the destination's pages through mmap while the next chunk copies: the digest describes what landed
@@ -103,7 +104,8 @@ def copy_and_hash(src: str, dst: str, hash_name: str = HASH_NAME) -> Tuple[int, 
             finally:
                 hasher.q.put(None)  # the hasher still reads dfd: drain it before dfd is closed
                 hasher.join()
-            os.fsync(dfd)
+            if fsync:
+                os.fsync(dfd)
         finally:
             os.close(dfd)
     finally:
@@ -157,6 +159,14 @@ def _copy_through_user_space(sfd: int, dfd: int, hasher: _Hasher) -> int:
             _advise(dfd, "POSIX_FADV_DONTNEED", size - pending, pending)
             pending = 0
             fault_point("copy-chunk")
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _advise(fd: int, advice: str, offset: int = 0, length: int = 0) -> None:

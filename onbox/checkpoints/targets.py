@@ -104,13 +104,13 @@ class LocalPathTarget:
             os.mkdir(staging)
             made = {staging}
             for rel in files:
-                dst = os.path.join(staging, rel)
-                parent = os.path.dirname(dst)
+                parent = os.path.dirname(os.path.join(staging, rel))
                 if parent not in made:
                     os.makedirs(parent, exist_ok=True)
-                    made.add(parent)
-                hashcopy.fault_point("before-file")
-                out[rel] = hashcopy.copy_and_hash(os.path.join(root, rel), dst, hash_name)
+                    while parent not in made:  # every new level, so each gets its fsync below
+                        made.add(parent)
+                        parent = os.path.dirname(parent)
+            out = copy_files(root, staging, files, hash_name)
             for d in sorted(made, key=len, reverse=True):
                 fsutil.fsync_dir(d)
             hashcopy.fault_point("before-rename")
@@ -186,17 +186,33 @@ class LocalPathTarget:
         return sorted(removed)
 
     def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
-        out: FileHashes = {}
         for rel in files:
-            dst = os.path.join(dest, rel)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            out[rel] = hashcopy.copy_and_hash(os.path.join(self.ckpts, name, rel), dst, hash_name)
-        return out
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+        return copy_files(os.path.join(self.ckpts, name), dest, files, hash_name)
 
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         from onbox.checkpoints.verify import check_manifest_files
 
         return check_manifest_files(os.path.join(self.ckpts, name), manifest, formats_too=False)
+
+
+def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: int = 2) -> FileHashes:
+    """Copy+hash files into dest (dirs exist), two at a time (the hash of one overlaps the copy of the other),
+    then fsync them all: the disk writes everything in one stream, like `cp` + `sync`, instead of
+    stopping after each file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str) -> Tuple[int, str]:
+        hashcopy.fault_point("before-file")
+        return hashcopy.copy_and_hash(os.path.join(root, rel), os.path.join(dest, rel), hash_name, fsync=False)
+
+    order = sorted(files, key=lambda r: -os.path.getsize(os.path.join(root, r)))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
+        futures = [(rel, pool.submit(one, rel)) for rel in order]
+        out = {rel: f.result() for rel, f in futures}
+    for rel in order:
+        hashcopy.fsync_file(os.path.join(dest, rel))
+    return {rel: out[rel] for rel in files}
 
 
 def dumps(doc: Dict[str, Any]) -> str:

@@ -80,8 +80,8 @@ def main() -> int:
         _make_checkpoint(src, size_mb)
         ckpt = os.path.join(src, "checkpoint-1000")
         total = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt))
-        print("checkpoint: %d files, %.0f MiB, in %s (page cache warm for every method)" % (
-            len(os.listdir(ckpt)), total / MiB, base))
+        print("checkpoint: %d files, %.0f MiB, in %s (page cache warm for every method); load average %.1f on %d "
+              "CPUs" % (len(os.listdir(ckpt)), total / MiB, base, os.getloadavg()[0], os.cpu_count() or 0))
 
         def fresh(name: str) -> str:
             p = os.path.join(base, name)
@@ -108,7 +108,7 @@ def main() -> int:
             methods.append(("rsync -a + sync", rsync_sync))
         # a shared, busy box is noisy: rounds in rotated order, best of each
         times: dict = {}
-        rounds = int(os.environ.get("ONBOX_BENCH_ROUNDS", "2"))
+        rounds = int(os.environ.get("ONBOX_BENCH_ROUNDS", "3"))
         for r in range(rounds):
             for name, fn in methods[r % len(methods):] + methods[:r % len(methods)]:
                 dst = fresh("dst")
