@@ -31,6 +31,7 @@ DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commi
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
 FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
 RESCAN_S = 1.0
+LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/ after each commit
 
 
 def read_progress(run_dir: str) -> Dict[str, Any]:
@@ -234,7 +235,21 @@ class CheckpointCommitHook:
                                            "seconds": round(r.seconds, 3), "checkpoint": r.name, "status": r.status})
             if self.cfg.prune_local:
                 self.prune_local()
+            self.sync_logs()
             return r
+
+    def sync_logs(self) -> None:
+        """Copy the run's output log and events next to the checkpoints (<durable>/<run>/logs/), best effort."""
+        assert self.target is not None
+        for name in LOG_FILES:
+            path = os.path.join(self.ctx.run_dir, name)
+            if not os.path.isfile(path):
+                continue
+            try:
+                self.target.put_log(path, name)
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("log_sync_failed", file=name, error=str(e))
+                return
 
     def prune_local(self, low_fraction: float = 0.05) -> List[str]:
         """U6: when the local disk runs low, delete local copies already committed (never the newest)."""

@@ -144,6 +144,9 @@ class RcloneTarget:
                 out[rel] = hashcopy.hash_file(p, hash_name)
         return out
 
+    def put_log(self, local_path: str, name: str) -> None:
+        self._rc(["copyto", local_path, "%s/logs/%s" % (self.run_root, name)], nbytes=os.path.getsize(local_path))
+
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         """Sizes on the remote against the manifest (a full hash check happens on restore, locally)."""
         listed = self._lsjson("%s/%s" % (self.ckpts, name), "-R", "--files-only") or []

@@ -54,6 +54,9 @@ class DurableTarget(Protocol):
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         """Problems of the durable copy against its manifest (empty: fine)."""
 
+    def put_log(self, local_path: str, name: str) -> None:
+        """Copy a run log to <run>/logs/<name>, replacing the previous copy atomically where possible."""
+
 
 def make_target(durable: str, run: str, runner: Optional[Callable[..., Any]] = None) -> DurableTarget:
     """A mounted path (absolute or relative) or an rclone remote (`remote:path`, `:sftp,host=...:path`)."""
@@ -189,6 +192,22 @@ class LocalPathTarget:
         for rel in files:
             os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
         return copy_files(os.path.join(self.ckpts, name), dest, files, hash_name)
+
+    def put_log(self, local_path: str, name: str) -> None:
+        logs = os.path.join(self.run_root, "logs")
+        tmp = os.path.join(logs, fsutil.TMP_PREFIX + name)
+        try:
+            os.makedirs(logs, exist_ok=True)
+            shutil.copyfile(local_path, tmp)
+            hashcopy.fsync_file(tmp)
+            os.replace(tmp, os.path.join(logs, name))
+            fsutil.fsync_dir(logs)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise sync_failed_from_oserror(logs, e)
 
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         from onbox.checkpoints.verify import check_manifest_files

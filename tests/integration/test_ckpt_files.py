@@ -128,3 +128,32 @@ def test_real_torch_checkpoint_verifies_with_and_without_load(tmp_path):
     flip_byte(p, off)
     proc = run_onbox("verify", p)
     assert proc.returncode == 1 and "ckpt.pt" in proc.stderr
+
+
+def test_sync_and_checkpoints_cli(tmp_path):
+    import json
+
+    env = subprocess_env({"ONBOX_HOME": str(tmp_path / "home")})
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "onbox", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+
+    ck, dur = str(tmp_path / "ck"), str(tmp_path / "dur")
+    os.makedirs(ck)
+    where = ["--durable", dur, "--ckpt-dir", ck]
+    r = cli("sync", "r1", "--now", *where)
+    assert r.returncode == 1 and "nothing to commit" in r.stderr and "synced" not in r.stdout
+    write_torch_zip(os.path.join(ck, "checkpoint-40", "model.pt"))
+    r = cli("sync", "r1", *where)  # settle interval (10 s default) not over: not complete yet
+    assert r.returncode == 1 and "still changing" in r.stderr
+    r = cli("sync", "r1", "--now", *where)
+    assert r.returncode == 0 and r.stdout.startswith("committed checkpoint-40 (step 40"), r.stderr
+    r = cli("sync", "r1", "--now", "--json", *where)
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "already"
+    r = cli("checkpoints", "r1", "--json", *where)
+    doc = json.loads(r.stdout)
+    assert [e["name"] for e in doc["committed"]] == ["checkpoint-40"] and doc["committed"][0]["verified"]
+    assert doc["local"][0]["name"] == "checkpoint-40" and doc["status"]["last_sync"]["ok"] is True
+    r = cli("sync", "no-such-run")
+    assert r.returncode == 2 and "no run" in r.stderr

@@ -228,6 +228,8 @@ def test_make_hooks_uses_the_commit_hook(tmp_path):
 def test_hook_periodic_commits_after_settle_and_writes_status(tmp_path):
     ctx = make_ctx(tmp_path)
     fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0})
+    with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
+        f.write("iter 7: loss 3.0\n")
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "ckpt.pt"))
     hook.periodic()
@@ -241,6 +243,8 @@ def test_hook_periodic_commits_after_settle_and_writes_status(tmp_path):
     st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
     assert st["latest_local"]["name"] == "ckpt.pt" and st["latest_durable"]["name"] == "ckpt.pt.step-7"
     assert st["verified"] is True and st["last_sync"]["ok"] is True
+    with open(tmp_path / "durable" / "r1" / "logs" / "output.log") as f:
+        assert f.read() == "iter 7: loss 3.0\n"  # the log travels with the checkpoints
     ctx.clock.advance(10)
     hook.periodic()
     hook.join_worker(None)
