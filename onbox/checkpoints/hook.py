@@ -13,10 +13,12 @@ checkpoint_restored, restore_verify_failed, final_sync_skipped, checkpoint_resum
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
@@ -26,6 +28,7 @@ from onbox.checkpoints.restore import restore_newest
 from onbox.checkpoints.targets import DurableTarget, make_target
 
 STATUS_FILE = "checkpoint_status.json"
+LOCK_FILE = "checkpoints.lock"
 STATUS_SCHEMA = "onbox.checkpoint_status/1"
 DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
@@ -113,8 +116,9 @@ class CheckpointCommitHook:
         newest_local = local[-1] if local else None
         if self.committer is not None:
             try:
-                self.committer.start()
-                entries = self.committer.committed()
+                with self._locked():
+                    self.committer.start()
+                    entries = self.committer.committed()
                 names = [e["name"] for e in reversed(entries)]
                 res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit)
             except (SyncFailed, OSError) as e:
@@ -203,10 +207,22 @@ class CheckpointCommitHook:
                         "digest": e.get("digest"), "bytes": e.get("bytes")}
         return None
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One committer per run on this box: the agent's thread and `onbox sync` take the same flock, so a
+        commit never meets another one's staging or manifest-less dir (which start() would clean)."""
+        with self._commit_lock:
+            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
     def commit_one(self, cand: Candidate) -> Optional[CommitResult]:
         """Commit one candidate under the commit lock; failures become events and status, never exceptions."""
         assert self.committer is not None
-        with self._commit_lock:
+        with self._locked():
             at = self.clock.time()
             try:
                 r = self.committer.commit(cand)
