@@ -116,6 +116,14 @@ def scan(ckpt_dir: str) -> List[Candidate]:
     return out
 
 
+def self_checking(cand: Candidate) -> bool:
+    """Every file is a torch zip or safetensors (formats whose structure exposes a torn write)."""
+    try:
+        return all(formats.sniff(os.path.join(cand.root, rel)) in ("zip", "safetensors") for rel in cand.files)
+    except OSError:
+        return False
+
+
 def check_formats(cand: Candidate) -> Optional[str]:
     """The structural checks of every file; a problem string naming the file, or None."""
     for rel in cand.files:
@@ -138,9 +146,14 @@ class CompletionTracker:
         self._checked: Dict[Tuple[str, Fingerprint], Optional[str]] = {}
 
     def update(self, cands: List[Candidate], now_mono: float, now_wall: float,
-               progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None) -> List[Candidate]:
-        """Fill in step/metrics/complete/reason on each candidate; returns them (newest last)."""
-        settle = self.settle if settle is None else settle
+               progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None,
+               settle_self_checking: Optional[float] = None) -> List[Candidate]:
+        """Fill in step/metrics/complete/reason on each candidate; returns them (newest last).
+
+        `settle_self_checking` (if given) applies instead of `settle` to candidates whose every file carries its
+        own integrity structure (torch zip, safetensors): a torn one fails the format checks anyway.
+        """
+        default_settle = self.settle if settle is None else settle
         names = {c.name for c in cands}
         for gone in set(self._seen) - names:
             del self._seen[gone]
@@ -155,6 +168,9 @@ class CompletionTracker:
             if c.step is None:
                 c.step = seen[2]
             c.metrics = seen[3]
+            settle = default_settle
+            if settle_self_checking is not None and self_checking(c):
+                settle = min(settle, settle_self_checking)
             quiet = (now_mono - seen[1] >= settle) or (now_wall - c.newest_mtime >= settle)
             if not (c.marked or quiet):
                 c.complete, c.reason = False, "still changing (settle %.3gs)" % settle

@@ -97,9 +97,10 @@ class CheckpointCommitHook:
                 self.ctx.emit("checkpoint_status_unwritable", error=str(e))
 
     # -- scanning ----------------------------------------------------------------------------------------------
-    def _scan(self, settle: Optional[float] = None) -> List[Candidate]:
+    def _scan(self, settle: Optional[float] = None, settle_self_checking: Optional[float] = None) -> List[Candidate]:
         cands = self.tracker.update(scan(self.ckpt_dir), self.clock.monotonic(), self.clock.time(),
-                                    read_progress(self.ctx.run_dir), settle=settle)
+                                    read_progress(self.ctx.run_dir), settle=settle,
+                                    settle_self_checking=settle_self_checking)
         self.cands = cands
         complete = [c for c in cands if c.complete]
         if complete:
@@ -169,7 +170,9 @@ class CheckpointCommitHook:
         self.join_worker(deadline)
         if self.committer is None:
             return None
-        complete = self._scan(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S))
+        # the child has stopped (or is out of time): a shorter quiet period, none at all for files whose format
+        # exposes a torn write (the checkpoint it just saved on the signal is the one worth committing)
+        complete = self._scan(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
         for cand in reversed(complete):
             if self._done.get(cand.name) == cand.fingerprint:
                 return self._already(cand)

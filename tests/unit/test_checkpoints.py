@@ -328,3 +328,19 @@ def test_make_target_kinds(tmp_path):
     assert make_target("s3remote:bucket/x", "r").url == "s3remote:bucket/x/r"
     assert make_target(":sftp,host=h:path", "r").url == ":sftp,host=h:path/r"
     assert make_target("rel/dir", "r").url.endswith("rel/dir/r")
+
+
+def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
+    os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
+    (tmp_path / "ckpt" / "checkpoint-2" / "notes.txt").write_text("no self-check")  # needs the quiet period
+    out = hook.final(ctx.clock.monotonic() + 60)
+    assert out is not None and out["name"] == "step_1.pt"  # saved on the signal, committed at once
+    truncate(os.path.join(ctx.ckpt_dir, "step_1.pt"), 64)
+    os.rename(os.path.join(ctx.ckpt_dir, "step_1.pt"), os.path.join(ctx.ckpt_dir, "step_3.pt"))
+    assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
+    assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
