@@ -55,3 +55,57 @@ def test_replacement_box_resumes_from_durable(tmp_path):
     assert resumed == str(box_b / "ck" / "step_10.pt")
     assert verify_path(resumed).ok
     assert [e for e in events(box_b, "e2e") if e["type"] == "checkpoint_restored"]
+
+
+# checkpoints on SIGTERM (a torch zip, written non-atomically the way torch.save does), then exits 0
+ON_TERM = r"""
+import io, os, signal, sys, time, zipfile
+def save(step):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("ckpt/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("ckpt/data/0", os.urandom(200000))
+    with open(os.path.join(os.environ["ONBOX_CKPT_DIR"], "step_%d.pt" % step), "wb") as f:
+        f.write(buf.getvalue())
+def on_term(signum, frame):
+    save(2)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+save(1)
+print("child-" + "up", flush=True)
+for _ in range(6000):
+    time.sleep(0.01)
+sys.exit(3)
+"""
+
+
+def test_preemption_commits_the_checkpoint_saved_on_the_signal(tmp_path):
+    import signal
+    import subprocess
+
+    from tests.integration.supervisor_helpers import env_for, wait_for
+
+    home, durable = tmp_path / "home", str(tmp_path / "durable")
+    env = env_for(home, ONBOX_SETTLE_SECONDS="30", ONBOX_SYNC_INTERVAL="3600")
+    p = subprocess.Popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "pre", "--grace", "20",
+                          "--durable", durable, "--", sys.executable, "-c", ON_TERM], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: "child-up" in _read(home / "runs" / "pre" / "output.log"), timeout=30, what="child up")
+        p.send_signal(signal.SIGTERM)
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 75, err
+    [final] = [e for e in events(home, "pre") if e["type"] == "final_checkpoint"]
+    assert final["summary"]["name"] == "step_2.pt" and final["summary"]["status"] == "committed"
+    assert verify_path(os.path.join(durable, "pre", "checkpoints", "step_2.pt")).ok
+
+
+def _read(path):
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
