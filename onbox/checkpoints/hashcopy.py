@@ -57,11 +57,16 @@ class _Hasher(threading.Thread):
                     fd, offset, length = item
                     start = offset - offset % mmap.ALLOCATIONGRANULARITY
                     with mmap.mmap(fd, length + offset - start, offset=start, access=mmap.ACCESS_READ) as mm:
+                        if hasattr(mm, "madvise"):
+                            mm.madvise(mmap.MADV_SEQUENTIAL)
                         view = memoryview(mm)
                         try:
                             self.h.update(view[offset - start:])
                         finally:
                             view.release()
+                    # start writeback of what is hashed now; only after the hash, or the kernel could drop the
+                    # clean pages first and the hash would read them back from the disk
+                    _advise(fd, "POSIX_FADV_DONTNEED", offset, length)
             except (OSError, ValueError) as e:
                 self.error = e
 
@@ -121,7 +126,7 @@ def _copy_in_kernel(sfd: int, dfd: int, hasher: _Hasher) -> int:
     if cfr is None:
         return -1
     total = os.fstat(sfd).st_size
-    off = pending = 0
+    off = 0
     while True:
         try:
             n = cfr(sfd, dfd, CFR_CHUNK, off, off)
@@ -133,13 +138,9 @@ def _copy_in_kernel(sfd: int, dfd: int, hasher: _Hasher) -> int:
             if off < total:  # the source shrank while we copied: the committer's fingerprint check catches it
                 pass
             return off
-        hasher.q.put((dfd, off, n))
+        hasher.q.put((dfd, off, n))  # the hasher also starts the writeback of this range once hashed
         off += n
-        pending += n
-        if pending >= WRITEBACK_EVERY:
-            _advise(dfd, "POSIX_FADV_DONTNEED", off - pending, pending)  # start writeback now (see above)
-            pending = 0
-            fault_point("copy-chunk")
+        fault_point("copy-chunk")
 
 
 def _copy_through_user_space(sfd: int, dfd: int, hasher: _Hasher) -> int:

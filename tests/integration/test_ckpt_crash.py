@@ -25,7 +25,6 @@ from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
 
 TRIALS = 240
-FAULT_POINTS = 8  # 7 labelled points in a 3-file commit; 8 = the child finishes
 
 
 def _noop(*_a, **_k):
@@ -95,17 +94,24 @@ def test_sigkill_anywhere_never_exposes_a_torn_checkpoint(tmp_path):
     target = LocalPathTarget(str(tmp_path / "durable"), "r1")
     # calibrate the random-delay kills on one full commit
     name = _write_checkpoint(src, 0, rng)
-    t0 = time.monotonic()
-    com = CheckpointCommitter(target, "r1", SystemClock(), _noop)
-    com.commit(_candidate(src, name))
-    full = time.monotonic() - t0
+    labels = []
+    hashcopy.fault_hook = labels.append  # count the labelled points of one commit
+    try:
+        t0 = time.monotonic()
+        com = CheckpointCommitter(target, "r1", SystemClock(), _noop)
+        com.commit(_candidate(src, name))
+        full = time.monotonic() - t0
+    finally:
+        hashcopy.fault_hook = None
+    assert {"before-file", "before-rename", "after-rename", "before-manifest", "after-manifest"} <= set(labels)
+    fault_points = len(labels) + 1  # +1: sometimes the child finishes
     committed = {name: target.read_manifest(name)["digest"]}
     outcomes = {"killed": 0, "finished": 0}
     for trial in range(1, TRIALS + 1):
         name = _write_checkpoint(src, trial, rng)
         cand = _candidate(src, name)
         by_point = trial % 2 == 0
-        pid = _commit_in_child(target, cand, rng.randint(1, FAULT_POINTS) if by_point else 0)
+        pid = _commit_in_child(target, cand, rng.randint(1, fault_points) if by_point else 0)
         if not by_point:
             time.sleep(rng.uniform(0, 1.5 * full))
             try:
