@@ -170,7 +170,7 @@ class CheckpointCommitter:
         }
 
     # -- index and retention ---------------------------------------------------------------------------------------
-    def _update_index(self, new: Dict[str, Any], keep_last: Optional[int] = None) -> None:
+    def _update_index(self, new: Dict[str, Any]) -> None:
         entries = [e for e in self.committed() if e["name"] != new["name"]] + [new]
         self.write_index(entries)
 

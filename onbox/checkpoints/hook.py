@@ -97,7 +97,8 @@ class CheckpointCommitHook:
                 self.ctx.emit("checkpoint_status_unwritable", error=str(e))
 
     # -- scanning ----------------------------------------------------------------------------------------------
-    def _scan(self, settle: Optional[float] = None, settle_self_checking: Optional[float] = None) -> List[Candidate]:
+    def scan_now(self, settle: Optional[float] = None, settle_self_checking: Optional[float] = None) -> List[Candidate]:
+        """Rescan the checkpoint dir; the complete candidates, newest last (all of them stay in self.cands)."""
         cands = self.tracker.update(scan(self.ckpt_dir), self.clock.monotonic(), self.clock.time(),
                                     read_progress(self.ctx.run_dir), settle=settle,
                                     settle_self_checking=settle_self_checking)
@@ -113,7 +114,7 @@ class CheckpointCommitHook:
     # -- the protocol --------------------------------------------------------------------------------------------
     def restore(self) -> Optional[str]:
         self.join_worker(None)
-        local = self._scan()
+        local = self.scan_now()
         newest_local = local[-1] if local else None
         if self.committer is not None:
             try:
@@ -151,7 +152,7 @@ class CheckpointCommitHook:
             return
         self._last_scan = now
         try:
-            complete = self._scan()
+            complete = self.scan_now()
         except OSError as e:
             self.ctx.emit("checkpoint_scan_failed", error=str(e))
             return
@@ -172,7 +173,7 @@ class CheckpointCommitHook:
             return None
         # the child has stopped (or is out of time): a shorter quiet period, none at all for files whose format
         # exposes a torn write (the checkpoint it just saved on the signal is the one worth committing)
-        complete = self._scan(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+        complete = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
         for cand in reversed(complete):
             if self._done.get(cand.name) == cand.fingerprint:
                 return self._already(cand)

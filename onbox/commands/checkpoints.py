@@ -65,7 +65,7 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     if not ctx.config.durable:
         raise UsageError("run %r has no durable target" % name, hint="give --durable PATH or an rclone remote")
     hook = CheckpointCommitHook(ctx)
-    complete = hook._scan(settle=0.0 if now else None)
+    complete = hook.scan_now(settle=0.0 if now else None)
     if not complete:
         waiting = [c for c in hook.cands if not c.complete]
         why = "; ".join("%s: %s" % (c.name, c.reason) for c in waiting) or "no checkpoint in %s" % ctx.ckpt_dir
@@ -98,7 +98,7 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
 
     ctx = _context(name, durable, ckpt_dir)
     hook = CheckpointCommitHook(ctx)
-    hook._scan()
+    hook.scan_now()
     local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes, "complete": c.complete,
               "reason": c.reason} for c in hook.cands]
     durable_list = hook.committer.committed() if hook.committer else []

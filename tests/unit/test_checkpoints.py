@@ -316,9 +316,9 @@ def test_prune_local_never_the_newest(tmp_path):
     hook = CheckpointCommitHook(ctx)
     for s in (1, 2, 3):
         write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % s))
-        hook._scan()
+        hook.scan_now()
         hook.commit_one([c for c in hook.cands if c.complete][-1])
-    hook._scan()
+    hook.scan_now()
     removed = hook.prune_local(low_fraction=1.1)  # "the disk is low" whatever it really holds
     assert removed == ["step_1.pt", "step_2.pt"] and os.listdir(ctx.ckpt_dir) == ["step_3.pt"]
 
