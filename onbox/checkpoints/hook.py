@@ -114,7 +114,8 @@ class CheckpointCommitHook:
     # -- the protocol --------------------------------------------------------------------------------------------
     def restore(self) -> Optional[str]:
         self.join_worker(None)
-        local = self.scan_now()
+        # no child runs before an attempt: the short quiet period of final() applies (torn files still fail)
+        local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
         newest_local = local[-1] if local else None
         if self.committer is not None:
             try:
@@ -170,6 +171,9 @@ class CheckpointCommitHook:
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         self.join_worker(deadline)
         if self.committer is None:
+            return None
+        if self._worker is not None and self._worker.is_alive():  # never block past the deadline on its lock
+            self.ctx.emit("final_sync_none", reason="the periodic commit still runs at the deadline")
             return None
         # the child has stopped (or is out of time): a shorter quiet period, none at all for files whose format
         # exposes a torn write (the checkpoint it just saved on the signal is the one worth committing)

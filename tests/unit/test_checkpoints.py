@@ -344,3 +344,19 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
     assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
     assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
     assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
+
+
+def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    release = threading.Event()
+    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a periodic commit that takes long
+    hook._worker.start()
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    try:
+        assert hook.final(ctx.clock.monotonic()) is None
+        assert "still runs" in ctx.emit.of("final_sync_none")[0]["reason"]
+    finally:
+        release.set()
