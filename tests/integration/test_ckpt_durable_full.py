@@ -113,3 +113,17 @@ def test_hook_keeps_the_loop_running_when_durable_is_full(tmp_path):
         assert ctx.emit.of("durable_full") and ctx.emit.of("sync_failed")
         assert hook.status["last_sync"]["ok"] is False and "too full" in hook.status["last_sync"]["error"]
         assert hook.final(ctx.clock.monotonic() + 30) is None
+
+
+def test_read_only_durable_fails_loudly(tmp_path):
+    src = str(tmp_path / "ck")
+    with tmpfs(tmp_path / "dur", size="8m") as dur:
+        write_torch_zip(os.path.join(src, "step_1.pt"))
+        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        assert com.commit(newest(src)).status == "committed"
+        subprocess.run(["mount", "-o", "remount,ro", dur], check=True, timeout=30)
+        write_torch_zip(os.path.join(src, "step_2.pt"))
+        with pytest.raises(SyncFailed) as ei:
+            CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder()).commit(newest(src))
+        assert ei.value.errno_name == "EROFS" and "read-only" in (ei.value.hint or "")
+        assert verify_path(os.path.join(dur, "r1", "checkpoints", "step_1.pt")).ok
