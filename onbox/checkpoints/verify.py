@@ -76,9 +76,45 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
     return problems
 
 
+def committed_dirs(path: str) -> Optional[List[str]]:
+    """When `path` is a durable run dir (<run>/ with checkpoints/) or its checkpoints/ dir: every checkpoint
+    dir in it (committed or not); else None."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST)):
+        return None
+    ckpts = os.path.join(path, "checkpoints")
+    root = ckpts if os.path.isdir(ckpts) else path
+    subdirs = sorted(os.path.join(root, n) for n in os.listdir(root)
+                     if not n.startswith(".") and os.path.isdir(os.path.join(root, n)))
+    if root == path and not any(os.path.exists(os.path.join(d, MANIFEST)) for d in subdirs):
+        return None  # a plain checkpoint dir (HF checkpoint-N/ ...), not a durable layout
+    return subdirs
+
+
 def verify_path(path: str, load: bool = False) -> VerifyReport:
-    """Verify a committed checkpoint dir (with MANIFEST.json), a plain checkpoint dir, or one file."""
+    """Verify a committed checkpoint dir (with MANIFEST.json), a durable run dir (every committed checkpoint in
+    it), a plain checkpoint dir, or one file."""
     path = os.path.abspath(path)
+    many = committed_dirs(path)
+    if many is not None:
+        report = VerifyReport(path=path, has_manifest=True, files=[], problems=[])
+        loaded = []
+        for d in many:
+            rel = os.path.relpath(d, path)
+            if not os.path.exists(os.path.join(d, MANIFEST)):  # not committed: does not exist for readers
+                report.files.append({"path": rel, "size": None, "kind": "uncommitted", "ok": True,
+                                     "problem": "no MANIFEST.json (interrupted commit): ignored"})
+                continue
+            sub = verify_path(d, load=load)
+            report.files += [dict(r, path=os.path.join(rel, r["path"])) for r in sub.files]
+            report.problems += [os.path.join(rel, p) for p in sub.problems]
+            loaded.append(sub.loaded)
+            if sub.load_note:
+                report.load_note = sub.load_note
+        if not any(os.path.exists(os.path.join(d, MANIFEST)) for d in many):
+            report.problems.append("%s: no committed checkpoint (no MANIFEST.json anywhere)" % path)
+        if load and loaded:
+            report.loaded = all(x is not False for x in loaded) if any(x is not None for x in loaded) else None
+        return report
     rows: List[Dict[str, Any]] = []
     problems: List[str] = []
     manifest_path = os.path.join(path, MANIFEST)

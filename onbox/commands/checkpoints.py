@@ -130,6 +130,9 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
 def verify(ctx: click.Context, path: str, load: bool, as_json: bool) -> None:
     """Verify a checkpoint file or dir: manifest sizes and hashes, zip CRCs, safetensors bounds, optional load.
 
+    PATH may also be a durable run dir (<durable>/<run>): every committed checkpoint in it is verified;
+    directories without a MANIFEST.json (interrupted commits) are listed and ignored.
+
     Exit 0 when everything checks out, 1 on any corruption (each problem names the file).
     """
     from onbox.checkpoints.verify import verify_path
@@ -139,8 +142,8 @@ def verify(ctx: click.Context, path: str, load: bool, as_json: bool) -> None:
         echo_json(report.to_dict())
     else:
         for row in report.files:
-            click.echo("%s %s%s" % ("ok  " if row["ok"] else "BAD ", row["path"],
-                                    "" if row["ok"] else ": %s" % row["problem"]))
+            mark = "--  " if row["kind"] == "uncommitted" else "ok  " if row["ok"] else "BAD "
+            click.echo("%s %s%s" % (mark, row["path"], ": %s" % row["problem"] if row["problem"] else ""))
         if report.load_note:
             click.echo(report.load_note)
         for p in report.problems:

@@ -360,3 +360,20 @@ def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
         assert "still runs" in ctx.emit.of("final_sync_none")[0]["reason"]
     finally:
         release.set()
+
+
+def test_verify_a_whole_durable_run_dir(tmp_path):
+    d = tmp_path / "ck"
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    for s in (1, 2):
+        write_torch_zip(str(d / ("step_%d.pt" % s)))
+        com.commit(complete_cands(str(d))[-1])
+    run = tmp_path / "dur" / "r1"
+    os.makedirs(run / "checkpoints" / "step_3.pt")  # an interrupted commit: ignored, said so
+    rep = verify_path(str(run))
+    assert rep.ok and {r["path"] for r in rep.files} == {"checkpoints/step_1.pt/step_1.pt",
+                                                          "checkpoints/step_2.pt/step_2.pt", "checkpoints/step_3.pt"}
+    flip_byte(str(run / "checkpoints" / "step_2.pt" / "step_2.pt"), 100)
+    rep = verify_path(str(run / "checkpoints"))
+    assert rep.problems == ["step_2.pt/step_2.pt: sha256 mismatch (content corrupted)"]
+    assert verify_path(str(d)).ok  # a plain local dir of checkpoint files: format checks of each
