@@ -141,6 +141,12 @@ class CheckpointCommitter:
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
         hashes = self.target.put_payload(name, cand.root, cand.files, self.hash_name)
+        short = ["%s: %s of %d bytes" % (rel, hashes.get(rel, (None,))[0], size)
+                 for rel, size, _m, _i in cand.fingerprint if hashes.get(rel, (None,))[0] != size]
+        if short and fingerprint_of_safe(cand) == cand.fingerprint:
+            self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
+            raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
+                             hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
         if fingerprint_of_safe(cand) != cand.fingerprint:
             # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
             self.target.remove(name)

@@ -125,7 +125,6 @@ def _copy_in_kernel(sfd: int, dfd: int, hasher: _Hasher) -> int:
     cfr = getattr(os, "copy_file_range", None)
     if cfr is None:
         return -1
-    total = os.fstat(sfd).st_size
     off = 0
     while True:
         try:
@@ -135,9 +134,14 @@ def _copy_in_kernel(sfd: int, dfd: int, hasher: _Hasher) -> int:
                 return -1
             raise
         if n == 0:
-            if off < total:  # the source shrank while we copied: the committer's fingerprint check catches it
-                pass
-            return off
+            if off >= os.fstat(sfd).st_size:
+                return off
+            if off == 0:  # some FUSE/network filesystems "copy" nothing: do it ourselves
+                return -1
+            # a short in-kernel copy: finish through user space from where it stopped
+            os.lseek(sfd, off, os.SEEK_SET)
+            os.lseek(dfd, off, os.SEEK_SET)
+            return off + _copy_through_user_space(sfd, dfd, hasher)
         hasher.q.put((dfd, off, n))  # the hasher also starts the writeback of this range once hashed
         off += n
         fault_point("copy-chunk")

@@ -377,3 +377,24 @@ def test_verify_a_whole_durable_run_dir(tmp_path):
     rep = verify_path(str(run / "checkpoints"))
     assert rep.problems == ["step_2.pt/step_2.pt: sha256 mismatch (content corrupted)"]
     assert verify_path(str(d)).ok  # a plain local dir of checkpoint files: format checks of each
+
+
+@pytest.mark.parametrize("stop_after", [0, 2])
+def test_copy_survives_a_copy_file_range_that_stops_short(tmp_path, monkeypatch, stop_after):
+    from onbox.checkpoints import hashcopy
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(50_000))
+    real = getattr(os, "copy_file_range", None)
+    if real is None:
+        pytest.skip("no os.copy_file_range on this Python")
+    calls = []
+
+    def quirky(*args):  # a filesystem whose in-kernel copy gives up part way (returns 0)
+        calls.append(args)
+        return 0 if len(calls) > stop_after else real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", quirky)
+    monkeypatch.setattr(hashcopy, "CFR_CHUNK", 8192)
+    size, digest = hashcopy.copy_and_hash(str(src), str(tmp_path / "dst.bin"))
+    assert (size, digest) == hashcopy.hash_file(str(src)) == hashcopy.hash_file(str(tmp_path / "dst.bin"))
