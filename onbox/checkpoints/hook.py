@@ -8,7 +8,9 @@ final(d)    on preemption/stop: commits the newest complete checkpoint whose com
             monotonic deadline `d` by measured throughput; says so when none can.
 
 State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat.
-Events (ctx.emit; may be called from the commit thread): checkpoint_committed, sync_failed, durable_full,
+Events (ctx.emit; ALSO CALLED FROM THE COMMIT THREAD: the CheckpointHook protocol has no close() to flush a queue
+at exit, so queued events could be lost; the recorder's append is one O_APPEND write, and telemetry.on_event must
+be thread-safe): checkpoint_committed, sync_failed, durable_full,
 checkpoint_restored, restore_verify_failed, final_sync_skipped, checkpoint_resume, local_pruned, ...
 """
 from __future__ import annotations
