@@ -103,7 +103,8 @@ class Hooks:
 
 def make_hooks(ctx: RunContext) -> Hooks:
     """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
     from onbox.heartbeat.hook import HeartbeatHook
     from onbox.reaper import ReaperHook
 
-    return Hooks(checkpoints=NoCheckpoints(), telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
+    return Hooks(checkpoints=CheckpointCommitHook(ctx), telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.tracker",
-                        "tests.hosts.netns"]
+pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
+                        "tests.hosts.tracker", "tests.hosts.netns"]
 
 
 @pytest.fixture
