@@ -115,6 +115,7 @@ class Supervisor:
         self.message = ""
         self.streak: List[str] = []  # loop keys of consecutive failures
         self.signals: List[int] = []
+        self._chld = False
         self.next_tick = 0.0
         self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
         from onbox.proc import start_time
@@ -286,6 +287,7 @@ class Supervisor:
     def _observe(self) -> None:
         now_m, now_w = self.clock.monotonic(), self.clock.time()
         signals, self.signals = self.signals, []
+        self._chld = self._chld or signal.SIGCHLD in signals
         for s in signals:
             if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
                 self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(None),
@@ -303,7 +305,9 @@ class Supervisor:
                 self._read_output()
                 for line in self.tailer.flush_partial():
                     self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
+        if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
+            self._chld = False
+            self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
     def _grace(self, lead: Optional[float]) -> float:
         grace = self.cfg.grace if self.cfg.grace is not None else (lead if lead is not None else DEFAULT_GRACE)

@@ -15,6 +15,7 @@ from tests.integration.supervisor_helpers import (
     FAST,
     events,
     kill_if_alive,
+    kill_test_processes,
     onbox,
     pid_alive,
     state,
@@ -40,15 +41,9 @@ LOOPER = textwrap.dedent("""
 
 @pytest.fixture
 def run_cleanup(onbox_home):
-    """Kill (by PID) every agent and child our runs left alive, whatever the test did."""
+    """Kill (by PID) every agent and child this test left alive, whatever the test did."""
     yield
-    runs = onbox_home / "runs"
-    if runs.is_dir():
-        for d in runs.iterdir():
-            doc = state(onbox_home, d.name)
-            for key in ("agent_pid", "child_pid"):
-                if doc.get(key) and doc.get(key) != os.getpid():
-                    kill_if_alive(doc[key])
+    kill_test_processes(onbox_home)
 
 
 def _child_up(home, name, attempt=0):
@@ -66,7 +61,7 @@ def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, 
     ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: _child_up(onbox_home, "viassh"), what="the job started over ssh")
+        wait_for(lambda: _child_up(onbox_home, "viassh"), timeout=60, what="the job started over ssh")
         first = state(onbox_home, "viassh")
         ssh.kill()  # kill -9 the ssh client: the session is torn down under the job
         ssh.wait(timeout=10)
@@ -186,14 +181,14 @@ def test_logs_and_ls(onbox_home, run_cleanup):
     (("--preempt-signal", "NOPE", "--", "true"), "unknown signal"),
     (("--env", "NOEQUALS", "--", "true"), "KEY=VAL"),
 ])
-def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message):
+def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message, run_cleanup):
     r = onbox(onbox_home, "run", "--name", "bad", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (onbox_home / "runs").exists()
 
 
-def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path):
+def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, run_cleanup):
     bad = tmp_path / "run.toml"
     bad.write_text("[run\nrestart = \n")
     r = onbox(onbox_home, "run", "-f", str(bad), "--", "true")

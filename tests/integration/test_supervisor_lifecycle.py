@@ -8,10 +8,16 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import events, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import events, kill_test_processes, onbox, pid_alive, state
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
 PY = sys.executable
+
+
+@pytest.fixture
+def supervisor_cleanup(onbox_home):
+    yield
+    kill_test_processes(onbox_home)
 
 
 def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home, tmp_path):
