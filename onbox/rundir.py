@@ -228,7 +228,7 @@ def render_status(state: Dict[str, Any]) -> str:
     risks = []
     if state.get("message"):
         risks.append(str(state["message"]))
-    if not state.get("resume_from"):
+    if not state.get("resume_from") and state.get("state") in ("starting", "running", "backoff"):
         risks.append("no checkpoint yet: a preemption now loses all progress")
     if risks:
         lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]

@@ -216,7 +216,9 @@ class Supervisor:
                                 lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log)
         try:
             os.makedirs(self.ckpt_dir, exist_ok=True)
-            if adopt is not None:
+            if adopt is None:
+                self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
+            else:
                 self.child = adopt
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid

@@ -187,6 +187,8 @@ def idle_overhead(seconds: float, tmp: str) -> Tuple[Tuple[float, float], Tuple[
 
 
 def main() -> int:
+    import onbox.supervisor  # noqa: F401  imported once here, so each forked agent starts at once
+
     trials = int(os.environ.get("ONBOX_BENCH_TRIALS", "200"))
     seconds = float(os.environ.get("ONBOX_BENCH_IDLE_SECONDS", "60"))
     missed = 0
