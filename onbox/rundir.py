@@ -77,8 +77,9 @@ class RunDir:
         return doc if isinstance(doc, dict) else None
 
     def write_state(self, state: Dict[str, Any]) -> None:
-        fsutil.atomic_write_json(self.state_path, state)
+        # the summary first: once state.json says X, training_status.md already says X too
         fsutil.atomic_write(self.file("training_status.md"), render_status(state))
+        fsutil.atomic_write_json(self.state_path, state)
 
     def append_event(self, event: Dict[str, Any]) -> None:
         fsutil.append_jsonl(self.events_path, event)

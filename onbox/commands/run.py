@@ -53,7 +53,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
     Starting an existing run again re-adopts its child if it is still alive (no double launch).
     """
-    from onbox import config, paths
+    from onbox import paths
     from onbox.rundir import RunDir
 
     cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
@@ -63,8 +63,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         cli["resume_args"] = list(cli["resume_args"])
     if command:
         cli["command"] = list(command)
-    profile_defaults = None  # PROFILE: the one call site for Profile.run_defaults() when profiles land (issue 6)
-    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile_defaults)
+    cfg = _resolve_with_profile(cli, run_file)
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
@@ -145,6 +144,18 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         return 1
     _report(info, as_json)
     return 0
+
+
+def _resolve_with_profile(cli: Dict[str, Any], run_file: Optional[str]) -> Any:
+    """CLI > env > run file > profile > defaults. The profile's name itself may come from any layer above it,
+    so resolve once to learn it, then again with its defaults (the one call site of Profile.run_defaults())."""
+    from onbox import config, profiles
+
+    first = config.resolve(cli, run_file=run_file)
+    profile, _why = profiles.select(first.profile)
+    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile.run_defaults())
+    cfg.profile = profile.name
+    return cfg
 
 
 def _report(info: Dict[str, Any], as_json: bool) -> None:
