@@ -46,6 +46,13 @@ def run_cleanup(onbox_home):
     kill_test_processes(onbox_home)
 
 
+def _set_flag(flag, code):
+    """Tell LOOPER to exit with `code`; atomically, so it never reads a half-written (empty) file."""
+    tmp = flag.with_name(flag.name + ".tmp")
+    tmp.write_text(str(code))
+    os.replace(tmp, flag)
+
+
 def _child_up(home, name, attempt=0):
     try:
         return "child-up %d" % attempt in (home / "runs" / name / "output.log").read_text()
@@ -71,7 +78,7 @@ def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, 
     wait_for(lambda: not any(_sessions_of_sshd(sshd.pid)), timeout=20, what="sshd session gone")
     assert pid_alive(first["child_pid"]) and pid_alive(first["agent_pid"])
     # ... and still supervised: a crash is noticed and restarted by the same agent
-    flag.write_text("3")
+    _set_flag(flag, 3)
     wait_for(lambda: _child_up(onbox_home, "viassh", attempt=1), what="restart after the crash")
     doc = state(onbox_home, "viassh")
     assert doc["agent_pid"] == first["agent_pid"] and doc["attempts"][0]["exit"]["code"] == 3
@@ -122,7 +129,7 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     assert info2["adopted"] is True and info2["pid"] == info["pid"] and info2["agent_pid"] != info["agent_pid"]
     assert len(state(onbox_home, "adopt")["attempts"]) == 1
     # supervision continues: the adopted child's exit is seen and (status unknown) restarted
-    flag.write_text("0")
+    _set_flag(flag, 0)
     wait_for(lambda: _child_up(onbox_home, "adopt", attempt=1), what="restart of the adopted run")
     assert state(onbox_home, "adopt")["attempts"][0]["exit"]["classification"] == "unknown"
     assert any(e["type"] == "adopted" for e in events(onbox_home, "adopt"))
