@@ -119,6 +119,8 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
                          hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
     if child is None:
         rd.write_config(cfg.to_dict())  # the exact re-launch record
+        if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
+            os.unlink(rd.stop_request)
     lock.write_owner(os.getpid())
 
     def agent(ready: Any) -> int:

@@ -186,3 +186,17 @@ def test_metadata_client_is_silent_when_nothing_answers():
     for provider in ("aws", "gcp", "azure"):
         c = MetadataClient(provider, url, timeout=0.5)
         assert not c.available() and c.check(time.time()) is None
+
+
+def test_training_status_summary_names_state_exit_checkpoint_and_risks():
+    from onbox.rundir import render_status
+
+    state = {"run": "r", "state": "running", "attempt": 2, "restarts": 2,
+             "last_exit": {"classification": "cuda_oom", "message": "CUDA out of memory", "hint": "the fit-it ladder"}}
+    text = render_status(state, {"latest_durable": {"name": "step-10", "step": 10}, "verified": True},
+                         ["checkpoint disk /x has 0.1 GB free"])
+    assert "**running**" in text and "attempt: 2" in text and "cuda_oom" in text and "fit-it ladder" in text
+    assert "newest checkpoint: step-10 (step 10)" in text and "verified: True" in text
+    assert "0.1 GB free" in text and "no checkpoint yet" not in text
+    assert "no checkpoint yet" in render_status({"state": "running"})
+    assert "## Risks" not in render_status({"state": "done"})
