@@ -209,3 +209,16 @@ def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, run_cleanu
     blocker.write_text("")
     r = onbox(blocker / "home", "run", "--name", "x", "--", "true")
     assert r.returncode == 2 and "not writable" in r.stderr
+
+
+def test_profile_defaults_sit_below_the_command_line(onbox_home, run_cleanup):
+    r = onbox(onbox_home, "run", "--foreground", "--profile", "runpod", "--name", "prof", "--", "true")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((onbox_home / "runs" / "prof" / "config.json").read_text())
+    assert cfg["profile"] == "runpod" and cfg["grace"] == 5.0  # runpod: SIGTERM, SIGKILL ~5 s later
+    r = onbox(onbox_home, "run", "--foreground", "--profile", "runpod", "--grace", "3", "--name", "prof2", "--",
+              "true")
+    assert r.returncode == 0
+    assert json.loads((onbox_home / "runs" / "prof2" / "config.json").read_text())["grace"] == 3.0
+    bad = onbox(onbox_home, "run", "--profile", "no-such-platform", "--name", "prof3", "--", "true")
+    assert bad.returncode == 2 and not (onbox_home / "runs" / "prof3").exists()
