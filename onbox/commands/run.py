@@ -117,6 +117,8 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         lock.release()
         raise UsageError("run %s has no live child to adopt" % rd.name,
                          hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
+    if child is not None and not adopt_only:
+        cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
     if child is None:
         rd.write_config(cfg.to_dict())  # the exact re-launch record
         if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
@@ -146,6 +148,16 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         return 1
     _report(info, as_json)
     return 0
+
+
+def _saved_config(rd: Any, fallback: Any) -> Any:
+    from onbox.config import RunConfig
+    from onbox.fsutil import read_json
+
+    try:
+        return RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
+    except (OSError, ValueError, UsageError):
+        return fallback
 
 
 def _resolve_with_profile(cli: Dict[str, Any], run_file: Optional[str]) -> Any:
