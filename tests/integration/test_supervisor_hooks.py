@@ -99,6 +99,7 @@ def test_restart_cycle_drives_every_hook(tmp_path):
 def test_preemption_calls_final_with_the_deadline_and_requeues_under_slurm(tmp_path):
     sup, rec, requeued = _supervisor(tmp_path, [PY, "-c", "import time; time.sleep(30)"], grace=7.0,
                                      environ={"SLURM_JOB_ID": "4242"})
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGCHLD)}
     t0 = time.monotonic()
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR1))
     timer.start()
@@ -110,7 +111,8 @@ def test_preemption_calls_final_with_the_deadline_and_requeues_under_slurm(tmp_p
     assert len(finals) == 1 and t0 + 7.0 <= finals[0][1] <= time.monotonic() + 7.0
     assert requeued == ["4242"]
     assert sup.state_doc()["preemption"]["source"] == "signal:SIGUSR1"
-    assert signal.getsignal(signal.SIGUSR1) is not sup._on_signal  # handlers restored in `finally`
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored in `finally`
+    assert signal.set_wakeup_fd(-1) == -1  # and the wakeup fd
 
 
 def test_no_requeue_when_disabled_and_stop_request_stops(tmp_path):
