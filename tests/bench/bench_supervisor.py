@@ -2,11 +2,11 @@
 
 1. Signal forwarding: SIGTERM to the agent -> the child's SIGTERM handler runs; p50/p99 over N trials (default
    200), beside the baseline of SIGTERM sent straight to the same kind of child. Target p99 <= 20 ms.
-2. Idle overhead while supervising `sleep` for D seconds (default 60; ONBOX_BENCH_IDLE_SECONDS shortens it):
-   the agent's CPU seconds (as % of one core) and RSS, beside a bare `nohup sleep`. Targets <= 0.5 % of a core,
+2. Idle overhead of a real detached agent (`python -m onbox run -- sleep`) for D seconds (default 60;
+   ONBOX_BENCH_IDLE_SECONDS shortens it): its CPU seconds (as % of one core) and RSS, beside a bare `nohup sleep`. Targets <= 0.5 % of a core,
    <= 40 MB RSS.
 
-Each trial forks an agent from this process (no interpreter start per trial) running the real Supervisor loop.
+Each latency trial forks an agent from this process (no interpreter start per trial) running the real Supervisor loop.
 Cloud metadata polling is off (notice_source=none): the bench must not touch the network.
 """
 from __future__ import annotations
@@ -168,7 +168,15 @@ def _cpu_rss(pid: int) -> Tuple[float, float]:
 
 
 def idle_overhead(seconds: float, tmp: str) -> Tuple[Tuple[float, float], Tuple[float, float]]:
-    agent = _fork_agent(tmp, "idle", ["sleep", str(seconds + 30)])
+    """The real detached agent (`python -m onbox run -- sleep`), as a user starts it, against a bare nohup sleep."""
+    import json
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONBOX_")}
+    env.update(ONBOX_HOME=tmp, ONBOX_NOTICE_SOURCE="none", PYTHONPATH=repo)
+    out = subprocess.run([sys.executable, "-m", "onbox", "run", "--name", "idle", "--json", "--",
+                          "sleep", str(seconds + 30)], env=env, capture_output=True, text=True, timeout=60, check=True)
+    agent = int(json.loads(out.stdout)["agent_pid"])
     bare = subprocess.Popen(["nohup", "sleep", str(seconds + 30)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -179,8 +187,8 @@ def idle_overhead(seconds: float, tmp: str) -> Tuple[Tuple[float, float], Tuple[
         a1, a_rss = _cpu_rss(agent)
         b1, b_rss = _cpu_rss(bare.pid)
     finally:
-        os.kill(agent, signal.SIGTERM)
-        _reap(agent)
+        subprocess.run([sys.executable, "-m", "onbox", "stop", "idle", "--grace", "5"], env=env,
+                       capture_output=True, timeout=60)
         bare.kill()
         bare.wait(timeout=10)
     return ((a1 - a0) / seconds * 100.0, a_rss), ((b1 - b0) / seconds * 100.0, b_rss)
