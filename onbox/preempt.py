@@ -191,14 +191,17 @@ class NoticePipe:
         os.set_blocking(self.write_fd, False)
         self._lock = threading.Lock()
         self._items: list = []
+        self._closed = False
 
     def put(self, item: Any) -> None:
-        with self._lock:
+        with self._lock:  # under the lock: after close() the fd number may belong to another file
+            if self._closed:
+                return
             self._items.append(item)
-        try:
-            os.write(self.write_fd, b"n")
-        except (BlockingIOError, OSError):
-            pass
+            try:
+                os.write(self.write_fd, b"n")
+            except (BlockingIOError, OSError):
+                pass
 
     def drain(self) -> list:
         try:
@@ -211,11 +214,15 @@ class NoticePipe:
         return items
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self.read_fd, self.write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class SignalInbox:

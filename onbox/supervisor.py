@@ -69,6 +69,7 @@ class Supervisor:
         self.stopping_by_request = False
         self.final_done = False
         self.escalated = False
+        self.killed = False
         self.backoff_until = 0.0
         self.resume_from: Optional[str] = None
         self.oom_before: Optional[int] = None
@@ -390,9 +391,11 @@ class Supervisor:
             self._final(deadline)
             return self._end_stopping()
         if now >= deadline:
-            self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-            self.proc.signal_group(self.child.pgid, signal.SIGKILL)
-            self.emit("escalated", signal="SIGKILL")
+            if not self.killed:  # once: the loop comes back here every few ms until the exit is seen
+                self.killed = True
+                self._log("deadline reached: KILL to process group %d" % self.child.pgid)
+                self.proc.signal_group(self.child.pgid, signal.SIGKILL)
+                self.emit("escalated", signal="SIGKILL")
             return
         if now >= deadline - self.cfg.sync_reserve and not self.escalated:
             self.escalated = True
