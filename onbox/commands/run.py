@@ -67,6 +67,11 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
+    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed
+    if cfg.ckpt_dir:
+        cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
+    if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
+        cfg.durable = os.path.abspath(cfg.durable)
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})

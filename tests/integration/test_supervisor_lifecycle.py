@@ -188,3 +188,21 @@ def _read(path):
 def _write(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def test_output_log_is_bounded_by_rotation_and_relative_paths_are_kept(onbox_home, tmp_path):
+    chatty = ("import time\nfor i in range(6):\n    print(('x' * 99 + '\\n') * 40, end='', flush=True)\n"
+              "    time.sleep(0.15)\nprint('last line')")
+    from tests.integration.supervisor_helpers import wait_for
+
+    # detached: the agent runs from "/", so a relative --ckpt-dir must have been resolved where it was typed
+    r = onbox(onbox_home, "run", "--name", "rot", "--ckpt-dir", "ck", "--", PY, "-c", chatty,
+              env_extra={"ONBOX_LOG_MAX_BYTES": "5000", "ONBOX_LOG_BACKUPS": "2"}, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: state(onbox_home, "rot").get("state") == "done", what="run rot done")
+    run_dir = onbox_home / "runs" / "rot"
+    assert (run_dir / "output.log.1").exists() and not (run_dir / "output.log.3").exists()
+    assert os.path.getsize(run_dir / "output.log") <= 5000 + 4000 + 200  # one burst past the bound at most
+    assert any(e["type"] == "log_rotated" for e in events(onbox_home, "rot"))
+    assert "last line" in onbox(onbox_home, "logs", "rot", "-n", "5").stdout
+    assert state(onbox_home, "rot")["ckpt_dir"] == str(tmp_path / "ck")
