@@ -199,7 +199,7 @@ def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
     if os.sep in exe:
         path = exe if os.path.isabs(exe) else os.path.join(workdir, exe)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise UsageError("cannot run %s: no such executable file" % exe,
+            raise UsageError("cannot run %s: no such executable file (missing, or not chmod +x)" % exe,
                              hint="check the path (relative paths are from %s)" % workdir)
         return
     if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:

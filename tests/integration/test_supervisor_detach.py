@@ -63,9 +63,11 @@ def _child_up(home, name, attempt=0):
 def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, sshd, run_cleanup):
     flag = tmp_path / "flag"
     env = " ".join("%s=%s" % kv for kv in {**FAST, "ONBOX_HOME": str(onbox_home), "PYTHONPATH": REPO_ROOT}.items())
-    remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; sleep 60" % (
+    # `cat` holds the session open like an interactive login would, and ends by itself (EOF) once the
+    # connection is gone: nothing of the session lingers after the test
+    remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; cat" % (
         REPO_ROOT, env, PY, PY, _sq(LOOPER), flag)
-    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _child_up(onbox_home, "viassh"), timeout=60, what="the job started over ssh")
