@@ -2,7 +2,12 @@
 
   config.json         the resolved RunConfig: the exact re-launch record
   state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...
-  events.jsonl        append-only lifecycle events, one JSON object a line
+  events.jsonl        append-only lifecycle events, one JSON object a line: {time, type, run, attempt, ...}.
+                      Types: state {old, new, reason}, exit {code, signal, signal_name, classification, message,
+                      hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
+                      pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
+                      orphans_killed {sid, pids}, adopted {pid, start_time}, log_rotated, hook_error {hook,
+                      error}; plus whatever the hooks emit through RunContext.emit
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
   training_status.md  a human summary regenerated on each state change
   lock                flock(2) held by the live agent (detach.py)
