@@ -156,7 +156,7 @@ class Supervisor:
     def run(self, adopt: Optional[Child] = None) -> RunState:
         """Supervise until a terminal state. `adopt`: a live child of an earlier (dead) agent."""
         self.inbox.install()
-        set_child_subreaper()  # orphans of the job reparent to us: we reap them and can see them go
+        was_subreaper = set_child_subreaper()  # orphans of the job reparent to us: we reap them, see them go
         poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
                                 lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log)
         try:
@@ -183,6 +183,8 @@ class Supervisor:
             self._shutdown()
             self.inbox.restore()
             self.notices.close()
+            if was_subreaper is False:  # leave an embedding process (a test runner) as it was
+                set_child_subreaper(False)
 
     def _step(self) -> None:
         """observe -> decide -> act, once."""

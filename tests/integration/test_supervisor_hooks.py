@@ -16,6 +16,7 @@ import pytest
 
 from onbox.config import RunConfig
 from onbox.fsutil import atomic_write
+from onbox.proc import set_child_subreaper
 from onbox.rundir import RunDir
 from onbox.runhooks import Hooks
 from onbox.supervisor import RunState, Supervisor
@@ -113,6 +114,7 @@ def test_preemption_calls_final_with_the_deadline_and_requeues_under_slurm(tmp_p
     assert sup.state_doc()["preemption"]["source"] == "signal:SIGUSR1"
     assert {s: signal.getsignal(s) for s in before} == before  # handlers restored in `finally`
     assert signal.set_wakeup_fd(-1) == -1  # and the wakeup fd
+    assert set_child_subreaper(False) is False  # and this process is no subreaper again
 
 
 def test_no_requeue_when_disabled_and_stop_request_stops(tmp_path):
