@@ -51,7 +51,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
 
     Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
-    Starting an existing run again re-adopts its child if it is still alive (no double launch).
+    Starting an existing run again re-adopts its child if it is still alive (no double launch); `onbox run
+    --name X` without a command re-launches X from its recorded config.json (e.g. from a requeued sbatch script
+    or vast.ai's onstart.sh).
     """
     from onbox import paths
     from onbox.rundir import RunDir
@@ -63,7 +65,13 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         cli["resume_args"] = list(cli["resume_args"])
     if command:
         cli["command"] = list(command)
-    cfg = _resolve_with_profile(cli, run_file)
+    saved = _relaunch_record(cli, run_file)
+    if saved is not None:  # `onbox run --name X` alone: X again, exactly as recorded (flags still override)
+        from onbox import config
+
+        cfg = config.resolve(cli, profile_defaults=saved)
+    else:
+        cfg = _resolve_with_profile(cli, run_file)
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
@@ -153,6 +161,26 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         return 1
     _report(info, as_json)
     return 0
+
+
+def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The saved config.json of run --name when no command and no run file were given, else None."""
+    from onbox import paths
+    from onbox.fsutil import read_json
+
+    name = cli.get("name")
+    if "command" in cli or run_file or not name or not paths.valid_run_name(name):
+        return None
+    path = os.path.join(paths.run_dir(name), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        saved = read_json(path)
+    except (OSError, ValueError) as e:
+        raise UsageError("cannot read the re-launch record %s: %s" % (path, e))
+    if not isinstance(saved, dict):
+        raise UsageError("the re-launch record %s is not a JSON object" % path)
+    return saved
 
 
 def _saved_config(rd: Any, fallback: Any) -> Any:

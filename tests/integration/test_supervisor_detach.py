@@ -224,3 +224,17 @@ def test_profile_defaults_sit_below_the_command_line(onbox_home, run_cleanup):
     assert json.loads((onbox_home / "runs" / "prof2" / "config.json").read_text())["grace"] == 3.0
     bad = onbox(onbox_home, "run", "--profile", "no-such-platform", "--name", "prof3", "--", "true")
     assert bad.returncode == 2 and not (onbox_home / "runs" / "prof3").exists()
+
+
+def test_run_by_name_alone_relaunches_from_the_record(onbox_home, tmp_path, run_cleanup):
+    script = "import os; print('count', os.environ['ONBOX_RESTART_COUNT'], os.environ['FOO'])"
+    r = onbox(onbox_home, "run", "--foreground", "--name", "again", "--env", "FOO=1", "--", PY, "-c", script)
+    assert r.returncode == 0, r.stderr
+    r = onbox(onbox_home, "run", "--foreground", "--name", "again", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    doc = state(onbox_home, "again")
+    assert len(doc["attempts"]) == 2 and doc["state"] == "done"
+    log = (onbox_home / "runs" / "again" / "output.log").read_text()
+    assert "count 0 1" in log and "count 1 1" in log
+    missing = onbox(onbox_home, "run", "--name", "never-ran")
+    assert missing.returncode == 2 and "no command" in missing.stderr
