@@ -41,9 +41,22 @@ def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home
     assert env["PYTHONUNBUFFERED"] == "1" and env["FOO"] == "bar"
     doc = state(onbox_home, "c1")
     assert doc["attempts"][0]["exit"]["classification"] == "success"
+    # the state.json contract other subsystems read (heartbeats, reaper, controller)
+    assert {"run", "state", "attempt", "child_pid", "child_start_time", "agent_pid", "started_at", "updated_at",
+            "restarts", "attempts", "last_exit", "preemption", "ckpt_dir", "run_dir"} <= set(doc)
+    assert {"n", "pid", "sid", "pgid", "start_time", "started_at", "ended_at", "exit"} <= set(doc["attempts"][0])
+    assert {"code", "signal", "classification", "message"} <= set(doc["attempts"][0]["exit"])
+    assert doc["attempts"][0]["sid"] == doc["attempts"][0]["pid"] == info["pid"]  # its own session and group
+    st = wait_for(lambda: _status_if_agent_gone(onbox_home, "c1"), what="the agent to exit")
+    assert st["state"] == "done"
     cfg = json.loads((onbox_home / "runs" / "c1" / "config.json").read_text())
     assert cfg["command"][0] == PY and cfg["env"] == {"FOO": "bar"}
     assert "state: **done**" in (onbox_home / "runs" / "c1" / "training_status.md").read_text()
+
+
+def _status_if_agent_gone(home, name):
+    st = json.loads(onbox(home, "status", name, "--json").stdout)
+    return st if st["agent_alive"] is False else None
 
 
 def test_crash_restart_with_backoff_then_success(onbox_home, tmp_path):
