@@ -146,3 +146,31 @@ def _events(home, name):
     from tests.integration.supervisor_helpers import events
 
     return events(home, name)
+
+
+BROKEN_HOOKS = textwrap.dedent("""
+    import sys
+    from onbox import runhooks
+    from onbox.errors import UnfitError
+
+    def broken(ctx):  # what preflight() cannot foresee: the hooks fail inside the detached agent
+        raise UnfitError("the durable mount went away", hint="remount it")
+
+    runhooks.make_hooks = broken
+    from onbox.cli import main
+    main(sys.argv[1:])
+""")
+
+
+def test_a_hook_failing_inside_the_detached_agent_still_reaches_the_user(onbox_home):
+    import subprocess
+
+    from tests.integration.supervisor_helpers import env_for
+
+    r = subprocess.run([PY, "-c", BROKEN_HOOKS, "run", "--name", "late", "--", PY, "-c", "print('never')"],
+                       env=env_for(onbox_home), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == ["onbox: run late failed to start: the durable mount went away",
+                                     "hint: remount it"]
+    assert not (onbox_home / "runs" / "late").exists()  # the refused launch left nothing behind
+    wait_for(lambda: not pids_with_home(onbox_home), timeout=10, what="the agent gone")
