@@ -194,7 +194,7 @@ class CheckpointCommitHook:
             if self._done.get(cand.name) == cand.fingerprint:
                 return self._already(cand)
             left = deadline - self.clock.monotonic()
-            estimate = cand.bytes / self.throughput + COMMIT_OVERHEAD_S
+            estimate = self._estimate(cand)
             if estimate <= left:
                 r = self.commit_one(cand)
                 if r is not None and r.status in ("committed", "already"):
@@ -211,7 +211,8 @@ class CheckpointCommitHook:
         """The complete candidates for the final commit. The child has stopped (or is out of time): a shorter
         quiet period, none at all for files whose format exposes a torn write (the checkpoint it just saved on
         the signal, or right before it exited, is the one worth committing). When the newest entry is still
-        inside that quiet period, wait it out, as long as its commit could still finish before `deadline`."""
+        inside that quiet period, wait it out, but only while the deadline leaves room for its commit AND for the
+        fallback's (the newest complete one): a short preemption grace commits what is complete at once."""
         settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
         give_up = self.clock.monotonic() + settle + SETTLE_POLL_S
         while True:
@@ -219,10 +220,15 @@ class CheckpointCommitHook:
             newest = self.cands[-1] if self.cands else None
             if newest is None or newest.complete or not newest.reason.startswith("still changing"):
                 return complete
+            need = self._estimate(newest) + (self._estimate(complete[-1]) if complete else 0.0)
             now = self.clock.monotonic()
-            if now >= give_up or now + SETTLE_POLL_S + newest.bytes / self.throughput + COMMIT_OVERHEAD_S > deadline:
+            if now >= give_up or now + SETTLE_POLL_S + need > deadline:
                 return complete
             self.clock.sleep(SETTLE_POLL_S)
+
+    def _estimate(self, cand: Candidate) -> float:
+        """Seconds a commit of `cand` takes by the measured throughput."""
+        return cand.bytes / self.throughput + COMMIT_OVERHEAD_S
 
     # -- work ------------------------------------------------------------------------------------------------------
     def join_worker(self, deadline: Optional[float]) -> None:

@@ -337,13 +337,28 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
     (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
     os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
     (tmp_path / "ckpt" / "checkpoint-2" / "notes.txt").write_text("no self-check")  # needs the quiet period
-    out = hook.final(ctx.clock.monotonic() + 60)
+    # a short grace: no room to wait for checkpoint-2's quiet period as well as commit step_1.pt
+    out = hook.final(ctx.clock.monotonic() + 1.0)
     assert out is not None and out["name"] == "step_1.pt"  # saved on the signal, committed at once
+    assert ctx.clock.sleeps == []
     truncate(os.path.join(ctx.ckpt_dir, "step_1.pt"), 64)
     os.rename(os.path.join(ctx.ckpt_dir, "step_1.pt"), os.path.join(ctx.ckpt_dir, "step_3.pt"))
     assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
     assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
     assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
+
+
+def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_allows(tmp_path):
+    """At the end of a run (or a long grace) the checkpoint the trainer wrote last is the one to commit, even when
+    its files carry no integrity structure and it is still inside its (short, final) quiet period."""
+    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
+    (tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    out = hook.final(ctx.clock.monotonic() + 300)
+    assert out is not None and out["name"] == "checkpoint-2"
+    assert 2.0 <= sum(ctx.clock.sleeps) <= 2.0 + 0.2  # FINAL_SETTLE_S, in SETTLE_POLL_S steps
 
 
 def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
