@@ -97,6 +97,13 @@ class RunConfig:
                     "notice_interval", "reap_wait", "final_sync_timeout"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
+        from onbox.childenv import AGENT_ONLY_VARS
+
+        for key in self.env:
+            if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
+                raise UsageError("env: %s is the agent's secret, not the job's" % key,
+                                 hint="put the token in a file (--tracker-token-file) or export it in the "
+                                      "agent's environment; it is never written down or given to the child")
         if self.keep_every_steps is not None and self.keep_every_steps <= 0:
             raise UsageError("keep_every_steps must be a positive number of steps, not %r" % self.keep_every_steps)
         if self.grace is not None and self.grace < 0:

@@ -75,7 +75,8 @@ def _not_a_dir(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["bad-tracker-url", "bad-port", "missing-token-file", "no-token", "durable",
-                                  "heartbeat-file", "ckpt-dir", "keep-best", "keep-every", "rclone-missing"])
+                                  "heartbeat-file", "ckpt-dir", "keep-best", "keep-every", "rclone-missing",
+                                  "token-as-env-flag"])
 def test_a_run_the_hooks_would_refuse_is_refused_before_detaching(onbox_home, tmp_path, case):
     """Refused in the foreground: one clear line (+ hint), exit 2 or 3, no run directory, no agent left."""
     blocked = _not_a_dir(tmp_path)
@@ -91,12 +92,13 @@ def test_a_run_the_hooks_would_refuse_is_refused_before_detaching(onbox_home, tm
         "keep-best": (["--keep-best", "eval_loss:sideways"], 2, "--keep-best", {}),
         "keep-every": (["--keep-every", "0"], 2, "keep_every_steps", {}),
         "rclone-missing": (["--durable", "remote:bucket"], 3, "rclone is not installed", {"PATH": "/nonexistent"}),
+        "token-as-env-flag": (["--env", "ONBOX_TRACKER_TOKEN=s3cret"], 2, "the agent's secret", {}),
     }[case]
     r = onbox(onbox_home, "run", "--name", "refused", *args, "--", PY, "-c", "print('never')", env_extra=env)
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     first = r.stderr.splitlines()[0]
     assert first.startswith("onbox: ") and words in first, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert "Traceback" not in r.stderr and r.stdout == "" and "s3cret" not in r.stderr
     assert not (onbox_home / "runs" / "refused").exists()
     assert pids_with_home(onbox_home) == []  # nothing was detached
 
