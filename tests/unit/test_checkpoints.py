@@ -311,6 +311,47 @@ def test_restore_without_durable_returns_newest_local(tmp_path):
     assert CheckpointCommitHook(make_ctx(tmp_path / "e", durable=None)).restore() is None
 
 
+def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_committed(tmp_path):
+    """A restart after a crash: the periodic commit the crashed attempt left running finishes first (so the
+    durable side is consistent and the index current), then the next attempt resumes from the newest."""
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
+    cand = [c for c in hook.scan_now() if c.complete][-1]
+    started = threading.Event()
+
+    def slow_commit():
+        started.set()
+        threading.Event().wait(0.3)  # the commit is still copying when the restart comes
+        hook.commit_one(cand)
+
+    hook._worker = threading.Thread(target=slow_commit, daemon=True)
+    hook._worker.start()
+    started.wait(5)
+    assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")
+    assert not hook._worker.is_alive()  # restore() returned only after the commit in flight
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_5.pt"]
+    assert ctx.emit.of("restore_durable_skipped") == []
+
+
+def test_restore_does_not_wait_forever_for_a_hung_commit(tmp_path):
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=0.05)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
+    release = threading.Event()
+    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a commit hung on a dead mount
+    hook._worker.start()
+    try:
+        assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")  # the local one: newest anyway
+        assert "still runs" in ctx.emit.of("restore_durable_skipped")[0]["reason"]
+    finally:
+        release.set()
+
+
 def test_prune_local_never_the_newest(tmp_path):
     ctx = make_ctx(tmp_path, settle_seconds=0.0, prune_local=True)
     hook = CheckpointCommitHook(ctx)
