@@ -241,3 +241,24 @@ def unreachable(target: Target, detail: str) -> BoxUnreachable:
     return BoxUnreachable("cannot reach box %s (%s): %s" % (target.name, where, detail),
                           hint="check that the box is running and `ssh %s` works by hand (keys are used in "
                                "BatchMode: load them into your agent or give --identity)" % target.name)
+
+
+def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> SshSettings:
+    """SshSettings with ONBOX_SSH_CONNECT_TIMEOUT / ONBOX_SSH_ALIVE_INTERVAL / ONBOX_SSH_ALIVE_COUNT /
+    ONBOX_SSH_COMMAND_TIMEOUT / ONBOX_SSH_CONTROL_DIR / ONBOX_SSH_MULTIPLEX=0 applied."""
+    env = os.environ if environ is None else environ
+    fields = {}
+    for key, conv in (("connect_timeout", int), ("alive_interval", int), ("alive_count", int),
+                      ("command_timeout", float), ("control_dir", str)):
+        raw = env.get("ONBOX_SSH_" + key.upper())
+        if raw:
+            try:
+                fields[key] = conv(raw)
+            except ValueError:
+                from onbox.errors import UsageError
+
+                raise UsageError("ONBOX_SSH_%s must be a number, not %r" % (key.upper(), raw))
+    if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
+        fields["multiplex"] = False
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return SshSettings(**fields)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""`onboxctl status [--watch] [--json]` and `onboxctl logs BOX RUN [-f]`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import List, Optional, Tuple
+
+import click
+
+from controller import userconfig
+from controller.boxes import Inventory
+from controller.launch import parse_json_tail
+from controller.push import REMOTE_PYZ
+from controller.runview import RunRow, fetch_tracker_runs, render_table, rows_from_box_status, rows_from_tracker
+from controller.ssh import Ssh, settings_from_env
+from onbox.cliutil import echo_json
+from onbox.errors import OnboxError, UsageError
+
+
+def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
+    """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems)."""
+    if tracker:
+        rows = rows_from_tracker(fetch_tracker_runs(tracker, token))
+        if boxes:
+            rows = [r for r in rows if r.box in boxes]
+        return rows, []
+    inv = Inventory()
+    names = list(boxes) or sorted(inv.load())
+    if not names:
+        raise UsageError("no tracker configured and no boxes in the inventory",
+                         hint="pass --tracker URL (or set ONBOX_TRACKER), or name boxes: onboxctl status --box NAME")
+    rows: List[RunRow] = []
+    problems = []
+    for name in names:
+        box = inv.resolve(name)
+        try:
+            res = ssh.run(box.target(), [box.python, REMOTE_PYZ, "status", "--json"], timeout=30,
+                          what="onbox status")
+            rows += rows_from_box_status(name, parse_json_tail(res.text))
+        except OnboxError as e:
+            problems.append("%s: %s" % (name, e.message))
+            rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))
+    return rows, problems
+
+
+@click.command("status")
+@click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
+@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
+@click.option("--box", "boxes", multiple=True, help="Only these boxes (repeatable).")
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(0.2, 3600), default=5.0, show_default=True)
+@click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
+@click.option("--json", "as_json", is_flag=True)
+def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
+           interval: float, count: Optional[int], as_json: bool) -> None:
+    """Every run of every box: state, attempt, step, loss, tokens/s, GPU, newest durable checkpoint, heartbeat age.
+
+    Reads the tracker; without one, asks each box in the inventory over ssh.
+    """
+    url = userconfig.tracker_url(tracker)
+    token = userconfig.tracker_token(tracker_token_file) if url else None
+    ssh = Ssh(settings_from_env(connect_timeout=10))
+    n = 0
+    tty = sys.stdout.isatty()
+    while True:
+        rows, problems = collect(url, token, boxes, ssh)
+        if as_json:
+            echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
+                       "problems": problems})
+        else:
+            text = render_table(rows) + "".join("! %s\n" % p for p in problems)
+            if watch and tty:
+                # home the cursor, rewrite each line, clear what is left: refresh in place without flicker
+                sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
+                sys.stdout.flush()
+            else:
+                if watch and n:
+                    click.echo("")
+                click.echo(text, nl=False)
+        n += 1
+        if not watch or (count is not None and n >= count):
+            return
+        time.sleep(interval)
+
+
+@click.command("logs")
+@click.argument("box")
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until Ctrl-C.")
+@click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
+def logs(box: str, run: str, follow: bool, lines: int) -> None:
+    """Show (or follow) RUN's output log on BOX."""
+    b = Inventory().resolve(box)
+    ssh = Ssh(settings_from_env())
+    argv = [b.python, REMOTE_PYZ, "logs", run, "-n", str(lines)] + (["-f"] if follow else [])
+    if not follow:
+        click.echo(ssh.run(b.target(), argv, timeout=60, what="onbox logs").text, nl=False)
+        return
+    ssh.ensure_master(b.target())
+    # following is open-ended by intent; ServerAlive still ends it within seconds when the link dies (U17)
+    proc = subprocess.Popen(ssh.ssh_argv(b.target(), argv), stdin=subprocess.DEVNULL)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        rc = proc.wait(timeout=10)
+    if rc not in (0, -15, 130):
+        raise UsageError("following the log of %s on %s ended with exit %d" % (run, box, rc))
