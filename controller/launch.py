@@ -138,7 +138,8 @@ def read_fanout(path: str) -> List[Tuple[str, List[str]]]:
     """A fan-out file: one box a line, optionally with its own command: `BOX` or `BOX -- CMD ARGS...`."""
     out = []
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except OSError as e:
         raise UsageError("cannot read fan-out file %s: %s" % (path, e.strerror or e))
     for n, line in enumerate(lines, 1):

@@ -34,36 +34,44 @@ PARTIAL_DIR = ".onbox-partial"
 # with the manifest's sha256 so "pulled" can be matched against exactly what is on the box.
 _LIST_SCRIPT = r"""
 import hashlib, json, os, sys
-run = sys.argv[1]
 home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
-cfg_path = os.path.join(home, "runs", run, "config.json")
-out = {"run": run, "exists": os.path.isdir(os.path.join(home, "runs", run)), "durable": None, "checkpoints": []}
-try:
-    cfg = json.load(open(cfg_path))
+runs_dir = os.path.join(home, "runs")
+names = sys.argv[1:] if sys.argv[1:] != ["--all"] else sorted(
+    n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else []) if os.path.isdir(os.path.join(runs_dir, n)))
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+def one(run):
+    rd = os.path.join(runs_dir, run)
+    out = {"run": run, "exists": os.path.isdir(rd), "durable": None, "checkpoints": []}
+    cfg = load(os.path.join(rd, "config.json")) or {}
+    st = load(os.path.join(rd, "state.json")) or {}
+    out["state"] = st.get("state")
     out["durable"] = cfg.get("durable") or (cfg.get("config") or {}).get("durable")
-except Exception as e:
-    out["config_error"] = str(e)
-d = out["durable"]
-if d and ":" not in d.split("/")[0]:
-    root = os.path.join(os.path.expanduser(d), run)
-    out["run_root"] = root
-    cdir = os.path.join(root, "checkpoints")
-    out["has_index"] = os.path.isfile(os.path.join(root, "checkpoints_index.json"))
-    out["has_logs"] = os.path.isdir(os.path.join(root, "logs"))
-    for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
-        m = os.path.join(cdir, name, "MANIFEST.json")
-        if not os.path.isfile(m):
-            continue
-        raw = open(m, "rb").read()
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except ValueError:
-            doc = {}
-        out["checkpoints"].append({"name": name, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
-                                   "step": doc.get("step"), "created": doc.get("created"),
-                                   "bytes": sum(int(f.get("size", 0)) for f in doc.get("files", []) if isinstance(f, dict))
-                                   if isinstance(doc.get("files"), list) else None})
-print(json.dumps(out))
+    d = out["durable"]
+    if d and ":" not in d.split("/")[0]:
+        root = os.path.join(os.path.expanduser(d), run)
+        out["run_root"] = root
+        cdir = os.path.join(root, "checkpoints")
+        out["has_index"] = os.path.isfile(os.path.join(root, "checkpoints_index.json"))
+        out["has_logs"] = os.path.isdir(os.path.join(root, "logs"))
+        for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
+            m = os.path.join(cdir, name, "MANIFEST.json")
+            if not os.path.isfile(m):
+                continue
+            raw = open(m, "rb").read()
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                doc = {}
+            files = doc.get("files") if isinstance(doc.get("files"), list) else []
+            out["checkpoints"].append({"name": name, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+                                       "step": doc.get("step"), "created": doc.get("created"),
+                                       "bytes": sum(int(f.get("size", 0)) for f in files if isinstance(f, dict))})
+    return out
+print(json.dumps({"runs": [one(n) for n in names]}))
 """
 
 PROGRESS_RE = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\S+)")
@@ -85,15 +93,22 @@ def newest(ckpts: List[RemoteCheckpoint]) -> Optional[RemoteCheckpoint]:
     return max(ckpts, key=lambda c: (c.step if isinstance(c.step, int) else -1, str(c.created or ""), c.name))
 
 
-def remote_run(ssh: Ssh, box: Box, run: str) -> Dict[str, Any]:
-    """The run's durable dir and committed checkpoints on the box."""
-    res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT, run], timeout=60, what="list checkpoints")
+def remote_runs(ssh: Ssh, box: Box, runs: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Each run's state, durable dir and committed checkpoints on the box (all runs when `runs` is None)."""
+    res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT] + (runs or ["--all"]), timeout=60,
+                  what="list runs and checkpoints")
     try:
-        doc = json.loads(res.text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise JobFailed("could not read run %s's checkpoints on %s: %r" % (run, box.name, res.text[-300:]))
-    doc["checkpoints"] = [RemoteCheckpoint(**c) for c in doc.get("checkpoints", [])]
-    return doc
+        docs = json.loads(res.text.strip().splitlines()[-1])["runs"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        raise JobFailed("could not read the runs on %s: %r" % (box.name, res.text[-300:]))
+    for doc in docs:
+        doc["checkpoints"] = [RemoteCheckpoint(**c) for c in doc.get("checkpoints", [])]
+    return docs
+
+
+def remote_run(ssh: Ssh, box: Box, run: str) -> Dict[str, Any]:
+    """One run's durable dir and committed checkpoints on the box."""
+    return remote_runs(ssh, box, [run])[0]
 
 
 class PullsRecord:
@@ -187,7 +202,7 @@ class Transfer:
         target = self.box.target()
         self.ssh.ensure_master(target)
         argv = self.ssh.rsync_argv(target, sources, dest, upload=False, io_timeout=self.io_timeout,
-                                   extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive"] + extra)
+                                   extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive", *extra])
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = self.clock.monotonic() + self.attempt_timeout
@@ -288,7 +303,8 @@ def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False,
             result.update(ok=False, error="not verified (--no-verify)")
         record.record(box.name, run, local_root, c.name, result)
         results.append(result)
-    for label, src, extra in (("index", root + "/checkpoints_index.json", []), ("logs", root + "/logs/", [])):
+    extra: List[str] = []
+    for label, src in (("index", root + "/checkpoints_index.json"), ("logs", root + "/logs/")):
         if not info.get("has_" + label):
             continue
         try:

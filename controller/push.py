@@ -125,7 +125,7 @@ def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], r
                         hint="the copy did not land (disk full? U7); check `df -h -i` on the box and push again")
     if code_dir is not None and remote_code is not None:
         # a checksum dry run: any file that would still be sent differs on the box (or is missing there)
-        extra = code_filter_args(code_dir) + ["--dry-run", "--checksum", "--itemize-changes"]
+        extra = [*code_filter_args(code_dir), "--dry-run", "--checksum", "--itemize-changes"]
         out = ssh_rsync(ssh, box, [os.path.abspath(code_dir).rstrip("/") + "/"], remote_code + "/", extra=extra,
                         io_timeout=io_timeout)
         differ = [line[12:] for line in out.splitlines() if line[:2] in ("<f", ">f")]

@@ -81,7 +81,7 @@ def _ckpt_label(v: Any) -> Optional[str]:
 def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Optional[str] = None,
                        liveness: Optional[str] = None, age_s: Optional[float] = None, now: Optional[float] = None,
                        source: str = "tracker") -> RunRow:
-    gpus = beat.get("gpus") if isinstance(beat.get("gpus"), list) else []
+    gpus: List[Any] = beat["gpus"] if isinstance(beat.get("gpus"), list) else []
     utils = [_num(dig(g, "util", "utilization", "util_percent", "gpu_util")) for g in gpus]
     utils_ok = [u for u in utils if u is not None]
     used = [_num(dig(g, "mem_used", "memory_used", "memory.used", "mem_used_bytes")) for g in gpus]
@@ -89,13 +89,14 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
     t = _num(dig(beat, "time", "ts"))
     if age_s is None and t is not None:
         age_s = max(0.0, (now if now is not None else time.time()) - t)
-    alerts = beat.get("alerts") if isinstance(beat.get("alerts"), list) else []
+    alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
     step = _num(dig(beat, "progress.step", "step"))
+    attempt = _num(dig(beat, "attempt"))
     return RunRow(
         box=str(box or beat.get("box") or "?"),
         run=str(run or beat.get("run") or "?"),
         state=str(dig(beat, "state") or "?"),
-        attempt=int(a) if (a := _num(dig(beat, "attempt"))) is not None else None,
+        attempt=int(attempt) if attempt is not None else None,
         step=int(step) if step is not None else None,
         loss=_num(dig(beat, "progress.loss", "loss")),
         tokens_per_s=_num(dig(beat, "progress.tokens_per_s", "tokens_per_s")),
@@ -133,7 +134,7 @@ def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0) ->
     if token:
         req.add_header("Authorization", "Bearer " + token)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (a URL the user configured)
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read().decode("utf-8"))
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):

@@ -20,7 +20,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from typing import List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from onbox.errors import JobFailed, UnfitError
 
@@ -142,7 +142,7 @@ class Ssh:
 
     def rsync_shell(self, target: Target) -> str:
         """The `-e` value for rsync: our ssh with the same options (rsync splits it shell-style)."""
-        return remote_command(["ssh"] + self.options(target) + ["-T"])
+        return remote_command(["ssh", *self.options(target), "-T"])
 
     def rsync_argv(self, target: Target, sources: Sequence[str], dest: str, *, upload: bool,
                    extra: Sequence[str] = (), io_timeout: int = 60) -> List[str]:
@@ -163,12 +163,12 @@ class Ssh:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
-        check = ["ssh"] + self.options(target) + ["-O", "check", target.destination]
+        check = ["ssh", *self.options(target), "-O", "check", target.destination]
         if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
             return
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
-        argv = ["ssh"] + self.options(target, master="yes") + ["-N", "-f", target.destination]
+        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", target.destination]
         with tempfile.TemporaryFile() as errf:
             rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
             errf.seek(0)
@@ -195,7 +195,7 @@ class Ssh:
     def close(self, target: Target) -> None:
         """Stop the master connection (best effort)."""
         if self.settings.multiplex:
-            self._exec(["ssh"] + self.options(target) + ["-O", "exit", target.destination], timeout=5.0,
+            self._exec(["ssh", *self.options(target), "-O", "exit", target.destination], timeout=5.0,
                        input_bytes=None, quiet=True)
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
@@ -216,7 +216,7 @@ class Ssh:
                                      "`onboxctl status` and retry (the remote side may still have run)")
         return Result(argv, proc.returncode, out, err)
 
-    def _spawn_wait(self, argv: List[str], timeout: float, errf: "tempfile._TemporaryFileWrapper") -> int:  # type: ignore[name-defined]
+    def _spawn_wait(self, argv: List[str], timeout: float, errf: Any) -> int:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
                                 start_new_session=True, env=self.env)
         try:
@@ -247,7 +247,7 @@ def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: 
     """SshSettings with ONBOX_SSH_CONNECT_TIMEOUT / ONBOX_SSH_ALIVE_INTERVAL / ONBOX_SSH_ALIVE_COUNT /
     ONBOX_SSH_COMMAND_TIMEOUT / ONBOX_SSH_CONTROL_DIR / ONBOX_SSH_MULTIPLEX=0 applied."""
     env = os.environ if environ is None else environ
-    fields = {}
+    fields: Dict[str, Any] = {}
     for key, conv in (("connect_timeout", int), ("alive_interval", int), ("alive_count", int),
                       ("command_timeout", float), ("control_dir", str)):
         raw = env.get("ONBOX_SSH_" + key.upper())
@@ -261,4 +261,4 @@ def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: 
     if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
         fields["multiplex"] = False
     fields.update({k: v for k, v in overrides.items() if v is not None})
-    return SshSettings(**fields)  # type: ignore[arg-type]
+    return SshSettings(**fields)

@@ -7,7 +7,8 @@ from typing import Optional
 import click
 
 from controller.boxes import Inventory
-from controller.push import default_pyz, push as push_core, push_secret
+from controller.push import default_pyz, push_secret
+from controller.push import push as push_core
 from controller.ssh import Ssh, settings_from_env
 from onbox.cliutil import echo_json
 

@@ -12,7 +12,13 @@ from controller import userconfig
 from controller.boxes import Inventory
 from controller.launch import parse_json_tail
 from controller.push import REMOTE_PYZ
-from controller.runview import RunRow, fetch_tracker_runs, render_table, rows_from_box_status, rows_from_tracker
+from controller.runview import (
+    RunRow,
+    fetch_tracker_runs,
+    render_table,
+    rows_from_box_status,
+    rows_from_tracker,
+)
 from controller.ssh import Ssh, settings_from_env
 from onbox.cliutil import echo_json
 from onbox.errors import OnboxError, UsageError
@@ -21,10 +27,8 @@ from onbox.errors import OnboxError, UsageError
 def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
     """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems)."""
     if tracker:
-        rows = rows_from_tracker(fetch_tracker_runs(tracker, token))
-        if boxes:
-            rows = [r for r in rows if r.box in boxes]
-        return rows, []
+        from_tracker = rows_from_tracker(fetch_tracker_runs(tracker, token))
+        return [r for r in from_tracker if not boxes or r.box in boxes], []
     inv = Inventory()
     names = list(boxes) or sorted(inv.load())
     if not names:

@@ -79,7 +79,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 def build_model(torch: Any, vocab: int, args: argparse.Namespace) -> Any:
     nn = torch.nn
 
-    class CharLM(nn.Module):
+    class CharLM(nn.Module):  # type: ignore[name-defined]
         def __init__(self) -> None:
             super().__init__()
             self.tok = nn.Embedding(vocab, args.d_model)
@@ -179,7 +179,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop.handler)
     signal.signal(signal.SIGINT, stop.handler)
 
-    text = open(args.data, encoding="utf-8").read() if args.data else CORPUS * 8
+    text = CORPUS * 8
+    if args.data:
+        with open(args.data, encoding="utf-8") as f:
+            text = f.read()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -50,16 +50,16 @@ class Netns:
     def create(self) -> "Netns":
         ip = ["ip"]
         # U: the unreachable route first, so a cut never sends packets out of the machine (TESTHOSTS.md)
-        subprocess.run(ip + ["route", "replace", "unreachable", self.subnet, "metric", "4242"], check=True)
+        subprocess.run([*ip, "route", "replace", "unreachable", self.subnet, "metric", "4242"], check=True)
         self.up = True
-        subprocess.run(ip + ["netns", "add", self.ns], check=True)
-        subprocess.run(ip + ["link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if], check=True)
-        subprocess.run(ip + ["link", "set", self.ns_if, "netns", self.ns], check=True)
-        subprocess.run(ip + ["addr", "add", self.host_addr + "/24", "dev", self.host_if], check=True)
-        subprocess.run(ip + ["link", "set", self.host_if, "up"], check=True)
-        subprocess.run(ip + ["-n", self.ns, "addr", "add", self.box_addr + "/24", "dev", self.ns_if], check=True)
-        subprocess.run(ip + ["-n", self.ns, "link", "set", self.ns_if, "up"], check=True)
-        subprocess.run(ip + ["-n", self.ns, "link", "set", "lo", "up"], check=True)
+        subprocess.run([*ip, "netns", "add", self.ns], check=True)
+        subprocess.run([*ip, "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if], check=True)
+        subprocess.run([*ip, "link", "set", self.ns_if, "netns", self.ns], check=True)
+        subprocess.run([*ip, "addr", "add", self.host_addr + "/24", "dev", self.host_if], check=True)
+        subprocess.run([*ip, "link", "set", self.host_if, "up"], check=True)
+        subprocess.run([*ip, "-n", self.ns, "addr", "add", self.box_addr + "/24", "dev", self.ns_if], check=True)
+        subprocess.run([*ip, "-n", self.ns, "link", "set", self.ns_if, "up"], check=True)
+        subprocess.run([*ip, "-n", self.ns, "link", "set", "lo", "up"], check=True)
         self.check_route()
         return self
 
@@ -120,8 +120,8 @@ class SshdBox:
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
         if self.netns:
             argv = self.netns.exec_prefix() + argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(self.root, "sshd.stderr"), "wb"))
+        with open(os.path.join(self.root, "sshd.stderr"), "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -136,12 +136,12 @@ class SshdBox:
         for name in ("sshd.log", "sshd.stderr"):
             p = os.path.join(self.root, name)
             if os.path.exists(p):
-                out += open(p, errors="replace").read()[-2000:]
+                with open(p, errors="replace") as f:
+                    out += f.read()[-2000:]
         return out
 
     def probe(self) -> bool:
-        r = subprocess.run(["ssh"] + self.client_options_argv() + ["-p", str(self.port), "root@" + self.listen,
-                                                                    "true"],
+        r = subprocess.run(["ssh", *self.client_options_argv(), "-p", str(self.port), "root@" + self.listen, "true"],
                            capture_output=True, timeout=15)
         return r.returncode == 0
 
