@@ -48,7 +48,7 @@ def default_run_name(cmd: Sequence[str], now: Optional[float] = None) -> str:
                                                               "torchrun", "accelerate", "uv"):
             prog = base
             break
-    prog = os.path.splitext(prog)[0].split(".")[-1]
+    prog = prog[:-3] if prog.endswith((".py", ".sh")) else prog.split(".")[-1]  # train.py, pkg.module
     prog = "".join(c if c.isalnum() or c in "_-" else "-" for c in prog).strip("-") or "run"
     return "%s-%s" % (prog[:40], time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)))
 

@@ -178,10 +178,11 @@ class Transfer:
 
     def __init__(self, ssh: Ssh, box: Box, clock: Optional[Clock] = None, attempts: int = 5,
                  io_timeout: int = 30, attempt_timeout: float = 3600.0, backoff: float = 1.0,
-                 progress: Optional[Callable[[str, int, str], None]] = None) -> None:
+                 progress: Optional[Callable[[str, int, str], None]] = None, bwlimit_kbps: Optional[int] = None) -> None:
         self.ssh, self.box, self.clock = ssh, box, clock or SystemClock()
         self.attempts, self.io_timeout, self.attempt_timeout, self.backoff = attempts, io_timeout, attempt_timeout, backoff
         self.progress = progress
+        self.bwlimit_kbps = bwlimit_kbps
 
     def fetch(self, label: str, sources: List[str], dest: str, extra: List[str]) -> int:
         """Copy with retries; returns the number of attempts used. Raises JobFailed after the last one."""
@@ -202,7 +203,9 @@ class Transfer:
         target = self.box.target()
         self.ssh.ensure_master(target)
         argv = self.ssh.rsync_argv(target, sources, dest, upload=False, io_timeout=self.io_timeout,
-                                   extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive", *extra])
+                                   extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive",
+                                          *(["--bwlimit=%d" % self.bwlimit_kbps] if self.bwlimit_kbps else []),
+                                          *extra])
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = self.clock.monotonic() + self.attempt_timeout

@@ -23,9 +23,10 @@ from onbox.errors import JobFailed
 @click.option("--attempts", type=click.IntRange(1, 100), default=5, show_default=True, help="Tries per checkpoint.")
 @click.option("--io-timeout", type=click.IntRange(1, 3600), default=30, show_default=True,
               help="Seconds without progress before an attempt is abandoned and retried.")
+@click.option("--bwlimit", type=click.IntRange(1), default=None, help="Bandwidth cap in KiB/s (rsync --bwlimit).")
 @click.option("--json", "as_json", is_flag=True)
 def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Optional[bool], attempts: int,
-         io_timeout: int, as_json: bool) -> None:
+         io_timeout: int, bwlimit: Optional[int], as_json: bool) -> None:
     """Copy RUN's committed checkpoints, index and logs from BOX into DEST/RUN/ and verify each one.
 
     Interrupted? Run it again: every file resumes where it stopped (rsync --partial).
@@ -46,7 +47,7 @@ def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Opt
             sys.stderr.write("\r\x1b[K")
         click.echo("pull: " + msg)
 
-    tr = Transfer(ssh, b, attempts=attempts, io_timeout=io_timeout, progress=progress)
+    tr = Transfer(ssh, b, attempts=attempts, io_timeout=io_timeout, progress=progress, bwlimit_kbps=bwlimit)
     report = pull_run(ssh, b, run, dest, latest_only=latest, verify=not no_verify, load=load, transfer=tr, say=say)
     if as_json:
         echo_json(report.to_dict())
