@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -227,16 +228,22 @@ class Transfer:
                 time.sleep(0.2)
 
         threading.Thread(target=watchdog, daemon=True).start()
-        while True:
-            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)  # type: ignore[attr-defined]
-            if not chunk:
-                break
-            buf += chunk
-            *parts, buf = re.split(rb"[\r\n]", buf)
-            for part in parts:
-                m = PROGRESS_RE.match(part.decode("utf-8", "replace"))
-                if m and self.progress:
-                    self.progress(label, int(m.group(2)), m.group(3))
+        try:
+            while True:
+                chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                buf += chunk
+                *parts, buf = re.split(rb"[\r\n]", buf)
+                for part in parts:
+                    m = PROGRESS_RE.match(part.decode("utf-8", "replace"))
+                    if m and self.progress:
+                        self.progress(label, int(m.group(2)), m.group(3))
+        except KeyboardInterrupt:
+            # rsync runs in its own session: pass the Ctrl-C on and let it move the half-copied file into the
+            # partial dir (the next pull resumes from it) before we go; a killed rsync would leave a stray temp
+            interrupt(proc)
+            raise
         rc = proc.wait()
         t.join(timeout=5)
         err = b"".join(errbuf).decode("utf-8", "replace").strip()
@@ -246,6 +253,19 @@ class Transfer:
             raise unreachable(target, err or "rsync exited %d" % rc)
         if rc != 0:
             raise RemoteCommandFailed("rsync of %s from %s exited %d: %s" % (label, self.box.name, rc, err[-400:]))
+
+
+def interrupt(proc: "subprocess.Popen[bytes]", grace: float = 15.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        if proc.stdout is not None:
+            proc.stdout.read()  # keep draining so its last messages never hit a closed pipe
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        kill_group(proc)
 
 
 @dataclasses.dataclass
@@ -264,7 +284,8 @@ class PullReport:
 
 def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False, verify: bool = True,
              load: Optional[bool] = None, transfer: Optional[Transfer] = None, record: Optional[PullsRecord] = None,
-             say: Callable[[str], None] = lambda m: None) -> PullReport:
+             say: Callable[[str], None] = lambda m: None,
+             verifier: Optional[Callable[[str, Optional[bool]], Dict[str, Any]]] = None) -> PullReport:
     """Copy the run's committed checkpoints, index and logs to dest/<run>/, verify each, record the outcome."""
     t0 = time.monotonic()
     info = remote_run(ssh, box, run)
@@ -298,7 +319,7 @@ def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False,
         result: Dict[str, Any] = {"name": c.name, "step": c.step, "manifest_sha256": c.manifest_sha256,
                                   "path": local, "attempts": tries, "pulled_at": time.time()}
         if verify:
-            v = verify_local(local, load=load)
+            v = (verifier or verify_local)(local, load)
             result.update(ok=v["ok"], loaded=v.get("loaded"), error=v.get("error"), verified_at=time.time())
             say("verified %s: %s%s" % (c.name, "OK" if v["ok"] else "FAILED: %s" % v.get("error"),
                                        " (loaded with torch)" if v.get("loaded") else ""))

@@ -16,7 +16,7 @@ import re
 import shlex
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from controller.boxes import Box
 from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
@@ -159,18 +159,27 @@ def ssh_rsync(ssh: Ssh, box: Box, sources: List[str], dest: str, extra: Optional
     return out.decode("utf-8", "replace")
 
 
-def push_secret(ssh: Ssh, box: Box, name: str, value: bytes) -> str:
-    """stdin -> remote file, mode 0600 (U34). The value is in no argv, no log, no history; only its length shows."""
+def push_secret(ssh: Ssh, box: Box, name: str, value: Union[bytes, IO[bytes]], timeout: float = 120.0) -> Tuple[str, int]:
+    """stdin -> ssh's stdin -> remote file, mode 0600 (U34). The value is in no argv, no log, no history: a file
+    object (our own stdin) is handed to ssh unread. Returns (remote path, bytes stored)."""
     if not SECRET_NAME_RE.match(name):
         raise UsageError("invalid secret name %r" % name, hint="letters, digits, '.', '_' and '-'")
-    if not value:
-        raise UsageError("empty secret on stdin", hint="pipe the value in: `onboxctl secrets push BOX NAME < file`")
     path = "%s/%s" % (REMOTE_SECRETS, name)
     tmp = path + ".tmp"
-    # umask 077 before anything is created: the file never exists with wider permissions, not even briefly
-    script = "umask 077; mkdir -p %s && chmod 700 %s && cat > %s && chmod 600 %s && mv -f %s %s && stat -c %%a %s" % (
-        REMOTE_SECRETS, REMOTE_SECRETS, tmp, tmp, tmp, path, path)
-    mode = ssh.run(box.target(), script=script, input_bytes=value, what="write secret").text.strip()
-    if mode != "600":
+    # umask 077 before anything is created: the file never exists with wider permissions, not even briefly;
+    # an empty value (nothing piped in) is refused on the box and leaves nothing behind
+    script = ("umask 077; mkdir -p %s && chmod 700 %s && cat > %s && if [ ! -s %s ]; then rm -f %s; exit 3; fi; "
+              "chmod 600 %s && mv -f %s %s && stat -c %%a %s && wc -c < %s") % (
+        REMOTE_SECRETS, REMOTE_SECRETS, tmp, tmp, tmp, tmp, tmp, path, path, path)
+    if isinstance(value, bytes):
+        res = ssh.run(box.target(), script=script, input_bytes=value, what="write secret", check=False, timeout=timeout)
+    else:
+        res = ssh.run(box.target(), script=script, stdin=value, what="write secret", check=False, timeout=timeout)
+    if res.returncode == 3:
+        raise UsageError("empty secret on stdin", hint="pipe the value in: `onboxctl secrets push BOX NAME < file`")
+    if res.returncode != 0:
+        raise JobFailed("writing secret %s on %s failed (exit %d): %s" % (name, box.name, res.returncode, res.err_text[-300:]))
+    mode, _, size = res.text.strip().partition("\n")
+    if mode.strip() != "600":
         raise JobFailed("secret %s on %s has mode %s, expected 600" % (name, box.name, mode))
-    return path
+    return path, int(size.strip() or 0)

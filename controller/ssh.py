@@ -20,7 +20,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from onbox.errors import JobFailed, UnfitError
 
@@ -178,13 +178,13 @@ class Ssh:
 
     def run(self, target: Target, argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
             timeout: Optional[float] = None, input_bytes: Optional[bytes] = None, check: bool = True,
-            what: str = "remote command") -> Result:
+            what: str = "remote command", stdin: Optional[IO[bytes]] = None) -> Result:
         """Run a command on the box, bounded by `timeout` (U17). Raises BoxUnreachable, RemoteTimeout and,
-        with check=True, RemoteCommandFailed."""
+        with check=True, RemoteCommandFailed. `stdin` (a file) is handed to ssh as is: streamed, never buffered."""
         self.ensure_master(target)
         full = self.ssh_argv(target, argv, script=script)
         res = self._exec(full, timeout=timeout or self.settings.command_timeout, input_bytes=input_bytes,
-                         what=what, target=target)
+                         what=what, target=target, stdin=stdin)
         if res.returncode == SSH_FAILURE:
             raise unreachable(target, res.err_text or "ssh exited 255")
         if check and res.returncode != 0:
@@ -199,8 +199,10 @@ class Ssh:
                        input_bytes=None, quiet=True)
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
-              what: str = "command", target: Optional[Target] = None) -> Result:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL,
+              what: str = "command", target: Optional[Target] = None, stdin: Optional[IO[bytes]] = None) -> Result:
+        if stdin is None:
+            stdin = subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL  # type: ignore[assignment]
+        proc = subprocess.Popen(argv, stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                 env=self.env)
         try:

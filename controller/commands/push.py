@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import IO, Optional, Union
 
 import click
 
@@ -50,10 +50,11 @@ def secrets_push(box: str, name: str) -> None:
 
     Example: onboxctl secrets push gpu1 wandb < ~/.wandb-key
     """
+    b = Inventory().resolve(box)
+    value: Union[bytes, IO[bytes]]
     if sys.stdin.isatty():
         value = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True).encode()
     else:
-        value = sys.stdin.buffer.read()
-    b = Inventory().resolve(box)
-    path = push_secret(Ssh(settings_from_env()), b, name, value)
-    click.echo("secrets: stored %s on %s at ~/%s (%d bytes, mode 0600)" % (name, box, path, len(value)))
+        value = sys.stdin.buffer  # handed to ssh unread: the value streams through, it is never in our memory
+    path, size = push_secret(Ssh(settings_from_env()), b, name, value)
+    click.echo("secrets: stored %s on %s at ~/%s (%d bytes, mode 0600)" % (name, box, path, size))

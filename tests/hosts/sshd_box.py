@@ -116,7 +116,14 @@ class SshdBox:
                 "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", "MaxStartups 100:30:200",
                 "MaxSessions 50", "LogLevel ERROR", ""]))
         # /root of the box is our temp home: a private mount namespace around sshd (sessions inherit it)
-        inner = "mount --bind %s /root && exec %s -D -f %s -E %s" % (self.home, SSHD, cfg, self.log)
+        # the test interpreter may live under the real /root (pyenv): keep that one directory visible in the box
+        keep = ""
+        real = os.path.realpath(sys.executable)
+        if real.startswith("/root/"):
+            top = "/root/" + real.split("/")[2]
+            os.makedirs(os.path.join(self.home, top[len("/root/"):]), exist_ok=True)
+            keep = "mount --bind %s %s/%s && " % (top, self.home, top[len("/root/"):])
+        inner = "%smount --rbind %s /root && exec %s -D -f %s -E %s" % (keep, self.home, SSHD, cfg, self.log)
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
         if self.netns:
             argv = self.netns.exec_prefix() + argv
