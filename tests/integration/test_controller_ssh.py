@@ -25,6 +25,11 @@ from tests.hosts.sshd_box import dev_pyz
 pytestmark = pytest.mark.integration
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 @pytest.fixture
 def ctl(tmp_path, request):
     """Environment for onboxctl subprocesses: a private config dir and a short ControlPath dir."""
@@ -63,7 +68,7 @@ def test_push_copies_once_honours_gitignore_and_verifies(sshd_box, ctl, tmp_path
     rep = json.loads(r.stdout)
     assert rep["pyz_copied"] and rep["code_files_changed"] >= 2 and rep["remote_version"]
     remote = sshd_box.home / ".onbox" if hasattr(sshd_box.home, "joinpath") else os.path.join(sshd_box.home, ".onbox")
-    assert hashlib.sha256(open(os.path.join(remote, "onbox.pyz"), "rb").read()).hexdigest() == rep["pyz_sha256"]
+    assert hashlib.sha256(_read(os.path.join(remote, "onbox.pyz"))).hexdigest() == rep["pyz_sha256"]
     landed = sorted(os.listdir(os.path.join(remote, "code", "proj")))
     assert landed == [".gitignore", "train.py"]  # data/ and *.log stayed home
     r = onboxctl(ctl, "push", "b1", "--code", str(code), "--pyz", pyz, "--json")
@@ -117,7 +122,7 @@ def test_secret_never_in_ps_argv_or_logs(sshd_box, ctl, tmp_path):
     assert not [s for s in samples if secret in s]
     assert secret not in out.decode() + err.decode()
     path = os.path.join(sshd_box.home, ".onbox", "secrets", "wandb")
-    assert open(path).read() == secret
+    assert _read(path).decode() == secret
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
     for root, _dirs, files in os.walk(str(tmp_path)):
@@ -174,9 +179,9 @@ def _fabricate_run(home, run, payload_bytes):
 
 def manifest_verifier(path, load):
     """Checks the manifest's hashes (stand-in for `onbox verify` in this test; the CLI path uses the real one)."""
-    m = json.load(open(os.path.join(path, "MANIFEST.json")))
+    m = json.loads(_read(os.path.join(path, "MANIFEST.json")))
     for f in m["files"]:
-        if hashlib.sha256(open(os.path.join(path, f["path"]), "rb").read()).hexdigest() != f["sha256"]:
+        if hashlib.sha256(_read(os.path.join(path, f["path"]))).hexdigest() != f["sha256"]:
             return {"ok": False, "error": "hash mismatch in %s" % f["path"]}
     return {"ok": True, "loaded": False}
 
@@ -216,8 +221,8 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path):
                       record=rec, verifier=manifest_verifier)
     assert report.ok and report.newest == "step_000100"
     got = dest / "r1" / "checkpoints" / "step_000100"
-    assert (got / "model.bin").read_bytes() == open(os.path.join(sshd_box.home, "durable", "r1", "checkpoints",
-                                                                 "step_000100", "model.bin"), "rb").read()
+    assert (got / "model.bin").read_bytes() == _read(os.path.join(sshd_box.home, "durable", "r1", "checkpoints",
+                                                                   "step_000100", "model.bin"))
     assert not (got / PARTIAL_DIR).exists()
     assert (dest / "r1" / "logs" / "output.log").exists() and (dest / "r1" / "checkpoints_index.json").exists()
 
@@ -228,9 +233,10 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path):
     # a new commit on the box after the pull: the gate refuses again
     _newer = os.path.join(sshd_box.home, "durable", "r1", "checkpoints", "step_000200")
     shutil.copytree(os.path.join(sshd_box.home, "durable", "r1", "checkpoints", "step_000100"), _newer)
-    m = json.load(open(os.path.join(_newer, "MANIFEST.json")))
+    m = json.loads(_read(os.path.join(_newer, "MANIFEST.json")))
     m["step"] = 200
-    json.dump(m, open(os.path.join(_newer, "MANIFEST.json"), "w"))
+    with open(os.path.join(_newer, "MANIFEST.json"), "w") as f:
+        json.dump(m, f)
     r = onboxctl(ctl, "down", "b1", "--yes")
     assert r.returncode == 1 and "step_000200" in r.stdout.decode()
     ssh.close(box.target())
