@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from controller.boxes import Box
 from controller.push import REMOTE_PUSHED, REMOTE_PYZ
 from controller.ssh import Ssh
-from onbox.errors import OnboxError, UsageError
+from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.paths import valid_run_name
 
 
@@ -86,7 +86,8 @@ def parse_json_tail(text: str) -> Dict[str, Any]:
 
 
 def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),
-           workdir: Optional[str] = None, timeout: float = 60.0) -> LaunchResult:
+           workdir: Optional[str] = None, timeout: float = 60.0,
+           onbox_env: Optional[Dict[str, str]] = None) -> LaunchResult:
     """Start one supervised run on `box`; never waits for the job itself."""
     t0 = time.monotonic()
     res = LaunchResult(box=box.name, name=name, ok=False)
@@ -97,15 +98,21 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
             wd = "%s/%s" % (home.rstrip("/"), wd)
         res.workdir = wd or home
         argv = onbox_run_argv(box, home, name, cmd, onbox_args)
-        # `cd DIR && exec onbox run ...`: the agent daemonizes itself and returns once the child runs
-        script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(shlex.quote(a) for a in argv)
+        # `cd DIR && exec env ONBOX_X=.. onbox run ...`: the agent daemonizes itself and returns once the child
+        # runs. Run settings without a flag of their own travel as ONBOX_<FIELD> (onbox/config.py env layer).
+        envs = ["%s=%s" % (k, v) for k, v in sorted((onbox_env or {}).items())]
+        script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(
+            shlex.quote(a) for a in (["env", *envs] if envs else []) + argv)
         out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run").text
         doc = parse_json_tail(out)
         res.name = str(doc.get("name") or doc.get("run") or name)
         res.pid = _int(doc.get("pid") or doc.get("child_pid"))
         res.run_dir = doc.get("run_dir")
+        if doc.get("ok") is False or doc.get("error"):
+            raise JobFailed("onbox run on %s did not start %s: %s" % (box.name, res.name, doc.get("error")),
+                            hint="see `onboxctl logs %s %s`" % (box.name, res.name))
         # the probe is its own call (U4)
-        res.state = probe(ssh, box, home, res.name)
+        res.state = probe(ssh, box, home, res.name) or doc.get("state")
         res.ok = True
     except OnboxError as e:
         res.error, res.hint, res.exit_code = e.message, e.hint, int(e.exit_code)
@@ -125,12 +132,14 @@ def probe(ssh: Ssh, box: Box, home: str, name: str, timeout: float = 30.0) -> Op
 
 
 def launch_many(ssh: Ssh, jobs: Sequence[Tuple[Box, Sequence[str], str]], onbox_args: Sequence[str] = (),
-                workdir: Optional[str] = None, parallel: int = 8, timeout: float = 60.0) -> List[LaunchResult]:
+                workdir: Optional[str] = None, parallel: int = 8, timeout: float = 60.0,
+                onbox_env: Optional[Dict[str, str]] = None) -> List[LaunchResult]:
     """Launch (box, cmd, name) jobs with at most `parallel` at a time; results in the order given."""
     if not jobs:
         raise UsageError("no boxes to launch on")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(launch, ssh, box, cmd, name, onbox_args, workdir, timeout) for box, cmd, name in jobs]
+        futures = [pool.submit(launch, ssh, box, cmd, name, onbox_args, workdir, timeout, onbox_env)
+                   for box, cmd, name in jobs]
         return [f.result() for f in futures]
 
 

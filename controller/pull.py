@@ -154,8 +154,17 @@ def torch_available() -> bool:
 
 
 def verify_local(path: str, load: Optional[bool] = None, timeout: float = 600.0) -> Dict[str, Any]:
-    """`onbox verify PATH --json [--load]` on this machine: manifest hashes, format checks, loading."""
+    """Verify a pulled checkpoint on this machine: manifest hashes, format checks, and loading with torch when it
+    is installed (onbox.checkpoints.verify in-process, else `python -m onbox verify PATH --json [--load]`)."""
     load = torch_available() if load is None else load
+    try:
+        from onbox.checkpoints.verify import verify_path
+    except ImportError:
+        verify_path = None
+    if verify_path is not None:
+        rep = verify_path(path, load=load).to_dict()
+        return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep,
+                "error": "; ".join(rep.get("problems") or [])[:500] or None}
     argv = [sys.executable, "-m", "onbox", "verify", path, "--json"] + (["--load"] if load else [])
     try:
         p = subprocess.run(argv, capture_output=True, timeout=timeout)
@@ -170,8 +179,9 @@ def verify_local(path: str, load: Optional[bool] = None, timeout: float = 600.0)
     ok = p.returncode == 0
     if p.returncode == 2 and "No such command" in err:
         return {"ok": False, "error": "this onbox has no `verify` command yet", "loaded": False}
-    return {"ok": ok, "loaded": bool(load and ok), "report": doc,
-            "error": None if ok else (doc.get("error") if isinstance(doc, dict) and doc.get("error") else err[-500:])}
+    problems = doc.get("problems") if isinstance(doc, dict) else None
+    return {"ok": ok, "loaded": doc.get("loaded") if isinstance(doc, dict) else None, "report": doc,
+            "error": None if ok else ("; ".join(problems)[:500] if problems else err[-500:])}
 
 
 class Transfer:

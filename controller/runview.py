@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from onbox.errors import UnfitError, UsageError
 
-LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}
+LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
 
 
 @dataclasses.dataclass
@@ -35,7 +35,7 @@ class RunRow:
     gpu_mem_total: Optional[int] = None  # bytes, summed
     checkpoint: Optional[str] = None  # newest durable checkpoint (name, or step)
     age_s: Optional[float] = None  # seconds since the newest heartbeat
-    liveness: str = "ok"  # ok | late | silent | unknown
+    liveness: str = "ok"  # ok | late | silent | ended (tracker) | unknown (asked over ssh)
     alerts: List[str] = dataclasses.field(default_factory=list)
     source: str = "tracker"
 
@@ -81,11 +81,14 @@ def _ckpt_label(v: Any) -> Optional[str]:
 def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Optional[str] = None,
                        liveness: Optional[str] = None, age_s: Optional[float] = None, now: Optional[float] = None,
                        source: str = "tracker") -> RunRow:
-    gpus: List[Any] = beat["gpus"] if isinstance(beat.get("gpus"), list) else []
-    utils = [_num(dig(g, "util", "utilization", "util_percent", "gpu_util")) for g in gpus]
+    raw_gpus = beat.get("gpus")
+    if isinstance(raw_gpus, dict):  # onbox.heartbeat/1: {"available": bool, "gpus": [...], "reason": ...}
+        raw_gpus = raw_gpus.get("gpus")
+    gpus: List[Any] = [g for g in raw_gpus if isinstance(g, dict)] if isinstance(raw_gpus, list) else []
+    utils = [_num(dig(g, "util_percent", "util", "utilization")) for g in gpus]
     utils_ok = [u for u in utils if u is not None]
-    used = [_num(dig(g, "mem_used", "memory_used", "memory.used", "mem_used_bytes")) for g in gpus]
-    total = [_num(dig(g, "mem_total", "memory_total", "memory.total", "mem_total_bytes")) for g in gpus]
+    used = [_num(dig(g, "memory_used_bytes", "mem_used")) for g in gpus]
+    total = [_num(dig(g, "memory_total_bytes", "mem_total")) for g in gpus]
     t = _num(dig(beat, "time", "ts"))
     if age_s is None and t is not None:
         age_s = max(0.0, (now if now is not None else time.time()) - t)
@@ -106,7 +109,7 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         checkpoint=_ckpt_label(dig(beat, "checkpoint.latest_durable", "checkpoint.durable")),
         age_s=age_s,
         liveness=str(liveness or "ok"),
-        alerts=[str(dig(a, "kind", "type", "name") or a) for a in alerts],
+        alerts=[str(dig(a, "code", "kind") or a) for a in alerts],
         source=source,
     )
 

@@ -55,15 +55,20 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
 @click.option("--tracker", default=None, help="Tracker URL as the BOX reaches it.")
-@click.option("--tracker-token-file", default=None, help="Token file on the box (see `onboxctl secrets push`).")
-@click.option("--heartbeat-interval", type=float, default=None)
-@click.option("--sync-interval", type=float, default=None)
+@click.option("--tracker-token-file", default=None,
+              help="Token file on the box, e.g. .onbox/secrets/tracker (see `onboxctl secrets push`).")
+@click.option("--heartbeat-interval", type=float, default=None, help="Seconds between heartbeats.")
+@click.option("--sync-interval", type=float, default=None, help="Seconds between checkpoint commits.")
+@click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
+              help="Any run setting (onbox/config.py field), sent as ONBOX_<FIELD> (repeatable).")
 @click.option("--onbox-arg", "onbox_args", multiple=True, help="Any other `onbox run` option, passed verbatim.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds each launch may take.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
-        workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...], **opts: Any) -> None:
+        workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
+        tracker: Optional[str], tracker_token_file: Optional[str], heartbeat_interval: Optional[float],
+        sync_interval: Optional[float], settings: Tuple[str, ...], **opts: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
     Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
@@ -82,6 +87,16 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     for kv in opts.get("env") or ():
         if "=" not in kv:
             raise UsageError("--env must look like KEY=VAL, not %r" % kv)
+    onbox_env = {}
+    for field, value in (("tracker", tracker), ("tracker_token_file", tracker_token_file),
+                         ("heartbeat_interval", heartbeat_interval), ("sync_interval", sync_interval)):
+        if value is not None:
+            onbox_env["ONBOX_" + field.upper()] = str(value)
+    for kv in settings:
+        field, sep, value = kv.partition("=")
+        if not sep or not field.replace("_", "").replace("-", "").isalnum():
+            raise UsageError("--set must look like FIELD=VALUE, not %r" % kv)
+        onbox_env["ONBOX_" + field.replace("-", "_").upper()] = value
     forwarded: List[str] = []
     for key, value in sorted(opts.items()):
         forwarded += _forward("--" + key.replace("_", "-"), value)
@@ -94,7 +109,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         run_name = check_name("%s-%s" % (base, box_name) if several else base)
         jobs.append((inv.resolve(box_name), box_cmd, run_name))
     results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
-                          timeout=timeout)
+                          timeout=timeout, onbox_env=onbox_env)
     if as_json:
         echo_json({"runs": [r.to_dict() for r in results]})
     else:

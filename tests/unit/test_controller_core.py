@@ -48,8 +48,9 @@ def _beat(**kw):
     beat = {"schema": "onbox.heartbeat/1", "run": "r", "box": "b", "attempt": 0, "seq": 1, "time": NOW - 12,
             "state": "running", "progress": {"step": 1200, "loss": 1.23456, "tokens_per_s": 48213.7},
             "checkpoint": {"latest_durable": {"name": "step_001000", "step": 1000}},
-            "gpus": [{"util": 97, "mem_used": 30 << 30, "mem_total": 80 << 30},
-                     {"util": 93, "mem_used": 31 << 30, "mem_total": 80 << 30}]}
+            "gpus": {"available": True, "reason": None,
+                     "gpus": [{"util_percent": 97.0, "memory_used_bytes": 30 << 30, "memory_total_bytes": 80 << 30},
+                              {"util_percent": 93.0, "memory_used_bytes": 31 << 30, "memory_total_bytes": 80 << 30}]}}
     beat.update(kw)
     return beat
 
@@ -59,10 +60,10 @@ def test_status_table_golden_with_late_and_silent():
         {"run": "gpt-small", "box": "gpu1", "liveness": "ok", "latest": _beat(run="gpt-small", box="gpu1")},
         {"run": "gpt-large", "box": "gpu2", "liveness": "late", "age_s": 95,
          "latest": _beat(run="gpt-large", box="gpu2", attempt=2, state="running",
-                         alerts=[{"kind": "loss_spike", "hint": "..."}])},
+                         alerts=[{"code": "loss_spike", "severity": "warning", "hint": "..."}])},
         {"run": "sweep-3", "box": "spot7", "liveness": "silent", "age_s": 1260,
          "latest": {"run": "sweep-3", "box": "spot7", "state": "preempting", "attempt": 1, "time": NOW - 1260,
-                    "progress": {"step": 50}, "gpus": []}},
+                    "progress": {"step": 50}, "gpus": {"available": False, "gpus": [], "reason": "no driver"}}},
     ]}
     rows = rows_from_tracker(doc, now=NOW)
     assert [r.liveness for r in rows] == ["ok", "late", "silent"]
