@@ -1,4 +1,5 @@
-"""`python -m controller` runs onboxctl (tests and the demo use it to run this checkout's code)."""
+"""`python -m controller` runs onboxctl."""
 from controller.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -100,7 +100,8 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         argv = onbox_run_argv(box, home, name, cmd, onbox_args)
         # `cd DIR && exec env ONBOX_X=.. onbox run ...`: the agent daemonizes itself and returns once the child
         # runs. Run settings without a flag of their own travel as ONBOX_<FIELD> (onbox/config.py env layer).
-        envs = ["%s=%s" % (k, v) for k, v in sorted((onbox_env or {}).items())]
+        # ONBOX_BOX: heartbeats carry the inventory's name for the box, so `status` matches `box ls`
+        envs = ["%s=%s" % (k, v) for k, v in sorted(dict({"ONBOX_BOX": box.name}, **(onbox_env or {})).items())]
         script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(
             shlex.quote(a) for a in (["env", *envs] if envs else []) + argv)
         out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run").text
