@@ -41,7 +41,14 @@ class Netns:
         self.ns = "onbox-%s" % self.tag
         self.host_if = ("v%sh" % self.tag)[:15]
         self.ns_if = ("v%sn" % self.tag)[:15]
-        third = 100 + pid % 150  # a /24 in 10.200.0.0/16 derived from the pid (TESTHOSTS.md)
+        third = 100 + pid % 150  # a /24 in 10.200.0.0/16 derived from the pid (TESTHOSTS.md) ...
+        for i in range(150):  # ... skipping any /24 another fixture already routes
+            cand = 100 + (pid + i) % 150
+            used = subprocess.run(["ip", "route", "show", "10.200.%d.0/24" % cand], capture_output=True,
+                                  text=True).stdout.strip()
+            if not used:
+                third = cand
+                break
         self.subnet = "10.200.%d.0/24" % third
         self.host_addr = "10.200.%d.1" % third
         self.box_addr = "10.200.%d.2" % third
