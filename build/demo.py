@@ -38,6 +38,14 @@ BOLD, DIM, RESET = ("\x1b[1m", "\x1b[2m", "\x1b[0m") if sys.stdout.isatty() else
 T0 = time.monotonic()
 
 
+def read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError:  # being written
+        return None
+
+
 def say(title: str, why: str = "") -> None:
     print("\n%s[%5.1fs] == %s%s" % (BOLD, time.monotonic() - T0, title, RESET), flush=True)
     if why:
@@ -127,15 +135,16 @@ class Demo:
             f.write(os.urandom(16).hex() + "\n")
         os.chmod(token, 0o600)
         ready = os.path.join(WORK, "tracker.ready")
-        log = open(os.path.join(WORK, "tracker.log"), "wb")  # noqa: SIM115 - lives as long as the tracker
-        self.tracker = subprocess.Popen([PY, "-m", "controller", "tracker", "serve", "--db",
-                                         os.path.join(WORK, "tracker.db"), "--host", "127.0.0.1", "--port", "0",
-                                         "--token-file", token, "--ready-file", ready],
-                                        env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        info = self.wait("the tracker", lambda: os.path.exists(ready) and json.load(open(ready)), 30, 0.1)
+        with open(os.path.join(WORK, "tracker.log"), "wb") as log:  # the child keeps its own copy of the fd
+            self.tracker = subprocess.Popen([PY, "-m", "controller", "tracker", "serve", "--db",
+                                             os.path.join(WORK, "tracker.db"), "--host", "127.0.0.1", "--port", "0",
+                                             "--token-file", token, "--ready-file", ready],
+                                            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        info = self.wait("the tracker", lambda: os.path.exists(ready) and read_json(ready), 30, 0.1)
         self.tracker_url = "http://127.0.0.1:%d" % info["port"]
         self.env["ONBOX_TRACKER"] = self.tracker_url
-        self.env["ONBOX_TRACKER_TOKEN"] = open(token).read().strip()
+        with open(token) as f:
+            self.env["ONBOX_TRACKER_TOKEN"] = f.read().strip()
         print("  tracker at %s (pid %d)" % (self.tracker_url, self.tracker.pid))
 
     def start_box(self) -> None:
@@ -221,7 +230,7 @@ class Demo:
         try:
             if self.box is not None:
                 self.ssh.close(self.target())
-        except Exception:  # noqa: BLE001 - best effort at the end
+        except Exception:
             pass
         if self.tracker is not None and self.tracker.poll() is None:
             self.tracker.send_signal(signal.SIGTERM)

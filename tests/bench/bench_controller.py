@@ -28,7 +28,8 @@ def _box(s: SshdBox) -> Box:
 
 def _rsync(s: SshdBox, box: Box, src: str, dest: str, upload: bool) -> float:
     """Plain `rsync -a` with its own ssh connection (no onbox options, no multiplexing): the baseline."""
-    shell = " ".join(["ssh", "-i", s.client_key, "-p", str(s.port)] + sum((["-o", o] for o in s.ssh_options()), []))
+    opts = [x for o in s.ssh_options() for x in ("-o", o)]
+    shell = " ".join(["ssh", "-i", s.client_key, "-p", str(s.port), *opts])
     argv = ["rsync", "-a", "-e", shell]
     argv += [src, "%s:%s" % (box.target().destination, dest)] if upload else \
         ["%s:%s" % (box.target().destination, src), dest]
