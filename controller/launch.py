@@ -70,19 +70,23 @@ def onbox_run_argv(box: Box, home: str, name: str, cmd: Sequence[str], onbox_arg
     return [box.python, pyz, "run", "--json", "--name", name, *onbox_args, "--", *cmd]
 
 
-def parse_json_tail(text: str) -> Dict[str, Any]:
-    """The JSON document a command printed (the last one, in case something printed a line before it)."""
+def parse_json_any(text: str) -> Any:
+    """The JSON document (object or list) a command printed, even if a stray line came before it; None if none."""
     text = text.strip()
     for start in [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]:
         chunk = text[start:]
-        if chunk.startswith("{"):
+        if chunk.startswith(("{", "[")):
             try:
-                doc = json.loads(chunk)
-                if isinstance(doc, dict):
-                    return doc
+                return json.loads(chunk)
             except ValueError:
                 continue
-    return {}
+    return None
+
+
+def parse_json_tail(text: str) -> Dict[str, Any]:
+    """The JSON object a command printed ({} when there is none)."""
+    doc = parse_json_any(text)
+    return doc if isinstance(doc, dict) else {}
 
 
 def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),

@@ -10,7 +10,7 @@ import click
 
 from controller import userconfig
 from controller.boxes import Inventory
-from controller.launch import parse_json_tail
+from controller.launch import parse_json_any
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
@@ -41,7 +41,7 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
         try:
             res = ssh.run(box.target(), [box.python, REMOTE_PYZ, "status", "--json"], timeout=30,
                           what="onbox status")
-            rows += rows_from_box_status(name, parse_json_tail(res.text))
+            rows += rows_from_box_status(name, parse_json_any(res.text))
         except OnboxError as e:
             problems.append("%s: %s" % (name, e.message))
             rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))
