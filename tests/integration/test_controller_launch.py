@@ -69,7 +69,7 @@ class _Tracker(http.server.BaseHTTPRequestHandler):
     doc: dict = {}
     auth: list = []
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         self.auth.append(self.headers.get("Authorization"))
         body = json.dumps(self.doc).encode()
         self.send_response(200)
