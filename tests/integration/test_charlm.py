@@ -39,15 +39,17 @@ def _lines(text):
 
 
 def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
-    rc, out, err = _run(tmp_path, "straight")
-    assert rc == 0, err
+    # the uninterrupted run and the interrupted one side by side (slow steps for the latter)
+    straight_p = _run(tmp_path, "straight", wait=False)
+    p = _run(tmp_path, "cut", extra_args=["--step-delay", "0.05"], wait=False)
+    out, err = straight_p.communicate(timeout=120)
+    assert straight_p.returncode == 0, err
     straight = {r["step"]: r["loss"] for r in _lines(out) if "loss" in r}
     assert sorted(straight) == [10, 20, 30]
     metrics = _lines((tmp_path / "straight.jsonl").read_text())
     assert any(r.get("event") == "done" for r in metrics)
 
-    # interrupted: slow steps, SIGTERM once the first checkpoint exists
-    p = _run(tmp_path, "cut", extra_args=["--step-delay", "0.05"], wait=False)
+    # SIGTERM once the first checkpoint exists
     first = tmp_path / "cut" / "step_000010.pt"
     deadline = time.monotonic() + 60
     while not first.exists() and time.monotonic() < deadline:
