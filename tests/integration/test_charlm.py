@@ -41,7 +41,7 @@ def _lines(text):
 def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
     # the uninterrupted run and the interrupted one side by side (slow steps for the latter)
     straight_p = _run(tmp_path, "straight", wait=False)
-    p = _run(tmp_path, "cut", extra_args=["--step-delay", "0.05"], wait=False)
+    p = _run(tmp_path, "cut", extra_args=["--step-delay", "0.2"], wait=False)
     out, err = straight_p.communicate(timeout=120)
     assert straight_p.returncode == 0, err
     straight = {r["step"]: r["loss"] for r in _lines(out) if "loss" in r}
