@@ -105,7 +105,7 @@ def render(report: GateReport) -> str:
     for w in report.warnings:
         lines.append("  warning: %s" % w)
     m = report.meter
-    irrev = {True: "IRREVERSIBLE (deletes the disk)", False: "reversible", None: "reversibility unknown"}[m.irreversible]
+    irrev = {True: "IRREVERSIBLE (what is on the box is gone after it)", False: "reversible", None: "reversibility unknown"}[m.irreversible]
     lines.append("Meter stop on profile %s: %s — %s; verified %s%s" % (
         m.profile, m.verb, irrev, m.verified or "(no date)", ", source: %s" % m.source if m.source else ""))
     if m.note:

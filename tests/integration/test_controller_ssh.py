@@ -226,6 +226,8 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path):
     assert not (got / PARTIAL_DIR).exists()
     assert (dest / "r1" / "logs" / "output.log").exists() and (dest / "r1" / "checkpoints_index.json").exists()
 
+    r = onboxctl(ctl, "down", "b1")  # allowed, but nobody typed the box name back (no terminal): refused
+    assert r.returncode == 2 and "confirmation needed" in r.stderr.decode()
     r = onboxctl(ctl, "down", "b1", "--yes")
     assert r.returncode == 0, r.stderr
     assert "Gate passed" in r.stdout.decode() and "Meter stop" in r.stdout.decode()

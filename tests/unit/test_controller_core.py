@@ -162,3 +162,30 @@ def test_teardown_judgement(tmp_path):
     assert judge_run("b", empty, rec).blocking
     assert not judge_run("b", empty, rec, abandoned=["r2"]).blocking
     assert oct(os.stat(rec.path).st_mode & 0o777) == "0o600"
+
+
+def test_gate_report_golden():
+    from controller.profiles import MeterStop
+    from controller.teardown import GateReport, RunVerdict, render
+
+    report = GateReport(
+        box="gpu1",
+        runs=[RunVerdict("gpt-small", "done", "step_002000", 2000, True, True, False,
+                         "newest checkpoint pulled and verified"),
+              RunVerdict("gpt-large", "running", "step_000500", 500, False, False, True,
+                         "newest checkpoint step_000500 not pulled")],
+        meter=MeterStop(profile="runpod", verb="terminate", irreversible=True, verified="2026-06",
+                        source="https://docs.runpod.io/pods/manage-pods", command=None,
+                        note="only a Network Volume survives"),
+        allowed=False, warnings=["run gpt-large is still running: tearing the box down kills it"])
+    check_golden("gate_report.txt", render(report))
+
+
+def test_meter_stop_from_the_shipped_profiles():
+    from controller.profiles import known_profiles, meter_stop
+
+    if "runpod" not in known_profiles():
+        pytest.skip("profiles/ not in this checkout yet")
+    m = meter_stop("runpod")
+    assert m.verb == "terminate" and m.irreversible is True and m.verified
+    assert meter_stop("no-such-profile").verb.startswith("unknown")
