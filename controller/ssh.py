@@ -20,7 +20,8 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+import threading
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.errors import JobFailed, UnfitError
 
@@ -101,6 +102,8 @@ class Ssh:
     def __init__(self, settings: Optional[SshSettings] = None, env: Optional[Mapping[str, str]] = None) -> None:
         self.settings = settings or SshSettings()
         self.env = dict(env) if env is not None else None
+        self._locks: Dict[Tuple[str, Optional[int], Optional[str]], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
 
     # -- command lines ---------------------------------------------------------------------------------------
     def control_dir(self) -> str:
@@ -163,6 +166,15 @@ class Ssh:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
+        with self._lock_for(target):  # launches to several boxes run in threads; one master per box
+            self._ensure_master_locked(target)
+
+    def _lock_for(self, target: Target) -> threading.Lock:
+        key = (target.host, target.port, target.user)
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _ensure_master_locked(self, target: Target) -> None:
         check = ["ssh", *self.options(target), "-O", "check", target.destination]
         if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
             return
@@ -174,6 +186,9 @@ class Ssh:
             errf.seek(0)
             err = errf.read().decode("utf-8", "replace").strip()
         if rc != 0:
+            # another onboxctl may have started the master meanwhile: then it is there to use
+            if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
+                return
             raise unreachable(target, err or "ssh exited %s" % rc)
 
     def run(self, target: Target, argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
