@@ -89,7 +89,7 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
     utils_ok = [u for u in utils if u is not None]
     used = [_num(dig(g, "memory_used_bytes", "mem_used")) for g in gpus]
     total = [_num(dig(g, "memory_total_bytes", "mem_total")) for g in gpus]
-    t = _num(dig(beat, "time", "ts"))
+    t = _num(dig(beat, "time", "updated_at"))
     if age_s is None and t is not None:
         age_s = max(0.0, (now if now is not None else time.time()) - t)
     alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []

@@ -21,7 +21,7 @@ from controller.runview import (
 )
 from controller.ssh import Ssh, settings_from_env
 from onbox.cliutil import echo_json
-from onbox.errors import OnboxError, UsageError
+from onbox.errors import OnboxError, UnfitError, UsageError
 
 
 def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
@@ -84,6 +84,9 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
                 click.echo(text, nl=False)
         n += 1
         if not watch or (count is not None and n >= count):
+            if problems:  # the table is shown, but a script must see that some box did not answer
+                raise UnfitError("%d box(es) did not answer: %s" % (len(problems), "; ".join(problems)),
+                                 hint="check the box is up (`ssh BOX true`); its job may still be running")
             return
         time.sleep(interval)
 

@@ -146,8 +146,8 @@ def test_dead_box_fails_fast_with_a_clear_message(netns_box, ctl, tmp_path):
         took = time.monotonic() - t0
         text = (r.stdout + r.stderr).decode()
         assert took < 20, (args, took)
-        if args[0] == "status":  # status shows the box as unreachable instead of failing the whole table
-            assert "UNREACHABLE" in text and "cannot reach box dead" in text, text
+        if args[0] == "status":  # the table still shows, the box marked UNREACHABLE, and the exit code says so
+            assert r.returncode == 3 and "UNREACHABLE" in text and "cannot reach box dead" in text, text
         else:
             assert r.returncode == 3, (args, text)
             assert "cannot reach box dead" in text and "hint:" in text, text
