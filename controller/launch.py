@@ -55,9 +55,11 @@ def default_run_name(cmd: Sequence[str], now: Optional[float] = None) -> str:
 
 def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:
     """The box's home directory and its last push record (one short call)."""
-    res = ssh.run(box.target(), script='printf "%%s\\n" "$HOME"; cat %s 2>/dev/null || true' % REMOTE_PUSHED,
-                  timeout=30, what="read the push record")
+    res = ssh.run(box.target(), script='printf "%%s\\n" "$HOME"; [ -f %s ] || echo NO-PYZ; cat %s 2>/dev/null || true'
+                  % (REMOTE_PYZ, REMOTE_PUSHED), timeout=30, what="read the push record")
     home, _, rest = res.text.partition("\n")
+    if rest.startswith("NO-PYZ"):
+        raise UsageError("onbox.pyz is not on box %s yet" % box.name, hint="push it first: onboxctl push %s" % box.name)
     try:
         pushed = json.loads(rest) if rest.strip() else {}
     except ValueError:

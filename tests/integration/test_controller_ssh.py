@@ -63,6 +63,8 @@ def test_push_copies_once_honours_gitignore_and_verifies(sshd_box, ctl, tmp_path
     (code / ".gitignore").write_text("data/\n*.log\n")
     (code / "data" / "big.bin").write_bytes(b"x" * 1000)
     (code / "run.log").write_text("noise")
+    r = onboxctl(ctl, "run", "b1", "--", "python", "train.py")  # nothing pushed yet
+    assert r.returncode == 2 and b"push it first: onboxctl push b1" in r.stderr, r.stderr
     r = onboxctl(ctl, "push", "b1", "--code", str(code), "--pyz", pyz, "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
