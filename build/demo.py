@@ -251,6 +251,19 @@ def main(argv: List[str]) -> int:
     if os.geteuid() != 0:
         print("demo: needs root (the box's private /root is a mount namespace)", file=sys.stderr)
         return 3
+    import importlib.util
+
+    def absent(mod: str) -> bool:
+        try:
+            return importlib.util.find_spec(mod) is None
+        except ModuleNotFoundError:
+            return True
+
+    missing = [m for m in ("onbox.supervisor", "onbox.checkpoints.hook", "onbox.heartbeat.hook",
+                           "controller.tracker.app", "torch") if absent(m)]
+    if missing:
+        print("demo: this checkout lacks %s (subsystems still being merged?)" % ", ".join(missing), file=sys.stderr)
+        return 3
     d = Demo()
     try:
         pyz = d.build()
