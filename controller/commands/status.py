@@ -74,9 +74,12 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
                        "problems": problems})
         else:
             text = render_table(rows) + "".join("! %s\n" % p for p in problems)
+            if watch:
+                text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
+                    "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text
             if watch and tty:
                 # home the cursor, rewrite each line, clear what is left: refresh in place without flicker
-                sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
+                sys.stdout.write(("\x1b[2J" if n == 0 else "") + "\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
                 sys.stdout.flush()
             else:
                 if watch and n:
