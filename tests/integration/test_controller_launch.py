@@ -4,6 +4,8 @@ from __future__ import annotations
 import http.server
 import importlib.util
 import json
+import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -99,6 +101,25 @@ def test_status_reads_the_tracker_and_watch_refreshes(ctl_env, tmp_path):
         assert _Tracker.auth[-1] == "Bearer sekret"
         r = ctl(ctl_env, "status", "--json", "--tracker", url, "--tracker-token-file", str(token))
         assert json.loads(r.stdout)["runs"][0]["liveness"] == "silent"
+        # on a terminal, --watch redraws in place: cursor home + clear-to-end each frame, no scrolling copies
+        master, slave = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "controller", "status", "--tracker", url, "--tracker-token-file",
+                              str(token), "--watch", "--interval", "0.2", "--count", "3"], env=ctl_env, stdout=slave,
+                             stderr=subprocess.PIPE)
+        os.close(slave)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            screen += chunk
+        p.wait(timeout=30)
+        os.close(master)
+        assert p.returncode == 0
+        assert screen.count(b"\x1b[H") == 3 and screen.count(b"\x1b[2J") == 1 and screen.count(b"6m SILENT") == 3
     finally:
         srv.shutdown()
         srv.server_close()
