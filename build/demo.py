@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 from controller.boxes import Inventory  # noqa: E402
 from controller.ssh import Ssh, SshSettings  # noqa: E402
-from tests.hosts.sshd_box import SshdBox, dev_pyz, have_sshd  # noqa: E402
+from tests.hosts.sshd_box import SshdBox, close_masters, dev_pyz, have_sshd  # noqa: E402
 
 PY = sys.executable
 WORK = os.path.join(REPO, ".demo")
@@ -227,11 +227,7 @@ class Demo:
         self.onboxctl("down", "demo", "--yes")
 
     def cleanup(self) -> None:
-        try:
-            if self.box is not None:
-                self.ssh.close(self.target())
-        except Exception:
-            pass
+        close_masters(self.control)  # the ssh master connections onboxctl kept for speed
         if self.tracker is not None and self.tracker.poll() is None:
             self.tracker.send_signal(signal.SIGTERM)
             try:

@@ -17,7 +17,7 @@ from controller.boxes import Box
 from controller.pull import PullsRecord, Transfer, pull_run
 from controller.push import push
 from controller.ssh import Ssh, SshSettings
-from tests.hosts.sshd_box import SshdBox, dev_pyz, have_sshd
+from tests.hosts.sshd_box import SshdBox, close_masters, dev_pyz, have_sshd
 
 
 def _box(s: SshdBox) -> Box:
@@ -112,8 +112,8 @@ def main() -> int:
         missed += not ok
         print("pull of a 1 GB run (4 ckpts):      onbox %.2f s   plain rsync -a %.2f s   target <= 1.3x  %s"
               % (ours, base, "OK" if ok else "MISSED"))
-        ssh.close(box.target())
     finally:
+        close_masters(cm)
         s.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cm, ignore_errors=True)

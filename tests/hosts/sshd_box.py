@@ -172,6 +172,19 @@ class SshdBox:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            # the per-connection sshd processes are our sshd's children: they go with it (a plain TERM to the
+            # listener leaves them serving their sessions)
+            try:
+                import psutil
+
+                kids = psutil.Process(self.proc.pid).children(recursive=True)
+            except Exception:
+                kids = []
+            for k in kids:
+                try:
+                    k.terminate()
+                except Exception:
+                    pass
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=10)
@@ -182,6 +195,16 @@ class SshdBox:
     def inventory_entry(self) -> dict:
         return {"host": self.listen, "port": self.port, "user": "root", "identity": self.client_key,
                 "options": self.ssh_options(), "python": sys.executable}
+
+
+def close_masters(control_dir: str) -> None:
+    """Stop every ssh master connection whose socket is in `control_dir` (the ones a test's onboxctl started)."""
+    if not os.path.isdir(control_dir):
+        return
+    for name in os.listdir(control_dir):
+        sock = os.path.join(control_dir, name)
+        subprocess.run(["ssh", "-o", "ControlPath=%s" % sock, "-O", "exit", "onbox-test-master"],
+                       capture_output=True, timeout=10)
 
 
 def dev_pyz(dest: str) -> str:

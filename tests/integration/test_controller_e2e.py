@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
-from tests.hosts.sshd_box import dev_pyz
+from tests.hosts.sshd_box import close_masters, dev_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -155,4 +155,5 @@ def test_rental_box_end_to_end(netns_box, tmp_path):
         assert "Gate passed" in r.stdout
     finally:
         tracker.stop()
+        close_masters(cm)
         shutil.rmtree(cm, ignore_errors=True)

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from tests.conftest import subprocess_env
-from tests.hosts.sshd_box import dev_pyz
+from tests.hosts.sshd_box import close_masters, dev_pyz
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 def ctl_env(tmp_path):
     cm = tempfile.mkdtemp(prefix="ol", dir="/tmp")
     yield subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "cfg"), "ONBOX_SSH_CONTROL_DIR": cm})
+    close_masters(cm)
     shutil.rmtree(cm, ignore_errors=True)
 
 

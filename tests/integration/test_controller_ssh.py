@@ -20,7 +20,7 @@ from controller.push import REMOTE_PYZ, push, verify_pushed
 from controller.ssh import Ssh, SshSettings
 from onbox.errors import JobFailed
 from tests.conftest import subprocess_env
-from tests.hosts.sshd_box import dev_pyz
+from tests.hosts.sshd_box import close_masters, dev_pyz
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +36,7 @@ def ctl(tmp_path, request):
     cm = tempfile.mkdtemp(prefix="oc", dir="/tmp")
     env = subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "cfg"), "ONBOX_SSH_CONTROL_DIR": cm})
     yield env
+    close_masters(cm)
     shutil.rmtree(cm, ignore_errors=True)
 
 
