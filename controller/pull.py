@@ -13,6 +13,7 @@ the outcome goes into the pulls record, which the teardown gate reads.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -324,9 +325,19 @@ def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False,
         src = "%s/checkpoints/%s/" % (root, c.name)
         say("pulling %s (%s)" % (c.name, "step %s" % c.step if c.step is not None else "no step"))
         # payload first, manifest last: locally too, a checkpoint without its manifest is not there yet
-        tries = tr.fetch(c.name, [src], local + "/", ["--exclude=/MANIFEST.json"])
-        tr.fetch(c.name + " manifest", [src + "MANIFEST.json"], local + "/", [])
-        result: Dict[str, Any] = {"name": c.name, "step": c.step, "manifest_sha256": c.manifest_sha256,
+        try:
+            tries = tr.fetch(c.name, [src], local + "/", ["--exclude=/MANIFEST.json"])
+            tr.fetch(c.name + " manifest", [src + "MANIFEST.json"], local + "/", [])
+        except OnboxError as e:
+            if c is top:
+                raise
+            # an older checkpoint may be retired by the box's retention while we pull: the newest is what counts
+            say("skipped %s: %s" % (c.name, e.message))
+            continue
+        # the hash of the manifest we HAVE (the box may have re-committed since it was listed)
+        with open(os.path.join(local, "MANIFEST.json"), "rb") as f:
+            local_manifest = hashlib.sha256(f.read()).hexdigest()
+        result: Dict[str, Any] = {"name": c.name, "step": c.step, "manifest_sha256": local_manifest,
                                   "path": local, "attempts": tries, "pulled_at": time.time()}
         if verify:
             v = (verifier or verify_local)(local, load)
