@@ -189,3 +189,23 @@ def test_meter_stop_from_the_shipped_profiles():
     m = meter_stop("runpod")
     assert m.verb == "terminate" and m.irreversible is True and m.verified
     assert meter_stop("no-such-profile").verb.startswith("unknown")
+
+
+def test_rsync_progress_lines_parse():
+    from controller.pull import PROGRESS_RE
+
+    m = PROGRESS_RE.match("    111,443,968  20%  106.28MB/s    0:00:03")
+    assert m and m.group(2) == "20" and m.group(3) == "106.28MB/s"
+    assert PROGRESS_RE.match("receiving incremental file list") is None
+
+
+def test_ssh_settings_from_env():
+    from controller.ssh import settings_from_env
+
+    s = settings_from_env({"ONBOX_SSH_CONNECT_TIMEOUT": "3", "ONBOX_SSH_MULTIPLEX": "0"}, connect_timeout=None)
+    assert s.connect_timeout == 3 and not s.multiplex
+    assert settings_from_env({}, connect_timeout=7).connect_timeout == 7
+    with pytest.raises(UsageError):
+        settings_from_env({"ONBOX_SSH_ALIVE_COUNT": "many"})
+    no_mux = Ssh(s).ssh_argv(Target(name="b", host="h"), ["true"])
+    assert not any(a.startswith("Control") for a in no_mux)
