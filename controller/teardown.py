@@ -51,6 +51,10 @@ def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Seq
     run = doc["run"]
     top = newest(doc.get("checkpoints") or [])
     state = doc.get("state")
+    if top is None and doc.get("durable") and not doc.get("run_root"):
+        # an rclone remote: the checkpoints already live off the box and outlive it
+        return RunVerdict(run, state, None, None, False, False, False,
+                          "commits to %s (off the box): pull and verify from there with rclone" % doc["durable"])
     if top is None:
         blocking = run not in abandoned
         why = "no committed durable checkpoint%s" % (" (abandoned with --abandon)" if not blocking else

@@ -158,6 +158,8 @@ def test_teardown_judgement(tmp_path):
     rec.record("b", "r1", "/d", "step_000200", {"ok": True, "manifest_sha256": "bb", "verified_at": 1.0})
     v = judge_run("b", doc, rec)
     assert not v.blocking and v.verified
+    remote = {"run": "r3", "state": "running", "durable": "s3remote:bucket/x", "checkpoints": []}
+    assert not judge_run("b", remote, rec).blocking
     empty = {"run": "r2", "state": "failed", "checkpoints": []}
     assert judge_run("b", empty, rec).blocking
     assert not judge_run("b", empty, rec, abandoned=["r2"]).blocking
