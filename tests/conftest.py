@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.sshd_box"]
+pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
+                       "tests.hosts.sshd_box"]
 
 
 @pytest.fixture
