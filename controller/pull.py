@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -154,35 +153,18 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def verify_local(path: str, load: Optional[bool] = None, timeout: float = 600.0) -> Dict[str, Any]:
-    """Verify a pulled checkpoint on this machine: manifest hashes, format checks, and loading with torch when it
-    is installed (onbox.checkpoints.verify in-process, else `python -m onbox verify PATH --json [--load]`)."""
+def verify_local(path: str, load: Optional[bool] = None) -> Dict[str, Any]:
+    """Verify a pulled checkpoint on this machine with onbox's own verifier: every manifest size and hash, format
+    checks (zip CRCs, safetensors bounds), and torch.load(weights_only=True) when torch is installed."""
+    from onbox.checkpoints.verify import verify_path
+
     load = torch_available() if load is None else load
-    try:
-        from onbox.checkpoints.verify import verify_path
-    except ImportError:
-        verify_path = None
-    if verify_path is not None:
-        rep = verify_path(path, load=load).to_dict()
-        return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep,
-                "error": "; ".join(rep.get("problems") or [])[:500] or None}
-    argv = [sys.executable, "-m", "onbox", "verify", path, "--json"] + (["--load"] if load else [])
-    try:
-        p = subprocess.run(argv, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": "verify did not finish within %.0f s" % timeout, "loaded": False}
-    text = p.stdout.decode("utf-8", "replace")
-    try:
-        doc = json.loads(text) if text.strip() else {}
-    except ValueError:
-        doc = {}
-    err = p.stderr.decode("utf-8", "replace").strip()
-    ok = p.returncode == 0
-    if p.returncode == 2 and "No such command" in err:
-        return {"ok": False, "error": "this onbox has no `verify` command yet", "loaded": False}
-    problems = doc.get("problems") if isinstance(doc, dict) else None
-    return {"ok": ok, "loaded": doc.get("loaded") if isinstance(doc, dict) else None, "report": doc,
-            "error": None if ok else ("; ".join(problems)[:500] if problems else err[-500:])}
+    rep = verify_path(path, load=load).to_dict()
+    if not rep.get("has_manifest"):
+        rep["problems"] = [*(rep.get("problems") or []), "no MANIFEST.json: not a committed checkpoint"]
+        rep["ok"] = False
+    return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep,
+            "error": "; ".join(rep.get("problems") or [])[:500] or None}
 
 
 class Transfer:
@@ -257,6 +239,9 @@ class Transfer:
             raise
         rc = proc.wait()
         t.join(timeout=5)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         err = b"".join(errbuf).decode("utf-8", "replace").strip()
         if timed_out.is_set():
             raise JobFailed("pulling %s took longer than %.0f s" % (label, self.attempt_timeout))
