@@ -119,7 +119,13 @@ class Demo:
         builder = os.path.join(REPO, "build", "zipapp.py")
         out = os.path.join(REPO, "dist", "onbox.pyz")
         if os.path.exists(builder):
-            subprocess.run([PY, builder, "--out", os.path.join(REPO, "dist")], check=True, cwd=REPO)
+            r = subprocess.run([PY, builder, "--out", os.path.join(REPO, "dist")], cwd=REPO, capture_output=True,
+                               text=True, timeout=600)
+            if r.returncode != 0:
+                raise SystemExit("demo: the zipapp build failed:\n" + r.stdout[-2000:] + r.stderr[-2000:])
+            for line in (r.stdout + r.stderr).splitlines():
+                if line.startswith("zipapp: built"):
+                    print("  " + line)
         else:
             os.makedirs(os.path.dirname(out), exist_ok=True)
             dev_pyz(out)
@@ -202,6 +208,12 @@ class Demo:
                                                                 ("preempted", "stopped", "failed", "done") else None)(
             self.box_state()), 60)
         print("  state: %s, last exit: %s" % (st.get("state"), json.dumps(st.get("last_exit"))[:160]))
+        from controller.pull import newest, remote_run
+
+        box = Inventory(self.env["ONBOX_CONFIG_DIR"]).resolve("demo")
+        top = newest(remote_run(self.ssh, box, RUN)["checkpoints"])
+        print("  newest committed checkpoint in /root/durable/%s: %s (step %s)" % (
+            RUN, top.name if top else None, top.step if top else None))
 
     def resume(self) -> None:
         say("7. Relaunch: it resumes from the committed checkpoint",
