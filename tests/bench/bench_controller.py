@@ -17,7 +17,7 @@ from controller.boxes import Box
 from controller.pull import PullsRecord, Transfer, pull_run
 from controller.push import push
 from controller.ssh import Ssh, SshSettings
-from tests.hosts.sshd_box import SshdBox, close_masters, dev_pyz, have_sshd
+from tests.hosts.sshd_box import SshdBox, build_pyz, close_masters, have_sshd
 
 
 def _box(s: SshdBox) -> Box:
@@ -63,11 +63,7 @@ def main() -> int:
         box = _box(s)
         ssh = Ssh(SshSettings(control_dir=cm))
         ssh.ensure_master(box.target())
-        pyz = dev_pyz(os.path.join(root, "onbox.pyz"))
-        real = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dist",
-                            "onbox.pyz")
-        if os.path.exists(real):
-            pyz = real
+        pyz = build_pyz(os.path.join(root, "dist"))  # the real shiv build, as `make zipapp` makes it
         code = os.path.join(root, "code")
         _fill(code, 50 << 20, 200)
 

@@ -207,6 +207,23 @@ def close_masters(control_dir: str) -> None:
                        capture_output=True, timeout=10)
 
 
+def build_pyz(out_dir: str) -> str:
+    """The real onbox.pyz (build/zipapp.py, x86_64 only): what `make zipapp` ships, profiles included."""
+    r = subprocess.run([sys.executable, os.path.join(REPO, "build", "zipapp.py"), "--arch", "x86_64", "--out", out_dir],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    if r.returncode != 0:
+        raise RuntimeError("zipapp build failed: %s" % (r.stdout[-1500:] + r.stderr[-1500:]))
+    return os.path.join(out_dir, "onbox.pyz")
+
+
+@pytest.fixture(scope="session")
+def onbox_pyz(tmp_path_factory):
+    """dist-quality onbox.pyz built once per test session."""
+    if not os.path.exists(os.path.join(REPO, "build", "zipapp.py")):
+        pytest.skip("build/zipapp.py not in this checkout")
+    return build_pyz(str(tmp_path_factory.mktemp("pyz")))
+
+
 def dev_pyz(dest: str) -> str:
     """A zipapp of this checkout's onbox package (stdlib zipapp, no bundled deps): run by an interpreter that
     has click/psutil (the venv). The real shiv build is `make zipapp`; tests that need it build it there."""

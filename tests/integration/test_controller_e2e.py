@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
-from tests.hosts.sshd_box import close_masters, dev_pyz
+from tests.hosts.sshd_box import close_masters
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def _poll(what, cond, timeout, interval=0.2):
 
 
 @pytest.mark.skipif(bool(MISSING), reason="needs the other subsystems: missing %s" % ", ".join(MISSING))
-def test_rental_box_end_to_end(netns_box, tmp_path):
+def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
     from tests.hosts.tracker import TrackerProcess
 
     cm = tempfile.mkdtemp(prefix="oe", dir="/tmp")
@@ -87,7 +87,7 @@ def test_rental_box_end_to_end(netns_box, tmp_path):
         proj = tmp_path / "proj"
         proj.mkdir()
         shutil.copy(os.path.join(REPO_ROOT, "onbox", "examples", "charlm.py"), proj)
-        ctl("push", "b1", "--code", str(proj), "--pyz", dev_pyz(str(tmp_path / "onbox.pyz")))
+        ctl("push", "b1", "--code", str(proj), "--pyz", onbox_pyz)
         with open(tracker.token_file, "rb") as tok:
             ctl("secrets", "push", "b1", "tracker", stdin=tok)
 

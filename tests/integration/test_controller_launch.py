@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from tests.conftest import subprocess_env
-from tests.hosts.sshd_box import close_masters, dev_pyz
+from tests.hosts.sshd_box import close_masters
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def ctl(env, *args, check=True):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onbox.supervisor") is None, reason="needs the supervisor (onbox run)")
-def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_env, tmp_path):
+def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_env, tmp_path, onbox_pyz):
     e = sshd_box.inventory_entry()
     for name in ("b1", "b2", "b3"):  # three inventory names for one sshd: three "boxes" as far as ssh knows
         add = ["box", "add", name, "--host", e["host"], "--port", str(e["port"]), "--user", "root",
@@ -45,7 +45,7 @@ def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_
         for o in e["options"]:
             add += ["--ssh-option", o]
         ctl(ctl_env, *add)
-    ctl(ctl_env, "push", "b1", "--pyz", dev_pyz(str(tmp_path / "onbox.pyz")))
+    ctl(ctl_env, "push", "b1", "--pyz", onbox_pyz)
     r = ctl(ctl_env, "run", "b1", "b2", "--name", "sweep", "--parallel", "2", "--json", "--", "sleep", "30")
     runs = json.loads(r.stdout)["runs"]
     assert [(x["box"], x["name"], x["ok"]) for x in runs] == [("b1", "sweep-b1", True), ("b2", "sweep-b2", True)]

@@ -20,7 +20,7 @@ from controller.push import REMOTE_PYZ, push, verify_pushed
 from controller.ssh import Ssh, SshSettings
 from onbox.errors import JobFailed
 from tests.conftest import subprocess_env
-from tests.hosts.sshd_box import close_masters, dev_pyz
+from tests.hosts.sshd_box import close_masters
 
 pytestmark = pytest.mark.integration
 
@@ -55,9 +55,9 @@ def onboxctl(env, *args, input_bytes=None, timeout=60):
                           capture_output=True, timeout=timeout)
 
 
-def test_push_copies_once_honours_gitignore_and_verifies(sshd_box, ctl, tmp_path):
+def test_push_copies_once_honours_gitignore_and_verifies(sshd_box, ctl, tmp_path, onbox_pyz):
     box = add_box(ctl, "b1", sshd_box)
-    pyz = dev_pyz(str(tmp_path / "onbox.pyz"))
+    pyz = onbox_pyz
     code = tmp_path / "proj"
     (code / "data").mkdir(parents=True)
     (code / "train.py").write_text("print('hi')\n")
@@ -137,9 +137,9 @@ def test_secret_never_in_ps_argv_or_logs(sshd_box, ctl, tmp_path):
                 assert secret.encode() not in f.read(), full
 
 
-def test_dead_box_fails_fast_with_a_clear_message(netns_box, ctl, tmp_path):
+def test_dead_box_fails_fast_with_a_clear_message(netns_box, ctl, tmp_path, onbox_pyz):
     add_box(ctl, "dead", netns_box)
-    pyz = dev_pyz(str(tmp_path / "onbox.pyz"))
+    pyz = onbox_pyz
     netns_box.netns.cut()  # packets silently dropped: the worst case, no RST
     env = dict(ctl, ONBOX_SSH_CONNECT_TIMEOUT="2")
     for args in (["push", "dead", "--pyz", pyz], ["run", "dead", "--", "python", "x.py"],
