@@ -1,10 +1,11 @@
 """`onboxctl status [--watch] [--json]` and `onboxctl logs BOX RUN [-f]`."""
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import click
 
@@ -23,6 +24,36 @@ from controller.ssh import Ssh, settings_from_env
 from onbox.cliutil import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
+SEPARATOR = "--onboxctl-extras--"
+_EXTRAS = r"""
+import json, os
+home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
+runs = os.path.join(home, "runs")
+out = {}
+for n in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
+    doc = {}
+    for key, fn in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
+        try:
+            doc[key] = json.load(open(os.path.join(runs, n, fn)))
+        except Exception:
+            pass
+    out[n] = doc
+print(json.dumps(out))
+"""
+
+
+def merge_extras(states: Any, extras: Any) -> Any:
+    """Attach each run's progress.json and checkpoint_status.json to its state document."""
+    if not isinstance(extras, dict):
+        return states
+    docs = states if isinstance(states, list) else [states] if isinstance(states, dict) else []
+    for d in docs:
+        if isinstance(d, dict):
+            more = extras.get(d.get("run") or d.get("name")) or {}
+            for key, value in more.items():
+                d.setdefault(key, value)
+    return states
+
 
 def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
     """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems)."""
@@ -39,9 +70,13 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
     for name in names:
         box = inv.resolve(name)
         try:
-            res = ssh.run(box.target(), [box.python, REMOTE_PYZ, "status", "--json"], timeout=30,
-                          what="onbox status")
-            rows += rows_from_box_status(name, parse_json_any(res.text))
+            # one call: the agent's own view (state + agent liveness), then each run's progress and checkpoint
+            # status files (written by the heartbeat and checkpoint subsystems) after a separator line
+            script = "%s %s status --json; echo %s; %s -c %s" % (
+                shlex.quote(box.python), REMOTE_PYZ, SEPARATOR, shlex.quote(box.python), shlex.quote(_EXTRAS))
+            res = ssh.run(box.target(), script=script, timeout=30, what="onbox status")
+            states, _, extras = res.text.partition(SEPARATOR + "\n")
+            rows += rows_from_box_status(name, merge_extras(parse_json_any(states), parse_json_any(extras)))
         except OnboxError as e:
             problems.append("%s: %s" % (name, e.message))
             rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))

@@ -128,6 +128,14 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
 
         _poll("the run to finish", lambda: tracker_row().get("state") == "done", 90, 0.5)
 
+        # without a tracker, status asks the box over ssh: the same run, its progress and durable checkpoint
+        r = subprocess.run([sys.executable, "-m", "controller", "status", "--json"], capture_output=True, text=True,
+                           timeout=60, env={k: v for k, v in env.items() if not k.startswith("ONBOX_TRACKER")})
+        over_ssh = json.loads(r.stdout)
+        assert over_ssh["source"] == "ssh", r.stderr
+        row = next(x for x in over_ssh["runs"] if x["run"] == RUN)
+        assert row["state"] == "done" and row["step"] == 260 and row["checkpoint"], row
+
         r = ctl("down", "b1", "--yes", check=False)
         assert r.returncode == 1 and "not pulled" in r.stdout, r.stdout + r.stderr
 
