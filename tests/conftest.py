@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins: list = []
+pytest_plugins: list = ["tests.hosts.slurm"]
 
 
 @pytest.fixture
