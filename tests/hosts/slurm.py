@@ -55,8 +55,7 @@ class SlurmCluster:
 
     def run(self, argv: List[str], timeout: float = 30.0, check: bool = True,
             env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-        cp = subprocess.run(argv, env=self.env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, timeout=timeout)
+        cp = subprocess.run(argv, env=self.env(env), capture_output=True, text=True, timeout=timeout)
         if check and cp.returncode != 0:
             raise AssertionError("%s failed (%d): %s%s" % (argv, cp.returncode, cp.stdout, cp.stderr))
         return cp
@@ -131,16 +130,16 @@ class SlurmCluster:
 
     def write_conf(self) -> None:
         r = self.root
-        conf = """\
+        conf = f"""\
 ClusterName=onboxtest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={self.host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={sock},cred_expire=5
+AuthInfo=socket={self.munge_socket},cred_expire=5
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool
 SlurmctldPidFile={r}/slurmctld.pid
@@ -162,10 +161,9 @@ JobRequeue=1
 MinJobAge=600
 KillWait=5
 InactiveLimit=0
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus}
+NodeName={self.host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""".format(host=self.host, ctld_port=_free_port(), d_port=_free_port(), sock=self.munge_socket, r=r,
-           cpus=os.cpu_count() or 1)
+"""
         with open(self.conf, "w") as f:
             f.write(conf)
 
