@@ -168,12 +168,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             f.write(conf)
 
     def _spawn(self, argv: List[str], out_name: str, **kw) -> None:
-        out = open(os.path.join(self.root, out_name), "wb")
-        try:
+        with open(os.path.join(self.root, out_name), "wb") as out:
             p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=self.env(), **kw)
-        finally:
-            out.close()
         self.procs.append(p)
 
     def _wait(self, cond, timeout: float, what: str) -> None:
