@@ -183,7 +183,49 @@ def _signame(value: str) -> str:
     from onbox.config import parse_signal
     from onbox.errors import UsageError
 
+    text = str(value)
+    if text.startswith("signal:"):  # the supervisor's notice source, e.g. "signal:SIGUSR1"
+        text = text[len("signal:"):]
     try:
-        return parse_signal(value).name
+        return parse_signal(text).name
     except UsageError:
-        return str(value)
+        return text
+
+
+def default_run_name(environ: Mapping[str, str]) -> Optional[str]:
+    """The run name inside a Slurm job when the user gave none (`SlurmJob.run_name()`), None outside Slurm."""
+    job = SlurmJob.from_env(environ)
+    return job.run_name() if job is not None else None
+
+
+def sigterm_grace(environ: Mapping[str, str], timeout: float = 10.0, runner: Optional[Runner] = None
+                  ) -> Optional[float]:
+    """Inside Slurm, SIGTERM means the time limit (or scancel) and SIGKILL follows after KillWait: the seconds a
+    SIGTERM notice really has. None outside Slurm or when scontrol does not say."""
+    if SlurmJob.from_env(environ) is None:
+        return None
+    return kill_wait(timeout, runner)
+
+
+def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, enabled: Optional[bool],
+               environ: Mapping[str, str], log: Callable[[str], None], emit: Callable[..., None],
+               timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None) -> Optional[bool]:
+    """What the agent does with its job when the run reaches a terminal state: requeue it (only after the Slurm
+    signal) or say why not, in the log and as an event. True when requeued; None outside Slurm."""
+    job = SlurmJob.from_env(environ)
+    if job is None:
+        return None
+    ok, why = requeue_decision(job, outcome, notice_source, preempt_signal, enabled)
+    if not ok:
+        log("slurm job %s: %s" % (job.job_id, why))
+        emit("requeue_skipped", job_id=job.job_id, reason=why, slurm=job.to_dict())
+        return False
+    try:
+        requeue(job.job_id, timeout, runner)
+    except SlurmError as e:
+        log("slurm job %s: requeue FAILED: %s%s" % (job.job_id, e.message, (" (hint: %s)" % e.hint) if e.hint else ""))
+        emit("requeue", job_id=job.job_id, ok=False, error=e.message, slurm=job.to_dict())
+        return False
+    log("slurm job %s: %s" % (job.job_id, why))
+    emit("requeue", job_id=job.job_id, ok=True, reason=why, slurm=job.to_dict())
+    return True

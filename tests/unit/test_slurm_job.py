@@ -102,3 +102,32 @@ def test_requeue_decision(job, outcome, sig, enabled, want, why):
 
 def test_requeue_decision_with_usr2():
     assert requeue_decision(JOB, "preempted", "SIGUSR2", "USR2")[0] is True
+
+
+def test_supervisor_notice_source_form_is_understood():
+    assert requeue_decision(JOB, "preempted", "signal:SIGUSR1", "USR1")[0] is True
+    assert requeue_decision(JOB, "preempted", "signal:SIGTERM", "USR1")[0] is False
+    assert requeue_decision(JOB, "preempted", "aws", "USR1")[0] is False
+
+
+def test_on_run_end_requeues_after_the_slurm_signal_and_says_why_otherwise():
+    from onbox.slurm import default_run_name, on_run_end, sigterm_grace
+
+    env = {"SLURM_JOB_ID": "77"}
+    logs, events = [], []
+
+    def emit(kind, **f):
+        events.append((kind, f))
+
+    r = Recorder()
+    assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, emit, runner=r) is True
+    assert r.calls[0][0] == ["scontrol", "requeue", "77"] and events[-1][0] == "requeue" and events[-1][1]["ok"]
+    assert on_run_end("failed", None, "USR1", None, env, logs.append, emit, runner=r) is False
+    assert "not requeued" in logs[-1] and events[-1][0] == "requeue_skipped" and len(r.calls) == 1
+    bad = Recorder(rc=1, stderr="Invalid job id specified")
+    assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, emit, runner=bad) is False
+    assert "requeue FAILED" in logs[-1] and "Invalid job id" in logs[-1]
+    assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, {}, logs.append, emit, runner=r) is None
+    assert default_run_name(env) == "slurm-77" and default_run_name({}) is None
+    assert sigterm_grace({}, runner=r) is None
+    assert sigterm_grace(env, runner=Recorder(stdout="KillWait = 5 sec\n")) == 5.0
