@@ -167,6 +167,8 @@ def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optio
         return False, "requeue disabled"
     if not job.is_primary:
         return False, "node %d is not the primary; node 0 requeues the job" % job.node_id
+    if outcome in ("done", "succeeded", "stopped"):
+        return False, "the run ended as %s: not requeued" % outcome
     if outcome != "preempted":
         return False, ("the run ended as %s for its own reasons, not a preemption: not requeued "
                        "(a crash loop is not a preemption)" % outcome)
