@@ -210,7 +210,7 @@ def sigterm_grace(environ: Mapping[str, str], timeout: float = 10.0, runner: Opt
 
 
 def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, enabled: Optional[bool],
-               environ: Mapping[str, str], log: Callable[[str], None], emit: Callable[..., None],
+               environ: Mapping[str, str], log: Callable[[str], Any], emit: Callable[..., Any],
                timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None) -> Optional[bool]:
     """What the agent does with its job when the run reaches a terminal state: requeue it (only after the Slurm
     signal) or say why not, in the log and as an event. True when requeued; None outside Slurm."""
