@@ -9,7 +9,7 @@ and it `exec`s the agent in `--foreground`: the agent IS the batch shell's proce
 continues the same run (run dir, durable path, next attempt); each array task is its own run.
 Multi-node (--nodes N > 1): one agent per node under `srun --ntasks-per-node=1` (srun forwards the signal to each);
 MASTER_ADDR/MASTER_PORT are exported for torchrun's rendezvous; node 0 commits and requeues, the others run as
-`<run>.node<N>` with requeue off.
+`<run>.node<N>` without --durable and with requeue off.
 """
 from __future__ import annotations
 
@@ -89,10 +89,11 @@ class SbatchScript:
         lines += list(self.sbatch_args)
         return lines
 
-    def agent_line(self, name_expr: str) -> str:
+    def agent_line(self, name_expr: str, primary: bool = True) -> str:
         words = [*self.agent, "run", "--foreground"]
+        args = self.run_args if primary else without_option(self.run_args, "--durable")
         return " ".join([*map(shlex.quote, words), "--name", name_expr,
-                         *map(shlex.quote, [*self.run_args, "--", *self.command])])
+                         *map(shlex.quote, [*args, "--", *self.command])])
 
     def render(self) -> str:
         q = shlex.quote
@@ -125,15 +126,30 @@ class SbatchScript:
                     "# trap only after its foreground command ends).",
                     "exec " + self.agent_line('"$ONBOX_SLURM_RUN"')]
         else:
-            inner = ('run="$1"; if [ "${SLURM_NODEID:-0}" != 0 ]; then run="$run.node$SLURM_NODEID"; '
-                     'export ONBOX_REQUEUE=0; fi; exec ' + self.agent_line('"$run"'))
+            inner = ('run="$1"; if [ "${SLURM_NODEID:-0}" != 0 ]; then export ONBOX_REQUEUE=0; unset ONBOX_DURABLE; '
+                     'exec ' + self.agent_line('"$run.node$SLURM_NODEID"', primary=False) + '; fi; '
+                     'exec ' + self.agent_line('"$run"'))
             out += ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
                     'export MASTER_PORT="${MASTER_PORT:-29500}"',
                     "# One agent per node; srun forwards the signal to each. Node 0 commits checkpoints and requeues;",
-                    "# the others run as <run>.node<N> with requeue off and report heartbeats.",
+                    "# the others run as <run>.node<N> without --durable, requeue off, and report heartbeats.",
                     "exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c %s onbox-node \"$ONBOX_SLURM_RUN\""
                     % q(inner)]
         return "\n".join(out) + "\n"
+
+
+def without_option(args: List[str], option: str) -> List[str]:
+    """args without `option VALUE` / `option=VALUE` (a non-primary node must not commit checkpoints)."""
+    out: List[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
 
 
 def default_agent(argv0: Optional[str] = None) -> List[str]:

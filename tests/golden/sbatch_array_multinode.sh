@@ -27,5 +27,5 @@ echo "onbox: job $SLURM_JOB_ID run $ONBOX_SLURM_RUN restart ${SLURM_RESTART_COUN
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_PORT="${MASTER_PORT:-29500}"
 # One agent per node; srun forwards the signal to each. Node 0 commits checkpoints and requeues;
-# the others run as <run>.node<N> with requeue off and report heartbeats.
-exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c 'run="$1"; if [ "${SLURM_NODEID:-0}" != 0 ]; then run="$run.node$SLURM_NODEID"; export ONBOX_REQUEUE=0; fi; exec /usr/bin/python3 -m onbox run --foreground --name "$run" -- torchrun --nnodes=2 train.py' onbox-node "$ONBOX_SLURM_RUN"
+# the others run as <run>.node<N> without --durable, requeue off, and report heartbeats.
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c 'run="$1"; if [ "${SLURM_NODEID:-0}" != 0 ]; then export ONBOX_REQUEUE=0; unset ONBOX_DURABLE; exec /usr/bin/python3 -m onbox run --foreground --name "$run.node$SLURM_NODEID" --restart never -- torchrun --nnodes=2 train.py; fi; exec /usr/bin/python3 -m onbox run --foreground --name "$run" --durable /shared/ckpt --restart never -- torchrun --nnodes=2 train.py' onbox-node "$ONBOX_SLURM_RUN"

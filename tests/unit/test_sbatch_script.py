@@ -46,6 +46,7 @@ def test_single_node_script_matches_golden():
 
 def test_array_multinode_usr2_script_matches_golden():
     spec = SbatchScript(command=["torchrun", "--nnodes=2", "train.py"], agent=["/usr/bin/python3", "-m", "onbox"],
+                        run_args=["--durable", "/shared/ckpt", "--restart", "never"],
                         nodes=2, array="0-3%2", signal="SIGUSR2", lead=300, version="1.2.3").validate()
     assert_golden("sbatch_array_multinode.sh", spec.render())
 
@@ -127,3 +128,46 @@ def test_validate_normalises_signal():
     assert spec.signal == "USR2"
     with pytest.raises(UsageError):
         SbatchScript(command=[], agent=AGENT).validate()
+
+
+def test_without_option():
+    from onbox.sbatchscript import without_option
+
+    assert without_option(["--durable", "/d", "--restart", "never", "--durable=/e", "--x"], "--durable") == [
+        "--restart", "never", "--x"]
+
+
+@pytest.mark.parametrize("node_id", ["0", "1"])
+def test_multinode_inner_command_keeps_args_verbatim_per_node(tmp_path, node_id):
+    """The srun form runs the agent line through `bash -c '<inner>'`: quoting must survive two shells. A fake
+    srun/scontrol on PATH stand in for Slurm (the real srun path is in tests/integration/test_slurm_script.py)."""
+    import json
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text('#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done; exec "$@"\n')
+    (bindir / "scontrol").write_text("#!/bin/bash\necho node1; echo node2\n")
+    agent = tmp_path / "agent.py"
+    agent.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'requeue': "
+                     "os.environ.get('ONBOX_REQUEUE'), 'durable': os.environ.get('ONBOX_DURABLE'), "
+                     "'master': os.environ.get('MASTER_ADDR')}))\n")
+    for f in ("srun", "scontrol"):
+        (bindir / f).chmod(0o755)
+    cmd = ["python", "it's", "$HOME", '"quoted"', "a b"]
+    text = SbatchScript(command=cmd, agent=[sys.executable, str(agent)], nodes=2,
+                        run_args=["--durable", "/d", "--restart", "never"]).validate().render()
+    script = tmp_path / "s.sh"
+    script.write_text(text)
+    env = {"PATH": "%s:%s" % (bindir, os.environ["PATH"]), "SLURM_JOB_ID": "9", "SLURM_NODEID": node_id,
+           "SLURM_JOB_NODELIST": "node[1-2]", "ONBOX_DURABLE": "/env"}
+    cp = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout.splitlines()[-1])
+    assert doc["master"] == "node1"
+    if node_id == "0":
+        assert doc["argv"] == ["run", "--foreground", "--name", "slurm-9", "--durable", "/d", "--restart", "never",
+                               "--", *cmd]
+        assert doc["requeue"] == "1" and doc["durable"] == "/env"
+    else:
+        assert doc["argv"] == ["run", "--foreground", "--name", "slurm-9.node1", "--restart", "never", "--", *cmd]
+        assert doc["requeue"] == "0" and doc["durable"] is None
