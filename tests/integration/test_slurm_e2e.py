@@ -133,7 +133,7 @@ def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1"],
                  sbatch_args=("--time", "1", "--signal-lead", "50"))
     slurm_cluster.wait_job(job.id, ("RUNNING",), timeout=90, restarts=1)
-    job.wait_output(r"^resumed from step \d+ ", timeout=30)
+    job.wait_output(r"^resumed from step \d+ ", timeout=60)
     out = job.output()
     committed = int(re.search(r"^checkpoint signal: saved step (\d+), exiting$", out, re.M).group(1))
     assert committed in [m.get("step") for m in job.manifests()]
