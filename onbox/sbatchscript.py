@@ -65,6 +65,9 @@ class SbatchScript:
                 raise UsageError("--sbatch-arg %r is not an sbatch option" % arg,
                                  hint="give it as --sbatch-arg=--mem=64G (one option each)")
         for arg in self.run_args:
+            if arg == "--preempt-signal" or arg.startswith("--preempt-signal="):
+                raise UsageError("--preempt-signal is set by onbox sbatch from --signal (the agent must listen "
+                                 "for the signal Slurm sends)", hint="use --signal USR2")
             if arg in ("--foreground", "--detach"):
                 raise UsageError("%s is not a run option for onbox sbatch: the script always runs the agent in "
                                  "--foreground" % arg)

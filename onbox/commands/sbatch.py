@@ -24,8 +24,8 @@ class _CommandAfterDashes(click.Command):
         return super().parse_args(ctx, args)
 
 
-@click.command(cls=_CommandAfterDashes, context_settings={"ignore_unknown_options": True,
-                                                          "help_option_names": ["-h", "--help"]})
+@click.command(cls=_CommandAfterDashes, options_metavar="[SBATCH OPTIONS] [RUN OPTIONS]",
+               context_settings={"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]})
 @click.option("--time", "-t", "time_", metavar="LIMIT", help="sbatch --time (e.g. 4:00:00).")
 @click.option("--partition", "-p", help="sbatch --partition.")
 @click.option("--nodes", "-N", type=int, default=1, show_default=True,
@@ -44,7 +44,7 @@ class _CommandAfterDashes(click.Command):
               "(default: this pyz with python3, else this python -m onbox).")
 @click.option("--print", "print_", is_flag=True, help="Write the script to stdout instead of submitting it.")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, script} (or {script}) as JSON.")
-@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def sbatch(ctx: click.Context, time_: Optional[str], partition: Optional[str], nodes: int, array: Optional[str],
            job_name: Optional[str], output: Optional[str], sbatch_args: Tuple[str, ...], signal_: Optional[str],

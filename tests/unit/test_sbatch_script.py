@@ -91,6 +91,7 @@ def test_script_is_valid_bash_and_names_runs_like_slurmjob(tmp_path):
     (["--print", "--sbatch-arg", "mem=1G", "--", "x"], "not an sbatch option"),
     (["--print", "--foreground", "--", "x"], "always runs the agent in --foreground"),
     (["--print", "python", "train.py"], "put the command after --"),
+    (["--print", "--preempt-signal", "USR2", "--", "x"], "use --signal"),
     (["--print", "--agent", "'unbalanced", "--", "x"], "--agent"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
