@@ -56,6 +56,7 @@ def sbatch(ctx: click.Context, time_: Optional[str], partition: Optional[str], n
     so on the signal the agent checkpoints, commits and requeues the job; the requeued job continues the same run
     and resumes from the committed checkpoint. Options that are not sbatch's go to `onbox run` unchanged:
 
+    \b
       onbox sbatch --time 4:00:00 --durable /shared/ckpt --restart never -- python train.py
     """
     from onbox import __version__
