@@ -133,13 +133,22 @@ def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1"],
                  sbatch_args=("--time", "1", "--signal-lead", "50"))
     slurm_cluster.wait_job(job.id, ("RUNNING",), timeout=90, restarts=1)
-    job.wait_output(r"^resumed from step \d+ ", timeout=60)
+    resumed = int(job.wait_output(r"^resumed from step (\d+) ", timeout=60).group(1))
+    job.wait_output(r"^step %d$" % (resumed + 2))
     out = job.output()
     committed = int(re.search(r"^checkpoint signal: saved step (\d+), exiting$", out, re.M).group(1))
+    assert resumed == committed
     assert committed in [m.get("step") for m in job.manifests()]
     assert_resumed_without_gap(job, committed)
+    # A SIGTERM (scancel; the time limit itself looks the same) is not a reason to requeue, but what can be
+    # committed within KillWait is committed.
     slurm_cluster.run(["scancel", job.id])
     slurm_cluster.wait_job(job.id, ("CANCELLED",), timeout=30)
+    last = int(wait_for(lambda: re.findall(r"^checkpoint signal: saved step (\d+), exiting$", job.output(), re.M)[1:],
+                        30, "the trainer's checkpoint on SIGTERM")[0])
+    wait_for(lambda: last in [m.get("step") for m in job.manifests()], 30, "step %d committed" % last)
+    assert re.search(r"not by the Slurm signal SIGUSR1.*not requeued", job.slurm_out()), job.slurm_out()
+    assert slurm_cluster.job(job.id)["Restarts"] == "1"
 
 
 def test_a_crash_of_its_own_is_not_requeued_and_the_log_says_why(slurm_cluster, tmp_path):
