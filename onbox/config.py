@@ -43,6 +43,8 @@ class RunConfig:
     backoff_max: float = 300.0
     crash_loop_threshold: int = 3  # the same failure class this many times in a row stops the run
     reap_orphans: bool = True  # kill leftovers of earlier attempts before the next one starts (U11)
+    term_timeout: float = 10.0  # seconds between TERM and KILL when clearing an attempt's leftover processes
+    tick_interval: float = 0.5  # seconds between the supervisor loop's housekeeping ticks (signals wake it at once)
     # preemption
     preempt_signal: str = "USR1"  # the scheduler's warning signal the agent listens for (NCCL catches USR1: allow USR2)
     checkpoint_signal: str = "TERM"  # what the agent forwards to the child's process group on a notice
@@ -50,6 +52,7 @@ class RunConfig:
     sync_reserve: float = 10.0  # seconds kept back from the grace window for the final commit
     notice_source: str = "auto"  # cloud metadata notices: auto|aws|gcp|azure|none
     metadata_url: Optional[str] = None  # base URL override for the metadata service (tests, proxies)
+    notice_interval: float = 5.0  # seconds between metadata-service polls (DOMAIN.md: AWS recommends 5 s)
     requeue: Optional[bool] = None  # under Slurm: scontrol requeue on preemption (default: yes inside a job)
     # output and heartbeats
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -87,7 +90,8 @@ class RunConfig:
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0, not %r" % (key, getattr(self, key)))
         for key in ("sync_interval", "settle_seconds", "backoff_initial", "backoff_max", "sync_reserve",
-                    "heartbeat_interval", "stall_minutes"):
+                    "heartbeat_interval", "stall_minutes", "term_timeout", "tick_interval",
+                    "notice_interval"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
         if self.grace is not None and self.grace < 0:

@@ -1,0 +1,187 @@
+"""What an attempt's exit means: success, failure with a code, killed by a (named) signal, host OOM, CUDA OOM,
+NCCL timeout and other causes recognisable from the log tail, preempted.
+
+`classify()` is pure: it takes the exit status, the oom_kill counter before and after, and the log tail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from onbox.proc import ExitStatus, signal_name
+
+SUCCESS = "success"
+FAILED = "failed"  # non-zero exit code, cause not recognised
+SIGNALED = "signal"  # killed by a signal, cause not recognised
+HOST_OOM = "host_oom"
+CUDA_OOM = "cuda_oom"
+NCCL_TIMEOUT = "nccl_timeout"
+NCCL_ERROR = "nccl_error"
+DISK_FULL = "disk_full"
+GPU_ERROR = "gpu_error"
+PREEMPTED = "preempted"
+STOPPED = "stopped"
+UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
+
+# U10: CUDA OOM is not host OOM; the fit-it ladder is the fix.
+FIT_IT_LADDER = ("the fit-it ladder: lower the per-device batch size (keep the effective batch with gradient "
+                 "accumulation), enable activation checkpointing, train in bf16/fp16, set "
+                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and check for processes still holding VRAM "
+                 "(`onbox reap`, U11)")
+
+# (classification, compiled pattern, what it means, what to do). First match wins; ordered most specific first.
+LOG_PATTERNS: List[Tuple[str, "re.Pattern[str]", str, str]] = [
+    (CUDA_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                          r"cudaErrorMemoryAllocation|HIP out of memory"),
+     "CUDA out of memory (VRAM, not host RAM)", FIT_IT_LADDER),
+    (NCCL_TIMEOUT, re.compile(r"Watchdog caught collective operation timeout|NCCL.{0,80}[Tt]imeout|"
+                              r"ProcessGroupNCCL.{0,80}timed out|collective operation timeout"),
+     "NCCL collective timed out (a rank hung or the network stalled)",
+     "check that every rank is alive and on the right NIC (NCCL_SOCKET_IFNAME), look for a straggler, "
+     "consider NCCL_DEBUG=INFO; a hang that repeats is not fixed by restarting"),
+    (NCCL_ERROR, re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+                            r"ncclRemoteError"),
+     "NCCL communication error", "run with NCCL_DEBUG=INFO and check the interconnect and driver versions"),
+    (GPU_ERROR, re.compile(r"fallen off the bus|Xid.{0,20}\b(48|79)\b|uncorrectable ECC error|"
+                           r"CUDA error: unspecified launch failure|no CUDA-capable device"),
+     "the GPU failed (Xid / ECC / fell off the bus)", "U22: re-rent the box, do not debug a dead card"),
+    (DISK_FULL, re.compile(r"No space left on device|basic_ios::clear: iostream error|Disk quota exceeded"),
+     "the disk is full (bytes or inodes)",
+     "U6/U7: free space (check df -h AND df -i), prune old checkpoints, or commit them to durable storage"),
+]
+
+PYTHON_EXC = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)|KeyboardInterrupt)(:.*)?$")
+
+
+@dataclasses.dataclass
+class Classification:
+    """The meaning of one exit, recorded in state.json `attempts[].exit` and `last_exit`."""
+
+    classification: str
+    code: Optional[int] = None
+    signal: Optional[int] = None
+    message: str = ""
+    hint: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.classification not in (SUCCESS, PREEMPTED, STOPPED)
+
+    @property
+    def loop_key(self) -> str:
+        """Failures of the same key in a row make a crash loop (a code-1 crash differs from a code-2 one)."""
+        if self.classification == FAILED:
+            return "%s:%s" % (FAILED, self.code)
+        if self.classification == SIGNALED:
+            return "%s:%s" % (SIGNALED, self.signal)
+        return self.classification
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"code": self.code, "signal": self.signal, "signal_name": signal_name(self.signal) if self.signal
+                else None, "classification": self.classification, "message": self.message, "hint": self.hint}
+
+
+def oom_kill_count() -> Optional[int]:
+    """The oom_kill counter of the agent's memory cgroup (U41: the authoritative "was I OOM-killed"), or None.
+
+    The one place classification reads it, so tests and boxes without a memory controller degrade cleanly.
+    """
+    try:
+        from onbox.telemetry.host import read_cgroup  # the foundation's cgroup reader (v1 and v2)
+    except ImportError:
+        return _oom_kill_fallback()
+    try:
+        return read_cgroup(root="/", pid="self").oom_kill
+    except Exception:  # a reader bug must not stop supervision; the classifier just loses host-OOM detection
+        return _oom_kill_fallback()
+
+
+def _oom_kill_fallback(root: str = "/", pid: str = "self") -> Optional[int]:
+    """Minimal reader used until onbox.telemetry.host lands: v2 memory.events, else v1 memory.oom_control."""
+    import os
+
+    try:
+        with open(os.path.join(root, "proc", pid, "cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    v1 = v2 = None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    candidates = []
+    if v1 is not None:
+        candidates.append((os.path.join(root, "sys/fs/cgroup/memory", v1.lstrip("/"), "memory.oom_control"),
+                           "oom_kill"))
+    if v2 is not None:
+        candidates.append((os.path.join(root, "sys/fs/cgroup", v2.lstrip("/"), "memory.events"), "oom_kill"))
+    for path, key in candidates:
+        try:
+            with open(path) as f:
+                for row in f:
+                    k, _, v = row.partition(" ")
+                    if k == key:
+                        return int(v)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optional[int] = None,
+             oom_after: Optional[int] = None, preempted: bool = False, stopped: bool = False) -> Classification:
+    """Turn an exit status plus evidence into a Classification with a message and a hint."""
+    code, sig = status.code, status.signal
+    if preempted:
+        return Classification(PREEMPTED, code, sig, "preempted: checkpoint requested, child ended (%s)"
+                              % describe_status(status), "the run restarts from its newest checkpoint")
+    if stopped:
+        return Classification(STOPPED, code, sig, "stopped on request (%s)" % describe_status(status))
+    if code == 0:
+        return Classification(SUCCESS, 0, None, "exited 0")
+    # U9/U41: a bare SIGKILL with the cgroup oom_kill counter rising is the kernel OOM killer.
+    oom_rose = oom_before is not None and oom_after is not None and oom_after > oom_before
+    if oom_rose and (sig == 9 or code == 137 or (code is None and sig is None)):
+        return Classification(HOST_OOM, code, sig,
+                              "host OOM: killed by the kernel OOM killer (cgroup oom_kill %d -> %d)"
+                              % (oom_before or 0, oom_after or 0),
+                              "U9: host RAM, not VRAM: lower DataLoader num_workers, share big in-RAM objects "
+                              "(memmap) instead of copying them into every worker, or rent more RAM")
+    lines = list(log_tail)
+    for kind, pattern, meaning, hint in LOG_PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return Classification(kind, code, sig, "%s (%s): %s" % (meaning, describe_status(status),
+                                                                          line.strip()[:200]), hint)
+    if code is None and sig is None:
+        return Classification(UNKNOWN, None, None,
+                              "the child ended while adopted; its exit status cannot be known",
+                              "see the end of the output log (`onbox logs NAME`)")
+    exc = last_exception(lines)
+    if sig is not None:
+        return Classification(SIGNALED, None, sig, "Signal %d (%s) received by the child" % (sig, signal_name(sig))
+                              + ("; last error: %s" % exc if exc else ""),
+                              "a SIGKILL with no OOM record is usually a manual kill or the platform (U3)")
+    return Classification(FAILED, code, None, "exited with code %s" % code + (": %s" % exc if exc else ""),
+                          "see the end of the output log (`onbox logs NAME`)")
+
+
+def describe_status(status: ExitStatus) -> str:
+    if status.signal is not None:
+        return "Signal %d (%s)" % (status.signal, signal_name(status.signal))
+    if status.code is not None:
+        return "exit code %d" % status.code
+    return "exit status unknown"
+
+
+def last_exception(lines: Sequence[str]) -> str:
+    """The final `SomeError: message` line of a Python traceback in the tail, or ''."""
+    for line in reversed(lines):
+        text = line.strip()
+        if PYTHON_EXC.match(text):
+            return text[:200]
+    return ""

@@ -1,0 +1,205 @@
+"""`onbox run` and `onbox adopt`: thin commands over detach.py and supervisor.py."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import click
+
+from onbox.cliutil import echo_json
+from onbox.errors import UsageError
+
+UNPROCESSED = click.UNPROCESSED
+
+
+def _options(f: Any) -> Any:
+    opts = [
+        click.option("--name", help="Run name (default: derived from CMD and the time)."),
+        click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
+        click.option("-f", "--run-file", "run_file", type=click.Path(dir_okay=False),
+                     help="A TOML run file holding the same options (a [run] table)."),
+        click.option("--ckpt-dir", help="Where the trainer writes checkpoints (ONBOX_CKPT_DIR)."),
+        click.option("--durable", help="Durable target: a mounted path or an rclone remote:path."),
+        click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), help="Restart policy."),
+        click.option("--max-restarts", type=int, help="Restarts after failures before giving up."),
+        click.option("--checkpoint-signal", help="Signal forwarded to the child on preemption (default TERM)."),
+        click.option("--preempt-signal", help="Scheduler signal the agent treats as preemption (default USR1)."),
+        click.option("--grace", type=float, help="Seconds from a preemption notice to the hard kill."),
+        click.option("--resume-arg", "resume_args", multiple=True,
+                     help="Argument appended when a checkpoint exists; {ckpt} expands to its path. Repeatable."),
+        click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable."),
+        click.option("--workdir", type=click.Path(file_okay=False), help="Child's working directory."),
+        click.option("--notice-source", type=click.Choice(["auto", "aws", "gcp", "azure", "none"]),
+                     help="Cloud preemption notices from the metadata service."),
+        click.option("--metadata-url", help="Base URL of the metadata service (override)."),
+        click.option("--requeue/--no-requeue", default=None, help="Under Slurm: scontrol requeue on preemption."),
+        click.option("--foreground", is_flag=True, help="Stay in the foreground (sbatch, containers, systemd)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@_options
+@click.argument("command", nargs=-1, type=UNPROCESSED)
+def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, **flags: Any) -> int:
+    """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
+
+    Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
+    Starting an existing run again re-adopts its child if it is still alive (no double launch).
+    """
+    from onbox import config, paths
+    from onbox.rundir import RunDir
+
+    cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
+    if "env" in cli:
+        cli["env"] = _parse_env(cli["env"])
+    if "resume_args" in cli:
+        cli["resume_args"] = list(cli["resume_args"])
+    if command:
+        cli["command"] = list(command)
+    profile_defaults = None  # PROFILE: the one call site for Profile.run_defaults() when profiles land (issue 6)
+    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile_defaults)
+    if not cfg.command:
+        raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
+    cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
+    if not os.path.isdir(cfg.workdir):
+        raise UsageError("working directory does not exist: %s" % cfg.workdir)
+    _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
+    cfg.name = cfg.name or _default_name(cfg.command)
+    _check_runs_dir(paths.runs_dir())
+    rd = RunDir(paths.run_dir(cfg.name))
+    return _launch(cfg, rd, foreground, as_json, adopt_only=False)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--foreground", is_flag=True, help="Stay in the foreground.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def adopt(name: str, foreground: bool, as_json: bool) -> int:
+    """Re-adopt run NAME whose child outlived its agent (PID and start time must both match)."""
+    from onbox import paths
+    from onbox.config import RunConfig
+    from onbox.fsutil import read_json
+    from onbox.rundir import RunDir
+
+    rd = RunDir(paths.run_dir(name))
+    if not rd.exists():
+        raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
+    try:
+        cfg = RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
+    except (OSError, ValueError) as e:
+        raise UsageError("cannot read %s: %s" % (rd.config_path, e))
+    return _launch(cfg, rd, foreground, as_json, adopt_only=True)
+
+
+def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
+    from onbox import detach
+    from onbox.proc import ProcessSeam
+
+    created = not os.path.isdir(rd.path)
+    try:
+        os.makedirs(rd.path, exist_ok=True)
+        lock = detach.lock_or_explain(rd)
+    except UsageError:
+        raise
+    except OSError as e:
+        if created:
+            shutil.rmtree(rd.path, ignore_errors=True)
+        raise UsageError("cannot create the run directory %s: %s" % (rd.path, e.strerror or e),
+                         hint="set ONBOX_HOME to a writable directory")
+    child = detach.live_child(rd, ProcessSeam())
+    if adopt_only and child is None:
+        lock.release()
+        raise UsageError("run %s has no live child to adopt" % rd.name,
+                         hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
+    if child is None:
+        rd.write_config(cfg.to_dict())  # the exact re-launch record
+    lock.write_owner(os.getpid())
+
+    def agent(ready: Any) -> int:
+        from onbox.supervisor import Supervisor, exit_code_for
+
+        lock.write_owner(os.getpid())
+        sup = Supervisor(cfg, rd)
+        sup.on_ready = lambda s: ready({"ok": s.state.value == "running", "run": rd.name, "run_dir": rd.path,
+                                        "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
+                                        "state": s.state.value, "adopted": child is not None,
+                                        "error": s.message if s.state.value != "running" else None})
+        return exit_code_for(sup.run(adopt=child))
+
+    if foreground:
+        try:
+            return agent(lambda info: _report(info, as_json) if info.get("adopted") else None)
+        finally:
+            lock.release()
+    ok, info = detach.daemonize(agent, rd.file("agent.log"))
+    lock.release()
+    if not ok:
+        click.echo("onbox: run %s failed to start: %s" % (rd.name, info.get("error")), err=True)
+        return 1
+    _report(info, as_json)
+    return 0
+
+
+def _report(info: Dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo_json(info)
+    else:
+        click.echo("%s %s %s %s" % ("adopted" if info.get("adopted") else "started", info["run"], info["run_dir"],
+                                    info.get("pid")))
+
+
+def _parse_env(items: List[str]) -> Dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError("--env needs KEY=VAL, not %r" % item)
+        out[key] = value
+    return out
+
+
+def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
+    if os.sep in exe:
+        path = exe if os.path.isabs(exe) else os.path.join(workdir, exe)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError("cannot run %s: no such executable file" % exe,
+                             hint="check the path (relative paths are from %s)" % workdir)
+        return
+    if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+        raise UsageError("cannot run %s: not found on PATH" % exe,
+                         hint="give the full path, or fix PATH (the agent uses this shell's PATH)")
+
+
+def _default_name(command: List[str]) -> str:
+    base = os.path.basename(command[0])
+    if len(command) > 1 and (base.startswith("python") or base in ("bash", "sh", "torchrun", "accelerate")):
+        for arg in command[1:]:
+            if not arg.startswith("-"):
+                base = os.path.splitext(os.path.basename(arg))[0] or base
+                break
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in base).strip("-.") or "run"
+    return "%s-%s-%d" % (safe[:60], time.strftime("%Y%m%d-%H%M%S"), os.getpid() % 10000)
+
+
+def _check_runs_dir(runs: str) -> None:
+    """Refuse early (exit 2, nothing created) when the runs directory cannot be created or written."""
+    probe = runs
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    from onbox.fsutil import is_writable_dir
+
+    if not os.path.isdir(probe) or not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
+        raise UsageError("the runs directory %s is not writable (%s)" % (runs, probe),
+                         hint="set ONBOX_HOME to a writable directory")
+    if sys.platform != "linux":  # pragma: no cover
+        raise UsageError("onbox runs jobs on Linux only")

@@ -1,0 +1,168 @@
+"""`onbox status`, `ls`, `logs`, `stop`: read the run directories; `stop` asks the agent for a graceful stop."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import click
+
+from onbox.cliutil import echo_json
+from onbox.errors import UsageError
+
+STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
+
+
+def _rundir(name: str) -> Any:
+    from onbox import paths
+    from onbox.rundir import RunDir
+
+    if not paths.valid_run_name(name):
+        raise UsageError("invalid run name %r" % name)
+    rd = RunDir(paths.run_dir(name))
+    if not rd.exists():
+        raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
+    return rd
+
+
+def _summary(rd: Any) -> Dict[str, Any]:
+    from onbox.detach import TERMINAL, agent_alive
+
+    state = rd.read_state() or {"run": rd.name, "state": "unknown"}
+    alive = agent_alive(state)
+    state["agent_alive"] = alive
+    if not alive and state.get("state") not in TERMINAL:
+        state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
+    return state
+
+
+def _all_runs() -> List[Any]:
+    from onbox import paths
+    from onbox.rundir import RunDir
+
+    root = paths.runs_dir()
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [RunDir(os.path.join(root, n)) for n in names if os.path.isfile(os.path.join(root, n, "config.json"))]
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print state.json (plus agent liveness) as JSON.")
+def status(name: Optional[str], as_json: bool) -> int:
+    """State of run NAME, or of every run."""
+    docs = [_summary(_rundir(name))] if name else [_summary(rd) for rd in _all_runs()]
+    if as_json:
+        echo_json(docs[0] if name else docs)
+        return 0
+    for doc in docs:
+        last = doc.get("last_exit") or {}
+        click.echo("%s: %s (attempt %s, restarts %s, child %s, agent %s)" % (
+            doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid"),
+            "alive" if doc.get("agent_alive") else "not running"))
+        if last:
+            click.echo("  last exit: %s — %s" % (last.get("classification"), last.get("message")))
+        if doc.get("message"):
+            click.echo("  %s" % doc["message"])
+        if doc.get("note"):
+            click.echo("  note: %s" % doc["note"])
+    return 0
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def ls(as_json: bool) -> int:
+    """List runs on this box."""
+    rows = [_summary(rd) for rd in _all_runs()]
+    if as_json:
+        echo_json([{k: r.get(k) for k in ("run", "state", "attempt", "child_pid", "agent_alive", "updated_at")}
+                   for r in rows])
+        return 0
+    click.echo("%-40s %-10s %-7s %-8s %s" % ("RUN", "STATE", "ATTEMPT", "CHILD", "UPDATED"))
+    for r in rows:
+        upd = r.get("updated_at")
+        click.echo("%-40s %-10s %-7s %-8s %s" % (
+            r.get("run"), r.get("state"), r.get("attempt"), r.get("child_pid") or "-",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(upd)) if isinstance(upd, (int, float)) else "-"))
+    return 0
+
+
+@click.command()
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option("-n", "lines", type=int, default=50, show_default=True, help="Lines from the end to show first.")
+def logs(name: str, follow: bool, lines: int) -> int:
+    """Show (or follow) run NAME's output log."""
+    from onbox.detach import TERMINAL, agent_alive
+    from onbox.rundir import LogTailer, tail_lines
+
+    rd = _rundir(name)
+    for line in tail_lines(rd.log_path, lines):
+        click.echo(line)
+    if not follow:
+        return 0
+    tailer = LogTailer(rd.log_path, from_end=True)
+    while True:
+        for line in tailer.read_new():
+            click.echo(line)
+        sys.stdout.flush()
+        state = rd.read_state() or {}
+        if state.get("state") in TERMINAL and not agent_alive(state):
+            for line in tailer.read_new() + tailer.flush_partial():
+                click.echo(line)
+            return 0
+        time.sleep(0.2)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--grace", type=float, help="Seconds the child gets to checkpoint before the hard kill.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
+def stop(name: str, grace: Optional[float], as_json: bool) -> int:
+    """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart."""
+    from onbox import detach, fsutil
+    from onbox.proc import ProcessSeam
+
+    rd = _rundir(name)
+    state = rd.read_state() or {}
+    if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
+        click.echo("%s is already %s" % (name, state.get("state")))
+        return 0
+    if grace is not None and grace < 0:
+        raise UsageError("--grace must be >= 0 seconds")
+    fsutil.atomic_write_json(rd.stop_request, {"grace": grace, "requested_at": time.time()})
+    lock = detach.RunLock(rd.lock_path)
+    if lock.acquire():  # no live agent: stop the orphaned child ourselves, through the same supervisor path
+        child = detach.live_child(rd, ProcessSeam())
+        if child is None:
+            lock.release()
+            os.unlink(rd.stop_request)
+            click.echo("%s has no live agent and no live child; nothing to stop" % name)
+            return 0
+        try:
+            from onbox.config import RunConfig
+            from onbox.supervisor import Supervisor
+
+            cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json")
+            cfg.notice_source = "none"
+            Supervisor(cfg, rd).run(adopt=child)
+        finally:
+            lock.release()
+    else:
+        limit = time.monotonic() + (grace if grace is not None else 30.0) + STOP_MARGIN
+        while time.monotonic() < limit:
+            state = rd.read_state() or {}
+            if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
+                break
+            time.sleep(0.1)
+        else:
+            raise UsageError("run %s did not stop in time" % name, hint="`onbox status %s`" % name)
+    final = rd.read_state() or {}
+    if as_json:
+        echo_json(final)
+    else:
+        click.echo("%s: %s" % (name, final.get("state")))
+    return 0

@@ -1,0 +1,156 @@
+"""Daemonize the agent, hold the per-run lock, find a live child to re-adopt after an agent restart.
+
+Why a double fork (U1-U4, U18): `ssh box 'onbox run -- ...'` must come back at once and the job must outlive the
+SSH session. The first child calls setsid() (no controlling terminal, no SIGHUP when the session ends), the
+second fork makes sure the agent can never re-acquire a terminal; stdin/stdout/stderr are re-opened on
+/dev/null and agent.log so sshd sees its channel close and the ssh client returns.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import select
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from onbox.errors import UsageError
+from onbox.proc import Child, ProcessSeam, is_alive
+from onbox.rundir import RunDir
+
+TERMINAL = ("done", "failed", "preempted", "stopped")
+
+
+class RunLock:
+    """flock(2) on <run_dir>/lock, held by the live agent for its whole life (no double launch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        """Take the lock without waiting; False when another live agent holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self.fd = fd
+        return True
+
+    def write_owner(self, pid: int) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, ("%d\n" % pid).encode(), 0)
+
+    def owner(self) -> Optional[int]:
+        try:
+            with open(self.path) as f:
+                return int(f.read().strip() or 0) or None
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last fd of the open file description drops the flock
+            self.fd = None
+
+
+def agent_alive(state: Optional[Dict[str, Any]]) -> bool:
+    """True when the agent recorded in state.json still runs (pid + start time: a recycled pid is not it)."""
+    if not state or not state.get("agent_pid"):
+        return False
+    return is_alive(int(state["agent_pid"]), state.get("agent_start_time"))
+
+
+def live_child(rd: RunDir, proc: ProcessSeam) -> Optional[Child]:
+    """The child recorded in state.json if it still runs — same pid AND same start time (a recycled PID is
+    someone else's process and must never be adopted or signalled)."""
+    state = rd.read_state()
+    if not state or state.get("state") in TERMINAL or not state.get("child_pid"):
+        return None
+    return proc.adopt(int(state["child_pid"]), state.get("child_start_time"))
+
+
+def daemonize(agent: Callable[[Callable[[Dict[str, Any]], None]], int], log_path: str,
+              ready_timeout: float = 60.0) -> Tuple[bool, Dict[str, Any]]:
+    """Run `agent(ready)` in a detached grandchild; return (ok, info) in the caller once it called `ready(info)`.
+
+    The caller keeps running only to report: it returns as soon as the agent says the child runs (or failed).
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # first child
+        os.close(r)
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            _redirect_stdio(log_path)
+            os.chdir("/")
+
+            sent: list = []
+
+            def ready(info: Dict[str, Any]) -> None:
+                if not sent:
+                    sent.append(True)
+                    try:
+                        os.write(w, json.dumps(info).encode() + b"\n")
+                        os.close(w)
+                    except OSError:
+                        pass
+
+            code = 1
+            try:
+                code = agent(ready)
+            finally:
+                ready({"ok": False, "error": "the agent ended before the child started; see %s" % log_path})
+            os._exit(code)
+        except BaseException:  # never return into the caller's stack from a forked child
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+    os.close(w)
+    os.waitpid(pid, 0)  # the first child exits right after the second fork
+    data = b""
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        ready_fds, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready_fds:
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+        if data.endswith(b"\n"):
+            break
+    os.close(r)
+    if not data:
+        return False, {"error": "the agent did not report within %.0f s; see %s" % (ready_timeout, log_path)}
+    info = json.loads(data.decode())
+    return bool(info.get("ok")), info
+
+
+def _redirect_stdio(log_path: str) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+
+
+def lock_or_explain(rd: RunDir) -> RunLock:
+    """The run's lock, or a UsageError naming the live agent (a second `onbox run --name X` is refused)."""
+    lock = RunLock(rd.lock_path)
+    if not lock.acquire():
+        owner = lock.owner()
+        raise UsageError("run %s is already running (agent pid %s)" % (rd.name, owner or "?"),
+                         hint="`onbox status %s` shows it; `onbox stop %s` stops it" % (rd.name, rd.name))
+    return lock

@@ -1,0 +1,216 @@
+"""Signals and cloud notices become one PreemptionNotice(source, deadline).
+
+Signals: SIGTERM (docker stop, Kubernetes, RunPod, systemd), SIGINT, and the scheduler's signal (USR1 by default;
+NCCL catches USR1, so USR2 is allowed). Cloud notices (DOMAIN.md): AWS IMDSv2 spot/instance-action (token flow),
+GCP instance/preempted, Azure Scheduled Events `Preempt`. The metadata poller runs in a daemon thread so a slow or
+absent metadata service never delays the loop; it wakes the loop through a pipe. Uses urllib (stdlib, cheap to
+import) with proxies disabled: the metadata service is link-local and must never go through an HTTP proxy.
+"""
+from __future__ import annotations
+
+import calendar
+import dataclasses
+import json
+import os
+import threading
+import time
+from email.utils import parsedate_tz
+from typing import Any, Callable, Dict, Optional, Tuple
+
+AWS_BASE = "http://169.254.169.254"
+GCP_BASE = "http://metadata.google.internal"
+AZURE_BASE = "http://169.254.169.254"
+
+AWS_TOKEN_PATH = "/latest/api/token"
+AWS_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
+AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2019-01-01"
+
+DEFAULT_NOTICE_LEAD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # seconds from notice to kill (DOMAIN.md)
+
+
+@dataclasses.dataclass
+class PreemptionNotice:
+    """The one shape every warning takes. `deadline` is a monotonic time; received_at is wall time."""
+
+    source: str  # "signal:SIGTERM", "aws", "gcp", "azure", "stop"
+    deadline: float
+    received_at: float
+    detail: str = ""
+
+    def to_dict(self, now_mono: float, now_wall: float) -> Dict[str, Any]:
+        return {"source": self.source, "received_at": self.received_at, "detail": self.detail,
+                "deadline": now_wall + (self.deadline - now_mono)}  # wall-clock for readers
+
+
+def _opener() -> Any:
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http(method: str, url: str, headers: Dict[str, str], timeout: float) -> Tuple[Optional[int], bytes]:
+    """One request; (status, body), or (None, b"") when nothing answers. Never raises for network trouble."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
+    try:
+        with _opener().open(req, timeout=timeout) as resp:
+            return resp.status, resp.read(64 * 1024)
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (OSError, ValueError):
+        return None, b""
+
+
+class MetadataClient:
+    """Asks one cloud's metadata service whether this instance is about to be taken away."""
+
+    def __init__(self, provider: str, base: Optional[str] = None, timeout: float = 0.5) -> None:
+        self.provider = provider
+        self.base = (base or {"aws": AWS_BASE, "gcp": GCP_BASE, "azure": AZURE_BASE}[provider]).rstrip("/")
+        self.timeout = timeout
+        self._token: Optional[str] = None  # AWS IMDSv2 session token (valid for its TTL)
+
+    def available(self) -> bool:
+        """True when this provider's metadata service answers (detection for notice_source=auto)."""
+        if self.provider == "aws":
+            self._token = self._aws_token()
+            return self._token is not None
+        if self.provider == "gcp":
+            status, _ = http("GET", self.base + GCP_PREEMPTED_PATH, {"Metadata-Flavor": "Google"}, self.timeout)
+            return status == 200
+        status, _ = http("GET", self.base + AZURE_EVENTS_PATH, {"Metadata": "true"}, self.timeout)
+        return status == 200
+
+    def _aws_token(self) -> Optional[str]:
+        status, body = http("PUT", self.base + AWS_TOKEN_PATH,
+                            {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}, self.timeout)
+        return body.decode("ascii", "replace").strip() if status == 200 and body else None
+
+    def check(self, now_wall: float) -> Optional[Tuple[float, str]]:
+        """(seconds until the instance goes, detail) when a notice is out, else None."""
+        if self.provider == "aws":
+            token = self._token or self._aws_token()
+            if token is None:
+                return None
+            status, body = http("GET", self.base + AWS_ACTION_PATH, {"X-aws-ec2-metadata-token": token},
+                                self.timeout)
+            self._token = token if status != 401 else None  # reuse the token until it expires (401)
+            if status != 200:  # 404: no action scheduled
+                return None
+            try:
+                doc = json.loads(body.decode("utf-8"))
+                when = calendar.timegm(time.strptime(doc["time"], "%Y-%m-%dT%H:%M:%SZ"))
+                return max(0.0, when - now_wall), "aws spot %s at %s" % (doc.get("action"), doc["time"])
+            except (ValueError, KeyError, TypeError):
+                return DEFAULT_NOTICE_LEAD["aws"], "aws spot instance-action"
+        if self.provider == "gcp":
+            status, body = http("GET", self.base + GCP_PREEMPTED_PATH, {"Metadata-Flavor": "Google"}, self.timeout)
+            if status == 200 and body.strip().upper() == b"TRUE":
+                return DEFAULT_NOTICE_LEAD["gcp"], "gcp instance preempted"
+            return None
+        status, body = http("GET", self.base + AZURE_EVENTS_PATH, {"Metadata": "true"}, self.timeout)
+        if status != 200:
+            return None
+        try:
+            events = json.loads(body.decode("utf-8")).get("Events") or []
+        except (ValueError, AttributeError):
+            return None
+        for ev in events:
+            if isinstance(ev, dict) and ev.get("EventType") == "Preempt":
+                lead = DEFAULT_NOTICE_LEAD["azure"]
+                parsed = parsedate_tz(str(ev.get("NotBefore") or ""))
+                if parsed:
+                    lead = max(0.0, calendar.timegm(parsed[:9]) - (parsed[9] or 0) - now_wall)
+                return lead, "azure Preempt event %s" % ev.get("EventId", "")
+        return None
+
+
+class MetadataPoller:
+    """A daemon thread polling the metadata service; on a notice it calls `on_notice(lead_s, source, detail)`.
+
+    notice_source=auto probes aws, gcp and azure once with a short timeout and stays silent (and stops) when
+    none answers: absent metadata costs one probe round in the background, nothing in the loop.
+    """
+
+    def __init__(self, source: str, base: Optional[str], interval: float,
+                 on_notice: Callable[[float, str, str], None], timeout: float = 0.5,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.source = source
+        self.base = base
+        self.interval = interval
+        self.on_notice = on_notice
+        self.timeout = timeout
+        self.log = log or (lambda _m: None)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.provider: Optional[str] = None
+
+    def start(self) -> None:
+        if self.source == "none":
+            return
+        self._thread = threading.Thread(target=self._run, name="onbox-metadata", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _detect(self) -> Optional[MetadataClient]:
+        providers = ["aws", "gcp", "azure"] if self.source == "auto" else [self.source]
+        for p in providers:
+            client = MetadataClient(p, self.base, self.timeout)
+            if self.source != "auto" or client.available():
+                return client
+        return None
+
+    def _run(self) -> None:
+        client = self._detect()
+        if client is None:
+            self.log("no cloud metadata service answered; cloud preemption notices are off")
+            return
+        self.provider = client.provider
+        self.log("polling %s metadata for preemption notices every %.1f s" % (client.provider, self.interval))
+        while not self._stop.is_set():
+            found = client.check(time.time())
+            if found is not None:
+                self.on_notice(found[0], client.provider, found[1])
+                return
+            self._stop.wait(self.interval)
+
+
+class NoticePipe:
+    """Hands notices from the poller thread to the loop: a queue plus a pipe the loop's select() watches."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)
+        self._lock = threading.Lock()
+        self._items: list = []
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+        try:
+            os.write(self.write_fd, b"n")
+        except (BlockingIOError, OSError):
+            pass
+
+    def drain(self) -> list:
+        try:
+            while os.read(self.read_fd, 512):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,241 @@
+"""The run directory `$ONBOX_HOME/runs/<name>/`: the files a run leaves behind and every tool reads.
+
+  config.json         the resolved RunConfig: the exact re-launch record
+  state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...
+  events.jsonl        append-only lifecycle events, one JSON object a line
+  output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
+  training_status.md  a human summary regenerated on each state change
+  lock                flock(2) held by the live agent (detach.py)
+  PREEMPTED           exists once a preemption is under way (ONBOX_PREEMPT_FILE)
+  metrics.jsonl       the trainer may append {"step":..,"loss":..} lines (ONBOX_METRICS_FILE)
+  stop.request        written by `onbox stop`; the agent acts on it at its next tick
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import time
+from typing import Any, Deque, Dict, List, Optional
+
+from onbox import fsutil
+
+TAIL_LINES = 200  # lines of output kept for exit classification (U10)
+
+
+class RunDir:
+    """Paths and writers of one run directory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.name = os.path.basename(self.path)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def state_path(self) -> str:
+        return self.file("state.json")
+
+    @property
+    def events_path(self) -> str:
+        return self.file("events.jsonl")
+
+    @property
+    def log_path(self) -> str:
+        return self.file("output.log")
+
+    @property
+    def config_path(self) -> str:
+        return self.file("config.json")
+
+    @property
+    def preempt_file(self) -> str:
+        return self.file("PREEMPTED")
+
+    @property
+    def metrics_file(self) -> str:
+        return self.file("metrics.jsonl")
+
+    @property
+    def stop_request(self) -> str:
+        return self.file("stop.request")
+
+    @property
+    def lock_path(self) -> str:
+        return self.file("lock")
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.config_path)
+
+    def read_state(self) -> Optional[Dict[str, Any]]:
+        """state.json, or None when absent or unreadable (a run that never started)."""
+        try:
+            doc = fsutil.read_json(self.state_path)
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def write_state(self, state: Dict[str, Any]) -> None:
+        fsutil.atomic_write_json(self.state_path, state)
+        fsutil.atomic_write(self.file("training_status.md"), render_status(state))
+
+    def append_event(self, event: Dict[str, Any]) -> None:
+        fsutil.append_jsonl(self.events_path, event)
+
+    def write_config(self, config: Dict[str, Any]) -> None:
+        fsutil.atomic_write_json(self.config_path, config)
+
+    def log_line(self, text: str) -> None:
+        """A line of the agent's own into the output log (attempt separators), with one O_APPEND write."""
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, ("[onbox %s] %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text)).encode("utf-8"))
+        finally:
+            os.close(fd)
+
+    def rotate_log(self, max_bytes: int, backups: int) -> bool:
+        """Copy-truncate rotation when output.log exceeds max_bytes.
+
+        The child holds output.log open with O_APPEND: renaming would keep it writing into the renamed file, so
+        the content is copied to output.log.1 and the file truncated; the child's next write lands at offset 0.
+        A few lines written during the copy can be lost; that is the price of never touching the child's fds.
+        """
+        try:
+            size = os.path.getsize(self.log_path)
+        except OSError:
+            return False
+        if max_bytes <= 0 or size <= max_bytes:
+            return False
+        if backups <= 0:
+            os.truncate(self.log_path, 0)
+            return True
+        for i in range(backups - 1, 0, -1):
+            src = "%s.%d" % (self.log_path, i)
+            if os.path.exists(src):
+                os.replace(src, "%s.%d" % (self.log_path, i + 1))
+        shutil.copyfile(self.log_path, self.log_path + ".1")
+        os.truncate(self.log_path, 0)
+        return True
+
+
+class LogTailer:
+    """Follows output.log from an offset, yielding whole new lines; survives copy-truncate rotation."""
+
+    def __init__(self, path: str, from_end: bool = True, keep: int = TAIL_LINES) -> None:
+        self.path = path
+        self.offset = 0
+        self._partial = b""
+        self.tail: Deque[str] = collections.deque(maxlen=keep)
+        if from_end:
+            try:
+                self.offset = os.path.getsize(path)
+            except OSError:
+                self.offset = 0
+
+    def read_new(self, limit: int = 4 * 1024 * 1024) -> List[str]:
+        """New complete lines since the last call (at most `limit` bytes a call, so a flood cannot stall the loop)."""
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size < self.offset:  # truncated by rotation
+            self.offset = 0
+            self._partial = b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(min(limit, size - self.offset))
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        parts = data.split(b"\n")
+        self._partial = parts.pop()
+        if len(self._partial) > 64 * 1024:  # a line without end: hand it over in pieces
+            parts.append(self._partial)
+            self._partial = b""
+        lines = [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
+        self.tail.extend(lines)
+        return lines
+
+    def flush_partial(self) -> List[str]:
+        """The unterminated last line (after the child has exited)."""
+        if not self._partial:
+            return []
+        line = self._partial.decode("utf-8", "replace")
+        self._partial = b""
+        self.tail.append(line)
+        return [line]
+
+    def reset_tail(self) -> None:
+        self.tail.clear()
+
+
+def tail_lines(path: str, n: int) -> List[str]:
+    """The last n lines of a file (reads from the end; fine for big logs)."""
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            block = 64 * 1024
+            data = b""
+            pos = end
+            while pos > 0 and data.count(b"\n") <= n:
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + data
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-n:]
+
+
+STATE_MEANING = {
+    "starting": "starting an attempt",
+    "running": "the job is running",
+    "backoff": "waiting before the next restart",
+    "stopping": "preemption/stop under way: checkpoint requested, waiting for the child",
+    "done": "finished successfully",
+    "failed": "failed; not restarting",
+    "preempted": "preempted; a restart/requeue is expected (it resumes from the newest checkpoint)",
+    "stopped": "stopped on request",
+}
+
+
+def render_status(state: Dict[str, Any]) -> str:
+    """training_status.md: what a human wants at a glance: state, attempt, last exit and its meaning, risks."""
+    last = state.get("last_exit") or {}
+    lines = [
+        "# Run %s" % state.get("run", "?"),
+        "",
+        "- state: **%s** — %s" % (state.get("state"), STATE_MEANING.get(str(state.get("state")), "")),
+        "- attempt: %s (restarts: %s)" % (state.get("attempt"), state.get("restarts")),
+        "- child pid: %s · agent pid: %s" % (state.get("child_pid"), state.get("agent_pid")),
+        "- started: %s · updated: %s" % (_iso(state.get("started_at")), _iso(state.get("updated_at"))),
+        "- checkpoint dir: %s" % state.get("ckpt_dir"),
+        "- newest checkpoint: %s" % (state.get("resume_from") or "none yet"),
+    ]
+    if last:
+        lines.append("- last exit: %s — %s" % (last.get("classification"), last.get("message")))
+        if last.get("hint"):
+            lines.append("  - what to do: %s" % last["hint"])
+    if state.get("preemption"):
+        p = state["preemption"]
+        lines.append("- preemption: from %s, received %s" % (p.get("source"), _iso(p.get("received_at"))))
+    risks = []
+    if state.get("message"):
+        risks.append(str(state["message"]))
+    if not state.get("resume_from"):
+        risks.append("no checkpoint yet: a preemption now loses all progress")
+    if risks:
+        lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
+    return "\n".join(lines) + "\n"
+
+
+def _iso(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

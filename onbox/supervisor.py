@@ -1,0 +1,506 @@
+"""The run lifecycle: one RunState enum and one loop, observe -> decide -> act (STYLE.md, the elastic agent).
+
+Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
+metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import select
+import signal
+import sys
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+from onbox import classify as cls
+from onbox.childenv import child_argv, child_env, cpu_quota_cores
+from onbox.clock import Clock, SystemClock
+from onbox.config import RunConfig, parse_signal
+from onbox.preempt import MetadataPoller, NoticePipe, PreemptionNotice
+from onbox.proc import Child, ExitStatus, ProcessSeam, set_child_subreaper
+from onbox.rundir import LogTailer, RunDir
+from onbox.runhooks import Hooks, RunContext, make_hooks
+
+DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
+
+
+class RunState(str, enum.Enum):
+    """The run's lifecycle. Transitions (anything else raises IllegalTransition):
+
+    STARTING  -> RUNNING (the attempt's child was spawned) | FAILED (it could not be started)
+    RUNNING   -> BACKOFF (it exited and the policy restarts it) | DONE | FAILED | STOPPING (a notice or stop)
+    BACKOFF   -> STARTING (the backoff elapsed) | STOPPING (a notice or stop while waiting)
+    STOPPING  -> PREEMPTED (notice handled: checkpoint committed, exit 75) | STOPPED (`onbox stop`)
+    DONE, FAILED, PREEMPTED, STOPPED are terminal. A supervisor starts in STARTING, or RUNNING when it adopts.
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    DONE = "done"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED)
+
+
+TRANSITIONS = {
+    RunState.STARTING: (RunState.RUNNING, RunState.FAILED),
+    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING),
+    RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
+    RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED),
+}
+
+
+class IllegalTransition(RuntimeError):
+    def __init__(self, old: RunState, new: RunState) -> None:
+        allowed = ", ".join(s.value for s in TRANSITIONS.get(old, ())) or "none (terminal)"
+        super().__init__("illegal run state transition %s -> %s; allowed from %s: %s"
+                         % (old.value, new.value, old.value, allowed))
+
+
+def check_transition(old: RunState, new: RunState) -> None:
+    if new not in TRANSITIONS.get(old, ()):
+        raise IllegalTransition(old, new)
+
+
+def requeue_command(job_id: str, timeout: float = 30.0) -> bool:
+    """`scontrol requeue JOB` (the Slurm engineer refines this in onbox/slurm.py). True when it succeeded."""
+    import subprocess
+
+    try:
+        return subprocess.run(["scontrol", "requeue", job_id], timeout=timeout, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class Supervisor:
+    """Supervises one run: attempts, restarts, preemption, stop. `run()` returns the terminal RunState."""
+
+    def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
+                 clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
+                 oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
+                 requeue: Callable[[str], bool] = requeue_command, environ: Optional[Dict[str, str]] = None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.cfg = cfg
+        self.rd = rundir
+        self.proc = proc or ProcessSeam()
+        self.clock = clock or SystemClock()
+        self.oom_reader = oom_reader
+        self.requeue = requeue
+        self.environ = dict(os.environ if environ is None else environ)
+        self._log: Callable[[str], None] = log or self._stderr_log
+        self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
+        prev = rundir.read_state() or {}
+        self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
+        self.restarts = int(prev.get("restarts") or 0)
+        self.started_at = prev.get("started_at") or self.clock.time()
+        self.state = RunState.STARTING
+        self.child: Optional[Child] = None
+        self.exit_status: Optional[ExitStatus] = None
+        self.notice: Optional[PreemptionNotice] = None
+        self.stopping_by_request = False
+        self.final_done = False
+        self.escalated = False
+        self.backoff_until = 0.0
+        self.resume_from: Optional[str] = None
+        self.oom_before: Optional[int] = None
+        self.last_exit: Optional[Dict[str, Any]] = prev.get("last_exit")
+        self.message = ""
+        self.streak: List[str] = []  # loop keys of consecutive failures
+        self.signals: List[int] = []
+        self.next_tick = 0.0
+        self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
+        from onbox.proc import start_time
+
+        self._agent_start = start_time(os.getpid())
+        self.tailer = LogTailer(rundir.log_path, from_end=True)
+        self.notices = NoticePipe()
+        self.hooks: Hooks = hooks_factory(RunContext(
+            name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
+            emit=self.emit, attempt=lambda: self.attempt_no))
+        self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
+
+    @staticmethod
+    def _stderr_log(message: str) -> None:
+        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+        sys.stderr.flush()
+
+    # ---- records -------------------------------------------------------------------------------------------
+    @property
+    def attempt_no(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    def emit(self, event_type: str, **fields: Any) -> None:
+        ev = {"time": self.clock.time(), "type": event_type, "run": self.rd.name, "attempt": self.attempt_no}
+        ev.update(fields)
+        self.rd.append_event(ev)
+        self._hook("telemetry.on_event", self.hooks.telemetry.on_event, ev)
+
+    def state_doc(self) -> Dict[str, Any]:
+        cur = self.attempts[-1] if self.attempts else {}
+        now_m, now_w = self.clock.monotonic(), self.clock.time()
+        return {
+            "run": self.rd.name, "state": self.state.value, "attempt": self.attempt_no,
+            "child_pid": self.child.pid if self.child else None,
+            "child_start_time": self.child.start_time if self.child else None,
+            "agent_pid": os.getpid(), "agent_start_time": self._agent_start,
+            "started_at": self.started_at, "updated_at": now_w,
+            "restarts": self.restarts, "attempts": self.attempts, "last_exit": self.last_exit,
+            "preemption": self.notice.to_dict(now_m, now_w) if self.notice else None,
+            "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
+            "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
+            "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
+        }
+
+    def save(self) -> None:
+        self.rd.write_state(self.state_doc())
+
+    def transition(self, new: RunState, **fields: Any) -> None:
+        check_transition(self.state, new)
+        old, self.state = self.state, new
+        self._log("%s -> %s%s" % (old.value, new.value, (" (%s)" % fields["reason"]) if "reason" in fields else ""))
+        self.save()
+        self.emit("state", old=old.value, new=new.value, **fields)
+        if self.on_ready is not None and (new == RunState.RUNNING or new.terminal):
+            ready, self.on_ready = self.on_ready, None
+            ready(self)
+
+    def _hook(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a subsystem hook. A bug in a hook is recorded loudly but must not orphan the job."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._log("hook %s failed: %r\n%s" % (what, e, traceback.format_exc()))
+            if what != "telemetry.on_event":
+                self.emit("hook_error", hook=what, error=repr(e))
+            return None
+
+    # ---- signals -------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals.append(signum)  # record only; the loop acts
+
+    def _install_signals(self) -> Dict[int, Any]:
+        wanted = {signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1, signal.SIGUSR2,
+                  signal.SIGHUP, signal.SIGCHLD}
+        old: Dict[int, Any] = {}
+        for s in wanted:
+            old[s] = signal.signal(s, self._on_signal)
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        return old
+
+    def _restore_signals(self, old: Dict[int, Any]) -> None:
+        signal.set_wakeup_fd(self._old_wakeup)
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def run(self, adopt: Optional[Child] = None) -> RunState:
+        """Supervise until a terminal state. `adopt`: a live child of an earlier (dead) agent."""
+        old = self._install_signals()
+        set_child_subreaper()  # orphans of the job reparent to us: we reap them and can see them go
+        poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
+                                lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log)
+        try:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            if adopt is not None:
+                self.child = adopt
+                self.state = RunState.RUNNING
+                self.message = "adopted the live child %d after an agent restart" % adopt.pid
+                self.save()
+                self.emit("adopted", pid=adopt.pid, start_time=adopt.start_time)
+                if self.on_ready is not None:
+                    ready, self.on_ready = self.on_ready, None
+                    ready(self)
+            poller.start()
+            while not self.state.terminal:
+                self._step()
+                if not self.state.terminal:
+                    self._wait(self._timeout())
+            return self.state
+        finally:
+            poller.stop()
+            self._shutdown()
+            self._restore_signals(old)
+            self.notices.close()
+
+    def _step(self) -> None:
+        """observe -> decide -> act, once."""
+        self._observe()
+        now = self.clock.monotonic()
+        if self.state == RunState.STARTING:
+            self._start_attempt()
+        elif self.state == RunState.RUNNING:
+            if self.notice is not None:
+                self._begin_stopping()
+            elif self.exit_status is not None:
+                self._after_exit()
+        elif self.state == RunState.BACKOFF:
+            if self.notice is not None:
+                self._begin_stopping()
+            elif now >= self.backoff_until:
+                self.transition(RunState.STARTING, reason="backoff over")
+        if self.state == RunState.STOPPING:
+            self._stopping(now)
+        if now >= self.next_tick and not self.state.terminal:
+            self.next_tick = now + self.cfg.tick_interval
+            self._tick()
+
+    def _timeout(self) -> float:
+        now = self.clock.monotonic()
+        t = self.next_tick - now
+        if self.state == RunState.BACKOFF:
+            t = min(t, self.backoff_until - now)
+        if self.state == RunState.STOPPING:
+            t = min(t, 0.05)  # short: an adopted child sends no SIGCHLD, and the deadlines are close
+        if self.state == RunState.STARTING:
+            t = 0.0
+        return max(0.0, t)
+
+    def _wait(self, timeout: float) -> None:
+        if self.signals or timeout <= 0:
+            return
+        try:
+            ready, _, _ = select.select([self._wake_r, self.notices.read_fd], [], [], timeout)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+            ready = []
+        if self._wake_r in ready:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    def _observe(self) -> None:
+        now_m, now_w = self.clock.monotonic(), self.clock.time()
+        signals, self.signals = self.signals, []
+        for s in signals:
+            if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
+                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(None),
+                                              now_w))
+            elif s != signal.SIGCHLD:
+                self._log("ignoring %s" % signal.Signals(s).name)
+        for lead, src, detail in self.notices.drain():
+            self._notice(PreemptionNotice(src, now_m + self._grace(lead), now_w, detail))
+        if self.notice is None and os.path.exists(self.rd.stop_request):
+            self._stop_request(now_m, now_w)
+        self._read_output()
+        if self.child is not None and self.exit_status is None:
+            self.exit_status = self.proc.poll(self.child)
+            if self.exit_status is not None:
+                self._read_output()
+                for line in self.tailer.flush_partial():
+                    self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
+        self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
+
+    def _grace(self, lead: Optional[float]) -> float:
+        grace = self.cfg.grace if self.cfg.grace is not None else (lead if lead is not None else DEFAULT_GRACE)
+        return min(grace, lead) if lead is not None else grace
+
+    def _notice(self, notice: PreemptionNotice) -> None:
+        if self.notice is not None:
+            self.emit("notice_ignored", source=notice.source, reason="a stop is already under way")
+            return
+        self.notice = notice
+        self._log("preemption notice from %s %s" % (notice.source, notice.detail))
+        self.emit("preemption_notice", source=notice.source, detail=notice.detail,
+                  grace=round(notice.deadline - self.clock.monotonic(), 3))
+
+    def _stop_request(self, now_m: float, now_w: float) -> None:
+        from onbox import fsutil
+
+        try:
+            req = fsutil.read_json(self.rd.stop_request)
+        except (OSError, ValueError):
+            req = {}
+        grace = req.get("grace") if isinstance(req, dict) else None
+        self.stopping_by_request = True
+        self._notice(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else self._grace(None)),
+                                      now_w, "onbox stop"))
+
+    def _read_output(self) -> None:
+        for line in self.tailer.read_new():
+            self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
+
+    def _tick(self) -> None:
+        self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
+        self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
+        if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
+            self.emit("log_rotated")
+
+    # ---- acts ----------------------------------------------------------------------------------------------
+    def _start_attempt(self) -> None:
+        earlier = [a["sid"] for a in self.attempts if a.get("sid")]
+        if self.attempts and self.cfg.reap_orphans and self.attempts[-1].get("sid"):
+            self._clear_session(self.attempts[-1]["sid"], self.cfg.term_timeout)
+        self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
+        self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
+        n = len(self.attempts)
+        argv = child_argv(self.cfg.command, self.cfg.resume_args, self.resume_from)
+        env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
+                        self.rd.preempt_file, self.cfg.env, cpu_quota_cores())
+        for stale in (self.rd.preempt_file,):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        self.oom_before = self.oom_reader()
+        self.rd.log_line("attempt %d: %s%s" % (n, " ".join(argv),
+                                               " (resuming from %s)" % self.resume_from if self.resume_from else ""))
+        self.tailer.read_new()
+        self.tailer.reset_tail()
+        record: Dict[str, Any] = {"n": n, "pid": None, "sid": None, "pgid": None, "start_time": None,
+                                  "started_at": self.clock.time(), "ended_at": None, "exit": None,
+                                  "argv": argv, "resume_from": self.resume_from}
+        self.attempts.append(record)
+        self.exit_status = None
+        try:
+            self.child = self.proc.spawn(argv, env, self.cfg.workdir, self.rd.log_path)
+        except OSError as e:
+            result = cls.Classification(cls.FAILED, 127, None, "cannot start %s: %s" % (argv[0], e.strerror or e),
+                                        "check the command and its path (PATH is the agent's)")
+            record.update(ended_at=self.clock.time(), exit=result.to_dict())
+            self.last_exit = result.to_dict()
+            self.message = result.message
+            self.transition(RunState.FAILED, reason=result.message)
+            return
+        record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
+                      start_time=self.child.start_time)
+        self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
+
+    def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
+        status = self.exit_status or ExitStatus()
+        result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
+                              preempted=preempted, stopped=stopped)
+        rec = self.attempts[-1]
+        rec.update(ended_at=self.clock.time(), exit=result.to_dict())
+        self.last_exit = result.to_dict()
+        self.rd.log_line("attempt %d ended: %s" % (rec["n"], result.message))
+        self.emit("exit", **result.to_dict())
+        sid = rec.get("sid")
+        if sid and self.cfg.reap_orphans:
+            self._clear_session(sid, self.cfg.term_timeout)
+        self.child = None
+        self.exit_status = None
+        return result
+
+    def _clear_session(self, sid: int, timeout: float) -> None:
+        found = self.proc.kill_session(sid, timeout, log=self._log)
+        if found:
+            self.emit("orphans_killed", sid=sid, pids=found)
+
+    def _after_exit(self) -> None:
+        result = self._finish_attempt()
+        policy = self.cfg.restart
+        if not result.failed:
+            self.streak = []
+            if policy == "always":
+                return self._backoff(0.0, "restart=always after success")
+            self.message = ""
+            return self.transition(RunState.DONE, reason=result.message)
+        self.streak.append(result.loop_key)
+        if policy == "never":
+            self.message = result.message
+            return self.transition(RunState.FAILED, reason=result.message)
+        same = 0
+        for key in reversed(self.streak):
+            if key != result.loop_key:
+                break
+            same += 1
+        if self.cfg.crash_loop_threshold and same >= self.cfg.crash_loop_threshold:
+            self.message = ("crash loop: the same failure (%s) %d times in a row; not restarting. %s%s"
+                            % (result.classification, same, result.message,
+                               (" — what to do: " + result.hint) if result.hint else ""))
+            return self.transition(RunState.FAILED, reason=self.message, classification=result.classification)
+        if self.restarts >= self.cfg.max_restarts:
+            self.message = "gave up after %d restart(s): %s" % (self.restarts, result.message)
+            return self.transition(RunState.FAILED, reason=self.message)
+        delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** (len(self.streak) - 1)))
+        self._backoff(delay, result.message)
+
+    def _backoff(self, delay: float, why: str) -> None:
+        self.restarts += 1
+        self.backoff_until = self.clock.monotonic() + delay
+        self.message = "restarting in %.1f s after: %s" % (delay, why)
+        self.transition(RunState.BACKOFF, reason=self.message, delay=delay)
+
+    def _begin_stopping(self) -> None:
+        assert self.notice is not None
+        open(self.rd.preempt_file, "a").close()  # ONBOX_PREEMPT_FILE, for trainers that poll
+        if self.child is not None and self.exit_status is None:
+            self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
+            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=self.child.pgid)
+        self.transition(RunState.STOPPING, reason="notice from %s" % self.notice.source)
+
+    def _stopping(self, now: float) -> None:
+        assert self.notice is not None
+        deadline = self.notice.deadline
+        if self.child is None or self.exit_status is not None:
+            if self.child is not None:
+                self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
+            self._final(deadline)
+            return self._end_stopping()
+        if now >= deadline:
+            self._log("deadline reached: KILL to process group %d" % self.child.pgid)
+            self.proc.signal_group(self.child.pgid, signal.SIGKILL)
+            self.emit("escalated", signal="SIGKILL")
+            return
+        if now >= deadline - self.cfg.sync_reserve and not self.escalated:
+            self.escalated = True
+            self._final(deadline)  # keep the reserve for the commit, whatever the child is doing
+            if self.checkpoint_signal != signal.SIGTERM:
+                self.proc.signal_group(self.child.pgid, signal.SIGTERM)
+                self.emit("escalated", signal="SIGTERM")
+
+    def _final(self, deadline: float) -> None:
+        if self.final_done:
+            return
+        self.final_done = True
+        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
+        self.emit("final_checkpoint", summary=summary)
+
+    def _end_stopping(self) -> None:
+        if self.stopping_by_request:
+            try:
+                os.unlink(self.rd.stop_request)
+            except FileNotFoundError:
+                pass
+            self.message = "stopped on request"
+            return self.transition(RunState.STOPPED, reason="onbox stop")
+        source = self.notice.source if self.notice else "?"
+        self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % source
+        self.transition(RunState.PREEMPTED, reason=source)
+        job = self.environ.get("SLURM_JOB_ID")
+        want = self.cfg.requeue if self.cfg.requeue is not None else bool(job)
+        if want and job:
+            ok = self.requeue(job)
+            self.emit("requeue", job_id=job, ok=ok)
+
+    def _shutdown(self) -> None:
+        """Always runs (finally): flush output, final state, telemetry close."""
+        try:
+            self._read_output()
+            if not self.state.terminal:
+                self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
+                    self.state.value, self.rd.name)
+            self.save()
+        finally:
+            self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())
+
+
+def exit_code_for(state: RunState) -> int:
+    """0 done/stopped · 1 failed · 75 preempted (DESIGN.md)."""
+    from onbox.errors import ExitCode
+
+    return int({RunState.DONE: ExitCode.OK, RunState.STOPPED: ExitCode.OK, RunState.FAILED: ExitCode.JOB_FAILED,
+                RunState.PREEMPTED: ExitCode.PREEMPTED}.get(state, ExitCode.JOB_FAILED))

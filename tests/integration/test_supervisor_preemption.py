@@ -1,0 +1,161 @@
+"""Preemption with real signals and a fake metadata service on loopback: checkpoint signal forwarded, exit 75."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, state, wait_for
+
+pytestmark = pytest.mark.integration
+PY = sys.executable
+
+# A trainer that checkpoints on SIGTERM: writes a marker naming the signal, then exits 0.
+TRAINER = textwrap.dedent("""
+    import os, signal, sys, time
+    marker = sys.argv[1]
+    def on_term(signum, frame):
+        open(marker, "w").write("got %d preempt_file=%s" % (signum, os.path.exists(os.environ["ONBOX_PREEMPT_FILE"])))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    print("child-" + "up", flush=True)
+    for _ in range(6000):
+        time.sleep(0.01)
+    sys.exit(3)
+""")
+
+
+def _start_foreground(home, name, marker, *opts, env_extra=None, argv_prefix=()):
+    argv = [*argv_prefix, PY, "-m", "onbox", "run", "--foreground", "--name", name, *opts, "--",
+            PY, "-c", TRAINER, str(marker)]
+    return subprocess.Popen(argv, env=env_for(home, **(env_extra or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def _running(home, name):
+    doc = state(home, name)
+    return doc if doc.get("state") == "running" and _child_ready(home, name) else None
+
+
+def _child_ready(home, name):
+    try:
+        return "child-up" in (home / "runs" / name / "output.log").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["TERM", "USR1", "INT"])
+def test_signal_to_the_agent_becomes_checkpoint_then_exit_75(onbox_home, tmp_path, sig):
+    marker = tmp_path / "marker"
+    p = _start_foreground(onbox_home, "pre", marker, "--grace", "20")
+    try:
+        wait_for(lambda: _running(onbox_home, "pre"), what="child running")
+        p.send_signal(getattr(signal, "SIG" + sig))
+        _out, err = p.communicate(timeout=30)
+        assert p.returncode == 75, err
+        assert marker.read_text() == "got %d preempt_file=True" % signal.SIGTERM
+        doc = state(onbox_home, "pre")
+        assert doc["state"] == "preempted" and doc["preemption"]["source"] == "signal:SIG" + sig
+        assert doc["last_exit"]["classification"] == "preempted"
+        types = [e["type"] for e in events(onbox_home, "pre")]
+        assert types.index("preemption_notice") < types.index("signal_forwarded") < types.index("final_checkpoint")
+    finally:
+        kill_if_alive(p.pid)
+        p.wait(timeout=10)
+
+
+def test_child_ignoring_the_checkpoint_signal_is_killed_at_the_deadline(onbox_home, tmp_path):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child-' + 'up', flush=True); " \
+               "time.sleep(60)"
+    p = subprocess.Popen([PY, "-m", "onbox", "run", "--foreground", "--name", "stub", "--grace", "0.5", "--",
+                          PY, "-c", stubborn], env=env_for(onbox_home), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _running(onbox_home, "stub"), what="child running")
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        assert p.returncode == 75
+        doc = state(onbox_home, "stub")
+        assert doc["last_exit"]["signal"] == signal.SIGKILL
+        assert any(e["type"] == "escalated" and e["signal"] == "SIGKILL" for e in events(onbox_home, "stub"))
+    finally:
+        kill_if_alive(p.pid)
+        p.wait(timeout=10)
+
+
+@pytest.mark.root
+def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path):
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a fresh PID namespace")
+    marker = tmp_path / "marker"
+    # the trainer leaves a short-lived orphan behind: as PID 1 the agent must reap it (no zombie piles up)
+    p = _start_foreground(onbox_home, "pid1", marker, "--grace", "20",
+                          argv_prefix=("unshare", "--pid", "--fork", "--mount-proc"))
+    try:
+        wait_for(lambda: _running(onbox_home, "pid1"), what="child running")
+        agent = state(onbox_home, "pid1")["agent_pid"]
+        assert agent == 1  # the agent sees itself as PID 1 in the new namespace
+        host_agent = wait_for(lambda: _children_of(p.pid), what="the agent's host pid")[0]
+        os.kill(host_agent, signal.SIGTERM)
+        _out, err = p.communicate(timeout=30)
+        assert p.returncode == 75, err
+        assert marker.read_text().startswith("got %d" % signal.SIGTERM)
+        assert state(onbox_home, "pid1")["state"] == "preempted"
+    finally:
+        kill_if_alive(p.pid)
+        p.wait(timeout=10)
+
+
+def _children_of(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_cloud_notice_from_the_metadata_service_triggers_the_preemption_path(onbox_home, tmp_path,
+                                                                               metadata_server, provider):
+    metadata_server.provider = provider
+    marker = tmp_path / "marker"
+    p = _start_foreground(onbox_home, "cloud", marker, "--notice-source", "auto",
+                          "--metadata-url", metadata_server.url)
+    try:
+        wait_for(lambda: _running(onbox_home, "cloud"), what="child running")
+        wait_for(lambda: len(metadata_server.requests) >= 4, what="the agent polling the metadata service")
+        metadata_server.preempt(lead=30)
+        _out, err = p.communicate(timeout=30)
+        assert p.returncode == 75, err
+        assert marker.read_text().startswith("got %d" % signal.SIGTERM)
+        doc = state(onbox_home, "cloud")
+        assert doc["preemption"]["source"] == provider
+        # the notice's own lead time bounds the deadline (about 30 s from now, not the 30 s default by accident)
+        assert 20 < doc["preemption"]["deadline"] - doc["preemption"]["received_at"] <= 31
+        if provider == "aws":  # IMDSv2: every metadata GET carried a token from PUT /latest/api/token
+            gets = [r for r in metadata_server.requests if r[0] == "GET"]
+            puts = [r for r in metadata_server.requests if r[0] == "PUT"]
+            assert len(puts) < len(gets)  # the token is reused, not fetched before every poll
+            assert gets and all(r[2].get("x-aws-ec2-metadata-token", "").startswith("tok-") for r in gets)
+    finally:
+        kill_if_alive(p.pid)
+        p.wait(timeout=10)
+
+
+def test_absent_metadata_service_costs_nothing(onbox_home):
+    import socket
+
+    with socket.socket() as s:  # a loopback port with nothing listening: connection refused at once
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    r = subprocess.run([PY, "-m", "onbox", "run", "--foreground", "--name", "nometa", "--notice-source", "auto",
+                        "--metadata-url", dead, "--", PY, "-c", "import time; time.sleep(0.3)"],
+                       env=env_for(onbox_home), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "no cloud metadata service answered" in r.stderr
+    assert state(onbox_home, "nometa")["state"] == "done"
