@@ -14,6 +14,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox import classify as cls
+from onbox import slurm
 from onbox.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
@@ -69,31 +70,20 @@ def check_transition(old: RunState, new: RunState) -> None:
         raise IllegalTransition(old, new)
 
 
-def requeue_command(job_id: str, timeout: float = 30.0) -> bool:
-    """`scontrol requeue JOB` (the Slurm engineer refines this in onbox/slurm.py). True when it succeeded."""
-    import subprocess
-
-    try:
-        return subprocess.run(["scontrol", "requeue", job_id], timeout=timeout, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
 class Supervisor:
     """Supervises one run: attempts, restarts, preemption, stop. `run()` returns the terminal RunState."""
 
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
                  oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
-                 requeue: Callable[[str], bool] = requeue_command, environ: Optional[Dict[str, str]] = None,
+                 slurm_runner: Optional[Callable[..., Any]] = None, environ: Optional[Dict[str, str]] = None,
                  log: Optional[Callable[[str], None]] = None) -> None:
         self.cfg = cfg
         self.rd = rundir
         self.proc = proc or ProcessSeam()
         self.clock = clock or SystemClock()
         self.oom_reader = oom_reader
-        self.requeue = requeue
+        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
@@ -126,6 +116,8 @@ class Supervisor:
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.attempt_no))
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+        # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
+        self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
 
     @staticmethod
@@ -288,7 +280,8 @@ class Supervisor:
         signals, self.signals = self.signals, []
         for s in signals:
             if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
-                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(None),
+                lead = self.sigterm_lead if s == signal.SIGTERM else None
+                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(lead),
                                               now_w))
             elif s != signal.SIGCHLD:
                 self._log("ignoring %s" % signal.Signals(s).name)
@@ -480,11 +473,6 @@ class Supervisor:
         source = self.notice.source if self.notice else "?"
         self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % source
         self.transition(RunState.PREEMPTED, reason=source)
-        job = self.environ.get("SLURM_JOB_ID")
-        want = self.cfg.requeue if self.cfg.requeue is not None else bool(job)
-        if want and job:
-            ok = self.requeue(job)
-            self.emit("requeue", job_id=job, ok=ok)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""
@@ -493,6 +481,10 @@ class Supervisor:
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)
+            else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm.py)
+                slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
+                                 self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
+                                 runner=self.slurm_runner)
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

@@ -19,10 +19,18 @@ import pytest
 from tests.conftest import REPO_ROOT, subprocess_env
 
 try:
-    import onbox.supervisor  # noqa: F401
+    import onbox.supervisor
     HAVE_SUPERVISOR = True
 except ImportError:
     HAVE_SUPERVISOR = False
+
+try:
+    import onbox.checkpoints.hook  # noqa: F401
+    HAVE_CHECKPOINTS = True
+except ImportError:
+    HAVE_CHECKPOINTS = False
+needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="onbox.checkpoints not importable yet (issue 4): "
+                                       "these tests assert a committed checkpoint and the resume from it")
 
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "slurm_trainer.py")
 pytestmark = [pytest.mark.integration,
@@ -109,6 +117,7 @@ def assert_resumed_without_gap(job, committed_step):
 
 
 @pytest.mark.slow
+@needs_checkpoints
 def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster, tmp_path):
     job = submit(slurm_cluster, tmp_path, ["--steps", "30", "--interval", "0.1"])
     job.wait_output(r"^step 5$")
@@ -128,6 +137,7 @@ def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster
 
 
 @pytest.mark.slow
+@needs_checkpoints
 def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_path):
     """--time=1 with the signal 50 s before the end: Slurm sends USR1 within the first ~10 s."""
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1"],
