@@ -164,26 +164,20 @@ def default_agent(argv0: Optional[str] = None) -> List[str]:
     return [sys.executable, "-m", "onbox"]
 
 
-def profile_defaults(paths: Optional[List[str]] = None) -> Dict[str, Any]:
-    """`signal_lead` and `preempt_signal` from profiles/slurm.toml (top level or its [slurm] table), when present."""
-    from onbox.tomlread import load_toml
+def profile_defaults(profile_file: Optional[str] = None) -> Dict[str, Any]:
+    """{"lead", "signal"} from the slurm profile: [preemption] signal_lead, and [run] preempt_signal (else
+    [preemption] signal). A user's $ONBOX_HOME/profiles/slurm.toml overrides the built-in one."""
+    from onbox import profiles
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    for path in paths or [os.path.join(here, "profiles", "slurm.toml"),
-                          os.path.join(os.path.dirname(here), "profiles", "slurm.toml")]:
-        if os.path.isfile(path):
-            data = load_toml(path, "profile")
-            table = dict(data)
-            for sub in ("slurm", "sbatch", "preemption"):
-                if isinstance(data.get(sub), dict):
-                    table.update(data[sub])
-            out: Dict[str, Any] = {}
-            if "signal_lead" in table:
-                out["lead"] = int(table["signal_lead"])
-            if "preempt_signal" in table:
-                out["signal"] = str(table["preempt_signal"])
-            return out
-    return {}
+    prof = profiles.load("slurm", profile_file)
+    pre, run = prof.table("preemption"), prof.table("run")
+    out: Dict[str, Any] = {}
+    if pre.get("signal_lead") is not None:
+        out["lead"] = int(pre["signal_lead"])
+    sig = run.get("preempt_signal") or pre.get("signal")
+    if sig:
+        out["signal"] = str(sig)
+    return out
 
 
 def submit(script: str, workdir: Optional[str] = None, timeout: float = SUBMIT_TIMEOUT) -> str:

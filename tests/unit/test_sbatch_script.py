@@ -117,11 +117,18 @@ def test_default_agent(tmp_path):
     assert default_agent(str(tmp_path / "x.py")) == [sys.executable, "-m", "onbox"]
 
 
-def test_profile_defaults_read_lead_and_signal(tmp_path):
-    p = tmp_path / "slurm.toml"
-    p.write_text('name = "slurm"\n[preemption]\nsignal_lead = 300\npreempt_signal = "USR2"\n')
-    assert profile_defaults([str(p)]) == {"lead": 300, "signal": "USR2"}
-    assert profile_defaults([str(tmp_path / "absent.toml")]) == {}
+def test_profile_defaults_read_lead_and_signal(tmp_path, onbox_home):
+    assert profile_defaults() == {"lead": 120, "signal": "USR1"}  # the built-in profiles/slurm.toml
+    (onbox_home / "profiles").mkdir()
+    (onbox_home / "profiles" / "slurm.toml").write_text('[preemption]\nsignal_lead = 300\n[run]\npreempt_signal = "USR2"\n')
+    assert profile_defaults() == {"lead": 300, "signal": "USR2"}
+    cp = subprocess.run([sys.executable, "-m", "onbox", "sbatch", "--print", "--agent", "a", "--", "x"],
+                        env=subprocess_env({"ONBOX_HOME": str(onbox_home)}), capture_output=True, text=True, timeout=60)
+    assert "#SBATCH --signal=B:USR2@300\n" in cp.stdout and "export ONBOX_PREEMPT_SIGNAL=USR2 " in cp.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[preemption]\nsignal_lead = "soon"\n')
+    with pytest.raises(UsageError, match="signal_lead"):
+        profile_defaults(str(bad))
 
 
 def test_validate_normalises_signal():
