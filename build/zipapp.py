@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from typing import List, Optional
 
@@ -78,7 +79,17 @@ def requirements_digest() -> str:
 
 
 def fetch_wheels(arch: str, cache: str, offline: bool) -> str:
-    """Wheels for `arch` and Python 3.8 in cache/wheels/<arch>/, downloaded once per requirements file."""
+    """Wheels for `arch` and Python 3.8 in cache/wheels/<arch>/, downloaded once per requirements file.
+    Concurrent builds (pytest-xdist workers) serialise on a lock file."""
+    import fcntl
+
+    os.makedirs(os.path.join(cache, "wheels"), exist_ok=True)
+    with open(os.path.join(cache, "wheels", ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fetch_wheels_locked(arch, cache, offline)
+
+
+def _fetch_wheels_locked(arch: str, cache: str, offline: bool) -> str:
     dest = os.path.join(cache, "wheels", arch)
     stamp = os.path.join(dest, ".requirements.sha256")
     digest = requirements_digest()
@@ -221,25 +232,28 @@ def run_shiv(site: str, preamble: str, output: str, epoch: str) -> None:
 def build(out: str, arches: List[str], cache: str, offline: bool) -> List[str]:
     epoch = source_date_epoch()
     os.makedirs(out, exist_ok=True)
-    work = os.path.join(cache, "work")
-    os.makedirs(work, exist_ok=True)
-    preamble = os.path.join(work, "preamble.py")
-    with open(PREAMBLE, "rb") as f:
-        _write(preamble, f.read())
-    built = []
-    for arch in arches:
-        wheels = fetch_wheels(arch, cache, offline)
-        site = stage(arch, wheels, work)
-        target = os.path.join(out, ARCHES[arch])
-        tmp = target + ".part"
-        run_shiv(site, preamble, tmp, epoch)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-        with open(target, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        log("built %s (%d bytes, sha256 %s)" % (target, os.path.getsize(target), digest[:16]))
-        built.append(target)
-    return built
+    os.makedirs(cache, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="work-", dir=cache)  # per build: parallel builds don't share staging
+    try:
+        preamble = os.path.join(work, "preamble.py")
+        with open(PREAMBLE, "rb") as f:
+            _write(preamble, f.read())
+        built = []
+        for arch in arches:
+            wheels = fetch_wheels(arch, cache, offline)
+            site = stage(arch, wheels, work)
+            target = os.path.join(out, ARCHES[arch])
+            tmp = "%s.part-%d" % (target, os.getpid())
+            run_shiv(site, preamble, tmp, epoch)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+            with open(target, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            log("built %s (%d bytes, sha256 %s)" % (target, os.path.getsize(target), digest[:16]))
+            built.append(target)
+        return built
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

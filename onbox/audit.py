@@ -40,6 +40,7 @@ class AuditOptions:
     min_free_gb: float = 10.0
     min_free_inodes: int = 10000
     profile: Optional[str] = None
+    profile_file: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -252,11 +253,7 @@ def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
     seams = seams or Seams()
     t0 = time.monotonic()
     checks: List[Check] = [check_python()]
-    if opts.profile:
-        name, why = opts.profile, "--profile"
-    else:
-        name, why = profiles.detect(seams.environ)
-    prof = profiles.load(name)
+    prof, why = profiles.select(opts.profile, opts.profile_file, seams.environ)
     bill, paths = prof.table("billing"), prof.table("paths")
     checks.append(Check("profile", INFO, "%s (%s): meter stop %r%s, verified %s" % (
         prof.name, why, bill["meter_stop"], " IRREVERSIBLE" if bill["irreversible"] else "", bill["verified"]),
@@ -283,7 +280,13 @@ def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
     else:
         checks.append(Check("disk.durable", WARN, "no durable target (--durable)",
                             "checkpoints on this box die with it: give --durable a mounted path or rclone remote"))
-    checks.append(check_space("disk.home", "home", os.path.expanduser("~"), opts, must_write=False, floor=False))
+    home = check_space("disk.home", "home", os.path.expanduser("~"), opts, must_write=False, floor=False)
+    home.data["writable"] = is_writable_dir(home.data["measured_at"])
+    if not home.data["writable"] and home.verdict == OK:
+        home.verdict, home.hint = WARN, ("$HOME is read-only: onbox keeps its state in $ONBOX_HOME (now %s) and "
+                                         "extracts itself elsewhere; caches that default to ~ (pip, HF) need "
+                                         "redirecting" % onbox_home())
+    checks.append(home)
     checks.append(check_space("disk.extract", "extraction root", _extraction_root(seams.environ), opts,
                               must_write=False, floor=False))
     checks.extend(check_cgroup(seams))

@@ -266,3 +266,16 @@ def detect(environ: Optional[Mapping[str, str]] = None, root: str = "/",
         if why:
             return prof.name, why
     return DEFAULT_PROFILE, "nothing platform-specific found"
+
+
+def select(name: Optional[str] = None, profile_file: Optional[str] = None,
+           environ: Optional[Mapping[str, str]] = None) -> Tuple[Profile, str]:
+    """The profile a command should use and why: NAME when given (--profile), else the detected one.
+
+    This is what `onbox run --profile` / `onbox audit` call; `profile.run_defaults()` is the profile layer of
+    config.resolve().
+    """
+    if name:
+        return load(name, profile_file), "--profile"
+    detected, why = detect(environ)
+    return load(detected, profile_file), why

@@ -19,16 +19,18 @@ MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 @click.option("--min-free-inodes", type=click.IntRange(min=0), default=10000, show_default=True,
               help="Free inodes the checkpoint dir needs; fewer is unfit (exit 3) (U7).")
 @click.option("--profile", help="Platform profile to judge by (default: detected; see `onbox profiles`).")
+@click.option("--profile-file", type=click.Path(dir_okay=False), help="A profile file merged over the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema onbox.audit/1).")
 def audit(ckpt_dir: Optional[str], durable: Optional[str], min_free_gb: float, min_free_inodes: int,
-          profile: Optional[str], as_json: bool) -> None:
+          profile: Optional[str], profile_file: Optional[str], as_json: bool) -> None:
     """Pre-flight check: disks and inodes, cgroup memory and OOM kills, CPU quota vs threads, GPUs, torch's CUDA
     build vs the driver, tmux/rsync/rclone, Python. Exit 3 when the box is unfit for the run, 0 otherwise."""
     from onbox.audit import AuditOptions, run_audit
     from onbox.errors import UnfitError
 
     report = run_audit(AuditOptions(ckpt_dir=ckpt_dir, durable=durable, min_free_gb=min_free_gb,
-                                    min_free_inodes=min_free_inodes, profile=profile))
+                                    min_free_inodes=min_free_inodes, profile=profile,
+                                    profile_file=profile_file))
     if as_json:
         echo_json(report.to_dict())
     else:

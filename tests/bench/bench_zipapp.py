@@ -59,7 +59,9 @@ def main() -> int:
         ("audit --json, median of %d" % RUNS_AUDIT, "%.0f ms" % (1000 * statistics.median(audit)),
          "%.0f ms" % (1000 * base), "<= 2000 ms", statistics.median(audit) <= 2.0),
     ]
-    print("python: %s (%s)" % (python, sys.version.split()[0]))
+    print("python: %s (%s); load average %s" % (python, sys.version.split()[0], os.getloadavg()[0]))
+    print("minimums (least disturbed by other load): cold %.0f ms, warm %.0f ms, baseline %.0f ms"
+          % (1000 * min(cold), 1000 * min(warm), 1000 * min(baseline)))
     print("baseline: `python -c 'import click'`, median of %d interleaved runs" % RUNS_WARM)
     print("%-44s %-18s %-10s %-18s %s" % ("figure", "measured", "baseline", "target", ""))
     for name, measured, baseline_s, target, ok in rows:

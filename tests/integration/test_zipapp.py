@@ -144,6 +144,7 @@ def test_read_only_home_falls_back_with_one_line(pyz, tmp_path):
                                      "%s/onbox-shiv (set SHIV_ROOT to choose)" % (home, xdg)]
     checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
     assert checks["disk.extract"]["data"]["path"] == str(xdg / "onbox-shiv")
+    assert checks["disk.home"]["verdict"] == "warn" and checks["disk.home"]["data"]["writable"] is False
     assert glob.glob(str(xdg / "onbox-shiv" / "onbox.pyz_*" / "site-packages" / "psutil"))
 
 
