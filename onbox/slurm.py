@@ -231,3 +231,34 @@ def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, 
     log("slurm job %s: %s" % (job.job_id, why))
     emit("requeue", job_id=job.job_id, ok=True, reason=why, slurm=job.to_dict())
     return True
+
+
+class PrimaryOnlyCommits:
+    """A checkpoint hook for a non-primary node of a multi-node job: it restores like the real one (every rank
+    must resume from the same step) but never commits; node 0 commits for the job. See make_hooks."""
+
+    def __init__(self, inner: Any, node_id: int, emit: Optional[Callable[..., Any]] = None) -> None:
+        self.inner = inner
+        self.node_id = node_id
+        self.told = False
+        self.emit = emit
+
+    def restore(self) -> Optional[str]:
+        return self.inner.restore()  # type: ignore[no-any-return]
+
+    def periodic(self) -> None:
+        if not self.told and self.emit is not None:
+            self.told = True
+            self.emit("commit_skipped", reason="slurm node %d is not the primary; node 0 commits" % self.node_id)
+
+    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        return None
+
+
+def checkpoint_hook_for_node(inner: Any, environ: Mapping[str, str], emit: Optional[Callable[..., Any]] = None
+                             ) -> Any:
+    """`inner` on the primary (and outside Slurm); a restore-only wrapper on the other nodes."""
+    job = SlurmJob.from_env(environ)
+    if job is None or job.is_primary:
+        return inner
+    return PrimaryOnlyCommits(inner, job.node_id, emit)

@@ -132,3 +132,36 @@ def test_on_run_end_requeues_after_the_slurm_signal_and_says_why_otherwise():
     assert default_run_name(env) == "slurm-77" and default_run_name({}) is None
     assert sigterm_grace({}, runner=r) is None
     assert sigterm_grace(env, runner=Recorder(stdout="KillWait = 5 sec\n")) == 5.0
+
+
+def test_non_primary_nodes_restore_but_never_commit():
+    from onbox.slurm import PrimaryOnlyCommits, checkpoint_hook_for_node
+
+    class Hook:
+        def __init__(self):
+            self.calls = []
+
+        def restore(self):
+            self.calls.append("restore")
+            return "/ckpt/step_9"
+
+        def periodic(self):
+            self.calls.append("periodic")
+
+        def final(self, deadline):
+            self.calls.append("final")
+            return {"step": 9}
+
+    inner = Hook()
+    assert checkpoint_hook_for_node(inner, {}) is inner
+    assert checkpoint_hook_for_node(inner, {"SLURM_JOB_ID": "1"}) is inner
+    events = []
+    hook = checkpoint_hook_for_node(inner, {"SLURM_JOB_ID": "1", "SLURM_NODEID": "2", "SLURM_PROCID": "2"},
+                                    lambda kind, **f: events.append((kind, f)))
+    assert isinstance(hook, PrimaryOnlyCommits)
+    assert hook.restore() == "/ckpt/step_9"
+    hook.periodic()
+    hook.periodic()
+    assert hook.final(1e9) is None
+    assert inner.calls == ["restore"]
+    assert [k for k, _ in events] == ["commit_skipped"] and "node 2" in events[0][1]["reason"]
