@@ -175,8 +175,8 @@ def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optio
     want = _signame(slurm_signal)
     got = _signame(notice_signal) if notice_signal else None
     if got != want:
-        return False, ("preempted by %s, not by the Slurm signal %s: the job is ending (time limit or scancel); "
-                       "checkpoint committed, not requeued" % (got or "a notice", want))
+        return False, ("preempted by %s, not by the Slurm signal %s: the job is ending (time limit or scancel): "
+                       "not requeued" % (got or "a notice", want))
     return True, "preempted by %s: requeueing job %s (restart %d -> %d)" % (
         want, job.job_id, job.restart_count, job.restart_count + 1)
 
