@@ -195,3 +195,28 @@ def test_scancel_leaves_no_process_of_the_job_even_reparented_workers(slurm_clus
              "every process of the job to be gone: %s" % [p for p in [trainer, *workers] if _alive(p)])
     info = slurm_cluster.job(job.id)
     assert info["Restarts"] == "0"  # a scancel is not a preemption: not requeued
+
+
+@pytest.fixture(scope="module")
+def built_pyz(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pyz")
+    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "build", "zipapp.py"), "--out", str(out), "--cache",
+                        os.path.join(REPO_ROOT, "build", "out")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(out / "onbox.pyz")
+
+
+def test_the_pyz_submits_itself_as_the_agent(slurm_cluster, tmp_path, built_pyz):
+    """`python3 onbox.pyz sbatch` (no --agent) writes `exec python3 <abs pyz> run --foreground`, and that runs."""
+    env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}  # the pyz's own code, not the checkout
+    env.update(SLURM_CONF=slurm_cluster.conf, ONBOX_HOME=str(tmp_path / "home"), SHIV_ROOT=str(tmp_path / "shiv"))
+    cp = subprocess.run(["python3", built_pyz, "sbatch", "--json", "--output", str(tmp_path / "slurm.out"), "--",
+                         sys.executable, TRAINER, "--steps", "3", "--interval", "0.01"],
+                        env=env, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert "\nexec python3 %s run --foreground --name " % built_pyz in doc["script"]
+    job = Job(slurm_cluster, tmp_path, doc["job_id"])
+    info = slurm_cluster.wait_job(job.id, ("COMPLETED", "FAILED"), timeout=60)
+    assert info["JobState"] == "COMPLETED", job.slurm_out()
+    assert job.steps() == [1, 2, 3] and job.state().get("state") == "done"
