@@ -25,12 +25,18 @@ except ImportError:
     HAVE_SUPERVISOR = False
 
 try:
-    import onbox.checkpoints.hook  # noqa: F401
+    import onbox.checkpoints.hook
     HAVE_CHECKPOINTS = True
 except ImportError:
     HAVE_CHECKPOINTS = False
 needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="onbox.checkpoints not importable yet (issue 4): "
                                        "these tests assert a committed checkpoint and the resume from it")
+
+try:
+    import onbox.heartbeat.hook  # noqa: F401
+    HAVE_HEARTBEATS = True
+except ImportError:
+    HAVE_HEARTBEATS = False
 
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "slurm_trainer.py")
 pytestmark = [pytest.mark.integration,
@@ -220,3 +226,17 @@ def test_the_pyz_submits_itself_as_the_agent(slurm_cluster, tmp_path, built_pyz)
     info = slurm_cluster.wait_job(job.id, ("COMPLETED", "FAILED"), timeout=60)
     assert info["JobState"] == "COMPLETED", job.slurm_out()
     assert job.steps() == [1, 2, 3] and job.state().get("state") == "done"
+
+
+@pytest.mark.skipif(not HAVE_HEARTBEATS, reason="onbox.heartbeat not importable yet (issue 5)")
+def test_heartbeats_carry_the_slurm_job(slurm_cluster, tmp_path):
+    beats_file = str(tmp_path / "beats.jsonl")
+    job = submit(slurm_cluster, tmp_path, ["--steps", "5", "--interval", "0.1"],
+                 extra_env={"ONBOX_HEARTBEAT_FILE": beats_file, "ONBOX_HEARTBEAT_INTERVAL": "0.2"})
+    slurm_cluster.wait_job(job.id, ("COMPLETED",), timeout=60)
+    beats = [json.loads(line) for line in _read(beats_file).splitlines() if line.strip()]
+    assert beats, "no heartbeat in %s" % beats_file
+    assert all(b["run"] == job.run for b in beats)
+    slurm = beats[-1]["slurm"]
+    assert (slurm["job_id"], slurm["node_list"], slurm["restart_count"], slurm["array_task_id"]) == (
+        job.id, slurm_cluster.host, 0, None)
