@@ -45,6 +45,8 @@ class RunConfig:
     reap_orphans: bool = True  # kill leftovers of earlier attempts before the next one starts (U11)
     term_timeout: float = 10.0  # seconds between TERM and KILL when clearing an attempt's leftover processes
     tick_interval: float = 0.5  # seconds between the supervisor loop's housekeeping ticks (signals wake it at once)
+    reap_wait: float = 60.0  # seconds the restart waits, at most, for reaped GPU memory to come back
+    gpu_devices: str = "/dev/nvidia*"  # glob of the NVIDIA device files the holder scan looks for
     # preemption
     preempt_signal: str = "USR1"  # the scheduler's warning signal the agent listens for (NCCL catches USR1: allow USR2)
     checkpoint_signal: str = "TERM"  # what the agent forwards to the child's process group on a notice
@@ -91,7 +93,7 @@ class RunConfig:
                 raise UsageError("%s must be >= 0, not %r" % (key, getattr(self, key)))
         for key in ("sync_interval", "settle_seconds", "backoff_initial", "backoff_max", "sync_reserve",
                     "heartbeat_interval", "stall_minutes", "term_timeout", "tick_interval",
-                    "notice_interval"):
+                    "notice_interval", "reap_wait"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
         if self.grace is not None and self.grace < 0:

@@ -103,4 +103,6 @@ class Hooks:
 
 def make_hooks(ctx: RunContext) -> Hooks:
     """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
-    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=NoReaper())
+    from onbox.reaper import ReaperHook
+
+    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=ReaperHook(ctx))

@@ -13,7 +13,7 @@ symbol is missing (NVMLError_FunctionNotFound); process utilisation raises NOT_F
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from onbox.errors import UnfitError
 
@@ -135,6 +135,52 @@ class NvmlSeam:
                     self.nvml.nvmlShutdown()
                 finally:
                     self._initialised = False
+
+
+V3_PROCESS_STRUCT_SINCE = (535, 104)  # DOMAIN.md: older drivers give wrong process info through the v3 struct
+
+
+def driver_version_tuple(seam: NvmlSeam) -> Optional[Tuple[int, ...]]:
+    """'535.104.05' -> (535, 104, 5); None when unknown."""
+    v = decode(seam.call("nvmlSystemGetDriverVersion"))
+    try:
+        return tuple(int(x) for x in str(v).split(".")) if v is not NA else None
+    except ValueError:
+        return None
+
+
+def running_processes(seam: NvmlSeam, handle: Any) -> Any:
+    """The compute processes NVML sees on one GPU (objects with .pid and .usedGpuMemory), or NA.
+
+    nvidia-smi equivalent: `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`. pynvml's plain call is
+    the v3 struct, which drivers older than 535.104 answer wrongly (DOMAIN.md): those get _v2 directly, and a
+    driver without the v3 symbol (FunctionNotFound) falls back to _v2 too. The PIDs may be HOST PIDs inside a
+    container: never act on them alone.
+    """
+    if not seam.available():
+        return NA
+    nv = seam.nvml
+    version = driver_version_tuple(seam)
+    if version is not None and version[:2] < V3_PROCESS_STRUCT_SINCE:
+        return seam.call("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+    try:
+        return seam.call("nvmlDeviceGetComputeRunningProcesses", handle, optional=False)
+    except nv.NVMLError_FunctionNotFound:
+        return seam.call("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+    except nv.NVMLError_NotSupported:
+        return NA
+
+
+def clock_event_reasons(seam: NvmlSeam, handle: Any) -> Any:
+    """The current clocks-event (throttle) bitmask, or NA. nvidia-smi: `-q -d PERFORMANCE`.
+
+    nvmlDeviceGetCurrentClocksThrottleReasons is deprecated (renamed ...ClocksEventReasons); older drivers only
+    have the old symbol, so fall back to it.
+    """
+    mask = seam.call("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is NA:
+        mask = seam.call("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    return mask
 
 
 def decode(value: Any) -> Any:

@@ -1,0 +1,75 @@
+"""`onbox gpu` and `onbox reap` text output against golden files (tests/golden/gpu/). After a deliberate change:
+UPDATE_GOLDEN=1 pytest tests/unit/test_gpu_cli_golden.py, then review the diff."""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+
+from click.testing import CliRunner
+
+import onbox.commands.gpu as cmd
+from onbox.clock import FakeClock
+from onbox.reaper import Decision
+from onbox.telemetry.gpu import GpuMonitor
+from onbox.telemetry.nvml import NvmlSeam
+from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.unit.test_gpu_reaper_rules import holder
+
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "gpu")
+GiB = 1 << 30
+DMESG = "[ 7.0] NVRM: Xid (PCI:0000:5e:00): 79, pid=0, GPU has fallen off the bus.\n"
+
+
+def check(name, text):
+    text = re.sub(r"\(scan \d+ ms\)", "(scan N ms)", text)  # the one machine-dependent figure
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("UPDATE_GOLDEN"):
+        with open(path, "w") as f:
+            f.write(text)
+    with open(path) as f:
+        want = f.read()
+    assert text == want, "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), name, "got"))
+
+
+def test_gpu_text(monkeypatch, tmp_path, onbox_home):
+    fake = FakeNvml([
+        FakeGpu(util_gpu=100, sm_clock_mhz=1290, power_mw=699_000, memory_used=71 * GiB, temperature_c=86,
+                throttle_mask=0x4 | 0x40, processes=[FakeProcess(4242, 70 * GiB)], ecc={(1, 1): 0}),
+        FakeGpu(uuid="GPU-1", pci_bus_id="00000000:5E:00.0", unsupported={"nvmlDeviceGetTotalEccErrors"}),
+        FakeGpu(uuid="GPU-2", pci_bus_id="00000000:86:00.0", memory_used=20 * GiB, util_gpu=0),
+    ])
+    fake.raise_xid(0, 13)
+    monkeypatch.setattr(cmd, "_seam", lambda: NvmlSeam(fake))
+    monkeypatch.setattr(cmd, "_monitor", lambda seam: GpuMonitor(seam, kernel_log=lambda: DMESG, clock=FakeClock()))
+    r = CliRunner().invoke(cmd.gpu, ["--devices", str(tmp_path / "none*")])
+    assert r.exit_code == 0, r.output
+    check("gpu.txt", r.output)
+
+
+def test_reap_table(monkeypatch):
+    ds = [
+        Decision(holder(pid=4242, sid=4200, owner="current", run="train", attempt=3, nvml_visible=True,
+                        gpu_memory_bytes=70 * GiB), "keep", "current attempt 3 of run train: never reaped"),
+        Decision(holder(pid=3100, sid=3000, owner="earlier", run="train", attempt=2, age_s=3600,
+                        command="python -c from multiprocessing.spawn import spawn_main"), "reap",
+                 "orphan of run train attempt 2 (session 3000)"),
+        Decision(holder(pid=777, sid=777, uid=1001, user="bob", gpus=[1], age_s=86400), "keep",
+                 "owned by bob: needs root and --all-users"),
+    ]
+    r = CliRunner().invoke(_table_cmd(ds, force=False))
+    ds[1].outcome = "killed by SIGKILL (ignored SIGTERM)"
+    for d in (ds[0], ds[2]):
+        d.outcome = "not touched: " + d.reason
+    r2 = CliRunner().invoke(_table_cmd(ds, force=True))
+    check("reap_table.txt", r.output + "--- with --force\n" + r2.output)
+
+
+def _table_cmd(ds, force):
+    import click
+
+    @click.command()
+    def show():
+        cmd._print_table(ds, force)
+
+    return show
