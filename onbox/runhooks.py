@@ -103,6 +103,7 @@ class Hooks:
 
 def make_hooks(ctx: RunContext) -> Hooks:
     """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
     from onbox.reaper import ReaperHook
 
-    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=ReaperHook(ctx))
+    return Hooks(checkpoints=CheckpointCommitHook(ctx), telemetry=NoTelemetry(), reaper=ReaperHook(ctx))

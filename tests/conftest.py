@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.slurm"]
+pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone", "tests.hosts.slurm"]
 
 
 @pytest.fixture

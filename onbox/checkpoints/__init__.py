@@ -1,0 +1,44 @@
+"""Checkpoints that outlive the box: detect complete ones, commit them to durable storage (manifest last),
+verify, index, retain, restore. The supervisor drives it through onbox.checkpoints.hook.CheckpointCommitHook."""
+from __future__ import annotations
+
+import errno
+from typing import Any, Dict, Optional
+
+from onbox.errors import JobFailed
+
+MANIFEST = "MANIFEST.json"
+INDEX = "checkpoints_index.json"
+MANIFEST_SCHEMA = "onbox.manifest/1"
+INDEX_SCHEMA = "onbox.checkpoints_index/1"
+
+LOUD_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EIO: "EIO", errno.EACCES: "EACCES",
+               errno.EPERM: "EPERM", errno.EROFS: "EROFS"}
+
+
+class SyncFailed(JobFailed):
+    """A commit to durable storage failed. The previous committed checkpoint is intact (U33: never 'synced')."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, errno_name: Optional[str] = None,
+                 details: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message, hint)
+        self.errno_name = errno_name
+        self.details = dict(details or {})
+
+
+class DurableFull(SyncFailed):
+    """The preflight found too few free bytes or inodes on the durable side (U7); no copy was started."""
+
+
+def sync_failed_from_oserror(where: str, e: OSError) -> SyncFailed:
+    name = LOUD_ERRNOS.get(e.errno or 0) or errno.errorcode.get(e.errno or 0, "E?")
+    hints = {
+        "ENOSPC": "the durable side is out of space or inodes (U7): check `df -h` and `df -i` there",
+        "EDQUOT": "the durable side's quota is exhausted: free space there or raise the quota",
+        "EIO": "the durable storage reported an I/O error: check the mount (network volume, NFS) and retry",
+        "EACCES": "no permission to write the durable dir: check its owner and mode",
+        "EPERM": "no permission to write the durable dir: check its owner and mode",
+        "EROFS": "the durable dir is on a read-only mount",
+    }
+    return SyncFailed("commit to %s failed: %s (%s)" % (where, e.strerror or e, name),
+                      hint=hints.get(name, "check the durable storage and retry with `onbox sync`"), errno_name=name)

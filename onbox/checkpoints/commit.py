@@ -1,0 +1,217 @@
+"""The committer: copy a complete checkpoint to the durable target so that a reader sees all of it or nothing.
+
+Protocol (DESIGN.md, DOMAIN.md): preflight bytes+inodes -> one read pass that copies and hashes each file into
+a staging dir -> fsync files -> fsync dirs -> rename staging to <name> -> fsync parent -> MANIFEST.json with the
+atomic-write recipe, LAST (the commit point) -> checkpoints_index.json (atomic) -> retention.
+Idempotent: a checkpoint already committed (same source fingerprint, or same hashes) is skipped. Leftovers of an
+interrupted commit (staging dirs, manifest-less dirs) are removed when the committer starts.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from onbox.checkpoints import INDEX_SCHEMA, MANIFEST_SCHEMA, DurableFull, SyncFailed, hashcopy, retention
+from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
+from onbox.checkpoints.targets import DurableTarget, FileHashes
+
+MiB = 1024 * 1024
+
+
+class CommitResult(NamedTuple):
+    name: str
+    step: Optional[int]
+    status: str  # "committed" | "already" | "source_changed"
+    bytes: int
+    seconds: float
+    digest: str
+    url: str
+
+
+def checkpoint_digest(files: List[Dict[str, Any]], algo: str) -> str:
+    """One hash for a whole checkpoint: over the sorted (path, size, file hash) lines."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f["path"]):
+        h.update(("%s\0%d\0%s\n" % (f["path"], f["size"], f[algo])).encode("utf-8"))
+    return h.hexdigest()
+
+
+def _fp_list(fp: Any) -> List[List[Any]]:
+    return [[rel, size, mtime_ns] for rel, size, mtime_ns, _ino in fp]
+
+
+class CheckpointCommitter:
+    def __init__(self, target: DurableTarget, run: str, clock: Any, emit: Callable[..., None],
+                 hash_name: str = hashcopy.HASH_NAME, margin_bytes: int = 64 * MiB, margin_fraction: float = 0.02,
+                 margin_inodes: int = 16) -> None:
+        self.target = target
+        self.run = run
+        self.clock = clock
+        self.emit = emit
+        self.hash_name = hash_name
+        self.margin_bytes = margin_bytes
+        self.margin_fraction = margin_fraction
+        self.margin_inodes = margin_inodes
+        self._started = False
+
+    def start(self) -> None:
+        """Clean what an interrupted commit left behind (once per committer)."""
+        if self._started:
+            return
+        removed = self.target.clean_leftovers()
+        if removed:
+            self.emit("checkpoint_leftovers_cleaned", durable=self.target.url, removed=removed)
+        self._started = True
+
+    # -- reading what is committed -------------------------------------------------------------------------------
+    def committed(self) -> List[Dict[str, Any]]:
+        """Index entries of every committed checkpoint, oldest first (rebuilt from manifests when needed)."""
+        index = self.target.read_index()
+        names = set(self.target.list_names())
+        if index is not None and isinstance(index.get("checkpoints"), list):
+            entries = [e for e in index["checkpoints"] if isinstance(e, dict) and e.get("name") in names]
+            if {e["name"] for e in entries} >= {n for n in names if not n.startswith(".")} or not names:
+                return sorted(entries, key=retention.entry_order)
+        entries = []
+        for n in sorted(names):
+            m = self.target.read_manifest(n)
+            if m is not None:
+                entries.append(index_entry(m))
+        return sorted(entries, key=retention.entry_order)
+
+    def find_same_source(self, cand: Candidate) -> Optional[Dict[str, Any]]:
+        fp = _fp_list(cand.fingerprint)
+        for e in self.committed():
+            if e.get("local_name") == cand.name and e.get("source_fingerprint") == fp:
+                return e
+        return None
+
+    # -- committing ---------------------------------------------------------------------------------------------
+    def preflight(self, cand: Candidate) -> None:
+        """U7: bytes AND inodes, plus a margin, before starting a copy that could not finish."""
+        fs = self.target.free_space()
+        if fs is None:
+            return
+        # the fixed margin is capped at 1% of the filesystem, so a small volume is not refused outright
+        margin = max(min(self.margin_bytes, fs.total_bytes // 100), int(cand.bytes * self.margin_fraction))
+        need_bytes = cand.bytes + margin
+        dirs = len({os.path.dirname(f) for f in cand.files}) + 1
+        need_inodes = len(cand.files) + dirs + 1 + self.margin_inodes  # files, dirs, manifest, index temp
+        short_bytes = fs.free_bytes < need_bytes
+        short_inodes = fs.has_inode_limit and fs.free_inodes < need_inodes
+        if short_bytes or short_inodes:
+            details = {"durable": self.target.url, "checkpoint": cand.name, "need_bytes": need_bytes,
+                       "free_bytes": fs.free_bytes, "need_inodes": need_inodes, "free_inodes": fs.free_inodes}
+            self.emit("durable_full", **details)
+            what = []
+            if short_bytes:
+                what.append("%.1f MiB free, %.1f MiB needed" % (fs.free_bytes / MiB, need_bytes / MiB))
+            if short_inodes:
+                what.append("%d inodes free, %d needed" % (fs.free_inodes, need_inodes))
+            raise DurableFull("durable storage %s is too full to commit %s: %s" % (
+                self.target.url, cand.name, "; ".join(what)),
+                hint="free space or inodes there (U7: check `df -h` AND `df -i`), or point --durable elsewhere; "
+                     "the local checkpoint is untouched", errno_name="ENOSPC", details=details)
+
+    def commit(self, cand: Candidate) -> CommitResult:
+        """Commit one complete candidate. Raises SyncFailed (or DurableFull) loudly; never half-commits."""
+        self.start()
+        t0 = self.clock.monotonic()
+        name = durable_name(cand)
+        same = self.find_same_source(cand)
+        if same is not None:
+            return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
+                                self.target.url)
+        existing = self.target.read_manifest(name)
+        if existing is not None:
+            sizes = {f["path"]: f["size"] for f in existing["files"]}
+            if sizes == {rel: size for rel, size, _m, _i in cand.fingerprint}:
+                files = [{"path": rel, "size": size, self.hash_name: hashcopy.hash_file(
+                    os.path.join(cand.root, rel), self.hash_name)[1]} for rel, size, _m, _i in cand.fingerprint]
+                if checkpoint_digest(files, self.hash_name) == existing.get("digest"):
+                    return CommitResult(name, existing.get("step"), "already", 0, 0.0, existing["digest"],
+                                        self.target.url)
+            k = 2
+            while self.target.read_manifest("%s.r%d" % (name, k)) is not None:
+                k += 1
+            name = "%s.r%d" % (name, k)
+        self.preflight(cand)
+        self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
+                  durable=self.target.url)
+        hashes = self.target.put_payload(name, cand.root, cand.files, self.hash_name)
+        short = ["%s: %s of %d bytes" % (rel, hashes.get(rel, (None,))[0], size)
+                 for rel, size, _m, _i in cand.fingerprint if hashes.get(rel, (None,))[0] != size]
+        if short and fingerprint_of_safe(cand) == cand.fingerprint:
+            self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
+            raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
+                             hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
+        if fingerprint_of_safe(cand) != cand.fingerprint:
+            # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
+            self.target.remove(name)
+            self.emit("checkpoint_commit_aborted", checkpoint=name, reason="source changed while copying")
+            return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
+                                self.target.url)
+        manifest = self._manifest(name, cand, hashes)
+        hashcopy.fault_point("before-manifest")
+        self.target.put_manifest(name, manifest)  # the commit point
+        hashcopy.fault_point("after-manifest")
+        seconds = max(self.clock.monotonic() - t0, 1e-6)
+        self._update_index(index_entry(manifest))
+        self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=manifest["bytes"],
+                  seconds=round(seconds, 3), digest=manifest["digest"], durable=self.target.url)
+        return CommitResult(name, cand.step, "committed", manifest["bytes"], seconds, manifest["digest"],
+                            self.target.url)
+
+    def _manifest(self, name: str, cand: Candidate, hashes: FileHashes) -> Dict[str, Any]:
+        files = [{"path": rel, "size": hashes[rel][0], self.hash_name: hashes[rel][1]} for rel in cand.files]
+        return {
+            "schema": MANIFEST_SCHEMA, "run": self.run, "name": name, "local_name": cand.name,
+            "kind": "dir" if cand.is_dir else "file", "step": cand.step, "created": self.clock.time(),
+            "hash": self.hash_name, "files": files, "bytes": sum(f["size"] for f in files),
+            "digest": checkpoint_digest(files, self.hash_name), "metrics": cand.metrics,
+            "complete_by": cand.reason,
+            "source": {"host": socket.gethostname(), "path": cand.path, "fingerprint": _fp_list(cand.fingerprint)},
+        }
+
+    # -- index and retention ---------------------------------------------------------------------------------------
+    def _update_index(self, new: Dict[str, Any]) -> None:
+        entries = [e for e in self.committed() if e["name"] != new["name"]] + [new]
+        self.write_index(entries)
+
+    def write_index(self, entries: List[Dict[str, Any]]) -> None:
+        doc = {"schema": INDEX_SCHEMA, "run": self.run, "updated": self.clock.time(),
+               "checkpoints": sorted(entries, key=retention.entry_order)}
+        self.target.write_index(doc)
+
+    def apply_retention(self, keep_last: int, best_metric: Optional[str] = None, best_mode: str = "min",
+                        every_steps: Optional[int] = None) -> List[str]:
+        """Delete committed checkpoints outside the keep set; the newest verified one always stays."""
+        entries = self.committed()
+        keep = retention.select_keep(entries, keep_last, best_metric, best_mode, every_steps)
+        doomed = [e["name"] for e in entries if e["name"] not in keep]
+        if not doomed:
+            return []
+        self.write_index([e for e in entries if e["name"] in keep])  # index first: it never lists a deleted one
+        for n in doomed:
+            self.target.remove(n)
+        self.emit("checkpoints_retired", durable=self.target.url, removed=doomed)
+        return doomed
+
+
+def index_entry(m: Dict[str, Any]) -> Dict[str, Any]:
+    return {"name": m["name"], "local_name": m.get("local_name"), "kind": m.get("kind"), "step": m.get("step"),
+            "created": m.get("created"), "bytes": m.get("bytes"), "digest": m.get("digest"),
+            "hash": m.get("hash"), "metrics": m.get("metrics") or {}, "verified": True,
+            "source_fingerprint": (m.get("source") or {}).get("fingerprint")}
+
+
+def fingerprint_of_safe(cand: Candidate) -> Any:
+    try:
+        return fingerprint_of(cand)
+    except OSError:
+        return None
+
+
+__all__ = ["CheckpointCommitter", "CommitResult", "DurableFull", "SyncFailed", "checkpoint_digest"]

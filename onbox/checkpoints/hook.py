@@ -1,0 +1,301 @@
+"""CheckpointCommitHook: what the supervisor calls (onbox.runhooks.CheckpointHook).
+
+restore()   before each attempt: the newest verified checkpoint, fetched from durable storage when the local dir
+            lacks it; its local path becomes ONBOX_RESUME_FROM.
+periodic()  every loop tick, cheap: rescans at most once a second, and when sync_interval is due and a newer
+            complete checkpoint exists, commits it in a background thread so the loop never blocks on I/O.
+final(d)    on preemption/stop: commits the newest complete checkpoint whose commit can finish before the
+            monotonic deadline `d` by measured throughput; says so when none can.
+
+State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat.
+Events (ctx.emit; ALSO CALLED FROM THE COMMIT THREAD: the CheckpointHook protocol has no close() to flush a queue
+at exit, so queued events could be lost; the recorder's append is one O_APPEND write, and telemetry.on_event must
+be thread-safe): checkpoint_committed, sync_failed, durable_full,
+checkpoint_restored, restore_verify_failed, final_sync_skipped, checkpoint_resume, local_pruned, ...
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import threading
+from typing import Any, Dict, Iterator, List, Optional
+
+from onbox import fsutil
+from onbox.checkpoints import SyncFailed
+from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
+from onbox.checkpoints.detect import Candidate, CompletionTracker, scan
+from onbox.checkpoints.restore import restore_newest
+from onbox.checkpoints.targets import DurableTarget, make_target
+
+STATUS_FILE = "checkpoint_status.json"
+LOCK_FILE = "checkpoints.lock"
+STATUS_SCHEMA = "onbox.checkpoint_status/1"
+DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
+COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
+FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
+RESCAN_S = 1.0
+LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/ after each commit
+
+
+def read_progress(run_dir: str) -> Dict[str, Any]:
+    """progress.json (the heartbeat's newest metrics), or {} when absent or unreadable."""
+    try:
+        doc = fsutil.read_json(os.path.join(run_dir, "progress.json"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def summary(r: CommitResult) -> Dict[str, Any]:
+    return {"name": r.name, "step": r.step, "status": r.status, "bytes": r.bytes, "seconds": round(r.seconds, 3),
+            "digest": r.digest, "durable": r.url}
+
+
+class CheckpointCommitHook:
+    def __init__(self, ctx: Any, target: Optional[DurableTarget] = None) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.clock = ctx.clock
+        self.ckpt_dir = ctx.ckpt_dir
+        self.tracker = CompletionTracker(self.cfg.settle_seconds)
+        if target is None and self.cfg.durable:
+            target = make_target(self.cfg.durable, ctx.name)
+        self.target = target
+        self.committer = CheckpointCommitter(target, ctx.name, self.clock, ctx.emit) if target else None
+        self.status_path = os.path.join(ctx.run_dir, STATUS_FILE)
+        self._status_lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self.status = self._load_status()
+        self.throughput = float(self.status.get("throughput_bytes_per_s") or DEFAULT_THROUGHPUT)
+        self._last_scan = float("-inf")
+        self._last_sync = float("-inf")
+        self._done: Dict[str, Any] = {}  # candidate name -> fingerprint already committed (or found committed)
+        self._worker: Optional[threading.Thread] = None
+        self.cands: List[Candidate] = []
+
+    # -- status file -----------------------------------------------------------------------------------------
+    def _load_status(self) -> Dict[str, Any]:
+        try:
+            doc = fsutil.read_json(self.status_path)
+            if isinstance(doc, dict):
+                return doc
+        except (OSError, ValueError):
+            pass
+        return {"schema": STATUS_SCHEMA, "run": self.ctx.name, "latest_local": None, "latest_durable": None,
+                "verified": False, "last_sync": None}
+
+    def _update_status(self, **fields: Any) -> None:
+        with self._status_lock:
+            self.status.update(fields)
+            self.status["schema"] = STATUS_SCHEMA
+            self.status["durable"] = self.target.url if self.target else None
+            self.status["updated"] = self.clock.time()
+            self.status["throughput_bytes_per_s"] = round(self.throughput)
+            try:
+                fsutil.atomic_write_json(self.status_path, self.status)
+            except OSError as e:  # a full local disk must not kill the supervisor loop
+                self.ctx.emit("checkpoint_status_unwritable", error=str(e))
+
+    # -- scanning ----------------------------------------------------------------------------------------------
+    def scan_now(self, settle: Optional[float] = None, settle_self_checking: Optional[float] = None) -> List[Candidate]:
+        """Rescan the checkpoint dir; the complete candidates, newest last (all of them stay in self.cands)."""
+        cands = self.tracker.update(scan(self.ckpt_dir), self.clock.monotonic(), self.clock.time(),
+                                    read_progress(self.ctx.run_dir), settle=settle,
+                                    settle_self_checking=settle_self_checking)
+        self.cands = cands
+        complete = [c for c in cands if c.complete]
+        if complete:
+            c = complete[-1]
+            latest = {"name": c.name, "step": c.step, "path": c.path, "bytes": c.bytes}
+            if latest != self.status.get("latest_local"):
+                self._update_status(latest_local=latest)
+        return complete
+
+    # -- the protocol --------------------------------------------------------------------------------------------
+    def restore(self) -> Optional[str]:
+        self.join_worker(None)
+        # no child runs before an attempt: the short quiet period of final() applies (torn files still fail)
+        local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+        newest_local = local[-1] if local else None
+        if self.committer is not None:
+            try:
+                with self._locked():
+                    self.committer.start()
+                    entries = self.committer.committed()
+                names = [e["name"] for e in reversed(entries)]
+                res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit)
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
+                res = None
+            if res is not None and res.rejected:
+                self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
+            if res is not None and res.path:
+                newer_local = newest_local is not None and newest_local.path != res.path and (
+                    (newest_local.step is not None and res.step is not None and newest_local.step > res.step)
+                    or (newest_local.step is None and newest_local.newest_mtime > (res.created or 0)))
+                if not newer_local:
+                    self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
+                                        resume_from={"path": res.path, "source": res.source, "name": res.name})
+                    self.ctx.emit("checkpoint_resume", path=res.path, checkpoint=res.name, step=res.step,
+                                  source=res.source)
+                    return res.path
+        if newest_local is None:
+            return None
+        self._update_status(resume_from={"path": newest_local.path, "source": "local-unsynced",
+                                         "name": newest_local.name})
+        self.ctx.emit("checkpoint_resume", path=newest_local.path, checkpoint=newest_local.name,
+                      step=newest_local.step, source="local")
+        return newest_local.path
+
+    def periodic(self) -> None:
+        now = self.clock.monotonic()
+        if now - self._last_scan < min(RESCAN_S, self.cfg.sync_interval):
+            return
+        self._last_scan = now
+        try:
+            complete = self.scan_now()
+        except OSError as e:
+            self.ctx.emit("checkpoint_scan_failed", error=str(e))
+            return
+        if self.committer is None or not complete or (self._worker is not None and self._worker.is_alive()):
+            return
+        if now - self._last_sync < self.cfg.sync_interval:
+            return
+        newest = complete[-1]
+        if self._done.get(newest.name) == newest.fingerprint:
+            return
+        self._last_sync = now
+        self._worker = threading.Thread(target=self.commit_one, args=(newest,), name="onbox-commit", daemon=True)
+        self._worker.start()
+
+    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        self.join_worker(deadline)
+        if self.committer is None:
+            return None
+        if self._worker is not None and self._worker.is_alive():  # never block past the deadline on its lock
+            self.ctx.emit("final_sync_none", reason="the periodic commit still runs at the deadline")
+            return None
+        # the child has stopped (or is out of time): a shorter quiet period, none at all for files whose format
+        # exposes a torn write (the checkpoint it just saved on the signal is the one worth committing)
+        complete = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+        for cand in reversed(complete):
+            if self._done.get(cand.name) == cand.fingerprint:
+                return self._already(cand)
+            left = deadline - self.clock.monotonic()
+            estimate = cand.bytes / self.throughput + COMMIT_OVERHEAD_S
+            if estimate <= left:
+                r = self.commit_one(cand)
+                if r is not None and r.status in ("committed", "already"):
+                    return summary(r)
+                continue
+            self.ctx.emit("final_sync_skipped", checkpoint=cand.name, step=cand.step, bytes=cand.bytes,
+                          estimate_s=round(estimate, 3), left_s=round(left, 3),
+                          throughput_bytes_per_s=round(self.throughput))
+        self.ctx.emit("final_sync_none", reason="no complete checkpoint could be committed before the deadline"
+                      if complete else "no complete checkpoint")
+        return None
+
+    # -- work ------------------------------------------------------------------------------------------------------
+    def join_worker(self, deadline: Optional[float]) -> None:
+        w = self._worker
+        if w is not None and w.is_alive():
+            w.join(None if deadline is None else max(0.0, deadline - self.clock.monotonic()))
+
+    def _already(self, cand: Candidate) -> Optional[Dict[str, Any]]:
+        d = self.status.get("latest_durable") or {}
+        return {"name": d.get("name"), "step": cand.step, "status": "already", "bytes": 0, "seconds": 0.0,
+                "digest": d.get("digest"), "durable": self.target.url if self.target else None}
+
+    def _durable_entry(self, name: Optional[str]) -> Optional[Dict[str, Any]]:
+        if self.committer is None or name is None:
+            return None
+        for e in self.committer.committed():
+            if e["name"] == name:
+                return {"name": name, "step": e.get("step"), "committed_at": e.get("created"),
+                        "digest": e.get("digest"), "bytes": e.get("bytes")}
+        return None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One committer per run on this box: the agent's thread and `onbox sync` take the same flock, so a
+        commit never meets another one's staging or manifest-less dir (which start() would clean)."""
+        with self._commit_lock:
+            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
+    def commit_one(self, cand: Candidate) -> Optional[CommitResult]:
+        """Commit one candidate under the commit lock; failures become events and status, never exceptions."""
+        assert self.committer is not None
+        with self._locked():
+            at = self.clock.time()
+            try:
+                r = self.committer.commit(cand)
+            except SyncFailed as e:
+                fields = dict(e.details)
+                fields.update(checkpoint=cand.name, error=e.message, errno=e.errno_name,
+                              durable=self.committer.target.url)
+                self.ctx.emit("sync_failed", **fields)
+                self._update_status(last_sync={"ok": False, "error": e.message, "at": at, "bytes": 0,
+                                               "seconds": 0.0, "checkpoint": cand.name})
+                return None
+            except Exception as e:  # a bug in the committer must not kill the supervisor loop; say it loudly
+                self.ctx.emit("sync_failed", checkpoint=cand.name, error="%s: %s" % (type(e).__name__, e))
+                self._update_status(last_sync={"ok": False, "error": "%s: %s" % (type(e).__name__, e),
+                                               "at": at, "bytes": 0, "seconds": 0.0, "checkpoint": cand.name})
+                return None
+            if r.status == "source_changed":
+                return r
+            self._done[cand.name] = cand.fingerprint
+            if r.status == "committed" and r.bytes >= 16 * 1024 * 1024:
+                self.throughput = 0.5 * self.throughput + 0.5 * (r.bytes / r.seconds)
+            self.committer.apply_retention(self.cfg.keep_last, self.cfg.keep_best_metric, self.cfg.keep_best_mode,
+                                           self.cfg.keep_every_steps)
+            self._update_status(latest_durable=self._durable_entry(r.name), verified=True,
+                                last_sync={"ok": True, "error": None, "at": at, "bytes": r.bytes,
+                                           "seconds": round(r.seconds, 3), "checkpoint": r.name, "status": r.status})
+            if self.cfg.prune_local:
+                self.prune_local()
+            self.sync_logs()
+            return r
+
+    def sync_logs(self) -> None:
+        """Copy the run's output log and events next to the checkpoints (<durable>/<run>/logs/), best effort."""
+        assert self.target is not None
+        for name in LOG_FILES:
+            path = os.path.join(self.ctx.run_dir, name)
+            if not os.path.isfile(path):
+                continue
+            try:
+                self.target.put_log(path, name)
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("log_sync_failed", file=name, error=str(e))
+                return
+
+    def prune_local(self, low_fraction: float = 0.05) -> List[str]:
+        """U6: when the local disk runs low, delete local copies already committed (never the newest)."""
+        assert self.committer is not None
+        complete = [c for c in self.cands if c.complete]
+        if len(complete) < 2:
+            return []
+        need = max(2 * complete[-1].bytes, 0)
+        removed = []
+        for c in complete[:-1]:
+            fs = fsutil.free_space(self.ckpt_dir)
+            if fs.free_bytes >= max(need, int(fs.total_bytes * low_fraction)):
+                break
+            if self.committer.find_same_source(c) is None:
+                continue  # not committed: the only copy
+            if c.is_dir:
+                shutil.rmtree(c.path, ignore_errors=True)
+            else:
+                os.unlink(c.path)
+            removed.append(c.name)
+        if removed:
+            self.ctx.emit("local_pruned", removed=removed, ckpt_dir=self.ckpt_dir)
+        return removed

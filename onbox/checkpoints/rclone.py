@@ -1,0 +1,160 @@
+"""The rclone durable target: object stores and anything rclone reaches (sftp, webdav, S3, GCS, ...).
+
+Object stores have no rename, so the protocol is: payload first, MANIFEST.json last; a checkpoint dir without a
+manifest does not exist for readers, and leftovers of an interrupted upload are purged at the next start.
+Every call is a list argv with a timeout that grows with the bytes moved (STYLE.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from onbox import fsutil
+from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy
+from onbox.checkpoints.targets import FileHashes
+
+RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
+NOT_FOUND_RC = 3  # rclone: "directory not found"
+MiB = 1024 * 1024
+
+
+class RcloneTarget:
+    def __init__(self, remote: str, run: str, runner: Optional[Callable[..., Any]] = None, rclone: str = "rclone",
+                 base_timeout: float = 60.0, min_rate: float = 1 * MiB, extra_flags: Sequence[str] = ()) -> None:
+        base = remote.rstrip("/")
+        self.run_root = base + run if base.endswith(":") else base + "/" + run
+        self.ckpts = self.run_root + "/checkpoints"
+        self.url = self.run_root
+        self.rclone = rclone
+        self.runner = runner or subprocess.run
+        self.base_timeout = base_timeout
+        self.min_rate = min_rate  # bytes/s below which a transfer counts as hung
+        self.flags = list(RCLONE_FLAGS) + list(extra_flags)
+
+    # -- one place for every rclone call --------------------------------------------------------------------
+    def _rc(self, args: List[str], nbytes: int = 0, check: bool = True) -> "subprocess.CompletedProcess[str]":
+        argv = [self.rclone, *args, *self.flags]
+        timeout = self.base_timeout + nbytes / self.min_rate
+        try:
+            proc = self.runner(argv, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise SyncFailed("rclone is not installed on this box", hint="apt-get install rclone, or use a mounted path")
+        except subprocess.TimeoutExpired:
+            raise SyncFailed("rclone %s timed out after %.0f s (%s)" % (args[0], timeout, self.url),
+                             hint="check the network to the remote; the previous committed checkpoint is intact",
+                             errno_name="ETIMEDOUT")
+        if check and proc.returncode != 0:
+            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:])
+            raise SyncFailed("rclone %s failed (exit %d) for %s: %s" % (args[0], proc.returncode, self.url, tail),
+                             hint="check the remote (credentials, quota, network); the previous committed "
+                                  "checkpoint is intact", errno_name="EIO")
+        return proc
+
+    def _lsjson(self, path: str, *opts: str) -> Optional[List[Dict[str, Any]]]:
+        proc = self._rc(["lsjson", path, *opts], check=False)
+        if proc.returncode == NOT_FOUND_RC:
+            return None
+        if proc.returncode != 0:
+            self._rc(["lsjson", path, *opts])  # raise with its message
+        return json.loads(proc.stdout or "[]")
+
+    def _cat_json(self, path: str) -> Optional[Dict[str, Any]]:
+        proc = self._rc(["cat", path], check=False)
+        if proc.returncode != 0:
+            return None
+        try:
+            doc = json.loads(proc.stdout)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def _put_json(self, path: str, doc: Dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
+            local = os.path.join(tmp, os.path.basename(path))
+            fsutil.atomic_write_json(local, doc)
+            self._rc(["copyto", local, path])
+
+    # -- DurableTarget ---------------------------------------------------------------------------------------
+    def free_space(self) -> Optional[fsutil.FreeSpace]:
+        return None  # `rclone about` is unsupported by many backends; the remote reports ENOSPC loudly instead
+
+    def list_names(self) -> List[str]:
+        entries = self._lsjson(self.ckpts, "--dirs-only")
+        return sorted(e["Name"] for e in entries or [] if not e["Name"].startswith("."))
+
+    def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
+        doc = self._cat_json("%s/%s/%s" % (self.ckpts, name, MANIFEST))
+        return doc if doc is not None and isinstance(doc.get("files"), list) else None
+
+    def put_payload(self, name: str, root: str, files: List[str], hash_name: str) -> FileHashes:
+        out: FileHashes = {rel: hashcopy.hash_file(os.path.join(root, rel), hash_name) for rel in files}
+        dest = "%s/%s" % (self.ckpts, name)
+        total = sum(size for size, _ in out.values())
+        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
+            listing = os.path.join(tmp, "files")
+            with open(listing, "w", encoding="utf-8") as f:
+                f.write("".join(rel + "\n" for rel in files))
+            hashcopy.fault_point("before-upload")
+            self._rc(["copy", root, dest, "--files-from-raw", listing, "--no-traverse"], nbytes=total)
+        problems = self.verify(name, {"files": [{"path": r, "size": s} for r, (s, _) in out.items()]})
+        if problems:  # U33: trust what landed, not the exit code alone
+            raise SyncFailed("upload to %s incomplete: %s" % (dest, "; ".join(problems)), errno_name="EIO")
+        return out
+
+    def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None:
+        self._put_json("%s/%s/%s" % (self.ckpts, name, MANIFEST), manifest)
+
+    def remove(self, name: str) -> None:
+        self._rc(["deletefile", "%s/%s/%s" % (self.ckpts, name, MANIFEST)], check=False)
+        self._rc(["purge", "%s/%s" % (self.ckpts, name)], check=False)
+
+    def read_index(self) -> Optional[Dict[str, Any]]:
+        return self._cat_json("%s/%s" % (self.run_root, INDEX))
+
+    def write_index(self, doc: Dict[str, Any]) -> None:
+        self._put_json("%s/%s" % (self.run_root, INDEX), doc)
+
+    def clean_leftovers(self) -> List[str]:
+        dirs = self.list_names()
+        if not dirs:
+            return []
+        found = self._lsjson(self.ckpts, "-R", "--files-only", "--include", "/*/" + MANIFEST) or []
+        with_manifest = {e["Path"].split("/", 1)[0] for e in found}
+        removed = [d for d in dirs if d not in with_manifest]
+        for d in removed:
+            self._rc(["purge", "%s/%s" % (self.ckpts, d)], check=False)
+        return removed
+
+    def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
+        listed = self._lsjson("%s/%s" % (self.ckpts, name), "-R", "--files-only") or []
+        total = sum(e.get("Size", 0) for e in listed)
+        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
+            listing = os.path.join(tmp, "files")
+            with open(listing, "w", encoding="utf-8") as f:
+                f.write("".join(rel + "\n" for rel in files))
+            self._rc(["copy", "%s/%s" % (self.ckpts, name), dest, "--files-from-raw", listing, "--no-traverse"],
+                     nbytes=total)
+        out: FileHashes = {}
+        for rel in files:
+            p = os.path.join(dest, rel)
+            if os.path.isfile(p):
+                out[rel] = hashcopy.hash_file(p, hash_name)
+        return out
+
+    def put_log(self, local_path: str, name: str) -> None:
+        self._rc(["copyto", local_path, "%s/logs/%s" % (self.run_root, name)], nbytes=os.path.getsize(local_path))
+
+    def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
+        """Sizes on the remote against the manifest (a full hash check happens on restore, locally)."""
+        listed = self._lsjson("%s/%s" % (self.ckpts, name), "-R", "--files-only") or []
+        sizes = {e["Path"]: e["Size"] for e in listed}
+        problems = []
+        for f in manifest.get("files", []):
+            if f["path"] not in sizes:
+                problems.append("%s: missing on the remote" % f["path"])
+            elif sizes[f["path"]] != f["size"]:
+                problems.append("%s: %d bytes on the remote, expected %d" % (f["path"], sizes[f["path"]], f["size"]))
+        return problems

@@ -1,0 +1,154 @@
+"""`onbox sync`, `onbox checkpoints`, `onbox verify`: thin commands over onbox.checkpoints."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import click
+
+from onbox.cliutil import echo_json
+from onbox.errors import UsageError
+
+MiB = 1024 * 1024
+
+
+def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str]) -> Any:
+    """A RunContext for a run on this box, from its saved config.json (flags override)."""
+    from onbox import fsutil, paths
+    from onbox.clock import SystemClock
+    from onbox.config import RunConfig
+    from onbox.runhooks import RunContext
+
+    if not paths.valid_run_name(name):
+        raise UsageError("invalid run name %r" % name)
+    run_dir = paths.run_dir(name)
+    cfg = RunConfig(name=name)
+    cfg_path = os.path.join(run_dir, "config.json")
+    if os.path.exists(cfg_path):
+        try:
+            cfg = RunConfig.from_dict(fsutil.read_json(cfg_path), source=cfg_path)
+        except ValueError as e:
+            raise UsageError("unreadable %s: %s" % (cfg_path, e))
+    elif durable is None or ckpt_dir is None:
+        raise UsageError("no run %r on this box (no %s)" % (name, cfg_path),
+                         hint="see `onbox ls`, or give both --durable and --ckpt-dir")
+    if durable:
+        cfg.durable = durable
+    if ckpt_dir:
+        cfg.ckpt_dir = ckpt_dir
+    os.makedirs(run_dir, exist_ok=True)
+    events = os.path.join(run_dir, "events.jsonl")
+    clock = SystemClock()
+
+    def emit(event_type: str, **fields: Any) -> None:
+        fsutil.append_jsonl(events, dict(fields, type=event_type, time=clock.time(), source="onbox-cli"))
+
+    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or os.path.join(run_dir, "checkpoints"),
+                      config=cfg, clock=clock, emit=emit, attempt=lambda: 0)
+
+
+@click.command("sync")
+@click.argument("name")
+@click.option("--now", is_flag=True, help="Do not wait for the settle interval (format checks still apply).")
+@click.option("--durable", default=None, help="Durable target (path or rclone remote); default: the run's.")
+@click.option("--ckpt-dir", default=None, help="Local checkpoint dir; default: the run's.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
+    """Commit run NAME's newest complete checkpoint to durable storage (MANIFEST.json last).
+
+    Exit 0 only when the checkpoint is committed (or already was); 1 when the commit failed, with the reason.
+    """
+    from onbox.checkpoints import SyncFailed
+    from onbox.checkpoints.hook import CheckpointCommitHook, summary
+
+    ctx = _context(name, durable, ckpt_dir)
+    if not ctx.config.durable:
+        raise UsageError("run %r has no durable target" % name, hint="give --durable PATH or an rclone remote")
+    hook = CheckpointCommitHook(ctx)
+    complete = hook.scan_now(settle=0.0 if now else None)
+    if not complete:
+        waiting = [c for c in hook.cands if not c.complete]
+        why = "; ".join("%s: %s" % (c.name, c.reason) for c in waiting) or "no checkpoint in %s" % ctx.ckpt_dir
+        raise SyncFailed("nothing to commit for run %s: %s" % (name, why),
+                         hint="wait for the trainer to finish writing, or use --now")
+    result = hook.commit_one(complete[-1])
+    if result is None or result.status == "source_changed":
+        last = hook.status.get("last_sync") or {}
+        raise SyncFailed("commit of %s to %s FAILED: %s" % (complete[-1].name, ctx.config.durable,
+                                                            last.get("error") or "the file changed while copying"),
+                         hint="the local checkpoint is untouched; see events.jsonl, fix the cause, re-run")
+    if as_json:
+        echo_json(summary(result))
+        return
+    if result.status == "already":
+        click.echo("already committed: %s (step %s) at %s" % (result.name, result.step, result.url))
+    else:
+        click.echo("committed %s (step %s, %.1f MiB in %.2f s) to %s" % (
+            result.name, result.step, result.bytes / MiB, result.seconds, result.url))
+
+
+@click.command("checkpoints")
+@click.argument("name")
+@click.option("--durable", default=None, help="Durable target; default: the run's.")
+@click.option("--ckpt-dir", default=None, help="Local checkpoint dir; default: the run's.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
+    """List run NAME's checkpoints: local (complete or why not) and durable (committed, with step and hash)."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
+
+    ctx = _context(name, durable, ckpt_dir)
+    hook = CheckpointCommitHook(ctx)
+    hook.scan_now()
+    local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes, "complete": c.complete,
+              "reason": c.reason} for c in hook.cands]
+    durable_list = hook.committer.committed() if hook.committer else []
+    doc: Dict[str, Any] = {"run": name, "ckpt_dir": ctx.ckpt_dir, "durable": ctx.config.durable, "local": local,
+                           "committed": durable_list, "status": hook.status}
+    if as_json:
+        echo_json(doc)
+        return
+    click.echo("local (%s):" % ctx.ckpt_dir)
+    for c in local:
+        click.echo("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
+                                                       "complete" if c["complete"] else c["reason"]))
+    click.echo("durable (%s):" % (ctx.config.durable or "none configured"))
+    for e in durable_list:
+        click.echo("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,
+                                                          "verified" if e.get("verified") else "unverified",
+                                                          (e.get("digest") or "")[:12]))
+    last = hook.status.get("last_sync")
+    if last:
+        click.echo("last sync: %s%s" % ("ok" if last.get("ok") else "FAILED", "" if last.get("ok") else
+                                        ": %s" % last.get("error")))
+
+
+@click.command("verify")
+@click.argument("path", type=click.Path(exists=True, dir_okay=True, file_okay=True))
+@click.option("--load", is_flag=True, help="Also torch.load(weights_only=True) each torch file (if torch imports).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def verify(ctx: click.Context, path: str, load: bool, as_json: bool) -> None:
+    """Verify a checkpoint file or dir: manifest sizes and hashes, zip CRCs, safetensors bounds, optional load.
+
+    PATH may also be a durable run dir (<durable>/<run>): every committed checkpoint in it is verified;
+    directories without a MANIFEST.json (interrupted commits) are listed and ignored.
+
+    Exit 0 when everything checks out, 1 on any corruption (each problem names the file).
+    """
+    from onbox.checkpoints.verify import verify_path
+
+    report = verify_path(path, load=load)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        for row in report.files:
+            mark = "--  " if row["kind"] == "uncommitted" else "ok  " if row["ok"] else "BAD "
+            click.echo("%s %s%s" % (mark, row["path"], ": %s" % row["problem"] if row["problem"] else ""))
+        if report.load_note:
+            click.echo(report.load_note)
+        for p in report.problems:
+            click.echo("onbox: %s: %s" % (report.path, p), err=True)
+        click.echo("verified: %s" % report.path if report.ok else "CORRUPT: %s (%d problem(s))" % (
+            report.path, len(report.problems)))
+    if not report.ok:
+        ctx.exit(1)

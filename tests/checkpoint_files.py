@@ -1,0 +1,59 @@
+"""Checkpoint-shaped files for tests, without torch: a torch-style zip (stored members under archive/, like
+torch.save writes) and a safetensors file."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from typing import Dict, Optional
+
+
+def torch_zip_bytes(payload: bytes = b"\x01" * 4096, members: int = 2) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        for i in range(members):
+            zf.writestr("archive/data/%d" % i, payload)
+        zf.writestr("archive/version", b"3\n")
+    return buf.getvalue()
+
+
+def write_torch_zip(path: str, payload: bytes = b"\x01" * 4096, members: int = 2) -> str:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(torch_zip_bytes(payload, members))
+    return path
+
+
+def safetensors_bytes(tensors: Optional[Dict[str, int]] = None) -> bytes:
+    """F32 1-D tensors {name: length}."""
+    tensors = tensors or {"w": 16, "b": 4}
+    header, off = {}, 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [off, off + 4 * n]}
+        off += 4 * n
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\x00" * off
+
+
+def write_safetensors(path: str, tensors: Optional[Dict[str, int]] = None) -> str:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(safetensors_bytes(tensors))
+    return path
+
+
+def flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def truncate(path: str, keep: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(keep)

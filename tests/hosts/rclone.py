@@ -1,0 +1,100 @@
+"""A real `rclone serve sftp` on loopback: the object-store-style durable target for checkpoint tests.
+
+rclone 1.60 (apt) serves a directory over SFTP with a user and password; the client side is a config-free remote
+defined by RCLONE_CONFIG_<NAME>_* environment variables. The fixture starts exactly one server process and stops
+exactly that PID (it can also stop and restart it mid-test to cut an upload).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from typing import Dict, Optional
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RcloneSftp:
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.root = os.path.join(tmp, "served")
+        os.makedirs(self.root, exist_ok=True)
+        self.port = free_port()
+        self.key = os.path.join(tmp, "hostkey")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.key], check=True, timeout=30)
+        self.password = "onbox-test"
+        self.name = "ONBOXSFTP%d" % os.getpid()
+        obscured = subprocess.run(["rclone", "obscure", self.password], capture_output=True, text=True,
+                                  check=True, timeout=30).stdout.strip()
+        self.env: Dict[str, str] = {
+            "RCLONE_CONFIG_%s_TYPE" % self.name: "sftp",
+            "RCLONE_CONFIG_%s_HOST" % self.name: "127.0.0.1",
+            "RCLONE_CONFIG_%s_PORT" % self.name: str(self.port),
+            "RCLONE_CONFIG_%s_USER" % self.name: "u",
+            "RCLONE_CONFIG_%s_PASS" % self.name: obscured,
+            "RCLONE_CONFIG": os.path.join(tmp, "rclone.conf"),  # an empty config: nothing from the user's
+            "RCLONE_CACHE_DIR": os.path.join(tmp, "cache"),
+        }
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = os.path.join(tmp, "serve.log")
+
+    @property
+    def remote(self) -> str:
+        """The durable spec for onbox: `<name>:dur` (the served dir's `dur` subdir)."""
+        return self.name.lower() + ":dur"
+
+    @property
+    def durable_root(self) -> str:
+        return os.path.join(self.root, "dur")
+
+    def start(self, timeout: float = 20.0) -> None:
+        env = dict(os.environ, **self.env)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["rclone", "serve", "sftp", self.root, "--addr", "127.0.0.1:%d" % self.port, "--user", "u",
+                 "--pass", self.password, "--key", self.key, "-v"],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                with open(self.log, encoding="utf-8", errors="replace") as f:
+                    raise RuntimeError("rclone serve sftp exited: %s" % f.read()[-2000:])
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("rclone serve sftp not listening after %.0f s" % timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture
+def rclone_sftp(tmp_path, monkeypatch):
+    """A running `rclone serve sftp` on 127.0.0.1 and the environment that defines its remote."""
+    if shutil.which("rclone") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("rclone/ssh-keygen not installed: run `make sysdeps` (build/sysdeps.sh)")
+    server = RcloneSftp(str(tmp_path / "rclone"))
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,118 @@
+"""The rclone target against a real `rclone serve sftp` on loopback: commit (payload first, manifest last),
+restore onto an empty checkpoint dir, and an upload interrupted by SIGKILL of the committing process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from onbox.checkpoints import MANIFEST
+from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.detect import CompletionTracker, scan
+from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.verify import verify_path
+from onbox.clock import SystemClock
+from tests.checkpoint_files import write_safetensors, write_torch_zip
+from tests.conftest import subprocess_env
+from tests.unit.test_checkpoints import Recorder, make_ctx
+
+pytestmark = pytest.mark.integration
+
+
+def newest(root):
+    return [c for c in CompletionTracker(0.0).update(scan(root), 0.0, 0.0) if c.complete][-1]
+
+
+def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
+    ctx = make_ctx(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0, sync_interval=0.0)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-10", "model.pt"), payload=os.urandom(300_000))
+    write_safetensors(os.path.join(ctx.ckpt_dir, "checkpoint-10", "sub", "ema.safetensors"))
+    hook = CheckpointCommitHook(ctx)
+    hook.periodic()
+    hook.join_worker(None)
+    assert ctx.emit.of("checkpoint_committed"), ctx.emit.events
+    served = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-10")
+    assert os.path.exists(os.path.join(served, MANIFEST))
+    assert verify_path(served).ok  # what landed on the server, checked byte by byte
+    assert os.path.exists(os.path.join(rclone_sftp.durable_root, "r1", "checkpoints_index.json"))
+    # a replacement box with an empty checkpoint dir
+    box2 = make_ctx(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
+    path = CheckpointCommitHook(box2).restore()
+    assert path == os.path.join(box2.ckpt_dir, "checkpoint-10")
+    assert verify_path(path).ok and box2.emit.of("checkpoint_restored")
+
+
+UPLOADER = r"""
+import sys
+from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.detect import CompletionTracker, scan
+from onbox.checkpoints.rclone import RcloneTarget
+from onbox.clock import SystemClock
+remote, src = sys.argv[1], sys.argv[2]
+target = RcloneTarget(remote, "r1", extra_flags=["--bwlimit", "1M"])
+[cand] = [c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.name == "checkpoint-2"]
+CheckpointCommitter(target, "r1", SystemClock(), lambda *a, **k: None).commit(cand)
+print("finished", flush=True)
+"""
+
+
+def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_sftp):
+    src = str(tmp_path / "ck")
+    write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
+    target = RcloneTarget(rclone_sftp.remote, "r1")
+    CheckpointCommitter(target, "r1", SystemClock(), Recorder()).commit(newest(src))
+    write_torch_zip(os.path.join(src, "checkpoint-2", "model.pt"), payload=os.urandom(6_000_000))
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_sftp.remote, src], env=subprocess_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial_dir = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-2")
+    try:
+        deadline = time.monotonic() + 30
+        landed = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            landed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(partial_dir) for f in fs)
+            if landed > 0:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and landed > 0, "upload never started: %s" % (proc.stderr and proc.stderr.read())
+        os.killpg(proc.pid, signal.SIGKILL)  # the committer and its rclone child, mid-upload
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+    assert os.path.isdir(partial_dir) and not os.path.exists(os.path.join(partial_dir, MANIFEST))
+    # readers ignore it: no manifest, not in the index
+    reader = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), Recorder())
+    assert [e["name"] for e in reader.committed()] == ["checkpoint-1"]
+    assert reader.target.read_manifest("checkpoint-2") is None
+    # the next run cleans the leftover and finishes the commit
+    emit = Recorder()
+    nxt = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), emit)
+    r = nxt.commit(newest(src))
+    assert r.status == "committed" and r.name == "checkpoint-2"
+    assert emit.of("checkpoint_leftovers_cleaned")[0]["removed"] == ["checkpoint-2"]
+    assert verify_path(partial_dir).ok
+    assert [e["name"] for e in nxt.committed()] == ["checkpoint-1", "checkpoint-2"]
+
+
+def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
+    src = str(tmp_path / "ck")
+    write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
+    rclone_sftp.stop()
+    ctx = make_ctx(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0)
+    os.rmdir(ctx.ckpt_dir)
+    os.symlink(src, ctx.ckpt_dir)
+    hook = CheckpointCommitHook(ctx)
+    hook.committer.target.base_timeout = 20
+    hook.periodic()
+    hook.join_worker(None)
+    [fail] = ctx.emit.of("sync_failed")
+    assert "rclone" in fail["error"] and not ctx.emit.of("checkpoint_committed")
+    assert hook.status["last_sync"]["ok"] is False

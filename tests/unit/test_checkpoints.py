@@ -1,0 +1,400 @@
+"""Checkpoint detection, format checks, the local-path committer, retention, verify, restore and the hook, driven
+through the clock seam (FakeClock) on real files in tmp dirs."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from onbox import fsutil
+from onbox.checkpoints import MANIFEST, DurableFull, SyncFailed, formats
+from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.detect import CompletionTracker, durable_name, scan
+from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.retention import select_keep
+from onbox.checkpoints.targets import LocalPathTarget, make_target
+from onbox.checkpoints.verify import verify_path
+from onbox.clock import FakeClock
+from onbox.config import RunConfig
+from onbox.runhooks import RunContext, make_hooks
+from tests.checkpoint_files import flip_byte, safetensors_bytes, truncate, write_safetensors, write_torch_zip
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: List[Tuple[str, Dict[str, Any]]] = []
+
+    def __call__(self, event_type: str, **fields: Any) -> None:
+        self.events.append((event_type, fields))
+
+    def of(self, event_type: str) -> List[Dict[str, Any]]:
+        return [f for t, f in self.events if t == event_type]
+
+
+def make_ctx(tmp_path, **cfg: Any) -> RunContext:
+    run_dir = tmp_path / "run"
+    ckpt = tmp_path / "ckpt"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    config = RunConfig(name="r1", ckpt_dir=str(ckpt), durable=str(tmp_path / "durable"), sync_interval=5.0,
+                       settle_seconds=3.0)
+    for k, v in cfg.items():
+        setattr(config, k, v)
+    return RunContext(name="r1", run_dir=str(run_dir), ckpt_dir=str(ckpt), config=config, clock=FakeClock(),
+                      emit=Recorder(), attempt=lambda: 0)
+
+
+def complete_cands(ckpt_dir: str, settle: float = 0.0, progress: Any = None) -> list:
+    tr = CompletionTracker(settle)
+    return [c for c in tr.update(scan(ckpt_dir), 0.0, 0.0, progress) if c.complete]
+
+
+# -- formats ----------------------------------------------------------------------------------------------------
+def test_torch_zip_checks(tmp_path):
+    p = write_torch_zip(str(tmp_path / "a.pt"))
+    assert formats.check_file(p, full=True) == formats.FormatResult("torch-zip", None)
+    flip_byte(p, 200)  # inside the first data member
+    res = formats.check_file(p, full=True)
+    assert res.kind == "torch-zip" and "archive/data/0" in res.problem and "CRC" in res.problem
+    assert formats.check_file(p, full=False).ok  # structure is fine; only the full check reads the data
+    q = write_torch_zip(str(tmp_path / "b.pt"))
+    truncate(q, os.path.getsize(q) - 10)
+    assert "central directory" in formats.check_file(q).problem
+
+
+def test_safetensors_checks(tmp_path):
+    p = write_safetensors(str(tmp_path / "m.safetensors"))
+    assert formats.check_file(p).ok
+    truncate(p, os.path.getsize(p) - 4)
+    assert "buffer" in formats.check_file(p).problem
+    bad = tmp_path / "h.safetensors"
+    data = safetensors_bytes()
+    bad.write_bytes(data[:8] + b"[" + data[9:])
+    assert "JSON" in formats.check_file(str(bad)).problem
+    huge = tmp_path / "x.safetensors"
+    huge.write_bytes((10**6).to_bytes(8, "little") + b"{}")
+    assert "does not fit" in formats.check_file(str(huge)).problem
+
+
+# -- detection ------------------------------------------------------------------------------------------------
+def test_detect_kinds_markers_and_steps(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "ckpt.pt"))
+    write_safetensors(str(d / "checkpoint-500" / "model.safetensors"))
+    (d / "checkpoint-500" / "trainer_state.json").write_text("{}")
+    write_torch_zip(str(d / "tmp-checkpoint-600" / "pytorch_model.bin"))  # HF writes here, then renames
+    write_torch_zip(str(d / "step_1000.pt.tmp"))
+    write_torch_zip(str(d / "dcp" / "__0_0.distcp"))
+    (d / "dcp" / ".metadata").write_bytes(b"x")
+    (d / "notes.txt").write_text("not a checkpoint")
+    names = {c.name: c for c in scan(str(d))}
+    assert set(names) == {"ckpt.pt", "checkpoint-500", "dcp"}
+    assert names["checkpoint-500"].step == 500 and names["ckpt.pt"].step is None
+    assert names["dcp"].marked and not names["ckpt.pt"].marked
+    (d / "ckpt.pt.done").write_text("")
+    assert {c.name: c for c in scan(str(d))}["ckpt.pt"].marked
+
+
+def test_quiescence_settle_and_torn_files(tmp_path):
+    clock = FakeClock()
+    d = tmp_path / "ck"
+    p = write_torch_zip(str(d / "ckpt.pt"))
+    tr = CompletionTracker(settle_seconds=3.0)
+    progress = {"step": 42, "loss": 1.5}
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), progress)
+    assert not c.complete and "still changing" in c.reason
+    clock.advance(2.0)
+    write_torch_zip(p, payload=b"\x02" * 5000)  # rewritten: the settle interval starts again
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50})
+    assert not c.complete and c.step == 50  # the metrics at (first sight of) this content
+    clock.advance(3.0)
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77})
+    assert c.complete and c.reason == "quiescent" and c.step == 50 and durable_name(c) == "ckpt.pt.step-50"
+    truncate(p, 100)  # a torn file, however quiet, is never complete
+    clock.advance(10.0)
+    tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    clock.advance(10.0)
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    assert not c.complete and "format check failed" in c.reason
+
+
+# -- committing -------------------------------------------------------------------------------------------------
+def test_commit_manifest_index_and_idempotence(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "checkpoint-100" / "model.pt"))
+    write_safetensors(str(d / "checkpoint-100" / "sub" / "opt.safetensors"))
+    emit = Recorder()
+    target = LocalPathTarget(str(tmp_path / "dur"), "r1")
+    com = CheckpointCommitter(target, "r1", FakeClock(), emit)
+    [cand] = complete_cands(str(d), progress={"step": 100, "loss": 2.0})
+    r = com.commit(cand)
+    assert r.status == "committed" and r.name == "checkpoint-100"
+    cdir = tmp_path / "dur" / "r1" / "checkpoints" / "checkpoint-100"
+    man = json.loads((cdir / MANIFEST).read_text())
+    assert man["hash"] == "sha256" and {f["path"] for f in man["files"]} == {"model.pt", "sub/opt.safetensors"}
+    assert man["metrics"]["loss"] == 2.0 and man["step"] == 100
+    index = json.loads((tmp_path / "dur" / "r1" / "checkpoints_index.json").read_text())
+    assert [e["name"] for e in index["checkpoints"]] == ["checkpoint-100"]
+    assert verify_path(str(cdir)).ok
+    assert com.commit(cand).status == "already"
+    assert not [n for n in os.listdir(cdir.parent) if n.startswith(".")]
+
+
+def test_same_name_new_content_gets_new_durable_name(tmp_path):
+    d = tmp_path / "ck"
+    p = write_torch_zip(str(d / "step_5.pt"))
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    assert com.commit(complete_cands(str(d))[0]).name == "step_5.pt"
+    os.utime(p, ns=(1, 1))  # same bytes, new mtime (e.g. restored): recognised by hash, not re-committed
+    assert com.commit(complete_cands(str(d))[0]).status == "already"
+    write_torch_zip(p, payload=b"\x07" * 4096)
+    r = com.commit(complete_cands(str(d))[0])
+    assert r.status == "committed" and r.name == "step_5.pt.r2"
+
+
+def test_retention_rules():
+    e = [{"name": "c%d" % s, "step": s, "metrics": {"eval_loss": 10 - s if s != 3 else 0.5}, "verified": True}
+         for s in range(1, 9)]
+    assert select_keep(e, keep_last=2) == {"c7", "c8"}
+    assert select_keep(e, keep_last=1, best_metric="eval_loss", best_mode="min") == {"c8", "c3"}
+    assert select_keep(e, keep_last=0, every_steps=4) == {"c4", "c8"}
+    e[-1]["verified"] = False
+    assert select_keep(e, keep_last=0) == {"c7"}  # the newest VERIFIED one is never dropped
+
+
+def test_commit_applies_retention(tmp_path):
+    d = tmp_path / "ck"
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    for s in (100, 200, 300, 400):
+        write_torch_zip(str(d / ("step_%d.pt" % s)))
+        newest = complete_cands(str(d))[-1]
+        com.commit(newest)
+        com.apply_retention(keep_last=2, every_steps=200)
+    assert [e["name"] for e in com.committed()] == ["step_200.pt", "step_300.pt", "step_400.pt"]
+    assert sorted(os.listdir(tmp_path / "dur" / "r1" / "checkpoints")) == ["step_200.pt", "step_300.pt", "step_400.pt"]
+
+
+def test_preflight_refuses_when_target_reports_too_little(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "step_1.pt"))
+
+    class Tiny(LocalPathTarget):
+        def free_space(self):
+            return fsutil.FreeSpace(path=self.ckpts, free_bytes=10**9, total_bytes=10**10, free_inodes=3,
+                                    total_inodes=1000)
+
+    emit = Recorder()
+    com = CheckpointCommitter(Tiny(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), emit)
+    with pytest.raises(DurableFull) as ei:
+        com.commit(complete_cands(str(d))[0])
+    assert "inodes" in str(ei.value) and emit.of("durable_full")[0]["free_inodes"] == 3
+    assert not (tmp_path / "dur" / "r1" / "checkpoints" / "step_1.pt").exists()
+
+
+def test_unwritable_durable_fails_loudly(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "step_1.pt"))
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    com = CheckpointCommitter(LocalPathTarget(str(blocker), "r1"), "r1", FakeClock(), Recorder())
+    with pytest.raises(SyncFailed):
+        com.commit(complete_cands(str(d))[0])
+
+
+# -- verify ---------------------------------------------------------------------------------------------------------
+def test_verify_committed_catches_flip_and_truncation(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "checkpoint-1" / "a.pt"))
+    (d / "checkpoint-1" / "cfg.json").write_text('{"x": 1}')
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    com.commit(complete_cands(str(d))[0])
+    cdir = tmp_path / "dur" / "r1" / "checkpoints" / "checkpoint-1"
+    flip_byte(str(cdir / "cfg.json"), 2)
+    rep = verify_path(str(cdir))
+    assert not rep.ok and rep.problems == ["cfg.json: sha256 mismatch (content corrupted)"]
+    flip_byte(str(cdir / "cfg.json"), 2)
+    truncate(str(cdir / "a.pt"), 50)
+    rep = verify_path(str(cdir))
+    assert len(rep.problems) == 1 and rep.problems[0].startswith("a.pt: size 50")
+
+
+# -- the hook -------------------------------------------------------------------------------------------------------
+def test_make_hooks_uses_the_commit_hook(tmp_path):
+    assert isinstance(make_hooks(make_ctx(tmp_path)).checkpoints, CheckpointCommitHook)
+
+
+def test_hook_periodic_commits_after_settle_and_writes_status(tmp_path):
+    ctx = make_ctx(tmp_path)
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0})
+    with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
+        f.write("iter 7: loss 3.0\n")
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "ckpt.pt"))
+    hook.periodic()
+    hook.join_worker(None)
+    assert ctx.emit.of("checkpoint_committed") == []  # not settled yet
+    ctx.clock.advance(3.5)
+    hook.periodic()
+    hook.join_worker(None)
+    [ev] = ctx.emit.of("checkpoint_committed")
+    assert ev["checkpoint"] == "ckpt.pt.step-7"
+    st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    assert st["latest_local"]["name"] == "ckpt.pt" and st["latest_durable"]["name"] == "ckpt.pt.step-7"
+    assert st["verified"] is True and st["last_sync"]["ok"] is True
+    with open(tmp_path / "durable" / "r1" / "logs" / "output.log") as f:
+        assert f.read() == "iter 7: loss 3.0\n"  # the log travels with the checkpoints
+    ctx.clock.advance(10)
+    hook.periodic()
+    hook.join_worker(None)
+    assert len(ctx.emit.of("checkpoint_committed")) == 1  # unchanged: nothing new to commit
+
+
+def test_hook_failure_is_recorded_not_raised(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    (tmp_path / "durable").write_text("a file where the durable dir should be")
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_3.pt"))
+    hook.periodic()
+    hook.join_worker(None)
+    assert ctx.emit.of("sync_failed")
+    st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    assert st["last_sync"]["ok"] is False and st["last_sync"]["error"]
+    assert "synced" not in json.dumps(ctx.emit.events)  # U33
+
+
+def test_final_respects_deadline(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_9.pt"), payload=b"\x00" * (4 << 20))
+    hook.throughput = 1024.0  # measured: 1 KiB/s, so 8 MiB cannot finish in 10 s
+    assert hook.final(ctx.clock.monotonic() + 10.0) is None
+    [skip] = ctx.emit.of("final_sync_skipped")
+    assert skip["checkpoint"] == "step_9.pt" and skip["estimate_s"] > skip["left_s"]
+    assert ctx.emit.of("final_sync_none")
+    hook.throughput = 1e9
+    out = hook.final(ctx.clock.monotonic() + 10.0)
+    assert out is not None and out["name"] == "step_9.pt" and out["status"] == "committed"
+
+
+def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    for s in (1, 2):
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-%d" % s, "model.pt"), payload=bytes([s]) * 4096)
+        hook._last_sync = float("-inf")
+        hook.periodic()
+        hook.join_worker(None)
+        ctx.clock.advance(2)
+    assert len(ctx.emit.of("checkpoint_committed")) == 2
+    # a replacement box: empty checkpoint dir
+    fresh = make_ctx(tmp_path / "box2", settle_seconds=0.0, durable=str(tmp_path / "durable"))
+    path = CheckpointCommitHook(fresh).restore()
+    assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2") and verify_path(path).ok
+    assert fresh.emit.of("checkpoint_restored")[0]["checkpoint"] == "checkpoint-2"
+    # corrupt the newest on durable storage: the next fresh box falls back to checkpoint-1 and says so
+    flip_byte(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-2" / "model.pt"), 300)
+    box3 = make_ctx(tmp_path / "box3", settle_seconds=0.0, durable=str(tmp_path / "durable"))
+    h3 = CheckpointCommitHook(box3)
+    assert h3.restore() == os.path.join(box3.ckpt_dir, "checkpoint-1")
+    assert box3.emit.of("restore_verify_failed")[0]["checkpoint"] == "checkpoint-2"
+    assert h3.status["restore_rejected"][0]["name"] == "checkpoint-2"
+    assert not os.path.exists(os.path.join(box3.ckpt_dir, "checkpoint-2"))
+
+
+def test_restore_without_durable_returns_newest_local(tmp_path):
+    ctx = make_ctx(tmp_path, durable=None, settle_seconds=0.0)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_10.pt"))
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_20.pt"))
+    assert CheckpointCommitHook(ctx).restore() == os.path.join(ctx.ckpt_dir, "step_20.pt")
+    assert CheckpointCommitHook(make_ctx(tmp_path / "e", durable=None)).restore() is None
+
+
+def test_prune_local_never_the_newest(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, prune_local=True)
+    hook = CheckpointCommitHook(ctx)
+    for s in (1, 2, 3):
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % s))
+        hook.scan_now()
+        hook.commit_one([c for c in hook.cands if c.complete][-1])
+    hook.scan_now()
+    removed = hook.prune_local(low_fraction=1.1)  # "the disk is low" whatever it really holds
+    assert removed == ["step_1.pt", "step_2.pt"] and os.listdir(ctx.ckpt_dir) == ["step_3.pt"]
+
+
+def test_make_target_kinds(tmp_path):
+    assert isinstance(make_target(str(tmp_path), "r"), LocalPathTarget)
+    assert make_target("s3remote:bucket/x", "r").url == "s3remote:bucket/x/r"
+    assert make_target(":sftp,host=h:path", "r").url == ":sftp,host=h:path/r"
+    assert make_target("rel/dir", "r").url.endswith("rel/dir/r")
+
+
+def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
+    os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
+    (tmp_path / "ckpt" / "checkpoint-2" / "notes.txt").write_text("no self-check")  # needs the quiet period
+    out = hook.final(ctx.clock.monotonic() + 60)
+    assert out is not None and out["name"] == "step_1.pt"  # saved on the signal, committed at once
+    truncate(os.path.join(ctx.ckpt_dir, "step_1.pt"), 64)
+    os.rename(os.path.join(ctx.ckpt_dir, "step_1.pt"), os.path.join(ctx.ckpt_dir, "step_3.pt"))
+    assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
+    assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
+
+
+def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    release = threading.Event()
+    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a periodic commit that takes long
+    hook._worker.start()
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    try:
+        assert hook.final(ctx.clock.monotonic()) is None
+        assert "still runs" in ctx.emit.of("final_sync_none")[0]["reason"]
+    finally:
+        release.set()
+
+
+def test_verify_a_whole_durable_run_dir(tmp_path):
+    d = tmp_path / "ck"
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    for s in (1, 2):
+        write_torch_zip(str(d / ("step_%d.pt" % s)))
+        com.commit(complete_cands(str(d))[-1])
+    run = tmp_path / "dur" / "r1"
+    os.makedirs(run / "checkpoints" / "step_3.pt")  # an interrupted commit: ignored, said so
+    rep = verify_path(str(run))
+    assert rep.ok and {r["path"] for r in rep.files} == {"checkpoints/step_1.pt/step_1.pt",
+                                                          "checkpoints/step_2.pt/step_2.pt", "checkpoints/step_3.pt"}
+    flip_byte(str(run / "checkpoints" / "step_2.pt" / "step_2.pt"), 100)
+    rep = verify_path(str(run / "checkpoints"))
+    assert rep.problems == ["step_2.pt/step_2.pt: sha256 mismatch (content corrupted)"]
+    assert verify_path(str(d)).ok  # a plain local dir of checkpoint files: format checks of each
+
+
+@pytest.mark.parametrize("stop_after", [0, 2])
+def test_copy_survives_a_copy_file_range_that_stops_short(tmp_path, monkeypatch, stop_after):
+    from onbox.checkpoints import hashcopy
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(50_000))
+    real = getattr(os, "copy_file_range", None)
+    if real is None:
+        pytest.skip("no os.copy_file_range on this Python")
+    calls = []
+
+    def quirky(*args):  # a filesystem whose in-kernel copy gives up part way (returns 0)
+        calls.append(args)
+        return 0 if len(calls) > stop_after else real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", quirky)
+    monkeypatch.setattr(hashcopy, "CFR_CHUNK", 8192)
+    size, digest = hashcopy.copy_and_hash(str(src), str(tmp_path / "dst.bin"))
+    assert (size, digest) == hashcopy.hash_file(str(src)) == hashcopy.hash_file(str(tmp_path / "dst.bin"))
