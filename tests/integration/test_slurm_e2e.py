@@ -195,7 +195,10 @@ def test_scancel_leaves_no_process_of_the_job_even_reparented_workers(slurm_clus
     workers = [int(x) for x in _read(pids_file).split()]
     trainer = int(re.search(r"^trainer pid (\d+)", job.output(), re.M).group(1))
     assert len(workers) == 2 and all(_alive(p) for p in workers)
-    for p in workers:  # reparented: no longer descendants of the job's processes (linuxproc can't see them)
+    # Reparented away from the trainer: to the agent, which makes itself a child subreaper so that linuxproc (which
+    # follows parent links) still sees them and the agent can kill the attempt's session; without a subreaper they
+    # would go to init and escape `scancel`.
+    for p in workers:
         with open("/proc/%d/stat" % p) as f:
             assert int(f.read().rsplit(")", 1)[1].split()[1]) != trainer
     slurm_cluster.run(["scancel", job.id])
