@@ -98,6 +98,15 @@ class RunConfig:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
         if self.grace is not None and self.grace < 0:
             raise UsageError("grace must be >= 0 seconds, not %r" % self.grace)
+        for key in ("tracker", "ping_url"):
+            url = getattr(self, key)
+            if url and not url.startswith(("http://", "https://")):
+                raise UsageError("%s must be an http(s) URL, not %r" % (key, url),
+                                 hint="e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)")
+        if self.metrics_regex:
+            from onbox.telemetry.metrics import MetricsParser
+
+            MetricsParser(self.metrics_regex)  # raises UsageError naming the bad regex
         return self
 
 

@@ -12,10 +12,12 @@ import calendar
 import dataclasses
 import json
 import os
+import select
+import signal
 import threading
 import time
 from email.utils import parsedate_tz
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 AWS_BASE = "http://169.254.169.254"
 GCP_BASE = "http://metadata.google.internal"
@@ -189,14 +191,17 @@ class NoticePipe:
         os.set_blocking(self.write_fd, False)
         self._lock = threading.Lock()
         self._items: list = []
+        self._closed = False
 
     def put(self, item: Any) -> None:
-        with self._lock:
+        with self._lock:  # under the lock: after close() the fd number may belong to another file
+            if self._closed:
+                return
             self._items.append(item)
-        try:
-            os.write(self.write_fd, b"n")
-        except (BlockingIOError, OSError):
-            pass
+            try:
+                os.write(self.write_fd, b"n")
+            except (BlockingIOError, OSError):
+                pass
 
     def drain(self) -> list:
         try:
@@ -209,8 +214,65 @@ class NoticePipe:
         return items
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            try:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self.read_fd, self.write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+class SignalInbox:
+    """Signal handlers that only record (STYLE.md); the loop takes what arrived and acts.
+
+    The handlers share a wakeup fd (signal.set_wakeup_fd) that `wait()` selects on, so a signal ends the wait at
+    once (milliseconds) while an idle wait costs nothing: no polling.
+    """
+
+    def __init__(self, signals: Iterable[int]) -> None:
+        self.signals = sorted(set(int(s) for s in signals))
+        self.pending: List[int] = []
+        self._old: Dict[int, Any] = {}
+        self._old_wakeup = -1
+        self._r = self._w = -1
+
+    def record(self, signum: int, _frame: Any = None) -> None:
+        self.pending.append(signum)
+
+    def take(self) -> List[int]:
+        items, self.pending = self.pending, []
+        return items
+
+    def install(self) -> None:
+        """Must run in the main thread."""
+        self._r, self._w = os.pipe()
+        for fd in (self._r, self._w):
+            os.set_blocking(fd, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        for s in self.signals:
+            self._old[s] = signal.signal(s, self.record)
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        self._old = {}
+        signal.set_wakeup_fd(self._old_wakeup)
+        for fd in (self._r, self._w):
+            if fd >= 0:
                 os.close(fd)
-            except OSError:
+        self._r = self._w = -1
+
+    def wait(self, timeout: float, other_fds: Sequence[int] = ()) -> None:
+        """Block until a signal arrives, one of `other_fds` is readable, or `timeout` seconds pass."""
+        if timeout <= 0 or self.pending:
+            return
+        ready, _, _ = select.select([self._r, *other_fds], [], [], timeout)
+        if self._r in ready:
+            try:
+                while os.read(self._r, 512):
+                    pass
+            except (BlockingIOError, OSError):
                 pass

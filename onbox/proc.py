@@ -228,15 +228,21 @@ class ProcessSeam:
         return reaped
 
 
-def set_child_subreaper() -> bool:
-    """prctl(PR_SET_CHILD_SUBREAPER): orphans of the job reparent to the agent, which reaps them. Linux only."""
+def set_child_subreaper(on: bool = True) -> Optional[bool]:
+    """prctl(PR_SET_CHILD_SUBREAPER): orphans of the job reparent to the agent, which reaps them. Linux only.
+
+    Returns the previous setting (None when unknown) so an in-process caller can restore it.
+    """
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+        before = ctypes.c_int(0)
+        known = libc.prctl(37, ctypes.byref(before), 0, 0, 0) == 0  # 37 = PR_GET_CHILD_SUBREAPER
+        libc.prctl(36, 1 if on else 0, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER
+        return bool(before.value) if known else None
     except (OSError, AttributeError):
-        return False
+        return None
 
 
 def signal_name(sig: int) -> str:

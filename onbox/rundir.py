@@ -2,7 +2,12 @@
 
   config.json         the resolved RunConfig: the exact re-launch record
   state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...
-  events.jsonl        append-only lifecycle events, one JSON object a line
+  events.jsonl        append-only lifecycle events, one JSON object a line: {time, type, run, attempt, ...}.
+                      Types: state {old, new, reason}, exit {code, signal, signal_name, classification, message,
+                      hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
+                      pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
+                      orphans_killed {sid, pids}, adopted {pid, start_time}, log_rotated, hook_error {hook,
+                      error}; plus whatever the hooks emit through RunContext.emit
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
   training_status.md  a human summary regenerated on each state change
   lock                flock(2) held by the live agent (detach.py)
@@ -77,8 +82,36 @@ class RunDir:
         return doc if isinstance(doc, dict) else None
 
     def write_state(self, state: Dict[str, Any]) -> None:
+        # the summary first: once state.json says X, training_status.md already says X too
+        fsutil.atomic_write(self.file("training_status.md"), render_status(state, self._checkpoint_status(),
+                                                                           self._disk_risks(state)))
         fsutil.atomic_write_json(self.state_path, state)
-        fsutil.atomic_write(self.file("training_status.md"), render_status(state))
+
+    def _checkpoint_status(self) -> Dict[str, Any]:
+        """checkpoint_status.json, written by the checkpoint subsystem (runhooks.RunContext), if any."""
+        try:
+            doc = fsutil.read_json(self.file("checkpoint_status.json"))
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _disk_risks(self, state: Dict[str, Any]) -> List[str]:
+        """U6/U7: a checkpoint disk low on bytes or inodes kills torch.save mid-run."""
+        ckpt = state.get("ckpt_dir")
+        if not ckpt:
+            return []
+        try:
+            fs = fsutil.free_space(ckpt)
+        except OSError:
+            return []
+        risks = []
+        if fs.total_bytes and fs.free_bytes < 0.05 * fs.total_bytes:
+            risks.append("checkpoint disk %s has %.1f GB free (<5%%): U6, torch.save dies on a full disk"
+                         % (fs.path, fs.free_bytes / 1e9))
+        if fs.has_inode_limit and fs.free_inodes < 0.05 * fs.total_inodes:
+            risks.append("checkpoint disk %s has %d inodes free (<5%%): U7, disks die on inodes before bytes"
+                         % (fs.path, fs.free_inodes))
+        return risks
 
     def append_event(self, event: Dict[str, Any]) -> None:
         fsutil.append_jsonl(self.events_path, event)
@@ -205,9 +238,13 @@ STATE_MEANING = {
 }
 
 
-def render_status(state: Dict[str, Any]) -> str:
-    """training_status.md: what a human wants at a glance: state, attempt, last exit and its meaning, risks."""
+def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None,
+                  disk_risks: Optional[List[str]] = None) -> str:
+    """training_status.md: what a human wants at a glance: state, attempt, last exit and its meaning, newest
+    checkpoint, risks."""
     last = state.get("last_exit") or {}
+    checkpoint = checkpoint or {}
+    newest = checkpoint.get("latest_durable") or checkpoint.get("latest_local") or state.get("resume_from")
     lines = [
         "# Run %s" % state.get("run", "?"),
         "",
@@ -216,8 +253,11 @@ def render_status(state: Dict[str, Any]) -> str:
         "- child pid: %s · agent pid: %s" % (state.get("child_pid"), state.get("agent_pid")),
         "- started: %s · updated: %s" % (_iso(state.get("started_at")), _iso(state.get("updated_at"))),
         "- checkpoint dir: %s" % state.get("ckpt_dir"),
-        "- newest checkpoint: %s" % (state.get("resume_from") or "none yet"),
+        "- newest checkpoint: %s" % (_ckpt_name(newest) or "none yet"),
     ]
+    if checkpoint:
+        lines.append("- durable: %s · verified: %s" % (_ckpt_name(checkpoint.get("latest_durable")) or "none",
+                                                       checkpoint.get("verified")))
     if last:
         lines.append("- last exit: %s — %s" % (last.get("classification"), last.get("message")))
         if last.get("hint"):
@@ -228,11 +268,19 @@ def render_status(state: Dict[str, Any]) -> str:
     risks = []
     if state.get("message"):
         risks.append(str(state["message"]))
-    if not state.get("resume_from"):
+    risks.extend(disk_risks or [])
+    if not newest and state.get("state") in ("starting", "running", "backoff"):
         risks.append("no checkpoint yet: a preemption now loses all progress")
     if risks:
         lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
     return "\n".join(lines) + "\n"
+
+
+def _ckpt_name(value: Any) -> str:
+    """checkpoint_status.json entries may be a path or a {name, step, ...} record."""
+    if isinstance(value, dict):
+        return "%s (step %s)" % (value.get("name") or value.get("path"), value.get("step"))
+    return str(value) if value else ""
 
 
 def _iso(t: Any) -> str:

@@ -106,9 +106,10 @@ def make_hooks(ctx: RunContext) -> Hooks:
     import os
 
     from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.heartbeat.hook import HeartbeatHook
     from onbox.reaper import ReaperHook
     from onbox.slurm import checkpoint_hook_for_node
 
     # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm.py).
     checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
-    return Hooks(checkpoints=checkpoints, telemetry=NoTelemetry(), reaper=ReaperHook(ctx))
+    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))

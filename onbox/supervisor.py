@@ -5,9 +5,7 @@ metadata poller's pipe, so a signal is acted on within milliseconds while an idl
 """
 from __future__ import annotations
 
-import enum
 import os
-import select
 import signal
 import sys
 import traceback
@@ -18,56 +16,16 @@ from onbox import slurm
 from onbox.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
-from onbox.preempt import MetadataPoller, NoticePipe, PreemptionNotice
+from onbox.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.proc import Child, ExitStatus, ProcessSeam, set_child_subreaper
 from onbox.rundir import LogTailer, RunDir
 from onbox.runhooks import Hooks, RunContext, make_hooks
+from onbox.runstate import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+
+__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for",
+           "requeue_command"]
 
 DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
-
-
-class RunState(str, enum.Enum):
-    """The run's lifecycle. Transitions (anything else raises IllegalTransition):
-
-    STARTING  -> RUNNING (the attempt's child was spawned) | FAILED (it could not be started)
-    RUNNING   -> BACKOFF (it exited and the policy restarts it) | DONE | FAILED | STOPPING (a notice or stop)
-    BACKOFF   -> STARTING (the backoff elapsed) | STOPPING (a notice or stop while waiting)
-    STOPPING  -> PREEMPTED (notice handled: checkpoint committed, exit 75) | STOPPED (`onbox stop`)
-    DONE, FAILED, PREEMPTED, STOPPED are terminal. A supervisor starts in STARTING, or RUNNING when it adopts.
-    """
-
-    STARTING = "starting"
-    RUNNING = "running"
-    BACKOFF = "backoff"
-    STOPPING = "stopping"
-    DONE = "done"
-    FAILED = "failed"
-    PREEMPTED = "preempted"
-    STOPPED = "stopped"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED)
-
-
-TRANSITIONS = {
-    RunState.STARTING: (RunState.RUNNING, RunState.FAILED),
-    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING),
-    RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
-    RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED),
-}
-
-
-class IllegalTransition(RuntimeError):
-    def __init__(self, old: RunState, new: RunState) -> None:
-        allowed = ", ".join(s.value for s in TRANSITIONS.get(old, ())) or "none (terminal)"
-        super().__init__("illegal run state transition %s -> %s; allowed from %s: %s"
-                         % (old.value, new.value, old.value, allowed))
-
-
-def check_transition(old: RunState, new: RunState) -> None:
-    if new not in TRANSITIONS.get(old, ()):
-        raise IllegalTransition(old, new)
 
 
 class Supervisor:
@@ -77,11 +35,14 @@ class Supervisor:
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
                  oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
                  slurm_runner: Optional[Callable[..., Any]] = None, environ: Optional[Dict[str, str]] = None,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 log: Optional[Callable[[str], None]] = None,
+                 waiter: Optional[Callable[[float], None]] = None) -> None:
         self.cfg = cfg
         self.rd = rundir
         self.proc = proc or ProcessSeam()
         self.clock = clock or SystemClock()
+        # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
+        self.waiter = waiter or self._select_wait
         self.oom_reader = oom_reader
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
@@ -98,13 +59,14 @@ class Supervisor:
         self.stopping_by_request = False
         self.final_done = False
         self.escalated = False
+        self.killed = False
         self.backoff_until = 0.0
         self.resume_from: Optional[str] = None
         self.oom_before: Optional[int] = None
         self.last_exit: Optional[Dict[str, Any]] = prev.get("last_exit")
         self.message = ""
         self.streak: List[str] = []  # loop keys of consecutive failures
-        self.signals: List[int] = []
+        self._chld = False
         self.next_tick = 0.0
         self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
         from onbox.proc import start_time
@@ -118,6 +80,10 @@ class Supervisor:
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
         self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
+        # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
+        # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
+        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
+                                  signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD})
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
 
     @staticmethod
@@ -175,39 +141,21 @@ class Supervisor:
                 self.emit("hook_error", hook=what, error=repr(e))
             return None
 
-    # ---- signals -------------------------------------------------------------------------------------------
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signals.append(signum)  # record only; the loop acts
-
-    def _install_signals(self) -> Dict[int, Any]:
-        wanted = {signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1, signal.SIGUSR2,
-                  signal.SIGHUP, signal.SIGCHLD}
-        old: Dict[int, Any] = {}
-        for s in wanted:
-            old[s] = signal.signal(s, self._on_signal)
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        return old
-
-    def _restore_signals(self, old: Dict[int, Any]) -> None:
-        signal.set_wakeup_fd(self._old_wakeup)
-        for s, h in old.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
 
     # ---- the loop ------------------------------------------------------------------------------------------
     def run(self, adopt: Optional[Child] = None) -> RunState:
         """Supervise until a terminal state. `adopt`: a live child of an earlier (dead) agent."""
-        old = self._install_signals()
-        set_child_subreaper()  # orphans of the job reparent to us: we reap them and can see them go
+        self.inbox.install()
+        was_subreaper = set_child_subreaper()  # orphans of the job reparent to us: we reap them, see them go
         poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
                                 lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log)
         try:
             os.makedirs(self.ckpt_dir, exist_ok=True)
-            if adopt is not None:
+            if adopt is None:
+                self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
+            else:
                 self.child = adopt
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
@@ -219,14 +167,16 @@ class Supervisor:
             poller.start()
             while not self.state.terminal:
                 self._step()
-                if not self.state.terminal:
-                    self._wait(self._timeout())
+                if not self.state.terminal and not self.inbox.pending:
+                    self.waiter(self._timeout())
             return self.state
         finally:
             poller.stop()
             self._shutdown()
-            self._restore_signals(old)
+            self.inbox.restore()
             self.notices.close()
+            if was_subreaper is False:  # leave an embedding process (a test runner) as it was
+                set_child_subreaper(False)
 
     def _step(self) -> None:
         """observe -> decide -> act, once."""
@@ -261,23 +211,13 @@ class Supervisor:
             t = 0.0
         return max(0.0, t)
 
-    def _wait(self, timeout: float) -> None:
-        if self.signals or timeout <= 0:
-            return
-        try:
-            ready, _, _ = select.select([self._wake_r, self.notices.read_fd], [], [], timeout)
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-            ready = []
-        if self._wake_r in ready:
-            try:
-                while os.read(self._wake_r, 512):
-                    pass
-            except (BlockingIOError, OSError):
-                pass
+    def _select_wait(self, timeout: float) -> None:
+        self.inbox.wait(timeout, [self.notices.read_fd])
 
     def _observe(self) -> None:
         now_m, now_w = self.clock.monotonic(), self.clock.time()
-        signals, self.signals = self.signals, []
+        signals = self.inbox.take()
+        self._chld = self._chld or signal.SIGCHLD in signals
         for s in signals:
             if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
                 lead = self.sigterm_lead if s == signal.SIGTERM else None
@@ -296,7 +236,9 @@ class Supervisor:
                 self._read_output()
                 for line in self.tailer.flush_partial():
                     self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
+        if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
+            self._chld = False
+            self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
     def _grace(self, lead: Optional[float]) -> float:
         grace = self.cfg.grace if self.cfg.grace is not None else (lead if lead is not None else DEFAULT_GRACE)
@@ -444,9 +386,11 @@ class Supervisor:
             self._final(deadline)
             return self._end_stopping()
         if now >= deadline:
-            self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-            self.proc.signal_group(self.child.pgid, signal.SIGKILL)
-            self.emit("escalated", signal="SIGKILL")
+            if not self.killed:  # once: the loop comes back here every few ms until the exit is seen
+                self.killed = True
+                self._log("deadline reached: KILL to process group %d" % self.child.pgid)
+                self.proc.signal_group(self.child.pgid, signal.SIGKILL)
+                self.emit("escalated", signal="SIGKILL")
             return
         if now >= deadline - self.cfg.sync_reserve and not self.escalated:
             self.escalated = True
@@ -488,11 +432,3 @@ class Supervisor:
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())
-
-
-def exit_code_for(state: RunState) -> int:
-    """0 done/stopped · 1 failed · 75 preempted (DESIGN.md)."""
-    from onbox.errors import ExitCode
-
-    return int({RunState.DONE: ExitCode.OK, RunState.STOPPED: ExitCode.OK, RunState.FAILED: ExitCode.JOB_FAILED,
-                RunState.PREEMPTED: ExitCode.PREEMPTED}.get(state, ExitCode.JOB_FAILED))

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone", "tests.hosts.slurm"]
+pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
+                        "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.slurm"]
 
 
 @pytest.fixture

@@ -51,9 +51,11 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
 
     Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
-    Starting an existing run again re-adopts its child if it is still alive (no double launch).
+    Starting an existing run again re-adopts its child if it is still alive (no double launch); `onbox run
+    --name X` without a command re-launches X from its recorded config.json (e.g. from a requeued sbatch script
+    or vast.ai's onstart.sh).
     """
-    from onbox import config, paths
+    from onbox import paths
     from onbox.rundir import RunDir
 
     cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
@@ -63,11 +65,21 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         cli["resume_args"] = list(cli["resume_args"])
     if command:
         cli["command"] = list(command)
-    profile_defaults = None  # PROFILE: the one call site for Profile.run_defaults() when profiles land (issue 6)
-    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile_defaults)
+    saved = _relaunch_record(cli, run_file)
+    if saved is not None:  # `onbox run --name X` alone: X again, exactly as recorded (flags still override)
+        from onbox import config
+
+        cfg = config.resolve(cli, profile_defaults=saved)
+    else:
+        cfg = _resolve_with_profile(cli, run_file)
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
+    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed
+    if cfg.ckpt_dir:
+        cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
+    if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
+        cfg.durable = os.path.abspath(cfg.durable)
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
@@ -121,8 +133,12 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         lock.release()
         raise UsageError("run %s has no live child to adopt" % rd.name,
                          hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
+    if child is not None and not adopt_only:
+        cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
     if child is None:
         rd.write_config(cfg.to_dict())  # the exact re-launch record
+        if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
+            os.unlink(rd.stop_request)
     lock.write_owner(os.getpid())
 
     def agent(ready: Any) -> int:
@@ -150,6 +166,48 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     return 0
 
 
+def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The saved config.json of run --name when no command and no run file were given, else None."""
+    from onbox import paths
+    from onbox.fsutil import read_json
+
+    name = cli.get("name")
+    if "command" in cli or run_file or not name or not paths.valid_run_name(name):
+        return None
+    path = os.path.join(paths.run_dir(name), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        saved = read_json(path)
+    except (OSError, ValueError) as e:
+        raise UsageError("cannot read the re-launch record %s: %s" % (path, e))
+    if not isinstance(saved, dict):
+        raise UsageError("the re-launch record %s is not a JSON object" % path)
+    return saved
+
+
+def _saved_config(rd: Any, fallback: Any) -> Any:
+    from onbox.config import RunConfig
+    from onbox.fsutil import read_json
+
+    try:
+        return RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
+    except (OSError, ValueError, UsageError):
+        return fallback
+
+
+def _resolve_with_profile(cli: Dict[str, Any], run_file: Optional[str]) -> Any:
+    """CLI > env > run file > profile > defaults. The profile's name itself may come from any layer above it,
+    so resolve once to learn it, then again with its defaults (the one call site of Profile.run_defaults())."""
+    from onbox import config, profiles
+
+    first = config.resolve(cli, run_file=run_file)
+    profile, _why = profiles.select(first.profile)
+    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile.run_defaults())
+    cfg.profile = profile.name
+    return cfg
+
+
 def _report(info: Dict[str, Any], as_json: bool) -> None:
     if as_json:
         echo_json(info)
@@ -172,7 +230,7 @@ def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
     if os.sep in exe:
         path = exe if os.path.isabs(exe) else os.path.join(workdir, exe)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise UsageError("cannot run %s: no such executable file" % exe,
+            raise UsageError("cannot run %s: no such executable file (missing, or not chmod +x)" % exe,
                              hint="check the path (relative paths are from %s)" % workdir)
         return
     if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:

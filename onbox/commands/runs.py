@@ -117,6 +117,20 @@ def logs(name: str, follow: bool, lines: int) -> int:
         time.sleep(0.2)
 
 
+def _effective_grace(rd: Any, grace: Optional[float]) -> float:
+    """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
+    from onbox.fsutil import read_json
+    from onbox.supervisor import DEFAULT_GRACE
+
+    if grace is not None:
+        return grace
+    try:
+        configured = read_json(rd.config_path).get("grace")
+    except (OSError, ValueError, AttributeError):
+        configured = None
+    return float(configured) if configured is not None else DEFAULT_GRACE
+
+
 @click.command()
 @click.argument("name")
 @click.option("--grace", type=float, help="Seconds the child gets to checkpoint before the hard kill.")
@@ -152,7 +166,7 @@ def stop(name: str, grace: Optional[float], as_json: bool) -> int:
         finally:
             lock.release()
     else:
-        limit = time.monotonic() + (grace if grace is not None else 30.0) + STOP_MARGIN
+        limit = time.monotonic() + _effective_grace(rd, grace) + STOP_MARGIN
         while time.monotonic() < limit:
             state = rd.read_state() or {}
             if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):

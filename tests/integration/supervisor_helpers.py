@@ -77,3 +77,33 @@ def kill_if_alive(pid: Optional[int], sig: int = 9) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def pids_with_home(home: Any) -> List[int]:
+    """Every process whose environment carries ONBOX_HOME=<home> (this test's unique tmp dir): the agents and
+    children a test started, found even when its state file was never written (e.g. a launch still on its way
+    through ssh when the test failed)."""
+    needle = ("ONBOX_HOME=%s" % home).encode()
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def kill_test_processes(home: Any, settle: float = 0.5) -> None:
+    """SIGKILL (by PID) what this test started under its ONBOX_HOME; look again after `settle` for late ones."""
+    deadline = time.monotonic() + settle
+    while True:
+        for pid in pids_with_home(home):
+            kill_if_alive(pid)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)

@@ -15,6 +15,7 @@ from tests.integration.supervisor_helpers import (
     FAST,
     events,
     kill_if_alive,
+    kill_test_processes,
     onbox,
     pid_alive,
     state,
@@ -40,15 +41,16 @@ LOOPER = textwrap.dedent("""
 
 @pytest.fixture
 def run_cleanup(onbox_home):
-    """Kill (by PID) every agent and child our runs left alive, whatever the test did."""
+    """Kill (by PID) every agent and child this test left alive, whatever the test did."""
     yield
-    runs = onbox_home / "runs"
-    if runs.is_dir():
-        for d in runs.iterdir():
-            doc = state(onbox_home, d.name)
-            for key in ("agent_pid", "child_pid"):
-                if doc.get(key) and doc.get(key) != os.getpid():
-                    kill_if_alive(doc[key])
+    kill_test_processes(onbox_home)
+
+
+def _set_flag(flag, code):
+    """Tell LOOPER to exit with `code`; atomically, so it never reads a half-written (empty) file."""
+    tmp = flag.with_name(flag.name + ".tmp")
+    tmp.write_text(str(code))
+    os.replace(tmp, flag)
 
 
 def _child_up(home, name, attempt=0):
@@ -61,12 +63,14 @@ def _child_up(home, name, attempt=0):
 def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, sshd, run_cleanup):
     flag = tmp_path / "flag"
     env = " ".join("%s=%s" % kv for kv in {**FAST, "ONBOX_HOME": str(onbox_home), "PYTHONPATH": REPO_ROOT}.items())
-    remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; sleep 60" % (
+    # `cat` holds the session open like an interactive login would, and ends by itself (EOF) once the
+    # connection is gone: nothing of the session lingers after the test
+    remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; cat" % (
         REPO_ROOT, env, PY, PY, _sq(LOOPER), flag)
-    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: _child_up(onbox_home, "viassh"), what="the job started over ssh")
+        wait_for(lambda: _child_up(onbox_home, "viassh"), timeout=60, what="the job started over ssh")
         first = state(onbox_home, "viassh")
         ssh.kill()  # kill -9 the ssh client: the session is torn down under the job
         ssh.wait(timeout=10)
@@ -76,7 +80,7 @@ def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, 
     wait_for(lambda: not any(_sessions_of_sshd(sshd.pid)), timeout=20, what="sshd session gone")
     assert pid_alive(first["child_pid"]) and pid_alive(first["agent_pid"])
     # ... and still supervised: a crash is noticed and restarted by the same agent
-    flag.write_text("3")
+    _set_flag(flag, 3)
     wait_for(lambda: _child_up(onbox_home, "viassh", attempt=1), what="restart after the crash")
     doc = state(onbox_home, "viassh")
     assert doc["agent_pid"] == first["agent_pid"] and doc["attempts"][0]["exit"]["code"] == 3
@@ -127,7 +131,7 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     assert info2["adopted"] is True and info2["pid"] == info["pid"] and info2["agent_pid"] != info["agent_pid"]
     assert len(state(onbox_home, "adopt")["attempts"]) == 1
     # supervision continues: the adopted child's exit is seen and (status unknown) restarted
-    flag.write_text("0")
+    _set_flag(flag, 0)
     wait_for(lambda: _child_up(onbox_home, "adopt", attempt=1), what="restart of the adopted run")
     assert state(onbox_home, "adopt")["attempts"][0]["exit"]["classification"] == "unknown"
     assert any(e["type"] == "adopted" for e in events(onbox_home, "adopt"))
@@ -186,14 +190,14 @@ def test_logs_and_ls(onbox_home, run_cleanup):
     (("--preempt-signal", "NOPE", "--", "true"), "unknown signal"),
     (("--env", "NOEQUALS", "--", "true"), "KEY=VAL"),
 ])
-def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message):
+def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message, run_cleanup):
     r = onbox(onbox_home, "run", "--name", "bad", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (onbox_home / "runs").exists()
 
 
-def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path):
+def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, run_cleanup):
     bad = tmp_path / "run.toml"
     bad.write_text("[run\nrestart = \n")
     r = onbox(onbox_home, "run", "-f", str(bad), "--", "true")
@@ -207,3 +211,30 @@ def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path):
     blocker.write_text("")
     r = onbox(blocker / "home", "run", "--name", "x", "--", "true")
     assert r.returncode == 2 and "not writable" in r.stderr
+
+
+def test_profile_defaults_sit_below_the_command_line(onbox_home, run_cleanup):
+    r = onbox(onbox_home, "run", "--foreground", "--profile", "runpod", "--name", "prof", "--", "true")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((onbox_home / "runs" / "prof" / "config.json").read_text())
+    assert cfg["profile"] == "runpod" and cfg["grace"] == 5.0  # runpod: SIGTERM, SIGKILL ~5 s later
+    r = onbox(onbox_home, "run", "--foreground", "--profile", "runpod", "--grace", "3", "--name", "prof2", "--",
+              "true")
+    assert r.returncode == 0
+    assert json.loads((onbox_home / "runs" / "prof2" / "config.json").read_text())["grace"] == 3.0
+    bad = onbox(onbox_home, "run", "--profile", "no-such-platform", "--name", "prof3", "--", "true")
+    assert bad.returncode == 2 and not (onbox_home / "runs" / "prof3").exists()
+
+
+def test_run_by_name_alone_relaunches_from_the_record(onbox_home, tmp_path, run_cleanup):
+    script = "import os; print('count', os.environ['ONBOX_RESTART_COUNT'], os.environ['FOO'])"
+    r = onbox(onbox_home, "run", "--foreground", "--name", "again", "--env", "FOO=1", "--", PY, "-c", script)
+    assert r.returncode == 0, r.stderr
+    r = onbox(onbox_home, "run", "--foreground", "--name", "again", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    doc = state(onbox_home, "again")
+    assert len(doc["attempts"]) == 2 and doc["state"] == "done"
+    log = (onbox_home / "runs" / "again" / "output.log").read_text()
+    assert "count 0 1" in log and "count 1 1" in log
+    missing = onbox(onbox_home, "run", "--name", "never-ran")
+    assert missing.returncode == 2 and "no command" in missing.stderr

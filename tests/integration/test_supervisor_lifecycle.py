@@ -8,10 +8,16 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import events, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import events, kill_test_processes, onbox, pid_alive, state
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
 PY = sys.executable
+
+
+@pytest.fixture
+def supervisor_cleanup(onbox_home):
+    yield
+    kill_test_processes(onbox_home)
 
 
 def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home, tmp_path):
@@ -35,9 +41,22 @@ def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home
     assert env["PYTHONUNBUFFERED"] == "1" and env["FOO"] == "bar"
     doc = state(onbox_home, "c1")
     assert doc["attempts"][0]["exit"]["classification"] == "success"
+    # the state.json contract other subsystems read (heartbeats, reaper, controller)
+    assert {"run", "state", "attempt", "child_pid", "child_start_time", "agent_pid", "started_at", "updated_at",
+            "restarts", "attempts", "last_exit", "preemption", "ckpt_dir", "run_dir"} <= set(doc)
+    assert {"n", "pid", "sid", "pgid", "start_time", "started_at", "ended_at", "exit"} <= set(doc["attempts"][0])
+    assert {"code", "signal", "classification", "message"} <= set(doc["attempts"][0]["exit"])
+    assert doc["attempts"][0]["sid"] == doc["attempts"][0]["pid"] == info["pid"]  # its own session and group
+    st = wait_for(lambda: _status_if_agent_gone(onbox_home, "c1"), what="the agent to exit")
+    assert st["state"] == "done"
     cfg = json.loads((onbox_home / "runs" / "c1" / "config.json").read_text())
     assert cfg["command"][0] == PY and cfg["env"] == {"FOO": "bar"}
     assert "state: **done**" in (onbox_home / "runs" / "c1" / "training_status.md").read_text()
+
+
+def _status_if_agent_gone(home, name):
+    st = json.loads(onbox(home, "status", name, "--json").stdout)
+    return st if st["agent_alive"] is False else None
 
 
 def test_crash_restart_with_backoff_then_success(onbox_home, tmp_path):
@@ -182,3 +201,21 @@ def _read(path):
 def _write(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def test_output_log_is_bounded_by_rotation_and_relative_paths_are_kept(onbox_home, tmp_path):
+    chatty = ("import time\nfor i in range(6):\n    print(('x' * 99 + '\\n') * 40, end='', flush=True)\n"
+              "    time.sleep(0.15)\nprint('last line')")
+    from tests.integration.supervisor_helpers import wait_for
+
+    # detached: the agent runs from "/", so a relative --ckpt-dir must have been resolved where it was typed
+    r = onbox(onbox_home, "run", "--name", "rot", "--ckpt-dir", "ck", "--", PY, "-c", chatty,
+              env_extra={"ONBOX_LOG_MAX_BYTES": "5000", "ONBOX_LOG_BACKUPS": "2"}, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: state(onbox_home, "rot").get("state") == "done", what="run rot done")
+    run_dir = onbox_home / "runs" / "rot"
+    assert (run_dir / "output.log.1").exists() and not (run_dir / "output.log.3").exists()
+    assert os.path.getsize(run_dir / "output.log") <= 5000 + 4000 + 200  # one burst past the bound at most
+    assert any(e["type"] == "log_rotated" for e in events(onbox_home, "rot"))
+    assert "last line" in onbox(onbox_home, "logs", "rot", "-n", "5").stdout
+    assert state(onbox_home, "rot")["ckpt_dir"] == str(tmp_path / "ck")

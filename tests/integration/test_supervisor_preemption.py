@@ -10,10 +10,23 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, state, wait_for
+from tests.integration.supervisor_helpers import (
+    env_for,
+    events,
+    kill_if_alive,
+    kill_test_processes,
+    state,
+    wait_for,
+)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
 PY = sys.executable
+
+
+@pytest.fixture
+def supervisor_cleanup(onbox_home):
+    yield
+    kill_test_processes(onbox_home)
 
 # A trainer that checkpoints on SIGTERM: writes a marker naming the signal, then exits 0.
 TRAINER = textwrap.dedent("""
@@ -82,7 +95,8 @@ def test_child_ignoring_the_checkpoint_signal_is_killed_at_the_deadline(onbox_ho
         assert p.returncode == 75
         doc = state(onbox_home, "stub")
         assert doc["last_exit"]["signal"] == signal.SIGKILL
-        assert any(e["type"] == "escalated" and e["signal"] == "SIGKILL" for e in events(onbox_home, "stub"))
+        kills = [e for e in events(onbox_home, "stub") if e["type"] == "escalated" and e["signal"] == "SIGKILL"]
+        assert len(kills) == 1
     finally:
         kill_if_alive(p.pid)
         p.wait(timeout=10)
@@ -93,14 +107,21 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) for a fresh PID namespace")
     marker = tmp_path / "marker"
-    # the trainer leaves a short-lived orphan behind: as PID 1 the agent must reap it (no zombie piles up)
-    p = _start_foreground(onbox_home, "pid1", marker, "--grace", "20",
-                          argv_prefix=("unshare", "--pid", "--fork", "--mount-proc"))
+    # the trainer leaves short-lived orphans behind: as PID 1 the agent must reap them (no zombie piles up)
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", PY, "-m", "onbox", "run", "--foreground", "--name",
+            "pid1", "--grace", "20", "--", "sh", "-c", '(sleep 0.2 &); (sleep 0.3 &); exec "$@"', "sh",
+            PY, "-c", TRAINER, str(marker)]
+    p = subprocess.Popen(argv, env=env_for(onbox_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _running(onbox_home, "pid1"), what="child running")
         agent = state(onbox_home, "pid1")["agent_pid"]
         assert agent == 1  # the agent sees itself as PID 1 in the new namespace
         host_agent = wait_for(lambda: _children_of(p.pid), what="the agent's host pid")[0]
+        child = state(onbox_home, "pid1")["attempts"][0]["pid"]  # as seen inside the namespace
+        # the orphaned sleeps were reparented to the agent; once they end it reaps them: only the child remains
+        wait_for(lambda: _children_of(host_agent) and not _zombie_children(host_agent)
+                 and len(_children_of(host_agent)) == 1, timeout=20, what="orphans reaped by PID 1")
+        assert child > 1
         os.kill(host_agent, signal.SIGTERM)
         _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
@@ -109,6 +130,18 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
     finally:
         kill_if_alive(p.pid)
         p.wait(timeout=10)
+
+
+def _zombie_children(pid):
+    out = []
+    for c in _children_of(pid):
+        try:
+            with open("/proc/%d/stat" % c) as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    out.append(c)
+        except OSError:
+            pass
+    return out
 
 
 def _children_of(pid):

@@ -1,0 +1,297 @@
+"""HeartbeatHook: the TelemetryHook the supervisor calls (onbox/runhooks.py).
+
+- on_output(line): parse metrics from the child's output; feed the loss to the alert engine.
+- on_event(event): a lifecycle event makes the next tick send a beat at once.
+- tick(state): tail ONBOX_METRICS_FILE, write progress.json when progress changed, send a beat when one is due
+  (every `heartbeat_interval`, on a state change or event, on a new alert).
+- close(state): the final beat, then flush the spools within a short bound.
+
+Nothing here blocks on the network: beats are spooled (fsynced) and pushed by one sender thread per sink.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+from onbox.fsutil import atomic_write_json, read_json
+from onbox.heartbeat.collect import BoxReaders, default_readers
+from onbox.heartbeat.schema import SCHEMA
+from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
+from onbox.heartbeat.spool import SeqCounter, Spool
+from onbox.telemetry.alerts import AlertEngine, AlertSettings
+from onbox.telemetry.metrics import MetricsParser
+from onbox.telemetry.progress import MetricsFileTail, Progress
+
+if TYPE_CHECKING:
+    from onbox.runhooks import RunContext
+
+log = logging.getLogger("onbox.heartbeat")
+
+ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "crashloop", "succeeded", "exited"}
+FAILED_STATES = {"failed", "crash_loop", "crashloop"}
+METRICS_FILE = "metrics.jsonl"
+PROGRESS_FILE = "progress.json"
+CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN/Infinity: a non-finite float anywhere in a reading becomes "NaN"/"Infinity"/"-Infinity"
+    (the convention of the progress section) instead of making the beat unsendable."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def box_name() -> str:
+    return os.environ.get("ONBOX_BOX") or socket.gethostname() or "box"
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class HeartbeatHook:
+    def __init__(self, ctx: "RunContext", readers: Optional[BoxReaders] = None, sinks: Optional[List[Any]] = None,
+                 ping: Optional[PingSink] = None, alert_settings: Optional[AlertSettings] = None,
+                 request_timeout: float = 10.0, close_timeout: float = 5.0, backoff: Optional[Backoff] = None,
+                 progress_write_interval: float = 1.0, spool_max: int = 20000, batch_size: int = 100) -> None:
+        cfg = ctx.config
+        self.ctx = ctx
+        self.clock = ctx.clock
+        self.interval = float(cfg.heartbeat_interval)
+        self.close_timeout = close_timeout
+        self.progress_write_interval = progress_write_interval
+        self.readers = readers or default_readers()
+        self.parser = MetricsParser(cfg.metrics_regex)
+        self.alerts = AlertEngine(alert_settings or AlertSettings(
+            stall_seconds=cfg.stall_minutes * 60.0, crash_loop_threshold=cfg.crash_loop_threshold))
+        self.progress = Progress()
+        self.box = box_name()
+        hb_dir = os.path.join(ctx.run_dir, "heartbeats")
+        os.makedirs(hb_dir, exist_ok=True)
+        self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
+        self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, METRICS_FILE))
+        if sinks is None:
+            sinks = []
+            if cfg.tracker:
+                sinks.append(TrackerSink(cfg.tracker, cfg.tracker_token_file, timeout=request_timeout))
+            if cfg.heartbeat_file:
+                sinks.append(FileSink(cfg.heartbeat_file))
+        self.senders: List[Sender] = []
+        for sink in sinks:
+            spool = Spool(os.path.join(hb_dir, "spool-" + sink.name), max_entries=spool_max)
+            sender = Sender(sink, spool, batch_size=batch_size,
+                            backoff=backoff or Backoff(base=min(1.0, max(self.interval, 0.01)), cap=60.0))
+            sender.start()
+            self.senders.append(sender)
+        if ping is None and cfg.ping_url:
+            ping = PingSink(cfg.ping_url, timeout=request_timeout)
+        self.ping = ping
+        self._ping_thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._last_output_mono: Optional[float] = None
+        self._started_mono = self.clock.monotonic()
+        self._next_beat: Optional[float] = None  # None: the first tick beats
+        self._event_pending = False
+        self._last_state: Optional[str] = None
+        self._last_alert_codes: Set[str] = set()
+        self._stream_alert = False
+        self._progress_dirty = False
+        self._progress_written_mono = -1e18
+        self._closed = False
+
+    # -- TelemetryHook
+    def on_output(self, line: str) -> None:
+        mono, wall = self.clock.monotonic(), self.clock.time()
+        fields = self.parser.parse(line)
+        with self._lock:
+            self._last_output_mono = mono
+            if fields:
+                self._apply(fields, wall, mono)
+
+    def on_event(self, event: Dict[str, Any]) -> None:
+        with self._lock:
+            self._event_pending = True
+
+    def tick(self, state: Dict[str, Any]) -> None:
+        if self._closed:
+            return
+        mono = self.clock.monotonic()
+        self._absorb_metrics_file()
+        with self._lock:
+            write_progress = self._progress_dirty and mono - self._progress_written_mono >= self.progress_write_interval
+            if write_progress:
+                self._progress_dirty = False
+                self._progress_written_mono = mono
+            progress_doc = self.progress.to_dict()
+            st = str(state.get("state", ""))
+            reason = None
+            if self._next_beat is None:
+                reason = "start"
+            elif st != self._last_state or self._event_pending:
+                reason = "event"
+            elif self._stream_alert:
+                reason = "alert"
+            elif mono >= self._next_beat:
+                reason = "interval"
+        if write_progress:
+            atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), progress_doc)
+        if reason is None:
+            # condition alerts (stall, disks, ...) are evaluated at beats; a stall is checked every tick
+            if self._quiet_seconds(mono) is not None and self._stall_suspected(state, mono):
+                reason = "alert"
+            else:
+                return
+        self.beat(state, reason)
+
+    def close(self, state: Dict[str, Any]) -> None:
+        if self._closed:
+            return
+        self._absorb_metrics_file()
+        self.beat(state, "final")
+        self._closed = True
+        deadline = self.clock.monotonic() + self.close_timeout
+        for sender in self.senders:
+            sender.flush(max(0.0, deadline - self.clock.monotonic()))
+        for sender in self.senders:
+            sender.stop(timeout=max(0.1, min(1.0, deadline - self.clock.monotonic())))
+        if self._ping_thread is not None:
+            self._ping_thread.join(max(0.0, deadline - self.clock.monotonic()))
+        atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), self.progress.to_dict())
+
+    # -- internals
+    def _absorb_metrics_file(self) -> None:
+        records = self.metrics_tail.read_new()
+        mono, wall = self.clock.monotonic(), self.clock.time()
+        with self._lock:
+            for fields in records:
+                self._apply(fields, wall, mono)
+
+    def _apply(self, fields: Dict[str, float], wall: float, mono: float) -> None:
+        self.progress.update(fields, wall, mono)
+        self._progress_dirty = True
+        loss = fields.get("loss")
+        step = self.progress.values.get("step")
+        if loss is not None and self.alerts.observe_loss(float(loss), None if step is None else int(step)) is not None:
+            self._stream_alert = True
+
+    def _quiet_seconds(self, mono: float) -> Optional[float]:
+        marks = [m for m in (self._last_output_mono, self.progress.step_advanced_mono) if m is not None]
+        return mono - max([*marks, self._started_mono])
+
+    def _stall_suspected(self, state: Dict[str, Any], mono: float) -> bool:
+        quiet = self._quiet_seconds(mono)
+        return (quiet is not None and quiet >= self.alerts.settings.stall_seconds
+                and "stall" not in self._last_alert_codes and _pid_alive(state.get("child_pid")))
+
+    def beat(self, state: Dict[str, Any], reason: str) -> Dict[str, Any]:
+        """Take one heartbeat now, spool it for every sink, wake the senders. Returns the document."""
+        mono, wall = self.clock.monotonic(), self.clock.time()
+        gpus = self._read("gpus", self.readers.gpu)
+        host = self._read("host", self.readers.host)
+        disks = self.readers.disks(self._disk_paths())
+        checkpoint = self._checkpoint_status()
+        pid = state.get("child_pid")
+        alive = _pid_alive(pid)
+        st = str(state.get("state", "unknown")) or "unknown"
+        with self._lock:
+            quiet = self._quiet_seconds(mono)
+            self.alerts.evaluate(child_alive=alive and st.lower() not in ENDED_STATES, child_pid=pid,
+                                 quiet_seconds=quiet, disks=disks, gpus=(gpus or {}).get("gpus") or [],
+                                 oom_kill=(host or {}).get("oom_kill"),
+                                 last_sync=(checkpoint or {}).get("last_sync"), state=state)
+            alerts = self.alerts.collect()
+            codes = {a.code for a in alerts}
+            if codes - self._last_alert_codes and reason == "interval":
+                reason = "alert"
+            self._last_alert_codes = codes
+            self._stream_alert = False
+            self._event_pending = False
+            self._last_state = st
+            self._next_beat = mono + self.interval
+            progress = self.progress.to_dict()
+            last_output_age = None if self._last_output_mono is None else round(mono - self._last_output_mono, 3)
+        attempt = state.get("attempt")
+        doc: Dict[str, Any] = {
+            "schema": SCHEMA,
+            "run": self.ctx.name,
+            "box": self.box,
+            "attempt": attempt if isinstance(attempt, int) else self.ctx.attempt(),
+            "seq": self.seq.next(),
+            "time": wall,
+            "reason": reason,
+            "interval_s": self.interval,
+            "state": st,
+            "child": {"pid": pid if isinstance(pid, int) else None, "alive": alive,
+                      "restarts": state.get("restarts"), "last_exit": state.get("last_exit"),
+                      "last_output_age_s": last_output_age},
+            "preemption": state.get("preemption"),
+            "progress": progress,
+            "checkpoint": checkpoint,
+            "gpus": gpus,
+            "host": host,
+            "disks": disks,
+            "alerts": [a.to_dict() for a in alerts],
+            "spool": {"backlog": sum(s.spool.backlog() for s in self.senders),
+                      "dropped": sum(s.spool.dropped for s in self.senders),
+                      "errors": {s.sink.name: s.last_error for s in self.senders if s.last_error}},
+        }
+        doc = json_safe(doc)
+        for sender in self.senders:
+            sender.spool.put(doc["seq"], doc)
+            sender.notify()
+        self._send_ping(reason, st, alerts)
+        return doc
+
+    def _read(self, what: str, reader: Any) -> Dict[str, Any]:
+        try:
+            return reader()
+        except Exception as e:  # a reader bug must not stop the beat; it is reported in the beat itself
+            log.exception("onbox heartbeat: reading %s failed", what)
+            return {"available": False, "reason": "reading failed: %r" % e}
+
+    def _disk_paths(self) -> List[Tuple[str, str]]:
+        paths = [("run", self.ctx.run_dir), ("ckpt", self.ctx.ckpt_dir)]
+        durable = self.ctx.config.durable
+        if durable and ":" not in durable.split("/")[0]:  # a mounted path, not an rclone remote
+            paths.append(("durable", durable))
+        return paths
+
+    def _checkpoint_status(self) -> Optional[Dict[str, Any]]:
+        try:
+            data = read_json(os.path.join(self.ctx.run_dir, CHECKPOINT_STATUS_FILE))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _send_ping(self, reason: str, state: str, alerts: List[Any]) -> None:
+        if self.ping is None:
+            return
+        if reason == "start":
+            kind = "start"
+        elif state.lower() in FAILED_STATES or any(a.severity == "critical" for a in alerts):
+            kind = "fail"
+        else:
+            kind = "success"
+        if self._ping_thread is not None and self._ping_thread.is_alive():
+            if reason != "final":
+                return
+            self._ping_thread.join(self.close_timeout / 2)  # the last word (success or /fail) must go out  # the previous ping is still under way: pings are liveness, the next beat sends a fresh one
+        self._ping_thread = threading.Thread(target=self.ping.ping, args=(kind,), name="onbox-ping", daemon=True)
+        self._ping_thread.start()

@@ -1,0 +1,126 @@
+"""The on-disk spool: every heartbeat is written here first, pushed in order, removed only on acknowledgement.
+
+One file per beat, `<seq:020d>.json`, written with the atomic-write recipe (fsynced), so a crash of the agent or
+the box between "taken" and "delivered" loses nothing. The spool is bounded: past `max_entries` the OLDEST beats
+are dropped (the newest say more about a live run) and the dropped count is kept in `state.json` and reported in
+every later beat. `SeqCounter` hands out seqs that survive restarts of the agent: seq only increases in a run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Dict, List, Tuple
+
+from onbox.fsutil import atomic_write, atomic_write_json
+
+SUFFIX = ".json"
+
+
+class Spool:
+    def __init__(self, directory: str, max_entries: int = 20000) -> None:
+        self.directory = directory
+        self.max_entries = max_entries
+        os.makedirs(directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._state_path = os.path.join(directory, "state.json")
+        state = self._read_state()
+        self._seqs: List[int] = sorted(self._scan())
+        self.dropped: int = int(state.get("dropped", 0))
+
+    def _read_state(self) -> Dict[str, Any]:
+        try:
+            with open(self._state_path, encoding="utf-8") as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _scan(self) -> List[int]:
+        out = []
+        for name in os.listdir(self.directory):
+            if name.endswith(SUFFIX) and name[: -len(SUFFIX)].isdigit():
+                out.append(int(name[: -len(SUFFIX)]))
+        return out
+
+    def _path(self, seq: int) -> str:
+        return os.path.join(self.directory, "%020d%s" % (seq, SUFFIX))
+
+    def _save_state(self) -> None:
+        atomic_write_json(self._state_path, {"dropped": self.dropped})
+
+    def put(self, seq: int, doc: Dict[str, Any]) -> None:
+        """Persist one beat (fsynced) before anyone tries to send it; drop the oldest past the bound."""
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        with self._lock:
+            atomic_write(self._path(seq), data)
+            if seq not in self._seqs:
+                self._seqs.append(seq)
+                self._seqs.sort()
+            over = len(self._seqs) - self.max_entries
+            if over > 0:
+                for old in self._seqs[:over]:
+                    self._unlink(old)
+                self._seqs = self._seqs[over:]
+                self.dropped += over
+                self._save_state()
+
+    def pending(self, limit: int) -> List[Tuple[int, Dict[str, Any]]]:
+        """The oldest `limit` beats, in seq order."""
+        with self._lock:
+            seqs = list(self._seqs[:limit])
+        out = []
+        for seq in seqs:
+            try:
+                with open(self._path(seq), encoding="utf-8") as f:
+                    out.append((seq, json.load(f)))
+            except FileNotFoundError:
+                continue
+            except ValueError:  # a torn file cannot exist with atomic writes; if it does, it cannot be sent
+                self.ack([seq])
+        return out
+
+    def ack(self, seqs: List[int]) -> None:
+        """The sink has the beats: remove them."""
+        with self._lock:
+            gone = set(seqs)
+            for seq in gone:
+                self._unlink(seq)
+            self._seqs = [s for s in self._seqs if s not in gone]
+
+    def backlog(self) -> int:
+        with self._lock:
+            return len(self._seqs)
+
+    def _unlink(self, seq: int) -> None:
+        try:
+            os.unlink(self._path(seq))
+        except FileNotFoundError:
+            pass
+
+
+class SeqCounter:
+    """The run's heartbeat sequence number, persisted (atomic write) so that a restarted agent continues it.
+
+    A fresh counter starts at `first` (the hook passes the wall clock in milliseconds), not at 0: a replacement
+    box that runs the same run name with a fresh run dir must not reuse the seqs (and attempt numbers) of the
+    box it replaces, or the tracker would drop its beats as duplicates of (run, attempt, seq).
+    """
+
+    def __init__(self, path: str, first: int = 0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            self._next = int(data["next_seq"])
+            self.first = int(data.get("first_seq", 0))
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            self._next = self.first = int(first)
+
+    def next(self) -> int:
+        with self._lock:
+            seq = self._next
+            self._next += 1
+            atomic_write_json(self.path, {"first_seq": self.first, "next_seq": self._next})
+            return seq

@@ -1,0 +1,56 @@
+"""The run lifecycle as one documented str-Enum (STYLE.md): the states, the legal transitions, the exit codes."""
+from __future__ import annotations
+
+import enum
+
+
+class RunState(str, enum.Enum):
+    """The run's lifecycle. Transitions (anything else raises IllegalTransition):
+
+    STARTING  -> RUNNING (the attempt's child was spawned) | FAILED (it could not be started)
+    RUNNING   -> BACKOFF (it exited and the policy restarts it) | DONE | FAILED | STOPPING (a notice or stop)
+    BACKOFF   -> STARTING (the backoff elapsed) | STOPPING (a notice or stop while waiting)
+    STOPPING  -> PREEMPTED (notice handled: checkpoint committed, exit 75) | STOPPED (`onbox stop`)
+    DONE, FAILED, PREEMPTED, STOPPED are terminal. A supervisor starts in STARTING, or RUNNING when it adopts.
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    DONE = "done"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED)
+
+
+TRANSITIONS = {
+    RunState.STARTING: (RunState.RUNNING, RunState.FAILED),
+    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING),
+    RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
+    RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED),
+}
+
+
+class IllegalTransition(RuntimeError):
+    def __init__(self, old: RunState, new: RunState) -> None:
+        allowed = ", ".join(s.value for s in TRANSITIONS.get(old, ())) or "none (terminal)"
+        super().__init__("illegal run state transition %s -> %s; allowed from %s: %s"
+                         % (old.value, new.value, old.value, allowed))
+
+
+def check_transition(old: RunState, new: RunState) -> None:
+    if new not in TRANSITIONS.get(old, ()):
+        raise IllegalTransition(old, new)
+
+
+def exit_code_for(state: RunState) -> int:
+    """0 done/stopped · 1 failed · 75 preempted (DESIGN.md)."""
+    from onbox.errors import ExitCode
+
+    return int({RunState.DONE: ExitCode.OK, RunState.STOPPED: ExitCode.OK, RunState.FAILED: ExitCode.JOB_FAILED,
+                RunState.PREEMPTED: ExitCode.PREEMPTED}.get(state, ExitCode.JOB_FAILED))

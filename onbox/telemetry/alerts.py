@@ -1,0 +1,251 @@
+"""Alerts: conditions a person should look at, each with a hint saying what to do.
+
+Two kinds of input:
+- the loss stream (`observe_loss`): NaN/Inf and spikes are latched until the next heartbeat collects them, so a
+  spike between two beats is not lost;
+- readings taken at each beat (`evaluate`): stall, disks, GPUs, host OOM kills, sync failure, crash loop.
+
+`AlertEngine.collect()` returns the alerts active now (sorted by code); the heartbeat sends at once when a code
+appears that the previous beat did not carry.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
+
+# U23: the clock-event reasons that steal throughput (power cap, HW slowdown, thermal, power brake); an idle GPU,
+# application clocks, sync boost or the display clock are benign. Same bits as onbox.telemetry.gpu.SLOWDOWN_BITS.
+SLOWDOWN_REASONS = {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
+DEAD_GPU_XIDS = {48, 79}  # U22: double-bit ECC, fell off the bus
+MAX_SEEN_XIDS = 4096
+
+
+@dataclasses.dataclass
+class Alert:
+    code: str  # stable machine name: nan_loss, loss_spike, stall, low_disk, low_inodes, gpu_throttle, xid, ...
+    severity: str  # "warning" | "critical"
+    message: str
+    hint: str
+    data: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "hint": self.hint,
+                "data": self.data}
+
+
+@dataclasses.dataclass
+class AlertSettings:
+    spike_window: int = 50  # losses kept for the robust baseline
+    spike_min_points: int = 20  # no spike verdict before this many finite losses
+    spike_z: float = 8.0  # robust z-score (0.6745 * (x - median) / MAD) above which a loss is a spike
+    spike_min_rel: float = 0.25  # ...and at least this far above the median, relative (heavy-tailed batch noise)
+    stall_seconds: float = 30 * 60.0
+    min_free_bytes: int = 2 * 1024**3
+    min_free_ratio: float = 0.02
+    min_free_inode_ratio: float = 0.02
+    crash_loop_threshold: int = 3
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def robust_z(value: float, history: Sequence[float]) -> float:
+    """Robust z-score of `value` against `history`: 0.6745 * (value - median) / MAD (MAD floored, never 0)."""
+    ordered = sorted(history)
+    n = len(ordered)
+    med = median(ordered)
+    dev = sorted(abs(x - med) for x in ordered)
+    mad = dev[n // 2] if n % 2 else 0.5 * (dev[n // 2 - 1] + dev[n // 2])
+    mad = max(mad, 1e-3 * abs(med), 1e-12)  # a perfectly flat history must not turn every wiggle into a spike
+    return 0.6745 * (value - med) / mad
+
+
+class AlertEngine:
+    def __init__(self, settings: Optional[AlertSettings] = None) -> None:
+        self.settings = settings or AlertSettings()
+        self._losses: Deque[float] = deque(maxlen=self.settings.spike_window)
+        self._latched: Dict[str, Alert] = {}
+        self._current: Dict[str, Alert] = {}
+        self._oom_baseline: Optional[int] = None
+        self._seen_xids: Dict[Any, None] = {}  # insertion-ordered set, bounded
+
+    # -- the loss stream
+    def observe_loss(self, loss: float, step: Optional[int] = None) -> Optional[Alert]:
+        """Feed one training loss; returns the alert it raised (also latched for the next beat), if any."""
+        s = self.settings
+        if not math.isfinite(loss):
+            nan = Alert("nan_loss", "critical", "loss is %s at step %s" % (loss, step),
+                          "the run diverged: lower the learning rate or enable gradient clipping, and resume from "
+                          "the last good checkpoint; check the data batch at that step", {"step": step})
+            self._latched[nan.code] = nan
+            return nan
+        alert: Optional[Alert] = None
+        if len(self._losses) >= s.spike_min_points:
+            window = list(self._losses)
+            z = robust_z(loss, window)
+            if z > s.spike_z and loss - median(window) > s.spike_min_rel * abs(median(window)):
+                alert = Alert("loss_spike", "warning",
+                              "loss spiked to %.4g at step %s (robust z-score %.1f over the last %d losses)"
+                              % (loss, step, z, len(self._losses)),
+                              "look at the batch and learning-rate schedule at that step; if the loss does not "
+                              "come back, resume from the checkpoint before the spike",
+                              {"step": step, "loss": loss, "z": round(z, 2)})
+                self._latched[alert.code] = alert
+        self._losses.append(loss)
+        return alert
+
+    # -- readings at a beat
+    def evaluate(self, *, child_alive: bool, child_pid: Optional[int] = None,
+                 quiet_seconds: Optional[float] = None, disks: Sequence[Mapping[str, Any]] = (),
+                 gpus: Sequence[Mapping[str, Any]] = (), oom_kill: Optional[int] = None,
+                 last_sync: Optional[Mapping[str, Any]] = None, state: Optional[Mapping[str, Any]] = None) -> None:
+        """Recompute the condition alerts from this beat's readings.
+
+        quiet_seconds: time since the later of the last new step and the last output line.
+        """
+        s = self.settings
+        cur: Dict[str, Alert] = {}
+        if child_alive and quiet_seconds is not None and quiet_seconds >= s.stall_seconds:
+            pid = child_pid if child_pid else "<pid>"
+            cur["stall"] = Alert("stall", "critical",
+                                 "no new step and no output for %d min while the child (pid %s) lives"
+                                 % (quiet_seconds // 60, pid),
+                                 "see where it hangs: `py-spy dump --pid %s` (pip install py-spy); a NCCL hang or "
+                                 "a dead DataLoader worker is typical; U43: is stdout block-buffered?" % pid,
+                                 {"quiet_seconds": round(quiet_seconds, 1), "pid": child_pid})
+        for disk in disks:
+            self._disk(cur, disk)
+        for gpu in gpus:
+            self._gpu(cur, gpu)
+        if oom_kill is not None:
+            if self._oom_baseline is None:
+                self._oom_baseline = oom_kill
+            elif oom_kill > self._oom_baseline:
+                cur["host_oom_kill"] = Alert(
+                    "host_oom_kill", "critical",
+                    "the cgroup's oom_kill counter rose by %d since the agent started" % (oom_kill - self._oom_baseline),
+                    "U9/U41: a process in this container was OOM-killed: lower num_workers or free host RAM; "
+                    "host `free` is not your cgroup — read memory.current/memory.max",
+                    {"oom_kill": oom_kill, "baseline": self._oom_baseline})
+        if last_sync and last_sync.get("ok") is False:
+            cur["sync_failed"] = Alert(
+                "sync_failed", "critical", "the last checkpoint sync failed: %s" % (last_sync.get("error") or "?"),
+                "U33: the durable copy is NOT current; check `df -i` on the durable dir and the rclone remote; "
+                "the local checkpoint is still the source of truth", {"at": last_sync.get("at")})
+        loop = crash_loop(state, s.crash_loop_threshold)
+        if loop:
+            cur["crash_loop"] = loop
+        self._current = cur
+
+    def _disk(self, cur: Dict[str, Alert], disk: Mapping[str, Any]) -> None:
+        s = self.settings
+        free, total = disk.get("free_bytes"), disk.get("total_bytes")
+        path = disk.get("path")
+        if isinstance(free, int) and isinstance(total, int) and total > 0 and (
+                free < s.min_free_bytes or free < s.min_free_ratio * total):
+            cur.setdefault("low_disk", Alert(
+                "low_disk", "critical", "%s has %.1f GiB free of %.1f GiB" % (path, free / 1024**3, total / 1024**3),
+                "U6: torch.save fails on a full disk: prune old checkpoints (keep the newest verified) or move "
+                "caches (HF_HOME, pip) off this disk", {"path": path, "free_bytes": free}))
+        ifree, itotal = disk.get("free_inodes"), disk.get("total_inodes")
+        if isinstance(ifree, int) and isinstance(itotal, int) and itotal > 0 and ifree >= 0 and (
+                ifree < s.min_free_inode_ratio * itotal):
+            cur.setdefault("low_inodes", Alert(
+                "low_inodes", "critical", "%s has %d free inodes of %d" % (path, ifree, itotal),
+                "U7: the disk dies on inodes before bytes: find many-small-file dirs (`du --inodes`), shard "
+                "them into tar (U25)", {"path": path, "free_inodes": ifree}))
+
+    def _gpu(self, cur: Dict[str, Alert], gpu: Mapping[str, Any]) -> None:
+        """One GPU of onbox.telemetry.gpu.gpu_readings(): throttling, dead card, pinned memory, NEW Xid events."""
+        index = gpu.get("index")
+        verdict = gpu.get("verdict")
+        if verdict == "dead":
+            prev = cur.get("gpu_dead")
+            gpus = (prev.data["gpus"] if prev else []) + [index]
+            cur["gpu_dead"] = Alert(
+                "gpu_dead", "critical", "GPU %s is dead: %s" % (",".join(str(g) for g in gpus),
+                                                                 gpu.get("verdict_reason") or "?"),
+                "U22: Xid 48/79 or a lost GPU: re-rent the box, don't debug it; the run resumes from the last "
+                "durable checkpoint on the new box", {"gpus": gpus})
+        elif verdict == "pinned":
+            cur.setdefault("gpu_pinned", Alert(
+                "gpu_pinned", "warning", "GPU %s: %s" % (index, gpu.get("verdict_reason") or "memory pinned"),
+                "U11: a process that is not this run holds GPU memory: `onbox reap` lists it, `--force` kills it",
+                {"gpu": index}))
+        reasons = [str(r) for r in (gpu.get("throttle_reasons") or [])]
+        slow = [r for r in reasons if r in SLOWDOWN_REASONS]
+        if slow:
+            prev = cur.get("gpu_throttle")
+            gpus = (prev.data["gpus"] if prev else []) + [index]
+            cur["gpu_throttle"] = Alert(
+                "gpu_throttle", "warning", "GPU %s throttled: %s" % (",".join(str(g) for g in gpus), ", ".join(slow)),
+                "U23: thermal/power throttling steals 25-40%% of throughput: check temperature and power limit "
+                "(`nvidia-smi -q -d PERFORMANCE`); ask the provider or re-rent", {"gpus": gpus, "reasons": slow})
+        new = []
+        for ev in gpu.get("xid_events") or []:
+            if not isinstance(ev, Mapping) or not isinstance(ev.get("xid"), int):
+                continue
+            key = (index, ev.get("xid"), ev.get("source"), ev.get("message"), ev.get("at"))
+            if key in self._seen_xids:
+                continue  # gpu_readings keeps the newest events; alert on each only once
+            self._seen_xids[key] = None
+            if len(self._seen_xids) > MAX_SEEN_XIDS:
+                del self._seen_xids[next(iter(self._seen_xids))]
+            new.append(ev["xid"])
+        if new:
+            dead = sorted(set(new) & DEAD_GPU_XIDS)
+            prev = cur.get("xid")
+            cur["xid"] = Alert(
+                "xid", "critical", "GPU %s reported Xid %s" % (index, ", ".join(str(x) for x in new)),
+                ("U22: Xid %s means the GPU is dead: re-rent, don't debug" % dead) if dead else
+                "look the Xid up in NVIDIA's Xid catalog; a repeating Xid means a hardware fault: re-rent",
+                {"gpu": index, "xids": new, "earlier": prev.data if prev else None})
+
+    def collect(self) -> List[Alert]:
+        """Active alerts for this beat: the condition alerts plus the stream alerts latched since the last beat."""
+        merged = dict(self._current)
+        merged.update(self._latched)
+        self._latched = {}
+        return [merged[k] for k in sorted(merged)]
+
+
+NOT_FAILURES = ("success", "preempted", "stopped", "unknown")
+
+
+def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[Alert]:
+    """The last `threshold` FINISHED attempts (state.json attempts[].exit) failed the same way: the same
+    classification, and for a plain failure the same exit code, for a signal the same signal (classify.loop_key)."""
+    if not state or threshold <= 0:
+        return None
+    exits = [a["exit"] for a in (state.get("attempts") or [])
+             if isinstance(a, Mapping) and isinstance(a.get("exit"), Mapping)]
+    tail = exits[-threshold:]
+    if len(tail) < threshold:
+        return None
+    keys = []
+    for ex in tail:
+        c = ex.get("classification")
+        if c in NOT_FAILURES:
+            return None
+        if c == "failed":
+            keys.append("failed (exit %s)" % ex.get("code"))
+        elif c == "signal":
+            keys.append("signal %s" % (ex.get("signal_name") or ex.get("signal")))
+        else:
+            keys.append(str(c))
+    if len(set(keys)) == 1:
+        return _crash_alert(keys[0], threshold, tail[-1].get("message"))
+    return None
+
+
+def _crash_alert(classification: Any, n: int, message: Any) -> Alert:
+    return Alert("crash_loop", "critical",
+                 "the last %d attempts failed the same way (%s)%s" % (n, classification or "?",
+                                                                      ": %s" % message if message else ""),
+                 "restarting will not fix it: read the tail of the log (`onbox logs RUN`), fix the cause, then "
+                 "start the run again", {"classification": classification, "attempts": n})

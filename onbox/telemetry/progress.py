@@ -1,0 +1,78 @@
+"""The run's newest progress (progress.json, the heartbeat's progress section) and the incremental reader of
+ONBOX_METRICS_FILE (`<run dir>/metrics.jsonl`)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from onbox.telemetry.metrics import FIELDS, Fields, parse_json_line
+
+
+class MetricsFileTail:
+    """Reads the lines a trainer appends to ONBOX_METRICS_FILE, incrementally (offset kept between reads).
+
+    A partial last line waits for its newline. A file that shrank or was replaced starts over from its top.
+    """
+
+    def __init__(self, path: str, max_bytes_per_read: int = 1 << 20) -> None:
+        self.path = path
+        self.max_bytes = max_bytes_per_read
+        self.offset = 0
+        self._inode: Optional[int] = None
+        self._partial = b""
+
+    def read_new(self) -> List[Fields]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        if self._inode is not None and (st.st_ino != self._inode or st.st_size < self.offset):
+            self.offset, self._partial = 0, b""
+        self._inode = st.st_ino
+        if st.st_size <= self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(self.max_bytes)
+        self.offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > self.max_bytes:  # a runaway line without newline: drop it
+            self._partial = b""
+        out = []
+        for raw in lines:
+            found = parse_json_line(raw.decode("utf-8", "replace"))
+            if found:
+                out.append(found)
+        return out
+
+
+class Progress:
+    """The newest value of each field, when it last changed, and when the step last advanced."""
+
+    def __init__(self) -> None:
+        self.values: Dict[str, float] = {}
+        self.updated_at: Optional[float] = None  # wall time of the newest metric
+        self.step_advanced_mono: Optional[float] = None
+
+    def update(self, fields: Fields, wall: float, mono: float) -> None:
+        step = fields.get("step")
+        if step is not None and step != self.values.get("step"):
+            self.step_advanced_mono = mono
+        self.values.update(fields)
+        self.updated_at = wall
+
+    def to_dict(self) -> Dict[str, Any]:
+        """progress.json / the heartbeat's progress section: every field present, null when unknown."""
+        out: Dict[str, Any] = {k: _json_number(self.values.get(k)) for k in FIELDS}
+        out["time"] = self.updated_at
+        return out
+
+
+def _json_number(v: Any) -> Any:
+    """JSON has no NaN/Infinity: they travel as the strings "NaN", "Infinity", "-Infinity"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v

@@ -1,0 +1,151 @@
+"""The loop driven by scripted observations: a fake process seam and a FakeClock, so backoff schedules, the
+restart cap and the preemption timeline (checkpoint signal, TERM at deadline - reserve, KILL at the deadline)
+are checked to the second without waiting for them."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Callable, List, Optional, Tuple
+
+from onbox.clock import FakeClock
+from onbox.config import RunConfig
+from onbox.proc import Child, ExitStatus
+from onbox.rundir import RunDir
+from onbox.runhooks import Hooks, NoReaper, NoTelemetry
+from onbox.supervisor import RunState, Supervisor
+
+# An attempt's script: given (seconds since spawn, signals received so far) -> an ExitStatus once it has ended.
+Script = Callable[[float, List[int]], Optional[ExitStatus]]
+
+
+def exits_after(seconds: float, code: int) -> Script:
+    return lambda t, sigs: ExitStatus(code=code) if t >= seconds else None
+
+
+def dies_on(sig: int) -> Script:
+    return lambda t, sigs: ExitStatus(signal=sig) if sig in sigs else None
+
+
+class FakeProcs:
+    """The ProcessSeam surface the supervisor uses, answering from scripts; records every signal with its time."""
+
+    def __init__(self, clock: FakeClock, scripts: List[Script]) -> None:
+        self.clock = clock
+        self.scripts = list(scripts)
+        self.spawned: List[Tuple[float, List[str]]] = []
+        self.signals: List[Tuple[float, int]] = []
+        self._current: Optional[Tuple[Child, Script, float, List[int]]] = None
+
+    def spawn(self, argv, env, cwd, log_path) -> Child:
+        script = self.scripts.pop(0)
+        pid = 1000 + len(self.spawned)
+        self.spawned.append((self.clock.monotonic(), list(argv)))
+        child = Child(pid=pid, sid=pid, pgid=pid, start_time=pid)
+        self._current = (child, script, self.clock.monotonic(), [])
+        return child
+
+    def poll(self, child: Child) -> Optional[ExitStatus]:
+        assert self._current is not None and self._current[0].pid == child.pid
+        _, script, t0, sigs = self._current
+        return script(self.clock.monotonic() - t0, sigs)
+
+    def signal_group(self, pgid: int, sig: int) -> bool:
+        self.signals.append((self.clock.monotonic(), int(sig)))
+        if self._current is not None:
+            self._current[3].append(int(sig))
+        return True
+
+    def kill_session(self, sid, timeout, log=None) -> List[int]:
+        return []
+
+    def reap_zombies(self, keep=()) -> List[int]:
+        return []
+
+
+class Checkpoints:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.finals: List[Tuple[float, float]] = []  # (called at, deadline)
+
+    def restore(self):
+        return None
+
+    def periodic(self) -> None:
+        return None
+
+    def final(self, deadline: float):
+        self.finals.append((self.clock.monotonic(), deadline))
+        return None
+
+
+def make(tmp_path, scripts: List[Script], **fields):
+    clock = FakeClock()
+    procs = FakeProcs(clock, scripts)
+    ckpts = Checkpoints(clock)
+    cfg = RunConfig(name="loop", command=["train"], notice_source="none", tick_interval=1.0, **fields).validate()
+    rd = RunDir(str(tmp_path / "loop"))
+    os.makedirs(rd.path)
+    sup = Supervisor(cfg, rd, proc=procs, clock=clock,  # type: ignore[arg-type]
+                     hooks_factory=lambda ctx: Hooks(ckpts, NoTelemetry(), NoReaper()),
+                     oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep)
+    return sup, procs, ckpts, clock
+
+
+def test_backoff_doubles_up_to_the_cap_then_the_restart_limit_fails_the_run(tmp_path):
+    sup, procs, _, _ = make(tmp_path, [exits_after(1, 1)] * 5, backoff_initial=1.0, backoff_max=4.0,
+                            max_restarts=4, crash_loop_threshold=0)
+    assert sup.run() == RunState.FAILED
+    starts = [t for t, _ in procs.spawned]
+    gaps = [round(b - a, 6) for a, b in zip(starts, starts[1:])]
+    assert gaps == [1 + 1, 1 + 2, 1 + 4, 1 + 4]  # 1 s of running, then 1, 2, 4, 4 (capped) of backoff
+    assert "gave up after 4 restart(s)" in sup.message
+
+
+def test_crash_loop_counts_the_same_class_in_a_row_only(tmp_path):
+    scripts = [exits_after(1, 1), exits_after(1, 2), exits_after(1, 2), exits_after(1, 2)]
+    sup, procs, _, _ = make(tmp_path, scripts, backoff_initial=0.0, crash_loop_threshold=3, max_restarts=10)
+    assert sup.run() == RunState.FAILED
+    assert len(procs.spawned) == 4 and "the same failure (failed) 3 times" in sup.message
+
+
+def test_restart_always_restarts_after_success(tmp_path):
+    sup, procs, _, _ = make(tmp_path, [exits_after(1, 0), exits_after(1, 0), exits_after(1, 3)],
+                            restart="always", backoff_initial=0.5, max_restarts=2)
+    assert sup.run() == RunState.FAILED
+    assert len(procs.spawned) == 3 and sup.restarts == 2
+
+
+def test_preemption_timeline_checkpoint_signal_then_term_at_reserve_then_kill_at_deadline(tmp_path):
+    sup, procs, ckpts, clock = make(tmp_path, [dies_on(signal.SIGKILL)], checkpoint_signal="USR2",
+                                    grace=30.0, sync_reserve=10.0)
+    original_sleep = clock.sleep
+
+    def sleep_and_preempt(seconds: float) -> None:
+        original_sleep(seconds)
+        if sup.state == RunState.RUNNING and sup.notice is None and clock.monotonic() >= 1005.0:
+            sup._on_signal(signal.SIGTERM, None)  # what the real handler does: record only
+
+    sup.waiter = sleep_and_preempt
+    assert sup.run() == RunState.PREEMPTED
+    (t0, first), *rest = procs.signals
+    assert first == signal.SIGUSR2
+    assert [(round(t - t0, 1), s) for t, s in rest] == [(20.0, signal.SIGTERM), (30.0, signal.SIGKILL)]
+    assert len(ckpts.finals) == 1
+    called_at, deadline = ckpts.finals[0]
+    assert round(called_at - t0, 1) == 20.0 and round(deadline - t0, 1) == 30.0
+    assert sup.last_exit["classification"] == "preempted" and sup.last_exit["signal"] == signal.SIGKILL
+
+
+def test_notice_during_backoff_ends_preempted_without_a_new_attempt(tmp_path):
+    sup, procs, ckpts, clock = make(tmp_path, [exits_after(1, 1), exits_after(1, 0)], backoff_initial=60.0)
+    original_sleep = clock.sleep
+
+    def sleep_and_preempt(seconds: float) -> None:
+        original_sleep(min(seconds, 5.0))
+        if sup.state == RunState.BACKOFF:
+            sup._on_signal(signal.SIGUSR1, None)
+
+    sup.waiter = sleep_and_preempt
+    assert sup.run() == RunState.PREEMPTED
+    assert len(procs.spawned) == 1 and len(ckpts.finals) == 1
+    assert sup.state_doc()["preemption"]["source"] == "signal:SIGUSR1"
