@@ -22,8 +22,7 @@ from onbox.rundir import LogTailer, RunDir
 from onbox.runhooks import Hooks, RunContext, make_hooks
 from onbox.runstate import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for",
-           "requeue_command"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
 DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
 
