@@ -211,9 +211,11 @@ def sigterm_grace(environ: Mapping[str, str], timeout: float = 10.0, runner: Opt
 
 def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, enabled: Optional[bool],
                environ: Mapping[str, str], log: Callable[[str], Any], emit: Callable[..., Any],
-               timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None) -> Optional[bool]:
+               timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None,
+               requeue_fn: Optional[Callable[[str], Any]] = None) -> Optional[bool]:
     """What the agent does with its job when the run reaches a terminal state: requeue it (only after the Slurm
-    signal) or say why not, in the log and as an event. True when requeued; None outside Slurm."""
+    signal) or say why not, in the log and as an event. True when requeued; None outside Slurm.
+    `requeue_fn(job_id)` replaces `requeue()` (a seam for tests; a false return is a failure)."""
     job = SlurmJob.from_env(environ)
     if job is None:
         return None
@@ -223,7 +225,10 @@ def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, 
         emit("requeue_skipped", job_id=job.job_id, reason=why, slurm=job.to_dict())
         return False
     try:
-        requeue(job.job_id, timeout, runner)
+        if requeue_fn is None:
+            requeue(job.job_id, timeout, runner)
+        elif not requeue_fn(job.job_id):
+            raise SlurmError("requeue of job %s was refused" % job.job_id)
     except SlurmError as e:
         log("slurm job %s: requeue FAILED: %s%s" % (job.job_id, e.message, (" (hint: %s)" % e.hint) if e.hint else ""))
         emit("requeue", job_id=job.job_id, ok=False, error=e.message, slurm=job.to_dict())

@@ -33,7 +33,8 @@ class Supervisor:
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
                  oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
-                 slurm_runner: Optional[Callable[..., Any]] = None, environ: Optional[Dict[str, str]] = None,
+                 requeue: Optional[Callable[[str], bool]] = None, slurm_runner: Optional[Callable[..., Any]] = None,
+                 environ: Optional[Dict[str, str]] = None,
                  log: Optional[Callable[[str], None]] = None,
                  waiter: Optional[Callable[[float], None]] = None) -> None:
         self.cfg = cfg
@@ -43,6 +44,7 @@ class Supervisor:
         # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
         self.waiter = waiter or self._select_wait
         self.oom_reader = oom_reader
+        self.requeue = requeue  # None: onbox.slurm.requeue (`scontrol requeue`)
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
@@ -427,7 +429,7 @@ class Supervisor:
             else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm.py)
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
-                                 runner=self.slurm_runner)
+                                 runner=self.slurm_runner, requeue_fn=self.requeue)
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

@@ -165,3 +165,16 @@ def test_non_primary_nodes_restore_but_never_commit():
     assert hook.final(1e9) is None
     assert inner.calls == ["restore"]
     assert [k for k, _ in events] == ["commit_skipped"] and "node 2" in events[0][1]["reason"]
+
+
+def test_on_run_end_with_a_requeue_seam():
+    from onbox.slurm import on_run_end
+
+    logs, calls = [], []
+    env = {"SLURM_JOB_ID": "8"}
+    assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, lambda *a, **k: None,
+                      requeue_fn=lambda job: calls.append(job) or True) is True
+    assert calls == ["8"]
+    assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, lambda *a, **k: None,
+                      requeue_fn=lambda job: False) is False
+    assert "refused" in logs[-1]
