@@ -24,7 +24,7 @@ zipapp: $(STAMP)
 	$(PY) build/zipapp.py --out dist
 
 demo: $(STAMP) sysdeps
-	$(PY) -m onbox audit
+	$(PY) build/demo.py
 
 test: $(STAMP) sysdeps
 	$(PY) -m pytest -q

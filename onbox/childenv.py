@@ -6,6 +6,9 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
+# it, crash dumps and `env` in a launch script show it): a token the child never sees cannot leak from there.
+AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 
 
 def cpu_quota_cores(root: str = "/") -> Optional[float]:
@@ -44,8 +47,9 @@ def cpu_quota_cores(root: str = "/") -> Optional[float]:
 def child_env(base: Mapping[str, str], run: str, ckpt_dir: str, resume_from: Optional[str], restart_count: int,
               metrics_file: str, preempt_file: str, extra: Mapping[str, str],
               quota_cores: Optional[float] = None) -> Dict[str, str]:
-    """The user's environment plus the ONBOX_* contract, PYTHONUNBUFFERED=1 (U43) and thread caps (U40)."""
-    env = dict(base)
+    """The user's environment minus the agent's secrets (U34), plus the ONBOX_* contract, PYTHONUNBUFFERED=1
+    (U43) and thread caps (U40). `extra` (the run's --env) is applied last, as given."""
+    env = {k: v for k, v in base.items() if k not in AGENT_ONLY_VARS}
     env.update({
         "ONBOX_RUN": run,
         "ONBOX_CKPT_DIR": ckpt_dir,

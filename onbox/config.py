@@ -52,6 +52,7 @@ class RunConfig:
     checkpoint_signal: str = "TERM"  # what the agent forwards to the child's process group on a notice
     grace: Optional[float] = None  # seconds from notice to hard kill; default from the profile
     sync_reserve: float = 10.0  # seconds kept back from the grace window for the final commit
+    final_sync_timeout: float = 300.0  # seconds the last commit may take when the job ends (done/failed for good)
     notice_source: str = "auto"  # cloud metadata notices: auto|aws|gcp|azure|none
     metadata_url: Optional[str] = None  # base URL override for the metadata service (tests, proxies)
     notice_interval: float = 5.0  # seconds between metadata-service polls (DOMAIN.md: AWS recommends 5 s)
@@ -93,9 +94,18 @@ class RunConfig:
                 raise UsageError("%s must be >= 0, not %r" % (key, getattr(self, key)))
         for key in ("sync_interval", "settle_seconds", "backoff_initial", "backoff_max", "sync_reserve",
                     "heartbeat_interval", "stall_minutes", "term_timeout", "tick_interval",
-                    "notice_interval", "reap_wait"):
+                    "notice_interval", "reap_wait", "final_sync_timeout"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
+        from onbox.childenv import AGENT_ONLY_VARS
+
+        for key in self.env:
+            if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
+                raise UsageError("env: %s is the agent's secret, not the job's" % key,
+                                 hint="put the token in a file (--tracker-token-file) or export it in the "
+                                      "agent's environment; it is never written down or given to the child")
+        if self.keep_every_steps is not None and self.keep_every_steps <= 0:
+            raise UsageError("keep_every_steps must be a positive number of steps, not %r" % self.keep_every_steps)
         if self.grace is not None and self.grace < 0:
             raise UsageError("grace must be >= 0 seconds, not %r" % self.grace)
         for key in ("tracker", "ping_url"):

@@ -9,7 +9,7 @@ import errno
 import json
 import os
 import tempfile
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -111,3 +111,19 @@ def is_writable_dir(path: PathLike) -> bool:
     os.close(fd)
     os.unlink(tmp)
     return True
+
+
+def dir_problem(path: PathLike) -> Optional[str]:
+    """Why `path` cannot serve as a writable directory (None when it can): it, or the nearest ancestor that
+    exists when it does not exist yet, must be a directory a file can really be created in. Creates nothing."""
+    probe = os.path.abspath(os.fspath(path))
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return "%s is not a directory" % probe
+    if not is_writable_dir(probe):
+        return "%s is not writable" % probe
+    return None

@@ -41,8 +41,10 @@ class CheckpointHook(Protocol):
         """Called from the loop every tick; commits a newly completed checkpoint when its interval is due."""
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
-        """On preemption/stop: commit the newest complete checkpoint that can finish before `deadline`
-        (a monotonic time). Returns a summary (name, step, durable path) or None when nothing was committed."""
+        """On preemption/stop, and when the run ends without one (done, or failed with no restart to come;
+        deadline = now + config.final_sync_timeout): wait for a commit in flight, then commit the newest complete
+        checkpoint that can finish before `deadline` (a monotonic time). Returns a summary (name, step, durable
+        path) or None when nothing was committed."""
 
 
 class TelemetryHook(Protocol):
@@ -99,6 +101,25 @@ class Hooks:
     checkpoints: CheckpointHook
     telemetry: TelemetryHook
     reaper: ReapHook
+
+
+def preflight(cfg: "RunConfig", environ: Optional[Dict[str, str]] = None) -> None:
+    """Raise the UsageError (exit 2) / UnfitError (exit 3) that constructing or first using the hooks would meet:
+    `onbox run` calls this in the foreground, before anything is created or detached, because an error inside
+    the detached agent only reaches a log nobody reads. Creates nothing. Keep it in step with make_hooks."""
+    from onbox import fsutil
+    from onbox.checkpoints.targets import preflight as durable_preflight
+    from onbox.errors import UnfitError
+    from onbox.heartbeat.sinks import preflight as heartbeat_preflight
+
+    if cfg.ckpt_dir:
+        problem = fsutil.dir_problem(cfg.ckpt_dir)
+        if problem:
+            raise UnfitError("cannot use the checkpoint dir %s: %s" % (cfg.ckpt_dir, problem),
+                             hint="give --ckpt-dir a writable directory on a fast local disk")
+    if cfg.durable:
+        durable_preflight(cfg.durable)
+    heartbeat_preflight(cfg, environ)
 
 
 def make_hooks(ctx: RunContext) -> Hooks:

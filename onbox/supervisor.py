@@ -308,6 +308,7 @@ class Supervisor:
             record.update(ended_at=self.clock.time(), exit=result.to_dict())
             self.last_exit = result.to_dict()
             self.message = result.message
+            self._final_at_end()
             self.transition(RunState.FAILED, reason=result.message)
             return
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
@@ -343,10 +344,12 @@ class Supervisor:
             if policy == "always":
                 return self._backoff(0.0, "restart=always after success")
             self.message = ""
+            self._final_at_end()
             return self.transition(RunState.DONE, reason=result.message)
         self.streak.append(result.loop_key)
         if policy == "never":
             self.message = result.message
+            self._final_at_end()
             return self.transition(RunState.FAILED, reason=result.message)
         same = 0
         for key in reversed(self.streak):
@@ -357,9 +360,11 @@ class Supervisor:
             self.message = ("crash loop: the same failure (%s) %d times in a row; not restarting. %s%s"
                             % (result.classification, same, result.message,
                                (" — what to do: " + result.hint) if result.hint else ""))
+            self._final_at_end()
             return self.transition(RunState.FAILED, reason=self.message, classification=result.classification)
         if self.restarts >= self.cfg.max_restarts:
             self.message = "gave up after %d restart(s): %s" % (self.restarts, result.message)
+            self._final_at_end()
             return self.transition(RunState.FAILED, reason=self.message)
         delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** (len(self.streak) - 1)))
         self._backoff(delay, result.message)
@@ -399,6 +404,12 @@ class Supervisor:
             if self.checkpoint_signal != signal.SIGTERM:
                 self.proc.signal_group(self.child.pgid, signal.SIGTERM)
                 self.emit("escalated", signal="SIGTERM")
+
+    def _final_at_end(self) -> None:
+        """The run ends without a notice (done, or failed for good): the newest complete checkpoint must still
+        become durable. The periodic commit runs on an interval in a background thread; without this, the
+        checkpoint written just before the exit (or a commit still in flight) would never be committed."""
+        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
 
     def _final(self, deadline: float) -> None:
         if self.final_done:

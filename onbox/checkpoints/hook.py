@@ -1,11 +1,12 @@
 """CheckpointCommitHook: what the supervisor calls (onbox.runhooks.CheckpointHook).
 
-restore()   before each attempt: the newest verified checkpoint, fetched from durable storage when the local dir
+restore()   before each attempt (after the commit in flight, bounded by final_sync_timeout): the newest verified checkpoint, fetched from durable storage when the local dir
             lacks it; its local path becomes ONBOX_RESUME_FROM.
 periodic()  every loop tick, cheap: rescans at most once a second, and when sync_interval is due and a newer
             complete checkpoint exists, commits it in a background thread so the loop never blocks on I/O.
-final(d)    on preemption/stop: commits the newest complete checkpoint whose commit can finish before the
-            monotonic deadline `d` by measured throughput; says so when none can.
+final(d)    on preemption/stop, and when the run ends (done, or failed for good): commits the newest complete
+            checkpoint whose commit can finish before the monotonic deadline `d` by measured throughput (after
+            the commit in flight, if any); says so when none can.
 
 State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat.
 Events (ctx.emit; ALSO CALLED FROM THE COMMIT THREAD: the CheckpointHook protocol has no close() to flush a queue
@@ -36,6 +37,7 @@ DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commi
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
 FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
 RESCAN_S = 1.0
+SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint still inside its quiet period
 LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/ after each commit
 
 
@@ -115,7 +117,14 @@ class CheckpointCommitHook:
 
     # -- the protocol --------------------------------------------------------------------------------------------
     def restore(self) -> Optional[str]:
-        self.join_worker(None)
+        # a restart waits for the commit the previous attempt left in flight (bounded: a hung mount must not
+        # keep the job down); if it still runs, the local checkpoint it is committing is the newest anyway
+        self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        if self._worker is not None and self._worker.is_alive():
+            self.ctx.emit("restore_durable_skipped", reason="a commit still runs after %.0f s"
+                          % self.cfg.final_sync_timeout)
+            local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+            return self._resume_local(local[-1] if local else None)
         # no child runs before an attempt: the short quiet period of final() applies (torn files still fail)
         local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
         newest_local = local[-1] if local else None
@@ -141,6 +150,9 @@ class CheckpointCommitHook:
                     self.ctx.emit("checkpoint_resume", path=res.path, checkpoint=res.name, step=res.step,
                                   source=res.source)
                     return res.path
+        return self._resume_local(newest_local)
+
+    def _resume_local(self, newest_local: Optional[Candidate]) -> Optional[str]:
         if newest_local is None:
             return None
         self._update_status(resume_from={"path": newest_local.path, "source": "local-unsynced",
@@ -177,14 +189,12 @@ class CheckpointCommitHook:
         if self._worker is not None and self._worker.is_alive():  # never block past the deadline on its lock
             self.ctx.emit("final_sync_none", reason="the periodic commit still runs at the deadline")
             return None
-        # the child has stopped (or is out of time): a shorter quiet period, none at all for files whose format
-        # exposes a torn write (the checkpoint it just saved on the signal is the one worth committing)
-        complete = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+        complete = self._scan_settled(deadline)
         for cand in reversed(complete):
             if self._done.get(cand.name) == cand.fingerprint:
                 return self._already(cand)
             left = deadline - self.clock.monotonic()
-            estimate = cand.bytes / self.throughput + COMMIT_OVERHEAD_S
+            estimate = self._estimate(cand)
             if estimate <= left:
                 r = self.commit_one(cand)
                 if r is not None and r.status in ("committed", "already"):
@@ -196,6 +206,29 @@ class CheckpointCommitHook:
         self.ctx.emit("final_sync_none", reason="no complete checkpoint could be committed before the deadline"
                       if complete else "no complete checkpoint")
         return None
+
+    def _scan_settled(self, deadline: float) -> List[Candidate]:
+        """The complete candidates for the final commit. The child has stopped (or is out of time): a shorter
+        quiet period, none at all for files whose format exposes a torn write (the checkpoint it just saved on
+        the signal, or right before it exited, is the one worth committing). When the newest entry is still
+        inside that quiet period, wait it out, but only while the deadline leaves room for its commit AND for the
+        fallback's (the newest complete one): a short preemption grace commits what is complete at once."""
+        settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
+        give_up = self.clock.monotonic() + settle + SETTLE_POLL_S
+        while True:
+            complete = self.scan_now(settle=settle, settle_self_checking=0.0)
+            newest = self.cands[-1] if self.cands else None
+            if newest is None or newest.complete or not newest.reason.startswith("still changing"):
+                return complete
+            need = self._estimate(newest) + (self._estimate(complete[-1]) if complete else 0.0)
+            now = self.clock.monotonic()
+            if now >= give_up or now + SETTLE_POLL_S + need > deadline:
+                return complete
+            self.clock.sleep(SETTLE_POLL_S)
+
+    def _estimate(self, cand: Candidate) -> float:
+        """Seconds a commit of `cand` takes by the measured throughput."""
+        return cand.bytes / self.throughput + COMMIT_OVERHEAD_S
 
     # -- work ------------------------------------------------------------------------------------------------------
     def join_worker(self, deadline: Optional[float]) -> None:

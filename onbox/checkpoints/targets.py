@@ -67,6 +67,22 @@ def make_target(durable: str, run: str, runner: Optional[Callable[..., Any]] = N
     return RcloneTarget(durable, run, runner=runner)
 
 
+def preflight(durable: str, which: Callable[[str], Optional[str]] = shutil.which) -> None:
+    """What would make every commit to `durable` fail, checked in `onbox run` BEFORE it detaches (UnfitError,
+    exit 3): a mounted path must be (or be creatable in) a writable directory; a remote needs rclone. Creates
+    nothing. The remote itself is not contacted here: a flaky network at launch must not refuse the run."""
+    from onbox.errors import UnfitError
+
+    if os.path.isabs(durable) or ":" not in durable.split("/", 1)[0]:
+        problem = fsutil.dir_problem(os.path.expanduser(durable))
+        if problem:
+            raise UnfitError("the durable target %s is unusable: %s" % (durable, problem),
+                             hint="mount the volume (or fix its permissions), or give --durable another path")
+    elif which("rclone") is None:
+        raise UnfitError("the durable target %s is an rclone remote, but rclone is not installed" % durable,
+                         hint="install rclone (https://rclone.org/install/), or give --durable a mounted path")
+
+
 class LocalPathTarget:
     """A mounted filesystem: network volume, NFS, a platform's shared FS. Rename is atomic here."""
 

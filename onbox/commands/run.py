@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 import click
 
 from onbox.cliutil import echo_json
-from onbox.errors import UsageError
+from onbox.errors import OnboxError, UnfitError, UsageError
 
 UNPROCESSED = click.UNPROCESSED
 
@@ -23,6 +23,18 @@ def _options(f: Any) -> Any:
                      help="A TOML run file holding the same options (a [run] table)."),
         click.option("--ckpt-dir", help="Where the trainer writes checkpoints (ONBOX_CKPT_DIR)."),
         click.option("--durable", help="Durable target: a mounted path or an rclone remote:path."),
+        click.option("--sync-interval", type=float, help="Seconds between commits of a new complete checkpoint."),
+        click.option("--settle-seconds", type=float,
+                     help="A checkpoint untouched this long (and format-valid) counts as complete."),
+        click.option("--keep-last", type=int, help="Committed checkpoints kept newest-first (retention)."),
+        click.option("--keep-best", "keep_best", metavar="METRIC[:min|max]",
+                     help="Also keep the best checkpoint by this metric (default direction: min)."),
+        click.option("--keep-every", "keep_every_steps", type=int, metavar="STEPS",
+                     help="Also keep every checkpoint whose step is a multiple of STEPS."),
+        click.option("--prune-local/--no-prune-local", default=None,
+                     help="Delete committed local copies (never the newest) when the local disk runs low."),
+        click.option("--final-sync-timeout", type=float,
+                     help="Seconds the final commit may take when the job ends (default 300)."),
         click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), help="Restart policy."),
         click.option("--max-restarts", type=int, help="Restarts after failures before giving up."),
         click.option("--checkpoint-signal", help="Signal forwarded to the child on preemption (default TERM)."),
@@ -36,6 +48,13 @@ def _options(f: Any) -> Any:
                      help="Cloud preemption notices from the metadata service."),
         click.option("--metadata-url", help="Base URL of the metadata service (override)."),
         click.option("--requeue/--no-requeue", default=None, help="Under Slurm: scontrol requeue on preemption."),
+        click.option("--tracker", help="Tracker URL heartbeats go to (or ONBOX_TRACKER)."),
+        click.option("--tracker-token-file", type=click.Path(dir_okay=False),
+                     help="File holding the tracker's bearer token (or ONBOX_TRACKER_TOKEN; never a flag value)."),
+        click.option("--heartbeat-interval", type=float, help="Seconds between heartbeats (default 30)."),
+        click.option("--heartbeat-file", type=click.Path(dir_okay=False),
+                     help="Also append every heartbeat to this JSONL file (e.g. on the durable dir)."),
+        click.option("--ping-url", help="healthchecks.io-style ping URL (/start, success pings, /fail)."),
         click.option("--foreground", is_flag=True, help="Stay in the foreground (sbatch, containers, systemd)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]
@@ -57,12 +76,15 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     """
     from onbox import paths
     from onbox.rundir import RunDir
+    from onbox.runhooks import preflight
 
     cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
     if "env" in cli:
         cli["env"] = _parse_env(cli["env"])
     if "resume_args" in cli:
         cli["resume_args"] = list(cli["resume_args"])
+    if "keep_best" in cli:
+        cli.update(_parse_keep_best(cli.pop("keep_best")))
     if command:
         cli["command"] = list(command)
     saved = _relaunch_record(cli, run_file)
@@ -80,6 +102,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
     if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
         cfg.durable = os.path.abspath(cfg.durable)
+    for key in ("tracker_token_file", "heartbeat_file"):
+        if getattr(cfg, key):
+            setattr(cfg, key, os.path.abspath(os.path.expanduser(getattr(cfg, key))))
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
@@ -88,6 +113,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
     _check_runs_dir(paths.runs_dir())
+    preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
     rd = RunDir(paths.run_dir(cfg.name))
     return _launch(cfg, rd, foreground, as_json, adopt_only=False)
 
@@ -102,6 +128,7 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
     from onbox.config import RunConfig
     from onbox.fsutil import read_json
     from onbox.rundir import RunDir
+    from onbox.runhooks import preflight
 
     rd = RunDir(paths.run_dir(name))
     if not rd.exists():
@@ -110,6 +137,7 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
         cfg = RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
     except (OSError, ValueError) as e:
         raise UsageError("cannot read %s: %s" % (rd.config_path, e))
+    preflight(cfg)
     return _launch(cfg, rd, foreground, as_json, adopt_only=True)
 
 
@@ -145,7 +173,18 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         from onbox.supervisor import Supervisor, exit_code_for
 
         lock.write_owner(os.getpid())
-        sup = Supervisor(cfg, rd)
+        try:
+            try:
+                sup = Supervisor(cfg, rd)  # builds the hooks; preflight() caught what it could in the foreground
+            except OSError as oe:
+                raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
+        except OnboxError as e:
+            if created:  # a refused launch leaves nothing behind
+                shutil.rmtree(rd.path, ignore_errors=True)
+            ready({"ok": False, "run": rd.name, "error": e.message, "hint": e.hint, "exit": int(e.exit_code)})
+            if foreground:
+                raise
+            return int(e.exit_code)
         sup.on_ready = lambda s: ready({"ok": s.state.value == "running", "run": rd.name, "run_dir": rd.path,
                                         "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
                                         "state": s.state.value, "adopted": child is not None,
@@ -161,7 +200,9 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     lock.release()
     if not ok:
         click.echo("onbox: run %s failed to start: %s" % (rd.name, info.get("error")), err=True)
-        return 1
+        if info.get("hint"):
+            click.echo("hint: %s" % info["hint"], err=True)
+        return int(info.get("exit") or 1)
     _report(info, as_json)
     return 0
 
@@ -224,6 +265,16 @@ def _parse_env(items: List[str]) -> Dict[str, str]:
             raise UsageError("--env needs KEY=VAL, not %r" % item)
         out[key] = value
     return out
+
+
+def _parse_keep_best(value: str) -> Dict[str, str]:
+    """`--keep-best eval_loss:min` -> keep_best_metric and keep_best_mode (the mode is optional)."""
+    metric, sep, mode = value.rpartition(":")
+    if not sep:
+        return {"keep_best_metric": value}
+    if not metric or mode not in ("min", "max"):
+        raise UsageError("--keep-best needs METRIC or METRIC:min or METRIC:max, not %r" % value)
+    return {"keep_best_metric": metric, "keep_best_mode": mode}
 
 
 def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:

@@ -32,9 +32,45 @@ def _summary(rd: Any) -> Dict[str, Any]:
     state = rd.read_state() or {"run": rd.name, "state": "unknown"}
     alive = agent_alive(state)
     state["agent_alive"] = alive
+    # what the subsystems recorded beside state.json (runhooks.RunContext): newest metrics and checkpoints
+    for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
+        state[key] = _read_doc(rd.file(filename))
     if not alive and state.get("state") not in TERMINAL:
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
     return state
+
+
+def _read_doc(path: str) -> Optional[Dict[str, Any]]:
+    from onbox.fsutil import read_json
+
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _progress_line(p: Optional[Dict[str, Any]]) -> Optional[str]:
+    if not p:
+        return None
+    parts = ["%s %s" % (label, p[key]) for key, label in (("step", "step"), ("loss", "loss"),
+                                                           ("eval_loss", "eval loss"), ("tokens_per_s", "tokens/s"),
+                                                           ("samples_per_s", "samples/s")) if p.get(key) is not None]
+    return ", ".join(parts) or None
+
+
+def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
+    if not c:
+        return None
+
+    def name(entry: Any) -> str:
+        return "%s (step %s)" % (entry.get("name"), entry.get("step")) if isinstance(entry, dict) else "none"
+
+    line = "newest local %s · durable %s" % (name(c.get("latest_local")), name(c.get("latest_durable")))
+    last = c.get("last_sync") or {}
+    if last.get("ok") is False:
+        line += " · LAST SYNC FAILED: %s" % last.get("error")  # U33: never let a failed sync look fine
+    return line
 
 
 def _all_runs() -> List[Any]:
@@ -61,8 +97,12 @@ def status(name: Optional[str], as_json: bool) -> int:
     for doc in docs:
         last = doc.get("last_exit") or {}
         click.echo("%s: %s (attempt %s, restarts %s, child %s, agent %s)" % (
-            doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid"),
+            doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid") or "-",
             "alive" if doc.get("agent_alive") else "not running"))
+        for label, line in (("progress", _progress_line(doc.get("progress"))),
+                            ("checkpoint", _checkpoint_line(doc.get("checkpoint")))):
+            if line:
+                click.echo("  %s: %s" % (label, line))
         if last:
             click.echo("  last exit: %s — %s" % (last.get("classification"), last.get("message")))
         if doc.get("message"):
@@ -86,7 +126,7 @@ def ls(as_json: bool) -> int:
         upd = r.get("updated_at")
         click.echo("%-40s %-10s %-7s %-8s %s" % (
             r.get("run"), r.get("state"), r.get("attempt"), r.get("child_pid") or "-",
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(upd)) if isinstance(upd, (int, float)) else "-"))
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(upd)) if isinstance(upd, (int, float)) else "-"))
     return 0
 
 

@@ -45,6 +45,52 @@ def read_token(token_file: Optional[str], environ: Optional[Mapping[str, str]] =
     return env.get(TOKEN_ENV) or None
 
 
+def url_problem(url: str) -> Optional[str]:
+    """Why `url` is not a usable http(s) URL (None when it is): scheme, host and port are checked."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError as e:
+        return str(e)
+    if parts.scheme not in ("http", "https"):
+        return "not an http(s) URL"
+    if not parts.hostname:
+        return "no host in it"
+    return None
+
+
+def preflight(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> None:
+    """What would make the heartbeat sinks fail to start, checked in `onbox run` BEFORE it detaches (a daemon's
+    log is where nobody looks): the tracker and ping URLs, the token (U34: a file or the environment only, and
+    a tracker without one answers every beat with 401), the heartbeat file's directory."""
+    from onbox import fsutil
+    from onbox.errors import UnfitError
+
+    for flag, url in (("--tracker", cfg.tracker), ("--ping-url", cfg.ping_url)):
+        problem = url and url_problem(url)
+        if problem:
+            raise UsageError("%s %r: %s" % (flag, url, problem), hint="e.g. http://10.0.0.5:8787")
+    if cfg.tracker:
+        try:
+            token = read_token(cfg.tracker_token_file, environ)
+        except OSError as e:
+            raise UsageError("cannot read the tracker token file %s: %s" % (cfg.tracker_token_file,
+                                                                             e.strerror or e),
+                             hint="put the token in a file (mode 600) or in ONBOX_TRACKER_TOKEN; never on the "
+                                  "command line (U34)")
+        if not token:
+            raise UsageError("the tracker %s needs a token: none in %s" % (
+                cfg.tracker, cfg.tracker_token_file or "ONBOX_TRACKER_TOKEN"),
+                hint="--tracker-token-file PATH (the token on its first line) or ONBOX_TRACKER_TOKEN (U34)")
+    if cfg.heartbeat_file:
+        problem = fsutil.dir_problem(os.path.dirname(os.path.abspath(cfg.heartbeat_file)))
+        if problem:
+            raise UnfitError("cannot write the heartbeat file %s: %s" % (cfg.heartbeat_file, problem),
+                             hint="give --heartbeat-file a path on a writable disk")
+
+
 def _session() -> Any:
     import requests  # heavy import: only in the sender thread, never at `onbox` start-up
 

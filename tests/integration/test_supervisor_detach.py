@@ -54,10 +54,15 @@ def _set_flag(flag, code):
 
 
 def _child_up(home, name, attempt=0):
+    """The child of `attempt` printed its first line AND the agent recorded it in state.json. The child can print
+    before the agent writes the state that names it (spawn, then the RUNNING transition): a test that read
+    state.json on the output line alone sometimes found no child_pid under load."""
     try:
-        return "child-up %d" % attempt in (home / "runs" / name / "output.log").read_text()
+        printed = "child-up %d" % attempt in (home / "runs" / name / "output.log").read_text()
     except OSError:
         return False
+    doc = state(home, name)
+    return printed and doc.get("state") == "running" and doc.get("attempt") == attempt and bool(doc.get("child_pid"))
 
 
 def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, sshd, run_cleanup):

@@ -81,8 +81,9 @@ def test_restart_cycle_drives_every_hook(tmp_path):
             "os.environ['ONBOX_RESTART_COUNT']]) + '\\n'); print('out-line', os.environ['ONBOX_RESTART_COUNT']); "
             "sys.exit(0 if os.environ['ONBOX_RESTART_COUNT'] == '1' else 1)" % str(probe))
     sup, rec, _ = _supervisor(tmp_path, [PY, "-c", code], resume="/ck/step-5",
-                              resume_args=["--init_from=resume", "--ckpt={ckpt}"])
+                              resume_args=["--init_from=resume", "--ckpt={ckpt}"], final_sync_timeout=42.0)
     assert sup.run() == RunState.DONE
+    t_end = time.monotonic()
     seen = [json.loads(line) for line in probe.read_text().splitlines()]
     assert seen == [[["--init_from=resume", "--ckpt=/ck/step-5"], "/ck/step-5", "0"],
                     [["--init_from=resume", "--ckpt=/ck/step-5"], "/ck/step-5", "1"]]
@@ -92,6 +93,12 @@ def test_restart_cycle_drives_every_hook(tmp_path):
     first_sid = sup.attempts[0]["sid"]
     assert befores == [[], [first_sid]]
     assert rec.calls[-1] == ("close", "done")
+    # the run ended without a notice: one final commit, after the last attempt (none before the restart), with
+    # the final_sync_timeout as its deadline
+    finals = [(i, c[1]) for i, c in enumerate(rec.calls) if c[0] == "final"]
+    last_restore = max(i for i, c in enumerate(rec.calls) if c[0] == "restore")
+    assert len(finals) == 1 and finals[0][0] > last_restore
+    assert t_end + 42.0 - 5.0 <= finals[0][1] <= t_end + 42.0
     assert "out-line 0" in rec.lines and "out-line 1" in rec.lines
     types = [e["type"] for e in rec.events]
     assert types.count("exit") == 2 and "state" in types

@@ -30,7 +30,12 @@ def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home
     assert info["run"] == "c1" and info["pid"] > 0 and info["run_dir"].endswith("runs/c1")
     from tests.integration.supervisor_helpers import wait_for
 
-    wait_for(lambda: state(onbox_home, "c1").get("state") == "done", what="run c1 done")
+    summary = onbox_home / "runs" / "c1" / "training_status.md"
+    # the writer's contract: training_status.md is written before state.json, so once state.json says done the
+    # summary already does (it used to be written after, and a reader in between saw "running" under load)
+    at_done = wait_for(lambda: state(onbox_home, "c1").get("state") == "done" and summary.read_text(),
+                       what="run c1 done")
+    assert "state: **done**" in at_done
     env = json.loads(probe.read_text())
     run_dir = str(onbox_home / "runs" / "c1")
     assert env["ONBOX_RUN"] == "c1"

@@ -311,6 +311,47 @@ def test_restore_without_durable_returns_newest_local(tmp_path):
     assert CheckpointCommitHook(make_ctx(tmp_path / "e", durable=None)).restore() is None
 
 
+def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_committed(tmp_path):
+    """A restart after a crash: the periodic commit the crashed attempt left running finishes first (so the
+    durable side is consistent and the index current), then the next attempt resumes from the newest."""
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
+    cand = [c for c in hook.scan_now() if c.complete][-1]
+    started = threading.Event()
+
+    def slow_commit():
+        started.set()
+        threading.Event().wait(0.3)  # the commit is still copying when the restart comes
+        hook.commit_one(cand)
+
+    hook._worker = threading.Thread(target=slow_commit, daemon=True)
+    hook._worker.start()
+    started.wait(5)
+    assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")
+    assert not hook._worker.is_alive()  # restore() returned only after the commit in flight
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_5.pt"]
+    assert ctx.emit.of("restore_durable_skipped") == []
+
+
+def test_restore_does_not_wait_forever_for_a_hung_commit(tmp_path):
+    import threading
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=0.05)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
+    release = threading.Event()
+    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a commit hung on a dead mount
+    hook._worker.start()
+    try:
+        assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")  # the local one: newest anyway
+        assert "still runs" in ctx.emit.of("restore_durable_skipped")[0]["reason"]
+    finally:
+        release.set()
+
+
 def test_prune_local_never_the_newest(tmp_path):
     ctx = make_ctx(tmp_path, settle_seconds=0.0, prune_local=True)
     hook = CheckpointCommitHook(ctx)
@@ -337,13 +378,28 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
     (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
     os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
     (tmp_path / "ckpt" / "checkpoint-2" / "notes.txt").write_text("no self-check")  # needs the quiet period
-    out = hook.final(ctx.clock.monotonic() + 60)
+    # a short grace: no room to wait for checkpoint-2's quiet period as well as commit step_1.pt
+    out = hook.final(ctx.clock.monotonic() + 1.0)
     assert out is not None and out["name"] == "step_1.pt"  # saved on the signal, committed at once
+    assert ctx.clock.sleeps == []
     truncate(os.path.join(ctx.ckpt_dir, "step_1.pt"), 64)
     os.rename(os.path.join(ctx.ckpt_dir, "step_1.pt"), os.path.join(ctx.ckpt_dir, "step_3.pt"))
     assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
     assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
     assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
+
+
+def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_allows(tmp_path):
+    """At the end of a run (or a long grace) the checkpoint the trainer wrote last is the one to commit, even when
+    its files carry no integrity structure and it is still inside its (short, final) quiet period."""
+    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
+    os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
+    (tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    out = hook.final(ctx.clock.monotonic() + 300)
+    assert out is not None and out["name"] == "checkpoint-2"
+    assert 2.0 <= sum(ctx.clock.sleeps) <= 2.0 + 0.2  # FINAL_SETTLE_S, in SETTLE_POLL_S steps
 
 
 def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):

@@ -200,3 +200,24 @@ def test_training_status_summary_names_state_exit_checkpoint_and_risks():
     assert "0.1 GB free" in text and "no checkpoint yet" not in text
     assert "no checkpoint yet" in render_status({"state": "running"})
     assert "## Risks" not in render_status({"state": "done"})
+
+
+def test_summary_is_written_before_state_json(tmp_path, monkeypatch):
+    """A reader that sees state.json in state X finds training_status.md saying X already."""
+    from onbox import fsutil, rundir
+
+    rd = rundir.RunDir(str(tmp_path / "r"))
+    os.makedirs(rd.path)
+    seen = []
+    real = fsutil.atomic_write_json
+
+    def spy(path, doc, *a, **k):
+        if path == rd.state_path:
+            with open(rd.file("training_status.md")) as f:
+                seen.append(("state: **%s**" % doc["state"]) in f.read())
+        return real(path, doc, *a, **k)
+
+    monkeypatch.setattr(fsutil, "atomic_write_json", spy)
+    for st in ("running", "done"):
+        rd.write_state({"run": "r", "state": st})
+    assert seen == [True, True]

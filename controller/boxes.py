@@ -1,0 +1,181 @@
+"""The inventory of boxes: $ONBOX_CONFIG_DIR/boxes.toml (default ~/.config/onbox/), or boxes.json.
+
+A box name that is not in the inventory is handed to ssh as a host alias, so ~/.ssh/config (HostName, Port,
+User, ProxyJump, IdentityFile) and the agent decide how to reach it.
+
+    [boxes.gpu1]
+    host = "203.0.113.7"
+    port = 22
+    user = "root"
+    profile = "runpod"
+    identity = "~/.ssh/id_ed25519"
+    options = ["StrictHostKeyChecking=accept-new"]
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional
+
+from controller.ssh import Target
+from onbox.errors import UsageError
+from onbox.fsutil import atomic_write
+
+BOX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*=[^\n]*$")
+
+
+def config_dir() -> str:
+    env = os.environ.get("ONBOX_CONFIG_DIR")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(xdg, "onbox")
+
+
+@dataclasses.dataclass
+class Box:
+    name: str
+    host: str
+    port: Optional[int] = None
+    user: Optional[str] = None
+    profile: Optional[str] = None
+    identity: Optional[str] = None
+    python: str = "python3"  # the box's interpreter that runs onbox.pyz (AutoDL: /root/miniconda3/bin/python)
+    options: List[str] = dataclasses.field(default_factory=list)
+    in_inventory: bool = True
+
+    def target(self) -> Target:
+        return Target(name=self.name, host=self.host, port=self.port, user=self.user, identity=self.identity,
+                      options=tuple(self.options))
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("in_inventory")
+        return {k: v for k, v in d.items() if v not in (None, [], "")}
+
+
+def check_name(name: str) -> str:
+    if not BOX_NAME_RE.match(name):
+        raise UsageError("invalid box name %r" % name, hint="use letters, digits, '.', '_' and '-' (at most 64)")
+    return name
+
+
+class Inventory:
+    """Reads and writes the boxes file. Writes are atomic (a crash never leaves half a file)."""
+
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self.directory = directory or config_dir()
+
+    @property
+    def toml_path(self) -> str:
+        return os.path.join(self.directory, "boxes.toml")
+
+    @property
+    def json_path(self) -> str:
+        return os.path.join(self.directory, "boxes.json")
+
+    def path(self) -> str:
+        if os.path.exists(self.toml_path) or not os.path.exists(self.json_path):
+            return self.toml_path
+        return self.json_path
+
+    def load(self) -> Dict[str, Box]:
+        path = self.path()
+        if not os.path.exists(path):
+            return {}
+        if path.endswith(".toml"):
+            from onbox.tomlread import load_toml
+
+            data = load_toml(path, "box inventory")
+        else:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    data = json.load(f)
+            except ValueError as e:
+                raise UsageError("box inventory %s is not valid JSON: %s" % (path, e))
+        table = data.get("boxes", {})
+        if not isinstance(table, dict):
+            raise UsageError("box inventory %s: [boxes] must be a table" % path)
+        out = {}
+        for name, entry in table.items():
+            out[name] = box_from_entry(name, entry, path)
+        return out
+
+    def save(self, boxes: Dict[str, Box]) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        path = self.path()
+        doc = {"boxes": {n: b.to_dict() for n, b in sorted(boxes.items())}}
+        if path.endswith(".json"):
+            atomic_write(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o600)
+        else:
+            atomic_write(path, to_toml(doc["boxes"]), mode=0o600)
+
+    def add(self, box: Box, replace: bool = False) -> None:
+        boxes = self.load()
+        if box.name in boxes and not replace:
+            raise UsageError("box %r is already in the inventory" % box.name,
+                             hint="remove it first with `onboxctl box rm %s`, or pass --replace" % box.name)
+        boxes[box.name] = box
+        self.save(boxes)
+
+    def remove(self, name: str) -> Box:
+        boxes = self.load()
+        if name not in boxes:
+            raise UsageError("box %r is not in the inventory (%s)" % (name, self.path()))
+        box = boxes.pop(name)
+        self.save(boxes)
+        return box
+
+    def resolve(self, name: str) -> Box:
+        """The inventory entry, or an ssh alias of that name (~/.ssh/config decides the rest)."""
+        boxes = self.load()
+        if name in boxes:
+            return boxes[name]
+        if not name or name.startswith("-") or any(c.isspace() for c in name):
+            raise UsageError("invalid box name %r" % name)
+        return Box(name=name, host=name, in_inventory=False)
+
+
+def box_from_entry(name: str, entry: Any, source: str) -> Box:
+    if not isinstance(entry, dict):
+        raise UsageError("box inventory %s: box %r must be a table" % (source, name))
+    known = {f.name for f in dataclasses.fields(Box)} - {"name", "in_inventory"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise UsageError("box inventory %s: box %r has unknown key(s) %s" % (source, name, ", ".join(unknown)),
+                         hint="known keys: %s" % ", ".join(sorted(known)))
+    if not isinstance(entry.get("host"), str) or not entry["host"]:
+        raise UsageError("box inventory %s: box %r needs a host" % (source, name))
+    port = entry.get("port")
+    if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+        raise UsageError("box inventory %s: box %r: port must be 1-65535, not %r" % (source, name, port))
+    options = entry.get("options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) and OPTION_RE.match(o) for o in options):
+        raise UsageError("box inventory %s: box %r: options must be a list of \"Key=Value\"" % (source, name))
+    return Box(name=name, host=entry["host"], port=port, user=entry.get("user"), profile=entry.get("profile"),
+               identity=entry.get("identity"), python=entry.get("python", "python3"), options=list(options))
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string for these values
+
+
+def to_toml(boxes: Dict[str, Dict[str, Any]]) -> str:
+    lines = ["# onboxctl box inventory (edit freely; `onboxctl box add/rm` rewrite it)", ""]
+    for name, entry in boxes.items():
+        lines.append("[boxes.%s]" % json.dumps(name))
+        for key, value in entry.items():
+            if key == "name":
+                continue
+            lines.append("%s = %s" % (key, _toml_value(value)))
+        lines.append("")
+    return "\n".join(lines)

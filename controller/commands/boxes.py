@@ -1,0 +1,82 @@
+"""`onboxctl box add|ls|rm`: the inventory of boxes."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import click
+
+from controller.boxes import OPTION_RE, Box, Inventory, check_name
+from onbox.cliutil import echo_json
+from onbox.errors import UsageError
+
+
+@click.group("box")
+def box() -> None:
+    """Manage the inventory of boxes ($ONBOX_CONFIG_DIR/boxes.toml, default ~/.config/onbox/).
+
+    A box name that is not in the inventory is used as an ssh host alias, so ~/.ssh/config applies.
+    """
+
+
+@box.command("add")
+@click.argument("name")
+@click.option("--host", required=True, help="Hostname, address or ~/.ssh/config alias.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="SSH port (default: ssh's).")
+@click.option("--user", default=None, help="SSH user (default: ssh's).")
+@click.option("--profile", default=None, help="Platform profile (runpod, vastai, lambda, autodl, ...).")
+@click.option("--identity", default=None, help="Private key file for this box.")
+@click.option("--python", "python", default="python3", show_default=True, help="The box's python that runs onbox.pyz.")
+@click.option("--ssh-option", "options", multiple=True, metavar="KEY=VALUE", help="Extra ssh -o option (repeatable).")
+@click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
+def add(name: str, host: str, port: Optional[int], user: Optional[str], profile: Optional[str],
+        identity: Optional[str], python: str, options: Tuple[str, ...], replace: bool) -> None:
+    """Add box NAME to the inventory."""
+    check_name(name)
+    for opt in options:
+        if not OPTION_RE.match(opt):
+            raise UsageError("--ssh-option must look like Key=Value, not %r" % opt)
+    if profile is not None:
+        _check_profile(profile)
+    inv = Inventory()
+    inv.add(Box(name=name, host=host, port=port, user=user, profile=profile, identity=identity, python=python,
+                options=list(options)), replace=replace)
+    click.echo("added box %s (%s) to %s" % (name, host, inv.path()))
+
+
+@box.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ls(as_json: bool) -> None:
+    """List the boxes in the inventory."""
+    boxes = Inventory().load()
+    if as_json:
+        echo_json({"boxes": [dict(b.to_dict(), name=n) for n, b in sorted(boxes.items())]})
+        return
+    if not boxes:
+        click.echo("no boxes yet: add one with `onboxctl box add NAME --host HOST`")
+        return
+    rows = [("NAME", "HOST", "PORT", "USER", "PROFILE")]
+    for n, b in sorted(boxes.items()):
+        rows.append((n, b.host, str(b.port or "-"), b.user or "-", b.profile or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+@box.command("rm")
+@click.argument("name")
+def rm(name: str) -> None:
+    """Remove box NAME from the inventory (the machine itself is not touched)."""
+    inv = Inventory()
+    inv.remove(name)
+    click.echo("removed box %s from %s" % (name, inv.path()))
+
+
+def _check_profile(name: str) -> None:
+    """Reject an unknown profile when the profile catalogue is available (foundation issue)."""
+    try:
+        from controller.profiles import known_profiles
+    except ImportError:  # pragma: no cover
+        return
+    names = known_profiles()
+    if names and name not in names:
+        raise UsageError("unknown profile %r" % name, hint="known: %s" % ", ".join(sorted(names)))

@@ -1,0 +1,126 @@
+"""`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import click
+
+from controller.boxes import Inventory
+from controller.launch import check_name, default_run_name, launch_many, read_fanout
+from controller.ssh import Ssh, settings_from_env
+from onbox.cliutil import echo_json
+from onbox.errors import UsageError
+
+
+class DashDashCommand(click.Command):
+    """Everything after the first `--` is the command to run, kept verbatim in ctx.meta["cmd"]."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["cmd"] = args[i + 1:]
+            args = args[:i]
+        else:
+            ctx.meta["cmd"] = []
+        return super().parse_args(ctx, args)
+
+
+def _forward(flag: str, value: Any) -> List[str]:
+    if value is None or value == () or value is False:
+        return []
+    if value is True:
+        return [flag]
+    if isinstance(value, tuple):
+        out: List[str] = []
+        for v in value:
+            out += [flag, str(v)]
+        return out
+    return [flag, str(value)]
+
+
+@click.command("run", cls=DashDashCommand)
+@click.argument("boxes", nargs=-1)
+@click.option("--name", default=None, help="Run name (default: <program>-<UTC time>; '-<box>' added per box when several).")
+@click.option("--fanout", type=click.Path(dir_okay=False), default=None,
+              help="File with one `BOX` or `BOX -- CMD ...` a line.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=8, show_default=True, help="Boxes launched at once.")
+@click.option("--workdir", default=None, help="Directory on the box to run in (default: the last pushed code dir).")
+@click.option("--profile", default=None, help="Platform profile for the run.")
+@click.option("--durable", default=None, help="Durable storage (mounted path or rclone remote:path).")
+@click.option("--ckpt-dir", default=None, help="Where the trainer writes checkpoints on the box.")
+@click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), default=None)
+@click.option("--max-restarts", type=int, default=None)
+@click.option("--grace", type=float, default=None, help="Seconds from a preemption notice to the hard kill.")
+@click.option("--checkpoint-signal", default=None, help="Signal forwarded to the trainer on preemption.")
+@click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
+@click.option("--tracker", default=None, help="Tracker URL as the BOX reaches it.")
+@click.option("--tracker-token-file", default=None,
+              help="Token file on the box, e.g. .onbox/secrets/tracker (see `onboxctl secrets push`).")
+@click.option("--heartbeat-interval", type=float, default=None, help="Seconds between heartbeats.")
+@click.option("--sync-interval", type=float, default=None, help="Seconds between checkpoint commits.")
+@click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
+              help="Any run setting (onbox/config.py field), sent as ONBOX_<FIELD> (repeatable).")
+@click.option("--onbox-arg", "onbox_args", multiple=True, help="Any other `onbox run` option, passed verbatim.")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds each launch may take.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
+        workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
+        tracker: Optional[str], tracker_token_file: Optional[str], heartbeat_interval: Optional[float],
+        sync_interval: Optional[float], settings: Tuple[str, ...], **opts: Any) -> None:
+    """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
+
+    Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
+    """
+    cmd: List[str] = ctx.meta.get("cmd", [])
+    planned: List[Tuple[str, List[str]]] = [(b, list(cmd)) for b in boxes]
+    if fanout:
+        planned += [(b, c or list(cmd)) for b, c in read_fanout(fanout)]
+    if not planned:
+        raise UsageError("no box given", hint="onboxctl run BOX [BOX...] -- CMD  (or --fanout FILE)")
+    missing = [b for b, c in planned if not c]
+    if missing:
+        raise UsageError("no command to run on %s" % ", ".join(missing), hint="put it after `--`: onboxctl run BOX -- python train.py")
+    if name is not None:
+        check_name(name)
+    for kv in opts.get("env") or ():
+        if "=" not in kv:
+            raise UsageError("--env must look like KEY=VAL, not %r" % kv)
+    onbox_env = {}
+    for field, value in (("tracker", tracker), ("tracker_token_file", tracker_token_file),
+                         ("heartbeat_interval", heartbeat_interval), ("sync_interval", sync_interval)):
+        if value is not None:
+            onbox_env["ONBOX_" + field.upper()] = str(value)
+    for kv in settings:
+        field, sep, value = kv.partition("=")
+        if not sep or not field.replace("_", "").replace("-", "").isalnum():
+            raise UsageError("--set must look like FIELD=VALUE, not %r" % kv)
+        onbox_env["ONBOX_" + field.replace("-", "_").upper()] = value
+    forwarded: List[str] = []
+    for key, value in sorted(opts.items()):
+        forwarded += _forward("--" + key.replace("_", "-"), value)
+    forwarded += list(onbox_args)
+    inv = Inventory()
+    jobs = []
+    several = len(planned) > 1
+    for box_name, box_cmd in planned:
+        base = name or default_run_name(box_cmd)
+        run_name = check_name("%s-%s" % (base, box_name) if several else base)
+        jobs.append((inv.resolve(box_name), box_cmd, run_name))
+    results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
+                          timeout=timeout, onbox_env=onbox_env)
+    if as_json:
+        echo_json({"runs": [r.to_dict() for r in results]})
+    else:
+        for r in results:
+            if r.ok:
+                click.echo("%s: started run %s (pid %s, %s) in %s" % (r.box, r.name, r.pid or "?", r.state or "state unknown",
+                                                                  r.workdir))
+            else:
+                click.echo("%s: FAILED to start %s: %s" % (r.box, r.name, r.error), err=True)
+                if r.hint:
+                    click.echo("hint: %s" % r.hint, err=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        ctx.exit(failed[0].exit_code or 1)

@@ -1,0 +1,61 @@
+"""`onboxctl pull BOX RUN [DEST]`: copy a run's committed checkpoints home, resumably, and verify them."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from controller.boxes import Inventory
+from controller.pull import Transfer, pull_run
+from controller.ssh import Ssh, settings_from_env
+from onbox.cliutil import echo_json
+from onbox.errors import JobFailed
+
+
+@click.command("pull")
+@click.argument("box")
+@click.argument("run")
+@click.argument("dest", required=False, default="pulled", type=click.Path(file_okay=False))
+@click.option("--latest", is_flag=True, help="Only the newest committed checkpoint.")
+@click.option("--no-verify", is_flag=True, help="Copy without verifying (the teardown gate will still refuse).")
+@click.option("--load/--no-load", default=None, help="Load with torch while verifying (default: when torch is installed).")
+@click.option("--attempts", type=click.IntRange(1, 100), default=5, show_default=True, help="Tries per checkpoint.")
+@click.option("--io-timeout", type=click.IntRange(1, 3600), default=30, show_default=True,
+              help="Seconds without progress before an attempt is abandoned and retried.")
+@click.option("--bwlimit", type=click.IntRange(1), default=None, help="Bandwidth cap in KiB/s (rsync --bwlimit).")
+@click.option("--json", "as_json", is_flag=True)
+def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Optional[bool], attempts: int,
+         io_timeout: int, bwlimit: Optional[int], as_json: bool) -> None:
+    """Copy RUN's committed checkpoints, index and logs from BOX into DEST/RUN/ and verify each one.
+
+    Interrupted? Run it again: every file resumes where it stopped (rsync --partial).
+    """
+    b = Inventory().resolve(box)
+    ssh = Ssh(settings_from_env())
+    tty = sys.stderr.isatty() and not as_json
+
+    def progress(label: str, pct: int, rate: str) -> None:
+        if tty:
+            sys.stderr.write("\r  %-40s %3d%%  %-12s" % (label[:40], pct, rate))
+            sys.stderr.flush()
+
+    def say(msg: str) -> None:
+        if as_json:
+            return
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+        click.echo("pull: " + msg)
+
+    tr = Transfer(ssh, b, attempts=attempts, io_timeout=io_timeout, progress=progress, bwlimit_kbps=bwlimit)
+    report = pull_run(ssh, b, run, dest, latest_only=latest, verify=not no_verify, load=load, transfer=tr, say=say)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo("pull: %s from %s -> %s: %d checkpoint(s), newest %s, %s (%.1f s)" % (
+            run, box, report.dest, len(report.checkpoints), report.newest,
+            "all verified" if report.ok else "NOT all verified", report.seconds))
+    if not report.ok and not no_verify:
+        bad = [c["name"] for c in report.checkpoints if not c.get("ok")]
+        raise JobFailed("verification failed for %s" % ", ".join(bad),
+                        hint="pull again; if it fails again the copy on the box is damaged: keep the box")

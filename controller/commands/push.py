@@ -1,0 +1,60 @@
+"""`onboxctl push BOX [--code DIR]` and `onboxctl secrets push BOX NAME` (value on stdin)."""
+from __future__ import annotations
+
+import sys
+from typing import IO, Optional, Union
+
+import click
+
+from controller.boxes import Inventory
+from controller.push import default_pyz, push_secret
+from controller.push import push as push_core
+from controller.ssh import Ssh, settings_from_env
+from onbox.cliutil import echo_json
+
+
+@click.command("push")
+@click.argument("box")
+@click.option("--code", "code_dir", type=click.Path(file_okay=False), default=None,
+              help="Code directory to sync to the box (.gitignore honoured).")
+@click.option("--pyz", default=None, type=click.Path(dir_okay=False), help="onbox.pyz to push (default: dist/onbox.pyz).")
+@click.option("--delete", is_flag=True, help="Also delete files on the box that are gone locally.")
+@click.option("--connect-timeout", type=click.IntRange(1, 600), default=None, help="ssh ConnectTimeout seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def push(box: str, code_dir: Optional[str], pyz: Optional[str], delete: bool, connect_timeout: Optional[int],
+         as_json: bool) -> None:
+    """Copy onbox.pyz (only when its hash differs) and your code to BOX, then verify on the box (U42)."""
+    b = Inventory().resolve(box)
+    ssh = Ssh(settings_from_env(connect_timeout=connect_timeout))
+    say = None if as_json else (lambda m: click.echo("push: " + m))
+    report = push_core(ssh, b, pyz or default_pyz(), code_dir=code_dir, delete=delete, progress=say)
+    if as_json:
+        echo_json(report.to_dict())
+        return
+    click.echo("push: verified on %s: onbox.pyz sha256 %s (%s)%s in %.1f s" % (
+        box, report.pyz_sha256[:12], report.remote_version,
+        ", code %s (%d files changed)" % (report.code_dir, report.code_files_changed) if report.code_dir else "",
+        report.seconds))
+
+
+@click.group("secrets")
+def secrets() -> None:
+    """Move secrets to a box without them ever appearing in a command line (U34)."""
+
+
+@secrets.command("push")
+@click.argument("box")
+@click.argument("name")
+def secrets_push(box: str, name: str) -> None:
+    """Read a secret from stdin and store it on BOX as ~/.onbox/secrets/NAME (mode 0600).
+
+    Example: onboxctl secrets push gpu1 wandb < ~/.wandb-key
+    """
+    b = Inventory().resolve(box)
+    value: Union[bytes, IO[bytes]]
+    if sys.stdin.isatty():
+        value = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True).encode()
+    else:
+        value = sys.stdin.buffer  # handed to ssh unread: the value streams through, it is never in our memory
+    path, size = push_secret(Ssh(settings_from_env()), b, name, value)
+    click.echo("secrets: stored %s on %s at ~/%s (%d bytes, mode 0600)" % (name, box, path, size))

@@ -1,0 +1,154 @@
+"""`onboxctl status [--watch] [--json]` and `onboxctl logs BOX RUN [-f]`."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any, List, Optional, Tuple
+
+import click
+
+from controller import userconfig
+from controller.boxes import Inventory
+from controller.launch import parse_json_any
+from controller.push import REMOTE_PYZ
+from controller.runview import (
+    RunRow,
+    fetch_tracker_runs,
+    render_table,
+    rows_from_box_status,
+    rows_from_tracker,
+)
+from controller.ssh import Ssh, settings_from_env
+from onbox.cliutil import echo_json
+from onbox.errors import OnboxError, UnfitError, UsageError
+
+SEPARATOR = "--onboxctl-extras--"
+_EXTRAS = r"""
+import json, os
+home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
+runs = os.path.join(home, "runs")
+out = {}
+for n in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
+    doc = {}
+    for key, fn in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
+        try:
+            doc[key] = json.load(open(os.path.join(runs, n, fn)))
+        except Exception:
+            pass
+    out[n] = doc
+print(json.dumps(out))
+"""
+
+
+def merge_extras(states: Any, extras: Any) -> Any:
+    """Attach each run's progress.json and checkpoint_status.json to its state document."""
+    if not isinstance(extras, dict):
+        return states
+    docs = states if isinstance(states, list) else [states] if isinstance(states, dict) else []
+    for d in docs:
+        if isinstance(d, dict):
+            more = extras.get(d.get("run") or d.get("name")) or {}
+            for key, value in more.items():
+                d.setdefault(key, value)
+    return states
+
+
+def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
+    """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems)."""
+    if tracker:
+        from_tracker = rows_from_tracker(fetch_tracker_runs(tracker, token))
+        return [r for r in from_tracker if not boxes or r.box in boxes], []
+    inv = Inventory()
+    names = list(boxes) or sorted(inv.load())
+    if not names:
+        raise UsageError("no tracker configured and no boxes in the inventory",
+                         hint="pass --tracker URL (or set ONBOX_TRACKER), or name boxes: onboxctl status --box NAME")
+    rows: List[RunRow] = []
+    problems = []
+    for name in names:
+        box = inv.resolve(name)
+        try:
+            # one call: the agent's own view (state + agent liveness), then each run's progress and checkpoint
+            # status files (written by the heartbeat and checkpoint subsystems) after a separator line
+            script = "%s %s status --json; echo %s; %s -c %s" % (
+                shlex.quote(box.python), REMOTE_PYZ, SEPARATOR, shlex.quote(box.python), shlex.quote(_EXTRAS))
+            res = ssh.run(box.target(), script=script, timeout=30, what="onbox status")
+            states, _, extras = res.text.partition(SEPARATOR + "\n")
+            rows += rows_from_box_status(name, merge_extras(parse_json_any(states), parse_json_any(extras)))
+        except OnboxError as e:
+            problems.append("%s: %s" % (name, e.message))
+            rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))
+    return rows, problems
+
+
+@click.command("status")
+@click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
+@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
+@click.option("--box", "boxes", multiple=True, help="Only these boxes (repeatable).")
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(0.2, 3600), default=5.0, show_default=True)
+@click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
+@click.option("--json", "as_json", is_flag=True)
+def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
+           interval: float, count: Optional[int], as_json: bool) -> None:
+    """Every run of every box: state, attempt, step, loss, tokens/s, GPU, newest durable checkpoint, heartbeat age.
+
+    Reads the tracker; without one, asks each box in the inventory over ssh.
+    """
+    url = userconfig.tracker_url(tracker)
+    token = userconfig.tracker_token(tracker_token_file) if url else None
+    ssh = Ssh(settings_from_env(connect_timeout=10))
+    n = 0
+    tty = sys.stdout.isatty()
+    while True:
+        rows, problems = collect(url, token, boxes, ssh)
+        if as_json:
+            echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
+                       "problems": problems})
+        else:
+            text = render_table(rows) + "".join("! %s\n" % p for p in problems)
+            if watch:
+                text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
+                    "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text
+            if watch and tty:
+                # home the cursor, rewrite each line, clear what is left: refresh in place without flicker
+                sys.stdout.write(("\x1b[2J" if n == 0 else "") + "\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
+                sys.stdout.flush()
+            else:
+                if watch and n:
+                    click.echo("")
+                click.echo(text, nl=False)
+        n += 1
+        if not watch or (count is not None and n >= count):
+            if problems:  # the table is shown, but a script must see that some box did not answer
+                raise UnfitError("%d box(es) did not answer: %s" % (len(problems), "; ".join(problems)),
+                                 hint="check the box is up (`ssh BOX true`); its job may still be running")
+            return
+        time.sleep(interval)
+
+
+@click.command("logs")
+@click.argument("box")
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until Ctrl-C.")
+@click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
+def logs(box: str, run: str, follow: bool, lines: int) -> None:
+    """Show (or follow) RUN's output log on BOX."""
+    b = Inventory().resolve(box)
+    ssh = Ssh(settings_from_env())
+    argv = [b.python, REMOTE_PYZ, "logs", run, "-n", str(lines)] + (["-f"] if follow else [])
+    if not follow:
+        click.echo(ssh.run(b.target(), argv, timeout=60, what="onbox logs").text, nl=False)
+        return
+    ssh.ensure_master(b.target())
+    # following is open-ended by intent; ServerAlive still ends it within seconds when the link dies (U17)
+    proc = subprocess.Popen(ssh.ssh_argv(b.target(), argv), stdin=subprocess.DEVNULL)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        rc = proc.wait(timeout=10)
+    if rc not in (0, -15, 130):
+        raise UsageError("following the log of %s on %s ended with exit %d" % (run, box, rc))

@@ -1,0 +1,67 @@
+"""`onboxctl down BOX [--yes] [--json]`: the teardown gate. It never runs a destructive command by default."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from typing import Tuple
+
+import click
+
+from controller.boxes import Inventory
+from controller.ssh import Ssh, settings_from_env
+from controller.teardown import gate, meter_command, render
+from onbox.cliutil import echo_json
+from onbox.errors import JobFailed, UsageError
+
+
+class GateRefused(JobFailed):
+    """At least one run's newest checkpoint is not pulled and verified."""
+
+
+@click.command("down")
+@click.argument("box")
+@click.option("--yes", is_flag=True, help="Do not ask for the box name to be typed back.")
+@click.option("--abandon", multiple=True, metavar="RUN", help="Accept losing RUN's unpulled state (repeatable).")
+@click.option("--execute-meter-stop", is_flag=True,
+              help="Also RUN the profile's meter-stop command (destructive; off by default).")
+@click.option("--json", "as_json", is_flag=True)
+def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool, as_json: bool) -> None:
+    """Check that BOX may be torn down: every run's newest durable checkpoint pulled AND verified locally.
+
+    Refuses (exit 1) while any is not. When allowed, prints the platform command that stops the meter; it runs
+    it only with --execute-meter-stop.
+    """
+    b = Inventory().resolve(box)
+    report = gate(Ssh(settings_from_env()), b, abandoned=abandon)
+    cmd = meter_command(report.meter, b)
+    if as_json:
+        doc = report.to_dict()
+        doc["meter_stop_command"] = cmd
+        echo_json(doc)
+    else:
+        click.echo(render(report), nl=False)
+    if not report.allowed:
+        blocked = [v.run for v in report.runs if v.blocking]
+        raise GateRefused("refusing to tear down %s: %d run(s) not safe: %s" % (box, len(blocked), ", ".join(blocked)),
+                          hint="pull and verify first: onboxctl pull %s %s  (or --abandon RUN to accept the loss)"
+                               % (box, blocked[0]))
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("confirmation needed: type the box name back on a terminal, or pass --yes")
+        typed = click.prompt("Type the box name (%s) to confirm teardown" % box, default="", show_default=False)
+        if typed.strip() != box:
+            raise UsageError("confirmation did not match %r: nothing done" % box)
+    if not as_json:
+        click.echo("Gate passed: every run's newest checkpoint on %s is pulled and verified." % box)
+        if cmd:
+            click.echo("To stop the meter (%s): %s" % (report.meter.verb, cmd))
+        else:
+            click.echo("To stop the meter: %s the box on its platform (profile %s has no CLI command)."
+                       % (report.meter.verb, report.meter.profile))
+    if execute_meter_stop:
+        if not cmd:
+            raise UsageError("profile %s has no meter-stop command to execute" % report.meter.profile)
+        rc = subprocess.run(shlex.split(cmd), timeout=300).returncode
+        if rc != 0:
+            raise JobFailed("meter-stop command exited %d: %s" % (rc, cmd), hint="stop the box by hand on its platform")

@@ -1,0 +1,186 @@
+"""Launch `onbox run` on boxes, detached, and return at once (seeds phase 3).
+
+The box's agent does the detaching (it survives our ssh session, U1-U3); here we only start it, read back the
+run it reports, and probe it in a SEPARATE call (U4: never chain a kill or a probe into the launching command).
+Several boxes run in parallel with a bound on concurrency.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shlex
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from controller.boxes import Box
+from controller.push import REMOTE_PUSHED, REMOTE_PYZ
+from controller.ssh import Ssh
+from onbox.errors import JobFailed, OnboxError, UsageError
+from onbox.paths import valid_run_name
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    box: str
+    name: str
+    ok: bool
+    pid: Optional[int] = None
+    state: Optional[str] = None
+    run_dir: Optional[str] = None
+    workdir: Optional[str] = None
+    error: Optional[str] = None
+    hint: Optional[str] = None
+    exit_code: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default_run_name(cmd: Sequence[str], now: Optional[float] = None) -> str:
+    """<program>-<UTC date-time>, e.g. train-20260101-120000 (letters, digits, '.', '_', '-' only)."""
+    prog = "run"
+    for tok in cmd:
+        base = os.path.basename(tok)
+        if base and not base.startswith("-") and base not in ("python", "python3", "-m", "bash", "sh", "env",
+                                                              "torchrun", "accelerate", "uv"):
+            prog = base
+            break
+    prog = prog[:-3] if prog.endswith((".py", ".sh")) else prog.split(".")[-1]  # train.py, pkg.module
+    prog = "".join(c if c.isalnum() or c in "_-" else "-" for c in prog).strip("-") or "run"
+    return "%s-%s" % (prog[:40], time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)))
+
+
+def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:
+    """The box's home directory and its last push record (one short call)."""
+    res = ssh.run(box.target(), script='printf "%%s\\n" "$HOME"; [ -f %s ] || echo NO-PYZ; cat %s 2>/dev/null || true'
+                  % (REMOTE_PYZ, REMOTE_PUSHED), timeout=30, what="read the push record")
+    home, _, rest = res.text.partition("\n")
+    if rest.startswith("NO-PYZ"):
+        raise UsageError("onbox.pyz is not on box %s yet" % box.name, hint="push it first: onboxctl push %s" % box.name)
+    try:
+        pushed = json.loads(rest) if rest.strip() else {}
+    except ValueError:
+        pushed = {}
+    return home.strip(), pushed if isinstance(pushed, dict) else {}
+
+
+def onbox_run_argv(box: Box, home: str, name: str, cmd: Sequence[str], onbox_args: Sequence[str]) -> List[str]:
+    pyz = "%s/%s" % (home.rstrip("/"), REMOTE_PYZ)
+    return [box.python, pyz, "run", "--json", "--name", name, *onbox_args, "--", *cmd]
+
+
+def parse_json_any(text: str) -> Any:
+    """The JSON document (object or list) a command printed, even if a stray line came before it; None if none."""
+    text = text.strip()
+    for start in [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]:
+        chunk = text[start:]
+        if chunk.startswith(("{", "[")):
+            try:
+                return json.loads(chunk)
+            except ValueError:
+                continue
+    return None
+
+
+def parse_json_tail(text: str) -> Dict[str, Any]:
+    """The JSON object a command printed ({} when there is none)."""
+    doc = parse_json_any(text)
+    return doc if isinstance(doc, dict) else {}
+
+
+def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),
+           workdir: Optional[str] = None, timeout: float = 60.0,
+           onbox_env: Optional[Dict[str, str]] = None) -> LaunchResult:
+    """Start one supervised run on `box`; never waits for the job itself."""
+    t0 = time.monotonic()
+    res = LaunchResult(box=box.name, name=name, ok=False)
+    try:
+        home, pushed = remote_env(ssh, box)
+        wd = workdir or pushed.get("code") or ""
+        if wd and not wd.startswith("/"):
+            wd = "%s/%s" % (home.rstrip("/"), wd)
+        res.workdir = wd or home
+        argv = onbox_run_argv(box, home, name, cmd, onbox_args)
+        # `cd DIR && exec env ONBOX_X=.. onbox run ...`: the agent daemonizes itself and returns once the child
+        # runs. Run settings without a flag of their own travel as ONBOX_<FIELD> (onbox/config.py env layer).
+        # ONBOX_BOX: heartbeats carry the inventory's name for the box, so `status` matches `box ls`
+        envs = ["%s=%s" % (k, v) for k, v in sorted(dict({"ONBOX_BOX": box.name}, **(onbox_env or {})).items())]
+        script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(
+            shlex.quote(a) for a in (["env", *envs] if envs else []) + argv)
+        out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run").text
+        doc = parse_json_tail(out)
+        res.name = str(doc.get("name") or doc.get("run") or name)
+        res.pid = _int(doc.get("pid") or doc.get("child_pid"))
+        res.run_dir = doc.get("run_dir")
+        if doc.get("ok") is False or doc.get("error"):
+            raise JobFailed("onbox run on %s did not start %s: %s" % (box.name, res.name, doc.get("error")),
+                            hint="see `onboxctl logs %s %s`" % (box.name, res.name))
+        # the probe is its own call (U4)
+        res.state = probe(ssh, box, home, res.name) or doc.get("state")
+        res.ok = True
+    except OnboxError as e:
+        res.error, res.hint, res.exit_code = e.message, e.hint, int(e.exit_code)
+    res.seconds = round(time.monotonic() - t0, 3)
+    return res
+
+
+def probe(ssh: Ssh, box: Box, home: str, name: str, timeout: float = 30.0) -> Optional[str]:
+    """`onbox status NAME --json` on the box: the run's state right after launch."""
+    pyz = "%s/%s" % (home.rstrip("/"), REMOTE_PYZ)
+    r = ssh.run(box.target(), [box.python, pyz, "status", name, "--json"], timeout=timeout, check=False,
+                what="onbox status")
+    doc = parse_json_tail(r.text)
+    run = doc.get("run") if isinstance(doc.get("run"), dict) else doc
+    state = run.get("state") if isinstance(run, dict) else None
+    return str(state) if state else None
+
+
+def launch_many(ssh: Ssh, jobs: Sequence[Tuple[Box, Sequence[str], str]], onbox_args: Sequence[str] = (),
+                workdir: Optional[str] = None, parallel: int = 8, timeout: float = 60.0,
+                onbox_env: Optional[Dict[str, str]] = None) -> List[LaunchResult]:
+    """Launch (box, cmd, name) jobs with at most `parallel` at a time; results in the order given."""
+    if not jobs:
+        raise UsageError("no boxes to launch on")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = [pool.submit(launch, ssh, box, cmd, name, onbox_args, workdir, timeout, onbox_env)
+                   for box, cmd, name in jobs]
+        return [f.result() for f in futures]
+
+
+def read_fanout(path: str) -> List[Tuple[str, List[str]]]:
+    """A fan-out file: one box a line, optionally with its own command: `BOX` or `BOX -- CMD ARGS...`."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError("cannot read fan-out file %s: %s" % (path, e.strerror or e))
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError as e:
+            raise UsageError("%s:%d: %s" % (path, n, e))
+        if len(words) > 1 and words[1] != "--":
+            raise UsageError("%s:%d: expected `BOX` or `BOX -- CMD ...`, got %r" % (path, n, line))
+        out.append((words[0], words[2:]))
+    return out
+
+
+def check_name(name: str) -> str:
+    if not valid_run_name(name):
+        raise UsageError("invalid run name %r" % name,
+                         hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
+    return name
+
+
+def _int(v: Any) -> Optional[int]:
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,110 @@
+"""The controller's view of platform profiles (profiles/*.toml, shipped in onbox): what stops the meter.
+
+Profiles are owned by the foundation issue; this module only reads the money-affecting facts the teardown gate
+shows, tolerant of where they sit in the file, and always with their `verified` date and source.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Any, Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PROFILE = "generic-ssh"
+
+
+def _dirs() -> List[str]:
+    out = []
+    env = os.environ.get("ONBOX_PROFILES_DIR")
+    if env:
+        out.append(env)
+    out += [os.path.join(REPO, "profiles"), os.path.join(REPO, "onbox", "profiles")]
+    return [d for d in out if os.path.isdir(d)]
+
+
+def known_profiles() -> List[str]:
+    names = set()
+    for d in _dirs():
+        for p in glob.glob(os.path.join(d, "*.toml")):
+            base = os.path.splitext(os.path.basename(p))[0]
+            if not base.startswith("_") and base != "schema":
+                names.add(base)
+    return sorted(names)
+
+
+def load_profile(name: str) -> Optional[Dict[str, Any]]:
+    try:  # the foundation's loader, when present, applies the user's overrides and the schema
+        from onbox import profiles as onbox_profiles  # type: ignore[attr-defined]
+
+        for fn in ("load_profile", "load", "get_profile", "get"):
+            f = getattr(onbox_profiles, fn, None)
+            if callable(f):
+                prof = f(name)
+                if hasattr(prof, "to_dict"):
+                    prof = prof.to_dict()
+                elif dataclasses.is_dataclass(prof) and not isinstance(prof, type):
+                    prof = dataclasses.asdict(prof)
+                if isinstance(prof, dict):
+                    return prof
+    except Exception:
+        pass
+    from onbox.tomlread import load_toml
+
+    for d in _dirs():
+        p = os.path.join(d, name + ".toml")
+        if os.path.exists(p):
+            return load_toml(p, "profile")
+    return None
+
+
+@dataclasses.dataclass
+class MeterStop:
+    profile: str
+    verb: str
+    irreversible: Optional[bool]
+    verified: Optional[str]
+    source: Optional[str]
+    command: Optional[str]  # the platform CLI command that stops the meter, with {box}/{host} placeholders
+    note: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _find(doc: Any, keys: List[str]) -> Any:
+    """Depth-first search for the first of `keys` anywhere in a nested profile document."""
+    if isinstance(doc, dict):
+        for k in keys:
+            if k in doc and not isinstance(doc[k], dict):
+                return doc[k]
+        for v in doc.values():
+            r = _find(v, keys)
+            if r is not None:
+                return r
+    return None
+
+
+def meter_stop(name: Optional[str]) -> MeterStop:
+    name = name or DEFAULT_PROFILE
+    doc = load_profile(name)
+    if doc is None:
+        return MeterStop(profile=name, verb="unknown (no profile %r here)" % name, irreversible=None, verified=None,
+                         source=None, command=None,
+                         note="stop the box the way its platform does; a forgotten box bills 24/7")
+    section = None
+    for key in ("meter_stop", "billing", "teardown", "meter"):
+        if isinstance(doc.get(key), dict):
+            section = doc[key]
+            break
+    where = section if section is not None else doc
+    verb = _find(where, ["verb", "meter_stop_verb", "meter_stop"]) or "manual"
+    irrev = _find(where, ["irreversible", "meter_stop_irreversible"])
+    verified = _find(where, ["verified", "verified_month"]) or _find(doc, ["verified", "verified_month"])
+    source = _find(where, ["source", "sources"]) or _find(doc, ["source"])
+    command = _find(where, ["command", "meter_stop_command", "cli"])
+    note = _find(where, ["note", "notes"])
+    return MeterStop(profile=name, verb=str(verb), irreversible=bool(irrev) if irrev is not None else None,
+                     verified=str(verified) if verified is not None else None,
+                     source=str(source) if source is not None else None,
+                     command=str(command) if command else None, note=str(note) if note else None)

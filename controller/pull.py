@@ -1,0 +1,346 @@
+"""Pull a run's committed checkpoints (and logs, index) home, resumably, then verify each one locally.
+
+Layout read on the box (DESIGN.md, durable storage):
+    <durable>/<run>/checkpoints/<name>/MANIFEST.json   a checkpoint exists only once its manifest does
+    <durable>/<run>/checkpoints_index.json
+    <durable>/<run>/logs/
+Layout written here: <dest>/<run>/... the same tree. Each checkpoint is its own rsync (U12: one dropped link
+loses one checkpoint's progress, not the run's), with --partial-dir so a half-copied file resumes and never looks
+complete, the manifest copied LAST, each attempt bounded (rsync --timeout for stalls plus a wall-clock cap) and
+retried with backoff. Then `onbox verify` (manifest hashes, format checks, --load when torch is importable) and
+the outcome goes into the pulls record, which the teardown gate reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from controller.boxes import Box, config_dir
+from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from onbox.clock import Clock, SystemClock
+from onbox.errors import JobFailed, OnboxError, UsageError
+from onbox.fsutil import atomic_write_json
+
+PARTIAL_DIR = ".onbox-partial"
+
+# Runs on the box with its own python: the run's durable dir and every committed checkpoint (manifest present),
+# with the manifest's sha256 so "pulled" can be matched against exactly what is on the box.
+_LIST_SCRIPT = r"""
+import hashlib, json, os, sys
+home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
+runs_dir = os.path.join(home, "runs")
+names = sys.argv[1:] if sys.argv[1:] != ["--all"] else sorted(
+    n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else []) if os.path.isdir(os.path.join(runs_dir, n)))
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+def one(run):
+    rd = os.path.join(runs_dir, run)
+    out = {"run": run, "exists": os.path.isdir(rd), "durable": None, "checkpoints": []}
+    cfg = load(os.path.join(rd, "config.json")) or {}
+    st = load(os.path.join(rd, "state.json")) or {}
+    out["state"] = st.get("state")
+    out["durable"] = cfg.get("durable") or (cfg.get("config") or {}).get("durable")
+    d = out["durable"]
+    if d and ":" not in d.split("/")[0]:
+        root = os.path.join(os.path.expanduser(d), run)
+        out["run_root"] = root
+        cdir = os.path.join(root, "checkpoints")
+        out["has_index"] = os.path.isfile(os.path.join(root, "checkpoints_index.json"))
+        out["has_logs"] = os.path.isdir(os.path.join(root, "logs"))
+        for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
+            m = os.path.join(cdir, name, "MANIFEST.json")
+            if not os.path.isfile(m):
+                continue
+            raw = open(m, "rb").read()
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                doc = {}
+            files = doc.get("files") if isinstance(doc.get("files"), list) else []
+            out["checkpoints"].append({"name": name, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+                                       "step": doc.get("step"), "created": doc.get("created"),
+                                       "bytes": sum(int(f.get("size", 0)) for f in files if isinstance(f, dict))})
+    return out
+print(json.dumps({"runs": [one(n) for n in names]}))
+"""
+
+PROGRESS_RE = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\S+)")
+
+
+@dataclasses.dataclass
+class RemoteCheckpoint:
+    name: str
+    manifest_sha256: str
+    step: Optional[int] = None
+    created: Any = None
+    bytes: Optional[int] = None
+
+
+def newest(ckpts: List[RemoteCheckpoint]) -> Optional[RemoteCheckpoint]:
+    """The newest committed checkpoint: highest step, then creation time, then name."""
+    if not ckpts:
+        return None
+    return max(ckpts, key=lambda c: (c.step if isinstance(c.step, int) else -1, str(c.created or ""), c.name))
+
+
+def remote_runs(ssh: Ssh, box: Box, runs: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Each run's state, durable dir and committed checkpoints on the box (all runs when `runs` is None)."""
+    res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT] + (runs or ["--all"]), timeout=60,
+                  what="list runs and checkpoints")
+    try:
+        docs = json.loads(res.text.strip().splitlines()[-1])["runs"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        raise JobFailed("could not read the runs on %s: %r" % (box.name, res.text[-300:]))
+    for doc in docs:
+        doc["checkpoints"] = [RemoteCheckpoint(**c) for c in doc.get("checkpoints", [])]
+    return docs
+
+
+def remote_run(ssh: Ssh, box: Box, run: str) -> Dict[str, Any]:
+    """One run's durable dir and committed checkpoints on the box."""
+    return remote_runs(ssh, box, [run])[0]
+
+
+class PullsRecord:
+    """$ONBOX_CONFIG_DIR/pulls.json: what was pulled from which box and run, and whether it verified."""
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self.path = path or os.path.join(config_dir(), "pulls.json")
+
+    def load(self) -> Dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return {"pulls": {}}
+        except ValueError as e:
+            raise UsageError("pulls record %s is corrupt: %s" % (self.path, e),
+                             hint="move it aside and pull again; the gate will refuse until then")
+        doc.setdefault("pulls", {})
+        return doc
+
+    def get(self, box: str, run: str) -> Dict[str, Any]:
+        return self.load()["pulls"].get("%s/%s" % (box, run), {})
+
+    def record(self, box: str, run: str, dest: str, name: str, result: Dict[str, Any]) -> None:
+        doc = self.load()
+        entry = doc["pulls"].setdefault("%s/%s" % (box, run), {"box": box, "run": run, "checkpoints": {}})
+        entry["dest"] = dest
+        entry["checkpoints"][name] = result
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        atomic_write_json(self.path, doc, mode=0o600)
+
+    def verified(self, box: str, run: str, ckpt: RemoteCheckpoint) -> Optional[Dict[str, Any]]:
+        """The record proving `ckpt` (same manifest bytes) was pulled and verified, or None."""
+        rec = self.get(box, run).get("checkpoints", {}).get(ckpt.name)
+        if rec and rec.get("ok") and rec.get("manifest_sha256") == ckpt.manifest_sha256:
+            return rec
+        return None
+
+
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def verify_local(path: str, load: Optional[bool] = None) -> Dict[str, Any]:
+    """Verify a pulled checkpoint on this machine with onbox's own verifier: every manifest size and hash, format
+    checks (zip CRCs, safetensors bounds), and torch.load(weights_only=True) when torch is installed."""
+    from onbox.checkpoints.verify import verify_path
+
+    load = torch_available() if load is None else load
+    rep = verify_path(path, load=load).to_dict()
+    if not rep.get("has_manifest"):
+        rep["problems"] = [*(rep.get("problems") or []), "no MANIFEST.json: not a committed checkpoint"]
+        rep["ok"] = False
+    return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep,
+            "error": "; ".join(rep.get("problems") or [])[:500] or None}
+
+
+class Transfer:
+    """rsync from the box with retries, progress parsing and bounded attempts."""
+
+    def __init__(self, ssh: Ssh, box: Box, clock: Optional[Clock] = None, attempts: int = 5,
+                 io_timeout: int = 30, attempt_timeout: float = 3600.0, backoff: float = 1.0,
+                 progress: Optional[Callable[[str, int, str], None]] = None, bwlimit_kbps: Optional[int] = None) -> None:
+        self.ssh, self.box, self.clock = ssh, box, clock or SystemClock()
+        self.attempts, self.io_timeout, self.attempt_timeout, self.backoff = attempts, io_timeout, attempt_timeout, backoff
+        self.progress = progress
+        self.bwlimit_kbps = bwlimit_kbps
+
+    def fetch(self, label: str, sources: List[str], dest: str, extra: List[str]) -> int:
+        """Copy with retries; returns the number of attempts used. Raises JobFailed after the last one."""
+        os.makedirs(dest, exist_ok=True)
+        last = ""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self._once(label, sources, dest, extra)
+                return attempt
+            except OnboxError as e:
+                last = e.message
+                if attempt < self.attempts:
+                    self.clock.sleep(min(30.0, self.backoff * 2 ** (attempt - 1)))
+        raise JobFailed("pulling %s from %s failed after %d attempts: %s" % (label, self.box.name, self.attempts, last),
+                        hint="run the same pull again: it resumes from what already arrived")
+
+    def _once(self, label: str, sources: List[str], dest: str, extra: List[str]) -> None:
+        target = self.box.target()
+        self.ssh.ensure_master(target)
+        argv = self.ssh.rsync_argv(target, sources, dest, upload=False, io_timeout=self.io_timeout,
+                                   extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive",
+                                          *(["--bwlimit=%d" % self.bwlimit_kbps] if self.bwlimit_kbps else []),
+                                          *extra])
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        deadline = self.clock.monotonic() + self.attempt_timeout
+        assert proc.stdout is not None
+        import threading
+
+        errbuf: List[bytes] = []
+        t = threading.Thread(target=lambda: errbuf.append(proc.stderr.read() if proc.stderr else b""), daemon=True)
+        t.start()
+        buf = b""
+        timed_out = threading.Event()
+
+        def watchdog() -> None:
+            while proc.poll() is None:
+                if self.clock.monotonic() > deadline:
+                    timed_out.set()
+                    kill_group(proc)
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=watchdog, daemon=True).start()
+        try:
+            while True:
+                chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                buf += chunk
+                *parts, buf = re.split(rb"[\r\n]", buf)
+                for part in parts:
+                    m = PROGRESS_RE.match(part.decode("utf-8", "replace"))
+                    if m and self.progress:
+                        self.progress(label, int(m.group(2)), m.group(3))
+        except KeyboardInterrupt:
+            # rsync runs in its own session: pass the Ctrl-C on and let it move the half-copied file into the
+            # partial dir (the next pull resumes from it) before we go; a killed rsync would leave a stray temp
+            interrupt(proc)
+            raise
+        rc = proc.wait()
+        t.join(timeout=5)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        err = b"".join(errbuf).decode("utf-8", "replace").strip()
+        if timed_out.is_set():
+            raise JobFailed("pulling %s took longer than %.0f s" % (label, self.attempt_timeout))
+        if rc == 255 or (rc == 12 and "connection unexpectedly closed" in err):
+            raise unreachable(target, err or "rsync exited %d" % rc)
+        if rc != 0:
+            raise RemoteCommandFailed("rsync of %s from %s exited %d: %s" % (label, self.box.name, rc, err[-400:]))
+
+
+def interrupt(proc: "subprocess.Popen[bytes]", grace: float = 15.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        if proc.stdout is not None:
+            proc.stdout.read()  # keep draining so its last messages never hit a closed pipe
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        kill_group(proc)
+
+
+@dataclasses.dataclass
+class PullReport:
+    box: str
+    run: str
+    dest: str
+    checkpoints: List[Dict[str, Any]]
+    newest: Optional[str]
+    ok: bool
+    seconds: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False, verify: bool = True,
+             load: Optional[bool] = None, transfer: Optional[Transfer] = None, record: Optional[PullsRecord] = None,
+             say: Callable[[str], None] = lambda m: None,
+             verifier: Optional[Callable[[str, Optional[bool]], Dict[str, Any]]] = None) -> PullReport:
+    """Copy the run's committed checkpoints, index and logs to dest/<run>/, verify each, record the outcome."""
+    t0 = time.monotonic()
+    info = remote_run(ssh, box, run)
+    if not info.get("exists"):
+        raise UsageError("no run %r on box %s" % (run, box.name), hint="list runs with `onboxctl status`")
+    durable = info.get("durable")
+    if not durable:
+        raise UsageError("run %s on %s has no durable storage configured: nothing is committed to pull" % (run, box.name),
+                         hint="launch with --durable PATH (the box's persistent disk) so checkpoints outlive it")
+    if not info.get("run_root"):
+        raise UsageError("run %s commits to %s, an rclone remote: pull it from there with rclone" % (run, durable))
+    ckpts: List[RemoteCheckpoint] = info["checkpoints"]
+    if not ckpts:
+        raise JobFailed("run %s on %s has no committed checkpoint yet" % (run, box.name),
+                        hint="wait for the first sync (see `onboxctl status`), or `onbox sync %s --now` on the box" % run)
+    top = newest(ckpts)
+    wanted = [top] if latest_only and top else sorted(ckpts, key=lambda c: (c.step if isinstance(c.step, int) else -1, c.name))
+    root = info["run_root"].rstrip("/")
+    local_root = os.path.join(os.path.abspath(dest), run)
+    tr = transfer or Transfer(ssh, box)
+    record = record or PullsRecord()
+    results = []
+    for c in wanted:
+        assert c is not None
+        local = os.path.join(local_root, "checkpoints", c.name)
+        src = "%s/checkpoints/%s/" % (root, c.name)
+        say("pulling %s (%s)" % (c.name, "step %s" % c.step if c.step is not None else "no step"))
+        # payload first, manifest last: locally too, a checkpoint without its manifest is not there yet
+        try:
+            tries = tr.fetch(c.name, [src], local + "/", ["--exclude=/MANIFEST.json"])
+            tr.fetch(c.name + " manifest", [src + "MANIFEST.json"], local + "/", [])
+        except OnboxError as e:
+            if c is top:
+                raise
+            # an older checkpoint may be retired by the box's retention while we pull: the newest is what counts
+            say("skipped %s: %s" % (c.name, e.message))
+            continue
+        # the hash of the manifest we HAVE (the box may have re-committed since it was listed)
+        with open(os.path.join(local, "MANIFEST.json"), "rb") as f:
+            local_manifest = hashlib.sha256(f.read()).hexdigest()
+        result: Dict[str, Any] = {"name": c.name, "step": c.step, "manifest_sha256": local_manifest,
+                                  "path": local, "attempts": tries, "pulled_at": time.time()}
+        if verify:
+            v = (verifier or verify_local)(local, load)
+            result.update(ok=v["ok"], loaded=v.get("loaded"), error=v.get("error"), verified_at=time.time())
+            say("verified %s: %s%s" % (c.name, "OK" if v["ok"] else "FAILED: %s" % v.get("error"),
+                                       " (loaded with torch)" if v.get("loaded") else ""))
+        else:
+            result.update(ok=False, error="not verified (--no-verify)")
+        record.record(box.name, run, local_root, c.name, result)
+        results.append(result)
+    extra: List[str] = []
+    for label, src in (("index", root + "/checkpoints_index.json"), ("logs", root + "/logs/")):
+        if not info.get("has_" + label):
+            continue
+        try:
+            tr.fetch(label, [src], local_root + ("/logs/" if label == "logs" else "/"), extra)
+        except OnboxError as e:  # the index and logs are a convenience; checkpoints are what the gate needs
+            say("could not pull the %s: %s" % (label, e.message))
+    ok = all(r.get("ok") for r in results)
+    return PullReport(box=box.name, run=run, dest=local_root, checkpoints=results,
+                      newest=top.name if top else None, ok=ok, seconds=round(time.monotonic() - t0, 3))

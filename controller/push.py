@@ -1,0 +1,185 @@
+"""Push onbox.pyz and the user's code to a box, then prove that what landed is what was pushed (U42).
+
+Remote layout (relative to the login directory; the box's own python runs the pyz):
+    .onbox/onbox.pyz          the agent (copied only when its sha256 differs)
+    .onbox/code/<name>/       the code dir, rsynced with the user's .gitignore honoured
+    .onbox/pushed.json        what the last push put there: pyz hash, code dir, time (launch cds into `code`)
+    .onbox/secrets/<NAME>     secrets, mode 0600 in a 0700 dir, written from stdin (U34)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
+
+from controller.boxes import Box
+from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from onbox.errors import JobFailed, UsageError
+
+REMOTE_ROOT = ".onbox"
+REMOTE_PYZ = REMOTE_ROOT + "/onbox.pyz"
+REMOTE_CODE = REMOTE_ROOT + "/code"
+REMOTE_PUSHED = REMOTE_ROOT + "/pushed.json"
+REMOTE_SECRETS = REMOTE_ROOT + "/secrets"
+SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+# sha256 of a remote file, or nothing when it is missing; sha256sum first, the box's python as the fallback
+_REMOTE_SHA = ('f=%s; if [ -f "$f" ]; then sha256sum "$f" 2>/dev/null | cut -d" " -f1 || '
+               '%s -c "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],\'rb\').read()).hexdigest())" "$f"; fi')
+
+
+@dataclasses.dataclass
+class PushReport:
+    box: str
+    pyz_sha256: str
+    pyz_copied: bool
+    remote_version: str
+    code_dir: Optional[str] = None
+    code_files_changed: int = 0
+    seconds: float = 0.0
+    steps: List[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_pyz() -> str:
+    """dist/onbox.pyz of this checkout, or $ONBOX_PYZ."""
+    env = os.environ.get("ONBOX_PYZ")
+    if env:
+        return env
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(repo, "dist", "onbox.pyz")
+
+
+def code_filter_args(code_dir: str) -> List[str]:
+    """rsync filters: the user's .gitignore files (per directory), never .git itself."""
+    return ["--filter=:- .gitignore", "--exclude=/.git/"]
+
+
+def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: bool = False,
+         io_timeout: int = 60, progress: Optional[Callable[[str], None]] = None) -> PushReport:
+    """Copy the pyz (when its hash differs) and the code dir; verify both on the box. Raises on any mismatch."""
+    say = progress or (lambda _m: None)
+    t0 = time.monotonic()
+    if not os.path.isfile(pyz):
+        raise UsageError("no onbox.pyz at %s" % pyz, hint="build it with `make zipapp` or pass --pyz PATH")
+    if code_dir is not None and not os.path.isdir(code_dir):
+        raise UsageError("--code %s is not a directory" % code_dir)
+    target = box.target()
+    local_sha = sha256_file(pyz)
+    report = PushReport(box=box.name, pyz_sha256=local_sha, pyz_copied=False, remote_version="")
+
+    # one call: create the dirs (U13: never assume a sibling made them) and read the remote hash
+    script = "umask 022; mkdir -p %s %s && mkdir -p -m 700 %s && %s" % (
+        REMOTE_ROOT, REMOTE_CODE, REMOTE_SECRETS, _REMOTE_SHA % (REMOTE_PYZ, shlex.quote(box.python)))
+    remote_sha = ssh.run(target, script=script, what="prepare remote dirs").text.strip()
+    if remote_sha != local_sha:
+        say("copying onbox.pyz (%d bytes) to %s" % (os.path.getsize(pyz), box.name))
+        ssh_rsync(ssh, box, [pyz], REMOTE_PYZ, io_timeout=io_timeout)
+        report.pyz_copied = True
+    else:
+        say("onbox.pyz on %s is current (sha256 %s)" % (box.name, local_sha[:12]))
+
+    remote_code = None
+    if code_dir is not None:
+        src = os.path.abspath(code_dir).rstrip("/")
+        remote_code = "%s/%s" % (REMOTE_CODE, os.path.basename(src))
+        extra = code_filter_args(src) + ["--itemize-changes"] + (["--delete"] if delete else [])
+        say("syncing %s to %s:%s" % (src, box.name, remote_code))
+        res = ssh_rsync(ssh, box, [src + "/"], remote_code + "/", extra=extra, io_timeout=io_timeout)
+        report.code_files_changed = sum(1 for line in res.splitlines() if line[:1] in "<>ch" and line[1:2] == "f")
+        report.code_dir = remote_code
+
+    # U42: verify what is ON the box, not what we think we sent
+    verify_pushed(ssh, box, local_sha, code_dir, remote_code, io_timeout)
+    version = ssh.run(target, [box.python, REMOTE_PYZ, "--version"], timeout=60, what="onbox --version").text
+    report.remote_version = version.strip()
+    record = {"pyz_sha256": local_sha, "code": remote_code, "time": time.time(), "version": report.remote_version}
+    ssh.run(target, script="umask 022; cat > %s.tmp && mv -f %s.tmp %s" % (REMOTE_PUSHED, REMOTE_PUSHED, REMOTE_PUSHED),
+            input_bytes=json.dumps(record).encode(), what="record the push")
+    report.seconds = round(time.monotonic() - t0, 3)
+    return report
+
+
+def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], remote_code: Optional[str],
+                  io_timeout: int) -> None:
+    target = box.target()
+    got = ssh.run(target, script=_REMOTE_SHA % (REMOTE_PYZ, shlex.quote(box.python)), what="hash onbox.pyz").text.strip()
+    if got != local_sha:
+        raise JobFailed("onbox.pyz on %s has sha256 %s, expected %s" % (box.name, got[:16] or "(missing)", local_sha[:16]),
+                        hint="the copy did not land (disk full? U7); check `df -h -i` on the box and push again")
+    if code_dir is not None and remote_code is not None:
+        # a checksum dry run: any file that would still be sent differs on the box (or is missing there)
+        extra = [*code_filter_args(code_dir), "--dry-run", "--checksum", "--itemize-changes"]
+        out = ssh_rsync(ssh, box, [os.path.abspath(code_dir).rstrip("/") + "/"], remote_code + "/", extra=extra,
+                        io_timeout=io_timeout)
+        differ = [line[12:] for line in out.splitlines() if line[:2] in ("<f", ">f")]
+        if differ:
+            raise JobFailed("code on %s differs from %s after the push: %s" % (box.name, code_dir, ", ".join(differ[:5])),
+                            hint="a file changed during the push, or the box's disk is full; push again")
+
+
+def ssh_rsync(ssh: Ssh, box: Box, sources: List[str], dest: str, extra: Optional[List[str]] = None,
+              io_timeout: int = 60, upload: bool = True, timeout: Optional[float] = None) -> str:
+    """Run rsync over our ssh settings (after the master connection is up). Returns rsync's stdout."""
+    target = box.target()
+    ssh.ensure_master(target)
+    argv = ssh.rsync_argv(target, sources, dest, upload=upload, extra=extra or [], io_timeout=io_timeout)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        raise JobFailed("rsync to %s did not finish within %.0f s" % (box.name, timeout or 0),
+                        hint="run the same command again: rsync resumes what is already there")
+    text = err.decode("utf-8", "replace").strip()
+    if proc.returncode == 255 or (proc.returncode == 12 and "connection unexpectedly closed" in text):
+        raise unreachable(target, text)
+    if proc.returncode != 0:
+        raise RemoteCommandFailed("rsync with %s failed (exit %d): %s" % (box.name, proc.returncode, text[-600:]),
+                                  hint="exit 11/12/23 usually mean a full disk or a dropped link; check "
+                                       "`df -h -i` on the box and retry")
+    return out.decode("utf-8", "replace")
+
+
+def push_secret(ssh: Ssh, box: Box, name: str, value: Union[bytes, IO[bytes]], timeout: float = 120.0) -> Tuple[str, int]:
+    """stdin -> ssh's stdin -> remote file, mode 0600 (U34). The value is in no argv, no log, no history: a file
+    object (our own stdin) is handed to ssh unread. Returns (remote path, bytes stored)."""
+    if not SECRET_NAME_RE.match(name):
+        raise UsageError("invalid secret name %r" % name, hint="letters, digits, '.', '_' and '-'")
+    path = "%s/%s" % (REMOTE_SECRETS, name)
+    tmp = path + ".tmp"
+    # umask 077 before anything is created: the file never exists with wider permissions, not even briefly;
+    # an empty value (nothing piped in) is refused on the box and leaves nothing behind
+    script = ("umask 077; mkdir -p %s && chmod 700 %s && cat > %s && if [ ! -s %s ]; then rm -f %s; exit 3; fi; "
+              "chmod 600 %s && mv -f %s %s && stat -c %%a %s && wc -c < %s") % (
+        REMOTE_SECRETS, REMOTE_SECRETS, tmp, tmp, tmp, tmp, tmp, path, path, path)
+    if isinstance(value, bytes):
+        res = ssh.run(box.target(), script=script, input_bytes=value, what="write secret", check=False, timeout=timeout)
+    else:
+        res = ssh.run(box.target(), script=script, stdin=value, what="write secret", check=False, timeout=timeout)
+    if res.returncode == 3:
+        raise UsageError("empty secret on stdin", hint="pipe the value in: `onboxctl secrets push BOX NAME < file`")
+    if res.returncode != 0:
+        raise JobFailed("writing secret %s on %s failed (exit %d): %s" % (name, box.name, res.returncode, res.err_text[-300:]))
+    mode, _, size = res.text.strip().partition("\n")
+    if mode.strip() != "600":
+        raise JobFailed("secret %s on %s has mode %s, expected 600" % (name, box.name, mode))
+    return path, int(size.strip() or 0)

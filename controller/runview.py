@@ -1,0 +1,223 @@
+"""What `onboxctl status` shows: every run as one normalized row, from the tracker or from the boxes, and the
+table a person reads at a glance.
+
+Sources:
+- the tracker: `GET /api/v1/runs` (DESIGN.md, Tracker API v1) -> each run with its latest heartbeat and liveness;
+- without a tracker: `onbox status --json` on each box over ssh (the run's state.json and progress).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, Iterable, List, Optional
+
+from onbox.errors import UnfitError, UsageError
+
+LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
+
+
+@dataclasses.dataclass
+class RunRow:
+    box: str
+    run: str
+    state: str = "?"
+    attempt: Optional[int] = None
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    gpu_util: Optional[float] = None  # percent, mean over the box's GPUs
+    gpu_mem_used: Optional[int] = None  # bytes, summed
+    gpu_mem_total: Optional[int] = None  # bytes, summed
+    checkpoint: Optional[str] = None  # newest durable checkpoint (name, or step)
+    age_s: Optional[float] = None  # seconds since the newest heartbeat
+    liveness: str = "ok"  # ok | late | silent | ended (tracker) | unknown (asked over ssh)
+    alerts: List[str] = dataclasses.field(default_factory=list)
+    source: str = "tracker"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def dig(doc: Any, *paths: str) -> Any:
+    """The first non-None value among dotted paths (`progress.step`, `step`), tolerant of missing levels."""
+    for path in paths:
+        cur = doc
+        for part in path.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                cur = None
+                break
+        if cur is not None:
+            return cur
+    return None
+
+
+def _num(v: Any) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+def _ckpt_label(v: Any) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        name = v.get("name") or v.get("path")
+        step = v.get("step")
+        if name and step is not None and str(step) not in os.path.basename(str(name)):
+            return "%s@%s" % (os.path.basename(str(name)), step)
+        return os.path.basename(str(name)) if name else ("step %s" % step if step is not None else None)
+    return os.path.basename(str(v))
+
+
+def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Optional[str] = None,
+                       liveness: Optional[str] = None, age_s: Optional[float] = None, now: Optional[float] = None,
+                       source: str = "tracker") -> RunRow:
+    raw_gpus = beat.get("gpus")
+    if isinstance(raw_gpus, dict):  # onbox.heartbeat/1: {"available": bool, "gpus": [...], "reason": ...}
+        raw_gpus = raw_gpus.get("gpus")
+    gpus: List[Any] = [g for g in raw_gpus if isinstance(g, dict)] if isinstance(raw_gpus, list) else []
+    utils = [_num(dig(g, "util_percent", "util", "utilization")) for g in gpus]
+    utils_ok = [u for u in utils if u is not None]
+    used = [_num(dig(g, "memory_used_bytes", "mem_used")) for g in gpus]
+    total = [_num(dig(g, "memory_total_bytes", "mem_total")) for g in gpus]
+    t = _num(dig(beat, "time", "updated_at"))
+    if age_s is None and t is not None:
+        age_s = max(0.0, (now if now is not None else time.time()) - t)
+    alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
+    step = _num(dig(beat, "progress.step", "step"))
+    attempt = _num(dig(beat, "attempt"))
+    return RunRow(
+        box=str(box or beat.get("box") or "?"),
+        run=str(run or beat.get("run") or "?"),
+        state=str(dig(beat, "state") or "?"),
+        attempt=int(attempt) if attempt is not None else None,
+        step=int(step) if step is not None else None,
+        loss=_num(dig(beat, "progress.loss", "loss")),
+        tokens_per_s=_num(dig(beat, "progress.tokens_per_s", "tokens_per_s")),
+        gpu_util=sum(utils_ok) / len(utils_ok) if utils_ok else None,
+        gpu_mem_used=int(sum(x for x in used if x is not None)) if any(x is not None for x in used) else None,
+        gpu_mem_total=int(sum(x for x in total if x is not None)) if any(x is not None for x in total) else None,
+        checkpoint=_ckpt_label(dig(beat, "checkpoint.latest_durable", "checkpoint.durable")),
+        age_s=age_s,
+        liveness=str(liveness or "ok"),
+        alerts=[str(dig(a, "code", "kind") or a) for a in alerts],
+        source=source,
+    )
+
+
+def rows_from_tracker(doc: Any, now: Optional[float] = None) -> List[RunRow]:
+    """Rows from `GET /api/v1/runs` (a list, or {"runs": [...]}); each entry holds the latest beat."""
+    entries = doc.get("runs", []) if isinstance(doc, dict) else doc
+    rows = []
+    for e in entries or []:
+        if not isinstance(e, dict):
+            continue
+        beat = dig(e, "latest", "last_heartbeat", "heartbeat", "latest_heartbeat")
+        beat = beat if isinstance(beat, dict) else e
+        liveness = dig(e, "liveness.state", "liveness", "status")
+        if isinstance(liveness, dict):
+            liveness = None
+        age = _num(dig(e, "age_s", "liveness.age_s", "age", "seconds_since"))
+        rows.append(row_from_heartbeat(beat, box=dig(e, "box") or beat.get("box"), run=dig(e, "run", "name"),
+                                       liveness=str(liveness) if liveness else None, age_s=age, now=now))
+    return sorted(rows, key=lambda r: (r.box, r.run))
+
+
+def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0) -> Any:
+    req = urllib.request.Request(url.rstrip("/") + "/api/v1/runs", headers={"Accept": "application/json"})
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
+                             hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")
+        raise UnfitError("tracker %s answered HTTP %d" % (url, e.code))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)),
+                         hint="is `onboxctl tracker serve` running? Without --tracker, status asks each box over ssh")
+
+
+def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> List[RunRow]:
+    """Rows from `onbox status --json` run on a box (one run, a list, or {"runs": [...]})."""
+    if isinstance(doc, dict) and isinstance(doc.get("runs"), list):
+        entries = doc["runs"]
+    elif isinstance(doc, list):
+        entries = doc
+    elif isinstance(doc, dict) and doc:
+        entries = [doc]
+    else:
+        entries = []
+    rows = []
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        merged = dict(e)
+        merged.setdefault("run", e.get("name") or e.get("run"))
+        if "progress" not in merged and isinstance(e.get("latest"), dict):
+            merged["progress"] = e["latest"]
+        rows.append(row_from_heartbeat(merged, box=box, liveness="unknown", now=now, source="ssh"))
+    return rows
+
+
+# -- rendering -------------------------------------------------------------------------------------------------
+def fmt_age(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    if s < 90:
+        return "%ds" % s
+    if s < 5400:
+        return "%dm" % (s // 60)
+    return "%.1fh" % (s / 3600)
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    gib = n / float(1 << 30)
+    return "%.1fG" % gib if gib >= 1 else "%dM" % (n >> 20)
+
+
+def fmt_num(v: Optional[float], digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    if abs(v) >= 1000:
+        return "%.0f" % v
+    return ("%%.%dg" % digits) % v
+
+
+def render_table(rows: Iterable[RunRow]) -> str:
+    """The status table: one line a run; heartbeat age with LATE/SILENT marked; alerts at the end of the line."""
+    head = ("BOX", "RUN", "STATE", "ATT", "STEP", "LOSS", "TOK/S", "GPU%", "GPU MEM", "DURABLE CKPT", "BEAT")
+    lines = [head]
+    for r in rows:
+        mem = "-" if r.gpu_mem_used is None else "%s/%s" % (fmt_bytes(r.gpu_mem_used), fmt_bytes(r.gpu_mem_total))
+        beat = fmt_age(r.age_s)
+        mark = LIVENESS_MARK.get(r.liveness)
+        if mark:
+            beat = "%s %s" % (beat, mark)
+        lines.append((r.box, r.run, r.state, "-" if r.attempt is None else str(r.attempt),
+                      "-" if r.step is None else str(r.step), fmt_num(r.loss), fmt_num(r.tokens_per_s, 3),
+                      "-" if r.gpu_util is None else "%.0f" % r.gpu_util, mem, r.checkpoint or "-",
+                      beat + ("  ! " + ",".join(r.alerts) if r.alerts else "")))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    out = []
+    for line in lines:
+        cells = [c.ljust(w) for c, w in zip(line[:-1], widths)] + [line[-1]]
+        out.append("  ".join(cells).rstrip())
+    if len(lines) == 1:
+        out.append("(no runs)")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,281 @@
+"""The OpenSSH / rsync seam: every remote call onboxctl makes goes through here.
+
+Rules this module enforces (seeds U1, U4, U12, U13, U17):
+- every call is a list argv, never a local shell string; a remote command is built from argv with shlex quoting;
+- BatchMode (never a password prompt that hangs), ConnectTimeout, ServerAliveInterval/CountMax (a dead link
+  kills the client in interval x count seconds instead of a half-open hang);
+- one multiplexed master connection per box in a private directory (ControlPath), started explicitly so that the
+  backgrounded master never holds a pipe of ours open;
+- every remote command has a timeout; a timed-out client is killed with its process group;
+- exit 255 is the ssh client's own failure (connection), not the remote command's: it becomes a BoxUnreachable.
+
+The user's ~/.ssh/config, agent and ProxyJump stay in force: we only add -o options, and a box that is not in the
+inventory is passed to ssh as a host alias.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from onbox.errors import JobFailed, UnfitError
+
+SSH_FAILURE = 255  # ssh(1): "exits with 255 if an error occurred" (its own, not the remote command's)
+
+
+class BoxUnreachable(UnfitError):
+    """ssh could not reach or authenticate to the box."""
+
+
+class RemoteTimeout(JobFailed):
+    """A remote command did not finish within its timeout."""
+
+
+class RemoteCommandFailed(JobFailed):
+    """The remote command ran and exited non-zero."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a box is: what ssh needs. `host` may be a ~/.ssh/config alias (then port/user come from there)."""
+
+    name: str
+    host: str
+    port: Optional[int] = None
+    user: Optional[str] = None
+    identity: Optional[str] = None
+    options: Sequence[str] = ()  # extra `-o Key=Value` options from the inventory (e.g. UserKnownHostsFile)
+
+    @property
+    def destination(self) -> str:
+        return "%s@%s" % (self.user, self.host) if self.user else self.host
+
+
+@dataclasses.dataclass(frozen=True)
+class SshSettings:
+    """Timeouts and multiplexing. Seconds everywhere; tests shrink them."""
+
+    connect_timeout: int = 10
+    alive_interval: int = 5
+    alive_count: int = 3
+    control_persist: int = 120
+    control_dir: Optional[str] = None  # default: a private per-user dir (see control_dir())
+    command_timeout: float = 60.0  # default bound for a remote command (U17)
+    multiplex: bool = True
+
+
+@dataclasses.dataclass
+class Result:
+    argv: List[str]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace").strip()
+
+
+def default_control_dir() -> str:
+    """A short private directory for ControlPath sockets (unix socket paths are limited to ~104 bytes)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return os.path.join(base, "onboxctl-ssh-%d" % os.getuid())
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """Quote an argv for the remote login shell (ssh joins its arguments with spaces and hands them to a shell)."""
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class Ssh:
+    """Builds and runs ssh/rsync command lines for one set of settings. `runner` is the subprocess seam."""
+
+    def __init__(self, settings: Optional[SshSettings] = None, env: Optional[Mapping[str, str]] = None) -> None:
+        self.settings = settings or SshSettings()
+        self.env = dict(env) if env is not None else None
+        self._locks: Dict[Tuple[str, Optional[int], Optional[str]], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    # -- command lines ---------------------------------------------------------------------------------------
+    def control_dir(self) -> str:
+        return self.settings.control_dir or default_control_dir()
+
+    def control_path(self) -> str:
+        return os.path.join(self.control_dir(), "%C")  # %C: a hash of host, port, user: short and unique
+
+    def options(self, target: Target, master: Optional[str] = None) -> List[str]:
+        """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination)."""
+        s = self.settings
+        opts = [
+            "-o", "BatchMode=yes",  # never prompt: a prompt in a script is a hang
+            "-o", "ConnectTimeout=%d" % s.connect_timeout,
+            "-o", "ServerAliveInterval=%d" % s.alive_interval,  # U17: a blip self-kills instead of hanging
+            "-o", "ServerAliveCountMax=%d" % s.alive_count,
+        ]
+        if s.multiplex:
+            opts += ["-o", "ControlPath=%s" % self.control_path(), "-o", "ControlMaster=%s" % (master or "no")]
+            if master:
+                opts += ["-o", "ControlPersist=%d" % s.control_persist]
+        for opt in target.options:
+            opts += ["-o", opt]
+        if target.port:
+            opts += ["-p", str(target.port)]
+        if target.identity:
+            opts += ["-i", os.path.expanduser(target.identity), "-o", "IdentitiesOnly=yes"]
+        return opts
+
+    def ssh_argv(self, target: Target, argv: Optional[Sequence[str]] = None, script: Optional[str] = None,
+                 tty: bool = False) -> List[str]:
+        """ssh argv running `argv` (quoted) or a prepared shell `script` on the box."""
+        out = ["ssh"] + self.options(target) + (["-tt"] if tty else ["-T"]) + [target.destination, "--"]
+        if argv is not None:
+            out.append(remote_command(argv))
+        elif script is not None:
+            out.append(script)
+        return out
+
+    def rsync_shell(self, target: Target) -> str:
+        """The `-e` value for rsync: our ssh with the same options (rsync splits it shell-style)."""
+        return remote_command(["ssh", *self.options(target), "-T"])
+
+    def rsync_argv(self, target: Target, sources: Sequence[str], dest: str, *, upload: bool,
+                   extra: Sequence[str] = (), io_timeout: int = 60) -> List[str]:
+        """rsync argv; remote paths are relative to the login directory unless absolute.
+
+        `--protect-args` keeps remote names from being split by the remote shell; `--timeout` bounds a stalled
+        transfer (U12: a stall is retried, not waited on forever)."""
+        base = ["rsync", "-a", "--protect-args", "--timeout=%d" % io_timeout, "-e", self.rsync_shell(target)]
+        base += list(extra)
+        if upload:
+            return base + list(sources) + ["%s:%s" % (target.destination, dest)]
+        return base + ["%s:%s" % (target.destination, s) for s in sources] + [dest]
+
+    # -- running ---------------------------------------------------------------------------------------------
+    def ensure_master(self, target: Target) -> None:
+        """Start the multiplexed master connection if none is alive. A box that is down fails here, fast."""
+        if not self.settings.multiplex:
+            return
+        os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
+        os.chmod(self.control_dir(), 0o700)
+        with self._lock_for(target):  # launches to several boxes run in threads; one master per box
+            self._ensure_master_locked(target)
+
+    def _lock_for(self, target: Target) -> threading.Lock:
+        key = (target.host, target.port, target.user)
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _ensure_master_locked(self, target: Target) -> None:
+        check = ["ssh", *self.options(target), "-O", "check", target.destination]
+        if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
+            return
+        # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
+        # master holding our pipe open would make every later read wait for ControlPersist to expire).
+        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", target.destination]
+        with tempfile.TemporaryFile() as errf:
+            rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
+            errf.seek(0)
+            err = errf.read().decode("utf-8", "replace").strip()
+        if rc != 0:
+            # another onboxctl may have started the master meanwhile: then it is there to use
+            if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
+                return
+            raise unreachable(target, err or "ssh exited %s" % rc)
+
+    def run(self, target: Target, argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
+            timeout: Optional[float] = None, input_bytes: Optional[bytes] = None, check: bool = True,
+            what: str = "remote command", stdin: Optional[IO[bytes]] = None) -> Result:
+        """Run a command on the box, bounded by `timeout` (U17). Raises BoxUnreachable, RemoteTimeout and,
+        with check=True, RemoteCommandFailed. `stdin` (a file) is handed to ssh as is: streamed, never buffered."""
+        self.ensure_master(target)
+        full = self.ssh_argv(target, argv, script=script)
+        res = self._exec(full, timeout=timeout or self.settings.command_timeout, input_bytes=input_bytes,
+                         what=what, target=target, stdin=stdin)
+        if res.returncode == SSH_FAILURE:
+            raise unreachable(target, res.err_text or "ssh exited 255")
+        if check and res.returncode != 0:
+            raise RemoteCommandFailed("%s on %s exited %d: %s" % (what, target.name, res.returncode,
+                                                                  res.err_text[-600:] or "(no output)"))
+        return res
+
+    def close(self, target: Target) -> None:
+        """Stop the master connection (best effort)."""
+        if self.settings.multiplex:
+            self._exec(["ssh", *self.options(target), "-O", "exit", target.destination], timeout=5.0,
+                       input_bytes=None, quiet=True)
+
+    def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
+              what: str = "command", target: Optional[Target] = None, stdin: Optional[IO[bytes]] = None) -> Result:
+        if stdin is None:
+            stdin = subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL  # type: ignore[assignment]
+        proc = subprocess.Popen(argv, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                env=self.env)
+        try:
+            out, err = proc.communicate(input_bytes, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, err = proc.communicate()
+            if quiet:
+                return Result(argv, SSH_FAILURE, out, err)
+            name = target.name if target else "?"
+            raise RemoteTimeout("%s on %s did not finish within %.0f s" % (what, name, timeout),
+                                hint="the box may be overloaded or the link stalled; check with "
+                                     "`onboxctl status` and retry (the remote side may still have run)")
+        return Result(argv, proc.returncode, out, err)
+
+    def _spawn_wait(self, argv: List[str], timeout: float, errf: Any) -> int:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
+                                start_new_session=True, env=self.env)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            proc.wait()
+            return SSH_FAILURE
+
+
+def kill_group(proc: "subprocess.Popen[bytes]") -> None:
+    """Kill a child started with start_new_session=True and everything in its group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def unreachable(target: Target, detail: str) -> BoxUnreachable:
+    detail = detail.strip().splitlines()[-1] if detail.strip() else detail
+    where = target.destination + (":%d" % target.port if target.port else "")
+    return BoxUnreachable("cannot reach box %s (%s): %s" % (target.name, where, detail),
+                          hint="check that the box is running and `ssh %s` works by hand (keys are used in "
+                               "BatchMode: load them into your agent or give --identity)" % target.name)
+
+
+def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> SshSettings:
+    """SshSettings with ONBOX_SSH_CONNECT_TIMEOUT / ONBOX_SSH_ALIVE_INTERVAL / ONBOX_SSH_ALIVE_COUNT /
+    ONBOX_SSH_COMMAND_TIMEOUT / ONBOX_SSH_CONTROL_DIR / ONBOX_SSH_MULTIPLEX=0 applied."""
+    env = os.environ if environ is None else environ
+    fields: Dict[str, Any] = {}
+    for key, conv in (("connect_timeout", int), ("alive_interval", int), ("alive_count", int),
+                      ("command_timeout", float), ("control_dir", str)):
+        raw = env.get("ONBOX_SSH_" + key.upper())
+        if raw:
+            try:
+                fields[key] = conv(raw)
+            except ValueError:
+                from onbox.errors import UsageError
+
+                raise UsageError("ONBOX_SSH_%s must be a number, not %r" % (key.upper(), raw))
+    if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
+        fields["multiplex"] = False
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return SshSettings(**fields)

@@ -1,0 +1,117 @@
+"""The teardown gate (the seeds' Iron Law): a box may be torn down only when, for every run on it, the newest
+durable checkpoint has been pulled home AND verified locally.
+
+"Pulled and verified" means the pulls record holds a passing verification of a checkpoint of that name whose
+MANIFEST.json has the same sha256 as the one on the box now: a checkpoint committed after the pull, or a
+re-commit under the same name, is not covered (U33: trust the artifact you loaded, not a log line).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence
+
+from controller.boxes import Box
+from controller.profiles import MeterStop, meter_stop
+from controller.pull import PullsRecord, newest, remote_runs
+from controller.ssh import Ssh
+
+LIVE_STATES = {"running", "starting", "restarting", "backoff", "preempting", "stopping"}
+
+
+@dataclasses.dataclass
+class RunVerdict:
+    run: str
+    state: Optional[str]
+    newest: Optional[str]
+    newest_step: Optional[int]
+    pulled: bool
+    verified: bool
+    blocking: bool
+    reason: str
+    verified_at: Optional[float] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class GateReport:
+    box: str
+    runs: List[RunVerdict]
+    meter: MeterStop
+    allowed: bool
+    warnings: List[str]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"box": self.box, "allowed": self.allowed, "runs": [r.to_dict() for r in self.runs],
+                "meter_stop": self.meter.to_dict(), "warnings": self.warnings}
+
+
+def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Sequence[str] = ()) -> RunVerdict:
+    run = doc["run"]
+    top = newest(doc.get("checkpoints") or [])
+    state = doc.get("state")
+    if top is None and doc.get("durable") and not doc.get("run_root"):
+        # an rclone remote: the checkpoints already live off the box and outlive it
+        return RunVerdict(run, state, None, None, False, False, False,
+                          "commits to %s (off the box): pull and verify from there with rclone" % doc["durable"])
+    if top is None:
+        blocking = run not in abandoned
+        why = "no committed durable checkpoint%s" % (" (abandoned with --abandon)" if not blocking else
+                                                      ": nothing would survive the teardown")
+        return RunVerdict(run, state, None, None, False, False, blocking, why)
+    pulled_entry = record.get(box, run).get("checkpoints", {}).get(top.name)
+    proof = record.verified(box, run, top)
+    if proof:
+        return RunVerdict(run, state, top.name, top.step, True, True, False, "newest checkpoint pulled and verified",
+                          verified_at=proof.get("verified_at"))
+    if run in abandoned:
+        return RunVerdict(run, state, top.name, top.step, bool(pulled_entry), False, False,
+                          "not pulled and verified, abandoned with --abandon")
+    if pulled_entry and pulled_entry.get("manifest_sha256") != top.manifest_sha256:
+        why = "the pulled copy of %s differs from the box's (re-committed since): pull again" % top.name
+    elif pulled_entry:
+        why = "pulled %s but its verification failed: %s" % (top.name, pulled_entry.get("error") or "see pull")
+    else:
+        older = record.get(box, run).get("checkpoints", {})
+        why = "newest checkpoint %s not pulled%s" % (top.name, " (only older ones are)" if older else "")
+    return RunVerdict(run, state, top.name, top.step, bool(pulled_entry), False, True, why)
+
+
+def gate(ssh: Ssh, box: Box, record: Optional[PullsRecord] = None, abandoned: Sequence[str] = ()) -> GateReport:
+    record = record or PullsRecord()
+    docs = remote_runs(ssh, box)
+    verdicts = [judge_run(box.name, d, record, abandoned) for d in docs]
+    warnings = ["run %s is still %s: tearing the box down kills it" % (v.run, v.state)
+                for v in verdicts if (v.state or "").lower() in LIVE_STATES]
+    unknown = sorted(set(abandoned) - {v.run for v in verdicts})
+    if unknown:
+        warnings.append("--abandon named runs not on the box: %s" % ", ".join(unknown))
+    return GateReport(box=box.name, runs=verdicts, meter=meter_stop(box.profile), allowed=not any(v.blocking for v in verdicts),
+                      warnings=warnings)
+
+
+def meter_command(meter: MeterStop, box: Box) -> Optional[str]:
+    """The platform command that stops the meter, with the box filled in; None when the profile has none."""
+    if not meter.command:
+        return None
+    return meter.command.replace("{box}", box.name).replace("{host}", box.host)
+
+
+def render(report: GateReport) -> str:
+    lines = ["Teardown gate for box %s" % report.box]
+    if not report.runs:
+        lines.append("  (no runs on this box)")
+    for v in report.runs:
+        mark = "ok     " if not v.blocking else "BLOCKED"
+        ck = "%s (step %s)" % (v.newest, v.newest_step) if v.newest else "-"
+        lines.append("  %s  %-32s %-10s newest %-28s %s" % (mark, v.run, v.state or "?", ck, v.reason))
+    for w in report.warnings:
+        lines.append("  warning: %s" % w)
+    m = report.meter
+    irrev = {True: "IRREVERSIBLE (what is on the box is gone after it)", False: "reversible", None: "reversibility unknown"}[m.irreversible]
+    lines.append("Meter stop on profile %s: %s — %s; verified %s%s" % (
+        m.profile, m.verb, irrev, m.verified or "(no date)", ", source: %s" % m.source if m.source else ""))
+    if m.note:
+        lines.append("  note: %s" % m.note)
+    return "\n".join(lines) + "\n"

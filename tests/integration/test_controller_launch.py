@@ -1,0 +1,128 @@
+"""`onboxctl run` on several boxes at once (and from a fan-out file), and `status` reading a tracker over HTTP."""
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import os
+import pty
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+
+from tests.conftest import subprocess_env
+from tests.hosts.sshd_box import close_masters
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ctl_env(tmp_path):
+    cm = tempfile.mkdtemp(prefix="ol", dir="/tmp")
+    yield subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "cfg"), "ONBOX_SSH_CONTROL_DIR": cm})
+    close_masters(cm)
+    shutil.rmtree(cm, ignore_errors=True)
+
+
+def ctl(env, *args, check=True):
+    r = subprocess.run([sys.executable, "-m", "controller", *args], env=env, capture_output=True, text=True,
+                       timeout=120)
+    if check:
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onbox.supervisor") is None, reason="needs the supervisor (onbox run)")
+def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_env, tmp_path, onbox_pyz):
+    e = sshd_box.inventory_entry()
+    for name in ("b1", "b2", "b3"):  # three inventory names for one sshd: three "boxes" as far as ssh knows
+        add = ["box", "add", name, "--host", e["host"], "--port", str(e["port"]), "--user", "root",
+               "--identity", e["identity"], "--python", e["python"]]
+        for o in e["options"]:
+            add += ["--ssh-option", o]
+        ctl(ctl_env, *add)
+    ctl(ctl_env, "push", "b1", "--pyz", onbox_pyz)
+    r = ctl(ctl_env, "run", "b1", "b2", "--name", "sweep", "--parallel", "2", "--json", "--", "sleep", "30")
+    runs = json.loads(r.stdout)["runs"]
+    assert [(x["box"], x["name"], x["ok"]) for x in runs] == [("b1", "sweep-b1", True), ("b2", "sweep-b2", True)]
+    assert all(x["state"] == "running" and x["pid"] for x in runs)
+    fan = tmp_path / "fan.txt"
+    fan.write_text("# one box a line\nb3 -- sleep 31\n")
+    r = ctl(ctl_env, "run", "--fanout", str(fan), "--name", "solo", "--json")
+    assert json.loads(r.stdout)["runs"][0]["name"] == "solo"
+    # a second launch under a live name is refused by the agent (no double launch), reported per box
+    r = ctl(ctl_env, "run", "b1", "--name", "sweep-b1", "--", "sleep", "1", check=False)
+    assert r.returncode != 0 and "FAILED to start sweep-b1" in r.stderr
+    # without a tracker, status asks each box over ssh
+    r = ctl(ctl_env, "status", "--json")
+    names = {(x["box"], x["run"]) for x in json.loads(r.stdout)["runs"]}
+    assert {("b1", "sweep-b1"), ("b1", "sweep-b2"), ("b1", "solo")} <= names
+    # stop what we started, through the agents, in one call
+    script = " ".join("%s .onbox/onbox.pyz stop %s --grace 2 >/dev/null 2>&1 &" % (e["python"], run)
+                      for run in ("sweep-b1", "sweep-b2", "solo")) + " wait"
+    subprocess.run(["ssh", *sshd_box.client_options_argv(), "-p", str(sshd_box.port), "root@127.0.0.1", script],
+                   capture_output=True, timeout=60)
+
+
+class _Tracker(http.server.BaseHTTPRequestHandler):
+    doc: dict = {}
+    auth: list = []
+
+    def do_GET(self):
+        self.auth.append(self.headers.get("Authorization"))
+        body = json.dumps(self.doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_status_reads_the_tracker_and_watch_refreshes(ctl_env, tmp_path):
+    _Tracker.doc = {"runs": [{"run": "r1", "box": "gpu1", "liveness": "silent", "age_s": 400,
+                              "latest": {"run": "r1", "box": "gpu1", "state": "running", "attempt": 0,
+                                         "progress": {"step": 7, "loss": 3.5}}}]}
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Tracker)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    token = tmp_path / "tok"
+    token.write_text("sekret\n")
+    try:
+        url = "http://127.0.0.1:%d" % srv.server_address[1]
+        r = ctl(ctl_env, "status", "--tracker", url, "--tracker-token-file", str(token), "--watch",
+                "--interval", "0.2", "--count", "2")
+        assert r.stdout.count("6m SILENT") == 2 and r.stdout.count("BOX") == 2
+        assert _Tracker.auth[-1] == "Bearer sekret"
+        r = ctl(ctl_env, "status", "--json", "--tracker", url, "--tracker-token-file", str(token))
+        assert json.loads(r.stdout)["runs"][0]["liveness"] == "silent"
+        # on a terminal, --watch redraws in place: cursor home + clear-to-end each frame, no scrolling copies
+        master, slave = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "controller", "status", "--tracker", url, "--tracker-token-file",
+                              str(token), "--watch", "--interval", "0.2", "--count", "3"], env=ctl_env, stdout=slave,
+                             stderr=subprocess.PIPE)
+        os.close(slave)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            screen += chunk
+        p.wait(timeout=30)
+        os.close(master)
+        assert p.returncode == 0
+        assert screen.count(b"\x1b[H") == 3 and screen.count(b"\x1b[2J") == 1 and screen.count(b"6m SILENT") == 3
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    r = ctl(ctl_env, "status", "--tracker", url, check=False)
+    assert r.returncode == 3 and "cannot read the tracker" in r.stderr
