@@ -37,7 +37,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
          "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False)},
     "detect": {"env": (LIST, False), "paths": (LIST, False), "files": (LIST, False), "priority": (INT, False)},
     "billing": dict(MONEY, meter_stop=(STR, True), irreversible=(BOOL, True)),
-    "preemption": dict(MONEY, signal=(STR, True), grace_seconds=(NUM, False), notice_source=(STR, True)),
+    "preemption": dict(MONEY, signal=(STR, True), grace_seconds=(NUM, False), notice_source=(STR, True),
+                       signal_lead=(NUM, False)),  # Slurm: seconds before the time limit for --signal (sbatch)
     "paths": dict(MONEY, fast=(STR, True), durable=(STR, True), inode_cap=(INT, False)),
     "ssh": {"user": (STR, True), "port": (INT, False)},
     "hooks": {"proxy": (STR, False), "proxy_note": (STR, False)},

@@ -124,8 +124,13 @@ def preflight(cfg: "RunConfig", environ: Optional[Dict[str, str]] = None) -> Non
 
 def make_hooks(ctx: RunContext) -> Hooks:
     """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
+    import os
+
     from onbox.checkpoints.hook import CheckpointCommitHook
     from onbox.heartbeat.hook import HeartbeatHook
     from onbox.reaper import ReaperHook
+    from onbox.slurm import checkpoint_hook_for_node
 
-    return Hooks(checkpoints=CheckpointCommitHook(ctx), telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
+    # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm.py).
+    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
+    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))

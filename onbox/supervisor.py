@@ -12,6 +12,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox import classify as cls
+from onbox import slurm
 from onbox.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
@@ -21,21 +22,9 @@ from onbox.rundir import LogTailer, RunDir
 from onbox.runhooks import Hooks, RunContext, make_hooks
 from onbox.runstate import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for",
-           "requeue_command"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
 DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
-
-
-def requeue_command(job_id: str, timeout: float = 30.0) -> bool:
-    """`scontrol requeue JOB` (the Slurm engineer refines this in onbox/slurm.py). True when it succeeded."""
-    import subprocess
-
-    try:
-        return subprocess.run(["scontrol", "requeue", job_id], timeout=timeout, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 class Supervisor:
@@ -44,7 +33,8 @@ class Supervisor:
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
                  oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
-                 requeue: Callable[[str], bool] = requeue_command, environ: Optional[Dict[str, str]] = None,
+                 requeue: Optional[Callable[[str], bool]] = None, slurm_runner: Optional[Callable[..., Any]] = None,
+                 environ: Optional[Dict[str, str]] = None,
                  log: Optional[Callable[[str], None]] = None,
                  waiter: Optional[Callable[[float], None]] = None) -> None:
         self.cfg = cfg
@@ -54,7 +44,8 @@ class Supervisor:
         # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
         self.waiter = waiter or self._select_wait
         self.oom_reader = oom_reader
-        self.requeue = requeue
+        self.requeue = requeue  # None: onbox.slurm.requeue (`scontrol requeue`)
+        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
@@ -88,6 +79,8 @@ class Supervisor:
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.attempt_no))
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+        # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
+        self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
         self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
@@ -228,7 +221,8 @@ class Supervisor:
         self._chld = self._chld or signal.SIGCHLD in signals
         for s in signals:
             if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
-                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(None),
+                lead = self.sigterm_lead if s == signal.SIGTERM else None
+                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(lead),
                                               now_w))
             elif s != signal.SIGCHLD:
                 self._log("ignoring %s" % signal.Signals(s).name)
@@ -435,11 +429,6 @@ class Supervisor:
         source = self.notice.source if self.notice else "?"
         self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % source
         self.transition(RunState.PREEMPTED, reason=source)
-        job = self.environ.get("SLURM_JOB_ID")
-        want = self.cfg.requeue if self.cfg.requeue is not None else bool(job)
-        if want and job:
-            ok = self.requeue(job)
-            self.emit("requeue", job_id=job, ok=ok)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""
@@ -448,6 +437,10 @@ class Supervisor:
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)
+            else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm.py)
+                slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
+                                 self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
+                                 runner=self.slurm_runner, requeue_fn=self.requeue)
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

@@ -7,7 +7,7 @@ import os
 import pytest
 
 pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
-                        "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box"]
+                        "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box", "tests.hosts.slurm"]
 
 
 @pytest.fixture

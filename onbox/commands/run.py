@@ -108,7 +108,10 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
-    cfg.name = cfg.name or _default_name(cfg.command)
+    from onbox.slurm import default_run_name
+
+    # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm.py).
+    cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
     _check_runs_dir(paths.runs_dir())
     preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
     rd = RunDir(paths.run_dir(cfg.name))

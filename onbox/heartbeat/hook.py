@@ -22,6 +22,7 @@ from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
+from onbox.slurm import heartbeat_fields
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
 from onbox.telemetry.metrics import MetricsParser
 from onbox.telemetry.progress import MetricsFileTail, Progress
@@ -83,6 +84,7 @@ class HeartbeatHook:
             stall_seconds=cfg.stall_minutes * 60.0, crash_loop_threshold=cfg.crash_loop_threshold))
         self.progress = Progress()
         self.box = box_name()
+        self.slurm = heartbeat_fields(os.environ)
         hb_dir = os.path.join(ctx.run_dir, "heartbeats")
         os.makedirs(hb_dir, exist_ok=True)
         self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
@@ -242,6 +244,7 @@ class HeartbeatHook:
                       "restarts": state.get("restarts"), "last_exit": state.get("last_exit"),
                       "last_output_age_s": last_output_age},
             "preemption": state.get("preemption"),
+            "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm.py); None outside
             "progress": progress,
             "checkpoint": checkpoint,
             "gpus": gpus,

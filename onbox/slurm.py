@@ -1,0 +1,269 @@
+"""The agent inside a Slurm job: who the job is, what its run is called, and how it puts itself back in the queue.
+
+Facts (DOMAIN.md, Slurm): SLURM_RESTART_COUNT is ABSENT on the first run, 1 on the second; `scontrol requeue
+$SLURM_JOB_ID` puts a running job back in the queue (with `--requeue`); an array task's SLURM_JOB_ID is its own id,
+so requeueing it requeues only that task. A requeue is for preemption and the time limit only: a job that finished,
+or failed for its own reasons, is never requeued (a crash loop is not a preemption).
+
+Multi-node: one agent per node (`srun --ntasks-per-node=1`). Node 0 / rank 0 is the primary: it alone commits
+checkpoints and requeues; every agent reports heartbeats. Non-primary agents run as `<run>.node<N>` so their
+heartbeats and run dirs do not collide with the primary's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from onbox.errors import JobFailed
+
+REQUEUE_TIMEOUT = 30.0  # seconds; scontrol answers in milliseconds unless slurmctld is unreachable
+
+
+class SlurmError(JobFailed):
+    """A Slurm client command failed; the message carries its stderr."""
+
+
+def _int(environ: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(environ.get(key, "") or default)
+    except ValueError:
+        return default
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm job this process runs in, read from its environment (one typed reader for every SLURM_* var)."""
+
+    job_id: str
+    array_job_id: Optional[str] = None
+    array_task_id: Optional[str] = None
+    restart_count: int = 0  # SLURM_RESTART_COUNT, absent on the first run -> 0
+    node_list: Optional[str] = None  # SLURM_JOB_NODELIST, e.g. "node[01-04]"
+    num_nodes: int = 1
+    node_id: int = 0  # SLURM_NODEID: this node's index in the allocation
+    proc_id: int = 0  # SLURM_PROCID: this task's global rank (0 in the batch shell)
+    job_name: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Optional["SlurmJob"]:
+        """The job, or None when not inside Slurm (no SLURM_JOB_ID)."""
+        job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+        if not job_id:
+            return None
+        task = environ.get("SLURM_ARRAY_TASK_ID") or None
+        return cls(
+            job_id=job_id,
+            array_job_id=(environ.get("SLURM_ARRAY_JOB_ID") or None) if task is not None else None,
+            array_task_id=task,
+            restart_count=_int(environ, "SLURM_RESTART_COUNT", 0),
+            node_list=environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or None,
+            num_nodes=_int(environ, "SLURM_JOB_NUM_NODES", _int(environ, "SLURM_NNODES", 1)),
+            node_id=_int(environ, "SLURM_NODEID", 0),
+            proc_id=_int(environ, "SLURM_PROCID", 0),
+            job_name=environ.get("SLURM_JOB_NAME") or None,
+        )
+
+    @property
+    def is_array_task(self) -> bool:
+        return self.array_task_id is not None
+
+    @property
+    def is_primary(self) -> bool:
+        """Node 0 / rank 0: the one agent that commits checkpoints and requeues the job."""
+        return self.node_id == 0 and self.proc_id == 0
+
+    def run_name(self, base: Optional[str] = None) -> str:
+        """The run this job continues: the same on every requeue, one per array task, one per node.
+
+        No base: `slurm-<job>` or `slurm-<array job>_<task>`. With a base (the user's --name): `<base>` or
+        `<base>-<task>`. A non-primary node adds `.node<N>`. `onbox sbatch` scripts compute the same in bash.
+        """
+        if base:
+            name = "%s-%s" % (base, self.array_task_id) if self.is_array_task else base
+        elif self.is_array_task:
+            name = "slurm-%s_%s" % (self.array_job_id or self.job_id, self.array_task_id)
+        else:
+            name = "slurm-%s" % self.job_id
+        if self.node_id != 0:
+            name += ".node%d" % self.node_id
+        return name
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields a heartbeat carries under "slurm" (stable keys; None where not applicable)."""
+        return {
+            "job_id": self.job_id,
+            "array_job_id": self.array_job_id,
+            "array_task_id": self.array_task_id,
+            "restart_count": self.restart_count,
+            "node_list": self.node_list,
+            "num_nodes": self.num_nodes,
+            "node_id": self.node_id,
+            "proc_id": self.proc_id,
+            "is_primary": self.is_primary,
+            "job_name": self.job_name,
+        }
+
+
+def heartbeat_fields(environ: Mapping[str, str]) -> Optional[Dict[str, Any]]:
+    """`SlurmJob.from_env(environ).to_dict()`, or None outside Slurm: what the heartbeat puts under "slurm"."""
+    job = SlurmJob.from_env(environ)
+    return job.to_dict() if job is not None else None
+
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _scontrol(args: List[str], timeout: float, runner: Optional[Runner]) -> "subprocess.CompletedProcess[str]":
+    argv = ["scontrol", *args]
+    run = runner or subprocess.run
+    try:
+        cp = run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError("scontrol not found on PATH", hint="run the agent on a Slurm node, or pass --no-requeue")
+    except subprocess.TimeoutExpired:
+        raise SlurmError("`%s` did not answer within %.0f s" % (" ".join(argv), timeout),
+                         hint="slurmctld may be down; `scontrol ping` tells")
+    if cp.returncode != 0:
+        raise SlurmError("`%s` failed (exit %d): %s" % (" ".join(argv), cp.returncode,
+                                                        (cp.stderr or cp.stdout or "").strip()),
+                         hint="the job needs --requeue (onbox sbatch asks for it) and JobRequeue allowed")
+    return cp
+
+
+def requeue(job_id: str, timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None) -> None:
+    """`scontrol requeue JOB`: back in the queue; it starts again with SLURM_RESTART_COUNT+1 after cred_expire+1 s.
+
+    Raises SlurmError (message carries scontrol's stderr) when Slurm refuses or does not answer.
+    """
+    if not re.match(r"^[0-9]+(_[0-9]+)?$", str(job_id)):
+        raise SlurmError("not a Slurm job id: %r" % (job_id,))
+    _scontrol(["requeue", str(job_id)], timeout, runner)
+
+
+def kill_wait(timeout: float = 10.0, runner: Optional[Runner] = None) -> Optional[float]:
+    """KillWait in seconds (the grace between SIGTERM at the time limit and SIGKILL), None when unknown."""
+    try:
+        cp = _scontrol(["show", "config"], timeout, runner)
+    except SlurmError:
+        return None
+    m = re.search(r"^KillWait\s*=\s*(\d+)", cp.stdout, re.MULTILINE)
+    return float(m.group(1)) if m else None
+
+
+# Why a run ended -> whether Slurm should run it again. Only the Slurm warning signal (`--signal=B:SIG@T` before the
+# time limit, or `scancel --signal=SIG --batch`) is a reason to requeue. SIGTERM is not: it is the time limit itself
+# (the job is already ending) or a user's `scancel`, and `scontrol requeue` would bring back a job the user cancelled
+# (it requeues finished jobs too). A run that finished or failed for its own reasons is never requeued.
+def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optional[str],
+                     slurm_signal: str = "USR1", enabled: Optional[bool] = None) -> Tuple[bool, str]:
+    """(requeue?, why) for a run that ended with `outcome` (the supervisor's final state: "preempted",
+    "succeeded", "failed", "stopped", ...) after a notice from `notice_signal` (e.g. "SIGUSR1"; None when no
+    signal). The reason is meant for the log: a user must see why a job did or did not come back."""
+    if job is None:
+        return False, "not inside a Slurm job"
+    if enabled is False:
+        return False, "requeue disabled"
+    if not job.is_primary:
+        return False, "node %d is not the primary; node 0 requeues the job" % job.node_id
+    if outcome in ("done", "succeeded", "stopped"):
+        return False, "the run ended as %s: not requeued" % outcome
+    if outcome != "preempted":
+        return False, ("the run ended as %s for its own reasons, not a preemption: not requeued "
+                       "(a crash loop is not a preemption)" % outcome)
+    want = _signame(slurm_signal)
+    got = _signame(notice_signal) if notice_signal else None
+    if got != want:
+        return False, ("preempted by %s, not by the Slurm signal %s: the job is ending (time limit or scancel): "
+                       "not requeued" % (got or "a notice", want))
+    return True, "preempted by %s: requeueing job %s (restart %d -> %d)" % (
+        want, job.job_id, job.restart_count, job.restart_count + 1)
+
+
+def _signame(value: str) -> str:
+    from onbox.config import parse_signal
+    from onbox.errors import UsageError
+
+    text = str(value)
+    if text.startswith("signal:"):  # the supervisor's notice source, e.g. "signal:SIGUSR1"
+        text = text[len("signal:"):]
+    try:
+        return parse_signal(text).name
+    except UsageError:
+        return text
+
+
+def default_run_name(environ: Mapping[str, str]) -> Optional[str]:
+    """The run name inside a Slurm job when the user gave none (`SlurmJob.run_name()`), None outside Slurm."""
+    job = SlurmJob.from_env(environ)
+    return job.run_name() if job is not None else None
+
+
+def sigterm_grace(environ: Mapping[str, str], timeout: float = 10.0, runner: Optional[Runner] = None
+                  ) -> Optional[float]:
+    """Inside Slurm, SIGTERM means the time limit (or scancel) and SIGKILL follows after KillWait: the seconds a
+    SIGTERM notice really has. None outside Slurm or when scontrol does not say."""
+    if SlurmJob.from_env(environ) is None:
+        return None
+    return kill_wait(timeout, runner)
+
+
+def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, enabled: Optional[bool],
+               environ: Mapping[str, str], log: Callable[[str], Any], emit: Callable[..., Any],
+               timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None,
+               requeue_fn: Optional[Callable[[str], Any]] = None) -> Optional[bool]:
+    """What the agent does with its job when the run reaches a terminal state: requeue it (only after the Slurm
+    signal) or say why not, in the log and as an event. True when requeued; None outside Slurm.
+    `requeue_fn(job_id)` replaces `requeue()` (a seam for tests; a false return is a failure)."""
+    job = SlurmJob.from_env(environ)
+    if job is None:
+        return None
+    ok, why = requeue_decision(job, outcome, notice_source, preempt_signal, enabled)
+    if not ok:
+        log("slurm job %s: %s" % (job.job_id, why))
+        emit("requeue_skipped", job_id=job.job_id, reason=why, slurm=job.to_dict())
+        return False
+    try:
+        if requeue_fn is None:
+            requeue(job.job_id, timeout, runner)
+        elif not requeue_fn(job.job_id):
+            raise SlurmError("requeue of job %s was refused" % job.job_id)
+    except SlurmError as e:
+        log("slurm job %s: requeue FAILED: %s%s" % (job.job_id, e.message, (" (hint: %s)" % e.hint) if e.hint else ""))
+        emit("requeue", job_id=job.job_id, ok=False, error=e.message, slurm=job.to_dict())
+        return False
+    log("slurm job %s: %s" % (job.job_id, why))
+    emit("requeue", job_id=job.job_id, ok=True, reason=why, slurm=job.to_dict())
+    return True
+
+
+class PrimaryOnlyCommits:
+    """A checkpoint hook for a non-primary node of a multi-node job: it restores like the real one (every rank
+    must resume from the same step) but never commits; node 0 commits for the job. See make_hooks."""
+
+    def __init__(self, inner: Any, node_id: int, emit: Optional[Callable[..., Any]] = None) -> None:
+        self.inner = inner
+        self.node_id = node_id
+        self.told = False
+        self.emit = emit
+
+    def restore(self) -> Optional[str]:
+        return self.inner.restore()  # type: ignore[no-any-return]
+
+    def periodic(self) -> None:
+        if not self.told and self.emit is not None:
+            self.told = True
+            self.emit("commit_skipped", reason="slurm node %d is not the primary; node 0 commits" % self.node_id)
+
+    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        return None
+
+
+def checkpoint_hook_for_node(inner: Any, environ: Mapping[str, str], emit: Optional[Callable[..., Any]] = None
+                             ) -> Any:
+    """`inner` on the primary (and outside Slurm); a restore-only wrapper on the other nodes."""
+    job = SlurmJob.from_env(environ)
+    if job is None or job.is_primary:
+        return inner
+    return PrimaryOnlyCommits(inner, job.node_id, emit)
