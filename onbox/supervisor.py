@@ -59,6 +59,7 @@ class Supervisor:
         self.notice: Optional[PreemptionNotice] = None
         self.stopping_by_request = False
         self.final_done = False
+        self.stopping_since = 0.0
         self.escalated = False
         self.killed = False
         self.backoff_until = 0.0
@@ -378,6 +379,7 @@ class Supervisor:
     def _begin_stopping(self) -> None:
         assert self.notice is not None
         open(self.rd.preempt_file, "a").close()  # ONBOX_PREEMPT_FILE, for trainers that poll
+        self.stopping_since = self.clock.monotonic()
         if self.child is not None and self.exit_status is None:
             self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
             self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=self.child.pgid)
@@ -389,7 +391,9 @@ class Supervisor:
         if self.child is None or self.exit_status is not None:
             if self.child is not None:
                 self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
-            self._final(deadline)
+            # When the reserve forced an early commit, the trainer may have saved since: commit again (the hook
+            # skips what is already committed).
+            self._final(deadline, again=self.escalated and now < deadline)
             return self._end_stopping()
         if now >= deadline:
             if not self.killed:  # once: the loop comes back here every few ms until the exit is seen
@@ -398,7 +402,7 @@ class Supervisor:
                 self.proc.signal_group(self.child.pgid, signal.SIGKILL)
                 self.emit("escalated", signal="SIGKILL")
             return
-        if now >= deadline - self.cfg.sync_reserve and not self.escalated:
+        if now >= deadline - self._reserve(deadline) and not self.escalated:
             self.escalated = True
             self._final(deadline)  # keep the reserve for the commit, whatever the child is doing
             if self.checkpoint_signal != signal.SIGTERM:
@@ -411,8 +415,13 @@ class Supervisor:
         checkpoint written just before the exit (or a commit still in flight) would never be committed."""
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
 
-    def _final(self, deadline: float) -> None:
-        if self.final_done:
+    def _reserve(self, deadline: float) -> float:
+        """Seconds kept back for the final commit: sync_reserve, but never more than half the grace window, so a
+        short grace (Slurm KillWait 5 s, RunPod ~5 s) still gives the trainer time to save before the commit."""
+        return min(self.cfg.sync_reserve, max(0.0, (deadline - self.stopping_since) / 2.0))
+
+    def _final(self, deadline: float, again: bool = False) -> None:
+        if self.final_done and not again:
             return
         self.final_done = True
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)

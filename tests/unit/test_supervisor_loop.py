@@ -149,3 +149,25 @@ def test_notice_during_backoff_ends_preempted_without_a_new_attempt(tmp_path):
     assert sup.run() == RunState.PREEMPTED
     assert len(procs.spawned) == 1 and len(ckpts.finals) == 1
     assert sup.state_doc()["preemption"]["source"] == "signal:SIGUSR1"
+
+
+def test_short_grace_keeps_half_for_the_trainer_and_commits_again_after_it_saved(tmp_path):
+    """Slurm's KillWait (5 s) or RunPod (~5 s) is shorter than sync_reserve (10 s): the early commit must not run
+    at once, before the trainer saved; and what the trainer saved before exiting is committed after all."""
+    def saves_then_exits(t: float, sigs: List[int]) -> Optional[ExitStatus]:
+        return ExitStatus(code=0) if sigs and t >= 8.0 else None  # the notice comes at 5 s; saved and out 3 s later
+
+    sup, procs, ckpts, clock = make(tmp_path, [saves_then_exits], grace=4.0, sync_reserve=10.0)
+    original_sleep = clock.sleep
+
+    def sleep_and_preempt(seconds: float) -> None:
+        original_sleep(min(seconds, 0.5))
+        if sup.state == RunState.RUNNING and sup.notice is None and clock.monotonic() >= 1005.0:
+            sup._on_signal(signal.SIGTERM, None)
+
+    sup.waiter = sleep_and_preempt
+    assert sup.run() == RunState.PREEMPTED
+    t0 = procs.signals[0][0]  # the checkpoint signal
+    calls = [(round(at - t0, 1), round(deadline - t0, 1)) for at, deadline in ckpts.finals]
+    assert calls[0] == (2.0, 4.0)  # half the 4 s grace kept for the trainer, not the whole 10 s reserve
+    assert len(calls) == 2 and calls[1][0] < 4.0 and calls[1][1] == 4.0  # again once the child exited in time
