@@ -454,3 +454,21 @@ def test_copy_survives_a_copy_file_range_that_stops_short(tmp_path, monkeypatch,
     monkeypatch.setattr(hashcopy, "CFR_CHUNK", 8192)
     size, digest = hashcopy.copy_and_hash(str(src), str(tmp_path / "dst.bin"))
     assert (size, digest) == hashcopy.hash_file(str(src)) == hashcopy.hash_file(str(tmp_path / "dst.bin"))
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "model.pth", "last.ckpt", "pytorch_model.bin"])
+def test_an_empty_torch_file_is_torn_never_complete_and_fails_verify(tmp_path, name):
+    # a save killed (OOM, SIGKILL) before torch.save's first buffered write reached the disk leaves a 0-byte file;
+    # quiescent or not, it must never be committed or handed to the trainer as ONBOX_RESUME_FROM
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / name).write_bytes(b"")
+    assert not formats.check_file(str(d / name)).ok
+    clock = FakeClock()
+    tr = CompletionTracker(settle_seconds=1.0)
+    clock.advance(5.0)
+    tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    clock.advance(5.0)
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    assert not c.complete and "empty" in c.reason
+    assert not verify_path(str(d / name)).ok
