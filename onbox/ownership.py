@@ -72,14 +72,29 @@ class AttemptIndex:
 
     def owner_of(self, h: Holder) -> Optional[Attempt]:
         """The attempt whose session the holder is in. A session's members start after its leader, so a holder
-        that started before the attempt's leader is in a recycled session id, not ours."""
+        that started before the attempt's leader is in a recycled session id, not ours. When a session id was
+        recycled (the kernel reuses a pid once its session emptied), the holder belongs to the NEWEST session of
+        that id that began before it: another run's live attempt may now lead session S that an old attempt of
+        ours once had."""
+        best: Optional[Attempt] = None
         for a in self.by_sid.get(h.sid, []):
             if a.start_ticks is not None and h.start_ticks < a.start_ticks:
                 continue
             if a.start_ticks is None and a.started_at is not None and h.start_time < a.started_at - START_SLACK_S:
                 continue
-            return a
-        return None
+            if best is None or _started_later(a, best):
+                best = a
+        return best
+
+
+def _started_later(a: Attempt, b: Attempt) -> bool:
+    """Whether attempt a's session began after b's (ticks when both are known, else wall clock; a current
+    attempt wins a tie it cannot break, so a live one is never mistaken for an old one)."""
+    if a.start_ticks is not None and b.start_ticks is not None and a.start_ticks != b.start_ticks:
+        return a.start_ticks > b.start_ticks
+    if a.started_at is not None and b.started_at is not None and a.started_at != b.started_at:
+        return a.started_at > b.started_at
+    return a.current and not b.current
 
 
 def _leader_alive(pid: Optional[int], start_ticks: Optional[int]) -> bool:
@@ -159,6 +174,8 @@ def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None
             a = index.by_run.get(marker) if marker else None
         if h.pid in me and not h.other_pid_ns:
             h.owner = "self"
+        elif a is not None and a.current:  # a live attempt (of any run) is never an orphan, whatever the caller says
+            h.owner, h.run, h.attempt = "current", a.run, a.n
         elif h.sid in extra_earlier_sids:  # the supervisor says so: that attempt is over
             h.owner = "earlier"
             if a is not None:
