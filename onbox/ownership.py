@@ -35,6 +35,7 @@ class Attempt:
     start_ticks: Optional[int]  # the leader's /proc start time in clock ticks (supervisor's `start_time`)
     started_at: Optional[float]  # wall clock (supervisor's `started_at`)
     current: bool
+    ended_at: Optional[float] = None  # wall clock (supervisor's `ended_at`): its session was emptied then
 
 
 def _int(v: Any) -> Optional[int]:
@@ -82,6 +83,8 @@ class AttemptIndex:
                 continue
             if a.start_ticks is None and a.started_at is not None and h.start_time < a.started_at - START_SLACK_S:
                 continue
+            if a.ended_at is not None and h.start_time > a.ended_at + START_SLACK_S:
+                continue  # started after the attempt ended (and its session was cleared): a recycled session id
             if best is None or _started_later(a, best):
                 best = a
         return best
@@ -122,7 +125,7 @@ def attempts_of(state: Dict[str, Any], run: str,
         out.append(Attempt(
             run=str(state.get("run") or run), n=i if n is None else n,
             sid=sid, pgid=_int(a.get("pgid")), pid=pid, start_ticks=ticks, started_at=_num(a.get("started_at")),
-            current=live and newest and leader_alive(pid, ticks),
+            current=live and newest and leader_alive(pid, ticks), ended_at=_num(a.get("ended_at")),
         ))
     return out
 
@@ -176,7 +179,9 @@ def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None
             h.owner = "self"
         elif a is not None and a.current:  # a live attempt (of any run) is never an orphan, whatever the caller says
             h.owner, h.run, h.attempt = "current", a.run, a.n
-        elif h.sid in extra_earlier_sids:  # the supervisor says so: that attempt is over
+        elif h.sid in extra_earlier_sids and (a is not None or not index.by_sid.get(h.sid)):
+            # the supervisor says so: that attempt is over (unless the index knows that session id and the
+            # holder is not of it: the id was recycled)
             h.owner = "earlier"
             if a is not None:
                 h.run, h.attempt = a.run, a.n

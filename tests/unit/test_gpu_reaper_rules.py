@@ -277,3 +277,26 @@ def test_a_recycled_session_id_now_leading_another_runs_live_attempt_is_never_re
         classify(scan, index, my_pid=1, extra_earlier_sids=[400], proc=str(tmp_path))
         assert (h.owner, h.run, h.attempt) == ("current", "b", 3)
         assert decide(h, **RULES).verdict == "keep"
+
+
+def test_a_process_that_started_after_an_attempt_ended_is_not_in_its_session(tmp_path):
+    # the supervisor empties an attempt's session when it ends, so pid 400 may then lead a foreign session (the
+    # user's notebook on the GPU): a holder that started after attempt 0 ended is not its orphan, even though the
+    # supervisor lists 400 among its earlier sessions
+    from onbox.ownership import classify
+    from onbox.telemetry.holders import ScanResult
+
+    old = Attempt(run="a", n=0, sid=400, pgid=400, pid=400, start_ticks=1000, started_at=1_700_000_000.0,
+                  current=False, ended_at=1_700_000_500.0)
+    index = AttemptIndex([old])
+    assert index.owner_of(holder(sid=400, start_ticks=2000, start_time=1_700_000_100.0)) is old
+    late = holder(sid=400, start_ticks=900000, start_time=1_700_009_000.0)
+    assert index.owner_of(late) is None
+    scan = ScanResult(holders=[late], scanned=1, unreadable=[], vanished=0, devices=[], nvml_unmatched=[],
+                      nvml_available=False, duration_s=0.0)
+    classify(scan, index, my_pid=1, extra_earlier_sids=[400], proc=str(tmp_path))
+    assert late.owner == "foreign"
+    doc = {"run": "a", "state": "backoff", "current_sid": None,
+           "attempts": [{"n": 0, "pid": 400, "sid": 400, "start_time": 1000, "started_at": 1_700_000_000.0,
+                         "ended_at": 1_700_000_500.0}]}
+    assert attempts_of(doc, "a", leader_alive=lambda p, t: False)[0].ended_at == 1_700_000_500.0
