@@ -472,3 +472,19 @@ def test_an_empty_torch_file_is_torn_never_complete_and_fails_verify(tmp_path, n
     [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time())
     assert not c.complete and "empty" in c.reason
     assert not verify_path(str(d / name)).ok
+
+
+def test_retention_never_deletes_the_checkpoint_it_just_committed_when_steps_went_back(tmp_path):
+    # a run re-launched under the same name that trains from scratch (or a trainer whose step counter reset)
+    # commits step 100 next to an older attempt's steps 3000..5000: ordering by step alone retired the new
+    # checkpoint the moment it was committed, every time, so durable storage never held the live run's progress
+    clock = FakeClock()
+    d = tmp_path / "ck"
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", clock, Recorder())
+    for s in (3000, 4000, 5000, 100, 200):
+        clock.advance(60.0)
+        write_torch_zip(str(d / ("step_%d.pt" % s)))
+        com.commit(next(c for c in complete_cands(str(d)) if c.name == "step_%d.pt" % s))
+        com.apply_retention(keep_last=2)
+        assert "step_%d.pt" % s in [e["name"] for e in com.committed()]
+    assert "step_200.pt" in os.listdir(tmp_path / "dur" / "r1" / "checkpoints")
