@@ -55,7 +55,7 @@ class FakeProcs:
             self._current[3].append(int(sig))
         return True
 
-    def kill_session(self, sid, timeout, log=None) -> List[int]:
+    def kill_session(self, sid, timeout, log=None, leader_start=None) -> List[int]:
         return []
 
     def reap_zombies(self, keep=()) -> List[int]:
