@@ -83,6 +83,25 @@ def preflight(durable: str, which: Callable[[str], Optional[str]] = shutil.which
                          hint="install rclone (https://rclone.org/install/), or give --durable a mounted path")
 
 
+def overlap_problem(durable: str, run: str, ckpt_dir: str) -> Optional[str]:
+    """Why a mounted durable target cannot serve a run whose trainer writes into `ckpt_dir` (None when it can).
+    When <durable>/<run> and the checkpoint dir are the same directory or one holds the other, a commit would
+    replace the trainer's own checkpoint by its staged copy (and start() would clean the trainer's directories
+    as manifest-less leftovers): data loss, so it is refused before anything runs."""
+    if not (os.path.isabs(durable) or ":" not in durable.split("/", 1)[0]):
+        return None  # an rclone remote is never the local checkpoint dir
+    run_root = os.path.realpath(os.path.join(os.path.expanduser(durable), run))
+    ckpt = os.path.realpath(os.path.expanduser(ckpt_dir))
+
+    def inside(a: str, b: str) -> bool:
+        return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+    if inside(ckpt, run_root) or inside(run_root, ckpt):
+        return ("the checkpoint dir %s and the run's durable dir %s overlap: a commit would overwrite the "
+                "trainer's checkpoints with their copies" % (ckpt, run_root))
+    return None
+
+
 class LocalPathTarget:
     """A mounted filesystem: network volume, NFS, a platform's shared FS. Rename is atomic here."""
 

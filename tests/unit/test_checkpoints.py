@@ -488,3 +488,36 @@ def test_retention_never_deletes_the_checkpoint_it_just_committed_when_steps_wen
         com.apply_retention(keep_last=2)
         assert "step_%d.pt" % s in [e["name"] for e in com.committed()]
     assert "step_200.pt" in os.listdir(tmp_path / "dur" / "r1" / "checkpoints")
+
+
+@pytest.mark.parametrize("layout", ["same", "ckpt-inside-durable-run", "durable-run-inside-ckpt"])
+def test_a_checkpoint_dir_overlapping_the_durable_run_dir_is_refused_before_anything_is_touched(tmp_path, layout):
+    # --durable /ws --ckpt-dir /ws/myrun/checkpoints: the committer "replaced the manifest-less leftover"
+    # /ws/myrun/checkpoints/checkpoint-500 (the trainer's own checkpoint) by its staged copy, then deleted that
+    # too when the source "changed": the trainer's checkpoint was gone
+    from onbox.errors import UsageError
+    from onbox.runhooks import preflight
+
+    ws = tmp_path / "ws"
+    ckpt = {"same": ws / "myrun" / "checkpoints", "ckpt-inside-durable-run": ws / "myrun" / "checkpoints" / "x",
+            "durable-run-inside-ckpt": ws}[layout]
+    hf = ckpt / "checkpoint-500"
+    hf.mkdir(parents=True)
+    (hf / "trainer_state.json").write_text("{}")
+    cfg = RunConfig(name="myrun", ckpt_dir=str(ckpt), durable=str(ws), settle_seconds=0.0).validate()
+    with pytest.raises(UsageError) as e:
+        preflight(cfg, environ={})
+    assert "overlap" in e.value.message
+    ctx = RunContext(name="myrun", run_dir=str(tmp_path / "rd"), ckpt_dir=str(ckpt), config=cfg, clock=FakeClock(),
+                     emit=Recorder(), attempt=lambda: 0)
+    os.makedirs(ctx.run_dir)
+    with pytest.raises(UsageError):
+        CheckpointCommitHook(ctx)
+    assert (hf / "trainer_state.json").read_text() == "{}"
+
+
+def test_a_durable_dir_beside_the_checkpoint_dir_is_fine(tmp_path):
+    from onbox.runhooks import preflight
+
+    cfg = RunConfig(name="myrun", ckpt_dir=str(tmp_path / "ck"), durable=str(tmp_path / "ckpts-durable")).validate()
+    preflight(cfg, environ={})  # a shared name prefix is not an overlap
