@@ -521,3 +521,37 @@ def test_a_durable_dir_beside_the_checkpoint_dir_is_fine(tmp_path):
 
     cfg = RunConfig(name="myrun", ckpt_dir=str(tmp_path / "ck"), durable=str(tmp_path / "ckpts-durable")).validate()
     preflight(cfg, environ={})  # a shared name prefix is not an overlap
+
+
+def test_a_users_own_manifest_less_dirs_on_durable_storage_are_never_deleted_or_replaced(tmp_path):
+    # --durable /ws --name exp1 where /ws/exp1/checkpoints/ already held the user's own checkpoints (written
+    # before onbox, by hand or by another tool): the committer's start-up clean treated every manifest-less dir
+    # as a leftover of an interrupted commit and deleted it, and a same-named one was replaced
+    d = tmp_path / "ck"
+    dur = tmp_path / "dur"
+    theirs = dur / "r1" / "checkpoints"
+    for n in ("checkpoint-100", "step_200.pt"):
+        (theirs / n).mkdir(parents=True)
+        (theirs / n / "weights.bin").write_bytes(b"theirs")
+    rec = Recorder()
+    com = CheckpointCommitter(LocalPathTarget(str(dur), "r1"), "r1", FakeClock(), rec)
+    write_torch_zip(str(d / "step_300.pt"))
+    assert com.commit(complete_cands(str(d))[-1]).status == "committed"
+    write_torch_zip(str(d / "step_200.pt"))
+    with pytest.raises(SyncFailed) as e:
+        com.commit(next(c for c in complete_cands(str(d)) if c.name == "step_200.pt"))
+    assert "not written by onbox" in e.value.message
+    for n in ("checkpoint-100", "step_200.pt"):
+        assert (theirs / n / "weights.bin").read_bytes() == b"theirs"
+    assert [x["name"] for x in com.committed()] == ["step_300.pt"]
+    assert sorted(os.listdir(theirs / "step_300.pt")) == [MANIFEST, "step_300.pt"]  # no marker once committed
+
+
+def test_an_interrupted_commit_of_ours_is_still_cleaned(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "step_1.pt"))
+    target = LocalPathTarget(str(tmp_path / "dur"), "r1")
+    cand = complete_cands(str(d))[-1]
+    target.put_payload("step_1.pt", cand.root, cand.files, "sha256")  # renamed into place, manifest never written
+    assert target.list_names() == ["step_1.pt"] and target.read_manifest("step_1.pt") is None
+    assert target.clean_leftovers() == ["step_1.pt"]
