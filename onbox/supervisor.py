@@ -402,6 +402,10 @@ class Supervisor:
         if self.child is None or self.exit_status is not None:
             if self.child is not None:
                 self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
+            if self.final_done and now < deadline:
+                # the final commit ran at the reserve mark while the child was still saving; it has exited
+                # since: the time left goes to what it saved on the signal (the hook skips it if it can't fit)
+                self.final_done = False
             self._final(deadline)
             return self._end_stopping()
         if now >= deadline:

@@ -149,3 +149,27 @@ def test_notice_during_backoff_ends_preempted_without_a_new_attempt(tmp_path):
     assert sup.run() == RunState.PREEMPTED
     assert len(procs.spawned) == 1 and len(ckpts.finals) == 1
     assert sup.state_doc()["preemption"]["source"] == "signal:SIGUSR1"
+
+
+def test_a_checkpoint_saved_after_the_reserve_mark_still_gets_a_final_commit_when_time_is_left(tmp_path):
+    # grace 30, reserve 10: the final commit runs at +20 s while the child is still saving its on-signal
+    # checkpoint (the valuable one); the child exits at +25 s. The 5 s left must go to committing what it just
+    # saved, not be thrown away because "the final commit already ran".
+    def saves_then_exits(t: float, sigs: List[int]) -> Optional[ExitStatus]:
+        return ExitStatus(code=0) if signal.SIGUSR2 in sigs and t >= 1005.0 + 25.0 - 1000.0 else None
+
+    sup, procs, ckpts, clock = make(tmp_path, [saves_then_exits], checkpoint_signal="USR2", grace=30.0,
+                                    sync_reserve=10.0)
+    original_sleep = clock.sleep
+
+    def sleep_and_preempt(seconds: float) -> None:
+        original_sleep(seconds)
+        if sup.state == RunState.RUNNING and sup.notice is None and clock.monotonic() >= 1005.0:
+            sup._on_signal(signal.SIGTERM, None)
+
+    sup.waiter = sleep_and_preempt
+    assert sup.run() == RunState.PREEMPTED
+    t0 = procs.signals[0][0]
+    assert [round(at - t0) for at, _ in ckpts.finals] == [20, 25]
+    assert {round(d - t0) for _, d in ckpts.finals} == {30}
+    assert signal.SIGKILL not in [s for _, s in procs.signals]
