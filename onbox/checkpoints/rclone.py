@@ -77,6 +77,14 @@ class RcloneTarget:
             fsutil.atomic_write_json(local, doc)
             self._rc(["copyto", local, path])
 
+    def _put_marker(self, name: str, check: bool = True) -> None:
+        """targets.PARTIAL_MARKER into <name>/: this dir is onbox's and not (or no longer) committed."""
+        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
+            marker = os.path.join(tmp, PARTIAL_MARKER)
+            with open(marker, "wb"):
+                pass
+            self._rc(["copyto", marker, "%s/%s/%s" % (self.ckpts, name, PARTIAL_MARKER)], check=check)
+
     # -- DurableTarget ---------------------------------------------------------------------------------------
     def free_space(self) -> Optional[fsutil.FreeSpace]:
         return None  # `rclone about` is unsupported by many backends; the remote reports ENOSPC loudly instead
@@ -96,11 +104,8 @@ class RcloneTarget:
         there = self._lsjson(dest, "-R", "--files-only")
         if there and not any(e.get("Path") == PARTIAL_MARKER for e in there):
             raise foreign_entry(self.run_root, name)  # somebody else's files: never overwrite them
+        self._put_marker(name)  # before any payload byte
         with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
-            marker = os.path.join(tmp, PARTIAL_MARKER)
-            with open(marker, "wb"):
-                pass
-            self._rc(["copyto", marker, "%s/%s" % (dest, PARTIAL_MARKER)])  # before any payload byte
             listing = os.path.join(tmp, "files")
             with open(listing, "w", encoding="utf-8") as f:
                 f.write("".join(rel + "\n" for rel in files))
@@ -117,11 +122,7 @@ class RcloneTarget:
 
     def remove(self, name: str) -> None:
         # mark it ours again first: a kill after the manifest is gone leaves a leftover the next start cleans
-        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
-            marker = os.path.join(tmp, PARTIAL_MARKER)
-            with open(marker, "wb"):
-                pass
-            self._rc(["copyto", marker, "%s/%s/%s" % (self.ckpts, name, PARTIAL_MARKER)], check=False)
+        self._put_marker(name, check=False)
         self._rc(["deletefile", "%s/%s/%s" % (self.ckpts, name, MANIFEST)], check=False)
         self._rc(["purge", "%s/%s" % (self.ckpts, name)], check=False)
 
