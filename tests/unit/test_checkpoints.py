@@ -555,3 +555,26 @@ def test_an_interrupted_commit_of_ours_is_still_cleaned(tmp_path):
     target.put_payload("step_1.pt", cand.root, cand.files, "sha256")  # renamed into place, manifest never written
     assert target.list_names() == ["step_1.pt"] and target.read_manifest("step_1.pt") is None
     assert target.clean_leftovers() == ["step_1.pt"]
+
+
+def test_listing_checkpoints_writes_nothing(tmp_path, onbox_home):
+    # `onbox checkpoints` is a read: it used to rewrite checkpoint_status.json (the agent's, read-modify-write:
+    # a stale last_sync could come back) and to create a run dir for a name given with --durable/--ckpt-dir
+    from click.testing import CliRunner
+
+    from onbox.commands.checkpoints import checkpoints
+
+    ck = tmp_path / "ck"
+    write_torch_zip(str(ck / "step_5.pt"))
+    r = CliRunner().invoke(checkpoints, ["ghost", "--ckpt-dir", str(ck), "--durable", str(tmp_path / "dur"),
+                                         "--json"])
+    assert r.exit_code == 0, r.output
+    assert [c["name"] for c in json.loads(r.output)["local"]] == ["step_5.pt"]
+    assert not (onbox_home / "runs" / "ghost").exists()
+    run = onbox_home / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"name": "r1", "command": ["x"], "ckpt_dir": str(ck)}))
+    (run / STATUS_FILE).write_text('{"last_sync": {"ok": true}}')
+    r = CliRunner().invoke(checkpoints, ["r1"])
+    assert r.exit_code == 0, r.output
+    assert (run / STATUS_FILE).read_text() == '{"last_sync": {"ok": true}}'
