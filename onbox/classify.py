@@ -82,54 +82,15 @@ class Classification:
                 else None, "classification": self.classification, "message": self.message, "hint": self.hint}
 
 
-def oom_kill_count() -> Optional[int]:
+def oom_kill_count(root: str = "/", pid: str = "self") -> Optional[int]:
     """The oom_kill counter of the agent's memory cgroup (U41: the authoritative "was I OOM-killed"), or None.
 
-    The one place classification reads it, so tests and boxes without a memory controller degrade cleanly.
+    Read through the one cgroup reader (telemetry/host.py: v1, v2, hybrid, a container's own subtree); it
+    returns None for what a box lacks, so a box without a memory controller degrades cleanly.
     """
-    try:
-        from onbox.telemetry.host import read_cgroup  # the foundation's cgroup reader (v1 and v2)
-    except ImportError:
-        return _oom_kill_fallback()
-    try:
-        return read_cgroup(root="/", pid="self").oom_kill
-    except Exception:  # a reader bug must not stop supervision; the classifier just loses host-OOM detection
-        return _oom_kill_fallback()
+    from onbox.telemetry.host import read_cgroup
 
-
-def _oom_kill_fallback(root: str = "/", pid: str = "self") -> Optional[int]:
-    """Minimal reader used until onbox.telemetry.host lands: v2 memory.events, else v1 memory.oom_control."""
-    import os
-
-    try:
-        with open(os.path.join(root, "proc", pid, "cgroup")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    v1 = v2 = None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hier == "0" and controllers == "":
-            v2 = path
-        elif "memory" in controllers.split(","):
-            v1 = path
-    candidates = []
-    if v1 is not None:
-        candidates.append((os.path.join(root, "sys/fs/cgroup/memory", v1.lstrip("/"), "memory.oom_control"),
-                           "oom_kill"))
-    if v2 is not None:
-        candidates.append((os.path.join(root, "sys/fs/cgroup", v2.lstrip("/"), "memory.events"), "oom_kill"))
-    for path, key in candidates:
-        try:
-            with open(path) as f:
-                for row in f:
-                    k, _, v = row.partition(" ")
-                    if k == key:
-                        return int(v)
-        except (OSError, ValueError):
-            continue
-    return None
+    return read_cgroup(root=root, pid=pid).oom_kill
 
 
 def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optional[int] = None,

@@ -9,7 +9,7 @@ import errno
 import json
 import os
 import tempfile
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -84,14 +84,20 @@ class FreeSpace(NamedTuple):
         return self.total_inodes > 0
 
 
-def free_space(path: PathLike) -> FreeSpace:
-    """Free bytes AND free inodes (U7: disks die on inodes before bytes). Walks up to the nearest existing dir."""
+def nearest_existing(path: PathLike, exists: Callable[[str], bool] = os.path.exists) -> str:
+    """`path` made absolute, or its nearest ancestor that exists (a dir that is still to be created)."""
     probe = os.path.abspath(os.fspath(path))
-    while not os.path.exists(probe):
+    while not exists(probe):
         parent = os.path.dirname(probe)
         if parent == probe:
             break
         probe = parent
+    return probe
+
+
+def free_space(path: PathLike) -> FreeSpace:
+    """Free bytes AND free inodes (U7: disks die on inodes before bytes). Walks up to the nearest existing dir."""
+    probe = nearest_existing(path)
     st = os.statvfs(probe)
     return FreeSpace(
         path=probe,
@@ -116,12 +122,7 @@ def is_writable_dir(path: PathLike) -> bool:
 def dir_problem(path: PathLike) -> Optional[str]:
     """Why `path` cannot serve as a writable directory (None when it can): it, or the nearest ancestor that
     exists when it does not exist yet, must be a directory a file can really be created in. Creates nothing."""
-    probe = os.path.abspath(os.fspath(path))
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    probe = nearest_existing(path, exists=os.path.lexists)
     if not os.path.isdir(probe):
         return "%s is not a directory" % probe
     if not is_writable_dir(probe):

@@ -35,6 +35,7 @@ class Attempt:
     start_ticks: Optional[int]  # the leader's /proc start time in clock ticks (supervisor's `start_time`)
     started_at: Optional[float]  # wall clock (supervisor's `started_at`)
     current: bool
+    ended_at: Optional[float] = None  # wall clock (supervisor's `ended_at`): its session was emptied then
 
 
 def _int(v: Any) -> Optional[int]:
@@ -72,14 +73,31 @@ class AttemptIndex:
 
     def owner_of(self, h: Holder) -> Optional[Attempt]:
         """The attempt whose session the holder is in. A session's members start after its leader, so a holder
-        that started before the attempt's leader is in a recycled session id, not ours."""
+        that started before the attempt's leader is in a recycled session id, not ours. When a session id was
+        recycled (the kernel reuses a pid once its session emptied), the holder belongs to the NEWEST session of
+        that id that began before it: another run's live attempt may now lead session S that an old attempt of
+        ours once had."""
+        best: Optional[Attempt] = None
         for a in self.by_sid.get(h.sid, []):
             if a.start_ticks is not None and h.start_ticks < a.start_ticks:
                 continue
             if a.start_ticks is None and a.started_at is not None and h.start_time < a.started_at - START_SLACK_S:
                 continue
-            return a
-        return None
+            if a.ended_at is not None and h.start_time > a.ended_at + START_SLACK_S:
+                continue  # started after the attempt ended (and its session was cleared): a recycled session id
+            if best is None or _started_later(a, best):
+                best = a
+        return best
+
+
+def _started_later(a: Attempt, b: Attempt) -> bool:
+    """Whether attempt a's session began after b's (ticks when both are known, else wall clock; a current
+    attempt wins a tie it cannot break, so a live one is never mistaken for an old one)."""
+    if a.start_ticks is not None and b.start_ticks is not None and a.start_ticks != b.start_ticks:
+        return a.start_ticks > b.start_ticks
+    if a.started_at is not None and b.started_at is not None and a.started_at != b.started_at:
+        return a.started_at > b.started_at
+    return a.current and not b.current
 
 
 def _leader_alive(pid: Optional[int], start_ticks: Optional[int]) -> bool:
@@ -107,7 +125,7 @@ def attempts_of(state: Dict[str, Any], run: str,
         out.append(Attempt(
             run=str(state.get("run") or run), n=i if n is None else n,
             sid=sid, pgid=_int(a.get("pgid")), pid=pid, start_ticks=ticks, started_at=_num(a.get("started_at")),
-            current=live and newest and leader_alive(pid, ticks),
+            current=live and newest and leader_alive(pid, ticks), ended_at=_num(a.get("ended_at")),
         ))
     return out
 
@@ -159,7 +177,11 @@ def classify(scan: ScanResult, index: AttemptIndex, my_pid: Optional[int] = None
             a = index.by_run.get(marker) if marker else None
         if h.pid in me and not h.other_pid_ns:
             h.owner = "self"
-        elif h.sid in extra_earlier_sids:  # the supervisor says so: that attempt is over
+        elif a is not None and a.current:  # a live attempt (of any run) is never an orphan, whatever the caller says
+            h.owner, h.run, h.attempt = "current", a.run, a.n
+        elif h.sid in extra_earlier_sids and (a is not None or not index.by_sid.get(h.sid)):
+            # the supervisor says so: that attempt is over (unless the index knows that session id and the
+            # holder is not of it: the id was recycled)
             h.owner = "earlier"
             if a is not None:
                 h.run, h.attempt = a.run, a.n

@@ -60,6 +60,15 @@ def start_time(pid: int, proc: str = PROC) -> Optional[int]:
     return int(fields[21]) if fields and len(fields) > 21 else None
 
 
+def boot_id(proc: str = PROC) -> Optional[str]:
+    """This boot's random id (/proc/sys/kernel/random/boot_id): pids and clock ticks only compare within one."""
+    try:
+        with open(os.path.join(proc, "sys/kernel/random/boot_id")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def is_alive(pid: int, expected_start: Optional[int] = None, proc: str = PROC) -> bool:
     """True when `pid` exists, is not a zombie, and (if given) started at `expected_start` (no recycled PID)."""
     fields = read_stat(pid, proc)
@@ -167,14 +176,31 @@ class ProcessSeam:
     def session_members(self, sid: int) -> List[int]:
         return session_members(sid, self.proc, exclude=(os.getpid(),))
 
-    def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None) -> List[int]:
+    def _members(self, sid: int, leader_start: Optional[int]) -> List[int]:
+        """Members of session `sid` that started no earlier than its leader (when that start is known)."""
+        members = self.session_members(sid)
+        if leader_start is None:
+            return members
+        return [p for p in members if (start_time(p, self.proc) or 0) >= int(leader_start)]
+
+    def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
+                     leader_start: Optional[int] = None) -> List[int]:
         """TERM every process of session `sid`, wait up to `timeout` s, then KILL what is left.
 
         Orphaned DataLoader/DDP workers are the usual GPU pinners (U11): they keep the session id after their
         parent died, so a /proc scan finds them where a process-group kill of a dead leader would not.
-        Returns the pids that were found.
+        `leader_start`: the start time (clock ticks) of the process that created the session. A session id is
+        a pid, recycled once the session emptied: when a process with pid `sid` lives but started at another
+        time, session `sid` is someone else's now and nothing is killed; members that started before that
+        leader cannot be of its session either. Returns the pids that were found.
         """
-        found = self.session_members(sid)
+        if leader_start is not None:
+            now_leader = start_time(sid, self.proc)
+            if now_leader is not None and now_leader != int(leader_start):
+                if log:
+                    log("session %d was recycled (its leader pid started at another time): not touched" % sid)
+                return []
+        found = self._members(sid, leader_start)
         if not found:
             return []
         if log:
@@ -185,7 +211,7 @@ class ProcessSeam:
         left = found
         while True:
             self.reap_zombies()
-            left = [p for p in self.session_members(sid)]
+            left = [p for p in self._members(sid, leader_start)]
             if not left or self._monotonic() >= deadline:
                 break
             self._sleep(min(0.05, max(0.005, timeout / 20)))
@@ -196,7 +222,7 @@ class ProcessSeam:
             for pid in left:
                 self.signal_pid(pid, signal.SIGKILL)
             kill_deadline = self._monotonic() + 5.0
-            while self.session_members(sid) and self._monotonic() < kill_deadline:
+            while self._members(sid, leader_start) and self._monotonic() < kill_deadline:
                 self.reap_zombies()
                 self._sleep(0.01)
         self.reap_zombies()

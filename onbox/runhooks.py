@@ -6,6 +6,7 @@ plug in through these protocols. Each has a no-op implementation so the supervis
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol
 
 if TYPE_CHECKING:
@@ -107,9 +108,10 @@ def preflight(cfg: "RunConfig", environ: Optional[Dict[str, str]] = None) -> Non
     """Raise the UsageError (exit 2) / UnfitError (exit 3) that constructing or first using the hooks would meet:
     `onbox run` calls this in the foreground, before anything is created or detached, because an error inside
     the detached agent only reaches a log nobody reads. Creates nothing. Keep it in step with make_hooks."""
-    from onbox import fsutil
+    from onbox import fsutil, paths
+    from onbox.checkpoints.targets import overlap_problem
     from onbox.checkpoints.targets import preflight as durable_preflight
-    from onbox.errors import UnfitError
+    from onbox.errors import UnfitError, UsageError
     from onbox.heartbeat.sinks import preflight as heartbeat_preflight
 
     if cfg.ckpt_dir:
@@ -119,6 +121,11 @@ def preflight(cfg: "RunConfig", environ: Optional[Dict[str, str]] = None) -> Non
                              hint="give --ckpt-dir a writable directory on a fast local disk")
     if cfg.durable:
         durable_preflight(cfg.durable)
+        if cfg.name:
+            problem = overlap_problem(cfg.durable, cfg.name,
+                                      cfg.ckpt_dir or os.path.join(paths.run_dir(cfg.name), "checkpoints"))
+            if problem:
+                raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
     heartbeat_preflight(cfg, environ)
 
 

@@ -17,7 +17,7 @@ from onbox.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
 from onbox.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
-from onbox.proc import Child, ExitStatus, ProcessSeam, set_child_subreaper
+from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
 from onbox.rundir import LogTailer, RunDir
 from onbox.runhooks import Hooks, RunContext, make_hooks
 from onbox.runstate import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
@@ -280,8 +280,8 @@ class Supervisor:
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
         earlier = [a["sid"] for a in self.attempts if a.get("sid")]
-        if self.attempts and self.cfg.reap_orphans and self.attempts[-1].get("sid"):
-            self._clear_session(self.attempts[-1]["sid"], self.cfg.term_timeout)
+        if self.attempts and self.cfg.reap_orphans:
+            self._clear_session(self.attempts[-1], self.cfg.term_timeout)
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
@@ -313,7 +313,7 @@ class Supervisor:
             self.transition(RunState.FAILED, reason=result.message)
             return
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
-                      start_time=self.child.start_time)
+                      start_time=self.child.start_time, boot_id=boot_id())
         self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
 
     def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
@@ -325,15 +325,22 @@ class Supervisor:
         self.last_exit = result.to_dict()
         self.rd.log_line("attempt %d ended: %s" % (rec["n"], result.message))
         self.emit("exit", **result.to_dict())
-        sid = rec.get("sid")
-        if sid and self.cfg.reap_orphans:
-            self._clear_session(sid, self.cfg.term_timeout)
+        if self.cfg.reap_orphans:
+            self._clear_session(rec, self.cfg.term_timeout)
         self.child = None
         self.exit_status = None
         return result
 
-    def _clear_session(self, sid: int, timeout: float) -> None:
-        found = self.proc.kill_session(sid, timeout, log=self._log)
+    def _clear_session(self, attempt: Dict[str, Any], timeout: float) -> None:
+        """Kill what is left in an attempt's session. Its id is a pid, recycled once the session emptied: after
+        a reboot (another boot id) nothing of the attempt survives, and a relaunch days later must not TERM
+        whoever leads session <sid> now (the leader's start time tells, see ProcessSeam.kill_session)."""
+        sid = attempt.get("sid")
+        if not sid:
+            return
+        if attempt.get("boot_id") not in (None, boot_id()):
+            return
+        found = self.proc.kill_session(sid, timeout, log=self._log, leader_start=attempt.get("start_time"))
         if found:
             self.emit("orphans_killed", sid=sid, pids=found)
 

@@ -20,6 +20,9 @@ def load_toml(path: str, what: str = "file") -> Dict[str, Any]:
             return _toml.load(f)
     except FileNotFoundError:
         raise UsageError("%s not found: %s" % (what, path))
+    except UnicodeDecodeError as e:  # TOML is UTF-8 by definition; an editor saved it as UTF-16 or Latin-1
+        raise UsageError("%s %s is not UTF-8 text (byte %d): %s" % (what, path, e.start, e.reason),
+                         hint="save it as UTF-8")
     except _toml.TOMLDecodeError as e:
         raise UsageError("%s %s is not valid TOML: %s" % (what, path, e), hint="fix the syntax at the line named")
     except OSError as e:

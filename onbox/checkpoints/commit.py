@@ -4,7 +4,8 @@ Protocol (DESIGN.md, DOMAIN.md): preflight bytes+inodes -> one read pass that co
 a staging dir -> fsync files -> fsync dirs -> rename staging to <name> -> fsync parent -> MANIFEST.json with the
 atomic-write recipe, LAST (the commit point) -> checkpoints_index.json (atomic) -> retention.
 Idempotent: a checkpoint already committed (same source fingerprint, or same hashes) is skipped. Leftovers of an
-interrupted commit (staging dirs, manifest-less dirs) are removed when the committer starts.
+interrupted commit (staging dirs, manifest-less dirs that
+carry targets.PARTIAL_MARKER) are removed when the committer starts; a manifest-less dir without it is not ours.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from onbox.checkpoints import formats
 
-CKPT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin")
+CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
 SIDE_MARKERS = (".done", ".complete")
 DIR_MARKERS = ("COMPLETE", ".complete", "DONE", ".onbox-complete")
 DCP_MARKER = ".metadata"

@@ -24,6 +24,7 @@ SAFETENSORS_DTYPE_BYTES = {
     "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
 }
 CHUNK = 8 * 1024 * 1024
+TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")  # what torch.save writes (zip since torch 1.6, pickle before)
 
 
 class FormatResult(NamedTuple):
@@ -61,6 +62,10 @@ def check_file(path: str, full: bool = False) -> FormatResult:
             return _check_zip(path, full)
         if kind == "safetensors":
             return FormatResult("safetensors", _check_safetensors(path))
+        if path.endswith(TORCH_SUFFIXES) and os.path.getsize(path) == 0:
+            # torch.save buffers its first write: a save killed early (OOM, SIGKILL) leaves 0 bytes, which would
+            # otherwise pass as a quiet "other" file and be committed, then handed to the trainer
+            return FormatResult("other", "empty file (torn: its save was killed before any byte reached the disk)")
         return FormatResult("other", None)
     except OSError as e:
         return FormatResult("other", "cannot read: %s" % (e.strerror or e))

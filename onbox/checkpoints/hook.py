@@ -28,7 +28,8 @@ from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
 from onbox.checkpoints.detect import Candidate, CompletionTracker, scan
 from onbox.checkpoints.restore import restore_newest
-from onbox.checkpoints.targets import DurableTarget, make_target
+from onbox.checkpoints.targets import DurableTarget, make_target, overlap_problem
+from onbox.errors import UsageError
 
 STATUS_FILE = "checkpoint_status.json"
 LOCK_FILE = "checkpoints.lock"
@@ -63,6 +64,9 @@ class CheckpointCommitHook:
         self.ckpt_dir = ctx.ckpt_dir
         self.tracker = CompletionTracker(self.cfg.settle_seconds)
         if target is None and self.cfg.durable:
+            problem = overlap_problem(self.cfg.durable, ctx.name, ctx.ckpt_dir)
+            if problem:  # runhooks.preflight refuses this before a run starts; `onbox sync` flags meet it here
+                raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
             target = make_target(self.cfg.durable, ctx.name)
         self.target = target
         self.committer = CheckpointCommitter(target, ctx.name, self.clock, ctx.emit) if target else None

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy
-from onbox.checkpoints.targets import FileHashes
+from onbox.checkpoints.targets import PARTIAL_MARKER, FileHashes, foreign_entry
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 NOT_FOUND_RC = 3  # rclone: "directory not found"
@@ -77,6 +77,14 @@ class RcloneTarget:
             fsutil.atomic_write_json(local, doc)
             self._rc(["copyto", local, path])
 
+    def _put_marker(self, name: str, check: bool = True) -> None:
+        """targets.PARTIAL_MARKER into <name>/: this dir is onbox's and not (or no longer) committed."""
+        with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
+            marker = os.path.join(tmp, PARTIAL_MARKER)
+            with open(marker, "wb"):
+                pass
+            self._rc(["copyto", marker, "%s/%s/%s" % (self.ckpts, name, PARTIAL_MARKER)], check=check)
+
     # -- DurableTarget ---------------------------------------------------------------------------------------
     def free_space(self) -> Optional[fsutil.FreeSpace]:
         return None  # `rclone about` is unsupported by many backends; the remote reports ENOSPC loudly instead
@@ -93,6 +101,10 @@ class RcloneTarget:
         out: FileHashes = {rel: hashcopy.hash_file(os.path.join(root, rel), hash_name) for rel in files}
         dest = "%s/%s" % (self.ckpts, name)
         total = sum(size for size, _ in out.values())
+        there = self._lsjson(dest, "-R", "--files-only")
+        if there and not any(e.get("Path") == PARTIAL_MARKER for e in there):
+            raise foreign_entry(self.run_root, name)  # somebody else's files: never overwrite them
+        self._put_marker(name)  # before any payload byte
         with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
             listing = os.path.join(tmp, "files")
             with open(listing, "w", encoding="utf-8") as f:
@@ -106,8 +118,11 @@ class RcloneTarget:
 
     def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None:
         self._put_json("%s/%s/%s" % (self.ckpts, name, MANIFEST), manifest)
+        self._rc(["deletefile", "%s/%s/%s" % (self.ckpts, name, PARTIAL_MARKER)], check=False)
 
     def remove(self, name: str) -> None:
+        # mark it ours again first: a kill after the manifest is gone leaves a leftover the next start cleans
+        self._put_marker(name, check=False)
         self._rc(["deletefile", "%s/%s/%s" % (self.ckpts, name, MANIFEST)], check=False)
         self._rc(["purge", "%s/%s" % (self.ckpts, name)], check=False)
 
@@ -121,9 +136,11 @@ class RcloneTarget:
         dirs = self.list_names()
         if not dirs:
             return []
-        found = self._lsjson(self.ckpts, "-R", "--files-only", "--include", "/*/" + MANIFEST) or []
-        with_manifest = {e["Path"].split("/", 1)[0] for e in found}
-        removed = [d for d in dirs if d not in with_manifest]
+        found = self._lsjson(self.ckpts, "-R", "--files-only", "--include", "/*/" + MANIFEST,
+                             "--include", "/*/" + PARTIAL_MARKER) or []
+        with_manifest = {e["Path"].split("/", 1)[0] for e in found if e["Path"].endswith("/" + MANIFEST)}
+        ours = {e["Path"].split("/", 1)[0] for e in found if e["Path"].endswith("/" + PARTIAL_MARKER)}
+        removed = [d for d in dirs if d not in with_manifest and d in ours]  # a dir without the marker is not ours
         for d in removed:
             self._rc(["purge", "%s/%s" % (self.ckpts, d)], check=False)
         return removed

@@ -27,4 +27,9 @@ def select_keep(entries: List[Dict[str, Any]], keep_last: int, best_metric: Opti
     verified = [e for e in ordered if e.get("verified")]
     if verified:  # never delete the newest verified checkpoint, whatever the rules say
         keep.add(verified[-1]["name"])
+        # ... nor the one committed last: when the step went back (a re-launch that trains from scratch under
+        # the same name, a reset counter), "newest by step" is an old attempt's and the live run's progress
+        # would be retired the moment it was committed
+        last = max(range(len(verified)), key=lambda i: (verified[i].get("created") or 0.0, i))
+        keep.add(verified[last]["name"])
     return keep

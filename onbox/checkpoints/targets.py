@@ -15,9 +15,19 @@ import shutil
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from onbox import fsutil
-from onbox.checkpoints import INDEX, MANIFEST, hashcopy, sync_failed_from_oserror
+from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, sync_failed_from_oserror
 
 STAGING_PREFIX = ".onbox-tmp-"
+# In every checkpoint dir onbox writes, from before its first payload byte until its manifest is written: a
+# manifest-less dir WITH it is an interrupted commit of ours (cleaned at the next start); one WITHOUT it is
+# somebody else's (the user's own checkpoints under <durable>/<run>/checkpoints/) and is never deleted.
+PARTIAL_MARKER = ".onbox-partial"
+
+
+def foreign_entry(url: str, name: str) -> SyncFailed:
+    return SyncFailed("%s/checkpoints/%s exists on durable storage without a MANIFEST.json and was not written by "
+                      "onbox: not replacing it" % (url, name),
+                      hint="move it away (it may be your own checkpoint), or give --durable another directory")
 FileHashes = Dict[str, Tuple[int, str]]  # relpath -> (size, hex digest)
 
 
@@ -39,14 +49,15 @@ class DurableTarget(Protocol):
     def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None: ...
 
     def remove(self, name: str) -> None:
-        """Delete a checkpoint: its manifest first (it stops existing at once), then the payload."""
+        """Delete a checkpoint so that it stops existing at once and a kill midway leaves only what start() cleans."""
 
     def read_index(self) -> Optional[Dict[str, Any]]: ...
 
     def write_index(self, doc: Dict[str, Any]) -> None: ...
 
     def clean_leftovers(self) -> List[str]:
-        """Remove what interrupted commits left (staging dirs, manifest-less dirs); return what was removed."""
+        """Remove what interrupted commits left (staging dirs, manifest-less dirs holding PARTIAL_MARKER, never
+        a dir without it: that is not ours); return what was removed."""
 
     def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
         """Copy a committed checkpoint's files into the existing local dir `dest`, hashing them."""
@@ -81,6 +92,25 @@ def preflight(durable: str, which: Callable[[str], Optional[str]] = shutil.which
     elif which("rclone") is None:
         raise UnfitError("the durable target %s is an rclone remote, but rclone is not installed" % durable,
                          hint="install rclone (https://rclone.org/install/), or give --durable a mounted path")
+
+
+def overlap_problem(durable: str, run: str, ckpt_dir: str) -> Optional[str]:
+    """Why a mounted durable target cannot serve a run whose trainer writes into `ckpt_dir` (None when it can).
+    When <durable>/<run> and the checkpoint dir are the same directory or one holds the other, a commit would
+    replace the trainer's own checkpoint by its staged copy (and start() would clean the trainer's directories
+    as manifest-less leftovers): data loss, so it is refused before anything runs."""
+    if not (os.path.isabs(durable) or ":" not in durable.split("/", 1)[0]):
+        return None  # an rclone remote is never the local checkpoint dir
+    run_root = os.path.realpath(os.path.join(os.path.expanduser(durable), run))
+    ckpt = os.path.realpath(os.path.expanduser(ckpt_dir))
+
+    def inside(a: str, b: str) -> bool:
+        return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+    if inside(ckpt, run_root) or inside(run_root, ckpt):
+        return ("the checkpoint dir %s and the run's durable dir %s overlap: a commit would overwrite the "
+                "trainer's checkpoints with their copies" % (ckpt, run_root))
+    return None
 
 
 class LocalPathTarget:
@@ -121,6 +151,8 @@ class LocalPathTarget:
         out: FileHashes = {}
         try:
             os.mkdir(staging)
+            with open(os.path.join(staging, PARTIAL_MARKER), "wb"):
+                pass
             made = {staging}
             for rel in files:
                 parent = os.path.dirname(os.path.join(staging, rel))
@@ -136,6 +168,8 @@ class LocalPathTarget:
             if os.path.lexists(final):  # a manifest-less leftover of an interrupted commit
                 if self.read_manifest(name) is not None:
                     raise FileExistsError("refusing to replace committed checkpoint %s" % final)
+                if not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
+                    raise foreign_entry(self.run_root, name)
                 shutil.rmtree(final)
             os.rename(staging, final)
             fsutil.fsync_dir(self.ckpts)
@@ -153,15 +187,22 @@ class LocalPathTarget:
             fsutil.atomic_write_json(os.path.join(self.ckpts, name, MANIFEST), manifest)
         except OSError as e:
             raise sync_failed_from_oserror(self.ckpts, e)
+        try:  # committed: the marker has done its job (a leftover one is harmless: the manifest rules)
+            os.unlink(os.path.join(self.ckpts, name, PARTIAL_MARKER))
+        except OSError:
+            pass
 
     def remove(self, name: str) -> None:
         path = os.path.join(self.ckpts, name)
+        # one atomic rename to a staging name: the checkpoint stops existing at once, and a kill during the
+        # rmtree leaves a staging dir that the next start cleans (never a manifest-less dir without the marker)
+        doomed = os.path.join(self.ckpts, "%s%s.del.%d" % (STAGING_PREFIX, name, os.getpid()))
         try:
-            os.unlink(os.path.join(path, MANIFEST))
-            fsutil.fsync_dir(path)
+            os.rename(path, doomed)
+            fsutil.fsync_dir(self.ckpts)
         except FileNotFoundError:
-            pass
-        shutil.rmtree(path, ignore_errors=True)
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def read_index(self) -> Optional[Dict[str, Any]]:
         try:
@@ -192,9 +233,12 @@ class LocalPathTarget:
             if n.startswith(fsutil.TMP_PREFIX) and os.path.isfile(path):  # an atomic_write temp
                 os.unlink(path)
                 removed.append(n)
-            elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or self.read_manifest(n) is None):
+            elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or (
+                    self.read_manifest(n) is None and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(n)
+            elif os.path.isdir(path) and self.read_manifest(n) is None:
+                continue  # not ours (no marker): never deleted, never listed as committed
             elif os.path.isdir(path):
                 for m in os.listdir(path):
                     if m.startswith(fsutil.TMP_PREFIX):

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 from onbox import fsutil
 from onbox.checkpoints import MANIFEST, formats, hashcopy
 
-TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+TORCH_SUFFIXES = formats.TORCH_SUFFIXES
 
 
 @dataclasses.dataclass

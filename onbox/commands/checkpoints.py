@@ -12,8 +12,9 @@ from onbox.errors import UsageError
 MiB = 1024 * 1024
 
 
-def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str]) -> Any:
-    """A RunContext for a run on this box, from its saved config.json (flags override)."""
+def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create: bool = True) -> Any:
+    """A RunContext for a run on this box, from its saved config.json (flags override). `create`: make the run
+    dir (for the events a commit writes); a read-only listing creates nothing."""
     from onbox import fsutil, paths
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
@@ -36,7 +37,8 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str]) -> Any:
         cfg.durable = durable
     if ckpt_dir:
         cfg.ckpt_dir = ckpt_dir
-    os.makedirs(run_dir, exist_ok=True)
+    if create:
+        os.makedirs(run_dir, exist_ok=True)
     events = os.path.join(run_dir, "events.jsonl")
     clock = SystemClock()
 
@@ -94,13 +96,17 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
     """List run NAME's checkpoints: local (complete or why not) and durable (committed, with step and hash)."""
-    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.checkpoints.detect import CompletionTracker, scan
+    from onbox.checkpoints.hook import CheckpointCommitHook, read_progress
 
-    ctx = _context(name, durable, ckpt_dir)
+    ctx = _context(name, durable, ckpt_dir, create=False)
     hook = CheckpointCommitHook(ctx)
-    hook.scan_now()
-    local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes, "complete": c.complete,
-              "reason": c.reason} for c in hook.cands]
+    # scanned here, not through hook.scan_now(): a listing must not write checkpoint_status.json, which the
+    # live agent owns (a read-modify-write from here could put back a stale last_sync)
+    cands = CompletionTracker(ctx.config.settle_seconds).update(
+        scan(ctx.ckpt_dir), ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
+    local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes,
+                                    "complete": c.complete, "reason": c.reason} for c in cands]
     durable_list = hook.committer.committed() if hook.committer else []
     doc: Dict[str, Any] = {"run": name, "ckpt_dir": ctx.ckpt_dir, "durable": ctx.config.durable, "local": local,
                            "committed": durable_list, "status": hook.status}

@@ -302,13 +302,9 @@ def _default_name(command: List[str]) -> str:
 
 def _check_runs_dir(runs: str) -> None:
     """Refuse early (exit 2, nothing created) when the runs directory cannot be created or written."""
-    probe = runs
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    from onbox.fsutil import is_writable_dir
+    from onbox.fsutil import is_writable_dir, nearest_existing
+
+    probe = nearest_existing(runs)
 
     if not os.path.isdir(probe) or not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
         raise UsageError("the runs directory %s is not writable (%s)" % (runs, probe),

@@ -133,7 +133,8 @@ def ls(as_json: bool) -> int:
 @click.command()
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
-@click.option("-n", "lines", type=int, default=50, show_default=True, help="Lines from the end to show first.")
+@click.option("-n", "lines", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Lines from the end to show first.")
 def logs(name: str, follow: bool, lines: int) -> int:
     """Show (or follow) run NAME's output log."""
     from onbox.detach import TERMINAL, agent_alive

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from onbox.checkpoints import MANIFEST
+from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
 from onbox.checkpoints.hook import CheckpointCommitHook
@@ -116,3 +116,24 @@ def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
     [fail] = ctx.emit.of("sync_failed")
     assert "rclone" in fail["error"] and not ctx.emit.of("checkpoint_committed")
     assert hook.status["last_sync"]["ok"] is False
+
+
+def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path, rclone_sftp):
+    theirs = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints")
+    for n in ("checkpoint-5", "checkpoint-7"):
+        os.makedirs(os.path.join(theirs, n))
+        with open(os.path.join(theirs, n, "weights.bin"), "wb") as f:
+            f.write(b"theirs")
+    src = str(tmp_path / "ck")
+    write_torch_zip(os.path.join(src, "checkpoint-9", "model.pt"))
+    com = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), Recorder())
+    assert com.commit(newest(src)).status == "committed"
+    write_torch_zip(os.path.join(src, "checkpoint-7", "model.pt"))
+    cand = next(c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.name == "checkpoint-7")
+    with pytest.raises(SyncFailed) as e:
+        com.commit(cand)
+    assert "not written by onbox" in str(e.value)
+    for n in ("checkpoint-5", "checkpoint-7"):
+        with open(os.path.join(theirs, n, "weights.bin"), "rb") as f:
+            assert f.read() == b"theirs"
+    assert sorted(os.listdir(os.path.join(theirs, "checkpoint-9"))) == [MANIFEST, "model.pt"]

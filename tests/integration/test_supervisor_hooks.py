@@ -136,3 +136,36 @@ def test_no_requeue_when_disabled_and_stop_request_stops(tmp_path):
     assert requeued == [] and not os.path.exists(sup.rd.stop_request)
     assert sup.last_exit["classification"] == "stopped"
     assert any(c[0] == "final" for c in rec.calls)
+
+
+def _bystander():
+    """An unrelated live session (someone's shell, another run's child) whose leader has pid == sid."""
+    import subprocess
+
+    p = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    from onbox.proc import start_time
+
+    return p, start_time(p.pid)
+
+
+@pytest.mark.parametrize("recorded", ["other-leader-start", "other-boot"])
+def test_a_relaunch_never_kills_whoever_leads_the_old_attempts_session_id_now(tmp_path, recorded):
+    # a run re-launched days later (or after a reboot, ONBOX_HOME on a persistent disk) clears the session of
+    # its last recorded attempt; that id is a pid the kernel may have handed to anyone since
+    p, ticks = _bystander()
+    try:
+        sup, _rec, _ = _supervisor(tmp_path, [PY, "-c", "pass"])
+        old = {"n": 0, "pid": p.pid, "sid": p.pid, "pgid": p.pid, "start_time": ticks, "started_at": 1.0,
+               "ended_at": 2.0, "boot_id": None}
+        if recorded == "other-leader-start":
+            old["start_time"] = ticks - 1 if ticks else 1
+        else:
+            old["boot_id"] = "00000000-0000-0000-0000-000000000000"
+        sup.attempts = [old]
+        assert sup.run() == RunState.DONE
+        assert p.poll() is None, "the bystander session %d was killed" % p.pid
+        assert sup.attempts[-1].get("boot_id")  # recorded for the next relaunch
+    finally:
+        p.kill()
+        p.wait()

@@ -218,3 +218,58 @@ def test_warm_start_cleans_too_and_caches_bytecode(pyz, tmp_path):
     # a shiv override still goes through shiv's own bootstrap
     r = run_pyz(sys.executable, pyz, ["--version"], dict(env, SHIV_FORCE_EXTRACT="1"))
     assert r.returncode == 0 and r.stdout.startswith("onbox, version"), r.stderr
+
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+import onbox
+bad = []
+for m in pkgutil.walk_packages(onbox.__path__, "onbox."):
+    try:
+        importlib.import_module(m.name)
+    except Exception as e:
+        bad.append("%s: %s: %s" % (m.name, type(e).__name__, e))
+print("\\n".join(bad) or "ok %d" % len([m for m in pkgutil.walk_packages(onbox.__path__, "onbox.")]))
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_onbox_module_imports_under_each_pyenv_python(version, pyz, tmp_path):
+    # --version and audit import a handful of modules; a 3.9+ construct in the supervisor, the committer or the
+    # heartbeat (a runtime `list[int]`, str.removeprefix at import) would only blow up on the box, mid-run
+    python = pyenv_pythons().get(version)
+    if python is None:
+        pytest.skip("no pyenv CPython %s on this machine (looked in $(pyenv root)/versions)" % version)
+    script = tmp_path / "import_all.py"
+    script.write_text(IMPORT_ALL)
+    env = clean_env(tmp_path, SHIV_ROOT=tmp_path / "shiv", SHIV_INTERPRETER="1")
+    r = run_pyz(python, pyz, [str(script)], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok ")
+
+
+def test_the_oldest_python_runs_a_job_and_reads_its_checkpoints(pyz, tmp_path):
+    # the code paths a user hits on a box with only python3.8: a foreground run that saves a checkpoint and has
+    # it committed, then checkpoints/verify/gpu/reap/status with --json
+    python = pyenv_pythons().get("3.8")
+    if python is None:
+        pytest.skip("no pyenv CPython 3.8 on this machine")
+    env = clean_env(tmp_path, SHIV_ROOT=tmp_path / "shiv", ONBOX_NOTICE_SOURCE="none", ONBOX_TICK_INTERVAL="0.05")
+    ck, dur = tmp_path / "ck", tmp_path / "dur"
+    job = ("import json, os, struct; h = json.dumps({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}})"
+           ".encode(); open(os.path.join(os.environ['ONBOX_CKPT_DIR'], 'step_10.safetensors'), 'wb').write("
+           "struct.pack('<Q', len(h)) + h + bytes(8)); print('step 10: loss 1.5', flush=True)")
+    r = run_pyz(python, pyz, ["run", "--foreground", "--name", "old", "--ckpt-dir", str(ck), "--durable", str(dur),
+                              "--", python, "-c", job], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_pyz(python, pyz, ["checkpoints", "old", "--json"], env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(c["name"], c["verified"]) for c in doc["committed"]] == [("step_10.safetensors", True)]
+    r = run_pyz(python, pyz, ["verify", str(dur / "old" / "checkpoints" / "step_10.safetensors"), "--json"], env)
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stdout + r.stderr
+    for args in (["gpu", "--json"], ["reap", "--json"], ["status", "old", "--json"], ["ls", "--json"]):
+        r = run_pyz(python, pyz, args, env)
+        assert r.returncode == 0, (args, r.stderr)
+        json.loads(r.stdout)

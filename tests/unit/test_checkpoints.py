@@ -454,3 +454,127 @@ def test_copy_survives_a_copy_file_range_that_stops_short(tmp_path, monkeypatch,
     monkeypatch.setattr(hashcopy, "CFR_CHUNK", 8192)
     size, digest = hashcopy.copy_and_hash(str(src), str(tmp_path / "dst.bin"))
     assert (size, digest) == hashcopy.hash_file(str(src)) == hashcopy.hash_file(str(tmp_path / "dst.bin"))
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "model.pth", "last.ckpt", "pytorch_model.bin"])
+def test_an_empty_torch_file_is_torn_never_complete_and_fails_verify(tmp_path, name):
+    # a save killed (OOM, SIGKILL) before torch.save's first buffered write reached the disk leaves a 0-byte file;
+    # quiescent or not, it must never be committed or handed to the trainer as ONBOX_RESUME_FROM
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / name).write_bytes(b"")
+    assert not formats.check_file(str(d / name)).ok
+    clock = FakeClock()
+    tr = CompletionTracker(settle_seconds=1.0)
+    clock.advance(5.0)
+    tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    clock.advance(5.0)
+    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time())
+    assert not c.complete and "empty" in c.reason
+    assert not verify_path(str(d / name)).ok
+
+
+def test_retention_never_deletes_the_checkpoint_it_just_committed_when_steps_went_back(tmp_path):
+    # a run re-launched under the same name that trains from scratch (or a trainer whose step counter reset)
+    # commits step 100 next to an older attempt's steps 3000..5000: ordering by step alone retired the new
+    # checkpoint the moment it was committed, every time, so durable storage never held the live run's progress
+    clock = FakeClock()
+    d = tmp_path / "ck"
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", clock, Recorder())
+    for s in (3000, 4000, 5000, 100, 200):
+        clock.advance(60.0)
+        write_torch_zip(str(d / ("step_%d.pt" % s)))
+        com.commit(next(c for c in complete_cands(str(d)) if c.name == "step_%d.pt" % s))
+        com.apply_retention(keep_last=2)
+        assert "step_%d.pt" % s in [e["name"] for e in com.committed()]
+    assert "step_200.pt" in os.listdir(tmp_path / "dur" / "r1" / "checkpoints")
+
+
+@pytest.mark.parametrize("layout", ["same", "ckpt-inside-durable-run", "durable-run-inside-ckpt"])
+def test_a_checkpoint_dir_overlapping_the_durable_run_dir_is_refused_before_anything_is_touched(tmp_path, layout):
+    # --durable /ws --ckpt-dir /ws/myrun/checkpoints: the committer "replaced the manifest-less leftover"
+    # /ws/myrun/checkpoints/checkpoint-500 (the trainer's own checkpoint) by its staged copy, then deleted that
+    # too when the source "changed": the trainer's checkpoint was gone
+    from onbox.errors import UsageError
+    from onbox.runhooks import preflight
+
+    ws = tmp_path / "ws"
+    ckpt = {"same": ws / "myrun" / "checkpoints", "ckpt-inside-durable-run": ws / "myrun" / "checkpoints" / "x",
+            "durable-run-inside-ckpt": ws}[layout]
+    hf = ckpt / "checkpoint-500"
+    hf.mkdir(parents=True)
+    (hf / "trainer_state.json").write_text("{}")
+    cfg = RunConfig(name="myrun", ckpt_dir=str(ckpt), durable=str(ws), settle_seconds=0.0).validate()
+    with pytest.raises(UsageError) as e:
+        preflight(cfg, environ={})
+    assert "overlap" in e.value.message
+    ctx = RunContext(name="myrun", run_dir=str(tmp_path / "rd"), ckpt_dir=str(ckpt), config=cfg, clock=FakeClock(),
+                     emit=Recorder(), attempt=lambda: 0)
+    os.makedirs(ctx.run_dir)
+    with pytest.raises(UsageError):
+        CheckpointCommitHook(ctx)
+    assert (hf / "trainer_state.json").read_text() == "{}"
+
+
+def test_a_durable_dir_beside_the_checkpoint_dir_is_fine(tmp_path):
+    from onbox.runhooks import preflight
+
+    cfg = RunConfig(name="myrun", ckpt_dir=str(tmp_path / "ck"), durable=str(tmp_path / "ckpts-durable")).validate()
+    preflight(cfg, environ={})  # a shared name prefix is not an overlap
+
+
+def test_a_users_own_manifest_less_dirs_on_durable_storage_are_never_deleted_or_replaced(tmp_path):
+    # --durable /ws --name exp1 where /ws/exp1/checkpoints/ already held the user's own checkpoints (written
+    # before onbox, by hand or by another tool): the committer's start-up clean treated every manifest-less dir
+    # as a leftover of an interrupted commit and deleted it, and a same-named one was replaced
+    d = tmp_path / "ck"
+    dur = tmp_path / "dur"
+    theirs = dur / "r1" / "checkpoints"
+    for n in ("checkpoint-100", "step_200.pt"):
+        (theirs / n).mkdir(parents=True)
+        (theirs / n / "weights.bin").write_bytes(b"theirs")
+    rec = Recorder()
+    com = CheckpointCommitter(LocalPathTarget(str(dur), "r1"), "r1", FakeClock(), rec)
+    write_torch_zip(str(d / "step_300.pt"))
+    assert com.commit(complete_cands(str(d))[-1]).status == "committed"
+    write_torch_zip(str(d / "step_200.pt"))
+    with pytest.raises(SyncFailed) as e:
+        com.commit(next(c for c in complete_cands(str(d)) if c.name == "step_200.pt"))
+    assert "not written by onbox" in e.value.message
+    for n in ("checkpoint-100", "step_200.pt"):
+        assert (theirs / n / "weights.bin").read_bytes() == b"theirs"
+    assert [x["name"] for x in com.committed()] == ["step_300.pt"]
+    assert sorted(os.listdir(theirs / "step_300.pt")) == [MANIFEST, "step_300.pt"]  # no marker once committed
+
+
+def test_an_interrupted_commit_of_ours_is_still_cleaned(tmp_path):
+    d = tmp_path / "ck"
+    write_torch_zip(str(d / "step_1.pt"))
+    target = LocalPathTarget(str(tmp_path / "dur"), "r1")
+    cand = complete_cands(str(d))[-1]
+    target.put_payload("step_1.pt", cand.root, cand.files, "sha256")  # renamed into place, manifest never written
+    assert target.list_names() == ["step_1.pt"] and target.read_manifest("step_1.pt") is None
+    assert target.clean_leftovers() == ["step_1.pt"]
+
+
+def test_listing_checkpoints_writes_nothing(tmp_path, onbox_home):
+    # `onbox checkpoints` is a read: it used to rewrite checkpoint_status.json (the agent's, read-modify-write:
+    # a stale last_sync could come back) and to create a run dir for a name given with --durable/--ckpt-dir
+    from click.testing import CliRunner
+
+    from onbox.commands.checkpoints import checkpoints
+
+    ck = tmp_path / "ck"
+    write_torch_zip(str(ck / "step_5.pt"))
+    r = CliRunner().invoke(checkpoints, ["ghost", "--ckpt-dir", str(ck), "--durable", str(tmp_path / "dur"),
+                                         "--json"])
+    assert r.exit_code == 0, r.output
+    assert [c["name"] for c in json.loads(r.output)["local"]] == ["step_5.pt"]
+    assert not (onbox_home / "runs" / "ghost").exists()
+    run = onbox_home / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"name": "r1", "command": ["x"], "ckpt_dir": str(ck)}))
+    (run / STATUS_FILE).write_text('{"last_sync": {"ok": true}}')
+    r = CliRunner().invoke(checkpoints, ["r1"])
+    assert r.exit_code == 0, r.output
+    assert (run / STATUS_FILE).read_text() == '{"last_sync": {"ok": true}}'

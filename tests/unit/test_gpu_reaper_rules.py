@@ -256,3 +256,47 @@ def test_memory_wait_ignores_what_nvml_still_lists_for_reaped_pids():
                                                                    FakeProcess(9, 2 * GiB)])])
     out = memory_settled(NvmlSeam(fake), [0], timeout_s=60, poll_s=1, clock=FakeClock(), gone_pids=[66])
     assert out == {"waited_s": 4.0, "released": True, "gpus": {0: 2 * GiB}}
+
+
+def test_a_recycled_session_id_now_leading_another_runs_live_attempt_is_never_reaped(tmp_path):
+    # run "a" attempt 0 had session 400 long ago (its session was emptied when the attempt ended, so the kernel
+    # could hand pid 400 out again); run "b"'s CURRENT attempt is now session 400. Before a's next attempt its
+    # reaper is told "400 is one of my earlier sessions": b's live training process must stay untouched.
+    from onbox.ownership import classify
+    from onbox.telemetry.holders import ScanResult
+
+    old_a = Attempt(run="a", n=0, sid=400, pgid=400, pid=400, start_ticks=1000, started_at=None, current=False)
+    live_b = Attempt(run="b", n=3, sid=400, pgid=400, pid=400, start_ticks=90000, started_at=None, current=True)
+    for order in ([old_a, live_b], [live_b, old_a]):
+        index = AttemptIndex(order)
+        assert index.owner_of(holder(sid=400, start_ticks=90000)) is live_b  # the newest session 400 before it
+        assert index.owner_of(holder(sid=400, start_ticks=2000)) is old_a  # a real orphan of a's attempt 0
+        h = holder(pid=400, sid=400, start_ticks=90000)
+        scan = ScanResult(holders=[h], scanned=1, unreadable=[], vanished=0, devices=[], nvml_unmatched=[],
+                          nvml_available=False, duration_s=0.0)
+        classify(scan, index, my_pid=1, extra_earlier_sids=[400], proc=str(tmp_path))
+        assert (h.owner, h.run, h.attempt) == ("current", "b", 3)
+        assert decide(h, **RULES).verdict == "keep"
+
+
+def test_a_process_that_started_after_an_attempt_ended_is_not_in_its_session(tmp_path):
+    # the supervisor empties an attempt's session when it ends, so pid 400 may then lead a foreign session (the
+    # user's notebook on the GPU): a holder that started after attempt 0 ended is not its orphan, even though the
+    # supervisor lists 400 among its earlier sessions
+    from onbox.ownership import classify
+    from onbox.telemetry.holders import ScanResult
+
+    old = Attempt(run="a", n=0, sid=400, pgid=400, pid=400, start_ticks=1000, started_at=1_700_000_000.0,
+                  current=False, ended_at=1_700_000_500.0)
+    index = AttemptIndex([old])
+    assert index.owner_of(holder(sid=400, start_ticks=2000, start_time=1_700_000_100.0)) is old
+    late = holder(sid=400, start_ticks=900000, start_time=1_700_009_000.0)
+    assert index.owner_of(late) is None
+    scan = ScanResult(holders=[late], scanned=1, unreadable=[], vanished=0, devices=[], nvml_unmatched=[],
+                      nvml_available=False, duration_s=0.0)
+    classify(scan, index, my_pid=1, extra_earlier_sids=[400], proc=str(tmp_path))
+    assert late.owner == "foreign"
+    doc = {"run": "a", "state": "backoff", "current_sid": None,
+           "attempts": [{"n": 0, "pid": 400, "sid": 400, "start_time": 1000, "started_at": 1_700_000_000.0,
+                         "ended_at": 1_700_000_500.0}]}
+    assert attempts_of(doc, "a", leader_alive=lambda p, t: False)[0].ended_at == 1_700_000_500.0

@@ -154,3 +154,20 @@ def test_cli_list_show_detect(tmp_path):
 def test_profiles_dir_is_found_in_a_checkout():
     assert profiles.builtin_dir() in (profiles.PACKAGE_DIR, profiles.REPO_DIR)
     assert os.path.exists(os.path.join(profiles.builtin_dir(), "generic-ssh.toml"))
+
+
+@pytest.mark.parametrize("what", ["profile", "run file"])
+def test_a_toml_file_that_is_not_utf8_is_a_clean_usage_error(tmp_path, onbox_home, what):
+    # a file saved as UTF-16 or Latin-1 by an editor: UnicodeDecodeError used to reach the user as a traceback
+    if what == "profile":
+        path = str(onbox_home / "profiles" / "runpod.toml")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        load = lambda: profiles.load("runpod")  # noqa: E731
+    else:
+        path = str(tmp_path / "run.toml")
+        load = lambda: resolve({}, environ={}, run_file=path)  # noqa: E731
+    with open(path, "wb") as f:
+        f.write(b"\xff\xfe[\x00r\x00u\x00n\x00]\x00")
+    with pytest.raises(UsageError) as e:
+        load()
+    assert path in e.value.message and "UTF-8" in e.value.message

@@ -80,3 +80,9 @@ def test_json_documents_for_scripts(onbox_home):
         ("gpt2-small", "done", False), ("llama-ft", "running", False), ("oom-run", "failed", False)]
     everything = json.loads(CliRunner().invoke(cmd.status, ["--json"]).output)
     assert [d["run"] for d in everything] == ["gpt2-small", "llama-ft", "oom-run"]
+
+
+def test_logs_refuses_a_negative_line_count(onbox_home):
+    _runs(onbox_home)
+    r = CliRunner().invoke(cmd.logs, ["gpt2-small", "-n", "-3"])
+    assert r.exit_code == 2 and "-n" in r.output

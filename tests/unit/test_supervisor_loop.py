@@ -55,7 +55,7 @@ class FakeProcs:
             self._current[3].append(int(sig))
         return True
 
-    def kill_session(self, sid, timeout, log=None) -> List[int]:
+    def kill_session(self, sid, timeout, log=None, leader_start=None) -> List[int]:
         return []
 
     def reap_zombies(self, keep=()) -> List[int]:
@@ -171,3 +171,27 @@ def test_short_grace_keeps_half_for_the_trainer_and_commits_again_after_it_saved
     calls = [(round(at - t0, 1), round(deadline - t0, 1)) for at, deadline in ckpts.finals]
     assert calls[0] == (2.0, 4.0)  # half the 4 s grace kept for the trainer, not the whole 10 s reserve
     assert len(calls) == 2 and calls[1][0] < 4.0 and calls[1][1] == 4.0  # again once the child exited in time
+
+
+def test_a_checkpoint_saved_after_the_reserve_mark_still_gets_a_final_commit_when_time_is_left(tmp_path):
+    # grace 30, reserve 10: the final commit runs at +20 s while the child is still saving its on-signal
+    # checkpoint (the valuable one); the child exits at +25 s. The 5 s left must go to committing what it just
+    # saved, not be thrown away because "the final commit already ran".
+    def saves_then_exits(t: float, sigs: List[int]) -> Optional[ExitStatus]:
+        return ExitStatus(code=0) if signal.SIGUSR2 in sigs and t >= 1005.0 + 25.0 - 1000.0 else None
+
+    sup, procs, ckpts, clock = make(tmp_path, [saves_then_exits], checkpoint_signal="USR2", grace=30.0,
+                                    sync_reserve=10.0)
+    original_sleep = clock.sleep
+
+    def sleep_and_preempt(seconds: float) -> None:
+        original_sleep(seconds)
+        if sup.state == RunState.RUNNING and sup.notice is None and clock.monotonic() >= 1005.0:
+            sup._on_signal(signal.SIGTERM, None)
+
+    sup.waiter = sleep_and_preempt
+    assert sup.run() == RunState.PREEMPTED
+    t0 = procs.signals[0][0]
+    assert [round(at - t0) for at, _ in ckpts.finals] == [20, 25]
+    assert {round(d - t0) for _, d in ckpts.finals} == {30}
+    assert signal.SIGKILL not in [s for _, s in procs.signals]

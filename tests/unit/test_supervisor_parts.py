@@ -72,18 +72,34 @@ def test_failure_code_success_unknown_preempted():
     assert not cls.classify(ExitStatus(code=0), preempted=True).failed
 
 
-def test_oom_fallback_reads_a_fixture_cgroup_tree(tmp_path):
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text("4:memory:/box/job\n0::/\n")
-    d = tmp_path / "sys/fs/cgroup/memory/box/job"
+def test_oom_kill_count_reads_fixture_cgroup_trees(tmp_path):
+    v1 = tmp_path / "v1"
+    (v1 / "proc/self").mkdir(parents=True)
+    (v1 / "proc/self/cgroup").write_text("4:memory:/box/job\n")
+    d = v1 / "sys/fs/cgroup/memory/box/job"
     d.mkdir(parents=True)
     (d / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
-    assert cls._oom_kill_fallback(root=str(tmp_path)) == 4
-    (tmp_path / "proc/self/cgroup").write_text("0::/user.slice\n")
-    v2 = tmp_path / "sys/fs/cgroup/user.slice"
-    v2.mkdir(parents=True)
-    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
-    assert cls._oom_kill_fallback(root=str(tmp_path)) == 2
+    assert cls.oom_kill_count(root=str(v1)) == 4
+    v2 = tmp_path / "v2"
+    (v2 / "proc/self").mkdir(parents=True)
+    (v2 / "proc/self/cgroup").write_text("0::/user.slice\n")
+    (v2 / "sys/fs/cgroup").mkdir(parents=True)
+    (v2 / "sys/fs/cgroup/cgroup.controllers").write_text("memory cpu\n")
+    (v2 / "sys/fs/cgroup/user.slice").mkdir()
+    (v2 / "sys/fs/cgroup/user.slice/memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
+    assert cls.oom_kill_count(root=str(v2)) == 2
+
+
+def test_oom_kill_count_in_a_v1_container_without_a_cgroup_namespace(tmp_path):
+    # docker on a v1 host: /proc/self/cgroup names the host-side path, but the container's mount shows only its
+    # own subtree; the old fallback reader looked for /sys/fs/cgroup/memory/docker/<id>/ and lost host-OOM
+    # detection (U41)
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("4:memory:/docker/abc123\n")
+    mem = tmp_path / "sys/fs/cgroup/memory"
+    mem.mkdir(parents=True)
+    (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
+    assert cls.oom_kill_count(root=str(tmp_path)) == 7
 
 
 def test_child_env_contract_and_thread_caps():
