@@ -127,7 +127,9 @@ def assert_resumed_without_gap(job, committed_step):
 @pytest.mark.slow
 @needs_checkpoints
 def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster, tmp_path):
-    job = submit(slurm_cluster, tmp_path, ["--steps", "30", "--interval", "0.1"])
+    # keep every checkpoint: with the default keep-last 3, the resumed attempt's commits retire the on-signal one
+    job = submit(slurm_cluster, tmp_path, ["--steps", "30", "--interval", "0.1"],
+                 run_args=("--restart", "never", "--keep-last", "100"))
     job.wait_output(r"^step 5$")
     slurm_cluster.run(["scancel", "--signal=USR1", "--batch", job.id])
     info = slurm_cluster.wait_job(job.id, ("COMPLETED",), timeout=60, restarts=1)
@@ -149,7 +151,8 @@ def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster
 def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_path):
     """--time=1 with the signal 50 s before the end: Slurm sends USR1 within the first ~10 s."""
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1"],
-                 sbatch_args=("--time", "1", "--signal-lead", "50"))
+                 sbatch_args=("--time", "1", "--signal-lead", "50"),
+                 run_args=("--restart", "never", "--keep-last", "100"))  # the on-signal checkpoint stays
     slurm_cluster.wait_job(job.id, ("RUNNING",), timeout=90, restarts=1)
     resumed = int(job.wait_output(r"^resumed from step (\d+) ", timeout=60).group(1))
     job.wait_output(r"^step %d$" % (resumed + 2))
