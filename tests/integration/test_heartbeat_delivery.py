@@ -6,8 +6,8 @@
 
 Time is scaled down through parameters: heartbeat interval 50 ms, request timeout 1-10 s, backoff cap 0.5 s. The
 partition lasts PARTITION_S (6 s: ~120 heartbeat intervals and a dozen backoff cycles, i.e. more beats queued
-behind the cut than a minute-long partition at the default 30 s interval). The minute-long partition of the
-issue runs with HEARTBEAT_FULL_PARTITION=1 (marked slow).
+behind the cut than a minute-long partition at the default 30 s interval); the minute-long partition the issue
+names runs too (marked slow).
 """
 from __future__ import annotations
 
@@ -156,7 +156,5 @@ def test_partition_job_undisturbed_backlog_arrives(netns_host, tmp_path):
 @pytest.mark.integration
 @pytest.mark.root
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("HEARTBEAT_FULL_PARTITION"),
-                    reason="the minute-long partition runs with HEARTBEAT_FULL_PARTITION=1 (the 6 s one always runs)")
 def test_partition_for_a_minute(netns_host, tmp_path):
     _partition(netns_host, tmp_path, 60.0)
