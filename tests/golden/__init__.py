@@ -10,6 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def check_golden(name: str, text: str) -> None:
     path = os.path.join(HERE, name)
     if os.environ.get("UPDATE_GOLDEN") == "1" or not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         if os.environ.get("UPDATE_GOLDEN") != "1":

@@ -46,14 +46,6 @@ def start_ticks(pid: int) -> int:
     return int(st[st.rfind(")") + 2:].split()[19])
 
 
-def wait_until(cond, timeout_s: float = 20.0, what: str = "condition") -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout_s, what))
-        time.sleep(0.02)
 
 
 @pytest.fixture

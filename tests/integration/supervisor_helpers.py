@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from tests.conftest import subprocess_env
 
@@ -32,18 +32,6 @@ def onbox(home: Any, *args: str, timeout: float = 60, env_extra: Optional[Dict[s
           cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "onbox", *args], env=env_for(home, **(env_extra or {})),
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll `cond` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(0.02)
 
 
 def state(home: Any, name: str) -> Dict[str, Any]:

@@ -83,7 +83,8 @@ def test_preemption_commits_the_checkpoint_saved_on_the_signal(tmp_path):
     import signal
     import subprocess
 
-    from tests.integration.supervisor_helpers import env_for, wait_for
+    from tests.integration.supervisor_helpers import env_for
+    from tests.polling import wait_for
 
     home, durable = tmp_path / "home", str(tmp_path / "durable")
     env = env_for(home, ONBOX_SETTLE_SECONDS="30", ONBOX_SYNC_INTERVAL="3600")

@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import close_masters
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,14 +41,6 @@ MISSING = [m for m in NEEDED if _absent(m)]
 RUN = "e2e"
 
 
-def _poll(what, cond, timeout, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 @pytest.mark.skipif(bool(MISSING), reason="needs the other subsystems: missing %s" % ", ".join(MISSING))
@@ -99,17 +92,17 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
             "--step-delay", "0.06", "--threads", "1", "--batch-size", "4", "--block", "32", "--d-model", "48")
         assert time.monotonic() - t0 < 30  # returns at once; the job is detached on the box
 
-        row = _poll("the run in the tracker", lambda: (lambda r: r if r.get("step") else None)(tracker_row()), 60)
+        row = wait_for(lambda: (lambda r: r if r.get("step") else None)(tracker_row()), 60, "the run in the tracker", 0.2)
         assert row["box"] == "b1" and row["state"] == "running" and row["liveness"] == "ok"
 
         # a partition: the box goes silent in the tracker, the job goes on, the backlog arrives afterwards
         netns_box.netns.cut()
-        _poll("liveness silent", lambda: tracker_row().get("liveness") == "silent", 30)
+        wait_for(lambda: tracker_row().get("liveness") == "silent", 30, "liveness silent", 0.2)
         cut_step = tracker_row()["step"]
         time.sleep(1.0)  # a little more training behind the cut
         netns_box.netns.restore()
-        row = _poll("fresh beats after the cut", lambda: (lambda r: r if r.get("liveness") == "ok"
-                                                          and r["step"] > cut_step else None)(tracker_row()), 30)
+        row = wait_for(lambda: (lambda r: r if r.get("liveness") == "ok" and r["step"] > cut_step else None)(
+            tracker_row()), 30, "fresh beats after the cut", 0.2)
         seqs = {}
         for b in beats():
             seqs.setdefault(b["attempt"], []).append(b["seq"])
@@ -124,9 +117,9 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
         os.killpg(follow.pid, signal.SIGKILL)
         follow.wait(timeout=10)
         before = tracker_row()["step"]
-        _poll("steps after the client was killed", lambda: tracker_row()["step"] > before, 30)
+        wait_for(lambda: tracker_row()["step"] > before, 30, "steps after the client was killed", 0.2)
 
-        _poll("the run to finish", lambda: tracker_row().get("state") == "done", 90, 0.5)
+        wait_for(lambda: tracker_row().get("state") == "done", 90, "the run to finish", 0.5)
 
         # without a tracker, status asks the box over ssh: the same run, its progress and durable checkpoint
         r = subprocess.run([sys.executable, "-m", "controller", "status", "--json"], capture_output=True, text=True,
@@ -150,7 +143,7 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
             temps = list(ck_root.glob("*/.*.pt.*")) + list(ck_root.glob("*/.onbox-partial/*"))
             return [t for t in temps if t.stat().st_size > 100_000]
 
-        _poll("part of the checkpoint", part_arrived, 30, 0.05)
+        wait_for(part_arrived, 30, "part of the checkpoint", 0.05)
         os.killpg(p.pid, signal.SIGINT)
         p.wait(timeout=30)
         assert p.returncode != 0

@@ -27,7 +27,8 @@ from onbox.telemetry.holders import HolderScan
 from onbox.telemetry.nvml import NvmlSeam
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.hosts.gpu_holders import alive, wait_until
+from tests.hosts.gpu_holders import alive
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +167,7 @@ def test_cli_force_kills_foreign_and_orphans_never_the_current_attempt(onbox_hom
     for pid in trainer.workers:
         assert by_pid[pid]["owner"] == "earlier" and by_pid[pid]["outcome"] == "terminated by SIGTERM"
     assert by_pid[foreign.pid]["outcome"] == "terminated by SIGTERM"
-    wait_until(lambda: not alive(foreign.pid) and not any(alive(w) for w in trainer.workers), what="reaped")
+    wait_for(lambda: not alive(foreign.pid) and not any(alive(w) for w in trainer.workers), what="reaped")
 
 
 def test_cli_force_respects_min_age(onbox_home, gpu_devices, spawn_holder, onbox_argv):
@@ -188,7 +189,7 @@ def test_other_users_process_needs_all_users(onbox_home, gpu_devices, spawn_hold
     rc, doc, _err = run_reap(onbox_argv, onbox_home, gpu_devices, "--force", "--all-users", "--min-age", "0")
     d = next(x for x in doc["decisions"] if x["pid"] == nobody.pid)
     assert rc == 0 and d["outcome"] == "terminated by SIGTERM"
-    wait_until(lambda: not alive(nobody.pid), what="nobody's holder gone")
+    wait_for(lambda: not alive(nobody.pid), what="nobody's holder gone")
 
 
 @pytest.mark.root

@@ -22,18 +22,11 @@ import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.tracker import TrackerProcess
+from tests.polling import wait_for
 
 RUN = "hbtest"
 
 
-def poll(cond, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 def start_agent(tmp_path, url, token_file, wrap=lambda argv: argv, request_timeout=1.0):
@@ -78,7 +71,7 @@ def progress_step(run_dir):
 
 def assert_exactly_once_in_order(tracker: TrackerProcess, res: dict):
     first, n = res["first_seq"], res["next_seq"] - res["first_seq"]
-    beats = poll(lambda: (lambda b: b if len(b) >= n else None)(tracker.all_heartbeats(RUN)), timeout=60,
+    beats = wait_for(lambda: (lambda b: b if len(b) >= n else None)(tracker.all_heartbeats(RUN)), timeout=60,
                  what="%d beats at the tracker" % n)
     seqs = [b["seq"] for b in beats]
     assert seqs == list(range(first, first + n)), "missing or duplicated seqs"
@@ -97,14 +90,14 @@ def assert_exactly_once_in_order(tracker: TrackerProcess, res: dict):
 def test_tracker_killed_and_restarted_every_seq_once_in_order(tracker, tmp_path):
     proc, run_dir, stop, result = start_agent(tmp_path, tracker.url, tracker.token_file)
     try:
-        poll(lambda: len(tracker.all_heartbeats(RUN)) >= 10, what="first beats")
+        wait_for(lambda: len(tracker.all_heartbeats(RUN)) >= 10, what="first beats")
         tracker.kill()  # SIGKILL: no goodbye, a request may be cut mid-way
-        poll(lambda: spool_backlog(run_dir) >= 10, what="beats spooled while the tracker is down")
+        wait_for(lambda: spool_backlog(run_dir) >= 10, what="beats spooled while the tracker is down")
         tracker.start()
-        poll(lambda: spool_backlog(run_dir) == 0, what="the backlog drained", timeout=60)
-        poll(lambda: len(tracker.all_heartbeats(RUN)) >= 40, what="more beats")
+        wait_for(lambda: spool_backlog(run_dir) == 0, what="the backlog drained", timeout=60)
+        wait_for(lambda: len(tracker.all_heartbeats(RUN)) >= 40, what="more beats")
         tracker.kill(sig=15)  # and a graceful stop
-        poll(lambda: spool_backlog(run_dir) >= 5, what="beats spooled again")
+        wait_for(lambda: spool_backlog(run_dir) >= 5, what="beats spooled again")
         tracker.start()
         res = finish_agent(proc, stop, result, tmp_path)
     finally:
@@ -122,7 +115,7 @@ def _partition(netns_host, tmp_path, seconds):
     try:
         proc, run_dir, stop, result = start_agent(tmp_path, tr.url, tr.token_file, wrap=netns_host.argv,
                                                   request_timeout=10.0)
-        poll(lambda: len(tr.all_heartbeats(RUN)) >= 5, what="first beats from the box")
+        wait_for(lambda: len(tr.all_heartbeats(RUN)) >= 5, what="first beats from the box")
         netns_host.cut()
         at_cut = len(tr.all_heartbeats(RUN))
         step_at_cut = progress_step(run_dir)

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, kill_if_alive, state, wait_for
+from tests.integration.supervisor_helpers import env_for, kill_if_alive, state
+from tests.polling import wait_for
 
 TRAIN = r'''
 import json, os, sys, time

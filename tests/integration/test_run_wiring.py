@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import kill_test_processes, onbox, pids_with_home, state, wait_for
+from tests.integration.supervisor_helpers import kill_test_processes, onbox, pids_with_home, state
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable

@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
+from tests.polling import wait_for
 
 try:
     import onbox.supervisor
@@ -88,14 +88,6 @@ def _read(path):
         return ""
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out after %.0fs waiting for %s" % (timeout, what))
 
 
 def submit(cluster, tmp_path, trainer_args, sbatch_args=(), run_args=("--restart", "never"), extra_env=None):

@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
+from tests.polling import wait_for
 
 PROBE = os.path.join(REPO_ROOT, "tests", "integration", "slurm_probe_agent.py")
 pytestmark = pytest.mark.integration
@@ -24,14 +24,6 @@ def read_events(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out after %.0fs waiting for %s" % (timeout, what))
 
 
 @pytest.mark.slow

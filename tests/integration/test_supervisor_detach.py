@@ -19,8 +19,8 @@ from tests.integration.supervisor_helpers import (
     onbox,
     pid_alive,
     state,
-    wait_for,
 )
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

@@ -28,7 +28,7 @@ def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["run"] == "c1" and info["pid"] > 0 and info["run_dir"].endswith("runs/c1")
-    from tests.integration.supervisor_helpers import wait_for
+    from tests.polling import wait_for
 
     summary = onbox_home / "runs" / "c1" / "training_status.md"
     # the writer's contract: training_status.md is written before state.json, so once state.json says done the
@@ -211,7 +211,7 @@ def _write(path, text):
 def test_output_log_is_bounded_by_rotation_and_relative_paths_are_kept(onbox_home, tmp_path):
     chatty = ("import time\nfor i in range(6):\n    print(('x' * 99 + '\\n') * 40, end='', flush=True)\n"
               "    time.sleep(0.15)\nprint('last line')")
-    from tests.integration.supervisor_helpers import wait_for
+    from tests.polling import wait_for
 
     # detached: the agent runs from "/", so a relative --ckpt-dir must have been resolved where it was typed
     r = onbox(onbox_home, "run", "--name", "rot", "--ckpt-dir", "ck", "--", PY, "-c", chatty,

@@ -16,8 +16,8 @@ from tests.integration.supervisor_helpers import (
     kill_if_alive,
     kill_test_processes,
     state,
-    wait_for,
 )
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
 PY = sys.executable

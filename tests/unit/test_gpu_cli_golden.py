@@ -2,8 +2,6 @@
 UPDATE_GOLDEN=1 pytest tests/unit/test_gpu_cli_golden.py, then review the diff."""
 from __future__ import annotations
 
-import difflib
-import os
 import re
 
 from click.testing import CliRunner
@@ -14,22 +12,16 @@ from onbox.reaper import Decision
 from onbox.telemetry.gpu import GpuMonitor
 from onbox.telemetry.nvml import NvmlSeam
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.golden import check_golden
 from tests.unit.test_gpu_reaper_rules import holder
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "gpu")
 GiB = 1 << 30
 DMESG = "[ 7.0] NVRM: Xid (PCI:0000:5e:00): 79, pid=0, GPU has fallen off the bus.\n"
 
 
 def check(name, text):
     text = re.sub(r"\(scan \d+ ms\)", "(scan N ms)", text)  # the one machine-dependent figure
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w") as f:
-            f.write(text)
-    with open(path) as f:
-        want = f.read()
-    assert text == want, "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), name, "got"))
+    check_golden("gpu/" + name, text)
 
 
 def test_gpu_text(monkeypatch, tmp_path, onbox_home):

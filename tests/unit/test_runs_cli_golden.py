@@ -2,28 +2,17 @@
 scripts read. After a deliberate change: UPDATE_GOLDEN=1 pytest tests/unit/test_runs_cli_golden.py, review the diff."""
 from __future__ import annotations
 
-import difflib
 import json
-import os
 
 from click.testing import CliRunner
 
 import onbox.commands.runs as cmd
+from tests.golden import check_golden
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "runs")
 T = 1_795_000_000.0  # a fixed wall time: the output has no clock-dependent figure
 DEAD_PID = 2 ** 22 + 1  # above pid_max's ceiling: never a live process
 
 
-def check(name, text):
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-    with open(path) as f:
-        want = f.read()
-    assert text == want, "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), name, "got"))
 
 
 def _run(home, name, state, progress=None, checkpoint=None):
@@ -58,7 +47,7 @@ def test_status_text(onbox_home):
     _runs(onbox_home)
     r = CliRunner().invoke(cmd.status, [])
     assert r.exit_code == 0, r.output
-    check("status.txt", r.output)
+    check_golden("runs/status.txt", r.output)
     one = CliRunner().invoke(cmd.status, ["llama-ft"])
     assert one.exit_code == 0 and one.output == r.output[r.output.index("llama-ft:"):r.output.index("oom-run:")]
 
@@ -67,7 +56,7 @@ def test_ls_text(onbox_home):
     _runs(onbox_home)
     r = CliRunner().invoke(cmd.ls, [])
     assert r.exit_code == 0, r.output
-    check("ls.txt", r.output)
+    check_golden("runs/ls.txt", r.output)
 
 
 def test_json_documents_for_scripts(onbox_home):

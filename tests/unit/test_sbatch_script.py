@@ -2,7 +2,6 @@
 UPDATE_GOLDEN=1 rewrites them), and the `onbox sbatch` command's parsing and bad input."""
 from __future__ import annotations
 
-import difflib
 import os
 import subprocess
 import sys
@@ -11,24 +10,12 @@ import pytest
 
 from onbox.errors import UsageError
 from onbox.sbatchscript import SbatchScript, default_agent, profile_defaults
-from tests.conftest import REPO_ROOT, subprocess_env
+from tests.conftest import subprocess_env
+from tests.golden import check_golden
 
-GOLDEN = os.path.join(REPO_ROOT, "tests", "golden")
 AGENT = ["python3", "/shared/onbox.pyz"]
 
 
-def assert_golden(name: str, text: str) -> None:
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w") as f:
-            f.write(text)
-    with open(path) as f:
-        want = f.read()
-    if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                            "golden/" + name, "generated"))
-        pytest.fail("generated script differs from tests/golden/%s (UPDATE_GOLDEN=1 to accept):\n%s"
-                    % (name, diff))
 
 
 def onbox_sbatch(*args: str) -> subprocess.CompletedProcess:
@@ -41,14 +28,14 @@ def test_single_node_script_matches_golden():
                         run_args=["--durable", "/shared/ckpt", "--restart", "never", "--env", "A=$HOME"],
                         name="exp1", time="4:00:00", partition="gpu", sbatch_args=["--gres=gpu:1", "--mem=64G"],
                         version="1.2.3").validate()
-    assert_golden("sbatch_single.sh", spec.render())
+    check_golden("sbatch_single.sh", spec.render())
 
 
 def test_array_multinode_usr2_script_matches_golden():
     spec = SbatchScript(command=["torchrun", "--nnodes=2", "train.py"], agent=["/usr/bin/python3", "-m", "onbox"],
                         run_args=["--durable", "/shared/ckpt", "--restart", "never"],
                         nodes=2, array="0-3%2", signal="SIGUSR2", lead=300, version="1.2.3").validate()
-    assert_golden("sbatch_array_multinode.sh", spec.render())
+    check_golden("sbatch_array_multinode.sh", spec.render())
 
 
 def test_cli_print_matches_golden_and_passes_run_options_through_in_order():
@@ -58,7 +45,7 @@ def test_cli_print_matches_golden_and_passes_run_options_through_in_order():
                       "--", "python", "train.py", "--lr", "3e-4", "two words")
     assert cp.returncode == 0, cp.stderr
     text = cp.stdout.replace("(onbox %s)" % __import__("onbox").__version__, "(onbox 1.2.3)")
-    assert_golden("sbatch_single.sh", text)
+    check_golden("sbatch_single.sh", text)
 
 
 def test_script_is_valid_bash_and_names_runs_like_slurmjob(tmp_path):
