@@ -267,7 +267,7 @@ def main(argv: List[str]) -> int:
         except ModuleNotFoundError:
             return True
 
-    missing = [m for m in ("onbox.supervisor", "onbox.checkpoints.hook", "onbox.heartbeat.hook",
+    missing = [m for m in ("onbox.supervisor.loop", "onbox.checkpoints.hook", "onbox.heartbeat.hook",
                            "controller.tracker.app", "torch") if absent(m)]
     if missing:
         print("demo: this checkout lacks %s (subsystems still being merged?)" % ", ".join(missing), file=sys.stderr)

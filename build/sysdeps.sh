@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests and the demo use (TESTHOSTS.md): OpenSSH, rsync, Slurm + munge, rclone.
+# Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone.
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()

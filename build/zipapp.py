@@ -4,13 +4,13 @@
     python build/zipapp.py --out dist [--arch x86_64 --arch aarch64] [--offline]
 
 - Wheels are downloaded for the TARGET platform and the OLDEST supported Python (manylinux2014_<arch>, 3.8), never
-  the build host's (DOMAIN.md), pinned with hashes in build/pyz-requirements.txt, and cached in
+  the build host's, pinned with hashes in build/pyz-requirements.txt, and cached in
   build/out/wheels/<arch>/ so rebuilds are offline and fast.
 - Reproducible: wheels are unpacked (not pip-installed: no RECORD/INSTALLER/bin noise) into a staging
   site-packages with fixed file modes; the onbox package is copied the same way (a wheel would only be unpacked
   again), profiles/*.toml go in as package data onbox/_profiles/; shiv then writes entries sorted, stamped with
   SOURCE_DATE_EPOCH (the commit time of HEAD, or shiv's default outside git).
-- The pyz's __main__.py embeds onbox/extractroot.py: it picks the extraction root before shiv's bootstrap
+- The pyz's __main__.py embeds onbox/platform/extractroot.py: it picks the extraction root before shiv's bootstrap
   (read-only $HOME, noexec /tmp) and starts onbox directly when this build is already extracted (warm starts
   skip the bootstrap's heavy imports); on a first start shiv extracts and the preamble (build/preamble.py) holds
   the extraction and removes old ones.
@@ -192,7 +192,7 @@ def content_id(site: str, preamble: str) -> str:
 
 
 def main_template(build_id: str) -> str:
-    with open(os.path.join(REPO, "onbox", "extractroot.py"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "onbox", "platform", "extractroot.py"), encoding="utf-8") as f:
         source = f.read()
     # Without its __future__ import the module also compiles on old Pythons, which then get the message above.
     source = source.replace("from __future__ import annotations\n", "", 1)

@@ -35,7 +35,7 @@ def known_profiles() -> List[str]:
 
 def load_profile(name: str) -> Optional[Dict[str, Any]]:
     try:  # the foundation's loader, when present, applies the user's overrides and the schema
-        from onbox import profiles as onbox_profiles  # type: ignore[attr-defined]
+        from onbox.platform import profiles as onbox_profiles  # type: ignore[attr-defined]
 
         for fn in ("load_profile", "load", "get_profile", "get"):
             f = getattr(onbox_profiles, fn, None)

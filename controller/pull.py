@@ -1,6 +1,6 @@
 """Pull a run's committed checkpoints (and logs, index) home, resumably, then verify each one locally.
 
-Layout read on the box (DESIGN.md, durable storage):
+Layout read on the box (onbox/checkpoints/README.md):
     <durable>/<run>/checkpoints/<name>/MANIFEST.json   a checkpoint exists only once its manifest does
     <durable>/<run>/checkpoints_index.json
     <durable>/<run>/logs/

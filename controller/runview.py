@@ -2,7 +2,7 @@
 table a person reads at a glance.
 
 Sources:
-- the tracker: `GET /api/v1/runs` (DESIGN.md, Tracker API v1) -> each run with its latest heartbeat and liveness;
+- the tracker: `GET /api/v1/runs` (controller/tracker/API.md) -> each run with its latest heartbeat and liveness;
 - without a tracker: `onbox status --json` on each box over ssh (the run's state.json and progress).
 """
 from __future__ import annotations

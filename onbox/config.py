@@ -15,6 +15,9 @@ from onbox.paths import valid_run_name
 RESTART_POLICIES = ("on-failure", "always", "never")
 NOTICE_SOURCES = ("auto", "aws", "gcp", "azure", "none")
 BEST_MODES = ("min", "max")
+# U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
+# it, crash dumps and `env` in a launch script show it): a token the child never sees cannot leak from there.
+AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 
 
 @dataclasses.dataclass
@@ -55,7 +58,7 @@ class RunConfig:
     final_sync_timeout: float = 300.0  # seconds the last commit may take when the job ends (done/failed for good)
     notice_source: str = "auto"  # cloud metadata notices: auto|aws|gcp|azure|none
     metadata_url: Optional[str] = None  # base URL override for the metadata service (tests, proxies)
-    notice_interval: float = 5.0  # seconds between metadata-service polls (DOMAIN.md: AWS recommends 5 s)
+    notice_interval: float = 5.0  # seconds between metadata-service polls (AWS recommends 5 s)
     requeue: Optional[bool] = None  # under Slurm: scontrol requeue on preemption (default: yes inside a job)
     # output and heartbeats
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -97,8 +100,6 @@ class RunConfig:
                     "notice_interval", "reap_wait", "final_sync_timeout"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
-        from onbox.childenv import AGENT_ONLY_VARS
-
         for key in self.env:
             if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
                 raise UsageError("env: %s is the agent's secret, not the job's" % key,

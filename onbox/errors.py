@@ -10,7 +10,7 @@ from typing import Optional
 
 
 class ExitCode(enum.IntEnum):
-    """DESIGN.md: 0 done · 1 the job failed · 2 bad usage/input · 3 environment unfit · 75 preempted."""
+    """Both CLIs: 0 done · 1 the job failed · 2 bad usage/input · 3 environment unfit · 75 preempted."""
 
     OK = 0
     JOB_FAILED = 1

@@ -1,6 +1,6 @@
-"""Crash-consistent file writes and free-space readings: the ONE place for these (DESIGN.md).
+"""Crash-consistent file writes and free-space readings: the ONE place for these.
 
-The recipe (DOMAIN.md): write a temp file in the same directory, flush, fsync the file, os.replace onto the final
+The recipe: write a temp file in the same directory, flush, fsync the file, os.replace onto the final
 name, fsync the directory (an fsync of the file does not persist its directory entry).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Read TOML on every supported Python: tomllib from 3.11, the bundled tomli before (DOMAIN.md: shiv resolves
+"""Read TOML on every supported Python: tomllib from 3.11, the bundled tomli before (shiv resolves
 markers at build time, so tomli is shipped explicitly)."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 import click
 
 from controller.boxes import OPTION_RE, Box, Inventory, check_name
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
 

@@ -8,7 +8,7 @@ import click
 from controller.boxes import Inventory
 from controller.launch import check_name, default_run_name, launch_many, read_fanout
 from controller.ssh import Ssh, settings_from_env
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
 

@@ -9,7 +9,7 @@ import click
 from controller.boxes import Inventory
 from controller.pull import Transfer, pull_run
 from controller.ssh import Ssh, settings_from_env
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed
 
 

@@ -10,7 +10,7 @@ from controller.boxes import Inventory
 from controller.push import default_pyz, push_secret
 from controller.push import push as push_core
 from controller.ssh import Ssh, settings_from_env
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 
 
 @click.command("push")

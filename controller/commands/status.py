@@ -21,7 +21,7 @@ from controller.runview import (
     rows_from_tracker,
 )
 from controller.ssh import Ssh, settings_from_env
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 SEPARATOR = "--onboxctl-extras--"

@@ -11,7 +11,7 @@ import click
 from controller.boxes import Inventory
 from controller.ssh import Ssh, settings_from_env
 from controller.teardown import gate, meter_command, render
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
 

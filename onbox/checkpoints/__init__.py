@@ -1,5 +1,19 @@
 """Checkpoints that outlive the box: detect complete ones, commit them to durable storage (manifest last),
-verify, index, retain, restore. The supervisor drives it through onbox.checkpoints.hook.CheckpointCommitHook."""
+verify, index, retain, restore. The supervisor drives it through onbox.checkpoints.hook.CheckpointCommitHook.
+
+  formats.py    structural checks of torch zips, pickles and safetensors, without torch
+  detect.py     candidates in the local checkpoint dir and when each is complete
+  hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
+  durable.py    the DurableTarget protocol and the names every target shares
+  localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
+  targets.py    which target a --durable value means, and what `onbox run` checks about it first
+  commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
+  restore.py    the newest committed checkpoint that verifies, fetched into the local dir
+  verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
+
+May import: the shared leaves (errors, fsutil, clock). Never the supervisor: hook.py implements the seam in
+onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
+"""
 from __future__ import annotations
 
 import errno

@@ -1,11 +1,11 @@
 """The committer: copy a complete checkpoint to the durable target so that a reader sees all of it or nothing.
 
-Protocol (DESIGN.md, DOMAIN.md): preflight bytes+inodes -> one read pass that copies and hashes each file into
+Protocol (onbox/checkpoints/README.md): preflight bytes+inodes -> one read pass that copies and hashes each file into
 a staging dir -> fsync files -> fsync dirs -> rename staging to <name> -> fsync parent -> MANIFEST.json with the
 atomic-write recipe, LAST (the commit point) -> checkpoints_index.json (atomic) -> retention.
 Idempotent: a checkpoint already committed (same source fingerprint, or same hashes) is skipped. Leftovers of an
 interrupted commit (staging dirs, manifest-less dirs that
-carry targets.PARTIAL_MARKER) are removed when the committer starts; a manifest-less dir without it is not ours.
+carry durable.PARTIAL_MARKER) are removed when the committer starts; a manifest-less dir without it is not ours.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from onbox.checkpoints import INDEX_SCHEMA, MANIFEST_SCHEMA, DurableFull, SyncFailed, hashcopy, retention
 from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
-from onbox.checkpoints.targets import DurableTarget, FileHashes
+from onbox.checkpoints.durable import DurableTarget, FileHashes
 
 MiB = 1024 * 1024
 

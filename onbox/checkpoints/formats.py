@@ -4,8 +4,7 @@ Two depths:
   structural (cheap, reads the ends of a file): a torch zip has its end-of-central-directory record and every
   member lies inside the file; a safetensors header parses and its offsets cover exactly the buffer. A torn
   file (torch.save is not atomic; nanoGPT rewrites ckpt.pt in place) fails these, so detection uses them.
-  full (reads every byte): the structural checks plus the CRC-32 of every zip member (torch.load skips the CRCs,
-  DOMAIN.md), used by `onbox verify`.
+  full (reads every byte): the structural checks plus the CRC-32 of every zip member (torch.load skips the CRCs),, used by `onbox verify`.
 Files of other formats (pickles, JSON, optimizer shards) have no self-check: the manifest hash covers them.
 """
 from __future__ import annotations

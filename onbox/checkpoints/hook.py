@@ -1,4 +1,4 @@
-"""CheckpointCommitHook: what the supervisor calls (onbox.runhooks.CheckpointHook).
+"""CheckpointCommitHook: what the supervisor calls (onbox.supervisor.hooks.CheckpointHook).
 
 restore()   before each attempt (after the commit in flight, bounded by final_sync_timeout): the newest verified checkpoint, fetched from durable storage when the local dir
             lacks it; its local path becomes ONBOX_RESUME_FROM.
@@ -27,8 +27,9 @@ from onbox import fsutil
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
 from onbox.checkpoints.detect import Candidate, CompletionTracker, scan
+from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.restore import restore_newest
-from onbox.checkpoints.targets import DurableTarget, make_target, overlap_problem
+from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
 
 STATUS_FILE = "checkpoint_status.json"

@@ -2,7 +2,7 @@
 
 Object stores have no rename, so the protocol is: payload first, MANIFEST.json last; a checkpoint dir without a
 manifest does not exist for readers, and leftovers of an interrupted upload are purged at the next start.
-Every call is a list argv with a timeout that grows with the bytes moved (STYLE.md).
+Every call is a list argv with a timeout that grows with the bytes moved.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy
-from onbox.checkpoints.targets import PARTIAL_MARKER, FileHashes, foreign_entry
+from onbox.checkpoints.durable import PARTIAL_MARKER, FileHashes, foreign_entry
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 NOT_FOUND_RC = 3  # rclone: "directory not found"
@@ -78,7 +78,7 @@ class RcloneTarget:
             self._rc(["copyto", local, path])
 
     def _put_marker(self, name: str, check: bool = True) -> None:
-        """targets.PARTIAL_MARKER into <name>/: this dir is onbox's and not (or no longer) committed."""
+        """durable.PARTIAL_MARKER into <name>/: this dir is onbox's and not (or no longer) committed."""
         with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
             marker = os.path.join(tmp, PARTIAL_MARKER)
             with open(marker, "wb"):

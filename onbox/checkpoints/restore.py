@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed, formats
-from onbox.checkpoints.targets import DurableTarget
+from onbox.checkpoints.durable import DurableTarget
 
 RESTORED_DIR = ".onbox-restored"  # hidden: detection ignores it, so a restored copy is not committed again
 

@@ -1,11 +1,11 @@
-"""`onbox audit`: pre-flight check of this box (onbox/audit.py does the work)."""
+"""`onbox audit`: pre-flight check of this box (onbox/platform/audit.py does the work)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
@@ -25,8 +25,8 @@ def audit(ckpt_dir: Optional[str], durable: Optional[str], min_free_gb: float, m
           profile: Optional[str], profile_file: Optional[str], as_json: bool) -> None:
     """Pre-flight check: disks and inodes, cgroup memory and OOM kills, CPU quota vs threads, GPUs, torch's CUDA
     build vs the driver, tmux/rsync/rclone, Python. Exit 3 when the box is unfit for the run, 0 otherwise."""
-    from onbox.audit import AuditOptions, run_audit
     from onbox.errors import UnfitError
+    from onbox.platform.audit import AuditOptions, run_audit
 
     report = run_audit(AuditOptions(ckpt_dir=ckpt_dir, durable=durable, min_free_gb=min_free_gb,
                                     min_free_inodes=min_free_inodes, profile=profile,

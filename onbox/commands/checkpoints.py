@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
 MiB = 1024 * 1024
@@ -18,7 +18,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     from onbox import fsutil, paths
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
-    from onbox.runhooks import RunContext
+    from onbox.supervisor.hooks import RunContext
 
     if not paths.valid_run_name(name):
         raise UsageError("invalid run name %r" % name)

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
 DEVICES_HELP = "Glob of the NVIDIA device files to look for holders of (env ONBOX_GPU_DEVICES)."
@@ -29,13 +29,13 @@ def _na(v: Any, fmt: str = "%s") -> str:
 
 
 def _seam() -> Any:
-    from onbox.telemetry.nvml import NvmlSeam
+    from onbox.gpu.nvml import NvmlSeam
 
     return NvmlSeam()
 
 
 def _monitor(seam: Any) -> Any:
-    from onbox.telemetry.gpu import GpuMonitor
+    from onbox.gpu.readings import GpuMonitor
 
     return GpuMonitor(seam)
 
@@ -47,9 +47,9 @@ def gpu(as_json: bool, devices: str) -> None:
     """GPU health: utilisation beside SM clock and power (U21), memory, temperature, throttle reasons (U23), ECC,
     Xid events (U22: Xid 48/79 = dead card, re-rent) and a verdict per GPU: healthy, throttled, memory pinned by N
     holders, or dead. A box without the NVIDIA driver prints why and exits 0."""
-    from onbox.ownership import AttemptIndex, classify
+    from onbox.gpu.holders import HolderScan
+    from onbox.gpu.ownership import AttemptIndex, classify
     from onbox.paths import runs_dir
-    from onbox.telemetry.holders import HolderScan
 
     seam = _seam()
     scan = HolderScan(devices, seam=seam).scan()
@@ -113,9 +113,9 @@ def reap(force: bool, all_users: bool, min_age: float, term_timeout: float, as_j
     idle, older than --min-age. Never the current attempt of a run, never another user's process unless root
     and --all-users, never a process of another container (restart that container instead). Every kill is
     logged to $ONBOX_HOME/reap.jsonl. Exit 1 when --force could not free every candidate."""
+    from onbox.gpu.reaper import kill_log, survey
+    from onbox.gpu.reaper import reap as do_reap
     from onbox.paths import onbox_home, runs_dir
-    from onbox.reaper import kill_log, survey
-    from onbox.reaper import reap as do_reap
 
     if min_age < 0 or term_timeout < 0:
         raise UsageError("--min-age and --term-timeout must be >= 0 seconds")

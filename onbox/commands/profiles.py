@@ -1,11 +1,11 @@
-"""`onbox profiles list|show|detect`: the platform profiles shipped in onbox.pyz (onbox/profiles.py)."""
+"""`onbox profiles list|show|detect`: the platform profiles shipped in onbox.pyz (onbox/platform/profiles.py)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 
 MONEY_TABLES = ("billing", "preemption", "paths")
 
@@ -22,7 +22,7 @@ def profiles() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(as_json: bool) -> None:
     """List the built-in profiles (and their sub-platforms)."""
-    from onbox import profiles as core
+    from onbox.platform import profiles as core
 
     rows: List[Dict[str, Any]] = []
     for p in core.load_all():
@@ -79,7 +79,7 @@ def _show_text(p: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(name: str, profile_file: Optional[str], as_json: bool) -> None:
     """Show one profile (NAME, or FAMILY/PLATFORM such as china/gpushare) with sources and dates."""
-    from onbox import profiles as core
+    from onbox.platform import profiles as core
 
     p = core.load(name, profile_file)
     if as_json:
@@ -93,7 +93,7 @@ def show(name: str, profile_file: Optional[str], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def detect_cmd(forced: Optional[str], as_json: bool) -> None:
     """Detect the platform this box runs on (RUNPOD_POD_ID, VAST_CONTAINERLABEL, SLURM_JOB_ID, ...)."""
-    from onbox import profiles as core
+    from onbox.platform import profiles as core
 
     if forced:
         name, why = forced, "--profile given"

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 UNPROCESSED = click.UNPROCESSED
@@ -75,8 +75,8 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     or vast.ai's onstart.sh).
     """
     from onbox import paths
-    from onbox.rundir import RunDir
-    from onbox.runhooks import preflight
+    from onbox.subsystems import preflight
+    from onbox.supervisor.rundir import RunDir
 
     cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
     if "env" in cli:
@@ -108,9 +108,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
-    from onbox.slurm import default_run_name
+    from onbox.slurm.job import default_run_name
 
-    # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm.py).
+    # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
     _check_runs_dir(paths.runs_dir())
     preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
@@ -127,8 +127,8 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
     from onbox import paths
     from onbox.config import RunConfig
     from onbox.fsutil import read_json
-    from onbox.rundir import RunDir
-    from onbox.runhooks import preflight
+    from onbox.subsystems import preflight
+    from onbox.supervisor.rundir import RunDir
 
     rd = RunDir(paths.run_dir(name))
     if not rd.exists():
@@ -142,8 +142,8 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
 
 
 def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
-    from onbox import detach
     from onbox.proc import ProcessSeam
+    from onbox.supervisor import detach
 
     created = not os.path.isdir(rd.path)
     try:
@@ -170,12 +170,14 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     lock.write_owner(os.getpid())
 
     def agent(ready: Any) -> int:
-        from onbox.supervisor import Supervisor, exit_code_for
+        from onbox import subsystems
+        from onbox.supervisor.loop import Supervisor, exit_code_for
 
         lock.write_owner(os.getpid())
         try:
             try:
-                sup = Supervisor(cfg, rd)  # builds the hooks; preflight() caught what it could in the foreground
+                # builds the hooks; preflight() caught what it could in the foreground
+                sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks)
             except OSError as oe:
                 raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
         except OnboxError as e:
@@ -240,7 +242,8 @@ def _saved_config(rd: Any, fallback: Any) -> Any:
 def _resolve_with_profile(cli: Dict[str, Any], run_file: Optional[str]) -> Any:
     """CLI > env > run file > profile > defaults. The profile's name itself may come from any layer above it,
     so resolve once to learn it, then again with its defaults (the one call site of Profile.run_defaults())."""
-    from onbox import config, profiles
+    from onbox import config
+    from onbox.platform import profiles
 
     first = config.resolve(cli, run_file=run_file)
     profile, _why = profiles.select(first.profile)

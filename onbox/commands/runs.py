@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
@@ -16,7 +16,7 @@ STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent'
 
 def _rundir(name: str) -> Any:
     from onbox import paths
-    from onbox.rundir import RunDir
+    from onbox.supervisor.rundir import RunDir
 
     if not paths.valid_run_name(name):
         raise UsageError("invalid run name %r" % name)
@@ -27,7 +27,7 @@ def _rundir(name: str) -> Any:
 
 
 def _summary(rd: Any) -> Dict[str, Any]:
-    from onbox.detach import TERMINAL, agent_alive
+    from onbox.supervisor.detach import TERMINAL, agent_alive
 
     state = rd.read_state() or {"run": rd.name, "state": "unknown"}
     alive = agent_alive(state)
@@ -75,7 +75,7 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
 
 def _all_runs() -> List[Any]:
     from onbox import paths
-    from onbox.rundir import RunDir
+    from onbox.supervisor.rundir import RunDir
 
     root = paths.runs_dir()
     try:
@@ -137,8 +137,8 @@ def ls(as_json: bool) -> int:
               help="Lines from the end to show first.")
 def logs(name: str, follow: bool, lines: int) -> int:
     """Show (or follow) run NAME's output log."""
-    from onbox.detach import TERMINAL, agent_alive
-    from onbox.rundir import LogTailer, tail_lines
+    from onbox.supervisor.detach import TERMINAL, agent_alive
+    from onbox.supervisor.rundir import LogTailer, tail_lines
 
     rd = _rundir(name)
     for line in tail_lines(rd.log_path, lines):
@@ -161,7 +161,7 @@ def logs(name: str, follow: bool, lines: int) -> int:
 def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
     from onbox.fsutil import read_json
-    from onbox.supervisor import DEFAULT_GRACE
+    from onbox.supervisor.loop import DEFAULT_GRACE
 
     if grace is not None:
         return grace
@@ -178,8 +178,9 @@ def _effective_grace(rd: Any, grace: Optional[float]) -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
 def stop(name: str, grace: Optional[float], as_json: bool) -> int:
     """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart."""
-    from onbox import detach, fsutil
+    from onbox import fsutil
     from onbox.proc import ProcessSeam
+    from onbox.supervisor import detach
 
     rd = _rundir(name)
     state = rd.read_state() or {}
@@ -198,12 +199,13 @@ def stop(name: str, grace: Optional[float], as_json: bool) -> int:
             click.echo("%s has no live agent and no live child; nothing to stop" % name)
             return 0
         try:
+            from onbox import subsystems
             from onbox.config import RunConfig
-            from onbox.supervisor import Supervisor
+            from onbox.supervisor.loop import Supervisor
 
             cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json")
             cfg.notice_source = "none"
-            Supervisor(cfg, rd).run(adopt=child)
+            Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks).run(adopt=child)
         finally:
             lock.release()
     else:

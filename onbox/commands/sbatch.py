@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Tuple
 
 import click
 
-from onbox.cliutil import echo_json
+from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
 
@@ -60,7 +60,7 @@ def sbatch(ctx: click.Context, time_: Optional[str], partition: Optional[str], n
       onbox sbatch --time 4:00:00 --durable /shared/ckpt --restart never -- python train.py
     """
     from onbox import __version__
-    from onbox.sbatchscript import SbatchScript, default_agent, profile_defaults, submit
+    from onbox.slurm.script import SbatchScript, default_agent, profile_defaults, submit
 
     command = ctx.meta.get("onbox.sbatch.command") or []
     stray = [a for a in run_args if not a.startswith("-")]

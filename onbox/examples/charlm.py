@@ -2,7 +2,7 @@
 
     python3 onbox.pyz run -- python -m onbox.examples.charlm --steps 300      (or: python charlm.py ...)
 
-What it shows (DESIGN.md, "The child's environment"):
+What it shows (the child's environment that `onbox run` sets up):
 - checkpoints are FULL state (model, optimizer, LR scheduler, step, every RNG state) written atomically
   (tmp in the same dir -> flush -> fsync -> os.replace -> fsync dir) into $ONBOX_CKPT_DIR as step_<N>.pt;
 - on start it resumes from $ONBOX_RESUME_FROM when set (a file, or a directory holding one);
@@ -40,7 +40,7 @@ CORPUS = (
 
 
 class Stop:
-    """Signal handlers only record (STYLE.md); the loop acts at the next step boundary."""
+    """Signal handlers only record; the loop acts at the next step boundary."""
 
     def __init__(self, preempt_file: str) -> None:
         self.preempt_file = preempt_file
@@ -124,7 +124,7 @@ def lr_factor(step: int, args: argparse.Namespace) -> float:
 
 
 def atomic_save(torch: Any, state: Dict[str, Any], path: str) -> None:
-    """torch.save is not atomic (DOMAIN.md): write a temp file, fsync, rename, fsync the directory."""
+    """torch.save is not atomic: write a temp file, fsync, rename, fsync the directory."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, ".%s.tmp-%d" % (os.path.basename(path), os.getpid()))
     with open(tmp, "wb") as f:

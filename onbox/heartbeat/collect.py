@@ -1,5 +1,5 @@
 """Box readings for a heartbeat: host (cgroup), disks, GPUs. Each reader is a seam the hook receives; the
-defaults read through onbox.telemetry.host and onbox.telemetry.gpu (the NVML seam).
+defaults read through onbox.telemetry.host and onbox.gpu.readings (the NVML seam).
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def default_gpu_reader(seam: Any = None) -> Callable[[], Dict[str, Any]]:
     holder: Dict[str, Any] = {} if seam is None else {"seam": seam}
 
     def read() -> Dict[str, Any]:
-        from onbox.telemetry.gpu import gpu_readings
-        from onbox.telemetry.nvml import NvmlSeam
+        from onbox.gpu.nvml import NvmlSeam
+        from onbox.gpu.readings import gpu_readings
 
         one = holder.setdefault("seam", NvmlSeam())  # NVML initialised once per agent
         return gpu_readings(one)

@@ -1,4 +1,4 @@
-"""HeartbeatHook: the TelemetryHook the supervisor calls (onbox/runhooks.py).
+"""HeartbeatHook: the TelemetryHook the supervisor calls (onbox/supervisor/hooks.py).
 
 - on_output(line): parse metrics from the child's output; feed the loss to the alert engine.
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
@@ -22,13 +22,13 @@ from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
-from onbox.slurm import heartbeat_fields
+from onbox.slurm.job import heartbeat_fields
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
 from onbox.telemetry.metrics import MetricsParser
 from onbox.telemetry.progress import MetricsFileTail, Progress
 
 if TYPE_CHECKING:
-    from onbox.runhooks import RunContext
+    from onbox.supervisor.hooks import RunContext
 
 log = logging.getLogger("onbox.heartbeat")
 
@@ -244,7 +244,7 @@ class HeartbeatHook:
                       "restarts": state.get("restarts"), "last_exit": state.get("last_exit"),
                       "last_output_age_s": last_output_age},
             "preemption": state.get("preemption"),
-            "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm.py); None outside
+            "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm/job.py); None outside
             "progress": progress,
             "checkpoint": checkpoint,
             "gpus": gpus,

@@ -1,4 +1,4 @@
-"""The heartbeat document, `onbox.heartbeat/1` (DESIGN.md "Heartbeats"); heartbeat.schema.json documents it.
+"""The heartbeat document, `onbox.heartbeat/1`; heartbeat.schema.json documents it.
 
 `validate()` is what the tracker runs on every incoming beat: a list of problems (empty when valid), never an
 exception, whatever the input. Unknown keys are allowed so the format can grow compatibly.

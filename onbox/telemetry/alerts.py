@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 # U23: the clock-event reasons that steal throughput (power cap, HW slowdown, thermal, power brake); an idle GPU,
-# application clocks, sync boost or the display clock are benign. Same bits as onbox.telemetry.gpu.SLOWDOWN_BITS.
+# application clocks, sync boost or the display clock are benign. Same bits as onbox.gpu.readings.SLOWDOWN_BITS.
 SLOWDOWN_REASONS = {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
 DEAD_GPU_XIDS = {48, 79}  # U22: double-bit ECC, fell off the bus
 MAX_SEEN_XIDS = 4096
@@ -161,7 +161,7 @@ class AlertEngine:
                 "them into tar (U25)", {"path": path, "free_inodes": ifree}))
 
     def _gpu(self, cur: Dict[str, Alert], gpu: Mapping[str, Any]) -> None:
-        """One GPU of onbox.telemetry.gpu.gpu_readings(): throttling, dead card, pinned memory, NEW Xid events."""
+        """One GPU of onbox.gpu.readings.gpu_readings(): throttling, dead card, pinned memory, NEW Xid events."""
         index = gpu.get("index")
         verdict = gpu.get("verdict")
         if verdict == "dead":

@@ -3,7 +3,7 @@
 U41: on a shared box `uptime`/`free` describe the whole physical host; the cgroup is what this run can use and
 what OOM-kills it. Every path is prefixed by `root`, so tests read fixture trees of real cgroup files.
 
-Layouts handled (DOMAIN.md):
+Layouts handled:
 - v2 (pure): `/sys/fs/cgroup/cgroup.controllers` exists; one hierarchy, `/proc/<pid>/cgroup` is `0::<path>`.
   Files: memory.max ("max" = unlimited), memory.current, memory.events (`oom_kill N`), cpu.max ("QUOTA PERIOD").
 - v1: one mount per controller (`/sys/fs/cgroup/memory`, `/sys/fs/cgroup/cpu,cpuacct` + a `cpu` symlink ...);
@@ -97,7 +97,7 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
 
 def _detect_version(cgroot: str) -> str:
     if os.path.exists(os.path.join(cgroot, "cgroup.controllers")):
-        return "v2"  # DOMAIN.md: pure v2 iff /sys/fs/cgroup/cgroup.controllers exists
+        return "v2"  # pure v2 iff /sys/fs/cgroup/cgroup.controllers exists
     try:
         entries = os.listdir(cgroot)
     except OSError:

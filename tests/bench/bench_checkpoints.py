@@ -64,7 +64,7 @@ def _hash_speed() -> dict:
 def main() -> int:
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.detect import CompletionTracker, scan
-    from onbox.checkpoints.targets import LocalPathTarget
+    from onbox.checkpoints.localpath import LocalPathTarget
     from onbox.checkpoints.verify import verify_path
     from onbox.clock import SystemClock
 

@@ -81,7 +81,7 @@ def timed(fn, rounds: int = ROUNDS) -> Tuple[float, object]:
 
 
 def main() -> int:
-    from onbox.telemetry.holders import HolderScan
+    from onbox.gpu.holders import HolderScan
 
     fuser = shutil.which("fuser")
     if fuser is None:
@@ -120,7 +120,7 @@ def main() -> int:
 
 
 def scan_files(path: str):
-    from onbox.telemetry.holders import device_files
+    from onbox.gpu.holders import device_files
 
     return device_files(path)
 

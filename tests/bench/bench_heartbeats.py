@@ -156,12 +156,12 @@ def bench_ingest() -> bool:
 def bench_agent_tick() -> None:
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
+    from onbox.gpu import readings as gpu_mod
+    from onbox.gpu.nvml import NvmlSeam
     from onbox.heartbeat.collect import BoxReaders, default_host_reader
     from onbox.heartbeat.hook import HeartbeatHook
     from onbox.heartbeat.sinks import FileSink
-    from onbox.runhooks import RunContext
-    from onbox.telemetry import gpu as gpu_mod
-    from onbox.telemetry.nvml import NvmlSeam
+    from onbox.supervisor.hooks import RunContext
     from tests.fakes.nvml import FakeGpu, FakeNvml
 
     seam = NvmlSeam(module=FakeNvml(gpus=[FakeGpu(uuid="GPU-%d" % i, minor=i) for i in range(8)]))

@@ -104,15 +104,16 @@ def _fork_agent(home: str, name: str, command: List[str], tick: float = 0.5) -> 
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             from onbox.config import RunConfig
-            from onbox.rundir import RunDir
-            from onbox.supervisor import Supervisor, exit_code_for
+            from onbox.subsystems import make_hooks
+            from onbox.supervisor.loop import Supervisor, exit_code_for
+            from onbox.supervisor.rundir import RunDir
 
             cfg = RunConfig(name=name, command=command, notice_source="none", tick_interval=tick, grace=5.0,
                             sync_reserve=0.0, term_timeout=1.0).validate()
             rd = RunDir(os.path.join(home, "runs", name))
             os.makedirs(rd.path, exist_ok=True)
             rd.write_config(cfg.to_dict())
-            code = exit_code_for(Supervisor(cfg, rd).run())
+            code = exit_code_for(Supervisor(cfg, rd, hooks_factory=make_hooks).run())
         finally:
             os._exit(code)
     return pid
@@ -195,7 +196,7 @@ def idle_overhead(seconds: float, tmp: str) -> Tuple[Tuple[float, float], Tuple[
 
 
 def main() -> int:
-    import onbox.supervisor  # noqa: F401  imported once here, so each forked agent starts at once
+    import onbox.supervisor.loop  # noqa: F401  imported once here, so each forked agent starts at once
 
     trials = int(os.environ.get("ONBOX_BENCH_TRIALS", "200"))
     seconds = float(os.environ.get("ONBOX_BENCH_IDLE_SECONDS", "60"))

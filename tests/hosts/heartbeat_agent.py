@@ -20,7 +20,7 @@ from onbox.fsutil import atomic_write_json
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.sinks import Backoff
-from onbox.runhooks import RunContext
+from onbox.supervisor.hooks import RunContext
 
 
 def main(argv=None) -> int:

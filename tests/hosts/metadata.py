@@ -1,4 +1,4 @@
-"""A fake cloud instance-metadata service on loopback, following the documented endpoints (DOMAIN.md):
+"""A fake cloud instance-metadata service on loopback, following the providers' documented endpoints:
 
 - AWS IMDSv2: `PUT /latest/api/token` with `X-aws-ec2-metadata-token-ttl-seconds` returns a token; every GET needs
   `X-aws-ec2-metadata-token` (401 without). `GET /latest/meta-data/spot/instance-action` is 404 until a

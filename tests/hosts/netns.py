@@ -1,11 +1,11 @@
-"""A test host with its own address in a network namespace, and a network cut (TESTHOSTS.md).
+"""A test host with its own address in a network namespace, and a network cut.
 
     with NetnsHost() as box:                 # or the `netns_host` fixture
         box.run(["python3", "-c", "..."])    # argv runs inside the namespace (ip netns exec)
         box.cut(); ...; box.restore()        # drop / bring back the box's link
     box.host_ip  (10.200.X.1, this machine's side)   box.box_ip (10.200.X.2, inside)
 
-Safety (TESTHOSTS.md): an `unreachable` route for the /24 with a high metric is added FIRST, before any link
+Safety: an `unreachable` route for the /24 with a high metric is added FIRST, before any link
 exists, so that packets for the box can never follow the default route out of the machine, whatever link is
 down; every route is checked with `ip route get`. Names carry the pid and a counter (parallel runs don't
 collide); the /24 inside 10.200.0.0/16 is derived from them. Teardown deletes the namespace (and with it the

@@ -1,6 +1,6 @@
 """A real single-node Slurm 22.05 (munged + slurmctld + slurmd) started in the foreground from a temp dir.
 
-TESTHOSTS.md has the recipe. Everything lives under one temp dir with its own ports; the fixture records the PIDs it
+Everything lives under one temp dir with its own ports; the fixture records the PIDs it
 started and stops exactly those. Every client command needs SLURM_CONF: use `cluster.env()` / `cluster.run()`.
 Session-scoped: start-up is cheap (< 1 s) but requeue cycles are not (6-8 s each, cred_expire=5), so tests should
 keep their number small.

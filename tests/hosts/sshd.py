@@ -1,4 +1,4 @@
-"""A real OpenSSH server on loopback (TESTHOSTS.md), as a reusable pytest fixture.
+"""A real OpenSSH server on loopback, as a reusable pytest fixture.
 
     def test_x(sshd):
         subprocess.run(sshd.ssh_argv("echo hi"), ...)

@@ -1,4 +1,4 @@
-"""A "rented box" for controller tests: a real OpenSSH server (TESTHOSTS.md), on loopback or inside a network
+"""A "rented box" for controller tests: a real OpenSSH server, on loopback or inside a network
 namespace with its own address, whose /root is a private temp directory (a mount namespace), so the box's
 ~/.onbox never touches this machine's real home.
 
@@ -41,7 +41,7 @@ class Netns:
         self.ns = "onbox-%s" % self.tag
         self.host_if = ("v%sh" % self.tag)[:15]
         self.ns_if = ("v%sn" % self.tag)[:15]
-        third = 100 + pid % 150  # a /24 in 10.200.0.0/16 derived from the pid (TESTHOSTS.md) ...
+        third = 100 + pid % 150  # a /24 in 10.200.0.0/16 derived from the pid ...
         for i in range(150):  # ... skipping any /24 another fixture already routes
             cand = 100 + (pid + i) % 150
             used = subprocess.run(["ip", "route", "show", "10.200.%d.0/24" % cand], capture_output=True,
@@ -56,7 +56,7 @@ class Netns:
 
     def create(self) -> "Netns":
         ip = ["ip"]
-        # U: the unreachable route first, so a cut never sends packets out of the machine (TESTHOSTS.md)
+        # U: the unreachable route first, so a cut never sends packets out of the machine (tests/hosts/netns.py)
         subprocess.run([*ip, "route", "replace", "unreachable", self.subnet, "metric", "4242"], check=True)
         self.up = True
         subprocess.run([*ip, "netns", "add", self.ns], check=True)

@@ -1,6 +1,6 @@
 """A stand-in for the agent, started by a generated sbatch script (`--agent "python3 THIS"`), that checks the
 script's side of the contract without the supervisor: it is exec'd (its parent is slurmstepd, not bash), it gets
-the run options and CMD verbatim, the Slurm signal reaches it, and onbox.slurm.requeue() brings the job back with
+the run options and CMD verbatim, the Slurm signal reaches it, and onbox.slurm.job.requeue() brings the job back with
 SLURM_RESTART_COUNT=1. Each event is a JSON line in $PROBE_LOG."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.environ.get("PROBE_REPO", "."))
 
-from onbox.slurm import SlurmJob, requeue
+from onbox.slurm.job import SlurmJob, requeue
 
 LOG = os.environ["PROBE_LOG"]
 got = []

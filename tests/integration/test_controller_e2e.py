@@ -1,5 +1,5 @@
 """The whole controller story against a "rental" box: a network namespace with its own address running sshd
-(TESTHOSTS.md), the tracker on the host side of the veth pair, the example trainer under onbox.
+(tests/hosts/netns.py), the tracker on the host side of the veth pair, the example trainer under onbox.
 
 push -> run -> status via the tracker -> a network cut during the run (the job goes on; the heartbeats backfill)
 -> the ssh client killed mid-command (the job goes on) -> `down` refuses -> pull interrupted part-way, resumed
@@ -26,7 +26,7 @@ from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-NEEDED = ("onbox.supervisor", "onbox.checkpoints.verify", "onbox.heartbeat.hook", "controller.tracker.app",
+NEEDED = ("onbox.supervisor.loop", "onbox.checkpoints.verify", "onbox.heartbeat.hook", "controller.tracker.app",
           "tests.hosts.tracker", "torch")
 
 

@@ -182,7 +182,7 @@ def test_dead_box_fails_fast_with_a_clear_message(netns_box, ctl, tmp_path, onbo
 
 
 def _fabricate_run(home, run, payload_bytes):
-    """A run as the agent leaves it (DESIGN.md layout): config.json naming the durable dir, one committed ckpt."""
+    """A run as the agent leaves it (the durable layout): config.json naming the durable dir, one committed ckpt."""
     rd = os.path.join(home, ".onbox", "runs", run)
     os.makedirs(rd)
     with open(os.path.join(rd, "config.json"), "w") as f:

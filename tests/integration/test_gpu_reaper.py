@@ -20,11 +20,12 @@ from onbox.clock import SystemClock
 from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json
-from onbox.ownership import AttemptIndex, classify
-from onbox.reaper import ReaperHook, decide_all
-from onbox.runhooks import RunContext, make_hooks
-from onbox.telemetry.holders import HolderScan
-from onbox.telemetry.nvml import NvmlSeam
+from onbox.gpu.holders import HolderScan
+from onbox.gpu.nvml import NvmlSeam
+from onbox.gpu.ownership import AttemptIndex, classify
+from onbox.gpu.reaper import ReaperHook, decide_all
+from onbox.subsystems import make_hooks
+from onbox.supervisor.hooks import RunContext
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.hosts.gpu_holders import alive
@@ -327,7 +328,7 @@ def test_gpu_less_box_scans_nothing_and_leaves_nvml_alone(tmp_path):
 
 
 def test_busy_foreign_holder_is_kept_idle_one_is_a_candidate(onbox_home, gpu_devices, spawn_holder):
-    from onbox.reaper import survey
+    from onbox.gpu.reaper import survey
 
     busy = spawn_holder(files=("nvidia0",))
     idle = spawn_holder(files=("nvidia0",))
@@ -451,7 +452,7 @@ def test_char_device_minor_comes_from_st_rdev(tmp_path):
     minor, not the name, as for /dev/nvidia<N> (major 195)."""
     import stat as st
 
-    from onbox.telemetry.holders import device_files
+    from onbox.gpu.holders import device_files
 
     d = tmp_path / "chr"
     d.mkdir()

@@ -1,4 +1,4 @@
-"""`onbox run` wired to its subsystems, with real processes: the DESIGN.md flags (tracker, token, heartbeat and
+"""`onbox run` wired to its subsystems, with real processes: the documented flags (tracker, token, heartbeat and
 checkpoint options), the agent's secrets kept from the child (U34), hook errors refused in the foreground before
 anything is created or detached, and the final commit when a run ends without a preemption."""
 from __future__ import annotations
@@ -153,13 +153,13 @@ def _events(home, name):
 
 BROKEN_HOOKS = textwrap.dedent("""
     import sys
-    from onbox import runhooks
+    from onbox import subsystems
     from onbox.errors import UnfitError
 
     def broken(ctx):  # what preflight() cannot foresee: the hooks fail inside the detached agent
         raise UnfitError("the durable mount went away", hint="remount it")
 
-    runhooks.make_hooks = broken
+    subsystems.make_hooks = broken
     from onbox.cli import main
     main(sys.argv[1:])
 """)

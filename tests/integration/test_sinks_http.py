@@ -13,7 +13,7 @@ from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.sinks import PingSink, SinkError, TrackerSink
-from onbox.runhooks import RunContext
+from onbox.supervisor.hooks import RunContext
 
 
 class Recorder:

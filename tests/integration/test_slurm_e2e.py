@@ -1,6 +1,6 @@
 """End to end on a real Slurm: `onbox sbatch` + the agent (supervisor + checkpoints) + the stand-in trainer.
 
-Contracts used (DESIGN.md): the run dir $ONBOX_HOME/runs/<run>/ (state.json, events.jsonl, output.log), exit 75 on
+Contracts used (README): the run dir $ONBOX_HOME/runs/<run>/ (state.json, events.jsonl, output.log), exit 75 on
 preemption, ONBOX_RESUME_FROM, the durable layout <durable>/<run>/checkpoints/<name>/MANIFEST.json. The run is
 named after the job: slurm-<job id>.
 """
@@ -19,7 +19,7 @@ from tests.conftest import REPO_ROOT, subprocess_env
 from tests.polling import wait_for
 
 try:
-    import onbox.supervisor
+    import onbox.supervisor.loop
     HAVE_SUPERVISOR = True
 except ImportError:
     HAVE_SUPERVISOR = False
@@ -40,7 +40,7 @@ except ImportError:
 
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "slurm_trainer.py")
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not HAVE_SUPERVISOR, reason="onbox.supervisor not importable yet (issue 3): "
+              pytest.mark.skipif(not HAVE_SUPERVISOR, reason="onbox.supervisor.loop not importable yet (issue 3): "
                                  "these tests need `onbox run --foreground` and its preemption path")]
 
 

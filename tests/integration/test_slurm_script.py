@@ -1,5 +1,5 @@
 """The generated sbatch script on a real Slurm, with a probe in the agent's place (no supervisor needed): the
-agent is exec'd, receives `scancel --signal=USR1 --batch`, requeues through onbox.slurm.requeue, and the job comes
+agent is exec'd, receives `scancel --signal=USR1 --batch`, requeues through onbox.slurm.job.requeue, and the job comes
 back with SLURM_RESTART_COUNT=1 under the same run name, its log appended, not truncated."""
 from __future__ import annotations
 

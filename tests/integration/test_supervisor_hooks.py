@@ -17,9 +17,9 @@ import pytest
 from onbox.config import RunConfig
 from onbox.fsutil import atomic_write
 from onbox.proc import set_child_subreaper
-from onbox.rundir import RunDir
-from onbox.runhooks import Hooks
-from onbox.supervisor import RunState, Supervisor
+from onbox.supervisor.hooks import Hooks
+from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.rundir import RunDir
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

@@ -9,9 +9,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from onbox.audit import AuditOptions, Seams, check_torch, run_audit
 from onbox.commands.audit import audit
-from onbox.telemetry.nvml import NvmlSeam
+from onbox.gpu.nvml import NvmlSeam
+from onbox.platform.audit import AuditOptions, Seams, check_torch, run_audit
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
 
@@ -74,7 +74,7 @@ def test_no_driver_is_info_not_an_error(tmp_path, onbox_home):
                                                 (None, "warn")])
 def test_torch_cuda_build_against_driver(tmp_path, torch_cuda, verdict):
     s = seams(tmp_path, gpus=[FakeGpu()], torch_cuda=torch_cuda)
-    from onbox.audit import check_gpus
+    from onbox.platform.audit import check_gpus
 
     assert check_torch(s, check_gpus(s)).verdict == verdict
 

@@ -13,12 +13,14 @@ from onbox.checkpoints import MANIFEST, DurableFull, SyncFailed, formats
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, durable_name, scan
 from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.retention import select_keep
-from onbox.checkpoints.targets import LocalPathTarget, make_target
+from onbox.checkpoints.targets import make_target
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
-from onbox.runhooks import RunContext, make_hooks
+from onbox.subsystems import make_hooks
+from onbox.supervisor.hooks import RunContext
 from tests.checkpoint_files import flip_byte, safetensors_bytes, truncate, write_safetensors, write_torch_zip
 
 
@@ -496,7 +498,7 @@ def test_a_checkpoint_dir_overlapping_the_durable_run_dir_is_refused_before_anyt
     # /ws/myrun/checkpoints/checkpoint-500 (the trainer's own checkpoint) by its staged copy, then deleted that
     # too when the source "changed": the trainer's checkpoint was gone
     from onbox.errors import UsageError
-    from onbox.runhooks import preflight
+    from onbox.subsystems import preflight
 
     ws = tmp_path / "ws"
     ckpt = {"same": ws / "myrun" / "checkpoints", "ckpt-inside-durable-run": ws / "myrun" / "checkpoints" / "x",
@@ -517,7 +519,7 @@ def test_a_checkpoint_dir_overlapping_the_durable_run_dir_is_refused_before_anyt
 
 
 def test_a_durable_dir_beside_the_checkpoint_dir_is_fine(tmp_path):
-    from onbox.runhooks import preflight
+    from onbox.subsystems import preflight
 
     cfg = RunConfig(name="myrun", ckpt_dir=str(tmp_path / "ck"), durable=str(tmp_path / "ckpts-durable")).validate()
     preflight(cfg, environ={})  # a shared name prefix is not an overlap

@@ -1,4 +1,4 @@
-"""Choosing the pyz extraction root and cleaning old extractions (onbox/extractroot.py), on real directories."""
+"""Choosing the pyz extraction root and cleaning old extractions (onbox/platform/extractroot.py), on real directories."""
 from __future__ import annotations
 
 import fcntl
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from onbox import extractroot
+from onbox.platform import extractroot
 
 
 def test_candidates_in_order():

@@ -11,8 +11,8 @@ import pytest
 from onbox import fsutil
 from onbox.config import RunConfig, parse_signal, resolve
 from onbox.errors import UsageError
-from onbox.telemetry.gpu import inventory
-from onbox.telemetry.nvml import NA, GpuDriverError, NvmlSeam
+from onbox.gpu.nvml import NA, GpuDriverError, NvmlSeam
+from onbox.gpu.readings import inventory
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
 

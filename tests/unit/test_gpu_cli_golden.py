@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 import onbox.commands.gpu as cmd
 from onbox.clock import FakeClock
-from onbox.reaper import Decision
-from onbox.telemetry.gpu import GpuMonitor
-from onbox.telemetry.nvml import NvmlSeam
+from onbox.gpu.nvml import NvmlSeam
+from onbox.gpu.readings import GpuMonitor
+from onbox.gpu.reaper import Decision
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.golden import check_golden
 from tests.unit.test_gpu_reaper_rules import holder

@@ -5,9 +5,9 @@ import pynvml
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.telemetry.gpu import GpuMonitor, decode_throttle, gpu_readings, inventory
-from onbox.telemetry.nvml import NA, NvmlSeam, clock_event_reasons, running_processes
-from onbox.telemetry.xid import parse_kernel_log, pci_key
+from onbox.gpu.nvml import NA, NvmlSeam, clock_event_reasons, running_processes
+from onbox.gpu.readings import GpuMonitor, decode_throttle, gpu_readings, inventory
+from onbox.gpu.xid import parse_kernel_log, pci_key
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30

@@ -8,10 +8,10 @@ import signal
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.ownership import Attempt, AttemptIndex, attempts_of
-from onbox.reaper import Activity, Decision, decide, memory_settled, reap
-from onbox.telemetry.holders import Holder, HolderScan, device_files
-from onbox.telemetry.nvml import NvmlSeam
+from onbox.gpu.holders import Holder, HolderScan, device_files
+from onbox.gpu.nvml import NvmlSeam
+from onbox.gpu.ownership import Attempt, AttemptIndex, attempts_of
+from onbox.gpu.reaper import Activity, Decision, decide, memory_settled, reap
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30
@@ -169,7 +169,7 @@ def test_attempts_current_earlier_terminal():
 
 
 def test_leader_check_uses_start_ticks(tmp_path):
-    import onbox.ownership as own
+    import onbox.gpu.ownership as own
 
     me = os.getpid()
     with open("/proc/%d/stat" % me) as f:
@@ -262,8 +262,8 @@ def test_a_recycled_session_id_now_leading_another_runs_live_attempt_is_never_re
     # run "a" attempt 0 had session 400 long ago (its session was emptied when the attempt ended, so the kernel
     # could hand pid 400 out again); run "b"'s CURRENT attempt is now session 400. Before a's next attempt its
     # reaper is told "400 is one of my earlier sessions": b's live training process must stay untouched.
-    from onbox.ownership import classify
-    from onbox.telemetry.holders import ScanResult
+    from onbox.gpu.holders import ScanResult
+    from onbox.gpu.ownership import classify
 
     old_a = Attempt(run="a", n=0, sid=400, pgid=400, pid=400, start_ticks=1000, started_at=None, current=False)
     live_b = Attempt(run="b", n=3, sid=400, pgid=400, pid=400, start_ticks=90000, started_at=None, current=True)
@@ -283,8 +283,8 @@ def test_a_process_that_started_after_an_attempt_ended_is_not_in_its_session(tmp
     # the supervisor empties an attempt's session when it ends, so pid 400 may then lead a foreign session (the
     # user's notebook on the GPU): a holder that started after attempt 0 ended is not its orphan, even though the
     # supervisor lists 400 among its earlier sessions
-    from onbox.ownership import classify
-    from onbox.telemetry.holders import ScanResult
+    from onbox.gpu.holders import ScanResult
+    from onbox.gpu.ownership import classify
 
     old = Attempt(run="a", n=0, sid=400, pgid=400, pid=400, start_ticks=1000, started_at=1_700_000_000.0,
                   current=False, ended_at=1_700_000_500.0)

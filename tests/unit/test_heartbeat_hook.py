@@ -13,7 +13,8 @@ from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.schema import load_schema, validate
 from onbox.heartbeat.sinks import FileSink
-from onbox.runhooks import RunContext, make_hooks
+from onbox.subsystems import make_hooks
+from onbox.supervisor.hooks import RunContext
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "heartbeat", "heartbeat.json")
 
@@ -191,8 +192,8 @@ def test_a_failing_reader_does_not_stop_the_beat(tmp_path):
 
 def test_beat_with_real_host_and_gpu_readers_matches_the_schema(tmp_path):
     """The landed readers (cgroup of this machine; NVML through tests/fakes/nvml.py) produce a valid beat."""
+    from onbox.gpu.nvml import NvmlSeam
     from onbox.heartbeat import collect
-    from onbox.telemetry.nvml import NvmlSeam
     from tests.fakes.nvml import FakeGpu, FakeNvml
 
     clock = FakeClock()

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from onbox import profiles
 from onbox.config import RunConfig, resolve
 from onbox.errors import UsageError
+from onbox.platform import profiles
 from tests.conftest import subprocess_env
 
 EXPECTED = {"autodl", "runpod", "vastai", "lambda", "paperspace", "china", "generic-ssh", "slurm", "kubernetes",

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from onbox.errors import UsageError
-from onbox.sbatchscript import SbatchScript, default_agent, profile_defaults
+from onbox.slurm.script import SbatchScript, default_agent, profile_defaults
 from tests.conftest import subprocess_env
 from tests.golden import check_golden
 
@@ -50,7 +50,7 @@ def test_cli_print_matches_golden_and_passes_run_options_through_in_order():
 
 def test_script_is_valid_bash_and_names_runs_like_slurmjob(tmp_path):
     """The shell's run name (what the script passes to --name) equals SlurmJob.run_name for the same env."""
-    from onbox.slurm import SlurmJob
+    from onbox.slurm.job import SlurmJob
 
     cases = [({"SLURM_JOB_ID": "42"}, None), ({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40",
                                               "SLURM_ARRAY_TASK_ID": "3"}, None),
@@ -126,7 +126,7 @@ def test_validate_normalises_signal():
 
 
 def test_without_option():
-    from onbox.sbatchscript import without_option
+    from onbox.slurm.script import without_option
 
     assert without_option(["--durable", "/d", "--restart", "never", "--durable=/e", "--x"], "--durable") == [
         "--restart", "never", "--x"]

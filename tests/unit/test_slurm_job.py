@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from onbox.slurm import SlurmError, SlurmJob, heartbeat_fields, kill_wait, requeue, requeue_decision
+from onbox.slurm.job import SlurmError, SlurmJob, heartbeat_fields, kill_wait, requeue, requeue_decision
 
 
 def test_outside_slurm_there_is_no_job():
@@ -112,7 +112,7 @@ def test_supervisor_notice_source_form_is_understood():
 
 
 def test_on_run_end_requeues_after_the_slurm_signal_and_says_why_otherwise():
-    from onbox.slurm import default_run_name, on_run_end, sigterm_grace
+    from onbox.slurm.job import default_run_name, on_run_end, sigterm_grace
 
     env = {"SLURM_JOB_ID": "77"}
     logs, events = [], []
@@ -135,7 +135,7 @@ def test_on_run_end_requeues_after_the_slurm_signal_and_says_why_otherwise():
 
 
 def test_non_primary_nodes_restore_but_never_commit():
-    from onbox.slurm import PrimaryOnlyCommits, checkpoint_hook_for_node
+    from onbox.slurm.job import PrimaryOnlyCommits, checkpoint_hook_for_node
 
     class Hook:
         def __init__(self):
@@ -168,7 +168,7 @@ def test_non_primary_nodes_restore_but_never_commit():
 
 
 def test_on_run_end_with_a_requeue_seam():
-    from onbox.slurm import on_run_end
+    from onbox.slurm.job import on_run_end
 
     logs, calls = [], []
     env = {"SLURM_JOB_ID": "8"}

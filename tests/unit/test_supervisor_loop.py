@@ -10,9 +10,9 @@ from typing import Callable, List, Optional, Tuple
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.proc import Child, ExitStatus
-from onbox.rundir import RunDir
-from onbox.runhooks import Hooks, NoReaper, NoTelemetry
-from onbox.supervisor import RunState, Supervisor
+from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
+from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.rundir import RunDir
 
 # An attempt's script: given (seconds since spawn, signals received so far) -> an ExitStatus once it has ended.
 Script = Callable[[float, List[int]], Optional[ExitStatus]]

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from onbox import classify as cls
-from onbox.childenv import child_argv, child_env, cpu_quota_cores
-from onbox.preempt import MetadataClient
 from onbox.proc import ExitStatus, ProcessSeam, is_alive, read_stat, start_time
-from onbox.rundir import LogTailer, RunDir, tail_lines
-from onbox.supervisor import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.supervisor import exits as cls
+from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores
+from onbox.supervisor.loop import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.supervisor.preempt import MetadataClient
+from onbox.supervisor.rundir import LogTailer, RunDir, tail_lines
 
 
 def test_every_state_has_documented_transitions_and_illegal_ones_name_the_allowed():
@@ -205,7 +205,7 @@ def test_metadata_client_is_silent_when_nothing_answers():
 
 
 def test_training_status_summary_names_state_exit_checkpoint_and_risks():
-    from onbox.rundir import render_status
+    from onbox.supervisor.rundir import render_status
 
     state = {"run": "r", "state": "running", "attempt": 2, "restarts": 2,
              "last_exit": {"classification": "cuda_oom", "message": "CUDA out of memory", "hint": "the fit-it ladder"}}
@@ -220,7 +220,8 @@ def test_training_status_summary_names_state_exit_checkpoint_and_risks():
 
 def test_summary_is_written_before_state_json(tmp_path, monkeypatch):
     """A reader that sees state.json in state X finds training_status.md saying X already."""
-    from onbox import fsutil, rundir
+    from onbox import fsutil
+    from onbox.supervisor import rundir
 
     rd = rundir.RunDir(str(tmp_path / "r"))
     os.makedirs(rd.path)

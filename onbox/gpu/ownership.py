@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from onbox.telemetry.holders import Holder, ScanResult
+from onbox.gpu.holders import Holder, ScanResult
 
 # Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
 TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped"})
@@ -146,7 +146,7 @@ def ancestors(pid: int, proc: str = "/proc") -> List[int]:
 
 def run_marker(pid: int, proc: str = "/proc") -> Optional[Tuple[str, int]]:
     """(ONBOX_RUN, ONBOX_RESTART_COUNT) from a process's environment: every descendant of an attempt inherits
-    them (DESIGN.md child contract), also one that left the attempt's session with setsid. None when absent or
+    them (the child's environment contract), also one that left the attempt's session with setsid. None when absent or
     unreadable (another user's process)."""
     try:
         with open("%s/%d/environ" % (proc, pid), "rb") as f:

@@ -1,6 +1,6 @@
 """The agent inside a Slurm job: who the job is, what its run is called, and how it puts itself back in the queue.
 
-Facts (DOMAIN.md, Slurm): SLURM_RESTART_COUNT is ABSENT on the first run, 1 on the second; `scontrol requeue
+Facts (Slurm's docs): SLURM_RESTART_COUNT is ABSENT on the first run, 1 on the second; `scontrol requeue
 $SLURM_JOB_ID` puts a running job back in the queue (with `--requeue`); an array task's SLURM_JOB_ID is its own id,
 so requeueing it requeues only that task. A requeue is for preemption and the time limit only: a job that finished,
 or failed for its own reasons, is never requeued (a crash loop is not a preemption).

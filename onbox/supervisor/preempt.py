@@ -1,7 +1,7 @@
 """Signals and cloud notices become one PreemptionNotice(source, deadline).
 
 Signals: SIGTERM (docker stop, Kubernetes, RunPod, systemd), SIGINT, and the scheduler's signal (USR1 by default;
-NCCL catches USR1, so USR2 is allowed). Cloud notices (DOMAIN.md): AWS IMDSv2 spot/instance-action (token flow),
+NCCL catches USR1, so USR2 is allowed). Cloud notices, as each provider documents them: AWS IMDSv2 spot/instance-action (token flow),
 GCP instance/preempted, Azure Scheduled Events `Preempt`. The metadata poller runs in a daemon thread so a slow or
 absent metadata service never delays the loop; it wakes the loop through a pipe. Uses urllib (stdlib, cheap to
 import) with proxies disabled: the metadata service is link-local and must never go through an HTTP proxy.
@@ -28,7 +28,7 @@ AWS_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2019-01-01"
 
-DEFAULT_NOTICE_LEAD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # seconds from notice to kill (DOMAIN.md)
+DEFAULT_NOTICE_LEAD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # seconds from notice to kill, per the providers' docs
 
 
 @dataclasses.dataclass
@@ -226,7 +226,7 @@ class NoticePipe:
 
 
 class SignalInbox:
-    """Signal handlers that only record (STYLE.md); the loop takes what arrived and acts.
+    """Signal handlers that only record; the loop takes what arrived and acts.
 
     The handlers share a wakeup fd (signal.set_wakeup_fd) that `wait()` selects on, so a signal ends the wait at
     once (milliseconds) while an idle wait costs nothing: no polling.

@@ -1,6 +1,6 @@
 """The VRAM-zombie reaper (U11): decide, per GPU holder, whether it may be killed, and kill only what is safe.
 
-Owners come from onbox/ownership.py (self / current / earlier / foreign). Orphans of our earlier attempts are
+Owners come from onbox/gpu/ownership.py (self / current / earlier / foreign). Orphans of our earlier attempts are
 reaped automatically before a restart (ReaperHook). Everything else is only reported, unless `onbox reap --force`,
 and then only when invisible to NVML or idle, older than the minimum age, ours (or root with --all-users), in our
 PID namespace, and never the current attempt.
@@ -18,10 +18,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.fsutil import append_jsonl
-from onbox.ownership import AttemptIndex, classify
-from onbox.telemetry.holders import Holder, ScanResult
+from onbox.gpu.holders import Holder, ScanResult
+from onbox.gpu.ownership import AttemptIndex, classify
 
-log = logging.getLogger("onbox.reaper")
+log = logging.getLogger("onbox.gpu.reaper")
 
 # Daemons that legitimately keep the driver open; never reap them, whoever asks.
 SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-fabricmanager", "nvidia-smi",
@@ -102,8 +102,8 @@ def decide_all(scan: ScanResult, **kw: Any) -> List[Decision]:
 def gpu_activity(seam: Any, now: float, window_s: float = 10.0) -> Activity:
     """Per-process SM use in the last `window_s` (nvmlDeviceGetProcessUtilization: NOT_FOUND means nobody ran, as
     does an old driver without the call, so the GPU's own utilisation is read beside it)."""
-    from onbox.telemetry.holders import nvml_handles
-    from onbox.telemetry.nvml import NA
+    from onbox.gpu.holders import nvml_handles
+    from onbox.gpu.nvml import NA
 
     act = Activity()
     if seam is None or not seam.available():
@@ -126,7 +126,7 @@ def gpu_activity(seam: Any, now: float, window_s: float = 10.0) -> Activity:
 def survey(*, devices: str, seam: Any, runs_dir: str, min_age_s: float, all_users: bool, proc: str = "/proc",
            clock: Optional[Clock] = None) -> Tuple[ScanResult, List[Decision]]:
     """Scan, classify and decide: what `onbox reap` shows (and acts on with --force)."""
-    from onbox.telemetry.holders import HolderScan
+    from onbox.gpu.holders import HolderScan
 
     clock = clock or SystemClock()
     scan = HolderScan(devices, proc, seam).scan()
@@ -174,7 +174,7 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
         return ops.start_ticks(d.holder.pid) == d.holder.start_ticks
 
     def note(d: Decision, name: str, result: str) -> None:
-        log.info("onbox.reaper: %s %s to pid %d (%s): %s", result, name, d.holder.pid, d.holder.command[:80],
+        log.info("onbox.gpu.reaper: %s %s to pid %d (%s): %s", result, name, d.holder.pid, d.holder.command[:80],
                  d.reason)
         if record:
             record({"event": "reap_signal", "signal": name, "result": result, "pid": d.holder.pid,
@@ -253,7 +253,7 @@ def memory_settled(seam: Any, gpus: Iterable[int], *, timeout_s: float, poll_s: 
 
 def _memory_settled(seam: Any, gpus: List[int], *, timeout_s: float, poll_s: float, clock: Clock,
                     slack_bytes: int, gone: Set[int]) -> Dict[str, Any]:
-    from onbox.telemetry.nvml import NA, running_processes
+    from onbox.gpu.nvml import NA, running_processes
 
     start = clock.monotonic()
     deadline = start + timeout_s
@@ -288,8 +288,8 @@ class ReaperHook:
         self.memory_poll_s = memory_poll_s
 
     def before_attempt(self, earlier_sessions: List[int]) -> None:
-        from onbox.telemetry.holders import HolderScan
-        from onbox.telemetry.nvml import NvmlSeam
+        from onbox.gpu.holders import HolderScan
+        from onbox.gpu.nvml import NvmlSeam
 
         ctx = self.ctx
         if not ctx.config.reap_orphans:

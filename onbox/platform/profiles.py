@@ -18,8 +18,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.errors import UsageError
 
-PACKAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_profiles")
-REPO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
+ONBOX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this file is onbox/platform/profiles.py
+PACKAGE_DIR = os.path.join(ONBOX_DIR, "_profiles")
+REPO_DIR = os.path.join(os.path.dirname(ONBOX_DIR), "profiles")
 DEFAULT_PROFILE = "generic-ssh"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 MONTH_RE = re.compile(r"^20\d\d-(0[1-9]|1[0-2])$")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, is_alive
-from onbox.rundir import RunDir
+from onbox.supervisor.rundir import RunDir
 
 TERMINAL = ("done", "failed", "preempted", "stopped")
 

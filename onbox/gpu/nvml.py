@@ -6,7 +6,7 @@
   Code that *expects* GPUs calls `require()`, which raises GpuDriverError with a hint.
 - The module is injected (tests pass tests/fakes/nvml.py, which follows the documented pynvml API).
 
-DOMAIN.md facts handled here: `import pynvml` works without a GPU and nvmlInit() raises NVMLError_LibraryNotFound;
+Facts of NVML handled here: `import pynvml` works without a GPU and nvmlInit() raises NVMLError_LibraryNotFound;
 nvmlDeviceGetComputeRunningProcesses (v3) gives wrong data on drivers < 535.104 — fall back to _v2 when the v3
 symbol is missing (NVMLError_FunctionNotFound); process utilisation raises NOT_FOUND when no process ran.
 """
@@ -137,7 +137,7 @@ class NvmlSeam:
                     self._initialised = False
 
 
-V3_PROCESS_STRUCT_SINCE = (535, 104)  # DOMAIN.md: older drivers give wrong process info through the v3 struct
+V3_PROCESS_STRUCT_SINCE = (535, 104)  # older drivers give wrong process info through the v3 struct
 
 
 def driver_version_tuple(seam: NvmlSeam) -> Optional[Tuple[int, ...]]:
@@ -153,7 +153,7 @@ def running_processes(seam: NvmlSeam, handle: Any) -> Any:
     """The compute processes NVML sees on one GPU (objects with .pid and .usedGpuMemory), or NA.
 
     nvidia-smi equivalent: `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`. pynvml's plain call is
-    the v3 struct, which drivers older than 535.104 answer wrongly (DOMAIN.md): those get _v2 directly, and a
+    the v3 struct, which drivers older than 535.104 answer wrongly: those get _v2 directly, and a
     driver without the v3 symbol (FunctionNotFound) falls back to _v2 too. The PIDs may be HOST PIDs inside a
     container: never act on them alone.
     """

@@ -1,12 +1,12 @@
-"""The seams between the supervisor loop and the subsystems it drives.
+"""The seams between the supervisor loop and the subsystems it drives: interfaces only.
 
-The supervisor (issue 3) owns the loop; checkpoints (issue 4), heartbeats (issue 5) and the GPU reaper (issue 7)
-plug in through these protocols. Each has a no-op implementation so the supervisor runs without them.
+The supervisor owns the loop; checkpoints, heartbeats and the GPU reaper plug in through these protocols, built by
+onbox.subsystems.make_hooks. A subsystem imports this module; this module imports no subsystem. Each protocol has
+a no-op implementation so the supervisor runs without them (`no_hooks`).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol
 
 if TYPE_CHECKING:
@@ -104,40 +104,6 @@ class Hooks:
     reaper: ReapHook
 
 
-def preflight(cfg: "RunConfig", environ: Optional[Dict[str, str]] = None) -> None:
-    """Raise the UsageError (exit 2) / UnfitError (exit 3) that constructing or first using the hooks would meet:
-    `onbox run` calls this in the foreground, before anything is created or detached, because an error inside
-    the detached agent only reaches a log nobody reads. Creates nothing. Keep it in step with make_hooks."""
-    from onbox import fsutil, paths
-    from onbox.checkpoints.targets import overlap_problem
-    from onbox.checkpoints.targets import preflight as durable_preflight
-    from onbox.errors import UnfitError, UsageError
-    from onbox.heartbeat.sinks import preflight as heartbeat_preflight
-
-    if cfg.ckpt_dir:
-        problem = fsutil.dir_problem(cfg.ckpt_dir)
-        if problem:
-            raise UnfitError("cannot use the checkpoint dir %s: %s" % (cfg.ckpt_dir, problem),
-                             hint="give --ckpt-dir a writable directory on a fast local disk")
-    if cfg.durable:
-        durable_preflight(cfg.durable)
-        if cfg.name:
-            problem = overlap_problem(cfg.durable, cfg.name,
-                                      cfg.ckpt_dir or os.path.join(paths.run_dir(cfg.name), "checkpoints"))
-            if problem:
-                raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
-    heartbeat_preflight(cfg, environ)
-
-
-def make_hooks(ctx: RunContext) -> Hooks:
-    """The real subsystems for a run. Each subsystem adds its constructor here when it lands."""
-    import os
-
-    from onbox.checkpoints.hook import CheckpointCommitHook
-    from onbox.heartbeat.hook import HeartbeatHook
-    from onbox.reaper import ReaperHook
-    from onbox.slurm import checkpoint_hook_for_node
-
-    # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm.py).
-    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
-    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
+def no_hooks(ctx: RunContext) -> Hooks:
+    """Hooks that do nothing: the supervisor alone (tests, and the default when no subsystems are wired)."""
+    return Hooks(checkpoints=NoCheckpoints(), telemetry=NoTelemetry(), reaper=NoReaper())

@@ -159,7 +159,7 @@ def check_cgroup(seams: Seams) -> List[Check]:
 
 
 def check_gpus(seams: Seams) -> Check:
-    from onbox.telemetry.gpu import inventory
+    from onbox.gpu.readings import inventory
 
     inv = inventory(seams.nvml)
     data = inv.to_dict()
@@ -238,7 +238,7 @@ def check_tools(seams: Seams, durable: Optional[str]) -> List[Check]:
 
 
 def _extraction_root(environ: Mapping[str, str]) -> str:
-    from onbox import extractroot
+    from onbox.platform import extractroot
 
     root = extractroot.current_root()
     if root:
@@ -247,8 +247,8 @@ def _extraction_root(environ: Mapping[str, str]) -> str:
 
 
 def run_audit(opts: AuditOptions, seams: Optional[Seams] = None) -> AuditReport:
-    from onbox import profiles
     from onbox.paths import onbox_home
+    from onbox.platform import profiles
 
     seams = seams or Seams()
     t0 = time.monotonic()

@@ -150,7 +150,8 @@ def start(argv0: str, build_id: str, entry: str) -> None:
 
 def current_root() -> Optional[str]:
     """The extraction root this onbox runs from, or None when it runs from a source checkout."""
-    sp = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # this file is <site-packages>/onbox/platform/extractroot.py
+    sp = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     extraction = os.path.dirname(sp)
     if os.path.basename(sp) == "site-packages" and is_extraction_name(os.path.basename(extraction)):
         return os.path.dirname(extraction)

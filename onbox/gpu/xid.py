@@ -13,7 +13,7 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox.telemetry.nvml import NA, NvmlSeam, decode
+from onbox.gpu.nvml import NA, NvmlSeam, decode
 
 # U22: the Xids that mean "this card is gone" — no code fix exists.
 DEAD_XIDS = {48: "double-bit ECC error", 79: "GPU has fallen off the bus"}
@@ -75,7 +75,7 @@ class NvmlXidWatcher:
             for index, h in handles:
                 supported = self.seam.call("nvmlDeviceGetSupportedEventTypes", h)
                 if supported is NA or not supported & xid_type:
-                    continue  # DOMAIN.md: the mask is limited by what the device supports
+                    continue  # the mask is limited by what the device supports
                 if self.seam.call("nvmlDeviceRegisterEvents", h, xid_type, self._set) is not NA:
                     self.watched.append(index)
         except nv.NVMLError as e:  # e.g. NoPermission: Xid then comes from the kernel log only

@@ -1,4 +1,5 @@
-"""The run lifecycle: one RunState enum and one loop, observe -> decide -> act (STYLE.md, the elastic agent).
+"""The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
+PyTorch's elastic agent).
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
@@ -11,16 +12,16 @@ import sys
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import classify as cls
-from onbox import slurm
-from onbox.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
-from onbox.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
-from onbox.rundir import LogTailer, RunDir
-from onbox.runhooks import Hooks, RunContext, make_hooks
-from onbox.runstate import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.slurm import job as slurm
+from onbox.supervisor import exits as cls
+from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores
+from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
+from onbox.supervisor.rundir import LogTailer, RunDir
+from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
@@ -31,7 +32,7 @@ class Supervisor:
     """Supervises one run: attempts, restarts, preemption, stop. `run()` returns the terminal RunState."""
 
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
-                 clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = make_hooks,
+                 clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = no_hooks,
                  oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
                  requeue: Optional[Callable[[str], bool]] = None, slurm_runner: Optional[Callable[..., Any]] = None,
                  environ: Optional[Dict[str, str]] = None,
@@ -44,8 +45,8 @@ class Supervisor:
         # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
         self.waiter = waiter or self._select_wait
         self.oom_reader = oom_reader
-        self.requeue = requeue  # None: onbox.slurm.requeue (`scontrol requeue`)
-        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm.py); None: subprocess.run
+        self.requeue = requeue  # None: onbox.slurm.job.requeue (`scontrol requeue`)
+        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
@@ -453,7 +454,7 @@ class Supervisor:
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)
-            else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm.py)
+            else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm/job.py)
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
                                  runner=self.slurm_runner, requeue_fn=self.requeue)

@@ -1,4 +1,4 @@
-"""The run lifecycle as one documented str-Enum (STYLE.md): the states, the legal transitions, the exit codes."""
+"""The run lifecycle as one documented str-Enum: the states, the legal transitions, the exit codes."""
 from __future__ import annotations
 
 import enum
@@ -49,7 +49,7 @@ def check_transition(old: RunState, new: RunState) -> None:
 
 
 def exit_code_for(state: RunState) -> int:
-    """0 done/stopped · 1 failed · 75 preempted (DESIGN.md)."""
+    """0 done/stopped · 1 failed · 75 preempted (README, exit codes)."""
     from onbox.errors import ExitCode
 
     return int({RunState.DONE: ExitCode.OK, RunState.STOPPED: ExitCode.OK, RunState.FAILED: ExitCode.JOB_FAILED,

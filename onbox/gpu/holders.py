@@ -3,7 +3,7 @@
 Shell equivalent: `fuser -v /dev/nvidia*` (or `lsof /dev/nvidia*`). nvidia-smi, gpustat and nvitop only show what
 NVML lists, and NVML misses exactly the processes that matter (U11): DataLoader workers forked after CUDA init,
 orphaned DDP workers, processes of another PID namespace. So the truth comes from the fd table, and NVML's
-process list is only a cross-check (DOMAIN.md: NVML PIDs may be host PIDs inside a container; never trust them
+process list is only a cross-check (NVML PIDs may be host PIDs inside a container; never trust them
 alone).
 
 GPU files map to NVML indices through their device minor numbers: /dev/nvidia<N> has minor N and
@@ -22,7 +22,7 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox.telemetry.nvml import NA, NvmlSeam, running_processes
+from onbox.gpu.nvml import NA, NvmlSeam, running_processes
 
 DEFAULT_DEVICES = "/dev/nvidia*"
 _GPU_NAME = re.compile(r"^nvidia(\d+)$")

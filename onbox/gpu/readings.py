@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.clock import Clock, SystemClock
-from onbox.telemetry.nvml import (
+from onbox.gpu.nvml import (
     NA,
     NvmlSeam,
     clock_event_reasons,
@@ -22,7 +22,7 @@ from onbox.telemetry.nvml import (
     decode,
     running_processes,
 )
-from onbox.telemetry.xid import (
+from onbox.gpu.xid import (
     DEAD_XIDS,
     MAX_EVENTS_KEPT,
     KernelLog,

@@ -1,14 +1,13 @@
-"""The child's environment and argv (DESIGN.md "The child's environment")."""
+"""The child's environment and argv: ONBOX_RUN, ONBOX_CKPT_DIR, ONBOX_RESUME_FROM, ... (README, `onbox run`)."""
 from __future__ import annotations
 
 import math
 import os
 from typing import Dict, List, Mapping, Optional
 
+from onbox.config import AGENT_ONLY_VARS
+
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-# U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
-# it, crash dumps and `env` in a launch script show it): a token the child never sees cannot leak from there.
-AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 
 
 def cpu_quota_cores(root: str = "/") -> Optional[float]:

@@ -1,6 +1,6 @@
 """The self-requeueing sbatch script `onbox sbatch` writes or submits.
 
-What it asks Slurm for, and why (DOMAIN.md, Slurm):
+What it asks Slurm for, and why (Slurm's sbatch and slurm.conf docs):
   --requeue                 so `scontrol requeue` may put the job back in the queue
   --open-mode=append        without it the requeued job truncates its own log
   --signal=B:<SIG>@<lead>   the warning <lead> s (up to 60 s more) before the time limit, to the batch shell only
@@ -167,7 +167,7 @@ def default_agent(argv0: Optional[str] = None) -> List[str]:
 def profile_defaults(profile_file: Optional[str] = None) -> Dict[str, Any]:
     """{"lead", "signal"} from the slurm profile: [preemption] signal_lead, and [run] preempt_signal (else
     [preemption] signal). A user's $ONBOX_HOME/profiles/slurm.toml overrides the built-in one."""
-    from onbox import profiles
+    from onbox.platform import profiles
 
     prof = profiles.load("slurm", profile_file)
     pre, run = prof.table("preemption"), prof.table("run")
@@ -182,7 +182,7 @@ def profile_defaults(profile_file: Optional[str] = None) -> Dict[str, Any]:
 
 def submit(script: str, workdir: Optional[str] = None, timeout: float = SUBMIT_TIMEOUT) -> str:
     """`sbatch --parsable` the script on stdin; return the job id. Errors carry sbatch's stderr."""
-    from onbox.slurm import SlurmError
+    from onbox.slurm.job import SlurmError
 
     try:
         cp = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=timeout, cwd=workdir)

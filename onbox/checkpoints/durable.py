@@ -1,0 +1,70 @@
+"""What every durable target shares: the DurableTarget protocol, the names onbox writes on durable storage, and
+the error for a directory that is not onbox's. The implementations (localpath.LocalPathTarget,
+rclone.RcloneTarget) import this module; targets.make_target picks one.
+
+Layout, under the target's base:
+  <run>/checkpoints/<ckpt-name>/...files...    payload
+  <run>/checkpoints/<ckpt-name>/MANIFEST.json  written LAST: the commit point
+  <run>/checkpoints_index.json                 every committed checkpoint
+  <run>/logs/
+A checkpoint dir without a MANIFEST.json does not exist for any reader.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Protocol, Tuple
+
+from onbox import fsutil
+from onbox.checkpoints import SyncFailed
+
+STAGING_PREFIX = ".onbox-tmp-"
+# In every checkpoint dir onbox writes, from before its first payload byte until its manifest is written: a
+# manifest-less dir WITH it is an interrupted commit of ours (cleaned at the next start); one WITHOUT it is
+# somebody else's (the user's own checkpoints under <durable>/<run>/checkpoints/) and is never deleted.
+PARTIAL_MARKER = ".onbox-partial"
+
+
+def foreign_entry(url: str, name: str) -> SyncFailed:
+    return SyncFailed("%s/checkpoints/%s exists on durable storage without a MANIFEST.json and was not written by "
+                      "onbox: not replacing it" % (url, name),
+                      hint="move it away (it may be your own checkpoint), or give --durable another directory")
+
+
+FileHashes = Dict[str, Tuple[int, str]]  # relpath -> (size, hex digest)
+
+
+class DurableTarget(Protocol):
+    url: str
+
+    def free_space(self) -> Optional[fsutil.FreeSpace]:
+        """Free bytes and inodes on the durable side, or None when the target cannot tell."""
+
+    def list_names(self) -> List[str]:
+        """Every entry under <run>/checkpoints/, committed or not (staging dirs excluded)."""
+
+    def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
+        """The parsed MANIFEST.json of a checkpoint, or None when it has none (= it does not exist)."""
+
+    def put_payload(self, name: str, root: str, files: List[str], hash_name: str) -> FileHashes:
+        """Copy files (relative to root) into <name>/, hashing in the same pass where possible."""
+
+    def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None: ...
+
+    def remove(self, name: str) -> None:
+        """Delete a checkpoint so that it stops existing at once and a kill midway leaves only what start() cleans."""
+
+    def read_index(self) -> Optional[Dict[str, Any]]: ...
+
+    def write_index(self, doc: Dict[str, Any]) -> None: ...
+
+    def clean_leftovers(self) -> List[str]:
+        """Remove what interrupted commits left (staging dirs, manifest-less dirs holding PARTIAL_MARKER, never
+        a dir without it: that is not ours); return what was removed."""
+
+    def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
+        """Copy a committed checkpoint's files into the existing local dir `dest`, hashing them."""
+
+    def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
+        """Problems of the durable copy against its manifest (empty: fine)."""
+
+    def put_log(self, local_path: str, name: str) -> None:
+        """Copy a run log to <run>/logs/<name>, replacing the previous copy atomically where possible."""

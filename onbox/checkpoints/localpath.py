@@ -1,0 +1,192 @@
+"""The durable target on a mounted filesystem (network volume, NFS, a platform's shared FS): payload copied into a
+staging dir, renamed into place (atomic here), manifest last."""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
+
+from onbox import fsutil
+from onbox.checkpoints import INDEX, MANIFEST, hashcopy, sync_failed_from_oserror
+from onbox.checkpoints.durable import PARTIAL_MARKER, STAGING_PREFIX, FileHashes, foreign_entry
+
+
+class LocalPathTarget:
+    """A mounted filesystem: network volume, NFS, a platform's shared FS. Rename is atomic here."""
+
+    def __init__(self, base: str, run: str) -> None:
+        self.base = os.path.abspath(os.path.expanduser(base))
+        self.run_root = os.path.join(self.base, run)
+        self.ckpts = os.path.join(self.run_root, "checkpoints")
+        self.url = self.run_root
+
+    def _ensure(self) -> None:
+        try:
+            os.makedirs(self.ckpts, exist_ok=True)
+        except OSError as e:  # U33: mkdir on an inode-exhausted disk fails; say so
+            raise sync_failed_from_oserror(self.ckpts, e)
+
+    def free_space(self) -> Optional[fsutil.FreeSpace]:
+        return fsutil.free_space(self.ckpts)
+
+    def list_names(self) -> List[str]:
+        try:
+            return sorted(n for n in os.listdir(self.ckpts) if not n.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
+        try:
+            doc = fsutil.read_json(os.path.join(self.ckpts, name, MANIFEST))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+
+    def put_payload(self, name: str, root: str, files: List[str], hash_name: str) -> FileHashes:
+        self._ensure()
+        final = os.path.join(self.ckpts, name)
+        staging = os.path.join(self.ckpts, "%s%s.%d" % (STAGING_PREFIX, name, os.getpid()))
+        out: FileHashes = {}
+        try:
+            os.mkdir(staging)
+            with open(os.path.join(staging, PARTIAL_MARKER), "wb"):
+                pass
+            made = {staging}
+            for rel in files:
+                parent = os.path.dirname(os.path.join(staging, rel))
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    while parent not in made:  # every new level, so each gets its fsync below
+                        made.add(parent)
+                        parent = os.path.dirname(parent)
+            out = copy_files(root, staging, files, hash_name)
+            for d in sorted(made, key=len, reverse=True):
+                fsutil.fsync_dir(d)
+            hashcopy.fault_point("before-rename")
+            if os.path.lexists(final):  # a manifest-less leftover of an interrupted commit
+                if self.read_manifest(name) is not None:
+                    raise FileExistsError("refusing to replace committed checkpoint %s" % final)
+                if not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
+                    raise foreign_entry(self.run_root, name)
+                shutil.rmtree(final)
+            os.rename(staging, final)
+            fsutil.fsync_dir(self.ckpts)
+            hashcopy.fault_point("after-rename")
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)  # clean the partial temp; never touch committed ones
+            raise sync_failed_from_oserror(self.ckpts, e)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out
+
+    def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None:
+        try:
+            fsutil.atomic_write_json(os.path.join(self.ckpts, name, MANIFEST), manifest)
+        except OSError as e:
+            raise sync_failed_from_oserror(self.ckpts, e)
+        try:  # committed: the marker has done its job (a leftover one is harmless: the manifest rules)
+            os.unlink(os.path.join(self.ckpts, name, PARTIAL_MARKER))
+        except OSError:
+            pass
+
+    def remove(self, name: str) -> None:
+        path = os.path.join(self.ckpts, name)
+        # one atomic rename to a staging name: the checkpoint stops existing at once, and a kill during the
+        # rmtree leaves a staging dir that the next start cleans (never a manifest-less dir without the marker)
+        doomed = os.path.join(self.ckpts, "%s%s.del.%d" % (STAGING_PREFIX, name, os.getpid()))
+        try:
+            os.rename(path, doomed)
+            fsutil.fsync_dir(self.ckpts)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def read_index(self) -> Optional[Dict[str, Any]]:
+        try:
+            doc = fsutil.read_json(os.path.join(self.run_root, INDEX))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def write_index(self, doc: Dict[str, Any]) -> None:
+        try:
+            fsutil.atomic_write_json(os.path.join(self.run_root, INDEX), doc)
+        except OSError as e:
+            raise sync_failed_from_oserror(self.run_root, e)
+
+    def clean_leftovers(self) -> List[str]:
+        try:
+            return self._clean_leftovers()
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise sync_failed_from_oserror(self.ckpts, e)
+
+    def _clean_leftovers(self) -> List[str]:
+        removed = []
+        names = os.listdir(self.ckpts)
+        for n in names:
+            path = os.path.join(self.ckpts, n)
+            if n.startswith(fsutil.TMP_PREFIX) and os.path.isfile(path):  # an atomic_write temp
+                os.unlink(path)
+                removed.append(n)
+            elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or (
+                    self.read_manifest(n) is None and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(n)
+            elif os.path.isdir(path) and self.read_manifest(n) is None:
+                continue  # not ours (no marker): never deleted, never listed as committed
+            elif os.path.isdir(path):
+                for m in os.listdir(path):
+                    if m.startswith(fsutil.TMP_PREFIX):
+                        os.unlink(os.path.join(path, m))
+        for n in os.listdir(self.run_root):
+            if n.startswith(fsutil.TMP_PREFIX):
+                os.unlink(os.path.join(self.run_root, n))
+        return sorted(removed)
+
+    def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
+        for rel in files:
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+        return copy_files(os.path.join(self.ckpts, name), dest, files, hash_name)
+
+    def put_log(self, local_path: str, name: str) -> None:
+        logs = os.path.join(self.run_root, "logs")
+        tmp = os.path.join(logs, fsutil.TMP_PREFIX + name)
+        try:
+            os.makedirs(logs, exist_ok=True)
+            shutil.copyfile(local_path, tmp)
+            hashcopy.fsync_file(tmp)
+            os.replace(tmp, os.path.join(logs, name))
+            fsutil.fsync_dir(logs)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise sync_failed_from_oserror(logs, e)
+
+    def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
+        from onbox.checkpoints.verify import check_manifest_files
+
+        return check_manifest_files(os.path.join(self.ckpts, name), manifest, formats_too=False)
+
+
+def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: int = 2) -> FileHashes:
+    """Copy+hash files into dest (dirs exist), two at a time (the hash of one overlaps the copy of the other),
+    then fsync them all: the disk writes everything in one stream, like `cp` + `sync`, instead of
+    stopping after each file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str) -> Tuple[int, str]:
+        hashcopy.fault_point("before-file")
+        return hashcopy.copy_and_hash(os.path.join(root, rel), os.path.join(dest, rel), hash_name, fsync=False)
+
+    order = sorted(files, key=lambda r: -os.path.getsize(os.path.join(root, r)))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
+        futures = [(rel, pool.submit(one, rel)) for rel in order]
+        out = {rel: f.result() for rel, f in futures}
+    for rel in order:
+        hashcopy.fsync_file(os.path.join(dest, rel))
+    return {rel: out[rel] for rel in files}

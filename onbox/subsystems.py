@@ -1,0 +1,51 @@
+"""The one module that knows every subsystem: it builds the hooks a run's supervisor drives and checks, before a
+run starts, what those hooks would refuse.
+
+The supervisor (onbox.supervisor) defines the seams and never imports a subsystem; each subsystem
+(onbox.checkpoints, onbox.heartbeat, onbox.gpu, onbox.slurm) depends on the seams, never the reverse. The commands
+that start a supervisor (`onbox run`, `onbox adopt`, `onbox stop`) pass `make_hooks` in.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+from onbox.config import RunConfig
+from onbox.supervisor.hooks import Hooks, RunContext
+
+
+def preflight(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> None:
+    """Raise the UsageError (exit 2) / UnfitError (exit 3) that constructing or first using the hooks would meet:
+    `onbox run` calls this in the foreground, before anything is created or detached, because an error inside
+    the detached agent only reaches a log nobody reads. Creates nothing. Keep it in step with make_hooks."""
+    from onbox import fsutil, paths
+    from onbox.checkpoints.targets import overlap_problem
+    from onbox.checkpoints.targets import preflight as durable_preflight
+    from onbox.errors import UnfitError, UsageError
+    from onbox.heartbeat.sinks import preflight as heartbeat_preflight
+
+    if cfg.ckpt_dir:
+        problem = fsutil.dir_problem(cfg.ckpt_dir)
+        if problem:
+            raise UnfitError("cannot use the checkpoint dir %s: %s" % (cfg.ckpt_dir, problem),
+                             hint="give --ckpt-dir a writable directory on a fast local disk")
+    if cfg.durable:
+        durable_preflight(cfg.durable)
+        if cfg.name:
+            problem = overlap_problem(cfg.durable, cfg.name,
+                                      cfg.ckpt_dir or os.path.join(paths.run_dir(cfg.name), "checkpoints"))
+            if problem:
+                raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
+    heartbeat_preflight(cfg, environ)
+
+
+def make_hooks(ctx: RunContext) -> Hooks:
+    """The real subsystems for a run: checkpoint commits, heartbeats, the GPU reaper."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.gpu.reaper import ReaperHook
+    from onbox.heartbeat.hook import HeartbeatHook
+    from onbox.slurm.job import checkpoint_hook_for_node
+
+    # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm/job.py).
+    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
+    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
