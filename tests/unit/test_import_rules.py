@@ -1,0 +1,182 @@
+"""The import rules that keep the layout readable, checked on the code's own imports (every `import` statement,
+inside functions and TYPE_CHECKING blocks too):
+
+- onbox never imports controller (the agent ships alone in onbox.pyz);
+- library code never imports onbox.commands or click (only onbox/cli.py and onbox/commands/ are CLI);
+- no import circles, between modules or between packages;
+- each package imports only what its contract below allows (the same lists as the package docstrings).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from typing import Dict, List, Set
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+# What each part of onbox may import (besides itself). A top-level module counts as its own part.
+LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread"}
+CONTRACT: Dict[str, Set[str]] = {
+    "onbox.errors": set(),
+    "onbox.clock": set(),
+    "onbox.paths": set(),
+    "onbox.proc": set(),
+    "onbox.fsutil": set(),
+    "onbox.tomlread": {"onbox.errors"},
+    "onbox.telemetry": {"onbox.errors"},
+    "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry"},
+    "onbox.checkpoints": LEAVES,
+    "onbox.gpu": LEAVES,
+    "onbox.platform": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu"},
+    "onbox.slurm": LEAVES | {"onbox.config", "onbox.platform"},
+    "onbox.supervisor": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.slurm"},
+    "onbox.heartbeat": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu", "onbox.slurm", "onbox.supervisor"},
+    "onbox.subsystems": LEAVES | {"onbox.config", "onbox.checkpoints", "onbox.heartbeat", "onbox.gpu",
+                                  "onbox.slurm", "onbox.supervisor"},
+    "onbox.examples": set(),
+}
+CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
+
+
+def module_files() -> Dict[str, str]:
+    """Every module of onbox and controller: dotted name -> path."""
+    out = {}
+    for top in ("onbox", "controller"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(REPO_ROOT, top)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for fn in filenames:
+                if fn.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, fn), REPO_ROOT)[:-3].replace(os.sep, ".")
+                    out[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(dirpath, fn)
+    return out
+
+
+def imports_of(path: str, module: str, known: Set[str]) -> Set[str]:
+    """The modules a file imports (resolved to a known module where `from X import name` names a submodule)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                full = "%s.%s" % (base, a.name)
+                out.add(full if full in known else base)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def graph() -> Dict[str, Set[str]]:
+    files = module_files()
+    known = set(files)
+    return {m: imports_of(p, m, known) for m, p in files.items()}
+
+
+def part_of(module: str) -> str:
+    """onbox.gpu.reaper -> onbox.gpu; onbox.config -> onbox.config; controller.x -> controller."""
+    parts = module.split(".")
+    if parts[0] == "controller":
+        return "controller"
+    return ".".join(parts[:2])
+
+
+def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted: the import circles."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    found: List[List[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def internal(g: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    return {m: {t for t in ts if t in g and t != m} for m, ts in g.items()}
+
+
+def part_graph(g: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    out: Dict[str, Set[str]] = {}
+    for m, ts in internal(g).items():
+        a = part_of(m)
+        out.setdefault(a, set()).update(part_of(t) for t in ts if part_of(t) != a)
+    return out
+
+
+def test_the_checker_finds_a_circle_and_a_clean_graph_has_none():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    here = imports_of(__file__, "tests.unit.test_import_rules", {"tests.conftest"})
+    assert {"ast", "os", "pytest", "tests.conftest"} <= here  # the reader sees this very file's imports
+
+
+def test_onbox_never_imports_controller():
+    bad = sorted("%s imports %s" % (m, t) for m, ts in graph().items() if m.startswith("onbox")
+                 for t in ts if t.split(".")[0] == "controller")
+    assert bad == []
+
+
+def test_library_code_never_imports_the_cli():
+    bad = sorted("%s imports %s" % (m, t) for m, ts in graph().items()
+                 if m.startswith("onbox") and part_of(m) not in CLI_PARTS
+                 for t in ts if t == "click" or t.startswith("click.") or part_of(t) == "onbox.commands")
+    assert bad == []
+
+
+def test_no_circles_between_modules():
+    assert cycles(internal(graph())) == []
+
+
+def test_no_circles_between_packages():
+    assert cycles(part_graph(graph())) == []
+
+
+@pytest.mark.parametrize("part", sorted(CONTRACT))
+def test_each_package_imports_only_what_its_contract_allows(part):
+    actual = part_graph(graph()).get(part, set())
+    assert actual - CONTRACT[part] - {part} == set(), "widen CONTRACT (and the package docstring) on purpose"
+
+
+def test_every_part_of_onbox_has_a_contract():
+    parts = {part_of(m) for m in module_files() if m.startswith("onbox.")}
+    assert parts - set(CONTRACT) - CLI_PARTS == set()
+
+
+def test_the_extraction_root_imports_nothing_of_onbox():
+    # build/zipapp.py embeds its source in the pyz's __main__.py, before onbox is importable
+    assert {t for t in graph()["onbox.platform.extractroot"] if t.split(".")[0] == "onbox"} == set()
