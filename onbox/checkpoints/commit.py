@@ -14,7 +14,15 @@ import os
 import socket
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from onbox.checkpoints import INDEX_SCHEMA, MANIFEST_SCHEMA, DurableFull, SyncFailed, hashcopy, retention
+from onbox.checkpoints import (
+    INDEX_SCHEMA,
+    MANIFEST_SCHEMA,
+    DurableFull,
+    SyncFailed,
+    formats,
+    hashcopy,
+    retention,
+)
 from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
 from onbox.checkpoints.durable import DurableTarget, FileHashes
 
@@ -138,6 +146,9 @@ class CheckpointCommitter:
             while self.target.read_manifest("%s.r%d" % (name, k)) is not None:
                 k += 1
             name = "%s.r%d" % (name, k)
+        if fingerprint_of_safe(cand) != cand.fingerprint:  # rewritten since it was judged complete: look again
+            return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
+                                self.target.url)
         self.preflight(cand)
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
@@ -148,10 +159,11 @@ class CheckpointCommitter:
             self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
             raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
                              hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
-        if fingerprint_of_safe(cand) != cand.fingerprint:
+        problem = None if fingerprint_of_safe(cand) != cand.fingerprint else self._whole_after_copy(cand)
+        if problem is not None or fingerprint_of_safe(cand) != cand.fingerprint:
             # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
             self.target.remove(name)
-            self.emit("checkpoint_commit_aborted", checkpoint=name, reason="source changed while copying")
+            self.emit("checkpoint_commit_aborted", checkpoint=name, reason=problem or "source changed while copying")
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
         manifest = self._manifest(name, cand, hashes)
@@ -165,6 +177,15 @@ class CheckpointCommitter:
         return CommitResult(name, cand.step, "committed", manifest["bytes"], seconds, manifest["digest"],
                             self.target.url)
 
+    def _whole_after_copy(self, cand: Candidate) -> Optional[str]:
+        """A file committed for its format alone (not quiet, the trainer may rewrite it any moment) gets the full
+        check of every zip member's CRC after the copy; with its identity unchanged before and after, the bytes
+        copied are the bytes checked. A problem string, or None."""
+        if cand.is_dir or cand.complete_by != "format":
+            return None
+        res = formats.check_file(cand.path, full=True)
+        return None if res.ok else "the source failed its full check after the copy: %s" % res.problem
+
     def _manifest(self, name: str, cand: Candidate, hashes: FileHashes) -> Dict[str, Any]:
         files = [{"path": rel, "size": hashes[rel][0], self.hash_name: hashes[rel][1]} for rel in cand.files]
         return {
@@ -172,7 +193,7 @@ class CheckpointCommitter:
             "kind": "dir" if cand.is_dir else "file", "step": cand.step, "created": self.clock.time(),
             "hash": self.hash_name, "files": files, "bytes": sum(f["size"] for f in files),
             "digest": checkpoint_digest(files, self.hash_name), "metrics": cand.metrics,
-            "complete_by": cand.reason,
+            "format": cand.format, "complete_by": cand.complete_by, "complete_reason": cand.reason,
             "source": {"host": socket.gethostname(), "path": cand.path, "fingerprint": _fp_list(cand.fingerprint)},
         }
 

@@ -1,12 +1,18 @@
 """Find complete checkpoints in a run's local checkpoint dir.
 
 What trainers write: single files (*.pt, *.pth, *.ckpt, *.safetensors, *.bin; nanoGPT rewrites ckpt.pt in place
-with a non-atomic torch.save), and directories (Hugging Face checkpoint-<step>/, Lightning, torch.distributed
-.checkpoint dirs whose `.metadata` is written last). An entry is COMPLETE when
+with a non-atomic torch.save), and directories (Hugging Face checkpoint-<step>/, save_pretrained dirs,
+torch.distributed.checkpoint dirs whose `.metadata` is written last, DeepSpeed tags). An entry is COMPLETE when
+every file passes its format's structural checks (formats.py: a torn file is never complete) AND
   - the trainer marked it: a `<entry>.done`/`<entry>.complete` file beside it, a COMPLETE/.complete/DONE file
-    inside a dir, or the `.metadata` of a DCP dir (atomic renames need no marker: a tmp name is never a candidate);
-  - or it has been quiescent (no size/mtime/inode change) for the settle interval;
-AND, either way, the structural format checks of every file pass (formats.py). A torn file is never complete.
+    inside a dir (atomic renames need no marker: a tmp name is never a candidate);           complete_by "marker"
+  - or its own format says so: a torch zip or safetensors file whose structure is whole (the last bytes torch.save
+    writes are the zip's central directory), a directory of a known layout whose last-written file is there
+    (layouts.py: HF trainer_state.json, DCP .metadata, DeepSpeed `latest`);                  complete_by "format"
+  - or, for a directory of no known layout or a legacy pickle, nothing in it changed (size, mtime, inode) for the
+    settle interval.                                                                          complete_by "quiescent"
+A directory of a known layout is never completed by quiescence: a Trainer killed mid-save leaves a quiet dir
+without trainer_state.json that no trainer can resume from.
 """
 from __future__ import annotations
 
@@ -15,12 +21,11 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox.checkpoints import formats
+from onbox.checkpoints import formats, layouts
 
 CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
 SIDE_MARKERS = (".done", ".complete")
 DIR_MARKERS = ("COMPLETE", ".complete", "DONE", ".onbox-complete")
-DCP_MARKER = ".metadata"
 # names that are work in progress by convention: HF's tmp-checkpoint-N, torch.save-then-rename temps
 IN_PROGRESS_RE = re.compile(r"(^tmp[-_.])|(\.(tmp|part|partial|incomplete|lock)$)|(^\.)", re.I)
 STEP_RE = re.compile(r"(?:checkpoint|global_step|step|iter|iteration|ckpt)[-_=]?(\d+)", re.I)
@@ -43,7 +48,9 @@ class Candidate:
     step: Optional[int] = None  # from the name, else from progress.json when the entry was first seen
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     complete: bool = False
-    reason: str = ""  # why complete ("marker", "quiescent") or why not
+    reason: str = ""  # why complete, or why not, in words
+    format: str = ""  # "torch-zip", "safetensors", "torch-legacy", "other"; dirs: layouts.Layout.format
+    complete_by: str = ""  # "marker" | "format" | "quiescent" ("" while not complete)
 
     @property
     def root(self) -> str:
@@ -97,7 +104,7 @@ def scan(ckpt_dir: str) -> List[Candidate]:
                 files = _walk_files(path)
                 if not files:
                     continue
-                marked = any(m in files for m in DIR_MARKERS) or DCP_MARKER in files
+                marked = any(m in files for m in DIR_MARKERS)
                 fp = _fingerprint(path, files)
                 is_dir = True
             elif os.path.isfile(path) and name.endswith(CKPT_SUFFIXES):
@@ -116,25 +123,12 @@ def scan(ckpt_dir: str) -> List[Candidate]:
     return out
 
 
-def self_checking(cand: Candidate) -> bool:
-    """Every file is a torch zip or safetensors (formats whose structure exposes a torn write)."""
-    try:
-        return all(formats.sniff(os.path.join(cand.root, rel)) in ("zip", "safetensors") for rel in cand.files)
-    except OSError:
-        return False
-
-
-def check_formats(cand: Candidate) -> Optional[str]:
-    """The structural checks of every file; a problem string naming the file, or None."""
-    for rel in cand.files:
-        res = formats.check_file(os.path.join(cand.root, rel), full=False)
-        if not res.ok:
-            return "%s: %s" % (rel, res.problem)
-    return None
+SELF_CHECKING = ("torch-zip", "zip", "safetensors")  # kinds whose structure exposes a torn or unfinished write
 
 
 class CompletionTracker:
-    """Remembers when each entry's fingerprint last changed, to judge quiescence across loop ticks.
+    """Judges each candidate's completeness (module docstring); remembers when each entry's fingerprint last
+    changed, to judge quiescence across loop ticks, and caches each file's format check by its identity.
 
     `now_mono`/`now_wall` come from the clock seam. An entry whose files are older than the settle interval by
     their mtimes (an old checkpoint found at start-up) is quiescent at once.
@@ -143,17 +137,14 @@ class CompletionTracker:
     def __init__(self, settle_seconds: float) -> None:
         self.settle = settle_seconds
         self._seen: Dict[str, Tuple[Fingerprint, float, Optional[int], Dict[str, Any]]] = {}
-        self._checked: Dict[Tuple[str, Fingerprint], Optional[str]] = {}
+        self._checked: Dict[Tuple[str, int, int, int], "formats.FormatResult"] = {}
+        self._layouts: Dict[Tuple[str, Fingerprint], layouts.Layout] = {}
 
     def update(self, cands: List[Candidate], now_mono: float, now_wall: float,
-               progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None,
-               settle_self_checking: Optional[float] = None) -> List[Candidate]:
-        """Fill in step/metrics/complete/reason on each candidate; returns them (newest last).
-
-        `settle_self_checking` (if given) applies instead of `settle` to candidates whose every file carries its
-        own integrity structure (torch zip, safetensors): a torn one fails the format checks anyway.
-        """
-        default_settle = self.settle if settle is None else settle
+               progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None) -> List[Candidate]:
+        """Fill in step/metrics/format/complete/reason on each candidate; returns them (newest last).
+        `settle` (default: the tracker's) is the quiet period of entries that only quiescence can complete."""
+        settle = self.settle if settle is None else settle
         names = {c.name for c in cands}
         for gone in set(self._seen) - names:
             del self._seen[gone]
@@ -168,24 +159,63 @@ class CompletionTracker:
             if c.step is None:
                 c.step = seen[2]
             c.metrics = seen[3]
-            settle = default_settle
-            if settle_self_checking is not None and self_checking(c):
-                settle = min(settle, settle_self_checking)
             quiet = (now_mono - seen[1] >= settle) or (now_wall - c.newest_mtime >= settle)
-            if not (c.marked or quiet):
-                c.complete, c.reason = False, "still changing (settle %.3gs)" % settle
-                continue
-            key = (c.name, c.fingerprint)
-            if key not in self._checked:
-                self._checked[key] = check_formats(c)
-            problem = self._checked[key]
-            if problem:
-                c.complete, c.reason = False, "format check failed: %s" % problem
-            else:
-                c.complete, c.reason = True, "marker" if c.marked else "quiescent"
-        if len(self._checked) > 4096:
+            self._judge(c, quiet, settle)
+        if len(self._checked) > 16384:
             self._checked.clear()
+        if len(self._layouts) > 4096:
+            self._layouts.clear()
         return sorted(cands, key=order_key)
+
+    def _file_check(self, c: Candidate, fp: Tuple[str, int, int, int]) -> "formats.FormatResult":
+        path = os.path.join(c.root, fp[0])
+        key = (path, fp[1], fp[2], fp[3])
+        res = self._checked.get(key)
+        if res is None:
+            res = self._checked[key] = formats.check_file(path, full=False)
+        return res
+
+    def _judge(self, c: Candidate, quiet: bool, settle: float) -> None:
+        problem, kinds = None, set()
+        for fp in c.fingerprint:
+            res = self._file_check(c, fp)
+            kinds.add(res.kind)
+            if problem is None and not res.ok:
+                problem = "%s: %s" % (fp[0], res.problem)
+        if c.is_dir:
+            key = (c.path, c.fingerprint)
+            layout = self._layouts.get(key)
+            if layout is None:
+                try:
+                    layout = layouts.dir_layout(c.path, c.files)
+                except OSError as e:  # a file vanished or changed under us: judge again at the next scan
+                    layout = layouts.Layout("unknown", "cannot read: %s" % e)
+                self._layouts[key] = layout
+            c.format = layout.format
+        else:
+            layout = None
+            c.format = next(iter(kinds)) if kinds else "other"
+        c.complete, c.complete_by = False, ""
+        if problem:
+            # a file being written fails the same checks as a torn one; only time tells them apart
+            c.reason = ("torn: %s" if quiet else "still being written (%s)") % problem
+        elif c.marked:
+            c.complete, c.complete_by, c.reason = True, "marker", "marked complete by the trainer"
+        elif layout is not None and layout.format != "unknown":
+            if layout.problem:
+                c.reason = "%s: %s" % (layout.format, layout.problem)
+            else:
+                c.complete, c.complete_by, c.reason = True, "format", "%s: %s" % (layout.format, layout.done_by)
+        elif layout is None and kinds <= set(SELF_CHECKING):
+            c.complete, c.complete_by = True, "format"
+            c.reason = "%s: structure whole (its last bytes are written last)" % c.format
+        elif quiet:
+            c.complete, c.complete_by = True, "quiescent"
+            c.reason = "unchanged for %.3gs (%s: no format rule says when it is complete)" % (
+                settle, "a directory of no known layout" if c.is_dir else c.format)
+        else:
+            c.reason = "still changing (settle %.3gs; %s)" % (
+                settle, "a directory of no known layout" if c.is_dir else c.format)
 
 
 def order_key(c: Candidate) -> Tuple[int, float]:

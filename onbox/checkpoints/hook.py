@@ -78,6 +78,9 @@ class CheckpointCommitHook:
         self.throughput = float(self.status.get("throughput_bytes_per_s") or DEFAULT_THROUGHPUT)
         self._last_scan = float("-inf")
         self._last_sync = float("-inf")
+        # the last commit found its source rewritten (an in-place trainer saved again): try the new content at the
+        # next scan instead of a sync interval later, or a trainer saving more often than that never gets one
+        self._retry_now = False
         self._done: Dict[str, Any] = {}  # candidate name -> fingerprint already committed (or found committed)
         self._worker: Optional[threading.Thread] = None
         self.cands: List[Candidate] = []
@@ -106,11 +109,10 @@ class CheckpointCommitHook:
                 self.ctx.emit("checkpoint_status_unwritable", error=str(e))
 
     # -- scanning ----------------------------------------------------------------------------------------------
-    def scan_now(self, settle: Optional[float] = None, settle_self_checking: Optional[float] = None) -> List[Candidate]:
+    def scan_now(self, settle: Optional[float] = None) -> List[Candidate]:
         """Rescan the checkpoint dir; the complete candidates, newest last (all of them stay in self.cands)."""
         cands = self.tracker.update(scan(self.ckpt_dir), self.clock.monotonic(), self.clock.time(),
-                                    read_progress(self.ctx.run_dir), settle=settle,
-                                    settle_self_checking=settle_self_checking)
+                                    read_progress(self.ctx.run_dir), settle=settle)
         self.cands = cands
         complete = [c for c in cands if c.complete]
         if complete:
@@ -128,10 +130,10 @@ class CheckpointCommitHook:
         if self._worker is not None and self._worker.is_alive():
             self.ctx.emit("restore_durable_skipped", reason="a commit still runs after %.0f s"
                           % self.cfg.final_sync_timeout)
-            local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+            local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S))
             return self._resume_local(local[-1] if local else None)
         # no child runs before an attempt: the short quiet period of final() applies (torn files still fail)
-        local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S), settle_self_checking=0.0)
+        local = self.scan_now(settle=min(self.cfg.settle_seconds, FINAL_SETTLE_S))
         newest_local = local[-1] if local else None
         if self.committer is not None:
             try:
@@ -178,12 +180,13 @@ class CheckpointCommitHook:
             return
         if self.committer is None or not complete or (self._worker is not None and self._worker.is_alive()):
             return
-        if now - self._last_sync < self.cfg.sync_interval:
+        if now - self._last_sync < self.cfg.sync_interval and not self._retry_now:
             return
         newest = complete[-1]
         if self._done.get(newest.name) == newest.fingerprint:
             return
         self._last_sync = now
+        self._retry_now = False
         self._worker = threading.Thread(target=self.commit_one, args=(newest,), name="onbox-commit", daemon=True)
         self._worker.start()
 
@@ -221,9 +224,9 @@ class CheckpointCommitHook:
         settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
         give_up = self.clock.monotonic() + settle + SETTLE_POLL_S
         while True:
-            complete = self.scan_now(settle=settle, settle_self_checking=0.0)
+            complete = self.scan_now(settle=settle)
             newest = self.cands[-1] if self.cands else None
-            if newest is None or newest.complete or not newest.reason.startswith("still changing"):
+            if newest is None or newest.complete or not newest.reason.startswith(("still changing", "still being")):
                 return complete
             need = self._estimate(newest) + (self._estimate(complete[-1]) if complete else 0.0)
             now = self.clock.monotonic()
@@ -288,6 +291,7 @@ class CheckpointCommitHook:
                                                "at": at, "bytes": 0, "seconds": 0.0, "checkpoint": cand.name})
                 return None
             if r.status == "source_changed":
+                self._retry_now = True
                 return r
             self._done[cand.name] = cand.fingerprint
             if r.status == "committed" and r.bytes >= 16 * 1024 * 1024:

@@ -94,7 +94,9 @@ def test_detect_kinds_markers_and_steps(tmp_path):
     names = {c.name: c for c in scan(str(d))}
     assert set(names) == {"ckpt.pt", "checkpoint-500", "dcp"}
     assert names["checkpoint-500"].step == 500 and names["ckpt.pt"].step is None
-    assert names["dcp"].marked and not names["ckpt.pt"].marked
+    assert not names["dcp"].marked and not names["ckpt.pt"].marked
+    judged = {c.name: c for c in CompletionTracker(30.0).update(list(names.values()), 0.0, 0.0)}
+    assert (judged["dcp"].format, judged["dcp"].complete_by) == ("dcp", "format")  # .metadata is written last
     (d / "ckpt.pt.done").write_text("")
     assert {c.name: c for c in scan(str(d))}["ckpt.pt"].marked
 
@@ -103,23 +105,28 @@ def test_quiescence_settle_and_torn_files(tmp_path):
     clock = FakeClock()
     d = tmp_path / "ck"
     p = write_torch_zip(str(d / "ckpt.pt"))
+    (d / "run7").mkdir()
+    (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x00" * 100)  # no format rule: quiescence decides
     tr = CompletionTracker(settle_seconds=3.0)
     progress = {"step": 42, "loss": 1.5}
-    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), progress)
-    assert not c.complete and "still changing" in c.reason
+    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), progress)
+    assert (ck.name, ck.complete, ck.complete_by) == ("ckpt.pt", True, "format")  # a whole zip needs no quiet
+    assert not rd.complete and "still changing" in rd.reason
     clock.advance(2.0)
-    write_torch_zip(p, payload=b"\x02" * 5000)  # rewritten: the settle interval starts again
-    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50})
-    assert not c.complete and c.step == 50  # the metrics at (first sight of) this content
+    write_torch_zip(p, payload=b"\x02" * 5000)  # rewritten: new content, new metrics
+    (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x01" * 100)  # the settle interval starts again
+    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50})
+    assert ck.complete and ck.step == 50 and not rd.complete  # the metrics at (first sight of) this content
     clock.advance(3.0)
-    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77})
-    assert c.complete and c.reason == "quiescent" and c.step == 50 and durable_name(c) == "ckpt.pt.step-50"
+    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77})
+    assert rd.complete and rd.complete_by == "quiescent" and rd.step == 50
+    assert durable_name(ck) == "ckpt.pt.step-50"
     truncate(p, 100)  # a torn file, however quiet, is never complete
+    [c] = [c for c in tr.update(scan(str(d)), clock.monotonic(), clock.time()) if c.name == "ckpt.pt"]
+    assert not c.complete and c.reason.startswith("still being written")
     clock.advance(10.0)
-    tr.update(scan(str(d)), clock.monotonic(), clock.time())
-    clock.advance(10.0)
-    [c] = tr.update(scan(str(d)), clock.monotonic(), clock.time())
-    assert not c.complete and "format check failed" in c.reason
+    [c] = [c for c in tr.update(scan(str(d)), clock.monotonic(), clock.time()) if c.name == "ckpt.pt"]
+    assert not c.complete and c.reason.startswith("torn: ckpt.pt: zip")
 
 
 # -- committing -------------------------------------------------------------------------------------------------
@@ -227,18 +234,14 @@ def test_make_hooks_uses_the_commit_hook(tmp_path):
     assert isinstance(make_hooks(make_ctx(tmp_path)).checkpoints, CheckpointCommitHook)
 
 
-def test_hook_periodic_commits_after_settle_and_writes_status(tmp_path):
+def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
     ctx = make_ctx(tmp_path)
     fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0})
     with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
         f.write("iter 7: loss 3.0\n")
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "ckpt.pt"))
-    hook.periodic()
-    hook.join_worker(None)
-    assert ctx.emit.of("checkpoint_committed") == []  # not settled yet
-    ctx.clock.advance(3.5)
-    hook.periodic()
+    hook.periodic()  # a whole torch zip needs no quiet period: committed at the first look
     hook.join_worker(None)
     [ev] = ctx.emit.of("checkpoint_committed")
     assert ev["checkpoint"] == "ckpt.pt.step-7"
@@ -386,9 +389,9 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
     assert ctx.clock.sleeps == []
     truncate(os.path.join(ctx.ckpt_dir, "step_1.pt"), 64)
     os.rename(os.path.join(ctx.ckpt_dir, "step_1.pt"), os.path.join(ctx.ckpt_dir, "step_3.pt"))
-    assert hook.final(ctx.clock.monotonic() + 60) is None  # a torn file is never committed, even at the end
-    assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"
-    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt"]
+    out = hook.final(ctx.clock.monotonic() + 60)  # a torn file is never committed, even at the end: the newest
+    assert out is not None and out["name"] == "checkpoint-2"  # complete one is (quiet once the final wait is over)
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_1.pt", "checkpoint-2"]
 
 
 def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_allows(tmp_path):
@@ -398,7 +401,7 @@ def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_all
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
     os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
-    (tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (tmp_path / "ckpt" / "checkpoint-2" / "state.json").write_text('{"step": 2}')  # no known layout
     out = hook.final(ctx.clock.monotonic() + 300)
     assert out is not None and out["name"] == "checkpoint-2"
     assert 2.0 <= sum(ctx.clock.sleeps) <= 2.0 + 0.2  # FINAL_SETTLE_S, in SETTLE_POLL_S steps
