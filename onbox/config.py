@@ -56,6 +56,9 @@ class RunConfig:
     grace: Optional[float] = None  # seconds from notice to hard kill; default from the profile
     sync_reserve: float = 10.0  # seconds kept back from the grace window for the final commit
     final_sync_timeout: float = 300.0  # seconds the last commit may take when the job ends (done/failed for good)
+    # an attempt that resumed from a checkpoint and failed within this many seconds, before getting past the
+    # checkpoint's step, quarantines it: the next attempt falls back to the newest older one
+    restore_probation: float = 900.0
     notice_source: str = "auto"  # cloud metadata notices: auto|aws|gcp|azure|none
     metadata_url: Optional[str] = None  # base URL override for the metadata service (tests, proxies)
     notice_interval: float = 5.0  # seconds between metadata-service polls (AWS recommends 5 s)
@@ -97,7 +100,7 @@ class RunConfig:
                 raise UsageError("%s must be >= 0, not %r" % (key, getattr(self, key)))
         for key in ("sync_interval", "settle_seconds", "backoff_initial", "backoff_max", "sync_reserve",
                     "heartbeat_interval", "stall_minutes", "term_timeout", "tick_interval",
-                    "notice_interval", "reap_wait", "final_sync_timeout"):
+                    "notice_interval", "reap_wait", "final_sync_timeout", "restore_probation"):
             if getattr(self, key) < 0:
                 raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
         for key in self.env:

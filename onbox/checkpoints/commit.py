@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from onbox.checkpoints import (
@@ -64,6 +65,7 @@ class CheckpointCommitter:
         self.margin_fraction = margin_fraction
         self.margin_inodes = margin_inodes
         self._started = False
+        self._quarantined: List[Dict[str, Any]] = []  # the index's record of quarantined checkpoints
 
     def start(self) -> None:
         """Clean what an interrupted commit left behind (once per committer)."""
@@ -78,6 +80,8 @@ class CheckpointCommitter:
     def committed(self) -> List[Dict[str, Any]]:
         """Index entries of every committed checkpoint, oldest first (rebuilt from manifests when needed)."""
         index = self.target.read_index()
+        if index is not None and isinstance(index.get("quarantined"), list):
+            self._quarantined = [q for q in index["quarantined"] if isinstance(q, dict)]
         names = set(self.target.list_names())
         if index is not None and isinstance(index.get("checkpoints"), list):
             entries = [e for e in index["checkpoints"] if isinstance(e, dict) and e.get("name") in names]
@@ -205,7 +209,19 @@ class CheckpointCommitter:
     def write_index(self, entries: List[Dict[str, Any]]) -> None:
         doc = {"schema": INDEX_SCHEMA, "run": self.run, "updated": self.clock.time(),
                "checkpoints": sorted(entries, key=retention.entry_order)}
+        if self._quarantined:
+            doc["quarantined"] = self._quarantined
         self.target.write_index(doc)
+
+    def quarantine(self, name: str, reason: str) -> str:
+        """Take a committed checkpoint out of use (moved whole to <run>/quarantine/, never deleted) and record
+        it in the index; returns where it went."""
+        entries = self.committed()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.clock.time()))
+        dest = self.target.quarantine(name, stamp)
+        self._quarantined = [*self._quarantined, {"name": name, "moved_to": dest, "reason": reason, "at": self.clock.time()}]
+        self.write_index([e for e in entries if e["name"] != name])
+        return dest
 
     def apply_retention(self, keep_last: int, best_metric: Optional[str] = None, best_mode: str = "min",
                         every_steps: Optional[int] = None) -> List[str]:

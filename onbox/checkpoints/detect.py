@@ -82,6 +82,16 @@ def _fingerprint(root: str, files: List[str]) -> Fingerprint:
     return tuple(fp)
 
 
+def path_fingerprint(path: str) -> Optional[Fingerprint]:
+    """The fingerprint of a checkpoint file or dir as it is now, or None when it is gone."""
+    try:
+        if os.path.isdir(path):
+            return _fingerprint(path, _walk_files(path))
+        return _fingerprint(os.path.dirname(path), [os.path.basename(path)])
+    except OSError:
+        return None
+
+
 def fingerprint_of(cand: Candidate) -> Fingerprint:
     """Re-read the fingerprint now (to notice a file changed while it was being copied)."""
     return _fingerprint(cand.root, cand.files)

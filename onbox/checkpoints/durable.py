@@ -7,6 +7,7 @@ Layout, under the target's base:
   <run>/checkpoints/<ckpt-name>/MANIFEST.json  written LAST: the commit point
   <run>/checkpoints_index.json                 every committed checkpoint
   <run>/logs/
+  <run>/quarantine/<ckpt-name>.<time>/        a checkpoint a resumed attempt crashed on (kept, never read)
 A checkpoint dir without a MANIFEST.json does not exist for any reader.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ STAGING_PREFIX = ".onbox-tmp-"
 # manifest-less dir WITH it is an interrupted commit of ours (cleaned at the next start); one WITHOUT it is
 # somebody else's (the user's own checkpoints under <durable>/<run>/checkpoints/) and is never deleted.
 PARTIAL_MARKER = ".onbox-partial"
+QUARANTINE_DIR = "quarantine"  # <run>/quarantine/: checkpoints a resumed attempt crashed on
 
 
 def foreign_entry(url: str, name: str) -> SyncFailed:
@@ -51,6 +53,10 @@ class DurableTarget(Protocol):
 
     def remove(self, name: str) -> None:
         """Delete a checkpoint so that it stops existing at once and a kill midway leaves only what start() cleans."""
+
+    def quarantine(self, name: str, stamp: str) -> str:
+        """Move a committed checkpoint out of <run>/checkpoints/ (readers stop seeing it at once) into
+        <run>/quarantine/<name>.<stamp>, whole and with its manifest; never deletes. Returns where it went."""
 
     def read_index(self) -> Optional[Dict[str, Any]]: ...
 

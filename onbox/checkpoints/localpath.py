@@ -8,7 +8,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX, MANIFEST, hashcopy, sync_failed_from_oserror
-from onbox.checkpoints.durable import PARTIAL_MARKER, STAGING_PREFIX, FileHashes, foreign_entry
+from onbox.checkpoints.durable import (
+    PARTIAL_MARKER,
+    QUARANTINE_DIR,
+    STAGING_PREFIX,
+    FileHashes,
+    foreign_entry,
+)
 
 
 class LocalPathTarget:
@@ -101,6 +107,18 @@ class LocalPathTarget:
         except FileNotFoundError:
             return
         shutil.rmtree(doomed, ignore_errors=True)
+
+    def quarantine(self, name: str, stamp: str) -> str:
+        qdir = os.path.join(self.run_root, QUARANTINE_DIR)
+        dest = os.path.join(qdir, "%s.%s" % (name, stamp))
+        try:
+            os.makedirs(qdir, exist_ok=True)
+            os.rename(os.path.join(self.ckpts, name), dest)  # one atomic rename: gone for readers at once
+            fsutil.fsync_dir(self.ckpts)
+            fsutil.fsync_dir(qdir)
+        except OSError as e:
+            raise sync_failed_from_oserror(self.ckpts, e)
+        return dest
 
     def read_index(self) -> Optional[Dict[str, Any]]:
         try:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy
-from onbox.checkpoints.durable import PARTIAL_MARKER, FileHashes, foreign_entry
+from onbox.checkpoints.durable import PARTIAL_MARKER, QUARANTINE_DIR, FileHashes, foreign_entry
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 NOT_FOUND_RC = 3  # rclone: "directory not found"
@@ -125,6 +125,17 @@ class RcloneTarget:
         self._put_marker(name, check=False)
         self._rc(["deletefile", "%s/%s/%s" % (self.ckpts, name, MANIFEST)], check=False)
         self._rc(["purge", "%s/%s" % (self.ckpts, name)], check=False)
+
+    def quarantine(self, name: str, stamp: str) -> str:
+        dest = "%s/%s/%s.%s" % (self.run_root, QUARANTINE_DIR, name, stamp)
+        # server-side where the backend can, else copy then delete: the manifest goes with the payload, so a
+        # kill midway leaves the checkpoint either still committed or a manifest-carrying copy in quarantine/
+        self._rc(["moveto", "%s/%s" % (self.ckpts, name), dest], nbytes=self._size_of(name))
+        return dest
+
+    def _size_of(self, name: str) -> int:
+        listed = self._lsjson("%s/%s" % (self.ckpts, name), "-R", "--files-only") or []
+        return sum(e.get("Size", 0) for e in listed)
 
     def read_index(self) -> Optional[Dict[str, Any]]:
         return self._cat_json("%s/%s" % (self.run_root, INDEX))

@@ -1,20 +1,24 @@
-"""Restore the newest committed checkpoint that verifies onto a (possibly empty) local checkpoint dir.
+"""Restore the newest committed checkpoint that verifies to the path the trainer reads.
 
-A replacement box after a preemption starts with an empty checkpoint dir: fetch the newest committed
-checkpoint, check every hash against its manifest, and only then move it into place. One that fails is never
-handed to the trainer: fall back to the next newest, and say so (event `restore_verify_failed`).
+A replacement box after a preemption starts with an empty checkpoint dir; a box that was killed during the
+trainer's own save holds a torn or empty file at the very path the trainer resumes from (nanoGPT reads exactly
+out_dir/ckpt.pt). Either way the verified copy goes to `<ckpt_dir>/<the name the trainer wrote>`: fetched into a
+staging name beside it, every hash checked against its manifest, and only then moved into place. Whatever the
+trainer left at that path is kept aside in `<ckpt_dir>/.onbox-aside/` (never deleted). A checkpoint that fails
+verification is never handed over: the next newest is used and `restore_verify_failed` says so.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from onbox import fsutil
-from onbox.checkpoints import SyncFailed, formats
+from onbox.checkpoints import SyncFailed, formats, hashcopy
 from onbox.checkpoints.durable import DurableTarget
 
-RESTORED_DIR = ".onbox-restored"  # hidden: detection ignores it, so a restored copy is not committed again
+ASIDE_DIR = ".onbox-aside"  # hidden: detection ignores it, so nothing kept aside is committed or resumed from
 
 
 class RestoreResult(NamedTuple):
@@ -26,33 +30,56 @@ class RestoreResult(NamedTuple):
     rejected: List[Tuple[str, str]]  # (checkpoint, problem) of newer ones that failed verification
 
 
-def _local_matches(path: str, manifest: Dict[str, Any]) -> bool:
-    """The local entry holds the same files (by size: cheap; its hash was checked when it was committed)."""
+def set_aside(ckpt_dir: str, path: str, reason: str, emit: Callable[..., None]) -> str:
+    """Move a file or dir of the trainer's out of the way, into <ckpt_dir>/.onbox-aside/; never deletes."""
+    aside = os.path.join(ckpt_dir, ASIDE_DIR)
+    os.makedirs(aside, exist_ok=True)
+    base = os.path.join(aside, "%s.%s" % (os.path.basename(path), time.strftime("%Y%m%dT%H%M%S")))
+    dest, k = base, 1
+    while os.path.lexists(dest):
+        k += 1
+        dest = "%s.%d" % (base, k)
+    os.rename(path, dest)
+    fsutil.fsync_dir(os.path.dirname(path))
+    emit("checkpoint_set_aside", path=path, moved_to=dest, reason=reason)
+    return dest
+
+
+def local_matches(path: str, manifest: Dict[str, Any]) -> bool:
+    """The local entry holds the committed files: same sizes, and same mtimes (a restore gives them back) or,
+    failing that, the same hashes."""
     root = path if manifest.get("kind") == "dir" else os.path.dirname(path)
+    mtimes = {rel: m for rel, _size, m in (manifest.get("source") or {}).get("fingerprint") or []}
+    algo = manifest.get("hash", hashcopy.HASH_NAME)
     for f in manifest["files"]:
         p = os.path.join(root, f["path"])
-        if not os.path.isfile(p) or os.path.getsize(p) != f["size"]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return False
+        if not os.path.isfile(p) or st.st_size != f["size"]:
+            return False
+        if mtimes.get(f["path"]) != st.st_mtime_ns and hashcopy.hash_file(p, algo)[1] != f.get(algo):
             return False
     return True
 
 
 def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_dir: str,
-                   emit: Callable[..., None], hash_name_default: str = "sha256") -> RestoreResult:
+                   emit: Callable[..., None], hash_name_default: str = "sha256",
+                   local_wins: Optional[Callable[[Dict[str, Any]], bool]] = None) -> RestoreResult:
+    """The newest committed checkpoint that verifies, at the path the trainer reads. `local_wins(manifest)`: a
+    local complete checkpoint is newer than this committed one, so nothing is fetched (result path None)."""
     rejected: List[Tuple[str, str]] = []
     for name in names_newest_first:
         manifest = target.read_manifest(name)
         if manifest is None:
             continue
-        local_name = manifest.get("local_name") or name
-        local_path = os.path.join(ckpt_dir, local_name)
-        if os.path.lexists(local_path) and _local_matches(local_path, manifest):
+        if local_wins is not None and local_wins(manifest):
+            break
+        local_path = os.path.join(ckpt_dir, manifest.get("local_name") or name)
+        if os.path.lexists(local_path) and local_matches(local_path, manifest):
             return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected)
-        if os.path.lexists(local_path):  # something else by that name: never overwrite the trainer's files
-            local_path = os.path.join(ckpt_dir, RESTORED_DIR, name, local_name)
-            if os.path.lexists(local_path) and _local_matches(local_path, manifest):
-                return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"),
-                                     rejected)
-        problem = _fetch_verified(target, name, manifest, local_path, hash_name_default)
+        problem = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit, hash_name_default)
         if problem is None:
             emit("checkpoint_restored", checkpoint=name, step=manifest.get("step"), path=local_path,
                  durable=target.url)
@@ -63,9 +90,10 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
     return RestoreResult(None, None, None, "", None, rejected)
 
 
-def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], local_path: str,
-                    hash_default: str) -> Optional[str]:
-    """Fetch into a staging dir beside local_path, verify, move into place. A problem string, or None."""
+def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], local_path: str, ckpt_dir: str,
+                    emit: Callable[..., None], hash_default: str) -> Optional[str]:
+    """Fetch into a staging dir beside local_path, verify, keep what is at local_path aside, move into place.
+    A problem string, or None."""
     algo = manifest.get("hash", hash_default)
     parent = os.path.dirname(local_path)
     os.makedirs(parent, exist_ok=True)
@@ -92,6 +120,8 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
             p = os.path.join(staging, rel)
             if os.path.isfile(p):
                 os.utime(p, ns=(mtime_ns, mtime_ns))
+        if os.path.lexists(local_path):  # the trainer's own (torn, empty, older or quarantined) copy
+            set_aside(ckpt_dir, local_path, "replaced by the verified copy of %s from durable storage" % name, emit)
         if manifest.get("kind") == "dir":
             os.rename(staging, local_path)
         else:

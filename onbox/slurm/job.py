@@ -251,6 +251,9 @@ class PrimaryOnlyCommits:
     def restore(self) -> Optional[str]:
         return self.inner.restore()  # type: ignore[no-any-return]
 
+    def after_failure(self, seconds: float) -> bool:
+        return False  # node 0 decides about the job's checkpoints
+
     def periodic(self) -> None:
         if not self.told and self.emit is not None:
             self.told = True

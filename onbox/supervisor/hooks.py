@@ -41,6 +41,11 @@ class CheckpointHook(Protocol):
     def periodic(self) -> None:
         """Called from the loop every tick; commits a newly completed checkpoint when its interval is due."""
 
+    def after_failure(self, seconds: float) -> bool:
+        """The attempt failed after `seconds`: if it resumed from a checkpoint it never got past, take that
+        checkpoint out of use so the next attempt falls back to an older one. True when it did (the failure
+        then says nothing about the next attempt's starting point: the crash-loop count starts again)."""
+
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         """On preemption/stop, and when the run ends without one (done, or failed with no restart to come;
         deadline = now + config.final_sync_timeout): wait for a commit in flight, then commit the newest complete
@@ -70,6 +75,9 @@ class ReapHook(Protocol):
 class NoCheckpoints:
     def restore(self) -> Optional[str]:
         return None
+
+    def after_failure(self, seconds: float) -> bool:
+        return False
 
     def periodic(self) -> None:
         return None

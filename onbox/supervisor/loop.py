@@ -355,6 +355,10 @@ class Supervisor:
             self.message = ""
             self._final_at_end()
             return self.transition(RunState.DONE, reason=result.message)
+        started = self.attempts[-1].get("started_at") if self.attempts else None
+        seconds = self.clock.time() - started if isinstance(started, (int, float)) else float("inf")
+        if self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure, seconds):
+            self.streak = []  # the next attempt starts from an older checkpoint: not the same loop
         self.streak.append(result.loop_key)
         if policy == "never":
             self.message = result.message

@@ -41,6 +41,10 @@ class Recorder:
     def periodic(self) -> None:
         self.calls.append(("periodic",))
 
+    def after_failure(self, seconds: float) -> bool:
+        self.calls.append(("after_failure", seconds))
+        return False
+
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         self.calls.append(("final", deadline))
         return {"name": "step-7"}

@@ -66,9 +66,15 @@ class Checkpoints:
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.finals: List[Tuple[float, float]] = []  # (called at, deadline)
+        self.fallbacks: List[bool] = []  # what after_failure answers, one per failed attempt (then False)
+        self.failures: List[float] = []  # the attempt lengths it was told
 
     def restore(self):
         return None
+
+    def after_failure(self, seconds: float) -> bool:
+        self.failures.append(seconds)
+        return self.fallbacks.pop(0) if self.fallbacks else False
 
     def periodic(self) -> None:
         return None
@@ -106,6 +112,23 @@ def test_crash_loop_counts_the_same_class_in_a_row_only(tmp_path):
     sup, procs, _, _ = make(tmp_path, scripts, backoff_initial=0.0, crash_loop_threshold=3, max_restarts=10)
     assert sup.run() == RunState.FAILED
     assert len(procs.spawned) == 4 and "the same failure (failed) 3 times" in sup.message
+
+
+def test_a_fallback_to_an_older_checkpoint_starts_the_crash_loop_count_again(tmp_path):
+    """Each failed attempt is reported to the checkpoints (with how long it ran); when they answer that they
+    quarantined the checkpoint the attempt resumed from, the next attempt starts elsewhere: not the same loop."""
+    scripts = [exits_after(2, 1)] * 4 + [exits_after(1, 0)]
+    sup, procs, ckpts, _ = make(tmp_path, scripts, backoff_initial=0.0, crash_loop_threshold=3, max_restarts=10)
+    ckpts.fallbacks = [False, False, True, False]  # the 3rd failure quarantined a checkpoint
+    assert sup.run() == RunState.DONE  # without the fallback the 3rd failure in a row would end the run
+    assert len(procs.spawned) == 5 and ckpts.failures == [2.0] * 4
+
+
+def test_without_a_fallback_the_same_failure_is_a_crash_loop(tmp_path):
+    sup, procs, ckpts, _ = make(tmp_path, [exits_after(2, 1)] * 4, backoff_initial=0.0, crash_loop_threshold=3,
+                                max_restarts=10)
+    assert sup.run() == RunState.FAILED
+    assert len(procs.spawned) == 3 and ckpts.failures == [2.0] * 3
 
 
 def test_restart_always_restarts_after_success(tmp_path):

@@ -1,0 +1,194 @@
+"""Restore to the path the trainer reads, keeping what it left there aside; quarantine and fall back when an
+attempt that resumed from a checkpoint crashes before getting past it. Real torch files, the real hook and a
+mounted-path durable target; the clock is the FakeClock seam."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from onbox import fsutil
+from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.restore import ASIDE_DIR
+from onbox.checkpoints.verify import verify_path
+from tests.unit.test_checkpoints import make_ctx
+
+torch = pytest.importorskip("torch")
+
+
+def save_nanogpt(path: str, iter_num: int) -> None:
+    """What nanoGPT's train.py writes, in place: a dict with the model, the optimizer and iter_num."""
+    model = torch.nn.Linear(8, 8)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "iter_num": iter_num, "best_val_loss": 1.0},
+               path)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def commit_now(hook: CheckpointCommitHook) -> None:
+    hook._last_sync = float("-inf")
+    hook.periodic()
+    hook.join_worker(None)
+    hook.ctx.clock.advance(2)
+
+
+def aside(ckpt_dir: str):
+    d = os.path.join(ckpt_dir, ASIDE_DIR)
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def run_started(ctx, at: float = 0.0) -> None:
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "state.json"), {"started_at": at})
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "missing"])
+def test_a_torn_in_place_ckpt_is_replaced_by_the_verified_copy_where_the_trainer_reads(tmp_path, damage):
+    """nanoGPT reads exactly out_dir/ckpt.pt: a restore into any other path leaves it reading the torn file."""
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 116})
+    hook = CheckpointCommitHook(ctx)
+    ckpt = os.path.join(ctx.ckpt_dir, "ckpt.pt")
+    save_nanogpt(ckpt, 116)
+    commit_now(hook)
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["ckpt.pt.step-116"]
+    good = read(ckpt)
+    if damage == "empty":  # a SIGTERM as torch.save reopened the file
+        open(ckpt, "wb").close()
+    elif damage == "truncated":
+        with open(ckpt, "r+b") as f:
+            f.truncate(len(good) // 2)
+    else:
+        os.unlink(ckpt)
+    path = CheckpointCommitHook(ctx).restore()
+    assert path == ckpt  # {ckpt} and ONBOX_RESUME_FROM point where the trainer reads
+    assert read(ckpt) == good and verify_path(ckpt).ok
+    assert torch.load(ckpt, weights_only=True)["iter_num"] == 116
+    kept = aside(ctx.ckpt_dir)
+    assert len(kept) == (0 if damage == "missing" else 1)  # the torn one is kept, never deleted
+    if kept:
+        assert kept[0].startswith("ckpt.pt.") and ctx.emit.of("checkpoint_set_aside")[0]["path"] == ckpt
+    status = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    assert status["resume_from"] == {"path": ckpt, "source": "durable", "name": "ckpt.pt.step-116"}
+
+
+def test_an_intact_local_copy_is_used_as_it_is(tmp_path):
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    hook = CheckpointCommitHook(ctx)
+    ckpt = os.path.join(ctx.ckpt_dir, "step_00005.pt")
+    save_nanogpt(ckpt, 5)
+    commit_now(hook)
+    assert CheckpointCommitHook(ctx).restore() == ckpt
+    assert ctx.emit.of("checkpoint_resume")[-1]["source"] == "local" and aside(ctx.ckpt_dir) == []
+
+
+def write_hf(d: str, step: int, state: bool = True) -> None:
+    """The files a Hugging Face Trainer save writes, trainer_state.json last."""
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "gpt2"}, f)
+    from safetensors.torch import save_file  # transformers' own weight format
+
+    save_file({"w": torch.zeros(4, 4)}, os.path.join(d, "model.safetensors"))
+    torch.save({"lr": 1e-3}, os.path.join(d, "training_args.bin"))
+    torch.save({"state": {}}, os.path.join(d, "optimizer.pt"))
+    if state:
+        with open(os.path.join(d, "trainer_state.json"), "w") as f:
+            json.dump({"global_step": step, "log_history": []}, f)
+
+
+def test_a_half_saved_hf_checkpoint_is_never_committed_and_is_kept_aside_before_the_next_attempt(tmp_path):
+    """The observed failure: a Trainer killed between save_model() and the optimizer/scheduler save left
+    checkpoint-60/ without trainer_state.json; it was committed when quiet, restored, and both boxes crash-looped
+    on FileNotFoundError while the complete checkpoint-40 sat in durable storage."""
+    pytest.importorskip("safetensors")
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    run_started(ctx)
+    hook = CheckpointCommitHook(ctx)
+    write_hf(os.path.join(ctx.ckpt_dir, "checkpoint-40"), 40)
+    commit_now(hook)
+    write_hf(os.path.join(ctx.ckpt_dir, "checkpoint-60"), 60, state=False)  # killed before trainer_state.json
+    for _ in range(3):  # quiet for as long as you like: never complete
+        commit_now(hook)
+        assert hook.final(ctx.clock.monotonic() + 60)["name"] == "checkpoint-40"
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["checkpoint-40"]
+    [c60] = [c for c in hook.cands if c.name == "checkpoint-60"]
+    assert not c60.complete and c60.format == "hf-trainer" and "trainer_state.json" in c60.reason
+    # the next attempt on this box: resume from 40, and checkpoint-60 must not be found by
+    # resume_from_checkpoint=True (which picks the highest checkpoint-N by itself)
+    path = CheckpointCommitHook(ctx).restore()
+    assert path == os.path.join(ctx.ckpt_dir, "checkpoint-40")
+    assert sorted(os.listdir(ctx.ckpt_dir)) == [ASIDE_DIR, "checkpoint-40"]
+    assert aside(ctx.ckpt_dir)[0].startswith("checkpoint-60.")
+    # a replacement box (empty dir) gets checkpoint-40 too, verified
+    box2 = make_ctx(tmp_path / "box2", durable=str(tmp_path / "durable"))
+    p2 = CheckpointCommitHook(box2).restore()
+    assert p2 == os.path.join(box2.ckpt_dir, "checkpoint-40") and verify_path(p2).ok
+    m = fsutil.read_json(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-40" / "MANIFEST.json"))
+    assert (m["format"], m["complete_by"]) == ("hf-trainer", "format")
+
+
+def test_a_users_own_older_files_are_never_moved(tmp_path):
+    ctx = make_ctx(tmp_path, durable=None)
+    run_started(ctx, at=4102444800.0)  # the run started after these files were written (2100-01-01)
+    write_hf(os.path.join(ctx.ckpt_dir, "checkpoint-60"), 60, state=False)
+    assert CheckpointCommitHook(ctx).restore() is None
+    assert os.path.isdir(os.path.join(ctx.ckpt_dir, "checkpoint-60")) and aside(ctx.ckpt_dir) == []
+
+
+def three_commits(ctx) -> CheckpointCommitHook:
+    hook = CheckpointCommitHook(ctx)
+    for step in (5, 10, 15):
+        save_nanogpt(os.path.join(ctx.ckpt_dir, "step_%05d.pt" % step), step)
+        commit_now(hook)
+    return hook
+
+
+def test_a_checkpoint_an_attempt_crashes_on_is_quarantined_and_the_next_attempt_falls_back(tmp_path):
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    three_commits(ctx)
+    hook = CheckpointCommitHook(ctx)
+    assert hook.restore().endswith("step_00015.pt")
+    assert hook.after_failure(3.0) is True  # crashed 3 s in, no step past 15 seen
+    [q] = ctx.emit.of("checkpoint_quarantined")
+    assert (q["checkpoint"], q["step"], q["fallback"]) == ("step_00015.pt", 15, "step_00010.pt")
+    durable = tmp_path / "durable" / "r1"
+    assert not (durable / "checkpoints" / "step_00015.pt").exists()
+    [moved] = os.listdir(durable / "quarantine")  # renamed whole, manifest and all; never deleted
+    assert moved.startswith("step_00015.pt.") and (durable / "quarantine" / moved / "MANIFEST.json").exists()
+    index = fsutil.read_json(str(durable / "checkpoints_index.json"))
+    assert [e["name"] for e in index["checkpoints"]] == ["step_00005.pt", "step_00010.pt"]
+    assert index["quarantined"][0]["name"] == "step_00015.pt"
+    assert aside(ctx.ckpt_dir)[0].startswith("step_00015.pt.")  # the local copy too
+    assert verify_path(str(durable)).ok  # what readers see is still whole
+    # the next attempt gets the newest older verified one; when it crashes as well, fall back again
+    assert hook.restore().endswith("step_00010.pt")
+    assert hook.after_failure(1.0) is True
+    assert hook.restore().endswith("step_00005.pt")
+    # nothing older left: the checkpoint stays and the supervisor's crash-loop rule decides
+    assert hook.after_failure(1.0) is False
+    assert ctx.emit.of("restore_fallback_exhausted")[0]["checkpoint"] == "step_00005.pt"
+    assert (durable / "checkpoints" / "step_00005.pt" / "MANIFEST.json").exists()
+
+
+@pytest.mark.parametrize("how", ["advanced", "late"])
+def test_a_failure_after_getting_past_the_checkpoint_or_after_the_probation_quarantines_nothing(tmp_path, how):
+    ctx = make_ctx(tmp_path, restore_probation=600.0)
+    run_started(ctx)
+    three_commits(ctx)
+    hook = CheckpointCommitHook(ctx)
+    hook.restore()
+    if how == "advanced":
+        ctx.clock.advance(1)
+        fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 17, "time": ctx.clock.time()})
+        assert hook.after_failure(5.0) is False
+    else:
+        assert hook.after_failure(601.0) is False
+    assert ctx.emit.of("checkpoint_quarantined") == []
+    assert (tmp_path / "durable" / "r1" / "checkpoints" / "step_00015.pt").exists()
