@@ -73,4 +73,5 @@ class DurableTarget(Protocol):
         """Problems of the durable copy against its manifest (empty: fine)."""
 
     def put_log(self, local_path: str, name: str) -> None:
-        """Copy a run log to <run>/logs/<name>, replacing the previous copy atomically where possible."""
+        """Copy a run log to <run>/logs/<name> (name may hold a subdir), replacing that file's previous copy
+        atomically where possible."""

@@ -19,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
+import socket
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional
 
 from onbox import fsutil
@@ -31,6 +34,7 @@ from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.restore import restore_newest, set_aside
 from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
+from onbox.proc import boot_id
 
 STATUS_FILE = "checkpoint_status.json"
 LOCK_FILE = "checkpoints.lock"
@@ -40,7 +44,7 @@ COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/
 FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
 RESCAN_S = 1.0
 SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint still inside its quiet period
-LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/ after each commit
+LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/<box>/ after each commit
 
 
 def read_progress(run_dir: str) -> Dict[str, Any]:
@@ -93,6 +97,11 @@ class CheckpointCommitHook:
         self._worker: Optional[threading.Thread] = None
         self.cands: List[Candidate] = []
         self.resumed: Optional[Dict[str, Any]] = None  # what the current attempt started from (restore())
+        # this box and agent launch, for its own folder under <durable>/<run>/logs/ (containers may share a
+        # hostname: the boot id tells boxes apart)
+        self.box_logs = "%s-%s.%s" % (re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "box",
+                                      (boot_id() or "noboot")[:8],
+                                      time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock.time())))
 
     # -- status file -----------------------------------------------------------------------------------------
     def _load_status(self) -> Dict[str, Any]:
@@ -404,14 +413,15 @@ class CheckpointCommitHook:
             return r
 
     def sync_logs(self) -> None:
-        """Copy the run's output log and events next to the checkpoints (<durable>/<run>/logs/), best effort."""
+        """Copy the run's output log (with its rotated parts) and events next to the checkpoints, best effort,
+        into <durable>/<run>/logs/<box>/: one folder per box and agent launch, so a replacement box (or a
+        relaunch) never replaces what an earlier one left there."""
         assert self.target is not None
-        for name in LOG_FILES:
-            path = os.path.join(self.ctx.run_dir, name)
-            if not os.path.isfile(path):
-                continue
+        names = [n for n in LOG_FILES if os.path.isfile(os.path.join(self.ctx.run_dir, n))]
+        names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^output\.log\.\d+$", n))
+        for name in names:
             try:
-                self.target.put_log(path, name)
+                self.target.put_log(os.path.join(self.ctx.run_dir, name), "%s/%s" % (self.box_logs, name))
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("log_sync_failed", file=name, error=str(e))
                 return

@@ -170,13 +170,14 @@ class LocalPathTarget:
         return copy_files(os.path.join(self.ckpts, name), dest, files, hash_name)
 
     def put_log(self, local_path: str, name: str) -> None:
-        logs = os.path.join(self.run_root, "logs")
-        tmp = os.path.join(logs, fsutil.TMP_PREFIX + name)
+        dest = os.path.join(self.run_root, "logs", name)
+        logs = os.path.dirname(dest)
+        tmp = os.path.join(logs, fsutil.TMP_PREFIX + os.path.basename(name))
         try:
             os.makedirs(logs, exist_ok=True)
             shutil.copyfile(local_path, tmp)
             hashcopy.fsync_file(tmp)
-            os.replace(tmp, os.path.join(logs, name))
+            os.replace(tmp, dest)
             fsutil.fsync_dir(logs)
         except OSError as e:
             try:

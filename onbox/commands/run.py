@@ -55,6 +55,9 @@ def _options(f: Any) -> Any:
         click.option("--heartbeat-file", type=click.Path(dir_okay=False),
                      help="Also append every heartbeat to this JSONL file (e.g. on the durable dir)."),
         click.option("--ping-url", help="healthchecks.io-style ping URL (/start, success pings, /fail)."),
+        click.option("--resume", "resume_existing", is_flag=True,
+                     help="Continue the existing run NAME although CMD, --ckpt-dir or --durable differ from what "
+                          "it recorded (without it, a different command under an existing name is refused)."),
         click.option("--foreground", is_flag=True, help="Stay in the foreground (sbatch, containers, systemd)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]
@@ -66,7 +69,8 @@ def _options(f: Any) -> Any:
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @_options
 @click.argument("command", nargs=-1, type=UNPROCESSED)
-def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, **flags: Any) -> int:
+def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
+        **flags: Any) -> int:
     """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
 
     Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
@@ -113,9 +117,50 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
     _check_runs_dir(paths.runs_dir())
+    if saved is None and not resume_existing:
+        _refuse_a_different_run_under_the_same_name(cfg, paths.run_dir(cfg.name))
     preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
+    if not cfg.ckpt_dir:
+        click.echo("onbox: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
+                   "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
+                   % os.path.join(paths.run_dir(cfg.name), "checkpoints"), err=True)
     rd = RunDir(paths.run_dir(cfg.name))
     return _launch(cfg, rd, foreground, as_json, adopt_only=False)
+
+
+RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
+
+
+def _refuse_a_different_run_under_the_same_name(cfg: Any, run_dir: str) -> None:
+    """A different command (or checkpoint dir, or durable target) under the name of an existing run would
+    continue that run and be handed its checkpoint: refused (exit 2) unless --resume says it is meant."""
+    from onbox.fsutil import read_json
+
+    path = os.path.join(run_dir, "config.json")
+    try:
+        saved = read_json(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        raise UsageError("cannot read the record of the existing run %s: %s" % (path, e),
+                         hint="give the new run another --name, or move %s away" % run_dir)
+    if not isinstance(saved, dict):
+        raise UsageError("the record of the existing run %s is not a JSON object" % path,
+                         hint="give the new run another --name, or move %s away" % run_dir)
+    differ = [k for k in RECORDED if (saved.get(k) or None) != (getattr(cfg, k) or None)]
+    if differ:
+        was = "; ".join("%s was %s" % (k, _shown(saved.get(k))) for k in differ)
+        raise UsageError("run %s already exists with another %s (%s)" % (cfg.name, " and ".join(differ), was),
+                         hint="give this run a new --name, or pass --resume to continue %s (and its "
+                              "checkpoints) with the new settings on purpose" % cfg.name)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        import shlex
+
+        return shlex.join(str(v) for v in value)
+    return str(value) if value else "unset"
 
 
 @click.command()

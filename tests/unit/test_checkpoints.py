@@ -248,7 +248,7 @@ def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
     st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
     assert st["latest_local"]["name"] == "ckpt.pt" and st["latest_durable"]["name"] == "ckpt.pt.step-7"
     assert st["verified"] is True and st["last_sync"]["ok"] is True
-    with open(tmp_path / "durable" / "r1" / "logs" / "output.log") as f:
+    with open(tmp_path / "durable" / "r1" / "logs" / hook.box_logs / "output.log") as f:
         assert f.read() == "iter 7: loss 3.0\n"  # the log travels with the checkpoints
     ctx.clock.advance(10)
     hook.periodic()

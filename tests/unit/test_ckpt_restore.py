@@ -192,3 +192,28 @@ def test_a_failure_after_getting_past_the_checkpoint_or_after_the_probation_quar
         assert hook.after_failure(601.0) is False
     assert ctx.emit.of("checkpoint_quarantined") == []
     assert (tmp_path / "durable" / "r1" / "checkpoints" / "step_00015.pt").exists()
+
+
+def test_a_replacement_box_never_replaces_the_first_boxs_logs(tmp_path):
+    """Observed: a replacement box's first commit replaced <durable>/<run>/logs/output.log; none of the first
+    box's lines remained. Each box (and agent launch) gets its own folder under logs/."""
+    first = make_ctx(tmp_path / "box1", durable=str(tmp_path / "durable"))
+    with open(os.path.join(first.run_dir, "output.log"), "w") as f:
+        f.write("first box: iter 1\n")
+    save_nanogpt(os.path.join(first.ckpt_dir, "step_00001.pt"), 1)
+    h1 = CheckpointCommitHook(first)
+    commit_now(h1)
+    second = make_ctx(tmp_path / "box2", durable=str(tmp_path / "durable"))
+    second.clock.advance(3600)  # launched an hour later
+    with open(os.path.join(second.run_dir, "output.log"), "w") as f:
+        f.write("second box: iter 2\n")
+    with open(os.path.join(second.run_dir, "output.log.1"), "w") as f:
+        f.write("second box: rotated\n")
+    h2 = CheckpointCommitHook(second)
+    save_nanogpt(os.path.join(second.ckpt_dir, "step_00002.pt"), 2)
+    commit_now(h2)
+    logs = tmp_path / "durable" / "r1" / "logs"
+    assert sorted(os.listdir(logs)) == sorted([h1.box_logs, h2.box_logs]) and h1.box_logs != h2.box_logs
+    assert read(str(logs / h1.box_logs / "output.log")) == b"first box: iter 1\n"
+    assert read(str(logs / h2.box_logs / "output.log")) == b"second box: iter 2\n"
+    assert read(str(logs / h2.box_logs / "output.log.1")) == b"second box: rotated\n"
