@@ -89,6 +89,20 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
             result.name, result.step, result.bytes / MiB, result.seconds, result.url))
 
 
+def _trainer_alive(run_dir: str) -> bool:
+    """The run's child (the trainer) is alive now: its pid and start time in state.json match a process."""
+    from onbox import fsutil
+    from onbox.proc import is_alive
+
+    try:
+        state = fsutil.read_json(os.path.join(run_dir, "state.json"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(state, dict) or not isinstance(state.get("child_pid"), int):
+        return False
+    return is_alive(state["child_pid"], state.get("child_start_time"))
+
+
 @click.command("checkpoints")
 @click.argument("name")
 @click.option("--durable", default=None, help="Durable target; default: the run's.")
@@ -103,20 +117,24 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
     hook = CheckpointCommitHook(ctx)
     # scanned here, not through hook.scan_now(): a listing must not write checkpoint_status.json, which the
     # live agent owns (a read-modify-write from here could put back a stale last_sync)
-    cands = CompletionTracker(ctx.config.settle_seconds).update(
+    writing = _trainer_alive(ctx.run_dir)
+    # with no trainer alive nothing is being written: what fails a check is torn, what lacks its last file
+    # stays incomplete, and nothing is "still changing"
+    cands = CompletionTracker(ctx.config.settle_seconds if writing else 0.0).update(
         scan(ctx.ckpt_dir), ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
     local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes,
-                                    "complete": c.complete, "reason": c.reason} for c in cands]
+                                    "complete": c.complete, "reason": c.reason, "format": c.format,
+                                    "complete_by": c.complete_by} for c in cands]
     durable_list = hook.committer.committed() if hook.committer else []
     doc: Dict[str, Any] = {"run": name, "ckpt_dir": ctx.ckpt_dir, "durable": ctx.config.durable, "local": local,
-                           "committed": durable_list, "status": hook.status}
+                           "committed": durable_list, "status": hook.status, "trainer_alive": writing}
     if as_json:
         echo_json(doc)
         return
-    click.echo("local (%s):" % ctx.ckpt_dir)
+    click.echo("local (%s; %s):" % (ctx.ckpt_dir, "the trainer runs" if writing else "no trainer running"))
     for c in local:
         click.echo("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
-                                                       "complete" if c["complete"] else c["reason"]))
+                                                       ("complete, " if c["complete"] else "") + c["reason"]))
     click.echo("durable (%s):" % (ctx.config.durable or "none configured"))
     for e in durable_list:
         click.echo("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,

@@ -21,7 +21,14 @@ from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.subsystems import make_hooks
 from onbox.supervisor.hooks import RunContext
-from tests.checkpoint_files import flip_byte, safetensors_bytes, truncate, write_safetensors, write_torch_zip
+from tests.checkpoint_files import (
+    flip_byte,
+    safetensors_bytes,
+    torch_zip_bytes,
+    truncate,
+    write_safetensors,
+    write_torch_zip,
+)
 
 
 class Recorder:
@@ -583,3 +590,45 @@ def test_listing_checkpoints_writes_nothing(tmp_path, onbox_home):
     r = CliRunner().invoke(checkpoints, ["r1"])
     assert r.exit_code == 0, r.output
     assert (run / STATUS_FILE).read_text() == '{"last_sync": {"ok": true}}'
+
+
+def test_listing_says_what_is_true_after_the_trainer_died(tmp_path, onbox_home):
+    """Observed: `onbox checkpoints` after the child died showed files as "still changing". With no trainer
+    alive nothing is being written: a torn file is torn, a save without its last file is incomplete (and why),
+    and a quiet directory of no known layout is complete; while the trainer runs, recent files may still be
+    being written and the listing says that instead."""
+    from click.testing import CliRunner
+
+    from onbox.commands.checkpoints import checkpoints
+    from onbox.proc import start_time
+
+    ck = tmp_path / "ck"
+    truncate(write_torch_zip(str(ck / "ckpt.pt")), 300)  # written just now, torn
+    write_safetensors(str(ck / "checkpoint-60" / "model.safetensors"))
+    (ck / "checkpoint-60" / "config.json").write_text("{}")
+    (ck / "checkpoint-60" / "training_args.bin").write_bytes(torch_zip_bytes())
+    (ck / "mine").mkdir()
+    (ck / "mine" / "weights.npy").write_bytes(b"\x93NUMPY")
+    run = onbox_home / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"name": "r1", "command": ["x"], "ckpt_dir": str(ck),
+                                                 "settle_seconds": 600}))
+
+    def listing(child):
+        (run / "state.json").write_text(json.dumps(child))
+        r = CliRunner().invoke(checkpoints, ["r1", "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        return doc["trainer_alive"], {c["name"]: (c["complete"], c["reason"]) for c in doc["local"]}
+
+    alive, dead = listing({"state": "failed", "child_pid": None})
+    assert not alive
+    assert dead["ckpt.pt"][0] is False and dead["ckpt.pt"][1].startswith("torn: ckpt.pt: zip")
+    assert dead["checkpoint-60"] == (False, "hf-trainer: no trainer_state.json yet (the Trainer writes it last: "
+                                            "without it the save was interrupted and resuming fails)")
+    assert dead["mine"][0] is True and dead["mine"][1].startswith("unchanged for 0s")
+    alive, live = listing({"state": "running", "child_pid": os.getpid(), "child_start_time": start_time(os.getpid())})
+    assert alive
+    assert live["ckpt.pt"][1].startswith("still being written (ckpt.pt: zip")
+    assert live["mine"] == (False, "still changing (settle 600s; a directory of no known layout)")
+    assert live["checkpoint-60"] == dead["checkpoint-60"]
