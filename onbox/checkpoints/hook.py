@@ -43,6 +43,7 @@ DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commi
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
 FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
 RESCAN_S = 1.0
+NO_CHECKPOINT_INTERVALS = 5  # sync intervals with an empty checkpoint dir before it is worth a warning
 SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint still inside its quiet period
 LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/<box>/ after each commit
 
@@ -97,6 +98,8 @@ class CheckpointCommitHook:
         self._worker: Optional[threading.Thread] = None
         self.cands: List[Candidate] = []
         self.resumed: Optional[Dict[str, Any]] = None  # what the current attempt started from (restore())
+        self._first_look: Optional[float] = None
+        self._warned_none = False
         # this box and agent launch, for its own folder under <durable>/<run>/logs/ (containers may share a
         # hostname: the boot id tells boxes apart)
         self.box_logs = "%s-%s.%s" % (re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "box",
@@ -284,6 +287,7 @@ class CheckpointCommitHook:
         except OSError as e:
             self.ctx.emit("checkpoint_scan_failed", error=str(e))
             return
+        self._watch_for_none(now)
         if self.committer is None or not complete or (self._worker is not None and self._worker.is_alive()):
             return
         if now - self._last_sync < self.cfg.sync_interval and not self._retry_now:
@@ -295,6 +299,25 @@ class CheckpointCommitHook:
         self._retry_now = False
         self._worker = threading.Thread(target=self.commit_one, args=(newest,), name="onbox-commit", daemon=True)
         self._worker.start()
+
+    def _watch_for_none(self, now: float) -> None:
+        """Say so (once: an event, and a warning in checkpoint_status.json that `onbox status` shows) when the
+        checkpoint dir stayed empty for NO_CHECKPOINT_INTERVALS sync intervals: the trainer writes elsewhere,
+        or not at all, and a preemption would lose everything."""
+        if self._first_look is None:
+            self._first_look = now
+        if self.cands:
+            if self.status.get("warning"):
+                self._update_status(warning=None)
+            return
+        waited = now - self._first_look
+        if self._warned_none or waited < NO_CHECKPOINT_INTERVALS * self.cfg.sync_interval:
+            return
+        self._warned_none = True
+        msg = ("no checkpoint in %s after %.0f s: nothing can be committed or resumed; point the trainer's "
+               "saves at $ONBOX_CKPT_DIR or give --ckpt-dir its output dir" % (self.ckpt_dir, waited))
+        self.ctx.emit("no_checkpoint_yet", ckpt_dir=self.ckpt_dir, seconds=round(waited, 1))
+        self._update_status(warning=msg)
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         self.join_worker(deadline)

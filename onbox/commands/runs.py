@@ -70,6 +70,8 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
     last = c.get("last_sync") or {}
     if last.get("ok") is False:
         line += " · LAST SYNC FAILED: %s" % last.get("error")  # U33: never let a failed sync look fine
+    if c.get("warning"):
+        line += " · WARNING: %s" % c["warning"]
     return line
 
 

@@ -217,3 +217,24 @@ def test_a_replacement_box_never_replaces_the_first_boxs_logs(tmp_path):
     assert read(str(logs / h1.box_logs / "output.log")) == b"first box: iter 1\n"
     assert read(str(logs / h2.box_logs / "output.log")) == b"second box: iter 2\n"
     assert read(str(logs / h2.box_logs / "output.log.1")) == b"second box: rotated\n"
+
+
+def test_an_empty_checkpoint_dir_is_worth_one_warning_after_five_sync_intervals(tmp_path):
+    ctx = make_ctx(tmp_path, sync_interval=10.0)
+    hook = CheckpointCommitHook(ctx)
+    for _ in range(5):  # 0, 10, ..., 40 s: not yet
+        hook.periodic()
+        assert ctx.emit.of("no_checkpoint_yet") == []
+        ctx.clock.advance(10.0)
+    hook.periodic()  # 50 s: five sync intervals with nothing in the dir
+    ctx.clock.advance(10.0)
+    hook.periodic()
+    [ev] = ctx.emit.of("no_checkpoint_yet")  # once
+    assert ev["ckpt_dir"] == ctx.ckpt_dir and ev["seconds"] >= 50.0
+    status = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    assert status["warning"].startswith("no checkpoint in %s after " % ctx.ckpt_dir)
+    save_nanogpt(os.path.join(ctx.ckpt_dir, "step_00001.pt"), 1)  # the trainer found the dir: warning gone
+    ctx.clock.advance(10.0)
+    hook.periodic()
+    hook.join_worker(None)
+    assert fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))["warning"] is None
