@@ -7,6 +7,7 @@ crash_loop_threshold=2 the two failures in a row would have ended the run withou
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -33,7 +34,7 @@ TRAINER = textwrap.dedent("""
     for step in range(start + 1, 13):
         print("step %d loss %.3f" % (step, 1.0 / step), flush=True)
         if step in (5, 10):
-            torch.save({"step": step, "w": torch.ones(64), "poison": step == 10},
+            torch.save({"step": step, "w": torch.ones(64), "poison": step == 10 and not resume},
                        os.path.join(ck, "step_%05d.pt" % step))
         if step == 10 and not resume:
             time.sleep(1.5)  # long enough for the periodic commit of step 10
@@ -62,5 +63,11 @@ def test_a_checkpoint_the_trainer_cannot_resume_from_is_quarantined_and_the_run_
     assert "cannot resume from" in log and "resumed from step 5" in log and "\ndone\n" in log
     quarantined = os.listdir(durable / "fb" / "quarantine")
     assert len(quarantined) == 1 and quarantined[0].startswith("step_00010.pt.")
-    assert "step_00010.pt" not in os.listdir(durable / "fb" / "checkpoints")
+    # the quarantined copy is kept whole; what durable storage holds as step_00010.pt now is the good one the
+    # resumed attempt saved
+    bad = json.loads((durable / "fb" / "quarantine" / quarantined[0] / "MANIFEST.json").read_text())
+    good = json.loads((durable / "fb" / "checkpoints" / "step_00010.pt" / "MANIFEST.json").read_text())
+    assert bad["digest"] != good["digest"]
+    saved = torch.load(str(durable / "fb" / "checkpoints" / "step_00010.pt" / "step_00010.pt"), weights_only=True)
+    assert saved["poison"] is False
     assert [n for n in os.listdir(ck / ".onbox-aside") if n.startswith("step_00010.pt.")]
