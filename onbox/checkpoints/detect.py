@@ -16,6 +16,7 @@ without trainer_state.json that no trainer can resume from.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -45,7 +46,8 @@ class Candidate:
     bytes: int
     newest_mtime: float
     marked: bool
-    step: Optional[int] = None  # from the name, else from progress.json when the entry was first seen
+    step: Optional[int] = None  # see step_source
+    step_source: str = ""  # where the step came from: "name", or "progress before the file's mtime"
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     complete: bool = False
     reason: str = ""  # why complete, or why not, in words
@@ -130,7 +132,32 @@ def scan(ckpt_dir: str) -> List[Candidate]:
         out.append(Candidate(name=name, path=path, is_dir=is_dir, files=files, fingerprint=fp,
                              bytes=sum(f[1] for f in fp), newest_mtime=max(f[2] for f in fp) / 1e9,
                              marked=marked, step=step_from_name(name)))
+        if out[-1].step is not None:
+            out[-1].step_source = "name"
     return out
+
+
+class ProgressHistory:
+    """The steps the trainer reported and when (progress.json's `time`, wall clock), so that a checkpoint whose
+    format and name carry no step is labelled with the last step reported BEFORE its file was written, not
+    with whatever step the trainer reached by the time onbox looked."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.points: "collections.deque[Tuple[float, int]]" = collections.deque(maxlen=keep)
+
+    def observe(self, progress: Optional[Dict[str, Any]]) -> None:
+        step, at = (progress or {}).get("step"), (progress or {}).get("time")
+        if not (isinstance(step, int) and not isinstance(step, bool) and isinstance(at, (int, float))):
+            return
+        if not self.points or self.points[-1] != (float(at), step):
+            self.points.append((float(at), step))
+
+    def step_before(self, when: float) -> Optional[int]:
+        best = None
+        for at, step in self.points:
+            if at <= when:
+                best = step
+        return best
 
 
 SELF_CHECKING = ("torch-zip", "zip", "safetensors")  # kinds whose structure exposes a torn or unfinished write
@@ -146,6 +173,7 @@ class CompletionTracker:
 
     def __init__(self, settle_seconds: float) -> None:
         self.settle = settle_seconds
+        self.history = ProgressHistory()
         self._seen: Dict[str, Tuple[Fingerprint, float, Optional[int], Dict[str, Any]]] = {}
         self._checked: Dict[Tuple[str, int, int, int], "formats.FormatResult"] = {}
         self._layouts: Dict[Tuple[str, Fingerprint], layouts.Layout] = {}
@@ -155,6 +183,7 @@ class CompletionTracker:
         """Fill in step/metrics/format/complete/reason on each candidate; returns them (newest last).
         `settle` (default: the tracker's) is the quiet period of entries that only quiescence can complete."""
         settle = self.settle if settle is None else settle
+        self.history.observe(progress)
         names = {c.name for c in cands}
         for gone in set(self._seen) - names:
             del self._seen[gone]
@@ -167,7 +196,9 @@ class CompletionTracker:
                 seen = (c.fingerprint, now_mono, step, p)
                 self._seen[c.name] = seen
             if c.step is None:
-                c.step = seen[2]
+                c.step = self.history.step_before(c.newest_mtime)
+                if c.step is not None:
+                    c.step_source = "progress before the file's mtime"
             c.metrics = seen[3]
             quiet = (now_mono - seen[1] >= settle) or (now_wall - c.newest_mtime >= settle)
             self._judge(c, quiet, settle)

@@ -108,6 +108,11 @@ def test_detect_kinds_markers_and_steps(tmp_path):
     assert {c.name: c for c in scan(str(d))}["ckpt.pt"].marked
 
 
+def by_name(cands):
+    named = {c.name: c for c in cands}
+    return named["ckpt.pt"], named["run7"]
+
+
 def test_quiescence_settle_and_torn_files(tmp_path):
     clock = FakeClock()
     d = tmp_path / "ck"
@@ -115,18 +120,23 @@ def test_quiescence_settle_and_torn_files(tmp_path):
     (d / "run7").mkdir()
     (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x00" * 100)  # no format rule: quiescence decides
     tr = CompletionTracker(settle_seconds=3.0)
-    progress = {"step": 42, "loss": 1.5}
-    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), progress)
+    t0 = os.stat(p).st_mtime
+    ck, rd = by_name(tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 42, "loss": 1.5, "time": t0 - 1}))
     assert (ck.name, ck.complete, ck.complete_by) == ("ckpt.pt", True, "format")  # a whole zip needs no quiet
     assert not rd.complete and "still changing" in rd.reason
+    assert (ck.step, ck.step_source) == (42, "progress before the file's mtime")
     clock.advance(2.0)
-    write_torch_zip(p, payload=b"\x02" * 5000)  # rewritten: new content, new metrics
+    # the trainer reports step 50, saves (rewrites in place), and is at step 77 by the time onbox looks
+    os.utime(p, (t0 + 5, t0 + 5))
+    tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50, "time": t0 + 4})
+    write_torch_zip(p, payload=b"\x02" * 5000)
+    os.utime(p, (t0 + 10, t0 + 10))
     (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x01" * 100)  # the settle interval starts again
-    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50})
-    assert ck.complete and ck.step == 50 and not rd.complete  # the metrics at (first sight of) this content
+    ck, rd = by_name(tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77, "time": t0 + 11}))
+    assert ck.complete and ck.step == 50 and not rd.complete  # the last step reported before it was written
     clock.advance(3.0)
-    ck, rd = tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77})
-    assert rd.complete and rd.complete_by == "quiescent" and rd.step == 50
+    ck, rd = by_name(tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77, "time": t0 + 11}))
+    assert rd.complete and rd.complete_by == "quiescent"
     assert durable_name(ck) == "ckpt.pt.step-50"
     truncate(p, 100)  # a torn file, however quiet, is never complete
     [c] = [c for c in tr.update(scan(str(d)), clock.monotonic(), clock.time()) if c.name == "ckpt.pt"]
@@ -243,7 +253,7 @@ def test_make_hooks_uses_the_commit_hook(tmp_path):
 
 def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
     ctx = make_ctx(tmp_path)
-    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0})
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0, "time": 0.0})
     with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
         f.write("iter 7: loss 3.0\n")
     hook = CheckpointCommitHook(ctx)

@@ -50,7 +50,7 @@ def test_a_torn_in_place_ckpt_is_replaced_by_the_verified_copy_where_the_trainer
     """nanoGPT reads exactly out_dir/ckpt.pt: a restore into any other path leaves it reading the torn file."""
     ctx = make_ctx(tmp_path)
     run_started(ctx)
-    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 116})
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 116, "time": 0.0})
     hook = CheckpointCommitHook(ctx)
     ckpt = os.path.join(ctx.ckpt_dir, "ckpt.pt")
     save_nanogpt(ckpt, 116)
