@@ -194,7 +194,8 @@ class CheckpointCommitter:
         files = [{"path": rel, "size": hashes[rel][0], self.hash_name: hashes[rel][1]} for rel in cand.files]
         return {
             "schema": MANIFEST_SCHEMA, "run": self.run, "name": name, "local_name": cand.name,
-            "kind": "dir" if cand.is_dir else "file", "step": cand.step, "created": self.clock.time(),
+            "kind": "dir" if cand.is_dir else "file", "step": cand.step, "step_source": cand.step_source,
+            "created": self.clock.time(),
             "hash": self.hash_name, "files": files, "bytes": sum(f["size"] for f in files),
             "digest": checkpoint_digest(files, self.hash_name), "metrics": cand.metrics,
             "format": cand.format, "complete_by": cand.complete_by, "complete_reason": cand.reason,
