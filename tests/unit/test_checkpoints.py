@@ -16,7 +16,7 @@ from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.retention import select_keep
 from onbox.checkpoints.targets import make_target
-from onbox.checkpoints.verify import verify_path
+from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.subsystems import make_hooks
@@ -293,7 +293,9 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
     # a replacement box: empty checkpoint dir
     fresh = make_ctx(tmp_path / "box2", settle_seconds=0.0, durable=str(tmp_path / "durable"))
     path = CheckpointCommitHook(fresh).restore()
-    assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2") and verify_path(path).ok
+    assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2")
+    rep = verify_path(path)  # a local copy has no manifest (not a committed checkpoint): its files check out
+    assert [r["ok"] for r in rep.files] == [True] and rep.problems == ["checkpoint-2: " + NO_MANIFEST]
     assert fresh.emit.of("checkpoint_restored")[0]["checkpoint"] == "checkpoint-2"
     # corrupt the newest on durable storage: the next fresh box falls back to checkpoint-1 and says so
     flip_byte(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-2" / "model.pt"), 300)
@@ -434,7 +436,8 @@ def test_verify_a_whole_durable_run_dir(tmp_path):
     flip_byte(str(run / "checkpoints" / "step_2.pt" / "step_2.pt"), 100)
     rep = verify_path(str(run / "checkpoints"))
     assert rep.problems == ["step_2.pt/step_2.pt: sha256 mismatch (content corrupted)"]
-    assert verify_path(str(d)).ok  # a plain local dir of checkpoint files: format checks of each
+    rep = verify_path(str(d))  # a plain local dir of checkpoint files: format checks of each, and not verified
+    assert all(r["ok"] for r in rep.files) and len(rep.files) == 2 and rep.problems == ["ck: " + NO_MANIFEST]
 
 
 @pytest.mark.parametrize("stop_after", [0, 2])
