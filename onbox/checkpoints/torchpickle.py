@@ -176,9 +176,10 @@ def zip_layout(zf: zipfile.ZipFile) -> ZipLayout:
     return ZipLayout(archive, pkl, None)
 
 
-def read_zip_object(zf: zipfile.ZipFile, layout: ZipLayout, limit: int = PICKLE_LIMIT
+def read_zip_object(zf: zipfile.ZipFile, layout: ZipLayout, limit: Optional[int] = None
                     ) -> Tuple[Any, List[StorageRef]]:
-    """The object data.pkl pickles (placeholders for globals and storages)."""
+    """The object data.pkl pickles (placeholders for globals and storages); TooLarge past `limit` bytes."""
+    limit = limit or PICKLE_LIMIT
     if layout.data_pkl.file_size > limit:
         raise TooLarge("%s is %d bytes" % (layout.data_pkl.filename, layout.data_pkl.file_size))
     try:
@@ -211,9 +212,10 @@ def looks_legacy(head: bytes) -> bool:
     return obj == MAGIC_NUMBER
 
 
-def read_legacy(path: str, limit: int = PICKLE_LIMIT, header_only: bool = False) -> LegacyFile:
+def read_legacy(path: str, limit: Optional[int] = None, header_only: bool = False) -> LegacyFile:
     """The pickles at the start of a legacy torch file. Reads a growing prefix (64 KiB, then x4 up to `limit`)
     until the object pickle and the key list are whole; never the storages."""
+    limit = limit or PICKLE_LIMIT
     size = os.path.getsize(path)
     want = min(LEGACY_FIRST_READ, limit)
     with open(path, "rb") as f:
