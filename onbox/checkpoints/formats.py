@@ -199,8 +199,8 @@ def _check_zip_storages(zf: zipfile.ZipFile, layout: torchpickle.ZipLayout) -> F
     try:
         _obj, storages = torchpickle.read_zip_object(zf, layout)
     except torchpickle.TooLarge as e:
-        return FormatResult("torch-zip", None, "data.pkl not parsed (%s, over the %d MiB limit)" % (
-            e, torchpickle.PICKLE_LIMIT // (1024 * 1024)))
+        return FormatResult("torch-zip", None, "data.pkl not parsed, its storages not matched (%s, over the "
+                                               "limit of %s bytes)" % (e, format(torchpickle.PICKLE_LIMIT, ",")))
     except torchpickle.Unreadable as e:
         return FormatResult("torch-zip", "%s does not parse: %s" % (layout.data_pkl.filename, e))
     members = {i.filename: i for i in zf.infolist()}
@@ -219,8 +219,8 @@ def _check_legacy(path: str, size: int) -> FormatResult:
     try:
         lf = torchpickle.read_legacy(path)
     except torchpickle.TooLarge as e:
-        return FormatResult("torch-legacy", None, "storages not walked: %s (over the %d MiB limit)" % (
-            e, torchpickle.PICKLE_LIMIT // (1024 * 1024)))
+        return FormatResult("torch-legacy", None, "storages not walked: %s (over the limit of %s bytes)" % (
+            e, format(torchpickle.PICKLE_LIMIT, ",")))
     except torchpickle.Truncated as e:
         return FormatResult("torch-legacy", "torch pickle truncated: %s" % e)
     except torchpickle.Unreadable as e:

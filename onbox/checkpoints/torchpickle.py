@@ -26,9 +26,10 @@ MAGIC_NUMBER = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001  # torch.serialization.PROTOCOL_VERSION
 MAGIC_PICKLE = pickle.dumps(MAGIC_NUMBER, protocol=2)  # what torch.save's default pickle_protocol=2 writes first
 # data.pkl holds the object graph only (tensors live in their own members): ~14 KB for a 6-layer nanoGPT ckpt.pt
-# with its AdamW state, ~27 KB for GPT-2 124M's, 3 KB for a small Lightning .ckpt; about 90 bytes per tensor.
-# 32 MiB is ~350k tensors; a pickle past it inlines something big (numpy arrays, datasets) and is not read.
-PICKLE_LIMIT = 32 * 1024 * 1024
+# with its AdamW state, ~27 KB for GPT-2 124M's, 3 KB for a small Lightning .ckpt; about 90 bytes per tensor, so
+# ~5 MB for a 55k-tensor MoE model with its optimizer state. Unpickling costs ~0.12 s and ~25 MB per MB here;
+# 16 MiB (~180k tensors) bounds it to ~2 s. A pickle past it inlines something big (numpy arrays, a dataset).
+PICKLE_LIMIT = 16 * 1024 * 1024
 LEGACY_FIRST_READ = 64 * 1024  # enough for the legacy object pickle of most checkpoints in one read
 
 # bytes per element of each storage type a pickle can name (UntypedStorage counts bytes: torch 2.x uses it for
@@ -60,36 +61,41 @@ class TooLarge(Exception):
 class Inert:
     """What a pickled global becomes: calling it, constructing it or restoring its state only records data."""
 
+    __slots__ = ("args", "elements", "entries", "state")  # light: a checkpoint's pickle makes ~3 per tensor
     global_name = "?"
+    args: Tuple[Any, ...]
+    entries: Dict[Any, Any]  # set on first use, like the two below
+    elements: List[Any]
+    state: Any
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Inert":
         obj = object.__new__(cls)
         obj.args = args
-        obj.entries = {}  # what SETITEM(S) put in it (an OrderedDict, a defaultdict ...)
-        obj.elements = []  # what APPEND(S)/ADDITEMS put in it
-        obj.state = None
         return obj
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: Any, value: Any) -> None:  # SETITEM(S): an OrderedDict, a defaultdict ...
+        if not hasattr(self, "entries"):
+            self.entries = {}
         self.entries[key] = value
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: Any) -> None:  # BUILD
         self.state = state
 
     def __call__(self, *args: Any, **kwargs: Any) -> "Inert":
         return Inert(*args)  # an attribute fetched with getattr, then called: still nothing runs
 
-    def append(self, value: Any) -> None:
-        self.elements.append(value)
+    def append(self, value: Any) -> None:  # APPEND(S), ADDITEMS
+        self.extend([value])
 
     def extend(self, values: Any) -> None:
+        if not hasattr(self, "elements"):
+            self.elements = []
         self.elements.extend(values)
 
-    def add(self, value: Any) -> None:
-        self.elements.append(value)
+    add = append
 
     def __repr__(self) -> str:
         return "<%s>" % self.global_name
@@ -119,7 +125,7 @@ class SafeUnpickler(pickle.Unpickler):
         # a class, not an instance: NEWOBJ requires a type; REDUCE and INST just call it
         key = (module, name)
         if key not in self._classes:
-            self._classes[key] = type("Global", (Inert,), {"global_name": "%s.%s" % key})
+            self._classes[key] = type("Global", (Inert,), {"__slots__": (), "global_name": "%s.%s" % key})
         return self._classes[key]
 
     def persistent_load(self, pid: Any) -> Any:

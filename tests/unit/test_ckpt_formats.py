@@ -10,6 +10,7 @@ import pickle
 import struct
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +110,7 @@ def test_a_head_overwritten_with_zeros_fails(tmp_path, nano, full):
 
 
 def test_a_torch_zip_truncated_anywhere_fails_the_cheap_check(nano):
-    data = open(nano, "rb").read()
+    data = Path(nano).read_bytes()
     cut = nano + ".cut.pt"
     offsets = sorted(set(range(1, len(data), max(1, len(data) // 1500))) | set(range(len(data) - 64, len(data))))
     for n in offsets:
@@ -124,7 +125,7 @@ def test_a_legacy_pickle_truncated_at_every_offset_fails_the_cheap_check(tmp_pat
     torch.manual_seed(0)
     small = save({"model": {"w": torch.randn(3, 3), "b": torch.zeros(3)}, "step": 3, "lr": torch.tensor(0.1)},
                  str(tmp_path / "small.pt"), legacy=True)
-    data = open(small, "rb").read()
+    data = Path(small).read_bytes()
     cut = small + ".cut.pt"
     for n in range(1, len(data)):
         with open(cut, "wb") as f:
@@ -189,7 +190,7 @@ def test_full_check_matches_data_pkl_to_its_storages(tmp_path, nano):
 
 
 def test_legacy_header_damage_is_named(tmp_path, legacy):
-    data = open(legacy, "rb").read()
+    data = Path(legacy).read_bytes()
     proto_at = data.index(pickle.dumps(1001, protocol=2))
     p = tmp_path / "x.pt"
     p.write_bytes(data[:proto_at] + pickle.dumps(1002, protocol=2) + data[proto_at + 6:])
@@ -267,7 +268,7 @@ def test_the_safe_unpickler_runs_nothing_and_imports_nothing(tmp_path):
 def write_manifest(d):
     files = []
     for name in sorted(os.listdir(d)):
-        data = open(os.path.join(d, name), "rb").read()
+        data = Path(d, name).read_bytes()
         files.append({"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     with open(os.path.join(d, "MANIFEST.json"), "w") as f:
         json.dump({"schema": "onbox.manifest/1", "hash": "sha256", "files": files}, f)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_what_has_no_readable_step_gives_none(tmp_path, monkeypatch):
     st.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     good = save({"step": 5}, str(tmp_path / "g.pt"))
     cut = tmp_path / "cut.pt"
-    cut.write_bytes(open(good, "rb").read()[:-30])
+    cut.write_bytes(Path(good).read_bytes()[:-30])
     with zipfile.ZipFile(str(tmp_path / "bad.pt"), "w") as zf:  # a data.pkl that does not unpickle
         zf.writestr("bad/data.pkl", b"\x80\x02}q\x00(X\x04\x00\x00\x00stepK\x05\xff\xfe.")
         zf.writestr("bad/version", b"3\n")
