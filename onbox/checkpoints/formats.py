@@ -12,10 +12,10 @@ Two depths:
       storage key list parse (a growing prefix read, up to torchpickle.PICKLE_LIMIT), and every storage record
       lies inside the file with the element count its tensor says;
     safetensors: the header parses and its tensors cover exactly the buffer;
-    JSON: a small file parses; a large one starts with { or [ and ends with the matching bracket.
+    JSON: a small file parses (JSON Lines too); a large one starts with { or [ and ends with the matching bracket.
   full (full=True, reads every byte; `onbox verify`): also the CRC-32 of every zip member (torch.load skips them),
     and data.pkl parses and names storages that exist with the size their tensors need; JSON parses whatever
-    its size. A legacy pickle has no checksums: the manifest hash is what covers its bytes.
+    its size. check_json(path) is the strict parse for a JSON file a format requires (HF trainer_state.json). A legacy pickle has no checksums: the manifest hash is what covers its bytes.
 Other files (.pkl, .npy, .distcp, tokenizer files) have no self-check: the manifest hash covers them.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def check_file(path: str, full: bool = False) -> FormatResult:
 def check_json(path: str) -> FormatResult:
     """Parse a JSON file a known format requires (Hugging Face's trainer_state.json, written last)."""
     try:
-        return _check_json(path, os.path.getsize(path), full=True)
+        return _check_json(path, os.path.getsize(path), full=True, strict=True)
     except OSError as e:
         return FormatResult("json", "cannot read: %s" % (e.strerror or e))
 
@@ -229,17 +229,22 @@ def _check_legacy(path: str, size: int) -> FormatResult:
     return FormatResult("torch-legacy", "torch pickle %s" % problem if problem else None)
 
 
-def _check_json(path: str, size: int, full: bool) -> FormatResult:
+def _check_json(path: str, size: int, full: bool, strict: bool = False) -> FormatResult:
+    """`strict`: one JSON document (a file a format requires). Else JSON Lines under a .json name pass too (some
+    loggers write them): a checkpoint dir must not be held back forever by a file no loader of it reads whole."""
     if size == 0:
         return FormatResult("json", "empty file (torn: its save was killed before any byte reached the disk)")
-    if full or size <= JSON_PARSE_ALWAYS:
+    if full or strict or size <= JSON_PARSE_ALWAYS:
         with open(path, "rb") as f:
             raw = f.read()
         try:
             json.loads(raw.decode("utf-8"))
+            return FormatResult("json", None)
         except (UnicodeDecodeError, ValueError) as e:
-            return FormatResult("json", "not valid JSON (torn or still being written?): %s" % e)
-        return FormatResult("json", None)
+            error = e
+        if not strict and _json_lines(raw):
+            return FormatResult("json", None, "JSON Lines, not one JSON document")
+        return FormatResult("json", "not valid JSON (torn or still being written?): %s" % error)
     with open(path, "rb", buffering=0) as f:
         head = f.read(4096).lstrip()
         f.seek(max(0, size - 4096))
@@ -249,6 +254,14 @@ def _check_json(path: str, size: int, full: bool) -> FormatResult:
         return FormatResult("json", "not a whole JSON document: it %s (torn or still being written?)" % (
             "ends with %r" % tail[-16:].decode("utf-8", "replace") if closer else "does not start with { or ["))
     return FormatResult("json", None, "large JSON: only its ends checked (full=False)")
+
+
+def _json_lines(raw: bytes) -> bool:
+    lines = [line for line in raw.splitlines() if line.strip()]
+    try:
+        return len(lines) > 1 and all(isinstance(json.loads(line.decode("utf-8")), (dict, list)) for line in lines)
+    except (UnicodeDecodeError, ValueError):
+        return False
 
 
 def _check_safetensors(path: str, size: int) -> Optional[str]:

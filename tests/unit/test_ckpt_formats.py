@@ -225,6 +225,11 @@ def test_json(tmp_path):
         f.truncate(os.path.getsize(big) - 100)
     assert "not a whole JSON document" in formats.check_file(str(big)).problem
     assert "not valid JSON" in formats.check_file(str(big), full=True).problem
+    lines = tmp_path / "log.json"  # JSON Lines under a .json name: no loader reads it whole; not held against it
+    lines.write_text('{"step": 1}\n{"step": 2}\n')
+    assert formats.check_file(str(lines), full=True) == formats.FormatResult("json", None,
+                                                                             "JSON Lines, not one JSON document")
+    assert "not valid JSON" in formats.check_json(str(lines)).problem  # a file a format requires: one document
 
 
 def rchar() -> int:
