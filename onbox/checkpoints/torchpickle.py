@@ -264,7 +264,9 @@ def _parse_legacy(bio: io.BytesIO, header_only: bool) -> LegacyFile:
 def walk_legacy_storages(path: str, lf: LegacyFile) -> Optional[str]:
     """Follow the storage records after the pickles (an 8-byte count each, then the data): a problem, or None
     when every storage lies inside the file with the element count its pickle gave."""
-    by_key = {s.key: s for s in lf.storages}
+    by_key: Dict[str, StorageRef] = {}
+    for s in lf.storages:  # the first reference is the one torch wrote the storage for
+        by_key.setdefault(s.key, s)
     size = os.path.getsize(path)
     off = lf.data_offset
     fmt = "<q" if lf.little_endian else ">q"
