@@ -37,6 +37,7 @@ class VerifyReport:
     load_unavailable: bool = False  # --load was asked and torch could not be imported (and --no-load-ok was not)
     step: Optional[int] = None  # the step the checkpoint records about itself (stepread), when it does
     step_source: Optional[str] = None  # e.g. "ckpt.pt:iter_num", "trainer_state.json:global_step"
+    manifest_step: Optional[int] = None  # the step MANIFEST.json records, when there is one
     checked: List[str] = dataclasses.field(default_factory=list)  # what was checked, in words
 
     @property
@@ -153,7 +154,8 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
     checked += [KIND_CHECKS[k] for k in kinds]
     reading = (stepread.step_of_dir(path) if os.path.isdir(path) else stepread.step_of_file(path))
     report = VerifyReport(path=path, has_manifest=has_manifest, files=rows, problems=problems, checked=checked,
-                          step=reading.step if reading else None, step_source=reading.source if reading else None)
+                          step=reading.step if reading else None, step_source=reading.source if reading else None,
+                          manifest_step=manifest.get("step") if has_manifest else None)
     if load:
         if problems:
             report.load_note = "not loaded: the checks above failed"

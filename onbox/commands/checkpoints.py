@@ -159,7 +159,10 @@ def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json:
             click.echo("%s %s%s%s" % (mark, row["path"], " [%s]" % row["kind"] if row["kind"] not in ("", "uncommitted")
                                       else "", ": %s" % detail if detail else ""))
         if report.step is not None:
-            click.echo("step %d (read from %s)" % (report.step, report.step_source))
+            said = ""
+            if report.has_manifest and report.manifest_step != report.step:
+                said = "; the manifest says %s" % ("no step" if report.manifest_step is None else report.manifest_step)
+            click.echo("step %d (read from %s%s)" % (report.step, report.step_source, said))
         if report.load_note:
             click.echo(report.load_note)
         for p in report.problems:

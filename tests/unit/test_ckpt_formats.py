@@ -270,13 +270,13 @@ def test_the_safe_unpickler_runs_nothing_and_imports_nothing(tmp_path):
 
 
 # -- verify ------------------------------------------------------------------------------------------------------
-def write_manifest(d):
+def write_manifest(d, step=None):
     files = []
     for name in sorted(os.listdir(d)):
         data = Path(d, name).read_bytes()
         files.append({"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     with open(os.path.join(d, "MANIFEST.json"), "w") as f:
-        json.dump({"schema": "onbox.manifest/1", "hash": "sha256", "files": files}, f)
+        json.dump({"schema": "onbox.manifest/1", "hash": "sha256", "files": files, "step": step}, f)
 
 
 def test_verify_report_has_the_step_and_says_what_it_checked(tmp_path, nano):
@@ -328,10 +328,10 @@ def test_verify_cli_fails_on_each_bad_input(tmp_path, nano):
     (run / "checkpoints" / "step_3.pt").mkdir(parents=True)
     r = onbox_verify(str(run))
     assert r.returncode == 1 and "no committed checkpoint" in r.stderr
-    write_manifest(str(d))
+    write_manifest(str(d), step=58)  # a manifest whose step was guessed wrong: verify shows both
     r = onbox_verify(str(d))
     assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith("verified: %s (size and sha256" % d)
-    assert "step 60 (read from model.pt:iter_num)" in r.stdout
+    assert "step 60 (read from model.pt:iter_num; the manifest says 58)" in r.stdout
 
 
 @pytest.mark.integration
