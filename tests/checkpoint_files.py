@@ -1,5 +1,6 @@
-"""Checkpoint-shaped files for tests, without torch: a torch-style zip (stored members under archive/, like
-torch.save writes) and a safetensors file."""
+"""Checkpoint-shaped files for tests, without torch: a torch-style zip (stored members under archive/, with the
+data.pkl and version records torch.load requires, like torch.save writes) and a safetensors file. Tests of the
+format checks themselves use real torch.save files (tests/unit/test_ckpt_formats.py)."""
 from __future__ import annotations
 
 import json
@@ -9,22 +10,26 @@ import zipfile
 from typing import Dict, Optional
 
 
-def torch_zip_bytes(payload: bytes = b"\x01" * 4096, members: int = 2) -> bytes:
+def torch_zip_bytes(payload: bytes = b"\x01" * 4096, members: int = 2, obj: Optional[Dict] = None) -> bytes:
+    """`obj` (plain Python values only, e.g. {"iter_num": 60}) is what data.pkl pickles; the data members hold
+    `payload` each (torch would reference them from data.pkl; no tensor here does)."""
     import io
+    import pickle
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/data.pkl", pickle.dumps(obj or {}, protocol=2))
+        zf.writestr("archive/byteorder", b"little")
         for i in range(members):
             zf.writestr("archive/data/%d" % i, payload)
         zf.writestr("archive/version", b"3\n")
     return buf.getvalue()
 
 
-def write_torch_zip(path: str, payload: bytes = b"\x01" * 4096, members: int = 2) -> str:
+def write_torch_zip(path: str, payload: bytes = b"\x01" * 4096, members: int = 2, obj: Optional[Dict] = None) -> str:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "wb") as f:
-        f.write(torch_zip_bytes(payload, members))
+        f.write(torch_zip_bytes(payload, members, obj))
     return path
 
 

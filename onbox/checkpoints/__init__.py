@@ -1,7 +1,9 @@
 """Checkpoints that outlive the box: detect complete ones, commit them to durable storage (manifest last),
 verify, index, retain, restore. The supervisor drives it through onbox.checkpoints.hook.CheckpointCommitHook.
 
-  formats.py    structural checks of torch zips, pickles and safetensors, without torch
+  formats.py    format checks of torch zips, legacy torch pickles, safetensors and JSON, without torch
+  torchpickle.py  the layouts torch.save writes and a safe unpickler (imports nothing, runs nothing)
+  stepread.py   the step a checkpoint records about itself (trainer_state.json, global_step, iter_num ...)
   detect.py     candidates in the local checkpoint dir and when each is complete
   hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
   durable.py    the DurableTarget protocol and the names every target shares

@@ -1,11 +1,22 @@
 """Format checks for checkpoint files, without torch.
 
+A file named like a torch checkpoint (.pt .pth .ckpt .bin) must be one of the two layouts torch.save writes
+(torchpickle.py): a torch zip or a legacy torch pickle. Anything else — zero-filled, text, random, cut short —
+is a problem with a reason, because handing it to a trainer as the checkpoint to resume from crash-loops the run.
+
 Two depths:
-  structural (cheap, reads the ends of a file): a torch zip has its end-of-central-directory record and every
-  member lies inside the file; a safetensors header parses and its offsets cover exactly the buffer. A torn
-  file (torch.save is not atomic; nanoGPT rewrites ckpt.pt in place) fails these, so detection uses them.
-  full (reads every byte): the structural checks plus the CRC-32 of every zip member (torch.load skips the CRCs),, used by `onbox verify`.
-Files of other formats (pickles, JSON, optimizer shards) have no self-check: the manifest hash covers them.
+  structural (full=False, cheap: the ends and headers of a file, never its payload; detection and restore use it):
+    torch zip: the central directory (written last) is there, every member's local header is where the directory
+      says and its data ends inside the file, the torch layout (one top dir, data.pkl, version) holds;
+    legacy torch pickle: the magic number, protocol version and sys_info pickles parse, the object pickle and the
+      storage key list parse (a growing prefix read, up to torchpickle.PICKLE_LIMIT), and every storage record
+      lies inside the file with the element count its tensor says;
+    safetensors: the header parses and its tensors cover exactly the buffer;
+    JSON: a small file parses (JSON Lines too); a large one starts with { or [ and ends with the matching bracket.
+  full (full=True, reads every byte; `onbox verify`): also the CRC-32 of every zip member (torch.load skips them),
+    and data.pkl parses and names storages that exist with the size their tensors need; JSON parses whatever
+    its size. check_json(path) is the strict parse for a JSON file a format requires (HF trainer_state.json). A legacy pickle has no checksums: the manifest hash is what covers its bytes.
+Other files (.pkl, .npy, .distcp, tokenizer files) have no self-check: the manifest hash covers them.
 """
 from __future__ import annotations
 
@@ -14,6 +25,8 @@ import os
 import struct
 import zipfile
 from typing import NamedTuple, Optional
+
+from onbox.checkpoints import torchpickle
 
 ZIP_MAGIC = b"PK\x03\x04"
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit
@@ -24,11 +37,15 @@ SAFETENSORS_DTYPE_BYTES = {
 }
 CHUNK = 8 * 1024 * 1024
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")  # what torch.save writes (zip since torch 1.6, pickle before)
+JSON_PARSE_ALWAYS = 1024 * 1024  # a JSON file up to this size is parsed even by the structural check
+DESCRIBE_WHOLE = 1024 * 1024  # a non-torch file up to this size is read whole to say what it is
+ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length (30 bytes)
 
 
 class FormatResult(NamedTuple):
-    kind: str  # "torch-zip" | "zip" | "safetensors" | "other"
+    kind: str  # "torch-zip" | "torch-legacy" | "safetensors" | "json" | "zip" | "other"
     problem: Optional[str]  # None when the checks passed (or the format has none)
+    note: str = ""  # what could not be checked, when something could not (e.g. a pickle over the size limit)
 
     @property
     def ok(self) -> bool:
@@ -36,68 +53,218 @@ class FormatResult(NamedTuple):
 
 
 def sniff(path: str) -> str:
-    """The format of a file by its first bytes (and the .safetensors suffix)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+    """The format of a file by its first bytes (and the .safetensors / .json suffixes): "zip", "torch-legacy",
+    "safetensors", "json" or "other"."""
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(64)
     if head[:4] == ZIP_MAGIC:
         return "zip"
     if path.endswith(".safetensors"):
         return "safetensors"
-    if len(head) == 8:
-        n = struct.unpack("<Q", head)[0]
-        if 2 <= n <= SAFETENSORS_MAX_HEADER:
-            with open(path, "rb") as f:
-                f.seek(8)
-                if f.read(1) == b"{":
-                    return "safetensors"
+    if torchpickle.looks_legacy(head):
+        return "torch-legacy"
+    if len(head) >= 9:
+        n = struct.unpack("<Q", head[:8])[0]
+        if 2 <= n <= SAFETENSORS_MAX_HEADER and head[8:9] == b"{":
+            return "safetensors"
+    if path.endswith(".json"):
+        return "json"
     return "other"
 
 
 def check_file(path: str, full: bool = False) -> FormatResult:
-    """Check one file; `full` also reads every zip member and checks its CRC-32."""
+    """Check one file; `full` also reads every byte (zip CRCs, the whole of a large JSON)."""
     try:
+        size = os.path.getsize(path)
+        torch_named = path.endswith(TORCH_SUFFIXES)
+        if size == 0 and (torch_named or path.endswith((".safetensors", ".json"))):
+            # torch.save buffers its first write: a save killed early (OOM, SIGKILL) leaves 0 bytes, which would
+            # otherwise pass as a quiet file and be committed, then handed to the trainer
+            return FormatResult("other", "empty file (torn: its save was killed before any byte reached the disk)")
         kind = sniff(path)
         if kind == "zip":
-            return _check_zip(path, full)
+            return _check_zip(path, size, full, torch_named)
+        if kind == "torch-legacy":
+            return _check_legacy(path, size)
+        if torch_named:
+            what = "a safetensors file (torch.load cannot read it)" if kind == "safetensors" else describe(path, size)
+            return FormatResult(kind, "not a torch checkpoint: %s" % what)
         if kind == "safetensors":
-            return FormatResult("safetensors", _check_safetensors(path))
-        if path.endswith(TORCH_SUFFIXES) and os.path.getsize(path) == 0:
-            # torch.save buffers its first write: a save killed early (OOM, SIGKILL) leaves 0 bytes, which would
-            # otherwise pass as a quiet "other" file and be committed, then handed to the trainer
-            return FormatResult("other", "empty file (torn: its save was killed before any byte reached the disk)")
+            return FormatResult("safetensors", _check_safetensors(path, size))
+        if kind == "json":
+            return _check_json(path, size, full)
         return FormatResult("other", None)
     except OSError as e:
         return FormatResult("other", "cannot read: %s" % (e.strerror or e))
 
 
-def _check_zip(path: str, full: bool) -> FormatResult:
-    size = os.path.getsize(path)
+def check_json(path: str) -> FormatResult:
+    """Parse a JSON file a known format requires (Hugging Face's trainer_state.json, written last)."""
+    try:
+        return _check_json(path, os.path.getsize(path), full=True, strict=True)
+    except OSError as e:
+        return FormatResult("json", "cannot read: %s" % (e.strerror or e))
+
+
+def describe(path: str, size: int) -> str:
+    """What a file that is not a torch checkpoint holds, in words a user recognises."""
+    with open(path, "rb") as f:
+        if size <= DESCRIBE_WHOLE:
+            whole = f.read()
+            if not whole.strip(b"\x00"):
+                return "the file is %s zero bytes (its data never reached the disk)" % format(size, ",")
+            head = whole[:4096]
+        else:
+            head = f.read(4096)
+            f.seek(size - 4096)
+            tail = f.read(4096)
+            if not head.strip(b"\x00") and not tail.strip(b"\x00"):
+                return "the file's first and last 4,096 bytes are zeros (%s bytes; its data never reached the " \
+                       "disk)" % format(size, ",")
+    if not head[:64].strip(b"\x00"):
+        return "it starts with zero bytes where a torch zip or pickle header belongs (%s bytes; torn)" % format(
+            size, ",")
+    text = _as_text(head)
+    if text is not None:
+        first = " ".join(text.split())[:60]
+        return 'text ("%s%s")' % (first, "..." if len(text) > 60 else "")
+    return "unrecognised content (%s bytes, starting %s): neither a torch zip nor a torch pickle" % (
+        format(size, ","), head[:8].hex(" "))
+
+
+def _as_text(head: bytes) -> Optional[str]:
+    if b"\x00" in head:
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:  # not just a character cut at the end of the sample
+            return None
+        text = head[:e.start].decode("utf-8")
+    printable = sum(c.isprintable() or c in "\t\r\n" for c in text)
+    return text if text and printable >= 0.95 * len(text) else None
+
+
+def _check_zip(path: str, size: int, full: bool, torch_named: bool) -> FormatResult:
+    kind = "torch-zip" if torch_named else "zip"
     try:
         zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
-        return FormatResult("zip", "zip central directory missing or damaged (truncated or still being written?): %s" % e)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as e:
+        what = "torch zip" if torch_named else "zip"
+        return FormatResult(kind, "%s truncated: its central directory (written last) is missing or damaged "
+                                  "(%s bytes; the save was cut short or is still being written): %s" % (
+                                      what, format(size, ","), e))
     with zf:
-        infos = zf.infolist()
-        is_torch = any(i.filename == "data.pkl" or i.filename.endswith("/data.pkl") for i in infos)
-        kind = "torch-zip" if is_torch else "zip"
-        for info in infos:
-            # the local header (30 bytes + name) and the data must lie inside the file
-            if info.header_offset + 30 + len(info.filename) + info.compress_size > size:
-                return FormatResult(kind, "zip member %s extends past the end of the file (truncated)" % info.filename)
-        if not full:
-            return FormatResult(kind, None)
-        for info in infos:
+        layout = torchpickle.zip_layout(zf)
+        if layout.problem is None:
+            kind = "torch-zip"
+        elif torch_named:
+            return FormatResult("zip", "not a torch checkpoint: %s" % layout.problem)
+        problem = _check_zip_members(path, size, zf)
+        if problem or not full:
+            return FormatResult(kind, problem)
+        for info in zf.infolist():
             try:
                 with zf.open(info) as member:
                     while member.read(CHUNK):
                         pass
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:  # "Bad CRC-32 for file ..."
-                return FormatResult(kind, "zip member %s is damaged: %s" % (info.filename, e))
-    return FormatResult(kind, None)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+                return FormatResult(kind, "zip member %s is damaged: %s" % (info.filename, e))  # "Bad CRC-32 ..."
+        if kind != "torch-zip":
+            return FormatResult(kind, None)
+        return _check_zip_storages(zf, layout)
 
 
-def _check_safetensors(path: str) -> Optional[str]:
-    size = os.path.getsize(path)
+def _check_zip_members(path: str, size: int, zf: zipfile.ZipFile) -> Optional[str]:
+    """Every member's local header is where the central directory says, and its data ends before the directory."""
+    end = min(size, getattr(zf, "start_dir", size))
+    with open(path, "rb", buffering=0) as f:
+        for info in zf.infolist():
+            f.seek(info.header_offset)
+            raw = f.read(ZIP_LOCAL_HEADER.size)
+            if len(raw) < ZIP_LOCAL_HEADER.size:
+                return "zip member %s starts past the end of the file (truncated)" % info.filename
+            sig, name_len, extra_len = ZIP_LOCAL_HEADER.unpack(raw)
+            if sig != ZIP_MAGIC:
+                return "zip member %s: no local header at byte %d (overwritten or zero-filled)" % (
+                    info.filename, info.header_offset)
+            data_end = info.header_offset + ZIP_LOCAL_HEADER.size + name_len + extra_len + info.compress_size
+            if data_end > end:
+                return "zip member %s extends past the end of the file (truncated)" % info.filename
+    return None
+
+
+def _check_zip_storages(zf: zipfile.ZipFile, layout: torchpickle.ZipLayout) -> FormatResult:
+    """data.pkl parses (safely) and every storage it names is a member with the bytes its tensor needs."""
+    try:
+        _obj, storages = torchpickle.read_zip_object(zf, layout)
+    except torchpickle.TooLarge as e:
+        return FormatResult("torch-zip", None, "data.pkl not parsed, its storages not matched (%s, over the "
+                                               "limit of %s bytes)" % (e, format(torchpickle.PICKLE_LIMIT, ",")))
+    except torchpickle.Unreadable as e:
+        return FormatResult("torch-zip", "%s does not parse: %s" % (layout.data_pkl.filename, e))
+    members = {i.filename: i for i in zf.infolist()}
+    for ref in storages:
+        name = "%s/data/%s" % (layout.archive, ref.key)
+        info = members.get(name)
+        if info is None:
+            return FormatResult("torch-zip", "tensor storage %s is missing (data.pkl refers to it)" % name)
+        if ref.element_bytes is not None and info.file_size != ref.numel * ref.element_bytes:
+            return FormatResult("torch-zip", "tensor storage %s holds %d bytes; its tensor needs %d (%d x %s)" % (
+                name, info.file_size, ref.numel * ref.element_bytes, ref.numel, ref.type_name))
+    return FormatResult("torch-zip", None)
+
+
+def _check_legacy(path: str, size: int) -> FormatResult:
+    try:
+        lf = torchpickle.read_legacy(path)
+    except torchpickle.TooLarge as e:
+        return FormatResult("torch-legacy", None, "storages not walked: %s (over the limit of %s bytes)" % (
+            e, format(torchpickle.PICKLE_LIMIT, ",")))
+    except torchpickle.Truncated as e:
+        return FormatResult("torch-legacy", "torch pickle truncated: %s" % e)
+    except torchpickle.Unreadable as e:
+        return FormatResult("torch-legacy", "torch pickle damaged: %s" % e)
+    problem = torchpickle.walk_legacy_storages(path, lf)
+    return FormatResult("torch-legacy", "torch pickle %s" % problem if problem else None)
+
+
+def _check_json(path: str, size: int, full: bool, strict: bool = False) -> FormatResult:
+    """`strict`: one JSON document (a file a format requires). Else JSON Lines under a .json name pass too (some
+    loggers write them): a checkpoint dir must not be held back forever by a file no loader of it reads whole."""
+    if size == 0:
+        return FormatResult("json", "empty file (torn: its save was killed before any byte reached the disk)")
+    if full or strict or size <= JSON_PARSE_ALWAYS:
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            json.loads(raw.decode("utf-8"))
+            return FormatResult("json", None)
+        except (UnicodeDecodeError, ValueError) as e:
+            error = e
+        if not strict and _json_lines(raw):
+            return FormatResult("json", None, "JSON Lines, not one JSON document")
+        return FormatResult("json", "not valid JSON (torn or still being written?): %s" % error)
+    with open(path, "rb", buffering=0) as f:
+        head = f.read(4096).lstrip()
+        f.seek(max(0, size - 4096))
+        tail = f.read().rstrip()
+    closer = {b"{": b"}", b"[": b"]"}.get(head[:1])
+    if closer is None or not tail.endswith(closer):
+        return FormatResult("json", "not a whole JSON document: it %s (torn or still being written?)" % (
+            "ends with %r" % tail[-16:].decode("utf-8", "replace") if closer else "does not start with { or ["))
+    return FormatResult("json", None, "large JSON: only its ends checked (full=False)")
+
+
+def _json_lines(raw: bytes) -> bool:
+    lines = [line for line in raw.splitlines() if line.strip()]
+    try:
+        return len(lines) > 1 and all(isinstance(json.loads(line.decode("utf-8")), (dict, list)) for line in lines)
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def _check_safetensors(path: str, size: int) -> Optional[str]:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:

@@ -1,6 +1,9 @@
 """Verify a checkpoint: manifest sizes and hashes, format checks without torch, and optionally a real load.
 
-U33: "synced" in a log proves nothing; trust the artifact you loaded.
+U33: "synced" in a log proves nothing; trust the artifact you checked. The report says "ok" only about what was
+checked: a directory without MANIFEST.json is not a committed checkpoint (onbox writes the manifest last, so
+without it the copy may be partial), a file of no checkable format is not verified by a look at it, and a load
+that was asked for but could not run (no torch) is not a load that passed.
 """
 from __future__ import annotations
 
@@ -9,19 +12,33 @@ import os
 from typing import Any, Dict, List, Optional
 
 from onbox import fsutil
-from onbox.checkpoints import MANIFEST, formats, hashcopy
+from onbox.checkpoints import MANIFEST, formats, hashcopy, stepread
 
 TORCH_SUFFIXES = formats.TORCH_SUFFIXES
+NO_MANIFEST = ("no MANIFEST.json: not a committed checkpoint (onbox writes the manifest last; without it the copy "
+               "may be partial)")
+KIND_CHECKS = {  # what check_file(full=True) looked at, per kind, for the report
+    "torch-zip": "torch zip: central directory, CRC-32 of every member, data.pkl and its storages",
+    "torch-legacy": "torch pickle: header pickles, object pickle, every storage record (the format has no checksums)",
+    "safetensors": "safetensors: header and buffer bounds",
+    "json": "JSON: parses",
+    "zip": "zip: central directory and CRC-32 of every member",
+}
 
 
 @dataclasses.dataclass
 class VerifyReport:
     path: str
     has_manifest: bool
-    files: List[Dict[str, Any]]  # {path, size, kind, ok, problem}
+    files: List[Dict[str, Any]]  # {path, size, kind, ok, problem, note}
     problems: List[str]  # "file: what is wrong"
-    loaded: Optional[bool] = None  # None: --load not asked or torch absent
+    loaded: Optional[bool] = None  # None: --load not asked, not possible, or not reached
     load_note: str = ""
+    load_unavailable: bool = False  # --load was asked and torch could not be imported (and --no-load-ok was not)
+    step: Optional[int] = None  # the step the checkpoint records about itself (stepread), when it does
+    step_source: Optional[str] = None  # e.g. "ckpt.pt:iter_num", "trainer_state.json:global_step"
+    manifest_step: Optional[int] = None  # the step MANIFEST.json records, when there is one
+    checked: List[str] = dataclasses.field(default_factory=list)  # what was checked, in words
 
     @property
     def ok(self) -> bool:
@@ -56,7 +73,8 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
         for entry, (hash_job, format_job) in zip(entries, jobs):
             rel = entry.get("path", "")
             path = os.path.join(ckpt_dir, rel)
-            row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None}
+            row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None,
+                                   "note": ""}
             problem = None
             if not os.path.isfile(path):
                 problem = "missing"
@@ -66,7 +84,7 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
                 problem = "%s mismatch (content corrupted)" % algo
             elif format_job is not None:
                 res = format_job.result()
-                row["kind"] = res.kind
+                row.update(kind=res.kind, note=res.note or ("" if res.kind in KIND_CHECKS else "hash only"))
                 problem = res.problem
             if problem:
                 problems.append("%s: %s" % (rel, problem))
@@ -90,33 +108,18 @@ def committed_dirs(path: str) -> Optional[List[str]]:
     return subdirs
 
 
-def verify_path(path: str, load: bool = False) -> VerifyReport:
+def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> VerifyReport:
     """Verify a committed checkpoint dir (with MANIFEST.json), a durable run dir (every committed checkpoint in
-    it), a plain checkpoint dir, or one file."""
+    it), or one file. A dir without a manifest gets its format checks listed and fails: it is not committed.
+    `load`: also torch.load every torch/safetensors file; without an importable torch that is a problem unless
+    `no_load_ok` (then the report says the checks were format and hash only)."""
     path = os.path.abspath(path)
     many = committed_dirs(path)
     if many is not None:
-        report = VerifyReport(path=path, has_manifest=True, files=[], problems=[])
-        loaded = []
-        for d in many:
-            rel = os.path.relpath(d, path)
-            if not os.path.exists(os.path.join(d, MANIFEST)):  # not committed: does not exist for readers
-                report.files.append({"path": rel, "size": None, "kind": "uncommitted", "ok": True,
-                                     "problem": "no MANIFEST.json (interrupted commit): ignored"})
-                continue
-            sub = verify_path(d, load=load)
-            report.files += [dict(r, path=os.path.join(rel, r["path"])) for r in sub.files]
-            report.problems += [os.path.join(rel, p) for p in sub.problems]
-            loaded.append(sub.loaded)
-            if sub.load_note:
-                report.load_note = sub.load_note
-        if not any(os.path.exists(os.path.join(d, MANIFEST)) for d in many):
-            report.problems.append("%s: no committed checkpoint (no MANIFEST.json anywhere)" % path)
-        if load and loaded:
-            report.loaded = all(x is not False for x in loaded) if any(x is not None for x in loaded) else None
-        return report
+        return _verify_run_dir(path, many, load, no_load_ok)
     rows: List[Dict[str, Any]] = []
     problems: List[str] = []
+    checked: List[str] = []
     manifest_path = os.path.join(path, MANIFEST)
     has_manifest = os.path.isdir(path) and os.path.exists(manifest_path)
     if has_manifest:
@@ -128,50 +131,117 @@ def verify_path(path: str, load: bool = False) -> VerifyReport:
             problems.append("%s: unreadable manifest: %s" % (MANIFEST, e))
             manifest = {"files": []}
         problems += check_manifest_files(path, manifest, formats_too=True, rows=rows)
+        checked.append("size and %s of %d file(s) against %s" % (
+            manifest.get("hash", hashcopy.HASH_NAME), len(rows), MANIFEST))
         files = [os.path.join(path, r["path"]) for r in rows]
     else:
-        if os.path.isdir(path):
-            from onbox.checkpoints.detect import _walk_files
-
-            files = [os.path.join(path, r) for r in _walk_files(path)]
-            if not files:
-                problems.append("%s: empty directory" % path)
-        else:
-            files = [path]
+        files = [os.path.join(path, r) for r in _files_under(path)] if os.path.isdir(path) else [path]
         for f in files:
             rel = os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
             res = formats.check_file(f, full=True)
-            rows.append({"path": rel, "size": os.path.getsize(f) if os.path.exists(f) else None,
-                         "kind": res.kind, "ok": res.ok, "problem": res.problem})
+            rows.append({"path": rel, "size": os.path.getsize(f) if os.path.exists(f) else None, "kind": res.kind,
+                         "ok": res.ok, "problem": res.problem, "note": res.note})
             if res.problem:
                 problems.append("%s: %s" % (rel, res.problem))
-    report = VerifyReport(path=path, has_manifest=has_manifest, files=rows, problems=problems)
-    if load and not problems:
-        _load_with_torch(report, [f for f in files if f.endswith((*TORCH_SUFFIXES, ".safetensors"))])
+        if os.path.isdir(path):
+            problems.append("%s: %s" % (os.path.basename(path) or path, NO_MANIFEST))
+            if not files:
+                problems.append("%s: empty directory" % path)
+        elif rows and rows[0]["ok"] and rows[0]["kind"] not in KIND_CHECKS:
+            problems.append("%s: nothing to verify: not a format onbox can check (torch, safetensors, JSON, zip), "
+                            "and a single file has no manifest to hash it against" % rows[0]["path"])
+    kinds = sorted({r["kind"] for r in rows if r["kind"] in KIND_CHECKS})
+    checked += [KIND_CHECKS[k] for k in kinds]
+    reading = (stepread.step_of_dir(path) if os.path.isdir(path) else stepread.step_of_file(path))
+    report = VerifyReport(path=path, has_manifest=has_manifest, files=rows, problems=problems, checked=checked,
+                          step=reading.step if reading else None, step_source=reading.source if reading else None,
+                          manifest_step=manifest.get("step") if has_manifest else None)
+    if load:
+        if problems:
+            report.load_note = "not loaded: the checks above failed"
+        else:
+            _load_with_torch(report, [f for f in files if f.endswith((*TORCH_SUFFIXES, ".safetensors"))],
+                             no_load_ok)
     return report
 
 
-def _load_with_torch(report: VerifyReport, files: List[str]) -> None:
+def _verify_run_dir(path: str, many: List[str], load: bool, no_load_ok: bool) -> VerifyReport:
+    """Every committed checkpoint in a durable run dir; manifest-less dirs are listed as uncommitted."""
+    report = VerifyReport(path=path, has_manifest=True, files=[], problems=[])
+    loaded = []
+    committed = 0
+    unloadable = ""
+    for d in many:
+        rel = os.path.relpath(d, path)
+        if not os.path.exists(os.path.join(d, MANIFEST)):  # not committed: does not exist for readers
+            report.files.append({"path": rel, "size": None, "kind": "uncommitted", "ok": True, "note": "",
+                                 "problem": "no MANIFEST.json (interrupted commit): ignored"})
+            continue
+        committed += 1
+        sub = verify_path(d, load=load, no_load_ok=no_load_ok)
+        report.files += [dict(r, path=os.path.join(rel, r["path"])) for r in sub.files]
+        if sub.load_unavailable:  # its one problem (the load is tried only after every check passed): said once
+            unloadable = sub.problems[-1]
+        else:
+            report.problems += [os.path.join(rel, p) for p in sub.problems]
+        report.checked += [c for c in sub.checked if c not in report.checked]
+        report.load_unavailable = report.load_unavailable or sub.load_unavailable
+        loaded.append(sub.loaded)
+        if sub.load_note:
+            report.load_note = sub.load_note
+    if unloadable:
+        report.problems.append(unloadable)
+    if not committed:
+        report.problems.append("%s: no committed checkpoint (no MANIFEST.json anywhere)" % path)
+    else:
+        report.checked.insert(0, "%d committed checkpoint(s)" % committed)
+    if load and loaded:
+        report.loaded = all(x is not False for x in loaded) if any(x is not None for x in loaded) else None
+    return report
+
+
+def _files_under(top: str) -> List[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            full = os.path.join(dirpath, fn)
+            if os.path.isfile(full) and not os.path.islink(full):
+                out.append(os.path.relpath(full, top))
+    return out
+
+
+def _load_with_torch(report: VerifyReport, files: List[str], no_load_ok: bool) -> None:
+    missing = []
     try:
         import torch  # the box's own torch (U28): never installed by onbox
-    except ImportError:
-        report.load_note = "torch is not importable here; format and hash checks only"
+    except ImportError as e:  # any failure to import it (absent, broken install, CUDA mismatch) is the same here
+        missing.append("torch is not importable here (%s: %s)" % (type(e).__name__, e))
+    if any(f.endswith(".safetensors") for f in files):
+        try:
+            from safetensors.torch import load_file
+        except ImportError as e:
+            missing.append("safetensors.torch is not importable here (%s: %s)" % (type(e).__name__, e))
+    if missing:
+        why = "; ".join(missing)
+        if no_load_ok:
+            report.load_note = "not loaded: %s; --no-load-ok: format and hash checks only" % why
+        else:
+            report.load_unavailable = True
+            report.load_note = "not loaded: %s" % why
+            report.problems.append("%s: --load asked for a load, but %s" % (os.path.basename(report.path), why))
         return
     refused = []
     for f in files:
         try:
             if f.endswith(".safetensors"):
-                try:
-                    from safetensors.torch import load_file
-                except ImportError:
-                    continue
                 load_file(f)
-            elif formats.sniff(f) == "zip" or f.endswith(TORCH_SUFFIXES):
+            else:
                 torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # any load failure is the finding we report, with its type
             if "Unsupported global" in str(e) or ("weights_only" in str(e) and "GLOBAL" in str(e)):
                 # not corruption: the file pickles Python objects (HF training_args.bin, numpy RNG state), which
-                # weights_only=True refuses by design
+                # weights_only=True refuses by design (loading them would run the file's code)
                 refused.append(os.path.basename(f))
                 continue
             report.problems.append("%s: torch.load(weights_only=True) failed: %s: %s" % (
@@ -181,4 +251,6 @@ def _load_with_torch(report: VerifyReport, files: List[str]) -> None:
     report.loaded = True
     report.load_note = "loaded %d file(s) with torch %s" % (len(files) - len(refused), torch.__version__)
     if refused:
-        report.load_note += "; weights_only refused (Python objects, not corruption): %s" % ", ".join(refused)
+        report.load_note += "; weights_only refused (Python objects, not corruption; format checks only): %s" % (
+            ", ".join(refused))
+    report.checked.append(report.load_note)

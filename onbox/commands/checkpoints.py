@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.errors import UsageError
+from onbox.errors import ExitCode, UsageError
 
 MiB = 1024 * 1024
 
@@ -148,31 +148,51 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
 
 @click.command("verify")
 @click.argument("path", type=click.Path(exists=True, dir_okay=True, file_okay=True))
-@click.option("--load", is_flag=True, help="Also torch.load(weights_only=True) each torch file (if torch imports).")
+@click.option("--load", is_flag=True, help="Also torch.load(weights_only=True) each torch file; fails if torch "
+                                           "cannot be imported here (see --no-load-ok).")
+@click.option("--no-load-ok", is_flag=True, help="With --load: when torch cannot be imported, accept the format and "
+                                                 "hash checks alone (and say so) instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def verify(ctx: click.Context, path: str, load: bool, as_json: bool) -> None:
-    """Verify a checkpoint file or dir: manifest sizes and hashes, zip CRCs, safetensors bounds, optional load.
+def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json: bool) -> None:
+    """Verify a checkpoint: manifest sizes and hashes, torch zip/pickle structure and CRCs, safetensors bounds,
+    optional load.
 
-    PATH may also be a durable run dir (<durable>/<run>): every committed checkpoint in it is verified;
-    directories without a MANIFEST.json (interrupted commits) are listed and ignored.
+    PATH: a committed checkpoint dir (with MANIFEST.json), one file, or a durable run dir (<durable>/<run>):
+    every committed checkpoint in it is verified; dirs without a MANIFEST.json (interrupted commits) are listed and
+    ignored. A dir without MANIFEST.json given directly is not verified: onbox writes the manifest last.
 
-    Exit 0 when everything checks out, 1 on any corruption (each problem names the file).
+    Exit 0 only when everything asked was checked and passed; 1 on any problem (each names the file); 3 when
+    --load could not run (no torch here) and nothing else failed.
     """
     from onbox.checkpoints.verify import verify_path
 
-    report = verify_path(path, load=load)
+    report = verify_path(path, load=load, no_load_ok=no_load_ok)
     if as_json:
         echo_json(report.to_dict())
     else:
         for row in report.files:
             mark = "--  " if row["kind"] == "uncommitted" else "ok  " if row["ok"] else "BAD "
-            click.echo("%s %s%s" % (mark, row["path"], ": %s" % row["problem"] if row["problem"] else ""))
+            detail = row["problem"] or row.get("note") or ""
+            click.echo("%s %s%s%s" % (mark, row["path"], " [%s]" % row["kind"] if row["kind"] not in ("", "uncommitted")
+                                      else "", ": %s" % detail if detail else ""))
+        if report.step is not None:
+            said = ""
+            if report.has_manifest and report.manifest_step != report.step:
+                said = "; the manifest says %s" % ("no step" if report.manifest_step is None else report.manifest_step)
+            click.echo("step %d (read from %s%s)" % (report.step, report.step_source, said))
         if report.load_note:
             click.echo(report.load_note)
         for p in report.problems:
             click.echo("onbox: %s: %s" % (report.path, p), err=True)
-        click.echo("verified: %s" % report.path if report.ok else "CORRUPT: %s (%d problem(s))" % (
-            report.path, len(report.problems)))
+        if report.ok:
+            click.echo("verified: %s (%s)" % (report.path, "; ".join(report.checked)))
+        else:
+            click.echo("NOT VERIFIED: %s (%d problem(s))" % (report.path, len(report.problems)))
+            if report.load_unavailable:
+                click.echo("hint: run it where torch imports, or add --no-load-ok to accept the format and hash "
+                           "checks alone", err=True)
+    if report.load_unavailable and len(report.problems) == 1:
+        ctx.exit(int(ExitCode.UNFIT))  # nothing is known wrong with the checkpoint; this box cannot load it
     if not report.ok:
         ctx.exit(1)

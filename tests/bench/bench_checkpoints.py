@@ -32,7 +32,13 @@ def _run(argv, timeout=300) -> None:
 
 
 def _make_checkpoint(root: str, total_mb: int) -> None:
-    """A HF-style checkpoint dir: a few big shards and small files, with random (incompressible) bytes."""
+    """A HF-style checkpoint dir: a few big shards and small files, with random (incompressible) bytes. The shards
+    are torch zips (what torch.save writes for pytorch_model-*.bin), streamed without torch: the format checks
+    of a commit and of verify accept nothing else under a torch name."""
+    import json
+    import pickle
+    import zipfile
+
     from tests.checkpoint_files import write_torch_zip
 
     d = os.path.join(root, "checkpoint-1000")
@@ -41,13 +47,18 @@ def _make_checkpoint(root: str, total_mb: int) -> None:
     shards = 4
     per = total_mb // shards
     for i in range(shards):
-        with open(os.path.join(d, "model-%05d-of-%05d.bin" % (i + 1, shards)), "wb") as f:
-            for j in range(per // 64):
-                f.write(bytes([i, j % 256]) + block[2:])
+        path = os.path.join(d, "pytorch_model-%05d-of-%05d.bin" % (i + 1, shards))
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            zf.writestr("archive/data.pkl", pickle.dumps({}, protocol=2))
+            with zf.open("archive/data/0", "w", force_zip64=True) as member:
+                for j in range(per // 64):
+                    member.write(bytes([i, j % 256]) + block[2:])
+            zf.writestr("archive/version", b"3\n")
     write_torch_zip(os.path.join(d, "optimizer.pt"), payload=os.urandom(8 * MiB))
-    for name in ("config.json", "trainer_state.json", "rng_state.pth"):
-        with open(os.path.join(d, name), "wb") as f:
-            f.write(os.urandom(4096))
+    write_torch_zip(os.path.join(d, "rng_state.pth"), payload=os.urandom(4096))
+    for name in ("config.json", "trainer_state.json"):
+        with open(os.path.join(d, name), "w") as f:
+            json.dump({"global_step": 1000, "pad": os.urandom(2048).hex()}, f)
     os.sync()
 
 

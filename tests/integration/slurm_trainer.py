@@ -1,7 +1,8 @@
 """A tiny pure-Python stand-in trainer for the Slurm tests (no torch).
 
 Prints `step N` each step and writes a checkpoint after every step, atomically (tmp name, fsync, rename, then a
-`.done` marker): $ONBOX_CKPT_DIR/step_<N>.ckpt holding {"step": N}. Resumes from $ONBOX_RESUME_FROM. On SIGTERM
+`.done` marker): $ONBOX_CKPT_DIR/step_<N>.ckpt holding {"step": N} in torch's legacy format (pickles only, no
+tensors: torch.load reads it, and onbox's format checks accept it). Resumes from $ONBOX_RESUME_FROM. On SIGTERM
 (the agent's checkpoint signal) it finishes the step it is in, checkpoints it, says so and exits 0.
 Options: --steps N, --interval S, --crash-at K (exit 1 at step K: a failure of its own),
 --workers W (DataLoader-style workers: each a grandchild reparented to init that ignores SIGTERM; their PIDs go to
@@ -10,8 +11,8 @@ $TRAINER_WORKER_PIDS).
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,11 +21,25 @@ import time
 stop = []
 
 
+# what torch.save(..., _use_new_zipfile_serialization=False) writes before the object: magic number, protocol
+# version, sys_info; after it, the (here empty) list of storage keys
+LEGACY_HEADER = (0x1950A86A20F9469CFC6C, 1001, {"protocol_version": 1001, "little_endian": sys.byteorder == "little",
+                                               "type_sizes": {"short": 2, "int": 4, "long": 4}})
+
+
+def load(path: str) -> dict:
+    with open(path, "rb") as f:
+        for _ in LEGACY_HEADER:
+            pickle.load(f)
+        return pickle.load(f)
+
+
 def save(ckpt_dir: str, step: int) -> None:
     final = os.path.join(ckpt_dir, "step_%06d.ckpt" % step)
     tmp = final + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"step": step, "time": time.time()}, f)
+    with open(tmp, "wb") as f:
+        for obj in (*LEGACY_HEADER, {"step": step, "time": time.time()}, []):
+            pickle.dump(obj, f, protocol=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -81,8 +96,7 @@ def main() -> int:
     start = 0
     resume = os.environ.get("ONBOX_RESUME_FROM", "")
     if resume:
-        with open(resume) as f:
-            start = int(json.load(f)["step"])
+        start = int(load(resume)["step"])
         print("resumed from step %d (%s)" % (start, resume), flush=True)
     else:
         print("fresh start", flush=True)

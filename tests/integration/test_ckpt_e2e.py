@@ -23,6 +23,7 @@ if not os.environ.get("ONBOX_RESUME_FROM"):
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("step_10/data.pkl", b"\x80\x02}q\x00.")
         zf.writestr("step_10/data/0", os.urandom(100000))
+        zf.writestr("step_10/version", b"3\n")  # torch.load requires it: without it, not a torch checkpoint
     path = os.path.join(os.environ["ONBOX_CKPT_DIR"], "step_10.pt")
     with open(path + ".tmp", "wb") as f:
         f.write(buf.getvalue())
@@ -65,6 +66,7 @@ def save(step):
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("ckpt/data.pkl", b"\x80\x02}q\x00.")
         zf.writestr("ckpt/data/0", os.urandom(200000))
+        zf.writestr("ckpt/version", b"3\n")
     with open(os.path.join(os.environ["ONBOX_CKPT_DIR"], "step_%d.pt" % step), "wb") as f:
         f.write(buf.getvalue())
 def on_term(signum, frame):

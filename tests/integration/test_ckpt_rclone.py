@@ -15,7 +15,7 @@ from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
 from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.rclone import RcloneTarget
-from onbox.checkpoints.verify import verify_path
+from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
 from tests.conftest import subprocess_env
@@ -44,7 +44,9 @@ def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
     box2 = make_ctx(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
     path = CheckpointCommitHook(box2).restore()
     assert path == os.path.join(box2.ckpt_dir, "checkpoint-10")
-    assert verify_path(path).ok and box2.emit.of("checkpoint_restored")
+    rep = verify_path(path)  # the local copy has no manifest (it is not a committed checkpoint): files check out
+    assert all(r["ok"] for r in rep.files) and rep.problems == ["checkpoint-10: " + NO_MANIFEST]
+    assert box2.emit.of("checkpoint_restored")
 
 
 UPLOADER = r"""

@@ -16,7 +16,7 @@ from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.retention import select_keep
 from onbox.checkpoints.targets import make_target
-from onbox.checkpoints.verify import verify_path
+from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.subsystems import make_hooks
@@ -143,7 +143,7 @@ def test_quiescence_settle_and_torn_files(tmp_path):
     assert not c.complete and c.reason.startswith("still being written")
     clock.advance(10.0)
     [c] = [c for c in tr.update(scan(str(d)), clock.monotonic(), clock.time()) if c.name == "ckpt.pt"]
-    assert not c.complete and c.reason.startswith("torn: ckpt.pt: zip")
+    assert not c.complete and c.reason.startswith("torn: ckpt.pt: torch zip truncated")
 
 
 # -- committing -------------------------------------------------------------------------------------------------
@@ -313,7 +313,9 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
     # a replacement box: empty checkpoint dir
     fresh = make_ctx(tmp_path / "box2", settle_seconds=0.0, durable=str(tmp_path / "durable"))
     path = CheckpointCommitHook(fresh).restore()
-    assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2") and verify_path(path).ok
+    assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2")
+    rep = verify_path(path)  # a local copy has no manifest (not a committed checkpoint): its files check out
+    assert [r["ok"] for r in rep.files] == [True] and rep.problems == ["checkpoint-2: " + NO_MANIFEST]
     assert fresh.emit.of("checkpoint_restored")[0]["checkpoint"] == "checkpoint-2"
     # corrupt the newest on durable storage: the next fresh box falls back to checkpoint-1 and says so
     flip_byte(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-2" / "model.pt"), 300)
@@ -454,7 +456,8 @@ def test_verify_a_whole_durable_run_dir(tmp_path):
     flip_byte(str(run / "checkpoints" / "step_2.pt" / "step_2.pt"), 100)
     rep = verify_path(str(run / "checkpoints"))
     assert rep.problems == ["step_2.pt/step_2.pt: sha256 mismatch (content corrupted)"]
-    assert verify_path(str(d)).ok  # a plain local dir of checkpoint files: format checks of each
+    rep = verify_path(str(d))  # a plain local dir of checkpoint files: format checks of each, and not verified
+    assert all(r["ok"] for r in rep.files) and len(rep.files) == 2 and rep.problems == ["ck: " + NO_MANIFEST]
 
 
 @pytest.mark.parametrize("stop_after", [0, 2])
@@ -633,12 +636,12 @@ def test_listing_says_what_is_true_after_the_trainer_died(tmp_path, onbox_home):
 
     alive, dead = listing({"state": "failed", "child_pid": None})
     assert not alive
-    assert dead["ckpt.pt"][0] is False and dead["ckpt.pt"][1].startswith("torn: ckpt.pt: zip")
+    assert dead["ckpt.pt"][0] is False and dead["ckpt.pt"][1].startswith("torn: ckpt.pt: torch zip truncated")
     assert dead["checkpoint-60"] == (False, "hf-trainer: no trainer_state.json yet (the Trainer writes it last: "
                                             "without it the save was interrupted and resuming fails)")
     assert dead["mine"][0] is True and dead["mine"][1].startswith("unchanged for 0s")
     alive, live = listing({"state": "running", "child_pid": os.getpid(), "child_start_time": start_time(os.getpid())})
     assert alive
-    assert live["ckpt.pt"][1].startswith("still being written (ckpt.pt: zip")
+    assert live["ckpt.pt"][1].startswith("still being written (ckpt.pt: torch zip truncated")
     assert live["mine"] == (False, "still changing (settle 600s; a directory of no known layout)")
     assert live["checkpoint-60"] == dead["checkpoint-60"]

@@ -128,7 +128,11 @@ def test_a_half_saved_hf_checkpoint_is_never_committed_and_is_kept_aside_before_
     # a replacement box (empty dir) gets checkpoint-40 too, verified
     box2 = make_ctx(tmp_path / "box2", durable=str(tmp_path / "durable"))
     p2 = CheckpointCommitHook(box2).restore()
-    assert p2 == os.path.join(box2.ckpt_dir, "checkpoint-40") and verify_path(p2).ok
+    assert p2 == os.path.join(box2.ckpt_dir, "checkpoint-40")
+    assert verify_path(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-40")).ok
+    local = verify_path(p2)  # the restored copy: every file whole; only the manifest (durable's) is not there
+    assert [r["ok"] for r in local.files] == [True] * 5 and len(local.problems) == 1  # the 5 files write_hf wrote
+    assert "no MANIFEST.json" in local.problems[0]
     m = fsutil.read_json(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-40" / "MANIFEST.json"))
     assert (m["format"], m["complete_by"]) == ("hf-trainer", "format")
 
