@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox.checkpoints import formats, layouts
+from onbox.checkpoints import formats, layouts, stepread
 
 CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
 SIDE_MARKERS = (".done", ".complete")
@@ -47,7 +47,9 @@ class Candidate:
     newest_mtime: float
     marked: bool
     step: Optional[int] = None  # see step_source
-    step_source: str = ""  # where the step came from: "name", or "progress before the file's mtime"
+    # where the step came from: what the checkpoint records ("ckpt.pt:iter_num", "trainer_state.json:global_step"),
+    # else "name", else "progress before the file's mtime"
+    step_source: str = ""
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     complete: bool = False
     reason: str = ""  # why complete, or why not, in words
@@ -177,6 +179,7 @@ class CompletionTracker:
         self._seen: Dict[str, Tuple[Fingerprint, float, Optional[int], Dict[str, Any]]] = {}
         self._checked: Dict[Tuple[str, int, int, int], "formats.FormatResult"] = {}
         self._layouts: Dict[Tuple[str, Fingerprint], layouts.Layout] = {}
+        self._steps: Dict[Tuple[str, Fingerprint], Optional[stepread.StepReading]] = {}
 
     def update(self, cands: List[Candidate], now_mono: float, now_wall: float,
                progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None) -> List[Candidate]:
@@ -195,7 +198,10 @@ class CompletionTracker:
                 step = p.get("step") if isinstance(p.get("step"), int) else None
                 seen = (c.fingerprint, now_mono, step, p)
                 self._seen[c.name] = seen
-            if c.step is None:
+            reading = self._content_step(c)
+            if reading is not None:  # what the checkpoint records about itself beats its name and the log
+                c.step, c.step_source = reading.step, reading.source
+            elif c.step is None:
                 c.step = self.history.step_before(c.newest_mtime)
                 if c.step is not None:
                     c.step_source = "progress before the file's mtime"
@@ -206,7 +212,15 @@ class CompletionTracker:
             self._checked.clear()
         if len(self._layouts) > 4096:
             self._layouts.clear()
+        if len(self._steps) > 4096:
+            self._steps.clear()
         return sorted(cands, key=order_key)
+
+    def _content_step(self, c: Candidate) -> Optional[stepread.StepReading]:
+        key = (c.path, c.fingerprint)
+        if key not in self._steps:
+            self._steps[key] = stepread.step_of_dir(c.path) if c.is_dir else stepread.step_of_file(c.path)
+        return self._steps[key]
 
     def _file_check(self, c: Candidate, fp: Tuple[str, int, int, int]) -> "formats.FormatResult":
         path = os.path.join(c.root, fp[0])
