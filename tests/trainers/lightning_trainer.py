@@ -120,6 +120,10 @@ def main(argv: list) -> int:
             self.log("train_loss", loss, prog_bar=True)
             return loss
 
+        def on_train_start(self) -> None:
+            # The one line the tests read to see where a (resumed) run starts.
+            print("train begins at global_step %d" % self.trainer.global_step, flush=True)
+
         def configure_optimizers(self):
             opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=10)}
