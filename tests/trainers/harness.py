@@ -235,22 +235,27 @@ def write_sequence(events: list) -> list:
     """A trace reduced to the order in which final files got their content, comparable between a real save and a
     replayed one: ("write", path) for bytes written under the final name, ("atomic", path) for a temp file
     written and then renamed onto path, ("rmtree", dir) for a directory being deleted. mkdirs and torch.save into
-    memory are dropped, consecutive repeats merged. safetensors' own writer is native code: it writes a hidden
+    memory are dropped. safetensors' own writer is native code: it writes a hidden
     .tmpXXXXXX beside the target and renames it (seen with strace), so its begin counts as "atomic"."""
     renamed = {e["path"]: e["dst"] for e in events if e["op"] in ("rename", "replace") and e.get("dst")}
     out: list = []
+    prev = None
     for e in events:
         op, path = e["op"], e["path"]
         if path in (None, "<buffer>"):
             continue
         if op in ("open-w", "torch.save-begin"):
+            if prev == ("open-w", path):
+                continue  # the same file opened again by the same write (mkstemp's fd, then open(name, "wb"))
             item = ("atomic", renamed[path]) if path in renamed else ("write", path)
         elif op == "safetensors-begin":
             item = ("atomic", path)
         elif op in ("rmtree", "remove", "rmdir"):
             item = ("rmtree", path if op != "remove" else path.split(os.sep)[0])
+            if out and out[-1] == item:
+                continue  # the files of one directory being deleted
         else:
             continue
-        if not out or out[-1] != item:
-            out.append(item)
+        prev = (op, path)
+        out.append(item)
     return out

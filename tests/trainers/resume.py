@@ -160,7 +160,9 @@ def check_nanogpt(out_dir: str) -> Resume:
 
 def lightning_last(dirpath: str) -> Optional[str]:
     """fit(ckpt_path="last"): the newest (by mtime) last*.ckpt in the ModelCheckpoint dir, whole or torn."""
-    pattern = re.compile(r"^last(-(\d+))?$")
+    # ModelCheckpoint._find_last_checkpoints: re.match(r"^last(-(\d+))?", stem), unanchored, so any stem that
+    # starts with "last" counts (last-v1 included).
+    pattern = re.compile(r"^last(-(\d+))?")
     found = [os.path.join(dirpath, n) for n in os.listdir(dirpath)
              if n.endswith(".ckpt") and pattern.match(n[:-5])]
     return max(found, key=os.path.getmtime) if found else None
