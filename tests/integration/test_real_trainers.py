@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from tests.trainers import crashpoints, harness, patterns, resume  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TRAINERS = os.path.join(REPO_ROOT, "tests", "trainers")
 HF_FILES = set(patterns.HF_FILES_IN_ORDER)
@@ -122,13 +122,13 @@ def test_nanogpt_saves_in_place_and_resumes_at_iter_num(nanogpt_run, tmp_path):
     work = str(tmp_path / "n")
     shutil.copytree(out, work)
     log = check_ok(*run_trainer("nanogpt.py", ["--out_dir=" + work, "--max_iters=15", "--init_from=resume"]))
-    first = [line for line in log.splitlines() if line.startswith(("step ", "iter "))][0]
+    first = next(line for line in log.splitlines() if line.startswith(("step ", "iter ")))
     assert first.startswith("step 10: ")  # resumes at iter_num, evaluates and rewrites ckpt.pt at once
     assert resume.check_nanogpt(work).step == 15
 
 
 def test_hf_trainer_saves_checkpoint_dirs_and_resumes(hf_run, tmp_path):
-    out, events, log = hf_run
+    out, _, log = hf_run
     assert files(out) == {"checkpoint-5", "checkpoint-10"}
     for step in (5, 10):
         ckpt = os.path.join(out, "checkpoint-%d" % step)
@@ -144,7 +144,7 @@ def test_hf_trainer_saves_checkpoint_dirs_and_resumes(hf_run, tmp_path):
 
 
 def test_lightning_saves_step_and_last_ckpt_and_resumes(lightning_run, tmp_path):
-    out, events, log = lightning_run
+    out, _, log = lightning_run
     assert files(out) == {"epoch=0-step=5.ckpt", "epoch=0-step=10.ckpt", "last.ckpt"}
     assert resume.check_lightning(os.path.join(out, "last.ckpt")).step == 10
     work = str(tmp_path / "l")
@@ -241,7 +241,7 @@ def test_lightning_replayer_matches_a_real_save(lightning_run, tmp_path):
 
 
 def test_plain_replayer_matches_a_real_save(plain_run, tmp_path):
-    out, events, _ = plain_run
+    out, _, _ = plain_run
     root, replayed = replay_trace(tmp_path, "patterns.write_plain(os.path.join(root, 'step_00010.pt'), 10)")
     assert replayed == [("write", "step_00010.pt")]
     real = torch.load(os.path.join(out, "step_00010.pt"), weights_only=True)
@@ -291,3 +291,161 @@ def test_every_crash_point_of_a_replayed_hf_save(tmp_path):
         assert verdict.ok == (k >= whole), (labels[k - 1], verdict)
         assert resume.hf_complete(os.path.join(d, "checkpoint-5"))
         assert resume.hf_last_checkpoint(d).endswith("checkpoint-10")  # what resume_from_checkpoint=True picks
+
+
+# ---- each die-at point leaves the state it claims ---------------------------------------------------------------
+
+def _is_whole_torch_file(path):
+    try:
+        torch.load(path, weights_only=True)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("point", ["before-save", "truncated", "during-save", "after-save"])
+@pytest.mark.parametrize("script", ["nanogpt.py", "plain_loop.py"])
+def test_single_file_die_points(script, point, tmp_path):
+    """Die at the 2nd save (the 1st, at step 5, is whole)."""
+    d = str(tmp_path / "out")
+    if script == "nanogpt.py":
+        args, path, check = ["--out_dir=" + d, "--max_iters=10"], os.path.join(d, "ckpt.pt"), lambda: resume.check_nanogpt(d)
+    else:
+        args, path = ["--ckpt_dir", d, "--steps", "10", "--every", "5"], os.path.join(d, "step_00010.pt")
+        check = lambda: resume.check_plain(path)  # noqa: E731
+    died_at(*run_trainer(script, args, die_at=point + "@2"), point)
+    verdict = check()
+    if point == "before-save":
+        # nanoGPT's ckpt.pt still holds the first save; the plain loop's step_00010.pt was never created
+        assert (verdict.step == 5) if script == "nanogpt.py" else not os.path.exists(path)
+    elif point == "truncated":
+        assert os.path.getsize(path) == 0 and not verdict.ok and verdict.error.startswith("EOFError")
+    elif point == "during-save":
+        assert os.path.getsize(path) > 0 and not verdict.ok and not _is_whole_torch_file(path)
+    else:
+        assert verdict.step == 10
+    if script == "plain_loop.py":
+        assert resume.check_plain(os.path.join(d, "step_00005.pt")).step == 5
+
+
+HF_DIE_POINTS = {
+    # point: files left in checkpoint-10 (checkpoint-5 is whole)
+    "after-model-before-optimizer": {"config.json", "generation_config.json", "model.safetensors", "training_args.bin"},
+    "during-optimizer": {"config.json", "generation_config.json", "model.safetensors", "training_args.bin",
+                         "optimizer.pt"},
+    "before-trainer-state": HF_FILES - {"trainer_state.json"},
+    "trainer-state-empty": HF_FILES,
+    "after-save": HF_FILES,
+}
+
+
+@pytest.mark.parametrize("point", sorted(HF_DIE_POINTS))
+def test_hf_die_points(point, tmp_path):
+    pytest.importorskip("transformers")
+    d = str(tmp_path / "hf")
+    died_at(*run_trainer("hf_trainer.py", ["--output_dir", d, "--max_steps", "10", "--save_steps", "5"],
+                         die_at=point + "@2"), point)
+    ckpt = os.path.join(d, "checkpoint-10")
+    assert files(ckpt) == HF_DIE_POINTS[point]
+    assert resume.hf_complete(os.path.join(d, "checkpoint-5"))
+    verdict = resume.check_hf(ckpt)
+    assert verdict.ok == (point == "after-save"), verdict
+    if point == "during-optimizer":
+        assert os.path.getsize(os.path.join(ckpt, "optimizer.pt")) > 0
+        assert not _is_whole_torch_file(os.path.join(ckpt, "optimizer.pt"))
+    if point == "trainer-state-empty":
+        assert os.path.getsize(os.path.join(ckpt, "trainer_state.json")) == 0
+    if point == "after-model-before-optimizer":
+        # issue 11's crash loop: resume_from_checkpoint=True takes the newest dir, complete or not
+        rc, out = run_trainer("hf_trainer.py", ["--output_dir", d, "--max_steps", "15", "--save_steps", "5",
+                                                "--resume_from_checkpoint", "True"])
+        assert rc == 1 and "FileNotFoundError" in out and "trainer_state.json" in out
+        assert verdict.error.startswith("FileNotFoundError")
+
+
+def test_hf_die_during_rotation_leaves_a_half_deleted_old_checkpoint(tmp_path):
+    pytest.importorskip("transformers")
+    d = str(tmp_path / "hf")
+    died_at(*run_trainer("hf_trainer.py", ["--output_dir", d, "--max_steps", "10", "--save_steps", "5",
+                                           "--save_total_limit", "1"], die_at="during-rotate@2"), "during-rotate")
+    assert resume.hf_complete(os.path.join(d, "checkpoint-10"))
+    left = files(os.path.join(d, "checkpoint-5"))
+    assert len(left) == len(HF_FILES) - 1 and left < HF_FILES
+
+
+def _lightning(tmp_path, point, tmpdir):
+    pytest.importorskip("lightning")
+    d = str(tmp_path / "ckpts")
+    died_at(*run_trainer("lightning_trainer.py", ["--ckpt_dir", d, "--max_steps", "10", "--every", "5"],
+                         die_at=point, extra_env={"TMPDIR": tmpdir}), point.split("@")[0])
+    temps = [n for n in os.listdir(tmpdir) if n.startswith("tmp") and os.path.isfile(os.path.join(tmpdir, n))]
+    return d, temps
+
+
+@pytest.mark.parametrize("point", ["before-save@3", "during-dump@3", "before-move@3", "before-last@2",
+                                   "after-save@3"])
+def test_lightning_die_points(point, tmp_path):
+    """Saves 1 and 2 are step 5's epoch=0-step=5.ckpt and last.ckpt; save 3 is step 10's epoch=0-step=10.ckpt."""
+    tmpdir = str(tmp_path / "tmp")
+    os.makedirs(tmpdir)
+    d, temps = _lightning(tmp_path, point, tmpdir)
+    name = point.split("@")[0]
+    step10 = os.path.join(d, "epoch=0-step=10.ckpt")
+    assert resume.check_lightning(os.path.join(d, "epoch=0-step=5.ckpt")).step == 5
+    assert resume.check_lightning(os.path.join(d, "last.ckpt")).step == 5  # last.ckpt is never partly written
+    if name in ("before-last", "after-save"):
+        assert resume.check_lightning(step10).step == 10 and temps == []
+    else:
+        assert not os.path.exists(step10)
+        if name == "before-move":  # the whole checkpoint sits in the temp dir, left there for good
+            assert len(temps) == 1 and resume.check_lightning(os.path.join(tmpdir, temps[0])).step == 10
+        else:
+            assert temps == []
+
+
+def test_lightning_move_across_filesystems_tears_last_ckpt_in_place(tmp_path):
+    """With the temp dir on another filesystem, fsspec's commit is shutil.move = copy onto the target: a kill
+    mid-copy leaves a torn last.ckpt where a whole one was."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(str(tmp_path)).st_dev:
+        pytest.skip("no second filesystem for the temp dir (/dev/shm)")
+    tmpdir = tempfile.mkdtemp(dir=shm)
+    try:
+        d, _ = _lightning(tmp_path, "during-move@4", tmpdir)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    assert resume.check_lightning(os.path.join(d, "epoch=0-step=10.ckpt")).step == 10
+    last = os.path.join(d, "last.ckpt")
+    assert os.path.getsize(last) > 0 and not resume.check_lightning(last).ok
+
+
+def test_every_crash_point_of_the_single_file_replayers(tmp_path):
+    """In place (nanoGPT, plain loop): from the moment the file is opened until its last byte, the previous
+    save is gone and nothing resumable stands in its place. Lightning (temp + rename): the previous last.ckpt
+    stands until the rename, and the temp file is all a kill leaves."""
+    cases = {
+        "nanogpt": (lambda d, s: patterns.write_nanogpt_ckpt(d, s), lambda d: resume.check_nanogpt(d), "ckpt.pt:written"),
+        "plain": (lambda d, s: patterns.write_plain(os.path.join(d, "step.pt"), s),
+                  lambda d: resume.check_plain(os.path.join(d, "step.pt")), "step.pt:written"),
+        "lightning": (lambda d, s: patterns.write_lightning_ckpt(os.path.join(d, "last.ckpt"),
+                                                                 patterns.lightning_checkpoint(s, d, "last.ckpt"),
+                                                                 tmpdir=os.path.join(d, "tmp")),
+                      lambda d: resume.check_lightning(os.path.join(d, "last.ckpt")), "last.ckpt:renamed"),
+    }
+    for name, (write, check, done) in cases.items():
+        scratch = str(tmp_path / name / "count")
+        os.makedirs(os.path.join(scratch, "tmp"))
+        labels = crashpoints.list_points(write, scratch, 10)
+        assert labels[-1] == done, labels
+        for k, label in enumerate(labels, 1):
+            d = str(tmp_path / name / ("k%d" % k))
+            os.makedirs(os.path.join(d, "tmp"))
+            write(d, 5)
+            assert crashpoints.run_to_point(write, k, d, 10) == -9
+            verdict = check(d)
+            if label == done:
+                assert verdict.step == 10, (name, label, verdict)
+            elif name == "lightning":
+                assert verdict.step == 5, (name, label, verdict)
+            else:
+                assert not verdict.ok, (name, label, verdict)

@@ -55,7 +55,7 @@ def _child(write: Callable[..., Any], target: Optional[int], args: tuple, kwargs
     try:
         _POINTS.target, _POINTS.count, _POINTS.labels = target, 0, None
         write(*args, **kwargs)
-    except BaseException:  # noqa: BLE001 - a child must never return into the test runner
+    except BaseException:  # a forked child must never return into the test runner
         code = 70
     finally:
         os._exit(code)

@@ -29,7 +29,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
 harness.offline()
 
@@ -134,7 +134,14 @@ def main(argv: list) -> int:
     die_at = harness.DieAt(DIE_POINTS)
     os.makedirs(args.output_dir, exist_ok=True)
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
 
     harness.install_trace(args.output_dir)
     _install_die_points(die_at)

@@ -33,7 +33,7 @@ import time
 from ast import literal_eval
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
 harness.offline()
 import torch  # noqa: E402

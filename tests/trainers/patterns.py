@@ -17,7 +17,6 @@ import json
 import os
 import random
 import secrets
-import shutil
 import string
 import struct
 import tempfile
@@ -163,7 +162,7 @@ def hf_parameters(size_scale: int = 1) -> List[Tuple[str, Tuple[int, ...]]]:
                 (p + "attn.c_attn.bias", (3 * e,)), (p + "attn.c_proj.weight", (e, e)), (p + "attn.c_proj.bias", (e,)),
                 (p + "ln_2.weight", (e,)), (p + "ln_2.bias", (e,)), (p + "mlp.c_fc.weight", (e, 4 * e)),
                 (p + "mlp.c_fc.bias", (4 * e,)), (p + "mlp.c_proj.weight", (4 * e, e)), (p + "mlp.c_proj.bias", (e,))]
-    return out + [("transformer.ln_f.weight", (e,)), ("transformer.ln_f.bias", (e,))]
+    return [*out, ("transformer.ln_f.weight", (e,)), ("transformer.ln_f.bias", (e,))]
 
 
 def hf_trainer_state(step: int, max_steps: int, save_steps: int, train_batch_size: int = 4) -> dict:

@@ -122,7 +122,7 @@ def check_hf(ckpt: str) -> Resume:
             _load_rng_like_hf(j(ckpt, "rng_state.pth"))
         else:
             degraded.append("RNG state not restored (rng_state.pth missing)")
-    except Exception as e:  # noqa: BLE001 - the answer is which exception the real resume meets
+    except Exception as e:  # the answer is which exception the real resume meets
         return _fail(e)
     return Resume(True, step, degraded=degraded)
 
@@ -152,7 +152,7 @@ def load_like_nanogpt(out_dir: str) -> dict:
 def check_nanogpt(out_dir: str) -> Resume:
     try:
         return Resume(True, int(load_like_nanogpt(out_dir)["iter_num"]))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return _fail(e)
 
 
@@ -179,7 +179,7 @@ def check_lightning(path: str) -> Resume:
             if key not in ckpt:
                 raise KeyError("Trying to restore %s but checkpoint contains only the model." % key)
         return Resume(True, int(ckpt["global_step"]))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return _fail(e)
 
 
@@ -190,5 +190,5 @@ def check_plain(path: str) -> Resume:
         ckpt = torch.load(path, map_location="cpu")
         ckpt["model"], ckpt["optimizer"]
         return Resume(True, int(ckpt["step"]))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return _fail(e)
