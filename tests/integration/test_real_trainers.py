@@ -328,6 +328,16 @@ def test_single_file_die_points(script, point, tmp_path):
         assert resume.check_plain(os.path.join(d, "step_00005.pt")).step == 5
 
 
+def test_die_once_kills_only_the_first_attempt(tmp_path):
+    d, once = str(tmp_path / "out"), str(tmp_path / "died")
+    args = ["--ckpt_dir", d, "--steps", "10", "--every", "5"]
+    env = {harness.ENV_DIE_ONCE: once}
+    died_at(*run_trainer("plain_loop.py", args, die_at="truncated@2", extra_env=env), "truncated")
+    assert os.path.exists(once) and os.path.getsize(os.path.join(d, "step_00010.pt")) == 0
+    check_ok(*run_trainer("plain_loop.py", args, die_at="truncated@2", extra_env=env))
+    assert resume.check_plain(os.path.join(d, "step_00010.pt")).step == 10
+
+
 HF_DIE_POINTS = {
     # point: files left in checkpoint-10 (checkpoint-5 is whole)
     "after-model-before-optimizer": {"config.json", "generation_config.json", "model.safetensors", "training_args.bin"},

@@ -7,6 +7,8 @@ wrapping the real method or the real torch file writer (never by re-implementing
 Environment (all optional, all test-only):
   ONBOX_TEST_DIE_AT=<point>[@N]   SIGKILL this process the Nth time (default: the first) <point> is reached.
                                   Each script lists its points in --help and refuses an unknown one (exit 2).
+  ONBOX_TEST_DIE_ONCE=<file>      die only while <file> does not exist, and create it just before dying: under a
+                                  supervisor that restarts the command, only the first attempt dies.
   ONBOX_TEST_DIE_RECORDS=<k>      for the `during-*` points of a torch.save: die after k tensor records (default 1).
   ONBOX_TEST_SAVE_MB=<MiB>        ballast: a persistent buffer of this size in the model, so every save writes
                                   that much more (random-time kills then land inside a save often).
@@ -26,6 +28,7 @@ import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 ENV_DIE = "ONBOX_TEST_DIE_AT"
+ENV_DIE_ONCE = "ONBOX_TEST_DIE_ONCE"
 ENV_DIE_RECORDS = "ONBOX_TEST_DIE_RECORDS"
 ENV_SAVE_MB = "ONBOX_TEST_SAVE_MB"
 ENV_TRACE = "ONBOX_TEST_TRACE"
@@ -44,6 +47,9 @@ def offline() -> None:
 
 def die(point: str) -> None:
     """SIGKILL ourselves: no handler, no flush of anything the framework had buffered, like a lost box."""
+    once = os.environ.get(ENV_DIE_ONCE)
+    if once:
+        os.close(os.open(once, os.O_WRONLY | os.O_CREAT, 0o644))
     sys.stdout.write("%s %s\n" % (DIE_MARK, point))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -64,6 +70,9 @@ class DieAt:
                 raise SystemExit(2)
             self.point = point
             self.nth = int(nth) if nth else 1
+            once = os.environ.get(ENV_DIE_ONCE)
+            if once and os.path.exists(once):
+                self.point = ""  # an earlier attempt already died here
         self.records = int(os.environ.get(ENV_DIE_RECORDS, "1") or "1")
 
     def arrive(self, point: str) -> bool:
