@@ -12,7 +12,7 @@ all: zipapp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,controller]' '$(TORCH)'
+	$(PY) -m pip install -q -e '.[dev,controller,trainers]' '$(TORCH)'
 	touch $(STAMP)
 
 venv: $(STAMP)
