@@ -116,7 +116,9 @@ def scan(ckpt_dir: str) -> List[Candidate]:
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 files = _walk_files(path)
-                if not files:
+                # an empty dir is a candidate only when its name carries a step: a save killed right after its
+                # mkdir (HF creates checkpoint-N/ first), which a trainer picking its newest dir would load
+                if not files and step_from_name(name) is None:
                     continue
                 marked = any(m in files for m in DIR_MARKERS)
                 fp = _fingerprint(path, files)
@@ -128,12 +130,13 @@ def scan(ckpt_dir: str) -> List[Candidate]:
                 is_dir = False
             else:
                 continue
+            newest = max(f[2] for f in fp) / 1e9 if fp else os.stat(path).st_mtime
         except FileNotFoundError:  # vanished while we looked (the trainer's own retention)
             continue
         marked = marked or any((name + s) in present for s in SIDE_MARKERS)
         out.append(Candidate(name=name, path=path, is_dir=is_dir, files=files, fingerprint=fp,
-                             bytes=sum(f[1] for f in fp), newest_mtime=max(f[2] for f in fp) / 1e9,
-                             marked=marked, step=step_from_name(name)))
+                             bytes=sum(f[1] for f in fp), newest_mtime=newest, marked=marked,
+                             step=step_from_name(name)))
         if out[-1].step is not None:
             out[-1].step_source = "name"
     return out
@@ -251,7 +254,9 @@ class CompletionTracker:
             layout = None
             c.format = next(iter(kinds)) if kinds else "other"
         c.complete, c.complete_by = False, ""
-        if problem:
+        if not c.files:
+            c.reason = "empty directory (a save cut short before its first file)"
+        elif problem:
             # a file being written fails the same checks as a torn one; only time tells them apart
             c.reason = ("torn: %s" if quiet else "still being written (%s)") % problem
         elif c.marked:

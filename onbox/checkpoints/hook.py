@@ -170,7 +170,7 @@ class CheckpointCommitHook:
             if res is not None and res.rejected:
                 self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
             if res is not None and res.path:
-                self._set_aside_torn(res.step, res.created)
+                self._set_aside_torn(res.step, res.created, keep=res.path)
                 self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
                                     resume_from={"path": res.path, "source": res.source, "name": res.name})
                 self.ctx.emit("checkpoint_resume", path=res.path, checkpoint=res.name, step=res.step,
@@ -182,7 +182,8 @@ class CheckpointCommitHook:
 
     def _resume_local(self, newest_local: Optional[Candidate]) -> Optional[str]:
         self._set_aside_torn(newest_local.step if newest_local else None,
-                             newest_local.newest_mtime if newest_local else None)
+                             newest_local.newest_mtime if newest_local else None,
+                             keep=newest_local.path if newest_local else None)
         if newest_local is None:
             return None
         self._update_status(resume_from={"path": newest_local.path, "source": "local-unsynced",
@@ -251,14 +252,16 @@ class CheckpointCommitHook:
                   if c.complete and c.path != r["path"] and older(c.step, c.newest_mtime)]
         return max(found)[2] if found else None
 
-    def _set_aside_torn(self, step: Optional[int], when: Optional[float]) -> None:
+    def _set_aside_torn(self, step: Optional[int], when: Optional[float], keep: Optional[str]) -> None:
         """Before an attempt, keep aside what this run's trainer left torn or half-saved and that is newer than
         the checkpoint the attempt resumes from: a trainer that picks its newest checkpoint by itself (HF
         `resume_from_checkpoint=True`, a glob for the highest step) would otherwise load it and crash. Only
         entries written since the run started: a user's own files are never moved."""
         started = (self._run_state().get("started_at") or self.clock.time())
         for c in list(self.cands):
-            if c.complete or c.newest_mtime < started:
+            if c.complete or c.newest_mtime < started or c.path == keep:
+                continue
+            if path_fingerprint(c.path) != c.fingerprint:  # not what was judged (or gone): leave it
                 continue
             if step is not None and c.step is not None:
                 if c.step <= step:
