@@ -121,12 +121,12 @@ RUN_FILE = [  # (id, [run] body, message)
     ("rf-env-list-value", "env = {A = [1, 2]}", "env"),
     ("rf-env-bool-value", "env = {A = true}", "env"),
     ("rf-command-int", "command = 5", "command"),
-    ("rf-command-nul", "command = ['echo', 'a\\u0000b']", "NUL"),
+    ("rf-command-nul", 'command = ["echo", "a\\u0000b"]', "NUL"),
     ("rf-command-quote", "command = \"python 'unterminated\"", "command"),
     ("rf-name-slash", "name = 'bad/name'", "invalid run name"),
     ("rf-name-int", "name = 5", "name"),
     ("rf-durable-bool", "durable = true", "durable"),
-    ("rf-notice-moon", "notice_source = 'moon'", "notice_source"),
+    ("rf-notice-moon", "notice_source = 'moon'", "notice-source"),
     ("rf-best-mode", "keep_best_mode = 'sideways'", "keep_best_mode"),
     ("rf-tick-0", "tick_interval = 0", "tick_interval"),
     ("rf-notice-interval-0", "notice_interval = 0", "notice_interval"),
@@ -159,7 +159,7 @@ ENVIRONMENT = [  # (id, variable, value, message)
     ("env-keep-last-1e3", "ONBOX_KEEP_LAST", "1e3", "keep_last"),
     ("env-grace-huge", "ONBOX_GRACE", "1e308", "--grace"),
     ("env-term-timeout-neg", "ONBOX_TERM_TIMEOUT", "-0.5", "term_timeout"),
-    ("env-notice-moon", "ONBOX_NOTICE_SOURCE", "moon", "notice_source"),
+    ("env-notice-moon", "ONBOX_NOTICE_SOURCE", "moon", "notice-source"),
     ("env-preempt-KILL", "ONBOX_PREEMPT_SIGNAL", "KILL", "cannot be caught"),
     ("env-checkpoint-STOP", "ONBOX_CHECKPOINT_SIGNAL", "STOP", "cannot be caught"),
     ("env-metadata-url", "ONBOX_METADATA_URL", "notaurl", "--metadata-url"),
@@ -173,8 +173,14 @@ ENVIRONMENT = [  # (id, variable, value, message)
 ROWS: List[Row] = []
 ROWS += [row("run-" + i, ["run", "--name", "x", *a, *CMD], 2, m) for i, a, m in SIGNALS]
 ROWS += [row("run-num%s%s" % (f, v), ["run", "--name", "x", f, v, *CMD], 2, m) for f, v, m in NUMBERS]
-ROWS += [row(i, ["run", "--name", "x", "-f", F, *CMD], 2, m, files=run_file("[run]\n%s\n" % body))
-         for i, body, m in RUN_FILE]
+# A higher layer wins over the run file (and the sweep's fast knobs come from ONBOX_* variables): these rows give
+# the run file the last word on the key they break, so the bad value is the one that counts.
+UNSET_FAST = {k: "" for k in FAST}
+OWN_WORD = {"rf-name-slash": ["run", "-f", F, *CMD], "rf-name-int": ["run", "-f", F, *CMD],
+            "rf-command-nul": ["run", "-f", F], "rf-command-int": ["run", "-f", F],
+            "rf-command-quote": ["run", "-f", F]}
+ROWS += [row(i, OWN_WORD.get(i, ["run", "--name", "x", "-f", F, *CMD]), 2, m, env=UNSET_FAST,
+             files=run_file("[run]\n%s\n" % body)) for i, body, m in RUN_FILE]
 ROWS += [row(i, ["run", "--name", "x", *CMD], 2, m, env={var: value}) for i, var, value, m in ENVIRONMENT]
 ROWS += [
     row("run-env-preempt-via-env-and-flag-ok-but-grace-bad", ["run", "--name", "x", "--preempt-signal", "USR2",
@@ -256,7 +262,7 @@ ROWS += [
         env={"PATH": "/nonexistent"}),
     row("run-profile-unknown", ["run", "--name", "x", "--profile", "nosuch", *CMD], 2, "nosuch"),
     row("run-profile-dotdot", ["run", "--name", "x", "--profile", "../x", *CMD], 2, "profile"),
-    row("run-profile-grace-nan", ["run", "--name", "x", "--profile", "local", *CMD], 2, "--grace",
+    row("run-profile-grace-nan", ["run", "--name", "x", "--profile", "local", *CMD], 2, "grace_seconds",
         files=profile("[preemption]\ngrace_seconds = nan\n")),
     row("run-profile-max-restarts-true", ["run", "--name", "x", "--profile", "local", *CMD], 2, "max_restarts",
         files=profile("[run]\nmax_restarts = true\n")),
