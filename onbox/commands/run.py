@@ -108,10 +108,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     2 bad input (nothing is created), 3 the box is unfit.
     """
     from onbox import paths
+    from onbox.commands import runchecks
     from onbox.subsystems import preflight
     from onbox.supervisor.rundir import RunDir
-
-    from onbox.commands import runchecks
 
     cli = cli_layer(flags)
     if command:
@@ -183,10 +182,9 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
 
 
 def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
+    from onbox import fsutil
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
-
-    from onbox import fsutil
 
     created = not os.path.isdir(rd.path)
     lock_existed = os.path.exists(rd.lock_path)

@@ -234,13 +234,15 @@ def _effective_grace(rd: Any, grace: Optional[float]) -> float:
 @click.argument("name")
 @click.option("--grace", type=FiniteFloat(0.0, 86400.0),
               help="Seconds the child gets to checkpoint before the hard kill (0-86400; default: the run's).")
+@click.option("--wait", type=FiniteFloat(0.0, 86400.0),
+              help="Seconds to wait for the agent to finish (0-86400; default: the grace plus 30).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
-def stop(name: str, grace: Optional[float], as_json: bool) -> int:
+def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool) -> int:
     """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart.
 
-    Waits for the agent up to the grace plus 30 s. Exit 0 when the run stopped (or had already ended); 1 when the
-    wait ran out: the stop request stays in place and the agent still stops the run (`onbox status NAME`);
-    2 for bad input, an unknown run or a corrupt state.json.
+    Waits for the agent (--wait, default the grace plus 30 s). Exit 0 when the run stopped (or had already
+    ended); 1 when the wait ran out: the stop request stays in place and the agent still stops the run (`onbox
+    status NAME`); 2 for bad input, an unknown run or a corrupt state.json.
     """
     from onbox import fsutil
     from onbox.proc import ProcessSeam
@@ -274,14 +276,15 @@ def stop(name: str, grace: Optional[float], as_json: bool) -> int:
         finally:
             lock.release()
     else:
-        limit = time.monotonic() + _effective_grace(rd, grace) + STOP_MARGIN
+        waited = wait if wait is not None else _effective_grace(rd, grace) + STOP_MARGIN
+        limit = time.monotonic() + waited
         while time.monotonic() < limit:
             state = rd.read_state() or {}
             if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
                 break
             time.sleep(0.1)
         else:  # not bad usage (2): the operation asked for did not finish; the agent still acts on the request
-            raise JobFailed("run %s did not stop within %.0f s" % (name, _effective_grace(rd, grace) + STOP_MARGIN),
+            raise JobFailed("run %s did not stop within %g s" % (name, waited),
                             hint="the stop request stays in place and the agent still stops the run: `onbox "
                                  "status %s`; a stuck agent: `onbox logs %s`, its agent.log" % (name, name))
     final = rd.read_state() or {}

@@ -45,11 +45,9 @@ def time_limit_seconds(text: str) -> Optional[int]:
     if not m:
         raise UsageError("--time %r is not a Slurm time limit" % text, hint="use %s (sbatch's formats)" % TIME_FORMATS)
     if m.group(1) is not None:
-        a, b, c = (int(g) if g is not None else None for g in m.group(1, 2, 3))
-        if c is not None:  # hours:minutes:seconds
-            seconds = a * 3600 + (b or 0) * 60 + c
-        else:  # minutes[:seconds]
-            seconds = a * 60 + (b or 0)
+        a, b, c = (int(g or 0) for g in m.group(1, 2, 3))
+        # hours:minutes:seconds, else minutes[:seconds]
+        seconds = a * 3600 + b * 60 + c if m.group(3) is not None else a * 60 + b
     else:
         d, h, mi, s = (int(g) if g is not None else 0 for g in m.group(4, 5, 6, 7))
         seconds = d * 86400 + h * 3600 + mi * 60 + s

@@ -74,5 +74,6 @@ def thread_death(thread: str, what: str, error: BaseException, run: str, agent_p
                  hint: str = "") -> Dict[str, Any]:
     """The fields of a `thread_died` event."""
     text = "%s: %s" % (type(error).__name__, error) if str(error) else type(error).__name__
+    text = " ".join(text.split())  # one line: an error may quote what the peer sent, line breaks and all
     return {"thread": thread, "what": what, "error": text[:500],
             "hint": ((hint + "; ") if hint else "") + AGENT_RESTART_HINT % (agent_pid, run)}

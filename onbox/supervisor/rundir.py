@@ -21,6 +21,7 @@ import collections
 import json
 import os
 import shutil
+import stat
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
@@ -76,13 +77,20 @@ class RunDir:
         return os.path.isfile(self.config_path)
 
     def make_private(self) -> None:
-        """Create the run dir 0700 (and its runs/ parent) and take group/other access off the files an older
-        agent left 0644: a run's command line, output and configuration are its owner's."""
+        """Create the run dir 0700 (and its runs/ parent) and take group/other access off what an older agent
+        left 0755/0644: a run's command line, output and configuration are its owner's. The default checkpoint
+        dir (checkpoints/) holds the trainer's files, written with its own umask: left as it is."""
         fsutil.make_private_dir(os.path.dirname(self.path))
         fsutil.make_private_dir(self.path)
-        for entry in os.scandir(self.path):
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
-                os.chmod(entry.path, fsutil.PRIVATE_FILE)
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            if dirpath == self.path and "checkpoints" in dirnames:
+                dirnames.remove("checkpoints")
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                    continue
+                os.chmod(path, fsutil.PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else fsutil.PRIVATE_FILE)
 
     def read_state(self) -> Optional[Dict[str, Any]]:
         """state.json, or None when absent or unreadable (a run that never started)."""

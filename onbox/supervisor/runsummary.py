@@ -24,7 +24,7 @@ LIVE = ("starting", "running", "backoff", "stopping")
 
 
 def has_metrics(progress: Optional[Dict[str, Any]]) -> bool:
-    return bool(progress) and any(progress.get(k) is not None for k in ("step", "loss", "eval_loss", "epoch"))
+    return progress is not None and any(progress.get(k) is not None for k in ("step", "loss", "eval_loss", "epoch"))
 
 
 def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None) -> str:

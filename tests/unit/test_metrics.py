@@ -138,7 +138,7 @@ def test_pathological_lines_stay_linear(fragment):
 def test_bad_user_regex_is_a_config_error():
     from onbox.config import RunConfig
 
-    with pytest.raises(UsageError, match="--metrics-regex .* not a valid regular expression"):
+    with pytest.raises(UsageError, match=r"--metrics-regex .* not a valid regular expression"):
         RunConfig(name="r", metrics_regex=["(?P<step>"]).validate()
     with pytest.raises(UsageError, match="no named group for a metric"):
         RunConfig(name="r", metrics_regex=[r"s=(?P<foo>\d+)"]).validate()
@@ -148,7 +148,7 @@ def test_bad_user_regex_is_a_config_error():
 def test_tracker_and_ping_urls_are_validated_with_the_config():
     from onbox.config import RunConfig
 
-    with pytest.raises(UsageError, match="--tracker '10.0.0.5:8787': not an http"):
+    with pytest.raises(UsageError, match=r"--tracker '10\.0\.0\.5:8787': not an http"):
         RunConfig(name="r", tracker="10.0.0.5:8787").validate()
     with pytest.raises(UsageError, match="--ping-url"):
         RunConfig(name="r", ping_url="hc-ping.com/x").validate()
