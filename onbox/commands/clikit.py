@@ -68,9 +68,6 @@ class FiniteFloat(click.ParamType):
             self.fail("%r is not a number from %g to %g" % (value, self.low, self.high), param, ctx)
         return number
 
-    def get_metavar(self, param: click.Parameter) -> str:
-        return "FLOAT %g-%g" % (self.low, self.high)
-
 
 def report_error(prog: str, err: OnboxError) -> int:
     """Print a domain error as `prog: message` (+ `hint: ...`) on stderr and return its exit code."""

@@ -19,7 +19,7 @@ UNPROCESSED = click.UNPROCESSED
 def _r(key: str) -> str:
     """The documented range of a number, as `onbox run --help` shows it (config.RANGES)."""
     low, high, _unit = RANGES[key]
-    return "%g-%g" % (low, high)
+    return "-".join(str(int(x)) if float(x).is_integer() else str(x) for x in (low, high))
 
 
 def _options(f: Any) -> Any:

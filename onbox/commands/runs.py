@@ -270,7 +270,13 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
             from onbox.config import RunConfig
             from onbox.supervisor.loop import Supervisor
 
-            cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json").validate()
+            try:
+                cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json").validate()
+            except (OSError, ValueError, UsageError) as e:
+                os.unlink(rd.stop_request)
+                raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (
+                    name, getattr(e, "message", e)), hint="fix %s, or stop the child yourself: `kill -TERM -%d` "
+                                                          "(its process group)" % (rd.config_path, child.pgid))
             cfg.notice_source = "none"
             Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks).run(adopt=child)
         finally:

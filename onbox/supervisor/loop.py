@@ -20,7 +20,7 @@ from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
-from onbox.supervisor.notes import RunNotes, thread_death
+from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
 from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
@@ -494,17 +494,6 @@ class Supervisor:
         self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
         self.transition(RunState.PREEMPTED, reason=source)
 
-    def _preempted_message(self) -> str:
-        """What is true after a preemption: requeued by Slurm, or not, or nothing restarts it by itself."""
-        source = self.notice.source if self.notice else "?"
-        requeue = self.notes.requeue
-        if requeue and requeue.get("ok"):
-            return "preempted (%s); requeued as Slurm job %s" % (source, requeue.get("job_id"))
-        if requeue:
-            return "preempted (%s); NOT requeued: %s" % (source, requeue.get("detail"))
-        return ("preempted (%s); relaunch with `onbox run --name %s` (or let the scheduler requeue it) to resume "
-                "from the newest checkpoint" % (source, self.rd.name))
-
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""
         try:
@@ -517,7 +506,8 @@ class Supervisor:
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
                                  runner=self.slurm_runner, requeue_fn=self.requeue)
                 if self.state == RunState.PREEMPTED:
-                    self.message = self._preempted_message()
+                    self.message = preempted_message(self.notice.source if self.notice else "?",
+                                                     self.notes.requeue, self.rd.name)
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

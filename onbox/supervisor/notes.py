@@ -77,3 +77,13 @@ def thread_death(thread: str, what: str, error: BaseException, run: str, agent_p
     text = " ".join(text.split())  # one line: an error may quote what the peer sent, line breaks and all
     return {"thread": thread, "what": what, "error": text[:500],
             "hint": ((hint + "; ") if hint else "") + AGENT_RESTART_HINT % (agent_pid, run)}
+
+
+def preempted_message(source: str, requeue: Optional[Dict[str, Any]], run: str) -> str:
+    """What is true after a preemption: requeued by Slurm, or not, or nothing restarts it by itself."""
+    if requeue and requeue.get("ok"):
+        return "preempted (%s); requeued as Slurm job %s" % (source, requeue.get("job_id"))
+    if requeue:
+        return "preempted (%s); NOT requeued: %s" % (source, requeue.get("detail"))
+    return ("preempted (%s); relaunch with `onbox run --name %s` (or let the scheduler requeue it) to resume from "
+            "the newest checkpoint" % (source, run))
