@@ -1,13 +1,16 @@
 """The run directory `$ONBOX_HOME/runs/<name>/`: the files a run leaves behind and every tool reads.
 
   config.json         the resolved RunConfig: the exact re-launch record
-  state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...
+  state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...,
+                      warnings [{code, severity, message, hint, at}] and requeue {ok, job_id, detail} (notes.py)
   events.jsonl        append-only lifecycle events, one JSON object a line: {time, type, run, attempt, ...}.
                       Types: state {old, new, reason}, exit {code, signal, signal_name, classification, message,
                       hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
                       pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
                       orphans_killed {sid, pids}, adopted {pid, start_time}, log_rotated, hook_error {hook,
-                      error}; plus whatever the hooks emit through RunContext.emit
+                      error}, thread_died {thread, what, error, hint}, stop_grace_ignored {grace, reason};
+                      plus whatever the hooks emit through RunContext.emit (metrics_unrecognised {lines, minutes,
+                      message, hint} and metrics_recognised from the heartbeat, requeue_skipped {job_id, reason})
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
   training_status.md  a human summary (runsummary.py), regenerated on each state change, commit and progress change
   lock                flock(2) held by the live agent (detach.py)
