@@ -111,7 +111,7 @@ class RunConfig:
     metrics_regex: List[str] = dataclasses.field(default_factory=list)  # user regexes with named groups
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     stall_minutes: float = 30.0
-    # secrets for the child, recorded by reference only: the values are read when the agent starts, never saved
+    # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
     env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)
     secrets: List[str] = dataclasses.field(default_factory=list)  # NAME or VAR=NAME in $ONBOX_HOME/secrets (--secret)
 
