@@ -5,12 +5,14 @@ The resolved config is saved in the run directory as config.json: the exact re-l
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import signal
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from onbox.errors import UsageError
-from onbox.paths import valid_run_name
+from onbox.paths import valid_run_name, valid_secret_name
 
 RESTART_POLICIES = ("on-failure", "always", "never")
 NOTICE_SOURCES = ("auto", "aws", "gcp", "azure", "none")
@@ -18,6 +20,44 @@ BEST_MODES = ("min", "max")
 # U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
 # it, crash dumps and `env` in a launch script show it): a token the child never sees cannot leak from there.
 AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
+
+MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
+# Every number a run takes, finite and inside these bounds (inclusive); README and `onbox run --help` say the same.
+# A value beyond them is a typo or a unit mix-up (ms for s), never a setting: `inf` made every heartbeat
+# unsendable, `nan` made `onbox stop` give up at once and skip the final commit.
+RANGES: Dict[str, Tuple[float, float, str]] = {
+    "sync_interval": (0.0, WEEK, "seconds"),
+    "settle_seconds": (0.0, DAY, "seconds"),
+    "backoff_initial": (0.0, DAY, "seconds"),
+    "backoff_max": (0.0, WEEK, "seconds"),
+    "term_timeout": (0.0, HOUR, "seconds"),
+    "tick_interval": (0.001, MINUTE, "seconds"),  # 0 would spin the loop
+    "reap_wait": (0.0, HOUR, "seconds"),
+    "grace": (0.0, DAY, "seconds"),
+    "sync_reserve": (0.0, DAY, "seconds"),
+    "final_sync_timeout": (0.0, DAY, "seconds"),
+    "restore_probation": (0.0, WEEK, "seconds"),  # 0: never quarantine a checkpoint an attempt crashed on
+    "notice_interval": (0.01, HOUR, "seconds"),  # 0 would hammer the metadata service
+    "heartbeat_interval": (0.01, DAY, "seconds"),
+    "stall_minutes": (0.01, 7 * 24 * 60.0, "minutes"),  # 0 would call every run stalled
+    "metrics_hint_minutes": (0.0, 7 * 24 * 60.0, "minutes"),  # 0: never hint
+    "max_restarts": (0, 100000, "restarts"),
+    "keep_last": (0, 100000, "checkpoints"),
+    "keep_every_steps": (1, 10 ** 12, "steps"),
+    "crash_loop_threshold": (0, 1000, "attempts"),
+    "log_max_bytes": (0, 2 ** 40, "bytes"),  # 0: never rotate
+    "log_backups": (0, 1000, "files"),
+}
+# The `onbox run` flag of each field that has one (messages name what the user typed).
+FLAGS = {k: "--" + k.replace("_", "-") for k in (
+    "name", "profile", "ckpt_dir", "durable", "sync_interval", "settle_seconds", "keep_last", "prune_local",
+    "final_sync_timeout", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
+    "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
+    "heartbeat_file", "ping_url", "metrics_regex")}
+FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
+             env_files="--env-file", secrets="--secret")
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
 @dataclasses.dataclass
@@ -73,7 +113,11 @@ class RunConfig:
     heartbeat_file: Optional[str] = None  # JSONL file sink (e.g. on the durable dir)
     ping_url: Optional[str] = None  # healthchecks.io-style ping URL
     metrics_regex: List[str] = dataclasses.field(default_factory=list)  # user regexes with named groups
+    metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     stall_minutes: float = 30.0
+    # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
+    env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)
+    secrets: List[str] = dataclasses.field(default_factory=list)  # NAME or VAR=NAME in $ONBOX_HOME/secrets (--secret)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -83,45 +127,134 @@ class RunConfig:
         return _apply(cls(), data, source)
 
     def validate(self) -> "RunConfig":
-        """Check values; raise UsageError naming the key and the problem."""
+        """Check every value (the one place: flags, ONBOX_* variables, run files, profiles and config.json all
+        come through here); raise UsageError naming the option and the problem."""
         if self.name and not valid_run_name(self.name):
             raise UsageError("invalid run name %r" % self.name,
                              hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
-        if self.restart not in RESTART_POLICIES:
-            raise UsageError("restart must be one of %s, not %r" % ("|".join(RESTART_POLICIES), self.restart))
-        if self.notice_source not in NOTICE_SOURCES:
-            raise UsageError("notice_source must be one of %s, not %r" % ("|".join(NOTICE_SOURCES), self.notice_source))
-        if self.keep_best_mode not in BEST_MODES:
-            raise UsageError("keep_best_mode must be min or max, not %r" % self.keep_best_mode)
-        for key in ("preempt_signal", "checkpoint_signal"):
-            parse_signal(getattr(self, key), key)
-        for key in ("max_restarts", "keep_last", "crash_loop_threshold", "log_backups"):
-            if getattr(self, key) < 0:
-                raise UsageError("%s must be >= 0, not %r" % (key, getattr(self, key)))
-        for key in ("sync_interval", "settle_seconds", "backoff_initial", "backoff_max", "sync_reserve",
-                    "heartbeat_interval", "stall_minutes", "term_timeout", "tick_interval",
-                    "notice_interval", "reap_wait", "final_sync_timeout", "restore_probation"):
-            if getattr(self, key) < 0:
-                raise UsageError("%s must be >= 0 seconds, not %r" % (key, getattr(self, key)))
-        for key in self.env:
-            if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
-                raise UsageError("env: %s is the agent's secret, not the job's" % key,
-                                 hint="put the token in a file (--tracker-token-file) or export it in the "
-                                      "agent's environment; it is never written down or given to the child")
-        if self.keep_every_steps is not None and self.keep_every_steps <= 0:
-            raise UsageError("keep_every_steps must be a positive number of steps, not %r" % self.keep_every_steps)
-        if self.grace is not None and self.grace < 0:
-            raise UsageError("grace must be >= 0 seconds, not %r" % self.grace)
-        for key in ("tracker", "ping_url"):
+        for key, choices in (("restart", RESTART_POLICIES), ("notice_source", NOTICE_SOURCES),
+                             ("keep_best_mode", BEST_MODES)):
+            if getattr(self, key) not in choices:
+                raise UsageError("%s must be one of %s, not %r" % (label(key), "|".join(choices), getattr(self, key)))
+        parse_catchable_signal(self.preempt_signal, "preempt_signal", also_refused=(signal.SIGCHLD,))
+        parse_catchable_signal(self.checkpoint_signal, "checkpoint_signal")
+        for key in RANGES:
+            check_range(key, getattr(self, key))
+        if self.keep_best_metric is not None and not self.keep_best_metric.strip():
+            raise UsageError("--keep-best needs a metric name, e.g. --keep-best eval_loss:min")
+        self._check_strings()
+        for key in ("tracker", "ping_url", "metadata_url"):
             url = getattr(self, key)
-            if url and not url.startswith(("http://", "https://")):
-                raise UsageError("%s must be an http(s) URL, not %r" % (key, url),
-                                 hint="e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)")
+            problem = url is not None and url_problem(url)
+            if problem:
+                raise UsageError("%s %r: %s" % (label(key), url, problem),
+                                 hint="e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)"
+                                 if key == "tracker" else "a full http(s) URL with a host, e.g. http://127.0.0.1:8080")
         if self.metrics_regex:
             from onbox.telemetry.metrics import MetricsParser
 
             MetricsParser(self.metrics_regex)  # raises UsageError naming the bad regex
+        for spec in self.secrets:
+            parse_secret_spec(spec)
         return self
+
+    def _check_strings(self) -> None:
+        """Environment names and values, argv words: what execve(2) can carry (no NUL), no agent secret."""
+        for key, value in self.env.items():
+            check_env_entry(key, value, "--env")
+        for key in ("command", "resume_args"):
+            for word in getattr(self, key):
+                if "\0" in word:
+                    raise UsageError("%s: %r holds a NUL byte, which no argument can carry" % (label(key), word))
+        for path in self.env_files:
+            if not path.strip():
+                raise UsageError("--env-file needs a path")
+
+
+def label(key: str) -> str:
+    """How messages name a field: its flag (with the field where the two differ), else the run-file key."""
+    flag = FLAGS.get(key)
+    if flag is None:
+        return key
+    return flag if flag == "--" + key.replace("_", "-") else "%s (%s)" % (flag, key)
+
+
+def check_range(key: str, value: Any) -> None:
+    """A finite number inside RANGES[key] (None passes: unset); else a UsageError naming how it is set."""
+    if value is None:
+        return
+    low, high, unit = RANGES[key]
+    if isinstance(value, float) and math.isfinite(value) and low <= value <= high:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return
+    whole = isinstance(low, int)
+    flag = FLAGS.get(key)
+    raise UsageError("%s must be %s from %s to %s %s, not %r" % (
+        label(key), "a whole number" if whole else "a number", _fmt(low), _fmt(high), unit, value),
+        hint="set by %sONBOX_%s, the run file's `%s` or the profile" % (
+            (flag + ", ") if flag else "", key.upper(), key))
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def check_env_entry(key: str, value: str, where: str) -> None:
+    """A variable the child may get: a portable name, no NUL, not the agent's own secret (U34)."""
+    if not ENV_NAME_RE.match(key):
+        raise UsageError("%s: %r is not a valid environment variable name" % (where, key),
+                         hint="letters, digits and '_', not starting with a digit")
+    if "\0" in value:
+        raise UsageError("%s: the value of %s holds a NUL byte, which no environment variable can carry" % (
+            where, key))
+    if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
+        raise UsageError("%s: %s is the agent's secret, not the job's" % (where, key),
+                         hint="put the token in a file (--tracker-token-file) or export it in the "
+                              "agent's environment; it is never written down or given to the child")
+
+
+def parse_secret_spec(spec: str) -> Tuple[str, str]:
+    """`--secret NAME` or `--secret VAR=NAME` -> (the child's variable, the file name in the secrets dir)."""
+    var, sep, name = spec.partition("=")
+    if not sep:
+        var, name = spec, spec
+    if not valid_secret_name(name):
+        raise UsageError("--secret %r: %r is not a secret name" % (spec, name),
+                         hint="a file name in $ONBOX_HOME/secrets/ (letters, digits, '.', '_', '-'), as "
+                              "`onboxctl secrets push BOX NAME` stores it; VAR=NAME sets another variable")
+    check_env_entry(var, "", "--secret")
+    return var, name
+
+
+def url_problem(url: str) -> Optional[str]:
+    """Why `url` is not a usable http(s) URL (None when it is): scheme, host and port are checked."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError as e:
+        return str(e)
+    if parts.scheme not in ("http", "https"):
+        return "not an http(s) URL"
+    if not parts.hostname:
+        return "no host in it"
+    return None
+
+
+def parse_catchable_signal(value: Any, key: str = "signal", also_refused: Tuple[int, ...] = ()) -> signal.Signals:
+    """parse_signal, refusing what no handler can see: KILL and STOP (and `also_refused`, e.g. CHLD, which the
+    agent needs for reaping). Before, `--preempt-signal KILL` crashed the detached agent and left a run dir
+    that every relaunch failed on."""
+    sig = parse_signal(value, label(key))
+    if sig in UNCATCHABLE:
+        raise UsageError("%s: %s cannot be caught, so the agent could never act on it" % (label(key), sig.name),
+                         hint="use a signal a process can handle: USR1, USR2, TERM or INT")
+    if sig in also_refused:
+        raise UsageError("%s: %s is not available: the agent uses it for its own work" % (label(key), sig.name),
+                         hint="use USR1, USR2, TERM or INT")
+    return sig
 
 
 def parse_signal(value: Any, key: str = "signal") -> signal.Signals:
@@ -142,7 +275,14 @@ def parse_signal(value: Any, key: str = "signal") -> signal.Signals:
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
+SIGNAL_KEYS = ("preempt_signal", "checkpoint_signal")
+SINGLE_STRING_LISTS = ("metrics_regex", "env_files")  # from a variable: one item (a regex is no shell word)
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
+    """The value as the field's type. Text (flags, ONBOX_* variables) is parsed; typed values (TOML, JSON) must
+    already have the type: a boolean is not a number (`max_restarts = true` is not 1) and a number is not a
+    boolean or a path."""
     default = _FIELDS[key].default
     factory = _FIELDS[key].default_factory  # type: ignore[misc]
     kind = type(factory()) if factory is not dataclasses.MISSING else type(default)
@@ -153,33 +293,48 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if "bool" in ann:
             if isinstance(value, bool):
                 return value
-            text = str(value).strip().lower()
+            if not isinstance(value, str):
+                raise ValueError("expected true or false, not a number")
+            text = value.strip().lower()
             if text in ("1", "true", "yes", "on"):
                 return True
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError("expected true or false")
+        if isinstance(value, bool) and kind is not list:
+            raise ValueError("expected %s, not true/false" % ("a number" if "float" in ann or "int" in ann
+                                                              else "a string"))
         if "float" in ann:
+            if not isinstance(value, (int, float, str)):
+                raise ValueError("expected a number")
             return float(value)
         if "int" in ann:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+                raise ValueError("expected a whole number")
+            if not isinstance(value, (int, float, str)):
                 raise ValueError("expected a whole number")
             return int(value)
         if kind is list:
             if isinstance(value, str):
+                if key in SINGLE_STRING_LISTS:
+                    return [value]
                 import shlex
                 return shlex.split(value)
-            if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+            if not isinstance(value, list) or not all(
+                    isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
                 raise ValueError("expected a list of strings")
             return [str(v) for v in value]
         if kind is dict:
-            if not isinstance(value, dict):
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value.values()):
                 raise ValueError("expected a table of KEY = \"value\"")
             return {str(k): str(v) for k, v in value.items()}
-        if not isinstance(value, (str, int, float)):
+        if isinstance(value, int) and key in SIGNAL_KEYS:
+            return str(value)
+        if not isinstance(value, str):
             raise ValueError("expected a string")
-        return str(value)
-    except (TypeError, ValueError) as e:
+        return value
+    except (TypeError, ValueError, OverflowError) as e:
         raise UsageError("%s: bad value for %s: %r (%s)" % (source, key, value, e))
 
 
@@ -214,14 +369,16 @@ def env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
 
 
 def resolve(cli: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
-            run_file: Optional[str] = None, profile_defaults: Optional[Mapping[str, Any]] = None) -> RunConfig:
-    """Merge the layers (lowest first) into a validated RunConfig. `cli` holds only flags the user gave."""
+            run_file: Optional[str] = None, profile_defaults: Optional[Mapping[str, Any]] = None,
+            defaults_source: str = "profile") -> RunConfig:
+    """Merge the layers (lowest first) into a validated RunConfig. `cli` holds only flags the user gave;
+    `defaults_source` names the lowest layer in messages (the profile, or a re-launch record)."""
     from onbox.tomlread import load_toml
 
     environ = os.environ if environ is None else environ
     cfg = RunConfig()
     if profile_defaults:
-        _apply(cfg, profile_defaults, "profile")
+        _apply(cfg, profile_defaults, defaults_source)
     if run_file:
         data = load_toml(run_file, "run file")
         run_table = data.get("run", data)

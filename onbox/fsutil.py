@@ -2,6 +2,9 @@
 
 The recipe: write a temp file in the same directory, flush, fsync the file, os.replace onto the final
 name, fsync the directory (an fsync of the file does not persist its directory entry).
+
+Files are private by default (0600; run directories 0700): a run's files carry its command line, its output and
+its configuration, which are nobody else's business on a shared box. Pass mode=0o644 for a file meant for others.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 PathLike = Union[str, "os.PathLike[str]"]
 
 TMP_PREFIX = ".onbox-tmp-"
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
 
 def fsync_dir(path: PathLike) -> None:
@@ -28,7 +33,7 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> None:
+def atomic_write(path: PathLike, data: Union[bytes, str], mode: int = PRIVATE_FILE) -> None:
     """Replace `path` with `data` so that a reader sees the old or the new content, never a mix."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -50,7 +55,7 @@ def atomic_write(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> 
     fsync_dir(directory)
 
 
-def atomic_write_json(path: PathLike, obj: Any, mode: int = 0o644) -> None:
+def atomic_write_json(path: PathLike, obj: Any, mode: int = PRIVATE_FILE) -> None:
     """atomic_write of a JSON document, sorted and indented so diffs and golden files stay stable."""
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode=mode)
 
@@ -63,11 +68,32 @@ def read_json(path: PathLike) -> Any:
 def append_jsonl(path: PathLike, obj: Any) -> None:
     """Append one JSON line with a single write(2) on an O_APPEND fd (whole lines, even with several writers)."""
     line = (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def make_private_dir(path: PathLike) -> None:
+    """Create `path` (and its parents) and make it 0700, also when it existed with wider permissions."""
+    os.makedirs(os.fspath(path), mode=PRIVATE_DIR, exist_ok=True)
+    if os.stat(os.fspath(path)).st_mode & 0o777 != PRIVATE_DIR:
+        os.chmod(os.fspath(path), PRIVATE_DIR)
+
+
+def open_private_append(path: PathLike) -> int:
+    """An O_APPEND fd on `path`, created 0600 (logs the agent or the child write)."""
+    return os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+
+
+def readable_by_others(path: PathLike) -> Optional[int]:
+    """The permission bits of `path` when its group or others may read it (a secret should be 0600), else None."""
+    try:
+        mode = os.stat(os.fspath(path)).st_mode & 0o777
+    except OSError:
+        return None
+    return mode if mode & 0o044 else None
 
 
 class FreeSpace(NamedTuple):

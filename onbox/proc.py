@@ -126,7 +126,8 @@ class ProcessSeam:
         """
         import subprocess
 
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # 0600: the job's output is its owner's (a run dir is 0700 too); the child keeps its own umask
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                  cwd=cwd, env=dict(env), start_new_session=True, close_fds=True,

@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import FiniteFloat, echo_json
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
@@ -14,7 +14,7 @@ MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 @click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where the trainer will write checkpoints "
               "(default: the profile's fast disk if present, else $ONBOX_HOME).")
 @click.option("--durable", help="Durable target: a mounted path or an rclone remote (default: the profile's).")
-@click.option("--min-free-gb", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--min-free-gb", type=FiniteFloat(0.0, 1e9), default=10.0, show_default=True,
               help="Free space the checkpoint dir needs; less is unfit (exit 3).")
 @click.option("--min-free-inodes", type=click.IntRange(min=0), default=10000, show_default=True,
               help="Free inodes the checkpoint dir needs; fewer is unfit (exit 3) (U7).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -47,6 +48,25 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that is a finite number inside [low, high]: click's FloatRange lets nan and inf through
+    (every comparison with nan is false), and one `--grace nan` made `onbox stop` give up at once."""
+
+    name = "float"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail("%r is not a number" % (value,), param, ctx)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            self.fail("%r is not a number from %g to %g" % (value, self.low, self.high), param, ctx)
+        return number
 
 
 def report_error(prog: str, err: OnboxError) -> int:

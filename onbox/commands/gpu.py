@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import FiniteFloat, echo_json
 from onbox.errors import JobFailed, UsageError
 
 DEVICES_HELP = "Glob of the NVIDIA device files to look for holders of (env ONBOX_GPU_DEVICES)."
@@ -100,10 +100,10 @@ def _print_scan_footer(scan: Dict[str, Any]) -> None:
 @click.command("reap")
 @click.option("--force", is_flag=True, help="Kill the candidates (TERM, wait, KILL). Without it: a dry run.")
 @click.option("--all-users", is_flag=True, help="As root: also consider other users' processes.")
-@click.option("--min-age", type=float, default=60.0, show_default=True, metavar="S",
+@click.option("--min-age", type=FiniteFloat(0.0, 1e9), default=60.0, show_default=True, metavar="S",
               help="Never touch a holder younger than S seconds.")
-@click.option("--term-timeout", type=float, default=5.0, show_default=True, metavar="S",
-              help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--term-timeout", type=FiniteFloat(0.0, 3600.0), default=5.0, show_default=True, metavar="S",
+              help="Seconds between SIGTERM and SIGKILL (0-3600).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--devices", default="/dev/nvidia*", envvar="ONBOX_GPU_DEVICES", show_default=True, help=DEVICES_HELP)
 def reap(force: bool, all_users: bool, min_age: float, term_timeout: float, as_json: bool, devices: str) -> None:

@@ -10,9 +10,16 @@ from typing import Any, Dict, List, Optional
 import click
 
 from onbox.commands.clikit import echo_json
+from onbox.config import RANGES
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 UNPROCESSED = click.UNPROCESSED
+
+
+def _r(key: str) -> str:
+    """The documented range of a number, as `onbox run --help` shows it (config.RANGES)."""
+    low, high, _unit = RANGES[key]
+    return "-".join(str(int(x)) if float(x).is_integer() else str(x) for x in (low, high))
 
 
 def _options(f: Any) -> Any:
@@ -23,26 +30,39 @@ def _options(f: Any) -> Any:
                      help="A TOML run file holding the same options (a [run] table)."),
         click.option("--ckpt-dir", help="Where the trainer writes checkpoints (ONBOX_CKPT_DIR)."),
         click.option("--durable", help="Durable target: a mounted path or an rclone remote:path."),
-        click.option("--sync-interval", type=float, help="Seconds between commits of a new complete checkpoint."),
-        click.option("--settle-seconds", type=float,
-                     help="A checkpoint untouched this long (and format-valid) counts as complete."),
-        click.option("--keep-last", type=int, help="Committed checkpoints kept newest-first (retention)."),
+        click.option("--sync-interval", type=float, help="Seconds between commits of a new complete checkpoint "
+                     "(%s, default 60)." % _r("sync_interval")),
+        click.option("--settle-seconds", type=float, help="A checkpoint untouched this long (and format-valid) "
+                     "counts as complete (%s s, default 10)." % _r("settle_seconds")),
+        click.option("--keep-last", type=int, help="Committed checkpoints kept newest-first (%s, default 3)."
+                     % _r("keep_last")),
         click.option("--keep-best", "keep_best", metavar="METRIC[:min|max]",
                      help="Also keep the best checkpoint by this metric (default direction: min)."),
         click.option("--keep-every", "keep_every_steps", type=int, metavar="STEPS",
-                     help="Also keep every checkpoint whose step is a multiple of STEPS."),
+                     help="Also keep every checkpoint whose step is a multiple of STEPS (%s)." % _r("keep_every_steps")),
         click.option("--prune-local/--no-prune-local", default=None,
                      help="Delete committed local copies (never the newest) when the local disk runs low."),
-        click.option("--final-sync-timeout", type=float,
-                     help="Seconds the final commit may take when the job ends (default 300)."),
+        click.option("--final-sync-timeout", type=float, help="Seconds the final commit may take when the job "
+                     "ends (%s, default 300)." % _r("final_sync_timeout")),
         click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), help="Restart policy."),
-        click.option("--max-restarts", type=int, help="Restarts after failures before giving up."),
-        click.option("--checkpoint-signal", help="Signal forwarded to the child on preemption (default TERM)."),
-        click.option("--preempt-signal", help="Scheduler signal the agent treats as preemption (default USR1)."),
-        click.option("--grace", type=float, help="Seconds from a preemption notice to the hard kill."),
+        click.option("--max-restarts", type=int, help="Restarts after failures before giving up (%s, default 5)."
+                     % _r("max_restarts")),
+        click.option("--checkpoint-signal", help="Signal forwarded to the child on preemption (default TERM; "
+                     "never KILL or STOP: the child could not checkpoint)."),
+        click.option("--preempt-signal", help="Scheduler signal the agent treats as preemption (default USR1; "
+                     "never KILL, STOP or CHLD)."),
+        click.option("--grace", type=float, help="Seconds from a preemption notice to the hard kill (%s; default "
+                     "from the profile, else 30)." % _r("grace")),
         click.option("--resume-arg", "resume_args", multiple=True,
                      help="Argument appended when a checkpoint exists; {ckpt} expands to its path. Repeatable."),
-        click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable."),
+        click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable. Recorded in "
+                     "config.json and visible in `ps`: secrets go in --secret or --env-file."),
+        click.option("--env-file", "env_files", multiple=True, metavar="PATH",
+                     help="KEY=VAL lines for the child, read when each attempt starts; only the path is "
+                     "recorded. Repeatable."),
+        click.option("--secret", "secrets", multiple=True, metavar="[VAR=]NAME",
+                     help="The child gets VAR (default NAME) from the file $ONBOX_HOME/secrets/NAME (where "
+                     "`onboxctl secrets push` puts it), read when each attempt starts, never recorded. Repeatable."),
         click.option("--workdir", type=click.Path(file_okay=False), help="Child's working directory."),
         click.option("--notice-source", type=click.Choice(["auto", "aws", "gcp", "azure", "none"]),
                      help="Cloud preemption notices from the metadata service."),
@@ -51,10 +71,14 @@ def _options(f: Any) -> Any:
         click.option("--tracker", help="Tracker URL heartbeats go to (or ONBOX_TRACKER)."),
         click.option("--tracker-token-file", type=click.Path(dir_okay=False),
                      help="File holding the tracker's bearer token (or ONBOX_TRACKER_TOKEN; never a flag value)."),
-        click.option("--heartbeat-interval", type=float, help="Seconds between heartbeats (default 30)."),
+        click.option("--heartbeat-interval", type=float, help="Seconds between heartbeats (%s, default 30)."
+                     % _r("heartbeat_interval")),
         click.option("--heartbeat-file", type=click.Path(dir_okay=False),
                      help="Also append every heartbeat to this JSONL file (e.g. on the durable dir)."),
         click.option("--ping-url", help="healthchecks.io-style ping URL (/start, success pings, /fail)."),
+        click.option("--metrics-regex", "metrics_regex", multiple=True, metavar="REGEX",
+                     help="A Python regex with named groups (step, loss, eval_loss, lr, tokens_per_s, "
+                     "samples_per_s, epoch) for output lines the built-in formats miss. Repeatable."),
         click.option("--resume", "resume_existing", is_flag=True,
                      help="Continue the existing run NAME although CMD, --ckpt-dir or --durable differ from what "
                           "it recorded (without it, a different command under an existing name is refused)."),
@@ -77,25 +101,27 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     Starting an existing run again re-adopts its child if it is still alive (no double launch); `onbox run
     --name X` without a command re-launches X from its recorded config.json (e.g. from a requeued sbatch script
     or vast.ai's onstart.sh).
+
+    Every number must be finite and inside its range (shown with each option; the run-file and ONBOX_* knobs:
+    tick_interval 0.001-60 s, backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
+    reap_wait 0-3600 s, sync_reserve 0-86400 s, notice_interval 0.01-3600 s, stall_minutes 0.01-10080,
+    metrics_hint_minutes 0-10080 (default 10; 0: never), crash_loop_threshold 0-1000, log_max_bytes 0-2^40,
+    log_backups 0-1000). Booleans are true/false, never numbers.
+
+    Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
+    2 bad input (nothing is created), 3 the box is unfit.
     """
     from onbox import paths
+    from onbox.commands import runchecks
     from onbox.subsystems import preflight
     from onbox.supervisor.rundir import RunDir
 
-    cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
-    if "env" in cli:
-        cli["env"] = _parse_env(cli["env"])
-    if "resume_args" in cli:
-        cli["resume_args"] = list(cli["resume_args"])
-    if "keep_best" in cli:
-        cli.update(_parse_keep_best(cli.pop("keep_best")))
+    cli = cli_layer(flags)
     if command:
         cli["command"] = list(command)
     saved = _relaunch_record(cli, run_file)
     if saved is not None:  # `onbox run --name X` alone: X again, exactly as recorded (flags still override)
-        from onbox import config
-
-        cfg = config.resolve(cli, profile_defaults=saved)
+        cfg = runchecks.resolve_relaunch(cli, saved, paths.run_dir(cli["name"]))
     else:
         cfg = _resolve_with_profile(cli, run_file)
     if not cfg.command:
@@ -109,6 +135,8 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     for key in ("tracker_token_file", "heartbeat_file"):
         if getattr(cfg, key):
             setattr(cfg, key, os.path.abspath(os.path.expanduser(getattr(cfg, key))))
+    cfg.env_files = [os.path.abspath(os.path.expanduser(p)) for p in cfg.env_files]
+    runchecks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
@@ -120,8 +148,10 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     if saved is None and not resume_existing:
         _refuse_a_different_run_under_the_same_name(cfg, paths.run_dir(cfg.name))
     preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
+    for line in runchecks.warnings(cli.get("env") or {}, cfg):
+        click.echo("onbox: warning: %s" % line, err=True)
     if not cfg.ckpt_dir:
-        click.echo("onbox: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
+        click.echo("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
                    "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
                    % os.path.join(paths.run_dir(cfg.name), "checkpoints"), err=True)
     rd = RunDir(paths.run_dir(cfg.name))
@@ -175,6 +205,12 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
     from onbox.subsystems import preflight
     from onbox.supervisor.rundir import RunDir
 
+    if not paths.valid_run_name(name):
+        raise UsageError("invalid run name %r" % name, hint="`onbox ls` lists runs")
+    problem = paths.home_problem()
+    if problem:
+        raise UsageError("ONBOX_HOME %s is unusable: %s" % (paths.onbox_home(), problem),
+                         hint="point ONBOX_HOME at a directory (unset, it is ~/.onbox)")
     rd = RunDir(paths.run_dir(name))
     if not rd.exists():
         raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
@@ -182,17 +218,25 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
         cfg = RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
     except (OSError, ValueError) as e:
         raise UsageError("cannot read %s: %s" % (rd.config_path, e))
+    except UsageError as e:
+        raise UsageError("run %s's config.json: %s" % (name, e.message),
+                         hint="fix %s, or relaunch with the option given on the command line (`onbox run --name "
+                              "%s --OPTION VALUE` overrides the record)" % (rd.config_path, name))
     preflight(cfg)
     return _launch(cfg, rd, foreground, as_json, adopt_only=True)
 
 
 def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
+    from onbox import fsutil
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
 
     created = not os.path.isdir(rd.path)
+    lock_existed = os.path.exists(rd.lock_path)
     try:
-        os.makedirs(rd.path, exist_ok=True)
+        if not os.path.isdir(os.path.dirname(rd.path)):
+            fsutil.make_private_dir(os.path.dirname(rd.path))
+        os.makedirs(rd.path, mode=fsutil.PRIVATE_DIR, exist_ok=True)
         lock = detach.lock_or_explain(rd)
     except UsageError:
         raise
@@ -204,8 +248,11 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     child = detach.live_child(rd, ProcessSeam())
     if adopt_only and child is None:
         lock.release()
+        if not lock_existed:  # a refusal leaves nothing behind
+            os.unlink(rd.lock_path)
         raise UsageError("run %s has no live child to adopt" % rd.name,
                          hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
+    rd.make_private()  # 0700 and 0600, also for a run an older agent left 0755/0644
     if child is not None and not adopt_only:
         cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
     if child is None:
@@ -252,6 +299,35 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         return int(info.get("exit") or 1)
     _report(info, as_json)
     return 0
+
+
+def cli_layer(flags: Dict[str, Any]) -> Dict[str, Any]:
+    """The command-line layer of the RunConfig from `onbox run`'s option values (only those given)."""
+    from onbox import paths
+
+    cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
+    if "name" in cli and not paths.valid_run_name(cli["name"]):
+        raise UsageError("invalid run name %r" % cli["name"],
+                         hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
+    if "env" in cli:
+        cli["env"] = _parse_env(cli["env"])
+    for key in ("resume_args", "env_files", "secrets", "metrics_regex"):
+        if key in cli:
+            cli[key] = list(cli[key])
+    if "keep_best" in cli:
+        cli.update(_parse_keep_best(cli.pop("keep_best")))
+    return cli
+
+
+def check_run_options(args: List[str]) -> None:
+    """`onbox run` options given to another command (`onbox sbatch` passes them through): parsed and their
+    values validated now, not on a node after the queue wait. Files they name are not read here."""
+    from onbox.config import RunConfig
+
+    ctx = run.make_context("onbox run", [*args, "--", "true"])
+    flags = {k: v for k, v in ctx.params.items()
+             if k not in ("command", "run_file", "foreground", "as_json", "resume_existing")}
+    RunConfig.from_dict(cli_layer(flags), "the run options").validate()
 
 
 def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:

@@ -1,6 +1,12 @@
-"""`onbox status`, `ls`, `logs`, `stop`: read the run directories; `stop` asks the agent for a graceful stop."""
+"""`onbox status`, `ls`, `logs`, `stop`: read the run directories; `stop` asks the agent for a graceful stop.
+
+Exit codes beyond 0: 2 for a bad name or value, an ONBOX_HOME that is not a directory, and a corrupt state.json
+(a malformed file, like a malformed run file: `onbox status` still prints every other run first); 1 when
+`onbox stop` gave up waiting (the stop request stays: the agent still stops the run).
+"""
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -8,10 +14,20 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
-from onbox.errors import UsageError
+from onbox.commands.clikit import FiniteFloat, echo_json
+from onbox.errors import JobFailed, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
+
+
+def _check_home() -> None:
+    """ONBOX_HOME must be (or become) a directory: a regular file there used to read as "no runs", exit 0."""
+    from onbox import paths
+
+    problem = paths.home_problem()
+    if problem:
+        raise UsageError("ONBOX_HOME %s is unusable: %s" % (paths.onbox_home(), problem),
+                         hint="point ONBOX_HOME at a directory (unset, it is ~/.onbox)")
 
 
 def _rundir(name: str) -> Any:
@@ -20,22 +36,38 @@ def _rundir(name: str) -> Any:
 
     if not paths.valid_run_name(name):
         raise UsageError("invalid run name %r" % name)
+    _check_home()
     rd = RunDir(paths.run_dir(name))
     if not rd.exists():
         raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
     return rd
 
 
+def corrupt_hint(rd: Any) -> str:
+    return ("state.json is written atomically, so this is a damaged disk or a hand edit. If the agent runs (`cat "
+            "%s` names its pid), its next state change rewrites the file; if not, move the file aside (`mv %s "
+            "%s.corrupt`), check that no process of the run is left (`onbox reap`, `ps`), then `onbox run --name %s` "
+            "relaunches it from config.json and resumes from the newest checkpoint" % (
+                rd.lock_path, rd.state_path, rd.state_path, rd.name))
+
+
 def _summary(rd: Any) -> Dict[str, Any]:
     from onbox.supervisor.detach import TERMINAL, agent_alive
 
-    state = rd.read_state() or {"run": rd.name, "state": "unknown"}
+    state, problem = rd.load_state()
+    if problem:
+        return {"run": rd.name, "state": "corrupt", "agent_alive": False, "progress": None, "checkpoint": None,
+                "corrupt": "%s is corrupt: %s" % (rd.state_path, problem), "hint": corrupt_hint(rd)}
+    if state is None:
+        state = {"run": rd.name, "state": "unknown",
+                 "note": "no state.json: the run never started (or its agent died before writing one); "
+                         "`onbox run --name %s` starts it" % rd.name}
     alive = agent_alive(state)
     state["agent_alive"] = alive
-    # what the subsystems recorded beside state.json (runhooks.RunContext): newest metrics and checkpoints
+    # what the subsystems recorded beside state.json (hooks.RunContext): newest metrics and checkpoints
     for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
         state[key] = _read_doc(rd.file(filename))
-    if not alive and state.get("state") not in TERMINAL:
+    if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
     return state
 
@@ -79,11 +111,14 @@ def _all_runs() -> List[Any]:
     from onbox import paths
     from onbox.supervisor.rundir import RunDir
 
+    _check_home()
     root = paths.runs_dir()
     try:
         names = sorted(os.listdir(root))
-    except OSError:
-        return []
+    except FileNotFoundError:
+        return []  # nothing has run here yet
+    except OSError as e:
+        raise UsageError("cannot list %s: %s" % (root, e.strerror or e), hint="check ONBOX_HOME and its permissions")
     return [RunDir(os.path.join(root, n)) for n in names if os.path.isfile(os.path.join(root, n, "config.json"))]
 
 
@@ -91,12 +126,30 @@ def _all_runs() -> List[Any]:
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print state.json (plus agent liveness) as JSON.")
 def status(name: Optional[str], as_json: bool) -> int:
-    """State of run NAME, or of every run."""
+    """State of run NAME, or of every run.
+
+    Exit 0; 2 for an unknown or invalid name, an ONBOX_HOME that is not a directory, or a run whose state.json
+    is corrupt (every other run is printed first; the corrupt one says how to recover).
+    """
     docs = [_summary(_rundir(name))] if name else [_summary(rd) for rd in _all_runs()]
     if as_json:
         echo_json(docs[0] if name else docs)
-        return 0
+    else:
+        _print_status(docs)
+    corrupt = [d for d in docs if d.get("corrupt")]
+    if corrupt:
+        raise UsageError("run %s: %s" % (corrupt[0]["run"], corrupt[0]["corrupt"]) + (
+            " (and %d more run(s))" % (len(corrupt) - 1) if len(corrupt) > 1 else ""), hint=corrupt[0]["hint"])
+    return 0
+
+
+def _print_status(docs: List[Dict[str, Any]]) -> None:
+    from onbox.supervisor.runsummary import has_metrics
+
     for doc in docs:
+        if doc.get("corrupt"):
+            click.echo("%s: CORRUPT — %s" % (doc.get("run"), doc["corrupt"]))
+            continue
         last = doc.get("last_exit") or {}
         click.echo("%s: %s (attempt %s, restarts %s, child %s, agent %s)" % (
             doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid") or "-",
@@ -109,9 +162,12 @@ def status(name: Optional[str], as_json: bool) -> int:
             click.echo("  last exit: %s — %s" % (last.get("classification"), last.get("message")))
         if doc.get("message"):
             click.echo("  %s" % doc["message"])
+        for w in doc.get("warnings") or []:
+            if isinstance(w, dict) and not (w.get("code") == "no_metrics" and has_metrics(doc.get("progress"))):
+                click.echo("  %s: %s%s" % ("WARNING" if w.get("severity") == "critical" else "warning",
+                                           w.get("message"), (" — %s" % w["hint"]) if w.get("hint") else ""))
         if doc.get("note"):
             click.echo("  note: %s" % doc["note"])
-    return 0
 
 
 @click.command()
@@ -168,29 +224,40 @@ def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     if grace is not None:
         return grace
     try:
-        configured = read_json(rd.config_path).get("grace")
-    except (OSError, ValueError, AttributeError):
+        configured = float(read_json(rd.config_path).get("grace"))
+    except (OSError, ValueError, AttributeError, TypeError):
         configured = None
-    return float(configured) if configured is not None else DEFAULT_GRACE
+    if configured is None or not math.isfinite(configured) or configured < 0:
+        return DEFAULT_GRACE
+    return min(configured, 86400.0)
 
 
 @click.command()
 @click.argument("name")
-@click.option("--grace", type=float, help="Seconds the child gets to checkpoint before the hard kill.")
+@click.option("--grace", type=FiniteFloat(0.0, 86400.0),
+              help="Seconds the child gets to checkpoint before the hard kill (0-86400; default: the run's).")
+@click.option("--wait", type=FiniteFloat(0.0, 86400.0),
+              help="Seconds to wait for the agent to finish (0-86400; default: the grace plus 30).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
-def stop(name: str, grace: Optional[float], as_json: bool) -> int:
-    """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart."""
+def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool) -> int:
+    """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart.
+
+    Waits for the agent (--wait, default the grace plus 30 s). Exit 0 when the run stopped (or had already
+    ended); 1 when the wait ran out: the stop request stays in place and the agent still stops the run (`onbox
+    status NAME`); 2 for bad input, an unknown run or a corrupt state.json.
+    """
     from onbox import fsutil
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
 
     rd = _rundir(name)
-    state = rd.read_state() or {}
+    state, problem = rd.load_state()
+    if problem:
+        raise UsageError("run %s: %s is corrupt: %s" % (name, rd.state_path, problem), hint=corrupt_hint(rd))
+    state = state or {}
     if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
         click.echo("%s is already %s" % (name, state.get("state")))
         return 0
-    if grace is not None and grace < 0:
-        raise UsageError("--grace must be >= 0 seconds")
     fsutil.atomic_write_json(rd.stop_request, {"grace": grace, "requested_at": time.time()})
     lock = detach.RunLock(rd.lock_path)
     if lock.acquire():  # no live agent: stop the orphaned child ourselves, through the same supervisor path
@@ -205,20 +272,29 @@ def stop(name: str, grace: Optional[float], as_json: bool) -> int:
             from onbox.config import RunConfig
             from onbox.supervisor.loop import Supervisor
 
-            cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json")
+            try:
+                cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json").validate()
+            except (OSError, ValueError, UsageError) as e:
+                os.unlink(rd.stop_request)
+                raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (
+                    name, getattr(e, "message", e)), hint="fix %s, or stop the child yourself: `kill -TERM -%d` "
+                                                          "(its process group)" % (rd.config_path, child.pgid))
             cfg.notice_source = "none"
             Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks).run(adopt=child)
         finally:
             lock.release()
     else:
-        limit = time.monotonic() + _effective_grace(rd, grace) + STOP_MARGIN
+        waited = wait if wait is not None else _effective_grace(rd, grace) + STOP_MARGIN
+        limit = time.monotonic() + waited
         while time.monotonic() < limit:
             state = rd.read_state() or {}
             if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
                 break
             time.sleep(0.1)
-        else:
-            raise UsageError("run %s did not stop in time" % name, hint="`onbox status %s`" % name)
+        else:  # not bad usage (2): the operation asked for did not finish; the agent still acts on the request
+            raise JobFailed("run %s did not stop within %g s" % (name, waited),
+                            hint="the stop request stays in place and the agent still stops the run: `onbox "
+                                 "status %s`; a stuck agent: `onbox logs %s`, its agent.log" % (name, name))
     final = rd.read_state() or {}
     if as_json:
         echo_json(final)

@@ -78,6 +78,9 @@ def sbatch(ctx: click.Context, time_: Optional[str], partition: Optional[str], n
                         lead=signal_lead if signal_lead is not None else int(prof.get("lead", 120)),
                         time=time_, partition=partition, nodes=nodes, array=array, output=output,
                         sbatch_args=list(sbatch_args), version=__version__).validate()
+    from onbox.commands.run import check_run_options
+
+    check_run_options(list(run_args))  # a bad --grace fails here, not on the node after the queue wait
     text = spec.render()
     result: Any
     if print_:

@@ -3,7 +3,9 @@
 - on_output(line): parse metrics from the child's output; feed the loss to the alert engine.
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
 - tick(state): tail ONBOX_METRICS_FILE, write progress.json when progress changed, send a beat when one is due
-  (every `heartbeat_interval`, on a state change or event, on a new alert).
+  (every `heartbeat_interval`, on a state change or event, on a new alert); once the child has printed for
+  `metrics_hint_minutes` without a metric recognised, emit `metrics_unrecognised` with the flag to use (and
+  `metrics_recognised` when one finally is).
 - close(state): the final beat, then flush the spools within a short bound.
 
 Nothing here blocks on the network: beats are spooled (fsynced) and pushed by one sender thread per sink.
@@ -86,7 +88,7 @@ class HeartbeatHook:
         self.box = box_name()
         self.slurm = heartbeat_fields(os.environ)
         hb_dir = os.path.join(ctx.run_dir, "heartbeats")
-        os.makedirs(hb_dir, exist_ok=True)
+        os.makedirs(hb_dir, mode=0o700, exist_ok=True)
         self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
         self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, METRICS_FILE))
         if sinks is None:
@@ -99,7 +101,8 @@ class HeartbeatHook:
         for sink in sinks:
             spool = Spool(os.path.join(hb_dir, "spool-" + sink.name), max_entries=spool_max)
             sender = Sender(sink, spool, batch_size=batch_size,
-                            backoff=backoff or Backoff(base=min(1.0, max(self.interval, 0.01)), cap=60.0))
+                            backoff=backoff or Backoff(base=min(1.0, max(self.interval, 0.01)), cap=60.0),
+                            on_death=self._sender_died(sink.name))
             sender.start()
             self.senders.append(sender)
         if ping is None and cfg.ping_url:
@@ -117,6 +120,11 @@ class HeartbeatHook:
         self._progress_dirty = False
         self._progress_written_mono = -1e18
         self._closed = False
+        self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
+        self._first_output_mono: Optional[float] = None
+        self._output_lines = 0
+        self._hinted = False  # metrics_unrecognised was emitted (once a supervision)
+        self._recognised_pending = False
 
     # -- TelemetryHook
     def on_output(self, line: str) -> None:
@@ -124,6 +132,9 @@ class HeartbeatHook:
         fields = self.parser.parse(line)
         with self._lock:
             self._last_output_mono = mono
+            self._output_lines += 1
+            if self._first_output_mono is None:
+                self._first_output_mono = mono
             if fields:
                 self._apply(fields, wall, mono)
 
@@ -136,6 +147,7 @@ class HeartbeatHook:
             return
         mono = self.clock.monotonic()
         self._absorb_metrics_file()
+        self._metrics_hint(mono)
         with self._lock:
             write_progress = self._progress_dirty and mono - self._progress_written_mono >= self.progress_write_interval
             if write_progress:
@@ -178,6 +190,37 @@ class HeartbeatHook:
         atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), self.progress.to_dict())
 
     # -- internals
+    def _sender_died(self, sink_name: str) -> Any:
+        def died(error: BaseException) -> None:
+            from onbox.supervisor.notes import thread_death
+
+            self.ctx.emit("thread_died", **thread_death(
+                "onbox-heartbeat-%s" % sink_name, "heartbeats to %s" % sink_name, error, self.ctx.name, os.getpid(),
+                hint="the beats stay spooled in %s" % os.path.join(self.ctx.run_dir, "heartbeats")))
+        return died
+
+    def _metrics_hint(self, mono: float) -> None:
+        """Say once when the child has printed for hint_seconds and no line was recognised as metrics (and say
+        when one is, so the warning goes). Emitted outside the lock: emit() calls back into on_event."""
+        with self._lock:
+            recognised, self._recognised_pending = self._recognised_pending, False
+            due = (not self._hinted and self.hint_seconds > 0 and self.progress.updated_at is None
+                   and self._first_output_mono is not None and mono - self._first_output_mono >= self.hint_seconds)
+            if due:
+                self._hinted = True
+            lines = self._output_lines
+        if recognised:
+            self.ctx.emit("metrics_recognised")
+        if due:
+            minutes = self.hint_seconds / 60.0
+            self.ctx.emit("metrics_unrecognised", lines=lines, minutes=minutes,
+                          message="the job has printed %d lines in %s min and none of them was recognised as a "
+                                  "metric: no step, no loss in status or heartbeats" % (lines, "%g" % minutes),
+                          hint="give the shape with --metrics-regex, e.g. --metrics-regex "
+                               "'step (?P<step>\\d+) .*loss (?P<loss>[-+.\\deE]+)' (named groups: step, loss, "
+                               "eval_loss, lr, tokens_per_s, samples_per_s, epoch), or have the trainer append JSON "
+                               "lines to $ONBOX_METRICS_FILE")
+
     def _absorb_metrics_file(self) -> None:
         records = self.metrics_tail.read_new()
         mono, wall = self.clock.monotonic(), self.clock.time()
@@ -186,6 +229,8 @@ class HeartbeatHook:
                 self._apply(fields, wall, mono)
 
     def _apply(self, fields: Dict[str, float], wall: float, mono: float) -> None:
+        if self._hinted and self.progress.updated_at is None:
+            self._recognised_pending = True
         self.progress.update(fields, wall, mono)
         self._progress_dirty = True
         loss = fields.get("loss")

@@ -233,13 +233,15 @@ class Sender:
     """
 
     def __init__(self, sink: Any, spool: Spool, batch_size: int = 100, backoff: Optional[Backoff] = None,
-                 clock: Optional[Clock] = None, on_result: Optional[Callable[[str, bool, str], None]] = None) -> None:
+                 clock: Optional[Clock] = None, on_result: Optional[Callable[[str, bool, str], None]] = None,
+                 on_death: Optional[Callable[[BaseException], None]] = None) -> None:
         self.sink = sink
         self.spool = spool
         self.batch_size = batch_size
         self.backoff = backoff or Backoff()
         self.clock = clock or SystemClock()
         self.on_result = on_result
+        self.on_death = on_death  # the thread ended on an error: beats to this sink stopped (they stay spooled)
         self.rejected = 0
         self.last_error: Optional[str] = None
         self._wake = threading.Event()
@@ -296,6 +298,15 @@ class Sender:
         return sent, True
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # push_once's errors are caught below; this is everything else (the spool
+            self.last_error = repr(e)  # dir vanished, a bug): the thread's last word, never silence
+            log.exception("onbox heartbeat: the sender for %s died", self.sink.name)
+            if self.on_death is not None and not self._stop.is_set():
+                self.on_death(e)
+
+    def _loop(self) -> None:
         delay = 0.0
         while not self._stop.is_set():
             if delay > 0:

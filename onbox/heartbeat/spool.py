@@ -21,7 +21,7 @@ class Spool:
     def __init__(self, directory: str, max_entries: int = 20000) -> None:
         self.directory = directory
         self.max_entries = max_entries
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # beats carry the run's state: its owner's only
         self._lock = threading.Lock()
         self._state_path = os.path.join(directory, "state.json")
         state = self._read_state()

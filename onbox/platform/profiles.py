@@ -12,6 +12,7 @@ built-in one; a user file may also define a new profile. Built-ins live in onbox
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -133,8 +134,10 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
             parse_signal(pre["signal"], "signal")
         except UsageError as e:
             raise _problem(path, prefix + "preemption.signal", e.message)
-    if pre.get("grace_seconds", 0) < 0:
-        raise _problem(path, prefix + "preemption.grace_seconds", "must be >= 0")
+    for key, high in (("grace_seconds", 86400), ("signal_lead", 65535)):
+        value = pre.get(key)
+        if value is not None and not (math.isfinite(value) and 0 <= value <= high):
+            raise _problem(path, prefix + "preemption." + key, "must be a number from 0 to %d, not %r" % (high, value))
     for g in data.get("gotchas") or []:
         if not isinstance(g, str) or not GOTCHA_RE.match(g):
             raise _problem(path, prefix + "gotchas", "expected ids like \"U7\", not %r" % (g,))

@@ -15,18 +15,43 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-from onbox.config import parse_signal
-from onbox.errors import UsageError
+from onbox.config import parse_catchable_signal
+from onbox.errors import UnfitError, UsageError
 
 DEFAULT_LEAD = 120  # seconds before the time limit; a final commit of a multi-GB checkpoint needs that much
 DEFAULT_SIGNAL = "USR1"  # the agent's default preempt_signal; USR2 where the trainer uses NCCL (it catches USR1)
 MAX_LEAD = 65535  # Slurm's limit for --signal's time
 SUBMIT_TIMEOUT = 60.0
+# sbatch --time, as its man page lists the formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds; and UNLIMITED/INFINITE (Slurm's parser also takes -1).
+TIME_RE = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$|^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+
+
+def time_limit_seconds(text: str) -> Optional[int]:
+    """Seconds of an sbatch --time value; None for no limit (UNLIMITED, INFINITE, -1, 0). UsageError otherwise:
+    sbatch would reject it only after the script was written, or worse, on submission from a requeue."""
+    value = text.strip()
+    if value.upper() in ("UNLIMITED", "INFINITE", "-1"):
+        return None
+    m = TIME_RE.match(value)
+    if not m:
+        raise UsageError("--time %r is not a Slurm time limit" % text, hint="use %s (sbatch's formats)" % TIME_FORMATS)
+    if m.group(1) is not None:
+        a, b, c = (int(g or 0) for g in m.group(1, 2, 3))
+        # hours:minutes:seconds, else minutes[:seconds]
+        seconds = a * 3600 + b * 60 + c if m.group(3) is not None else a * 60 + b
+    else:
+        d, h, mi, s = (int(g) if g is not None else 0 for g in m.group(4, 5, 6, 7))
+        seconds = d * 86400 + h * 3600 + mi * 60 + s
+    return seconds or None  # "A time limit of zero requests that no time limit be imposed"
 
 
 @dataclasses.dataclass
@@ -54,10 +79,17 @@ class SbatchScript:
                              "`onbox sbatch --time 4:00:00 -- python train.py`")
         if not self.agent:
             raise UsageError("--agent is empty", hint="e.g. --agent 'python3 /shared/onbox.pyz'")
-        sig = parse_signal(self.signal, "--signal")
+        sig = parse_catchable_signal(self.signal, "--signal", also_refused=(signal.SIGCHLD,))
         self.signal = sig.name[3:]
         if not 0 < self.lead <= MAX_LEAD:
             raise UsageError("--signal-lead must be 1..%d seconds, not %r" % (MAX_LEAD, self.lead))
+        if self.time is not None:
+            limit = time_limit_seconds(self.time)
+            if limit is not None and limit <= self.lead:
+                raise UsageError("--time %s (%d s) is not longer than --signal-lead (%d s): the warning would come "
+                                 "at once, and every requeue would be preempted again" % (self.time, limit, self.lead),
+                                 hint="give a longer --time or a shorter --signal-lead (Slurm may signal up to 60 s "
+                                      "early)")
         if self.nodes < 1:
             raise UsageError("--nodes must be >= 1, not %r" % self.nodes)
         for arg in self.sbatch_args:
@@ -186,8 +218,8 @@ def submit(script: str, workdir: Optional[str] = None, timeout: float = SUBMIT_T
 
     try:
         cp = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=timeout, cwd=workdir)
-    except FileNotFoundError:
-        raise SlurmError("sbatch not found on PATH", hint="run this on a Slurm login node, or use --print")
+    except FileNotFoundError:  # the box cannot submit at all: unfit (3), not a failed job
+        raise UnfitError("sbatch not found on PATH", hint="run this on a Slurm login node, or use --print")
     except subprocess.TimeoutExpired:
         raise SlurmError("sbatch did not answer within %.0f s" % timeout, hint="is slurmctld up? `scontrol ping`")
     if cp.returncode != 0:

@@ -75,3 +75,90 @@ def child_argv(command: List[str], resume_args: List[str], resume_from: Optional
     if not resume_from:
         return list(command)
     return list(command) + [a.replace("{ckpt}", resume_from) for a in resume_args]
+
+
+def read_env_file(path: str) -> Dict[str, str]:
+    """`--env-file PATH`: KEY=VAL lines for the child. Blank lines and `#` comments are skipped, `export ` before
+    a key is allowed, a value may be wrapped in single or double quotes (taken literally: no expansion). Errors
+    name the file and the line, never the value (the file is where secrets live)."""
+    from onbox.config import check_env_entry
+    from onbox.errors import UsageError
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1024 * 1024 + 1)
+    except OSError as e:
+        raise UsageError("--env-file %s: cannot read it: %s" % (path, e.strerror or e),
+                         hint="give a readable file of KEY=VAL lines (mode 600)")
+    if len(raw) > 1024 * 1024:
+        raise UsageError("--env-file %s: larger than 1 MiB; it should hold KEY=VAL lines" % path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError("--env-file %s is not UTF-8 text (byte %d)" % (path, e.start), hint="save it as UTF-8")
+    out: Dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("export "):
+            stripped = stripped[len("export "):].lstrip()
+        key, sep, value = stripped.partition("=")
+        key = key.strip()
+        where = "--env-file %s line %d" % (path, n)
+        if not sep or not key:
+            raise UsageError("%s: expected KEY=VAL" % where, hint="one KEY=VAL a line; `#` starts a comment")
+        value = value.strip()
+        if value[:1] in ("'", '"'):
+            if len(value) < 2 or value[-1] != value[0]:
+                raise UsageError("%s: the value of %s opens a quote it does not close" % (where, key))
+            value = value[1:-1]
+        check_env_entry(key, value, where)
+        out[key] = value
+    return out
+
+
+def read_secret(name: str) -> str:
+    """The secret `name` from $ONBOX_HOME/secrets/ (where `onboxctl secrets push` puts it), without its final
+    line ending. Never logged or recorded: only the name is."""
+    from onbox import paths
+    from onbox.errors import UsageError
+
+    path = os.path.join(paths.secrets_dir(), name)
+    hint = ("store it with `onboxctl secrets push BOX %s < FILE` from your laptop (or write the file on the box, "
+            "mode 600)" % name)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1024 * 1024 + 1)
+    except FileNotFoundError:
+        raise UsageError("no secret named %s in %s" % (name, paths.secrets_dir()), hint=hint)
+    except IsADirectoryError:
+        raise UsageError("the secret %s is a directory, not a file" % path, hint=hint)
+    except OSError as e:
+        raise UsageError("cannot read the secret %s: %s" % (path, e.strerror or e), hint=hint)
+    try:
+        value = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError("the secret %s is not UTF-8 text: an environment variable cannot carry it" % path)
+    if len(raw) > 1024 * 1024:
+        raise UsageError("the secret %s is larger than 1 MiB: too big for an environment variable" % path)
+    value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+    if not value:
+        raise UsageError("the secret %s is empty" % path, hint=hint)
+    return value
+
+
+def secret_env(env_files: List[str], secrets: List[str]) -> Dict[str, str]:
+    """The child's variables that are never written down: every --env-file (in order), then every --secret.
+    Read when an attempt starts, so a relaunch (and a rotated secret file) takes the current values."""
+    from onbox.config import check_env_entry, parse_secret_spec
+
+    out: Dict[str, str] = {}
+    for path in env_files:
+        out.update(read_env_file(path))
+    for spec in secrets:
+        var, name = parse_secret_spec(spec)
+        value = read_secret(name)
+        check_env_entry(var, value, "--secret %s" % spec)
+        out[var] = value
+    return out

@@ -15,6 +15,7 @@ import select
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from onbox import fsutil
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, is_alive
 from onbox.supervisor.rundir import RunDir
@@ -31,7 +32,7 @@ class RunLock:
 
     def acquire(self) -> bool:
         """Take the lock without waiting; False when another live agent holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -140,7 +141,7 @@ def _redirect_stdio(log_path: str) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    out = fsutil.open_private_append(log_path)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)

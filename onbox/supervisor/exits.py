@@ -99,7 +99,9 @@ def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optio
     code, sig = status.code, status.signal
     if preempted:
         return Classification(PREEMPTED, code, sig, "preempted: checkpoint requested, child ended (%s)"
-                              % describe_status(status), "the run restarts from its newest checkpoint")
+                              % describe_status(status),
+                              # not "the run restarts": only a relaunch or a scheduler's requeue brings it back
+                              "a relaunch (or a scheduler's requeue) resumes it from its newest checkpoint")
     if stopped:
         return Classification(STOPPED, code, sig, "stopped on request (%s)" % describe_status(status))
     if code == 0:

@@ -13,12 +13,14 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox.clock import Clock, SystemClock
-from onbox.config import RunConfig, parse_signal
+from onbox.config import RunConfig, check_range, parse_signal
+from onbox.errors import UsageError
 from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
-from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores
+from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
 from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
@@ -77,6 +79,8 @@ class Supervisor:
         self._agent_start = start_time(os.getpid())
         self.tailer = LogTailer(rundir.log_path, from_end=True)
         self.notices = NoticePipe()
+        self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
+        self._summary_mark: Any = None
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.attempt_no))
@@ -104,6 +108,7 @@ class Supervisor:
         ev.update(fields)
         self.rd.append_event(ev)
         self._hook("telemetry.on_event", self.hooks.telemetry.on_event, ev)
+        self.notes.on_event(ev)
 
     def state_doc(self) -> Dict[str, Any]:
         cur = self.attempts[-1] if self.attempts else {}
@@ -119,6 +124,7 @@ class Supervisor:
             "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
+            **self.notes.to_state(),
         }
 
     def save(self) -> None:
@@ -144,6 +150,29 @@ class Supervisor:
                 self.emit("hook_error", hook=what, error=repr(e))
             return None
 
+    def _poller_died(self, error: BaseException) -> None:
+        """The metadata poller's thread ended on an error: cloud preemption notices are off. Say so everywhere."""
+        self._log("the metadata poller died: %r; cloud preemption notices are OFF" % (error,))
+        self.emit("thread_died", **thread_death(
+            "onbox-metadata", "cloud preemption notices (%s metadata)" % self.cfg.notice_source, error, self.rd.name,
+            os.getpid(), hint="signals (TERM, %s) still work; check --metadata-url and the metadata service"
+            % self.cfg.preempt_signal))
+
+    def _refresh_summary(self) -> None:
+        """training_status.md again when a commit, a progress change or a warning made it stale (state changes
+        rewrite it through save())."""
+        status_due, state_due = self.notes.take()
+        mark = self.rd.side_fingerprint()
+        try:
+            if state_due:
+                self.save()
+            elif status_due or mark != self._summary_mark:
+                self.rd.write_status(self.state_doc())
+        except OSError as e:  # a full run disk must not end the supervision; the next tick tries again
+            self._log("cannot rewrite the run's summary: %s" % e)
+            return
+        self._summary_mark = mark
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
 
@@ -153,7 +182,8 @@ class Supervisor:
         self.inbox.install()
         was_subreaper = set_child_subreaper()  # orphans of the job reparent to us: we reap them, see them go
         poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
-                                lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log)
+                                lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log,
+                                on_death=self._poller_died)
         try:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             if adopt is None:
@@ -264,6 +294,11 @@ class Supervisor:
         except (OSError, ValueError):
             req = {}
         grace = req.get("grace") if isinstance(req, dict) else None
+        try:
+            check_range("grace", grace)  # `onbox stop` checks it; a hand-written request may not be sane
+        except UsageError as e:
+            self.emit("stop_grace_ignored", grace=repr(grace), reason=e.message)
+            grace = None
         self.stopping_by_request = True
         self._notice(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else self._grace(None)),
                                       now_w, "onbox stop"))
@@ -277,6 +312,7 @@ class Supervisor:
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
         if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
             self.emit("log_rotated")
+        self._refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
@@ -287,8 +323,13 @@ class Supervisor:
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
         argv = child_argv(self.cfg.command, self.cfg.resume_args, self.resume_from)
+        try:  # read now, every attempt: a relaunch and a rotated secret file get the current values
+            secrets = secret_env(self.cfg.env_files, self.cfg.secrets)
+            start_error = None
+        except UsageError as e:
+            secrets, start_error = {}, e
         env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
-                        self.rd.preempt_file, self.cfg.env, cpu_quota_cores())
+                        self.rd.preempt_file, {**self.cfg.env, **secrets}, cpu_quota_cores())
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -303,10 +344,16 @@ class Supervisor:
         self.attempts.append(record)
         self.exit_status = None
         try:
+            if start_error is not None:
+                raise start_error
             self.child = self.proc.spawn(argv, env, self.cfg.workdir, self.rd.log_path)
-        except OSError as e:
-            result = cls.Classification(cls.FAILED, 127, None, "cannot start %s: %s" % (argv[0], e.strerror or e),
-                                        "check the command and its path (PATH is the agent's)")
+        except (OSError, ValueError, UsageError) as e:
+            if isinstance(e, UsageError):
+                result = cls.Classification(cls.FAILED, 127, None, "cannot start attempt %d: %s" % (n, e.message),
+                                            e.hint or "")
+            else:  # ValueError: Popen refuses an argument or variable it cannot pass (a NUL byte)
+                result = cls.Classification(cls.FAILED, 127, None, "cannot start %s: %s" % (
+                    argv[0], getattr(e, "strerror", None) or e), "check the command and its path (PATH is the agent's)")
             record.update(ended_at=self.clock.time(), exit=result.to_dict())
             self.last_exit = result.to_dict()
             self.message = result.message
@@ -448,7 +495,7 @@ class Supervisor:
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
         source = self.notice.source if self.notice else "?"
-        self.message = "preempted (%s); restart or requeue to resume from the newest checkpoint" % source
+        self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
         self.transition(RunState.PREEMPTED, reason=source)
 
     def _shutdown(self) -> None:
@@ -462,6 +509,9 @@ class Supervisor:
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
                                  runner=self.slurm_runner, requeue_fn=self.requeue)
+                if self.state == RunState.PREEMPTED:
+                    self.message = preempted_message(self.notice.source if self.notice else "?",
+                                                     self.notes.requeue, self.rd.name)
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

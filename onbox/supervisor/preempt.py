@@ -135,17 +135,26 @@ class MetadataPoller:
 
     notice_source=auto probes aws, gcp and azure once with a short timeout and stays silent (and stops) when
     none answers: absent metadata costs one probe round in the background, nothing in the loop.
+
+    A poll that raises (the service answers something that is not HTTP, a document the client cannot read) is
+    retried; after MAX_POLL_ERRORS in a row the thread ends and `on_death(error)` says so: notices are off, and
+    the supervisor turns that into an event, an alert and a status line instead of silence.
     """
+
+    MAX_POLL_ERRORS = 3
 
     def __init__(self, source: str, base: Optional[str], interval: float,
                  on_notice: Callable[[float, str, str], None], timeout: float = 0.5,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 log: Optional[Callable[[str], None]] = None,
+                 on_death: Optional[Callable[[BaseException], None]] = None) -> None:
         self.source = source
         self.base = base
         self.interval = interval
         self.on_notice = on_notice
         self.timeout = timeout
         self.log = log or (lambda _m: None)
+        self.on_death = on_death
+        self.died: Optional[BaseException] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.provider: Optional[str] = None
@@ -163,19 +172,44 @@ class MetadataPoller:
         providers = ["aws", "gcp", "azure"] if self.source == "auto" else [self.source]
         for p in providers:
             client = MetadataClient(p, self.base, self.timeout)
-            if self.source != "auto" or client.available():
+            if self.source != "auto":
+                return client
+            try:
+                found = client.available()
+            except Exception as e:  # probing: something that answers garbage is not this provider's service
+                self.log("%s metadata probe failed: %r" % (p, e))
+                found = False
+            if found:
                 return client
         return None
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        except BaseException as e:  # the thread's last word: never end silently
+            self.died = e
+            if self.on_death is not None and not self._stop.is_set():
+                self.on_death(e)
+
+    def _poll(self) -> None:
         client = self._detect()
         if client is None:
             self.log("no cloud metadata service answered; cloud preemption notices are off")
             return
         self.provider = client.provider
         self.log("polling %s metadata for preemption notices every %.1f s" % (client.provider, self.interval))
+        errors = 0
         while not self._stop.is_set():
-            found = client.check(time.time())
+            try:
+                found = client.check(time.time())
+            except Exception as e:
+                errors += 1
+                self.log("metadata poll %d/%d failed: %r" % (errors, self.MAX_POLL_ERRORS, e))
+                if errors >= self.MAX_POLL_ERRORS:
+                    raise
+                self._stop.wait(self.interval)
+                continue
+            errors = 0
             if found is not None:
                 self.on_notice(found[0], client.provider, found[1])
                 return

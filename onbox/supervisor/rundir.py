@@ -1,15 +1,18 @@
 """The run directory `$ONBOX_HOME/runs/<name>/`: the files a run leaves behind and every tool reads.
 
   config.json         the resolved RunConfig: the exact re-launch record
-  state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...
+  state.json          the supervisor's state (atomic): run, state, attempt, child_pid, attempts, last_exit, ...,
+                      warnings [{code, severity, message, hint, at}] and requeue {ok, job_id, detail} (notes.py)
   events.jsonl        append-only lifecycle events, one JSON object a line: {time, type, run, attempt, ...}.
                       Types: state {old, new, reason}, exit {code, signal, signal_name, classification, message,
                       hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
                       pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
                       orphans_killed {sid, pids}, adopted {pid, start_time}, log_rotated, hook_error {hook,
-                      error}; plus whatever the hooks emit through RunContext.emit
+                      error}, thread_died {thread, what, error, hint}, stop_grace_ignored {grace, reason};
+                      plus whatever the hooks emit through RunContext.emit (metrics_unrecognised {lines, minutes,
+                      message, hint} and metrics_recognised from the heartbeat, requeue_skipped {job_id, reason})
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
-  training_status.md  a human summary regenerated on each state change
+  training_status.md  a human summary (runsummary.py), regenerated on each state change, commit and progress change
   lock                flock(2) held by the live agent (detach.py)
   PREEMPTED           exists once a preemption is under way (ONBOX_PREEMPT_FILE)
   metrics.jsonl       the trainer may append {"step":..,"loss":..} lines (ONBOX_METRICS_FILE)
@@ -18,12 +21,15 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
+import stat
 import time
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from onbox import fsutil
+from onbox.supervisor.runsummary import render_status
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
 
@@ -73,27 +79,78 @@ class RunDir:
     def exists(self) -> bool:
         return os.path.isfile(self.config_path)
 
+    def make_private(self) -> None:
+        """Create the run dir 0700 (and its runs/ parent) and take group/other access off what an older agent
+        left 0755/0644: a run's command line, output and configuration are its owner's. The default checkpoint
+        dir (checkpoints/) holds the trainer's files, written with its own umask: left as it is."""
+        fsutil.make_private_dir(os.path.dirname(self.path))
+        fsutil.make_private_dir(self.path)
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            if dirpath == self.path and "checkpoints" in dirnames:
+                dirnames.remove("checkpoints")
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                    continue
+                os.chmod(path, fsutil.PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else fsutil.PRIVATE_FILE)
+
     def read_state(self) -> Optional[Dict[str, Any]]:
         """state.json, or None when absent or unreadable (a run that never started)."""
+        doc, _problem = self.load_state()
+        return doc
+
+    def load_state(self) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """(state.json, None), (None, None) when there is none yet, or (None, why) when it is corrupt: not JSON,
+        not an object, or no known `state`. The agent writes it atomically, so corruption means a damaged disk
+        or a hand edit; readers must say so instead of showing a run as "unknown"."""
+        from onbox.supervisor.state import RunState
+
         try:
-            doc = fsutil.read_json(self.state_path)
-        except (OSError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) else None
+            with open(self.state_path, "rb") as f:
+                raw = f.read(16 * 1024 * 1024)
+        except FileNotFoundError:
+            return None, None
+        except OSError as e:
+            return None, "cannot read it: %s" % (e.strerror or e)
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            return None, "not valid JSON (%s)" % e
+        if not isinstance(doc, dict):
+            return None, "not a JSON object"
+        if doc.get("state") not in {s.value for s in RunState}:
+            return None, "no known run state in it (state: %r)" % (doc.get("state"),)
+        return doc, None
 
     def write_state(self, state: Dict[str, Any]) -> None:
         # the summary first: once state.json says X, training_status.md already says X too
-        fsutil.atomic_write(self.file("training_status.md"), render_status(state, self._checkpoint_status(),
-                                                                           self._disk_risks(state)))
+        self.write_status(state)
         fsutil.atomic_write_json(self.state_path, state)
 
-    def _checkpoint_status(self) -> Dict[str, Any]:
-        """checkpoint_status.json, written by the checkpoint subsystem (runhooks.RunContext), if any."""
+    def write_status(self, state: Dict[str, Any]) -> None:
+        """training_status.md from `state` and what the subsystems recorded beside it, now."""
+        fsutil.atomic_write(self.file("training_status.md"), render_status(
+            state, self.side_doc("checkpoint_status.json"), self._disk_risks(state), self.side_doc("progress.json")))
+
+    def side_doc(self, name: str) -> Dict[str, Any]:
+        """A subsystem's JSON file beside state.json (checkpoint_status.json, progress.json), or {}."""
         try:
-            doc = fsutil.read_json(self.file("checkpoint_status.json"))
+            doc = fsutil.read_json(self.file(name))
         except (OSError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}
+
+    def side_fingerprint(self) -> Tuple[Any, ...]:
+        """Changes when checkpoint_status.json or progress.json is rewritten: the summary is due again."""
+        out: List[Any] = []
+        for name in ("checkpoint_status.json", "progress.json"):
+            try:
+                st = os.stat(self.file(name))
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
     def _disk_risks(self, state: Dict[str, Any]) -> List[str]:
         """U6/U7: a checkpoint disk low on bytes or inodes kills torch.save mid-run."""
@@ -121,7 +178,7 @@ class RunDir:
 
     def log_line(self, text: str) -> None:
         """A line of the agent's own into the output log (attempt separators), with one O_APPEND write."""
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = fsutil.open_private_append(self.log_path)
         try:
             os.write(fd, ("[onbox %s] %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text)).encode("utf-8"))
         finally:
@@ -224,66 +281,3 @@ def tail_lines(path: str, n: int) -> List[str]:
         return []
     lines = data.decode("utf-8", "replace").splitlines()
     return lines[-n:]
-
-
-STATE_MEANING = {
-    "starting": "starting an attempt",
-    "running": "the job is running",
-    "backoff": "waiting before the next restart",
-    "stopping": "preemption/stop under way: checkpoint requested, waiting for the child",
-    "done": "finished successfully",
-    "failed": "failed; not restarting",
-    "preempted": "preempted; a restart/requeue is expected (it resumes from the newest checkpoint)",
-    "stopped": "stopped on request",
-}
-
-
-def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None,
-                  disk_risks: Optional[List[str]] = None) -> str:
-    """training_status.md: what a human wants at a glance: state, attempt, last exit and its meaning, newest
-    checkpoint, risks."""
-    last = state.get("last_exit") or {}
-    checkpoint = checkpoint or {}
-    newest = checkpoint.get("latest_durable") or checkpoint.get("latest_local") or state.get("resume_from")
-    lines = [
-        "# Run %s" % state.get("run", "?"),
-        "",
-        "- state: **%s** — %s" % (state.get("state"), STATE_MEANING.get(str(state.get("state")), "")),
-        "- attempt: %s (restarts: %s)" % (state.get("attempt"), state.get("restarts")),
-        "- child pid: %s · agent pid: %s" % (state.get("child_pid"), state.get("agent_pid")),
-        "- started: %s · updated: %s" % (_iso(state.get("started_at")), _iso(state.get("updated_at"))),
-        "- checkpoint dir: %s" % state.get("ckpt_dir"),
-        "- newest checkpoint: %s" % (_ckpt_name(newest) or "none yet"),
-    ]
-    if checkpoint:
-        lines.append("- durable: %s · verified: %s" % (_ckpt_name(checkpoint.get("latest_durable")) or "none",
-                                                       checkpoint.get("verified")))
-    if last:
-        lines.append("- last exit: %s — %s" % (last.get("classification"), last.get("message")))
-        if last.get("hint"):
-            lines.append("  - what to do: %s" % last["hint"])
-    if state.get("preemption"):
-        p = state["preemption"]
-        lines.append("- preemption: from %s, received %s" % (p.get("source"), _iso(p.get("received_at"))))
-    risks = []
-    if state.get("message"):
-        risks.append(str(state["message"]))
-    risks.extend(disk_risks or [])
-    if not newest and state.get("state") in ("starting", "running", "backoff"):
-        risks.append("no checkpoint yet: a preemption now loses all progress")
-    if risks:
-        lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
-    return "\n".join(lines) + "\n"
-
-
-def _ckpt_name(value: Any) -> str:
-    """checkpoint_status.json entries may be a path or a {name, step, ...} record."""
-    if isinstance(value, dict):
-        return "%s (step %s)" % (value.get("name") or value.get("path"), value.get("step"))
-    return str(value) if value else ""
-
-
-def _iso(t: Any) -> str:
-    if not isinstance(t, (int, float)):
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

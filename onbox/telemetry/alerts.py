@@ -3,7 +3,9 @@
 Two kinds of input:
 - the loss stream (`observe_loss`): NaN/Inf and spikes are latched until the next heartbeat collects them, so a
   spike between two beats is not lost;
-- readings taken at each beat (`evaluate`): stall, disks, GPUs, host OOM kills, sync failure, crash loop.
+- readings taken at each beat (`evaluate`): stall, disks, GPUs, host OOM kills, sync failure, crash loop, and
+  the warnings the supervisor keeps in state.json (`thread_died`: a thread of the agent died, e.g. the metadata
+  poller, so preemption notices are off; `no_metrics`: output but no metric recognised, with the flag to use).
 
 `AlertEngine.collect()` returns the alerts active now (sorted by code); the heartbeat sends at once when a code
 appears that the previous beat did not carry.
@@ -140,7 +142,23 @@ class AlertEngine:
         loop = crash_loop(state, s.crash_loop_threshold)
         if loop:
             cur["crash_loop"] = loop
+        self._warnings(cur, (state or {}).get("warnings") or [])
         self._current = cur
+
+    @staticmethod
+    def _warnings(cur: Dict[str, Alert], warnings: Sequence[Any]) -> None:
+        """state.json's warnings (onbox/supervisor/notes.py) as alerts, one per code (messages joined)."""
+        for w in warnings:
+            if not isinstance(w, Mapping) or not w.get("code"):
+                continue
+            code = str(w["code"])[:64]
+            severity = w.get("severity") if w.get("severity") in ("warning", "critical") else "warning"
+            prev = cur.get(code)
+            if prev is not None:
+                prev.message += "; %s" % w.get("message")
+                continue
+            cur[code] = Alert(code, str(severity), str(w.get("message") or code), str(w.get("hint") or ""),
+                              {k: w[k] for k in ("thread", "at") if w.get(k) is not None})
 
     def _disk(self, cur: Dict[str, Alert], disk: Mapping[str, Any]) -> None:
         s = self.settings

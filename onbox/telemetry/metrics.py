@@ -16,6 +16,8 @@ in order (the first that recognises a line wins; golden files of real output liv
   (`Epoch 0/23 ━━━ 98/98 0:00:22 • 0:00:00 4.44it/s v_num: 0 train/loss: 1.559`) and its printed metrics table
   (`     val_loss            0.2121`)
 - `key=value` pairs (any key; `key: value` only for the known metric names)
+- a counter and a loss in any of the common hand-written shapes: `step 10 loss 0.5`, `Step 10/1000 | loss: 0.5`,
+  `iter 10, loss = 0.5`, `Epoch 3 ... train loss 2.3e-01`, `[step 10] loss: 0.5 lr: 3e-4` (`step_loss`)
 
 A carriage return inside a line (tqdm redraws) splits it into segments; each is parsed and merged.
 """
@@ -269,6 +271,46 @@ def parse_key_values(line: str) -> Optional[Fields]:
     return canonical(pairs) or None
 
 
+# A counter word and its number (`step 10`, `Step: 10/1000`, `[iter 10]`, `Epoch 3`, `global_step=10`) ...
+_COUNTER = re.compile(r"(?<![\w./-])(global_step|step|iteration|iter|it|epoch)\s*[:=#]?\s*(\d+)(?:\s*/\s*\d+)?(?![\w.])",
+                      re.IGNORECASE)
+# ... and a loss or learning rate written with a space, `:` or `=` (`loss 0.5`, `train loss: 2.3`, `lr=3e-4`).
+_LOSSISH = re.compile(r"(?<![\w./-])((?:train(?:ing)?[ _/])?loss|(?:val(?:id(?:ation)?)?|eval)[ _/]loss|lr|"
+                      r"learning[ _]rate)\s*[:=]?\s*(%s)(?![\w.])" % NUM, re.IGNORECASE)
+_LOSSISH_FIELD = {"loss": "loss", "lr": "lr", "learning rate": "lr", "learning_rate": "lr"}
+
+
+def parse_step_loss(line: str) -> Optional[Fields]:
+    """A counter and a loss in the shapes people print by hand (`step 10 loss 0.5`, `Epoch 3 | loss: 0.5`).
+    Both must be there: `epoch 3` alone, or a lone number after "loss", is no progress report. Lines the
+    `key=value` form already reads whole are left to it."""
+    if "loss" not in line.lower():
+        return None
+    kv = parse_key_values(line) or {}
+    if ("step" in kv or "epoch" in kv) and ("loss" in kv or "eval_loss" in kv):
+        return None
+    out: Fields = {}
+    for word, number in _COUNTER.findall(line):
+        field = "epoch" if word.lower() == "epoch" else "step"
+        if field not in out:
+            out[field] = float(number) if field == "epoch" else int(number)
+    if not out:
+        return None
+    found = False
+    for word, number in _LOSSISH.findall(line):
+        name = word.lower().replace("training", "train")
+        field = _LOSSISH_FIELD.get(name) or ("loss" if name.startswith("train") else "eval_loss")
+        value = to_number(number)
+        if value is not None and field not in out:
+            out[field] = value
+            found = found or field in ("loss", "eval_loss")
+    if not found:
+        return None
+    for key, value in kv.items():
+        out.setdefault(key, value)
+    return out
+
+
 class MetricsParser:
     """Recognises the formats above; `user_regexes` (named groups) are tried first."""
 
@@ -278,13 +320,14 @@ class MetricsParser:
             try:
                 pattern = re.compile(text)
             except re.error as e:
-                raise UsageError("metrics_regex %r is not a valid regular expression: %s" % (text, e),
+                raise UsageError("--metrics-regex %r is not a valid regular expression: %s" % (text, e),
                                  hint="use Python re syntax with named groups, e.g. r'step (?P<step>\\d+) loss "
                                       "(?P<loss>\\S+)'")
-            if not pattern.groupindex:
-                raise UsageError("metrics_regex %r has no named groups" % text,
-                                 hint="name the groups after the fields: step, loss, eval_loss, lr, tokens_per_s, "
-                                      "samples_per_s")
+            if not any(name.lower() in ALIASES for name in pattern.groupindex):
+                raise UsageError("--metrics-regex %r has no named group for a metric%s" % (
+                    text, " (%s)" % ", ".join(sorted(pattern.groupindex)) if pattern.groupindex else ""),
+                    hint="name the groups after the fields: (?P<step>...), loss, eval_loss, lr, tokens_per_s, "
+                         "samples_per_s, epoch")
             self.user.append(pattern)
         self.formats: List[Tuple[str, Callable[[str], Optional[Fields]]]] = [
             ("json", parse_json_line),
@@ -294,6 +337,7 @@ class MetricsParser:
             ("progress_bar", parse_progress_bar),
             ("rich_bar", parse_rich_bar),
             ("table_row", parse_table_row),
+            ("step_loss", parse_step_loss),
             ("key_value", parse_key_values),
         ]
 

@@ -54,7 +54,7 @@ def test_a_missing_ckpt_dir_is_one_line_of_warning_not_an_error(onbox_home, tmp_
     r = fg(onbox_home, "w1", PY, "-c", "pass")
     assert r.returncode == 0
     [line] = [ln for ln in r.stderr.splitlines() if "--ckpt-dir" in ln]
-    assert line.startswith("onbox: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
+    assert line.startswith("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
                            "$ONBOX_CKPT_DIR (%s)" % os.path.join(str(onbox_home), "runs", "w1", "checkpoints"))
     ck = tmp_path / "ck"
     ck.mkdir()

@@ -138,16 +138,18 @@ def test_pathological_lines_stay_linear(fragment):
 def test_bad_user_regex_is_a_config_error():
     from onbox.config import RunConfig
 
-    with pytest.raises(UsageError, match="metrics_regex"):
+    with pytest.raises(UsageError, match=r"--metrics-regex .* not a valid regular expression"):
         RunConfig(name="r", metrics_regex=["(?P<step>"]).validate()
-    RunConfig(name="r", metrics_regex=[r"s=(?P<step>\d+)"]).validate()
+    with pytest.raises(UsageError, match="no named group for a metric"):
+        RunConfig(name="r", metrics_regex=[r"s=(?P<foo>\d+)"]).validate()
+    RunConfig(name="r", metrics_regex=[r"s=(?P<step>\d+) (?P<other>x)"]).validate()
 
 
 def test_tracker_and_ping_urls_are_validated_with_the_config():
     from onbox.config import RunConfig
 
-    with pytest.raises(UsageError, match="tracker must be an http"):
+    with pytest.raises(UsageError, match=r"--tracker '10\.0\.0\.5:8787': not an http"):
         RunConfig(name="r", tracker="10.0.0.5:8787").validate()
-    with pytest.raises(UsageError, match="ping_url"):
+    with pytest.raises(UsageError, match="--ping-url"):
         RunConfig(name="r", ping_url="hc-ping.com/x").validate()
     RunConfig(name="r", tracker="https://t.example", ping_url="https://hc-ping.com/x").validate()

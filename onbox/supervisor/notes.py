@@ -1,0 +1,89 @@
+"""What the supervisor learns from events and must show: a background thread that died, a run whose output no
+metric parser recognises, the Slurm requeue outcome, and when training_status.md is due again.
+
+Events reach `RunNotes.on_event` from any thread (the metadata poller, the heartbeat senders and the checkpoint
+commit thread all emit through the supervisor), so the notes are kept under a lock and the loop takes them at its
+next tick: a warning lands in state.json (`warnings`), hence in `onbox status`, training_status.md and the
+heartbeat's alerts. Never silence: a dead thread used to leave preemption notices off without a word.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+# Events after which training_status.md says something new (a commit, a failed sync, a restore, ...).
+SUMMARY_EVENTS = {"checkpoint_committed", "sync_failed", "durable_full", "checkpoint_restored", "checkpoint_resume",
+                  "restore_failed", "local_pruned", "final_checkpoint", "final_sync_none", "final_sync_skipped"}
+AGENT_RESTART_HINT = ("restart the agent to restart its threads: `kill -KILL %s` (the child keeps running), then "
+                      "`onbox adopt %s`")
+
+
+class RunNotes:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._warnings: Dict[str, Dict[str, Any]] = {}
+        self._requeue: Optional[Dict[str, Any]] = None
+        self._status_due = False
+        self._state_due = False
+
+    def on_event(self, ev: Dict[str, Any]) -> None:
+        kind = ev.get("type")
+        with self._lock:
+            if kind == "thread_died":
+                key = "thread_died:%s" % ev.get("thread")
+                self._warnings[key] = {"code": "thread_died", "severity": "critical", "at": ev.get("time"),
+                                       "thread": ev.get("thread"),
+                                       "message": "%s stopped: the agent's thread %s died (%s)" % (
+                                           ev.get("what"), ev.get("thread"), ev.get("error")),
+                                       "hint": ev.get("hint")}
+                self._state_due = True
+            elif kind == "metrics_unrecognised":
+                self._warnings["no_metrics"] = {"code": "no_metrics", "severity": "warning", "at": ev.get("time"),
+                                                "message": ev.get("message"), "hint": ev.get("hint")}
+                self._state_due = True
+            elif kind == "metrics_recognised" and self._warnings.pop("no_metrics", None) is not None:
+                self._state_due = True
+            elif kind == "requeue":
+                self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),
+                                 "detail": ev.get("reason") if ev.get("ok") else ev.get("error")}
+            elif kind == "requeue_skipped":
+                self._requeue = {"ok": False, "job_id": ev.get("job_id"), "detail": ev.get("reason")}
+            elif kind in SUMMARY_EVENTS:
+                self._status_due = True
+
+    def take(self) -> Tuple[bool, bool]:
+        """(training_status.md is due, state.json is due) since the last take."""
+        with self._lock:
+            due, self._status_due, self._state_due = (self._status_due, self._state_due), False, False
+        return due
+
+    def to_state(self) -> Dict[str, Any]:
+        """The keys state.json carries for these notes."""
+        with self._lock:
+            warnings: List[Dict[str, Any]] = [dict(w) for _, w in sorted(self._warnings.items())]
+            requeue = dict(self._requeue) if self._requeue else None
+        return {"warnings": warnings, "requeue": requeue}
+
+    @property
+    def requeue(self) -> Optional[Dict[str, Any]]:
+        with self._lock:
+            return dict(self._requeue) if self._requeue else None
+
+
+def thread_death(thread: str, what: str, error: BaseException, run: str, agent_pid: int,
+                 hint: str = "") -> Dict[str, Any]:
+    """The fields of a `thread_died` event."""
+    text = "%s: %s" % (type(error).__name__, error) if str(error) else type(error).__name__
+    text = " ".join(text.split())  # one line: an error may quote what the peer sent, line breaks and all
+    return {"thread": thread, "what": what, "error": text[:500],
+            "hint": ((hint + "; ") if hint else "") + AGENT_RESTART_HINT % (agent_pid, run)}
+
+
+def preempted_message(source: str, requeue: Optional[Dict[str, Any]], run: str) -> str:
+    """What is true after a preemption: requeued by Slurm, or not, or nothing restarts it by itself."""
+    if requeue and requeue.get("ok"):
+        return "preempted (%s); requeued as Slurm job %s" % (source, requeue.get("job_id"))
+    if requeue:
+        return "preempted (%s); NOT requeued: %s" % (source, requeue.get("detail"))
+    return ("preempted (%s); relaunch with `onbox run --name %s` (or let the scheduler requeue it) to resume from "
+            "the newest checkpoint" % (source, run))

@@ -1,0 +1,146 @@
+"""training_status.md: what a person reading the run directory should know now, and nothing that is not true.
+
+It is rendered from state.json's document plus what the subsystems record beside it (checkpoint_status.json,
+progress.json), and rewritten on every state change, every commit and every progress change (the supervisor's
+tick watches those files). Each line states a fact, and `next:` says what happens next or what to do: after a
+preemption nothing restarts a run unless a scheduler requeues it, so the summary says who will.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+STATE_MEANING = {
+    "starting": "starting an attempt",
+    "running": "the job is running",
+    "backoff": "waiting before the next restart",
+    "stopping": "preemption/stop under way: checkpoint requested, waiting for the child",
+    "done": "finished successfully",
+    "failed": "failed; not restarting",
+    "preempted": "stopped for a preemption, after its final commit",
+    "stopped": "stopped on request",
+}
+LIVE = ("starting", "running", "backoff", "stopping")
+
+
+def has_metrics(progress: Optional[Dict[str, Any]]) -> bool:
+    return progress is not None and any(progress.get(k) is not None for k in ("step", "loss", "eval_loss", "epoch"))
+
+
+def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None) -> str:
+    """What happens next, or what to do, in one line."""
+    run = state.get("run", "RUN")
+    st = state.get("state")
+    relaunch = "`onbox run --name %s`" % run
+    resumes = ("it resumes from the newest checkpoint" if newest_checkpoint(state, checkpoint)
+               else "it starts from scratch: no checkpoint was committed")
+    if st == "starting":
+        return "the agent is starting attempt %s" % state.get("attempt")
+    if st == "running":
+        return "nothing to do: the agent supervises it (`onbox status %s`, `onbox logs %s -f`)" % (run, run)
+    if st == "backoff":
+        return "the agent restarts it at %s" % _iso(state.get("backoff_until"))
+    if st == "stopping":
+        return "the agent is stopping it: checkpoint signal sent, the final commit follows"
+    if st == "done":
+        return "nothing: it finished; fetch the results (`onboxctl pull BOX %s`)" % run
+    if st == "failed":
+        return "fix the cause (the last exit below), then relaunch with %s" % relaunch
+    if st == "stopped":
+        return "relaunch with %s when you want it back: %s" % (relaunch, resumes)
+    if st == "preempted":
+        requeue = state.get("requeue") or {}
+        if requeue.get("ok"):
+            return "requeued as Slurm job %s: when it runs again %s" % (requeue.get("job_id"), resumes)
+        if requeue:
+            return "NOT requeued (%s): relaunch with %s (or `scontrol requeue %s`); %s" % (
+                requeue.get("detail") or "?", relaunch, requeue.get("job_id"), resumes)
+        return ("nothing restarts it by itself: relaunch with %s (here, or on a replacement box with the same "
+                "--durable), or let the scheduler requeue it; %s" % (relaunch, resumes))
+    return "`onbox status %s`" % run
+
+
+def newest_checkpoint(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]]) -> Any:
+    c = checkpoint or {}
+    return c.get("latest_durable") or c.get("latest_local") or state.get("resume_from")
+
+
+def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None,
+                  disk_risks: Optional[List[str]] = None, progress: Optional[Dict[str, Any]] = None) -> str:
+    """training_status.md: state and what happens next, progress, newest checkpoint, last exit, warnings,
+    risks."""
+    last = state.get("last_exit") or {}
+    checkpoint = checkpoint or {}
+    newest = newest_checkpoint(state, checkpoint)
+    st = str(state.get("state"))
+    lines = [
+        "# Run %s" % state.get("run", "?"),
+        "",
+        "- state: **%s** — %s" % (st, STATE_MEANING.get(st, "")),
+        "- next: %s" % next_step(state, checkpoint),
+        "- attempt: %s (restarts: %s) · child pid: %s · agent pid: %s" % (
+            state.get("attempt"), state.get("restarts"), state.get("child_pid"), state.get("agent_pid")),
+        "- started: %s · updated: %s" % (_iso(state.get("started_at")), _iso(state.get("updated_at"))),
+        "- progress: %s" % _progress(progress),
+        "- checkpoint dir: %s" % state.get("ckpt_dir"),
+        "- newest checkpoint: %s" % (_ckpt_name(newest) or "none yet"),
+    ]
+    if checkpoint:
+        lines.append("- durable: %s · local: %s · verified: %s" % (
+            _ckpt_name(checkpoint.get("latest_durable")) or "none", _ckpt_name(checkpoint.get("latest_local")) or
+            "none", checkpoint.get("verified")))
+        sync = checkpoint.get("last_sync") or {}
+        if sync:
+            lines.append("- last sync: %s at %s" % ("ok" if sync.get("ok") else "FAILED: %s" % sync.get("error"),
+                                                    _iso(sync.get("at"))))
+    if last:
+        lines.append("- last exit: %s — %s" % (last.get("classification"), last.get("message")))
+        if last.get("hint"):
+            lines.append("  - what to do: %s" % last["hint"])
+    if state.get("preemption"):
+        p = state["preemption"]
+        lines.append("- preemption: from %s, received %s" % (p.get("source"), _iso(p.get("received_at"))))
+    if state.get("message"):
+        lines.append("- note: %s" % state["message"])
+    warnings = [w for w in state.get("warnings") or [] if isinstance(w, dict)
+                and not (w.get("code") == "no_metrics" and has_metrics(progress))]
+    if warnings:
+        lines += ["", "## Warnings", ""]
+        lines += ["- %s%s" % (w.get("message"), (" — %s" % w["hint"]) if w.get("hint") else "") for w in warnings]
+    risks = list(disk_risks or [])
+    if st in LIVE:
+        if not newest:
+            risks.append("no checkpoint yet: a preemption now loses all progress")
+        elif checkpoint.get("durable") and not checkpoint.get("latest_durable"):
+            risks.append("no checkpoint on durable storage yet: losing this box loses all progress")
+    if (checkpoint.get("last_sync") or {}).get("ok") is False:
+        risks.append("U33: the last commit to durable storage failed; the durable copy is not current")
+    if risks:
+        lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
+    return "\n".join(lines) + "\n"
+
+
+def _progress(p: Optional[Dict[str, Any]]) -> str:
+    if not has_metrics(p):
+        return "no metric recognised yet"
+    assert p is not None
+    parts = ["%s %s" % (label, p[key]) for key, label in (
+        ("epoch", "epoch"), ("step", "step"), ("loss", "loss"), ("eval_loss", "eval loss"), ("lr", "lr"),
+        ("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s")) if p.get(key) is not None]
+    return "%s (at %s)" % (", ".join(parts), _iso(p.get("time")))
+
+
+def _ckpt_name(value: Any) -> str:
+    """checkpoint_status.json entries may be a path or a {name, step, ...} record."""
+    if isinstance(value, dict):
+        return "%s (step %s)" % (value.get("name") or value.get("path"), value.get("step"))
+    return str(value) if value else ""
+
+
+def _iso(t: Any) -> str:
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "-"
