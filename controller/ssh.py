@@ -23,7 +23,7 @@ import tempfile
 import threading
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from onbox.errors import JobFailed, UnfitError
+from onbox.errors import JobFailed, UnfitError, UsageError
 
 SSH_FAILURE = 255  # ssh(1): "exits with 255 if an error occurred" (its own, not the remote command's)
 
@@ -50,6 +50,11 @@ class Target:
     user: Optional[str] = None
     identity: Optional[str] = None
     options: Sequence[str] = ()  # extra `-o Key=Value` options from the inventory (e.g. UserKnownHostsFile)
+
+    def __post_init__(self) -> None:
+        check_ssh_word("host", self.host)
+        if self.user is not None:
+            check_ssh_word("user", self.user)
 
     @property
     def destination(self) -> str:
@@ -83,6 +88,19 @@ class Result:
     @property
     def err_text(self) -> str:
         return self.stderr.decode("utf-8", "replace").strip()
+
+
+def check_ssh_word(what: str, value: str) -> str:
+    """A host, user or alias that ssh gets as a word of its argv: never empty, never starting with '-' (ssh and
+    rsync would read `-oProxyCommand=...` as an option and run it), no whitespace or control characters."""
+    if not isinstance(value, str) or not value:
+        raise UsageError("the %s must not be empty" % what)
+    if value.startswith("-"):
+        raise UsageError("invalid %s %r: it must not start with '-' (ssh would read it as an option)" % (what, value),
+                         hint="give the real %s; an option belongs in --ssh-option KEY=VALUE" % what)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UsageError("invalid %s %r: no spaces or control characters" % (what, value))
+    return value
 
 
 def default_control_dir() -> str:
@@ -136,7 +154,8 @@ class Ssh:
     def ssh_argv(self, target: Target, argv: Optional[Sequence[str]] = None, script: Optional[str] = None,
                  tty: bool = False) -> List[str]:
         """ssh argv running `argv` (quoted) or a prepared shell `script` on the box."""
-        out = ["ssh"] + self.options(target) + (["-tt"] if tty else ["-T"]) + [target.destination, "--"]
+        # `--` BEFORE the destination: nothing after it is ever read as an ssh option (the host included)
+        out = ["ssh"] + self.options(target) + (["-tt"] if tty else ["-T"]) + ["--", target.destination]
         if argv is not None:
             out.append(remote_command(argv))
         elif script is not None:
@@ -175,12 +194,12 @@ class Ssh:
             return self._locks.setdefault(key, threading.Lock())
 
     def _ensure_master_locked(self, target: Target) -> None:
-        check = ["ssh", *self.options(target), "-O", "check", target.destination]
+        check = ["ssh", *self.options(target), "-O", "check", "--", target.destination]
         if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
             return
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
-        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", target.destination]
+        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", "--", target.destination]
         with tempfile.TemporaryFile() as errf:
             rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
             errf.seek(0)
@@ -210,7 +229,7 @@ class Ssh:
     def close(self, target: Target) -> None:
         """Stop the master connection (best effort)."""
         if self.settings.multiplex:
-            self._exec(["ssh", *self.options(target), "-O", "exit", target.destination], timeout=5.0,
+            self._exec(["ssh", *self.options(target), "-O", "exit", "--", target.destination], timeout=5.0,
                        input_bytes=None, quiet=True)
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
@@ -272,8 +291,6 @@ def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: 
             try:
                 fields[key] = conv(raw)
             except ValueError:
-                from onbox.errors import UsageError
-
                 raise UsageError("ONBOX_SSH_%s must be a number, not %r" % (key.upper(), raw))
     if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
         fields["multiplex"] = False
