@@ -89,6 +89,8 @@ def tracker() -> None:
                    "first byte).")
 @click.option("--body-timeout", type=Seconds(0, 3600, open_lo=True), default=30.0, show_default=True,
               help="Seconds a client has to send a request body, plus one per 16 KiB of it.")
+@click.option("--write-timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
+              help="Seconds a client may leave its answer unread (its receive window full) before it is dropped.")
 @click.option("--keep-alive", type=Seconds(0, 3600, open_lo=True), default=30.0, show_default=True,
               help="Seconds an idle connection stays open between requests.")
 @click.option("--max-conns-per-client", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
@@ -97,7 +99,7 @@ def tracker() -> None:
               help="Open connections in all.")
 def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], public_read: bool,
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
-          header_timeout: float, body_timeout: float, keep_alive: float, max_conns_per_client: int,
+          header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: float, max_conns_per_client: int,
           max_conns: int) -> None:
     """Serve the tracker API v1 (controller/tracker/API.md) until interrupted."""
     from controller.tracker.guard import Limits
@@ -125,7 +127,7 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
         if store is not None:
             store.close()
         raise
-    limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, max_per_client=max_conns_per_client,
-                    max_connections=max_conns)
+    limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, write_timeout=write_timeout,
+                    max_per_client=max_conns_per_client, max_connections=max_conns)
     run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
                limits=limits, tls=tls, keep_alive=keep_alive)

@@ -11,10 +11,11 @@ so it works for any ASGI app and either parser:
 - body timeout: the whole body within `body_timeout` + length / 16 KiB/s seconds of the headers (a slow but
   moving upload of a large backlog is fine; one byte a minute is not); else 408 and close;
 - write timeout: a client that stops reading its response for `write_timeout` seconds is dropped;
-- a per-client-address cap and a total cap: a new connection over either first displaces the longest-waiting
-  connection of that client (else of anyone) that has not delivered a request (still sending headers, or idle
-  between requests); only when every connection has a request in flight is the new one answered 503 and closed.
-  A request being served is never cut for a newcomer.
+- a per-client-address cap and a total cap: a new connection over either displaces a connection of that client
+  (over its cap) or of anyone (over the total) that has not delivered a request: the one that has been sending
+  its headers longest, else the one idle longest between requests (closed quietly, as a keep-alive timeout
+  would); only when every connection has a request in flight is the new one answered 503 and closed. A request being read or served
+  is never cut for a newcomer.
 
 Counters (open connections, timeouts, displaced, refused) are served in /healthz under `connections`.
 TLS handshakes that never finish are bounded by asyncio's own handshake timeout (60 s) before they reach here.
@@ -27,6 +28,8 @@ import dataclasses
 import time
 from typing import Any, Dict, Optional, Set, Type
 
+COUNTERS = ("accepted", "header_timeouts", "body_timeouts", "write_timeouts", "displaced", "displaced_per_client",
+            "refused", "refused_per_client")
 MIN_BODY_RATE = 16 * 1024  # bytes/s: a body that moves at least this fast always gets the time it needs
 
 
@@ -46,7 +49,7 @@ class Registry:
         self.limits = limits
         self.conns: Set[Any] = set()
         self.by_client: Dict[str, Set[Any]] = collections.defaultdict(set)
-        self.counts: Dict[str, int] = collections.Counter()
+        self.counts: Dict[str, int] = collections.Counter({k: 0 for k in COUNTERS})
 
     def stats(self) -> Dict[str, int]:
         return dict(self.counts, open=len(self.conns), clients=len(self.by_client))
@@ -65,13 +68,15 @@ class Registry:
 
     @staticmethod
     def waiting_longest(pool: Set[Any], besides: Any) -> Optional[Any]:
-        """The connection of `pool` that has waited longest without a request in flight (None: all are busy)."""
-        best = None
+        """The connection of `pool` to displace (None: every one has a request in flight): the one that has been
+        sending its headers longest (a real client sends them in a millisecond), else the longest idle one."""
+        best, best_key = None, None
         for c in pool:
             if c is besides or not c.guard_waiting():
                 continue
-            if best is None or c.guard_since < best.guard_since:
-                best = c
+            key = (c.guard_phase != "header", c.guard_since)
+            if best_key is None or key < best_key:
+                best, best_key = c, key
         return best
 
 
@@ -163,7 +168,10 @@ def guarded(base: Type[asyncio.Protocol], registry: Registry) -> Type[asyncio.Pr
             victim = Registry.waiting_longest(pool, besides=self)
             if victim is None:
                 return False
-            victim._guard_reply(503, "displaced by a newer connection: reconnect", counter)
+            # an idle keep-alive connection, or one that sent nothing yet, is closed quietly (a client reconnects
+            # as after a keep-alive timeout); one caught half-way through its headers is told why
+            victim._guard_reply(503, "displaced by a newer connection: reconnect", counter,
+                                quiet=victim.guard_phase == "idle" or victim.guard_bytes == 0)
             return True
 
         def _guard_arm(self, seconds: float, callback: Any) -> None:

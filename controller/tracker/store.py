@@ -262,7 +262,13 @@ class Store:
                     raise ValueError("bad runs columns")
                 if interval is not None and not _finite(interval):
                     interval = None
-                doc = _doc(latest) if latest is not None else None
+                doc = None
+                if latest is not None:
+                    try:
+                        doc = _doc(latest)
+                    except (ValueError, TypeError, RecursionError) as e:  # the run stays listed, without it
+                        skipped += 1
+                        self._note_skip("newest beat of run %r" % (run,), e)
                 out.append({"run": run, "box": box if isinstance(box, str) else None, "attempt": attempt, "seq": seq,
                             "state": state if isinstance(state, str) else None, "received": received,
                             "age_s": round(now - received, 3),
