@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -130,8 +131,9 @@ class Ssh:
     def control_path(self) -> str:
         return os.path.join(self.control_dir(), "%C")  # %C: a hash of host, port, user: short and unique
 
-    def options(self, target: Target, master: Optional[str] = None) -> List[str]:
-        """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination)."""
+    def options(self, target: Target, master: Optional[str] = None, persist: bool = False) -> List[str]:
+        """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination). `persist`: a master
+        that stays until its link dies or it is told to go (it carries a tunnel; see controller/tunnel.py)."""
         s = self.settings
         opts = [
             "-o", "BatchMode=yes",  # never prompt: a prompt in a script is a hang
@@ -142,7 +144,7 @@ class Ssh:
         if s.multiplex:
             opts += ["-o", "ControlPath=%s" % self.control_path(), "-o", "ControlMaster=%s" % (master or "no")]
             if master:
-                opts += ["-o", "ControlPersist=%d" % s.control_persist]
+                opts += ["-o", "ControlPersist=%s" % ("yes" if persist else s.control_persist)]
         for opt in target.options:
             opts += ["-o", opt]
         if target.port:
@@ -179,27 +181,46 @@ class Ssh:
         return base + ["%s:%s" % (target.destination, s) for s in sources] + [dest]
 
     # -- running ---------------------------------------------------------------------------------------------
-    def ensure_master(self, target: Target) -> None:
-        """Start the multiplexed master connection if none is alive. A box that is down fails here, fast."""
+    def ensure_master(self, target: Target, persist: bool = False) -> None:
+        """Start the multiplexed master connection if none is alive. A box that is down fails here, fast.
+        `persist`: the master must stay after its last session (it carries a tunnel); a live master that would
+        time out is told to stop taking new sessions (those under way finish) and a persistent one replaces it."""
         if not self.settings.multiplex:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
         with self._lock_for(target):  # launches to several boxes run in threads; one master per box
-            self._ensure_master_locked(target)
+            self._ensure_master_locked(target, persist)
+
+    def master_pid(self, target: Target) -> Optional[int]:
+        """The pid of the live master connection to `target` (a local check, no network), or None."""
+        if not self.settings.multiplex:
+            return None
+        res = self._exec(["ssh", *self.options(target), "-O", "check", "--", target.destination], timeout=5.0,
+                         input_bytes=None, quiet=True)
+        m = re.search(r"pid=(\d+)", res.err_text)
+        return int(m.group(1)) if res.returncode == 0 and m else None
+
+    def control(self, target: Target, command: str, *args: str, timeout: float = 30.0) -> Result:
+        """`ssh -O COMMAND [ARGS] -- DEST` on the master (forward, cancel, stop, exit)."""
+        return self._exec(["ssh", *self.options(target), "-O", command, *args, "--", target.destination],
+                          timeout=timeout, input_bytes=None, quiet=True)
 
     def _lock_for(self, target: Target) -> threading.Lock:
         key = (target.host, target.port, target.user)
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def _ensure_master_locked(self, target: Target) -> None:
+    def _ensure_master_locked(self, target: Target, persist: bool = False) -> None:
         check = ["ssh", *self.options(target), "-O", "check", "--", target.destination]
-        if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
-            return
+        pid = self.master_pid(target)
+        if pid is not None:
+            if not persist or master_persists(pid):
+                return
+            self.control(target, "stop")  # it finishes what it carries, takes nothing new, then exits
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
-        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", "--", target.destination]
+        argv = ["ssh", *self.options(target, master="yes", persist=persist), "-N", "-f", "--", target.destination]
         with tempfile.TemporaryFile() as errf:
             rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
             errf.seek(0)
@@ -261,6 +282,16 @@ class Ssh:
             kill_group(proc)
             proc.wait()
             return SSH_FAILURE
+
+
+def master_persists(pid: int) -> bool:
+    """Whether the master connection `pid` was started to stay (ControlPersist=yes) rather than time out."""
+    try:
+        import psutil
+
+        return "ControlPersist=yes" in psutil.Process(pid).cmdline()
+    except Exception:  # gone, or not ours to read: treat it as one that may time out
+        return False
 
 
 def kill_group(proc: "subprocess.Popen[bytes]") -> None:

@@ -83,6 +83,25 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
     return rows, problems
 
 
+def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
+    """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network)."""
+    from controller.tunnel import Records, is_open
+
+    inv = Inventory()
+    out = []
+    for t in Records().load():
+        if boxes and t.box not in boxes:
+            continue
+        try:
+            if is_open(ssh, t, inv.resolve(t.box)):
+                continue
+        except OnboxError:
+            pass
+        out.append("the tunnel of %s is down: its beats wait in the agent's spool; `onboxctl tunnel %s` re-opens "
+                   "it (--keep keeps it open)" % (t.box, t.box))
+    return out
+
+
 @click.command("status")
 @click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
 @click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
@@ -104,11 +123,13 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     tty = sys.stdout.isatty()
     while True:
         rows, problems = collect(url, token, boxes, ssh)
+        notes = tunnel_notes(ssh, boxes) if url else []
         if as_json:
             echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
-                       "problems": problems})
+                       "problems": problems, "notes": notes})
         else:
-            text = render_table(rows) + "".join("! %s\n" % p for p in problems)
+            text = render_table(rows) + "".join("! %s\n" % p for p in problems) + "".join("note: %s\n" % x
+                                                                                         for x in notes)
             if watch:
                 text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
                     "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text
