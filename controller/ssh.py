@@ -196,15 +196,20 @@ class Ssh:
         """The pid of the live master connection to `target` (a local check, no network), or None."""
         if not self.settings.multiplex:
             return None
-        res = self._exec(["ssh", *self.options(target), "-O", "check", "--", target.destination], timeout=5.0,
-                         input_bytes=None, quiet=True)
+        res = self._exec(self.control_argv(target, "check"), timeout=5.0, input_bytes=None, quiet=True)
         m = re.search(r"pid=(\d+)", res.err_text)
         return int(m.group(1)) if res.returncode == 0 and m else None
 
+    def control_argv(self, target: Target, command: str, *args: str) -> List[str]:
+        """`ssh -O COMMAND [ARGS] -- DEST`: a request to the master (check, forward, cancel, stop, exit)."""
+        return ["ssh", *self.options(target), "-O", command, *args, "--", target.destination]
+
+    def master_argv(self, target: Target, persist: bool = False) -> List[str]:
+        """The master connection: backgrounded after authentication (-f), no command (-N)."""
+        return ["ssh", *self.options(target, master="yes", persist=persist), "-N", "-f", "--", target.destination]
+
     def control(self, target: Target, command: str, *args: str, timeout: float = 30.0) -> Result:
-        """`ssh -O COMMAND [ARGS] -- DEST` on the master (forward, cancel, stop, exit)."""
-        return self._exec(["ssh", *self.options(target), "-O", command, *args, "--", target.destination],
-                          timeout=timeout, input_bytes=None, quiet=True)
+        return self._exec(self.control_argv(target, command, *args), timeout=timeout, input_bytes=None, quiet=True)
 
     def _lock_for(self, target: Target) -> threading.Lock:
         key = (target.host, target.port, target.user)
@@ -212,7 +217,7 @@ class Ssh:
             return self._locks.setdefault(key, threading.Lock())
 
     def _ensure_master_locked(self, target: Target, persist: bool = False) -> None:
-        check = ["ssh", *self.options(target), "-O", "check", "--", target.destination]
+        check = self.control_argv(target, "check")
         pid = self.master_pid(target)
         if pid is not None:
             if not persist or master_persists(pid):
@@ -220,7 +225,7 @@ class Ssh:
             self.control(target, "stop")  # it finishes what it carries, takes nothing new, then exits
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
-        argv = ["ssh", *self.options(target, master="yes", persist=persist), "-N", "-f", "--", target.destination]
+        argv = self.master_argv(target, persist=persist)
         with tempfile.TemporaryFile() as errf:
             rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
             errf.seek(0)
@@ -250,8 +255,7 @@ class Ssh:
     def close(self, target: Target) -> None:
         """Stop the master connection (best effort)."""
         if self.settings.multiplex:
-            self._exec(["ssh", *self.options(target), "-O", "exit", "--", target.destination], timeout=5.0,
-                       input_bytes=None, quiet=True)
+            self._exec(self.control_argv(target, "exit"), timeout=5.0, input_bytes=None, quiet=True)
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
               what: str = "command", target: Optional[Target] = None, stdin: Optional[IO[bytes]] = None) -> Result:
