@@ -184,7 +184,7 @@ def read_fanout(path: str) -> List[Tuple[str, List[str]]]:
 
 
 def check_name(name: str) -> str:
-    if not valid_run_name(name):
+    if not valid_run_name(name) or name.endswith("\n"):  # the shared regex ends in `$`, which lets "x\n" through
         raise UsageError("invalid run name %r" % name,
                          hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
     return name

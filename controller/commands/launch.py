@@ -97,6 +97,8 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         raise UsageError("no command to run on %s" % ", ".join(missing), hint="put it after `--`: onboxctl run BOX -- python train.py")
     if name is not None:
         check_name(name)
+    if workdir is not None and (not workdir or workdir.startswith("-") or any(ord(c) < 32 for c in workdir)):
+        raise UsageError("invalid --workdir %r" % workdir, hint="a directory on the box, e.g. /workspace/code")
     for kv in opts.get("env") or ():
         if not ENV_NAME_RE.fullmatch(kv.partition("=")[0]) or "=" not in kv:
             raise UsageError("--env must look like KEY=VAL (KEY letters, digits and _), not %r" % kv)

@@ -11,7 +11,8 @@ import click
 
 from controller import userconfig
 from controller.boxes import Inventory
-from controller.launch import parse_json_any
+from controller.commands.params import Seconds
+from controller.launch import check_name, parse_json_any
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
@@ -107,7 +108,7 @@ def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
 @click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
 @click.option("--box", "boxes", multiple=True, help="Only these boxes (repeatable).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(0.2, 3600), default=5.0, show_default=True)
+@click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True)
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
 @click.option("--json", "as_json", is_flag=True)
 def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
@@ -157,6 +158,7 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
 @click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
 def logs(box: str, run: str, follow: bool, lines: int) -> None:
     """Show (or follow) RUN's output log on BOX."""
+    check_name(run)
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env())
     argv = [b.python, REMOTE_PYZ, "logs", run, "-n", str(lines)] + (["-f"] if follow else [])

@@ -9,6 +9,7 @@ from typing import Tuple
 import click
 
 from controller.boxes import Inventory
+from controller.launch import check_name
 from controller.ssh import Ssh, settings_from_env
 from controller.teardown import gate, meter_command, render
 from onbox.commands.clikit import echo_json
@@ -32,6 +33,8 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
     Refuses (exit 1) while any is not. When allowed, prints the platform command that stops the meter; it runs
     it only with --execute-meter-stop.
     """
+    for run in abandon:
+        check_name(run)
     b = Inventory().resolve(box)
     report = gate(Ssh(settings_from_env()), b, abandoned=abandon)
     cmd = meter_command(report.meter, b)

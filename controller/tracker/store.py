@@ -144,11 +144,18 @@ def _path_error(path: str, e: OSError, hint: str) -> Exception:
     return UsageError("cannot create the tracker database %s: %s" % (path, why), hint=hint)
 
 
-def _private(path: str) -> None:
-    """Create `path` 0600 when missing; narrow it (and its -wal/-shm) when group/other may read it. SQLite gives
-    the WAL and SHM the database file's own mode, so creating the database 0600 first covers them."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+def _create_private(path: str) -> None:
+    """A new database file is created 0600 before SQLite opens it: SQLite gives the WAL and SHM the database
+    file's own mode, so they are 0600 from their first byte too."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        return
     os.close(fd)
+
+
+def _narrow(path: str) -> None:
+    """An existing database (and its -wal/-shm) that group or others may read is made 0600."""
     for p in (path, path + "-wal", path + "-shm", path + "-journal"):
         try:
             mode = stat.S_IMODE(os.stat(p).st_mode)
@@ -165,8 +172,16 @@ class Store:
         self.skipped_total = 0  # bad rows skipped by reads since start (also in /healthz)
         self._skipped_logged = False
         self._lock = threading.Lock()
-        _private(path)
+        _create_private(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # first, only look: another program's database (or a file that is none) is refused untouched
+        for table, want in (("beats", BEATS_COLUMNS), ("runs", RUNS_COLUMNS)):
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(%s)" % table)}
+            if have and not want <= have:
+                self._db.close()
+                raise sqlite3.DatabaseError("not a database of this tracker: table %s lacks %s"
+                                            % (table, ", ".join(sorted(want - have))))
+        _narrow(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -174,12 +189,6 @@ class Store:
         # runs from the server's background task on the read connection, PASSIVE, beside the writer.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
-        for table, want in (("beats", BEATS_COLUMNS), ("runs", RUNS_COLUMNS)):
-            have = {row[1] for row in self._db.execute("PRAGMA table_info(%s)" % table)}
-            if not want <= have:
-                self._db.close()
-                raise sqlite3.DatabaseError("not a database of this tracker: table %s lacks %s"
-                                            % (table, ", ".join(sorted(want - have))))
         # the newest (attempt, seq) of each run, kept in memory by the one writer: no SELECT per commit
         self._heads: Dict[str, Tuple[int, int]] = {
             run: (seq, attempt) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
