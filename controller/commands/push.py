@@ -54,10 +54,11 @@ def secrets_push(box: str, name: str) -> None:
     check_secret_name(name)
     value: Union[bytes, IO[bytes]]
     if sys.stdin is not None and sys.stdin.isatty():
-        value = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True, default="",
+        typed = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True, default="",
                              show_default=False).encode()
-        if not value.strip():
+        if not typed.strip():
             raise EMPTY_SECRET
+        value = typed
     else:
         # refused here when empty, before any connection; otherwise streamed to ssh, never whole in our memory
         value = secret_input(sys.stdin.fileno() if sys.stdin is not None else -1)

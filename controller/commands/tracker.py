@@ -91,7 +91,7 @@ def tracker() -> None:
               help="Seconds a client has to send a request body, plus one per 16 KiB of it.")
 @click.option("--write-timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
               help="Seconds a client may leave its answer unread (its receive window full) before it is dropped.")
-@click.option("--keep-alive", type=Seconds(0, 3600, open_lo=True), default=30.0, show_default=True,
+@click.option("--keep-alive", type=click.IntRange(1, 3600), default=30, show_default=True,
               help="Seconds an idle connection stays open between requests.")
 @click.option("--max-conns-per-client", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
               help="Open connections per client address (agents behind tunnels all come from 127.0.0.1).")
@@ -99,7 +99,7 @@ def tracker() -> None:
               help="Open connections in all.")
 def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], public_read: bool,
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
-          header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: float, max_conns_per_client: int,
+          header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
           max_conns: int) -> None:
     """Serve the tracker API v1 (controller/tracker/API.md) until interrupted."""
     from controller.tracker.guard import Limits

@@ -74,8 +74,8 @@ def check_tls(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, st
 
 
 def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: bool = False,
-          ready_file: Optional[str] = None, max_body: int = 4 * 1024 * 1024, limits: Limits = Limits(),
-          tls: Optional[Tuple[str, str]] = None, keep_alive: float = 30.0) -> None:
+          ready_file: Optional[str] = None, max_body: int = 4 * 1024 * 1024, limits: Optional[Limits] = None,
+          tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30) -> None:
     """Run the tracker on `sock` until SIGTERM/SIGINT (uvicorn shuts down gracefully); closes `store`."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -83,7 +83,7 @@ def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: 
     from controller.tracker.app import create_app
     from onbox.fsutil import atomic_write_json
 
-    registry = Registry(limits)
+    registry = Registry(limits or Limits())
     app = create_app(store, token, public_read=public_read, max_body=max_body, connection_stats=registry.stats)
     # limit_concurrency stays off: uvicorn would count stalled sockets toward it and answer 503 to everyone;
     # guard.py caps connections per client and in total, displacing stalled ones first
@@ -111,7 +111,9 @@ def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: 
 
     try:
         try:
-            from uvloop import run as loop_run  # the controller extra brings it (uvicorn.run would pick it too)
+            from uvloop import (
+                run as loop_run,  # the controller extra brings it (uvicorn.run would pick it too)
+            )
         except ImportError:
             loop_run = asyncio.run  # type: ignore[assignment]
         loop_run(main())

@@ -208,10 +208,7 @@ def _compile(schema: Mapping[str, Any], defs: _Defs) -> Tuple[Pred, Check]:
         return parts[0]
 
     def valid(v: Any) -> bool:
-        for p in preds:
-            if not p(v):
-                return False
-        return True
+        return all(p(v) for p in preds)
 
     def check(v: Any, path: str, errs: List[str]) -> None:
         for c in checks:
@@ -219,7 +216,7 @@ def _compile(schema: Mapping[str, Any], defs: _Defs) -> Tuple[Pred, Check]:
     return valid, check
 
 
-def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # noqa: C901 - one branch per keyword
+def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one branch per keyword
     if key == "type":
         names = arg if isinstance(arg, list) else [arg]
         tests = tuple(_TYPES[n] for n in names)
@@ -276,14 +273,14 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # noqa: C9
                 errs.append("%s: must be >= %s" % (path or "beat", arg))
         return p_min, c_min
     if key == "required":
-        names = tuple(arg)
+        required = tuple(arg)
 
         def p_required(v: Any) -> bool:
-            return not isinstance(v, dict) or all(name in v for name in names)
+            return not isinstance(v, dict) or all(name in v for name in required)
 
         def c_required(v: Any, path: str, errs: List[str]) -> None:
             if isinstance(v, dict):
-                errs.extend("%s: required" % _join(path, name) for name in names if name not in v)
+                errs.extend("%s: required" % _join(path, name) for name in required if name not in v)
         return p_required, c_required
     if key == "properties":
         props = [(k, _compile(sub, defs)) for k, sub in arg.items()]

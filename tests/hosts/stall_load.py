@@ -91,7 +91,7 @@ class StalledClients:
         while not self._stop.is_set():
             self.peak_open = max(self.peak_open, len(self.sel.get_map()))
             for key, _ in self.sel.select(timeout=0.1):
-                i, kind, got = key.data
+                i, _kind, got = key.data
                 try:
                     data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                 except OSError:

@@ -9,9 +9,7 @@ full-size load (2,200 sockets) and prints the same document.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import time
 
 import pytest
 import requests
@@ -31,7 +29,7 @@ def health(t):
 
 def test_hundreds_of_stalled_sockets_while_an_agent_delivers(tmp_path):
     raise_fd_limit(4096)
-    t = TrackerProcess(str(tmp_path / "tracker"), extra_args=LIMITS + ["--keep-alive", "2"]).start()
+    t = TrackerProcess(str(tmp_path / "tracker"), extra_args=[*LIMITS, "--keep-alive", "2"]).start()
     agent = reader = stalled = None
     try:
         agent = Agent(str(tmp_path / "agent"), t.url, t.token_file)

@@ -43,7 +43,7 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         return r
 
     def on_box(script):
-        return subprocess.run(netns_box.netns.exec_prefix() + ["sh", "-c", script], capture_output=True, text=True,
+        return subprocess.run([*netns_box.netns.exec_prefix(), "sh", "-c", script], capture_output=True, text=True,
                               timeout=30)
 
     def seqs():

@@ -28,10 +28,10 @@ def paths(doc, prefix=()):
     yield prefix
     if isinstance(doc, dict):
         for k, v in doc.items():
-            yield from paths(v, prefix + (k,))
+            yield from paths(v, (*prefix, k))
     elif isinstance(doc, list):
         for i, v in enumerate(doc):
-            yield from paths(v, prefix + (i,))
+            yield from paths(v, (*prefix, i))
 
 
 SECTION_PATHS = [p for p in paths(golden()) if p] + [("slurm",), ("preemption",), ("gpus", "gpus", 0, "verdict")]
@@ -53,9 +53,7 @@ def put(doc, path, value):
             cur = cur[part]
         else:
             return doc
-    if isinstance(cur, dict):
-        cur[path[-1]] = value
-    elif isinstance(cur, list) and isinstance(path[-1], int) and path[-1] < len(cur):
+    if isinstance(cur, dict) or (isinstance(cur, list) and isinstance(path[-1], int) and path[-1] < len(cur)):
         cur[path[-1]] = value
     return doc
 
