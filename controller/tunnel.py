@@ -7,8 +7,8 @@ is given `http://127.0.0.1:PORT` as its tracker. Nothing but ssh carries the bea
 leaves 127.0.0.1 needs no TLS.
 
 Lifetime. The run outlives `onboxctl run`, so the master that carries the tunnel is started to persist
-(`ControlPersist=yes`): it stays in the background after onboxctl exits, until its link dies (ServerAlive: within
-interval x count seconds of a cut or a sleeping laptop), `onboxctl tunnel --close BOX`, or `onboxctl down BOX`.
+(`ControlPersist=yes`): it stays in the background after onboxctl exits, until its link dies (U17: ServerAlive
+ends it within interval x count seconds of a cut or a sleeping laptop, never a half-open hang), `onboxctl tunnel --close BOX`, or `onboxctl down BOX`.
 While the tunnel is down the agent spools every beat to disk and delivers the backlog in order once the tracker
 answers again; nothing is lost. `onboxctl tunnel [BOX...]` re-opens it on the SAME box port (the agent's URL does
 not change), `onboxctl tunnel --keep` keeps re-opening every few seconds, and `onboxctl status` says when a

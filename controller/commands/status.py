@@ -90,7 +90,11 @@ def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
 
     inv = Inventory()
     out = []
-    for t in Records().load():
+    try:
+        recorded = Records().load()
+    except OnboxError as e:  # a damaged record must not take the status table down with it
+        return [e.message]
+    for t in recorded:
         if boxes and t.box not in boxes:
             continue
         try:

@@ -64,10 +64,13 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
                        % (report.meter.verb, report.meter.profile))
     from controller.tunnel import Records, close_tunnels
 
-    if Records().find(box):  # the box goes: its tracker tunnel (and the persistent ssh master) go too
-        for t in close_tunnels(Ssh(settings_from_env()), b):
-            if not as_json:
-                click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
+    try:
+        if Records().find(box):  # the box goes: its tracker tunnel (and the persistent ssh master) go too
+            for t in close_tunnels(Ssh(settings_from_env()), b):
+                if not as_json:
+                    click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
+    except UsageError as e:  # a damaged tunnel record: say so, the teardown verdict stands
+        click.echo("note: %s" % e.message, err=True)
     if execute_meter_stop:
         if not cmd:
             raise UsageError("profile %s has no meter-stop command to execute" % report.meter.profile)
