@@ -59,12 +59,14 @@ def test_hundreds_of_stalled_sockets_while_an_agent_delivers(tmp_path):
         assert c["displaced_per_client"] > 0  # ... and make room at once when over a cap
         assert stalled.counts["answered_408"] > 0 and stalled.counts["opened"] == 600
     finally:
-        for part in (stalled, reader):
-            if part is not None:
-                part.stop()
-        if agent is not None:
-            agent.kill()
-        t.stop()
+        try:
+            for part in (stalled, reader):
+                if part is not None:
+                    part.stop()
+            if agent is not None:
+                agent.kill()
+        finally:
+            t.stop()
 
 
 def test_a_client_that_never_reads_its_answer_is_dropped(tmp_path):
