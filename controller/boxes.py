@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from controller.ssh import Target
+from controller.ssh import Target, check_ssh_word
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write
 
@@ -58,9 +58,25 @@ class Box:
 
 
 def check_name(name: str) -> str:
-    if not BOX_NAME_RE.match(name):
+    if not isinstance(name, str) or not BOX_NAME_RE.fullmatch(name):
         raise UsageError("invalid box name %r" % name, hint="use letters, digits, '.', '_' and '-' (at most 64)")
     return name
+
+
+def check_box_fields(host: str, user: Optional[str], python: str = "python3", where: str = "") -> None:
+    """What ssh gets as argv words: refused when ssh could read them as options (a host of `-oProxyCommand=...`
+    runs a local command), with `where` (the inventory file and box) in the message."""
+    try:
+        check_ssh_word("host", host)
+        if user is not None:
+            check_ssh_word("user", user)
+        if not python or python.startswith("-") or any(c in python for c in "\n\r\0"):
+            raise UsageError("invalid python %r: give the box's interpreter, e.g. python3 or /opt/conda/bin/python"
+                             % python)
+    except UsageError as e:
+        if where:
+            e.message = "%s: %s" % (where, e.message)
+        raise
 
 
 class Inventory:
@@ -134,14 +150,19 @@ class Inventory:
         boxes = self.load()
         if name in boxes:
             return boxes[name]
-        if not name or name.startswith("-") or any(c.isspace() for c in name):
-            raise UsageError("invalid box name %r" % name)
+        if not name or name.startswith("-") or any(c.isspace() or ord(c) < 32 for c in name):
+            raise UsageError("invalid box name %r" % name,
+                             hint="a box is an inventory name (onboxctl box ls) or an ssh host alias; neither "
+                                  "starts with '-'")
         return Box(name=name, host=name, in_inventory=False)
 
 
 def box_from_entry(name: str, entry: Any, source: str) -> Box:
     if not isinstance(entry, dict):
         raise UsageError("box inventory %s: box %r must be a table" % (source, name))
+    if not BOX_NAME_RE.fullmatch(name):
+        raise UsageError("box inventory %s: invalid box name %r" % (source, name),
+                         hint="use letters, digits, '.', '_' and '-' (at most 64)")
     known = {f.name for f in dataclasses.fields(Box)} - {"name", "in_inventory"}
     unknown = sorted(set(entry) - known)
     if unknown:
@@ -149,11 +170,16 @@ def box_from_entry(name: str, entry: Any, source: str) -> Box:
                          hint="known keys: %s" % ", ".join(sorted(known)))
     if not isinstance(entry.get("host"), str) or not entry["host"]:
         raise UsageError("box inventory %s: box %r needs a host" % (source, name))
+    for key in ("user", "profile", "identity", "python"):
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            raise UsageError("box inventory %s: box %r: %s must be a string, not %r" % (source, name, key, entry[key]))
+    check_box_fields(entry["host"], entry.get("user"), entry.get("python", "python3"),
+                     where="box inventory %s: box %r" % (source, name))
     port = entry.get("port")
-    if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         raise UsageError("box inventory %s: box %r: port must be 1-65535, not %r" % (source, name, port))
     options = entry.get("options", [])
-    if not isinstance(options, list) or not all(isinstance(o, str) and OPTION_RE.match(o) for o in options):
+    if not isinstance(options, list) or not all(isinstance(o, str) and OPTION_RE.fullmatch(o) for o in options):
         raise UsageError("box inventory %s: box %r: options must be a list of \"Key=Value\"" % (source, name))
     return Box(name=name, host=entry["host"], port=port, user=entry.get("user"), profile=entry.get("profile"),
                identity=entry.get("identity"), python=entry.get("python", "python3"), options=list(options))

@@ -19,6 +19,7 @@ COMMANDS = {
     "pull": (C + "pull", "pull", "Copy a run's committed checkpoints home and verify them."),
     "down": (C + "teardown", "down", "Teardown gate: refuses until every run's newest checkpoint is pulled and verified."),
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),
+    "tunnel": (C + "tunnel", "tunnel", "Re-open (or close) the ssh tunnels that carry boxes' heartbeats home."),
 }
 
 

@@ -34,6 +34,8 @@ class LaunchResult:
     hint: Optional[str] = None
     exit_code: int = 0
     seconds: float = 0.0
+    tracker: Optional[str] = None  # the tracker URL the agent on the box was given
+    tunnel: Optional[Dict[str, Any]] = None  # the reverse tunnel that URL goes through (controller/tunnel.py)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,11 +95,20 @@ def parse_json_tail(text: str) -> Dict[str, Any]:
 
 def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),
            workdir: Optional[str] = None, timeout: float = 60.0,
-           onbox_env: Optional[Dict[str, str]] = None) -> LaunchResult:
-    """Start one supervised run on `box`; never waits for the job itself."""
+           onbox_env: Optional[Dict[str, str]] = None, tunnel_to: Optional[str] = None) -> LaunchResult:
+    """Start one supervised run on `box`; never waits for the job itself. `tunnel_to`: a tracker URL this
+    machine reaches; the box gets a reverse tunnel to it and the agent the tunnel's 127.0.0.1 URL."""
     t0 = time.monotonic()
     res = LaunchResult(box=box.name, name=name, ok=False)
+    onbox_env = dict(onbox_env or {})
+    res.tracker = onbox_env.get("ONBOX_TRACKER")
     try:
+        if tunnel_to:
+            from controller.tunnel import box_url, open_tunnel
+
+            tun = open_tunnel(ssh, box, tunnel_to)  # first: the master it rides on is the persistent one
+            res.tracker = onbox_env["ONBOX_TRACKER"] = box_url(tunnel_to, tun.remote_port)
+            res.tunnel = {"box_port": tun.remote_port, "to": tun.local}
         home, pushed = remote_env(ssh, box)
         wd = workdir or pushed.get("code") or ""
         if wd and not wd.startswith("/"):
@@ -140,12 +151,12 @@ def probe(ssh: Ssh, box: Box, home: str, name: str, timeout: float = 30.0) -> Op
 
 def launch_many(ssh: Ssh, jobs: Sequence[Tuple[Box, Sequence[str], str]], onbox_args: Sequence[str] = (),
                 workdir: Optional[str] = None, parallel: int = 8, timeout: float = 60.0,
-                onbox_env: Optional[Dict[str, str]] = None) -> List[LaunchResult]:
+                onbox_env: Optional[Dict[str, str]] = None, tunnel_to: Optional[str] = None) -> List[LaunchResult]:
     """Launch (box, cmd, name) jobs with at most `parallel` at a time; results in the order given."""
     if not jobs:
         raise UsageError("no boxes to launch on")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(launch, ssh, box, cmd, name, onbox_args, workdir, timeout, onbox_env)
+        futures = [pool.submit(launch, ssh, box, cmd, name, onbox_args, workdir, timeout, onbox_env, tunnel_to)
                    for box, cmd, name in jobs]
         return [f.result() for f in futures]
 
@@ -173,7 +184,7 @@ def read_fanout(path: str) -> List[Tuple[str, List[str]]]:
 
 
 def check_name(name: str) -> str:
-    if not valid_run_name(name):
+    if not valid_run_name(name) or name.endswith("\n"):  # the shared regex ends in `$`, which lets "x\n" through
         raise UsageError("invalid run name %r" % name,
                          hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
     return name

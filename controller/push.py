@@ -14,7 +14,9 @@ import json
 import os
 import re
 import shlex
+import stat
 import subprocess
+import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -159,11 +161,57 @@ def ssh_rsync(ssh: Ssh, box: Box, sources: List[str], dest: str, extra: Optional
     return out.decode("utf-8", "replace")
 
 
+def check_secret_name(name: str) -> str:
+    if not SECRET_NAME_RE.fullmatch(name):
+        raise UsageError("invalid secret name %r" % name, hint="letters, digits, '.', '_' and '-' (at most 64)")
+    return name
+
+
+EMPTY_SECRET = UsageError("empty secret on stdin: nothing was sent",
+                          hint="pipe the value in: `onboxctl secrets push BOX NAME < file`")
+
+
+def secret_input(fd: int) -> IO[bytes]:
+    """Our stdin as the stream to hand to ssh, refused (UsageError) BEFORE any network when it is empty or only
+    whitespace. A regular file is checked with pread and handed over unread; from a pipe only the leading
+    whitespace is held back, then a thread streams the rest through (U34: never the whole value in our memory,
+    never in an argv)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:  # no stdin at all (closed by the caller)
+        raise EMPTY_SECRET
+    if stat.S_ISREG(st.st_mode):
+        head = os.pread(fd, 4096, os.lseek(fd, 0, os.SEEK_CUR))
+        if not head.strip() and st.st_size - os.lseek(fd, 0, os.SEEK_CUR) <= len(head):
+            raise EMPTY_SECRET
+        return os.fdopen(os.dup(fd), "rb", buffering=0)
+    prefix = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise EMPTY_SECRET
+        prefix += chunk
+        if chunk.strip():
+            break
+    rfd, wfd = os.pipe()
+
+    def pump() -> None:
+        try:
+            with os.fdopen(wfd, "wb", buffering=0) as out:
+                out.write(prefix)
+                for block in iter(lambda: os.read(fd, 65536), b""):
+                    out.write(block)
+        except OSError:  # ssh went away first: it reports its own failure
+            pass
+
+    threading.Thread(target=pump, name="secret-stdin", daemon=True).start()
+    return os.fdopen(rfd, "rb", buffering=0)
+
+
 def push_secret(ssh: Ssh, box: Box, name: str, value: Union[bytes, IO[bytes]], timeout: float = 120.0) -> Tuple[str, int]:
     """stdin -> ssh's stdin -> remote file, mode 0600 (U34). The value is in no argv, no log, no history: a file
     object (our own stdin) is handed to ssh unread. Returns (remote path, bytes stored)."""
-    if not SECRET_NAME_RE.match(name):
-        raise UsageError("invalid secret name %r" % name, hint="letters, digits, '.', '_' and '-'")
+    check_secret_name(name)
     path = "%s/%s" % (REMOTE_SECRETS, name)
     tmp = path + ".tmp"
     # umask 077 before anything is created: the file never exists with wider permissions, not even briefly;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import tempfile
 import threading
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from onbox.errors import JobFailed, UnfitError
+from onbox.errors import JobFailed, UnfitError, UsageError
 
 SSH_FAILURE = 255  # ssh(1): "exits with 255 if an error occurred" (its own, not the remote command's)
 
@@ -50,6 +51,11 @@ class Target:
     user: Optional[str] = None
     identity: Optional[str] = None
     options: Sequence[str] = ()  # extra `-o Key=Value` options from the inventory (e.g. UserKnownHostsFile)
+
+    def __post_init__(self) -> None:
+        check_ssh_word("host", self.host)
+        if self.user is not None:
+            check_ssh_word("user", self.user)
 
     @property
     def destination(self) -> str:
@@ -85,6 +91,19 @@ class Result:
         return self.stderr.decode("utf-8", "replace").strip()
 
 
+def check_ssh_word(what: str, value: str) -> str:
+    """A host, user or alias that ssh gets as a word of its argv: never empty, never starting with '-' (ssh and
+    rsync would read `-oProxyCommand=...` as an option and run it), no whitespace or control characters."""
+    if not isinstance(value, str) or not value:
+        raise UsageError("the %s must not be empty" % what)
+    if value.startswith("-"):
+        raise UsageError("invalid %s %r: it must not start with '-' (ssh would read it as an option)" % (what, value),
+                         hint="give the real %s; an option belongs in --ssh-option KEY=VALUE" % what)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UsageError("invalid %s %r: no spaces or control characters" % (what, value))
+    return value
+
+
 def default_control_dir() -> str:
     """A short private directory for ControlPath sockets (unix socket paths are limited to ~104 bytes)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
@@ -112,8 +131,9 @@ class Ssh:
     def control_path(self) -> str:
         return os.path.join(self.control_dir(), "%C")  # %C: a hash of host, port, user: short and unique
 
-    def options(self, target: Target, master: Optional[str] = None) -> List[str]:
-        """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination)."""
+    def options(self, target: Target, master: Optional[str] = None, persist: bool = False) -> List[str]:
+        """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination). `persist`: a master
+        that stays until its link dies or it is told to go (it carries a tunnel; see controller/tunnel.py)."""
         s = self.settings
         opts = [
             "-o", "BatchMode=yes",  # never prompt: a prompt in a script is a hang
@@ -124,7 +144,7 @@ class Ssh:
         if s.multiplex:
             opts += ["-o", "ControlPath=%s" % self.control_path(), "-o", "ControlMaster=%s" % (master or "no")]
             if master:
-                opts += ["-o", "ControlPersist=%d" % s.control_persist]
+                opts += ["-o", "ControlPersist=%s" % ("yes" if persist else s.control_persist)]
         for opt in target.options:
             opts += ["-o", opt]
         if target.port:
@@ -136,7 +156,8 @@ class Ssh:
     def ssh_argv(self, target: Target, argv: Optional[Sequence[str]] = None, script: Optional[str] = None,
                  tty: bool = False) -> List[str]:
         """ssh argv running `argv` (quoted) or a prepared shell `script` on the box."""
-        out = ["ssh"] + self.options(target) + (["-tt"] if tty else ["-T"]) + [target.destination, "--"]
+        # `--` BEFORE the destination: nothing after it is ever read as an ssh option (the host included)
+        out = ["ssh"] + self.options(target) + (["-tt"] if tty else ["-T"]) + ["--", target.destination]
         if argv is not None:
             out.append(remote_command(argv))
         elif script is not None:
@@ -160,27 +181,51 @@ class Ssh:
         return base + ["%s:%s" % (target.destination, s) for s in sources] + [dest]
 
     # -- running ---------------------------------------------------------------------------------------------
-    def ensure_master(self, target: Target) -> None:
-        """Start the multiplexed master connection if none is alive. A box that is down fails here, fast."""
+    def ensure_master(self, target: Target, persist: bool = False) -> None:
+        """Start the multiplexed master connection if none is alive. A box that is down fails here, fast.
+        `persist`: the master must stay after its last session (it carries a tunnel); a live master that would
+        time out is told to stop taking new sessions (those under way finish) and a persistent one replaces it."""
         if not self.settings.multiplex:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
         with self._lock_for(target):  # launches to several boxes run in threads; one master per box
-            self._ensure_master_locked(target)
+            self._ensure_master_locked(target, persist)
+
+    def master_pid(self, target: Target) -> Optional[int]:
+        """The pid of the live master connection to `target` (a local check, no network), or None."""
+        if not self.settings.multiplex:
+            return None
+        res = self._exec(self.control_argv(target, "check"), timeout=5.0, input_bytes=None, quiet=True)
+        m = re.search(r"pid=(\d+)", res.err_text)
+        return int(m.group(1)) if res.returncode == 0 and m else None
+
+    def control_argv(self, target: Target, command: str, *args: str) -> List[str]:
+        """`ssh -O COMMAND [ARGS] -- DEST`: a request to the master (check, forward, cancel, stop, exit)."""
+        return ["ssh", *self.options(target), "-O", command, *args, "--", target.destination]
+
+    def master_argv(self, target: Target, persist: bool = False) -> List[str]:
+        """The master connection: backgrounded after authentication (-f), no command (-N)."""
+        return ["ssh", *self.options(target, master="yes", persist=persist), "-N", "-f", "--", target.destination]
+
+    def control(self, target: Target, command: str, *args: str, timeout: float = 30.0) -> Result:
+        return self._exec(self.control_argv(target, command, *args), timeout=timeout, input_bytes=None, quiet=True)
 
     def _lock_for(self, target: Target) -> threading.Lock:
         key = (target.host, target.port, target.user)
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def _ensure_master_locked(self, target: Target) -> None:
-        check = ["ssh", *self.options(target), "-O", "check", target.destination]
-        if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
-            return
+    def _ensure_master_locked(self, target: Target, persist: bool = False) -> None:
+        check = self.control_argv(target, "check")
+        pid = self.master_pid(target)
+        if pid is not None:
+            if not persist or master_persists(pid):
+                return
+            self.control(target, "stop")  # it finishes what it carries, takes nothing new, then exits
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
-        argv = ["ssh", *self.options(target, master="yes"), "-N", "-f", target.destination]
+        argv = self.master_argv(target, persist=persist)
         with tempfile.TemporaryFile() as errf:
             rc = self._spawn_wait(argv, self.settings.connect_timeout + 10.0, errf)
             errf.seek(0)
@@ -210,8 +255,7 @@ class Ssh:
     def close(self, target: Target) -> None:
         """Stop the master connection (best effort)."""
         if self.settings.multiplex:
-            self._exec(["ssh", *self.options(target), "-O", "exit", target.destination], timeout=5.0,
-                       input_bytes=None, quiet=True)
+            self._exec(self.control_argv(target, "exit"), timeout=5.0, input_bytes=None, quiet=True)
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
               what: str = "command", target: Optional[Target] = None, stdin: Optional[IO[bytes]] = None) -> Result:
@@ -244,6 +288,16 @@ class Ssh:
             return SSH_FAILURE
 
 
+def master_persists(pid: int) -> bool:
+    """Whether the master connection `pid` was started to stay (ControlPersist=yes) rather than time out."""
+    try:
+        import psutil
+
+        return "ControlPersist=yes" in psutil.Process(pid).cmdline()
+    except Exception:  # gone, or not ours to read: treat it as one that may time out
+        return False
+
+
 def kill_group(proc: "subprocess.Popen[bytes]") -> None:
     """Kill a child started with start_new_session=True and everything in its group."""
     try:
@@ -272,8 +326,6 @@ def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: 
             try:
                 fields[key] = conv(raw)
             except ValueError:
-                from onbox.errors import UsageError
-
                 raise UsageError("ONBOX_SSH_%s must be a number, not %r" % (key.upper(), raw))
     if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
         fields["multiplex"] = False

@@ -1,11 +1,12 @@
 """`onboxctl box add|ls|rm`: the inventory of boxes."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import click
 
-from controller.boxes import OPTION_RE, Box, Inventory, check_name
+from controller.boxes import OPTION_RE, Box, Inventory, check_box_fields, check_name
 from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
@@ -32,9 +33,13 @@ def add(name: str, host: str, port: Optional[int], user: Optional[str], profile:
         identity: Optional[str], python: str, options: Tuple[str, ...], replace: bool) -> None:
     """Add box NAME to the inventory."""
     check_name(name)
+    check_box_fields(host, user, python)
     for opt in options:
-        if not OPTION_RE.match(opt):
+        if not OPTION_RE.fullmatch(opt):
             raise UsageError("--ssh-option must look like Key=Value, not %r" % opt)
+    if identity is not None and not os.path.isfile(os.path.expanduser(identity)):
+        raise UsageError("identity file %s does not exist" % identity,
+                         hint="give the private key ssh should use for this box (e.g. ~/.ssh/id_ed25519)")
     if profile is not None:
         _check_profile(profile)
     inv = Inventory()

@@ -1,15 +1,20 @@
 """`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once."""
 from __future__ import annotations
 
+import re
 from typing import Any, List, Optional, Tuple
 
 import click
 
 from controller.boxes import Inventory
+from controller.commands.params import Seconds
 from controller.launch import check_name, default_run_name, launch_many, read_fanout
 from controller.ssh import Ssh, settings_from_env
+from controller.userconfig import check_tracker_url
 from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class DashDashCommand(click.Command):
@@ -49,26 +54,34 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--durable", default=None, help="Durable storage (mounted path or rclone remote:path).")
 @click.option("--ckpt-dir", default=None, help="Where the trainer writes checkpoints on the box.")
 @click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), default=None)
-@click.option("--max-restarts", type=int, default=None)
-@click.option("--grace", type=float, default=None, help="Seconds from a preemption notice to the hard kill.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000000), default=None)
+@click.option("--grace", type=Seconds(0, 86400), default=None, help="Seconds from a preemption notice to the hard kill.")
 @click.option("--checkpoint-signal", default=None, help="Signal forwarded to the trainer on preemption.")
 @click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
-@click.option("--tracker", default=None, help="Tracker URL as the BOX reaches it.")
+@click.option("--tracker", default=None,
+              help="Tracker URL. One on this machine (127.0.0.1, localhost, ::1) is reached through an ssh tunnel.")
+@click.option("--tunnel/--no-tunnel", "tunnel", default=None,
+              help="Reverse ssh tunnel from the box's 127.0.0.1 to the tracker (default: when the tracker is on this "
+                   "machine). With --no-tunnel the box must reach --tracker itself.")
 @click.option("--tracker-token-file", default=None,
               help="Token file on the box, e.g. .onbox/secrets/tracker (see `onboxctl secrets push`).")
-@click.option("--heartbeat-interval", type=float, default=None, help="Seconds between heartbeats.")
-@click.option("--sync-interval", type=float, default=None, help="Seconds between checkpoint commits.")
+@click.option("--heartbeat-interval", type=Seconds(0, 86400, open_lo=True), default=None,
+              help="Seconds between heartbeats.")
+@click.option("--sync-interval", type=Seconds(0, 86400, open_lo=True), default=None,
+              help="Seconds between checkpoint commits.")
 @click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
               help="Any run setting (onbox/config.py field), sent as ONBOX_<FIELD> (repeatable).")
 @click.option("--onbox-arg", "onbox_args", multiple=True, help="Any other `onbox run` option, passed verbatim.")
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds each launch may take.")
+@click.option("--timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
+              help="Seconds each launch may take.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
         workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
-        tracker: Optional[str], tracker_token_file: Optional[str], heartbeat_interval: Optional[float],
-        sync_interval: Optional[float], settings: Tuple[str, ...], **opts: Any) -> None:
+        tracker: Optional[str], tunnel: Optional[bool], tracker_token_file: Optional[str],
+        heartbeat_interval: Optional[float], sync_interval: Optional[float], settings: Tuple[str, ...],
+        **opts: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
     Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
@@ -84,9 +97,18 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         raise UsageError("no command to run on %s" % ", ".join(missing), hint="put it after `--`: onboxctl run BOX -- python train.py")
     if name is not None:
         check_name(name)
+    if workdir is not None and (not workdir or workdir.startswith("-") or any(ord(c) < 32 for c in workdir)):
+        raise UsageError("invalid --workdir %r" % workdir, hint="a directory on the box, e.g. /workspace/code")
     for kv in opts.get("env") or ():
-        if "=" not in kv:
-            raise UsageError("--env must look like KEY=VAL, not %r" % kv)
+        if not ENV_NAME_RE.fullmatch(kv.partition("=")[0]) or "=" not in kv:
+            raise UsageError("--env must look like KEY=VAL (KEY letters, digits and _), not %r" % kv)
+    if tracker is not None:
+        tracker = check_tracker_url(tracker, "--tracker")
+    elif tunnel:
+        raise UsageError("--tunnel needs --tracker", hint="e.g. --tracker http://127.0.0.1:8787")
+    from controller.tunnel import is_local
+
+    tunnel_to = tracker if tracker and (tunnel or (tunnel is None and is_local(tracker))) else None
     onbox_env = {}
     for field, value in (("tracker", tracker), ("tracker_token_file", tracker_token_file),
                          ("heartbeat_interval", heartbeat_interval), ("sync_interval", sync_interval)):
@@ -94,7 +116,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
             onbox_env["ONBOX_" + field.upper()] = str(value)
     for kv in settings:
         field, sep, value = kv.partition("=")
-        if not sep or not field.replace("_", "").replace("-", "").isalnum():
+        if not sep or not ENV_NAME_RE.fullmatch(field.replace("-", "_")):
             raise UsageError("--set must look like FIELD=VALUE, not %r" % kv)
         onbox_env["ONBOX_" + field.replace("-", "_").upper()] = value
     forwarded: List[str] = []
@@ -109,7 +131,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         run_name = check_name("%s-%s" % (base, box_name) if several else base)
         jobs.append((inv.resolve(box_name), box_cmd, run_name))
     results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
-                          timeout=timeout, onbox_env=onbox_env)
+                          timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to)
     if as_json:
         echo_json({"runs": [r.to_dict() for r in results]})
     else:
@@ -117,6 +139,9 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
             if r.ok:
                 click.echo("%s: started run %s (pid %s, %s) in %s" % (r.box, r.name, r.pid or "?", r.state or "state unknown",
                                                                   r.workdir))
+                if r.tunnel:
+                    click.echo("%s: heartbeats go to %s, tunnelled over ssh to %s (reopen: onboxctl tunnel %s)"
+                               % (r.box, r.tracker, r.tunnel["to"], r.box))
             else:
                 click.echo("%s: FAILED to start %s: %s" % (r.box, r.name, r.error), err=True)
                 if r.hint:

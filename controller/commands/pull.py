@@ -7,6 +7,7 @@ from typing import Optional
 import click
 
 from controller.boxes import Inventory
+from controller.launch import check_name
 from controller.pull import Transfer, pull_run
 from controller.ssh import Ssh, settings_from_env
 from onbox.commands.clikit import echo_json
@@ -31,6 +32,7 @@ def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Opt
 
     Interrupted? Run it again: every file resumes where it stopped (rsync --partial).
     """
+    check_name(run)  # before anything: it becomes a local directory under DEST
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env())
     tty = sys.stderr.isatty() and not as_json

@@ -7,7 +7,7 @@ from typing import IO, Optional, Union
 import click
 
 from controller.boxes import Inventory
-from controller.push import default_pyz, push_secret
+from controller.push import EMPTY_SECRET, check_secret_name, default_pyz, push_secret, secret_input
 from controller.push import push as push_core
 from controller.ssh import Ssh, settings_from_env
 from onbox.commands.clikit import echo_json
@@ -51,10 +51,16 @@ def secrets_push(box: str, name: str) -> None:
     Example: onboxctl secrets push gpu1 wandb < ~/.wandb-key
     """
     b = Inventory().resolve(box)
+    check_secret_name(name)
     value: Union[bytes, IO[bytes]]
-    if sys.stdin.isatty():
-        value = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True).encode()
+    if sys.stdin is not None and sys.stdin.isatty():
+        typed = click.prompt("value for %s (hidden)" % name, hide_input=True, err=True, default="",
+                             show_default=False).encode()
+        if not typed.strip():
+            raise EMPTY_SECRET
+        value = typed
     else:
-        value = sys.stdin.buffer  # handed to ssh unread: the value streams through, it is never in our memory
+        # refused here when empty, before any connection; otherwise streamed to ssh, never whole in our memory
+        value = secret_input(sys.stdin.fileno() if sys.stdin is not None else -1)
     path, size = push_secret(Ssh(settings_from_env()), b, name, value)
     click.echo("secrets: stored %s on %s at ~/%s (%d bytes, mode 0600)" % (name, box, path, size))

@@ -11,7 +11,8 @@ import click
 
 from controller import userconfig
 from controller.boxes import Inventory
-from controller.launch import parse_json_any
+from controller.commands.params import Seconds
+from controller.launch import check_name, parse_json_any
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
@@ -83,12 +84,35 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
     return rows, problems
 
 
+def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
+    """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network)."""
+    from controller.tunnel import Records, is_open
+
+    inv = Inventory()
+    out = []
+    try:
+        recorded = Records().load()
+    except OnboxError as e:  # a damaged record must not take the status table down with it
+        return [e.message]
+    for t in recorded:
+        if boxes and t.box not in boxes:
+            continue
+        try:
+            if is_open(ssh, t, inv.resolve(t.box)):
+                continue
+        except OnboxError:
+            pass
+        out.append("the tunnel of %s is down: its beats wait in the agent's spool; `onboxctl tunnel %s` re-opens "
+                   "it (--keep keeps it open)" % (t.box, t.box))
+    return out
+
+
 @click.command("status")
 @click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
 @click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
 @click.option("--box", "boxes", multiple=True, help="Only these boxes (repeatable).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(0.2, 3600), default=5.0, show_default=True)
+@click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True)
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
 @click.option("--json", "as_json", is_flag=True)
 def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
@@ -104,11 +128,13 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     tty = sys.stdout.isatty()
     while True:
         rows, problems = collect(url, token, boxes, ssh)
+        notes = tunnel_notes(ssh, boxes) if url else []
         if as_json:
             echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
-                       "problems": problems})
+                       "problems": problems, "notes": notes})
         else:
-            text = render_table(rows) + "".join("! %s\n" % p for p in problems)
+            text = render_table(rows) + "".join("! %s\n" % p for p in problems) + "".join("note: %s\n" % x
+                                                                                         for x in notes)
             if watch:
                 text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
                     "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text
@@ -136,6 +162,7 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
 @click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
 def logs(box: str, run: str, follow: bool, lines: int) -> None:
     """Show (or follow) RUN's output log on BOX."""
+    check_name(run)
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env())
     argv = [b.python, REMOTE_PYZ, "logs", run, "-n", str(lines)] + (["-f"] if follow else [])

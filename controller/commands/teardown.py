@@ -9,6 +9,7 @@ from typing import Tuple
 import click
 
 from controller.boxes import Inventory
+from controller.launch import check_name
 from controller.ssh import Ssh, settings_from_env
 from controller.teardown import gate, meter_command, render
 from onbox.commands.clikit import echo_json
@@ -32,6 +33,8 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
     Refuses (exit 1) while any is not. When allowed, prints the platform command that stops the meter; it runs
     it only with --execute-meter-stop.
     """
+    for run in abandon:
+        check_name(run)
     b = Inventory().resolve(box)
     report = gate(Ssh(settings_from_env()), b, abandoned=abandon)
     cmd = meter_command(report.meter, b)
@@ -59,6 +62,15 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
         else:
             click.echo("To stop the meter: %s the box on its platform (profile %s has no CLI command)."
                        % (report.meter.verb, report.meter.profile))
+    from controller.tunnel import Records, close_tunnels
+
+    try:
+        if Records().find(box):  # the box goes: its tracker tunnel (and the persistent ssh master) go too
+            for t in close_tunnels(Ssh(settings_from_env()), b):
+                if not as_json:
+                    click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
+    except UsageError as e:  # a damaged tunnel record: say so, the teardown verdict stands
+        click.echo("note: %s" % e.message, err=True)
     if execute_meter_stop:
         if not cmd:
             raise UsageError("profile %s has no meter-stop command to execute" % report.meter.profile)

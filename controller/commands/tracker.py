@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from typing import Optional
 
 import click
 
+from controller.commands.params import Seconds
 from onbox.errors import UsageError
 from onbox.paths import onbox_home
 
@@ -17,24 +19,37 @@ def default_db() -> str:
     return os.path.join(onbox_home(), "tracker", "tracker.db")
 
 
+def read_token_file(token_file: str) -> str:
+    """The first line of --token-file; a one-line warning when group or others may read the file."""
+    path = os.path.expanduser(token_file)
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError("cannot read the token file %s: %s" % (token_file, getattr(e, "strerror", None) or e),
+                         hint="create it with one line holding the token, mode 600")
+    if not token:
+        raise UsageError("the token file %s is empty" % token_file,
+                         hint="put the token on its first line (e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in token):
+        raise UsageError("the token file %s holds control characters" % token_file,
+                         hint="put the token on its first line, nothing else")
+    if mode & 0o077:
+        click.echo("onboxctl tracker: warning: the token file %s is readable by %s (mode %04o): chmod 600 %s"
+                   % (token_file, "others" if mode & 0o007 else "its group", mode, token_file), err=True)
+    return token
+
+
 def resolve_token(token_file: Optional[str], db: str) -> str:
     """--token-file, else $ONBOX_TRACKER_TOKEN, else a generated token kept beside the database (mode 0600)."""
     if token_file:
-        try:
-            with open(os.path.expanduser(token_file), encoding="utf-8") as f:
-                token = f.readline().strip()
-        except OSError as e:
-            raise UsageError("cannot read the token file %s: %s" % (token_file, e.strerror),
-                             hint="create it with one line holding the token, mode 600")
-        if not token:
-            raise UsageError("the token file %s is empty" % token_file)
-        return token
+        return read_token_file(token_file)
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
     path = os.path.join(os.path.dirname(os.path.abspath(db)), "tracker.token")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            token = f.readline().strip()
+        token = read_token_file(path)
         if token:
             return token
     from onbox.fsutil import atomic_write
@@ -53,27 +68,66 @@ def tracker() -> None:
 
 @tracker.command()
 @click.option("--db", "db", type=click.Path(dir_okay=False), default=None,
-              help="SQLite database (WAL). Default: $ONBOX_HOME/tracker/tracker.db")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+              help="SQLite database (WAL), created 0600. Default: $ONBOX_HOME/tracker/tracker.db")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Keep 127.0.0.1 and let `onboxctl run` tunnel the boxes in; a public "
+                   "address wants --tls-cert/--tls-key.")
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535),
               help="Port (0: any free port; see --ready-file).")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None,
               help="File whose first line is the bearer token (else $ONBOX_TRACKER_TOKEN, else one is generated).")
 @click.option("--public-read", is_flag=True, help="Allow reads (GET) without a token; writes always need one.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
-              help="Write {pid, host, port} here once listening (for scripts and tests).")
+              help="Write {pid, host, port, scheme} here once listening (for scripts and tests).")
 @click.option("--max-body", default=4 * 1024 * 1024, show_default=True, type=click.IntRange(1024, 1 << 30),
               help="Largest accepted request body in bytes (larger: 413).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="The certificate's PEM private key.")
+@click.option("--header-timeout", type=Seconds(0, 3600, open_lo=True), default=15.0, show_default=True,
+              help="Seconds a client has to send a request's headers (from connecting, or its next request's "
+                   "first byte).")
+@click.option("--body-timeout", type=Seconds(0, 3600, open_lo=True), default=30.0, show_default=True,
+              help="Seconds a client has to send a request body, plus one per 16 KiB of it.")
+@click.option("--write-timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
+              help="Seconds a client may leave its answer unread (its receive window full) before it is dropped.")
+@click.option("--keep-alive", type=click.IntRange(1, 3600), default=30, show_default=True,
+              help="Seconds an idle connection stays open between requests.")
+@click.option("--max-conns-per-client", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
+              help="Open connections per client address (agents behind tunnels all come from 127.0.0.1).")
+@click.option("--max-conns", type=click.IntRange(1, 1 << 20), default=2048, show_default=True,
+              help="Open connections in all.")
 def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], public_read: bool,
-          ready_file: Optional[str], max_body: int) -> None:
+          ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
+          header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
+          max_conns: int) -> None:
     """Serve the tracker API v1 (controller/tracker/API.md) until interrupted."""
-    from controller.tracker.app import serve as run_server
+    from controller.tracker.guard import Limits
+    from controller.tracker.server import bind, check_tls, is_loopback
+    from controller.tracker.server import serve as run_server
+    from controller.tracker.store import open_store
 
-    db = db or default_db()
-    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-    token = resolve_token(token_file, db)
+    os.umask(0o077)  # the database, its WAL/SHM, the token and the ready file: this user's only
+    db = os.path.abspath(os.path.expanduser(db or default_db()))
+    # everything the user can get wrong is checked before anything is created (no half-made tracker dir)
+    token = read_token_file(token_file) if token_file else None
+    tls = check_tls(tls_cert, tls_key)
+    sock = bind(host, port)
+    if not is_loopback(host) and not tls:
+        click.echo("onboxctl tracker: warning: serving plain HTTP on %s: bearer tokens and heartbeats cross the "
+                   "network in cleartext; give --tls-cert/--tls-key, or keep --host 127.0.0.1 and let "
+                   "`onboxctl run` tunnel the boxes in over ssh" % host, err=True)
+    store = None
     try:
-        run_server(db, host, port, token, public_read=public_read, ready_file=ready_file, max_body=max_body)
-    except OSError as e:
-        raise UsageError("cannot listen on %s:%d: %s" % (host, port, e.strerror or e),
-                         hint="pick another --port, or 0 for any free one")
+        store = open_store(db)
+        if token is None:
+            token = resolve_token(None, db)
+    except BaseException:
+        sock.close()
+        if store is not None:
+            store.close()
+        raise
+    limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, write_timeout=write_timeout,
+                    max_per_client=max_conns_per_client, max_connections=max_conns)
+    run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
+               limits=limits, tls=tls, keep_alive=keep_alive)

@@ -7,25 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hmac
-import json
 import logging
-import os
 import queue
-import socket
 import sqlite3
 import threading
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from controller.tracker.store import Store
-from onbox.heartbeat.schema import RUN_RE, validate
+from onbox.heartbeat.schema import RUN_RE, loads_strict, validate_and_dump
 
 log = logging.getLogger("onbox.tracker")
 
@@ -45,10 +41,10 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="tracker-writer", daemon=True)
         self._thread.start()
 
-    async def add(self, beats: List[Dict[str, Any]]) -> Tuple[int, int]:
+    async def add(self, beats: List[Dict[str, Any]], texts: Optional[List[str]] = None) -> Tuple[int, int]:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._q.put((beats, fut, loop))
+        self._q.put((beats, texts, fut, loop))
         return await fut
 
     def _run(self) -> None:
@@ -66,12 +62,14 @@ class GroupCommitter:
                     self._q.put(None)
                     break
                 items.append(nxt)
+            texts = [t for _, t, _, _ in items]
             try:
-                results: List[Any] = list(self.store.add_many([beats for beats, _, _ in items]))
+                results: List[Any] = list(self.store.add_many(
+                    [beats for beats, _, _, _ in items], texts if all(t is not None for t in texts) else None))
             except Exception as e:  # a database failure fails these requests (503), not the tracker
                 log.exception("onbox tracker: commit failed")
                 results = [e] * len(items)
-            for (_, fut, loop), res in zip(items, results):
+            for (_, _, fut, loop), res in zip(items, results):
                 loop.call_soon_threadsafe(_resolve, fut, res)
 
     def close(self) -> None:
@@ -94,13 +92,10 @@ class BadRequest(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError("%s is not JSON" % name)
-
-
 def create_app(store: Store, token: Optional[str], public_read: bool = False, max_body: int = MAX_BODY,
                thin_every_s: float = 3600.0, thin_older_than_s: float = 7 * 86400.0,
-               checkpoint_every_s: float = 1.0) -> Starlette:
+               checkpoint_every_s: float = 1.0,
+               connection_stats: Optional[Callable[[], Dict[str, int]]] = None) -> Starlette:
     token_bytes = token.encode("utf-8") if token else None
     writer = GroupCommitter(store)
 
@@ -125,18 +120,23 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             if int(length) > max_body:
                 raise BadRequest(413, "body larger than %d bytes" % max_body)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                raise BadRequest(413, "body larger than %d bytes" % max_body)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body:
+                    raise BadRequest(413, "body larger than %d bytes" % max_body)
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone, or cut by the body timeout (controller/tracker/guard.py): nobody reads this
+            raise BadRequest(408, "the body did not arrive in time")
         return b"".join(chunks)
 
     async def post_heartbeats(request: Request) -> JSONResponse:
         require(request, write=True)
         body = await read_body(request)
         try:
-            data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+            # strict: NaN/Infinity literals and numbers that overflow (1e400 -> inf) are refused here, at the door;
+            # one stored inf once made every later read of /api/v1/runs fail
+            data = loads_strict(body.decode("utf-8"))
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise BadRequest(400, "body is not valid JSON: %s" % str(e)[:200])
         if not isinstance(data, dict) or not isinstance(data.get("heartbeats"), list):
@@ -144,14 +144,17 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         beats = data["heartbeats"]
         if len(beats) > MAX_BEATS:
             raise BadRequest(400, "at most %d heartbeats per request" % MAX_BEATS)
+        texts = []
         for i, beat in enumerate(beats):
-            errors = validate(beat)
+            # every section against heartbeat.schema.json, plus the tracker's own bounds
+            errors, text = validate_and_dump(beat)
             if errors:
                 raise BadRequest(400, "heartbeats[%d]: %s" % (i, "; ".join(errors[:5])), index=i)
+            texts.append(text)
         if not beats:
             return JSONResponse({"accepted": 0, "duplicates": 0})
         try:
-            accepted, duplicates = await writer.add(beats)
+            accepted, duplicates = await writer.add(beats, texts)
         except (sqlite3.Error, OverflowError, ValueError) as e:
             # validated beats should always store; if one does not, say so without losing the tracker
             log.error("onbox tracker: storing %d beat(s) failed: %r", len(beats), e)
@@ -161,7 +164,8 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
 
     async def list_runs(request: Request) -> JSONResponse:
         require(request, write=False)
-        return JSONResponse({"runs": store.runs()})
+        runs, skipped = store.runs_checked()
+        return JSONResponse({"runs": runs, "skipped_rows": skipped})
 
     def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
         raw = request.query_params.get(name)
@@ -178,16 +182,18 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
     async def run_heartbeats(request: Request) -> JSONResponse:
         require(request, write=False)
         run = request.path_params["run"]
-        if not RUN_RE.match(run):
+        if not RUN_RE.fullmatch(run):
             raise BadRequest(400, "bad run name")
         after = _int_param(request, "after", -1, -1, 2**53)
         limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
-        beats = store.heartbeats(run, after=after, limit=limit)
-        nxt = beats[-1]["seq"] if beats else after
-        return JSONResponse({"run": run, "heartbeats": beats, "next_after": nxt})
+        beats, skipped, nxt = store.heartbeats_checked(run, after=after, limit=limit)
+        return JSONResponse({"run": run, "heartbeats": beats, "next_after": nxt, "skipped_rows": skipped})
 
     async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"ok": True})
+        doc: Dict[str, Any] = {"ok": True, "skipped_rows": store.skipped_total}
+        if connection_stats is not None and (public_read or authorised(request)):  # counts only for readers
+            doc["connections"] = connection_stats()
+        return JSONResponse(doc)
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BadRequest)
@@ -233,56 +239,4 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         exception_handlers={BadRequest: bad_request, HTTPException: http_error},
         lifespan=lifespan,
     )
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """Our own listening socket, so port 0 works and the real port is known before serving."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted tracker gets its port back at once
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-def serve(db: str, host: str, port: int, token: Optional[str], public_read: bool = False,
-          ready_file: Optional[str] = None, max_body: int = MAX_BODY) -> None:
-    """Run the tracker until SIGTERM/SIGINT (uvicorn shuts down gracefully)."""
-    import uvicorn
-
-    from onbox.fsutil import atomic_write_json
-
-    store = Store(db)
-    app = create_app(store, token, public_read=public_read, max_body=max_body)
-    sock = bind(host, port)
-    actual = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="auto",
-                            timeout_keep_alive=30, limit_concurrency=2048, timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
-
-    # Fewer, cheaper cyclic-GC passes: the request path makes short-lived acyclic objects; everything loaded at
-    # start-up is frozen out of the collector's view (p99 latency under load).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50000, 20, 100)
-
-    async def main() -> None:
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started and ready_file:
-            atomic_write_json(ready_file, {"pid": os.getpid(), "host": host, "port": actual})
-        await task
-
-    try:
-        try:
-            from uvloop import (
-                run as loop_run,  # the controller extra brings it (uvicorn.run would pick it too)
-            )
-        except ImportError:
-            loop_run = asyncio.run  # type: ignore[assignment]
-        loop_run(main())
-    finally:
-        store.close()
 

@@ -10,17 +10,29 @@ Tables:
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
+
+A read never fails on one bad row: a row whose document does not parse as strict JSON (an older tracker stored a
+beat holding 1e400 as `Infinity`), is not an object, or whose columns are not what this store writes, is skipped,
+counted (`skipped_rows`) and logged once. The database, its WAL and SHM are created 0600 (they hold every run's
+hosts, paths and errors); an existing one with wider permissions is narrowed.
 """
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
+import os
 import sqlite3
+import stat
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox.heartbeat.schema import metric_point
+from onbox.errors import UnfitError, UsageError
+from onbox.heartbeat.schema import loads_strict, metric_point
+
+log = logging.getLogger("onbox.tracker")
 
 ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "succeeded"}
 LATE_AFTER = 2.0  # intervals
@@ -51,6 +63,24 @@ def _num(v: Any) -> Optional[float]:
     return float(v) if math.isfinite(v) else None
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _doc(text: Any) -> Dict[str, Any]:
+    """A stored document, parsed strictly: what parses can always be served (no NaN/Infinity)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    doc = loads_strict(text)
+    if not isinstance(doc, dict):
+        raise ValueError("stored document is not a JSON object")
+    return doc
+
+
 def liveness(state: Optional[str], received: float, interval: Optional[float], now: float) -> str:
     if state and state.lower() in ENDED_STATES:
         return "ended"
@@ -63,12 +93,95 @@ def liveness(state: Optional[str], received: float, interval: Optional[float], n
     return "ok"
 
 
+BEATS_COLUMNS = {"id", "run", "attempt", "seq", "time", "received", "state", "step", "loss", "eval_loss", "lr",
+                 "tokens_per_s", "samples_per_s", "doc"}
+RUNS_COLUMNS = {"run", "box", "attempt", "seq", "time", "received", "interval_s", "state"}
+_UNFIT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def open_store(path: str, now: Callable[[], float] = time.time) -> "Store":
+    """The tracker's database at `path` (its directory made 0700 when missing). What the user can fix in the
+    path is a UsageError (exit 2), what the machine refuses an UnfitError (exit 3): one line with a hint each."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    hint = "give --db a file path in a directory you can write, e.g. ~/.onbox/tracker/tracker.db"
+    if os.path.isdir(path):
+        raise UsageError("--db %s is a directory, not a database file" % path, hint=hint)
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise UsageError("--db %s: %s is a file, not a directory" % (path, _first_file(parent)), hint=hint)
+    except OSError as e:
+        raise _path_error(path, e, hint)
+    if not os.path.isdir(parent):
+        raise UsageError("--db %s: %s is not a directory" % (path, parent), hint=hint)
+    try:
+        return Store(path, now=now)
+    except OSError as e:
+        raise _path_error(path, e, hint)
+    except sqlite3.DatabaseError as e:
+        text = str(e)
+        if "not a database" in text or "malformed" in text:
+            raise UsageError("--db %s is not a tracker database: %s" % (path, text),
+                             hint="give --db a new file (it is created) or the tracker's own database")
+        # "unable to open database file", "attempt to write a readonly database", "disk I/O error", locked ...
+        raise UnfitError("cannot open the tracker database %s: %s" % (path, text), hint=hint)
+
+
+def _first_file(path: str) -> str:
+    """The first component of `path` that exists and is not a directory."""
+    cur = ""
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        cur += os.sep + part
+        if os.path.exists(cur) and not os.path.isdir(cur):
+            return cur
+    return path
+
+
+def _path_error(path: str, e: OSError, hint: str) -> Exception:
+    why = e.strerror or str(e)
+    if e.errno in _UNFIT_ERRNOS:
+        return UnfitError("cannot create the tracker database %s: %s" % (path, why), hint=hint)
+    return UsageError("cannot create the tracker database %s: %s" % (path, why), hint=hint)
+
+
+def _create_private(path: str) -> None:
+    """A new database file is created 0600 before SQLite opens it: SQLite gives the WAL and SHM the database
+    file's own mode, so they are 0600 from their first byte too."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+def _narrow(path: str) -> None:
+    """An existing database (and its -wal/-shm) that group or others may read is made 0600."""
+    for p in (path, path + "-wal", path + "-shm", path + "-journal"):
+        try:
+            mode = stat.S_IMODE(os.stat(p).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            os.chmod(p, mode & 0o700)
+
+
 class Store:
     def __init__(self, path: str, now: Callable[[], float] = time.time) -> None:
         self.path = path
         self.now = now
+        self.skipped_total = 0  # bad rows skipped by reads since start (also in /healthz)
+        self._skipped_logged = False
         self._lock = threading.Lock()
+        _create_private(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # first, only look: another program's database (or a file that is none) is refused untouched
+        for table, want in (("beats", BEATS_COLUMNS), ("runs", RUNS_COLUMNS)):
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(%s)" % table)}
+            if have and not want <= have:
+                self._db.close()
+                raise sqlite3.DatabaseError("not a database of this tracker: table %s lacks %s"
+                                            % (table, ", ".join(sorted(want - have))))
+        _narrow(path)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -93,8 +206,10 @@ class Store:
         """Store validated beats in one transaction. Returns (accepted, duplicates)."""
         return self.add_many([beats])[0]
 
-    def add_many(self, batches: List[List[Dict[str, Any]]]) -> List[Tuple[int, int]]:
-        """Several requests' beats in ONE transaction (group commit); (accepted, duplicates) per request."""
+    def add_many(self, batches: List[List[Dict[str, Any]]],
+                 texts: Optional[List[List[str]]] = None) -> List[Tuple[int, int]]:
+        """Several requests' beats in ONE transaction (group commit); (accepted, duplicates) per request.
+        `texts`: each beat already as compact JSON (the validator made it), else it is serialised here."""
         received = self.now()
         results: List[Tuple[int, int]] = []
         newest: Dict[str, Dict[str, Any]] = {}
@@ -102,12 +217,13 @@ class Store:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                for beats in batches:
+                for n, beats in enumerate(batches):
                     accepted = 0
-                    for b in beats:
+                    for i, b in enumerate(beats):
                         p = metric_point(b)
                         step = p.get("step")
-                        doc = json.dumps(b, separators=(",", ":"))  # as received (validated), compact
+                        # as received (validated), compact; never NaN/Infinity (a stored inf broke every read)
+                        doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
                         cur.execute(
                             "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
                             "eval_loss, lr, tokens_per_s, samples_per_s, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -139,34 +255,77 @@ class Store:
         return results
 
     def runs(self) -> List[Dict[str, Any]]:
+        return self.runs_checked()[0]
+
+    def runs_checked(self) -> Tuple[List[Dict[str, Any]], int]:
+        """(every run with its newest beat and liveness, how many bad rows were skipped)."""
         now = self.now()
         with self._rlock:
             rows = self._rdb.execute(
                 "SELECT r.run, r.box, r.attempt, r.seq, r.received, r.interval_s, r.state, b.doc FROM runs r "
                 "LEFT JOIN beats b ON b.run=r.run AND b.attempt=r.attempt AND b.seq=r.seq ORDER BY r.run").fetchall()
-        out = []
+        out, skipped = [], 0
         for run, box, attempt, seq, received, interval, state, latest in rows:
-            out.append({"run": run, "box": box, "attempt": attempt, "seq": seq, "state": state,
-                        "received": received, "age_s": round(now - received, 3),
-                        "liveness": liveness(state, received, interval, now),
-                        "latest": json.loads(latest) if latest else None})
-        return out
+            try:
+                if not (isinstance(run, str) and _is_int(attempt) and _is_int(seq) and _finite(received)):
+                    raise ValueError("bad runs columns")
+                if interval is not None and not _finite(interval):
+                    interval = None
+                doc = None
+                if latest is not None:
+                    try:
+                        doc = _doc(latest)
+                    except (ValueError, TypeError, RecursionError) as e:  # the run stays listed, without it
+                        skipped += 1
+                        self._note_skip("newest beat of run %r" % (run,), e)
+                out.append({"run": run, "box": box if isinstance(box, str) else None, "attempt": attempt, "seq": seq,
+                            "state": state if isinstance(state, str) else None, "received": received,
+                            "age_s": round(now - received, 3),
+                            "liveness": liveness(state if isinstance(state, str) else None, received, interval, now),
+                            "latest": doc})
+            except (ValueError, TypeError, RecursionError) as e:
+                skipped += 1
+                self._note_skip("run %r" % (run,), e)
+        return out, skipped
 
     def heartbeats(self, run: str, after: int = -1, limit: int = 100) -> List[Dict[str, Any]]:
-        """A run's beats with seq > after, in seq order; thinned beats come back as compact metric points."""
+        return self.heartbeats_checked(run, after, limit)[0]
+
+    def heartbeats_checked(self, run: str, after: int = -1, limit: int = 100) -> Tuple[List[Dict[str, Any]], int, int]:
+        """A run's beats with seq > after, in seq order; thinned beats come back as compact metric points.
+        Returns (beats, bad rows skipped, the seq to page on from): a page that ends in skipped rows still moves
+        the cursor past them, so paging never loops."""
         with self._rlock:
             rows = self._rdb.execute(
                 "SELECT attempt, seq, time, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc "
                 "FROM beats WHERE run=? AND seq>? ORDER BY seq, attempt LIMIT ?", (run, after, limit)).fetchall()
-        out = []
+        out, skipped, last = [], 0, after
         for attempt, seq, t, state, step, loss, eval_loss, lr, tps, sps, doc in rows:
-            if doc is not None:
-                out.append(json.loads(doc))
-            else:
-                out.append({"run": run, "attempt": attempt, "seq": seq, "time": t, "state": state, "thinned": True,
-                            "progress": {"step": step, "loss": loss, "eval_loss": eval_loss, "lr": lr,
-                                         "tokens_per_s": tps, "samples_per_s": sps}})
-        return out
+            if _is_int(seq) and seq > last:
+                last = seq
+            try:
+                if doc is not None:
+                    out.append(_doc(doc))
+                    continue
+                if not (_is_int(attempt) and _is_int(seq)):
+                    raise ValueError("bad beats columns")
+                nums = [v if _finite(v) else None for v in (t, loss, eval_loss, lr, tps, sps)]
+                out.append({"run": run, "attempt": attempt, "seq": seq, "time": nums[0],
+                            "state": state if isinstance(state, str) else None, "thinned": True,
+                            "progress": {"step": step if _is_int(step) else None, "loss": nums[1],
+                                         "eval_loss": nums[2], "lr": nums[3], "tokens_per_s": nums[4],
+                                         "samples_per_s": nums[5]}})
+            except (ValueError, TypeError, RecursionError) as e:
+                skipped += 1
+                self._note_skip("beat %s/%r" % (run, seq), e)
+        return out, skipped, last
+
+    def _note_skip(self, what: str, e: Exception) -> None:
+        self.skipped_total += 1
+        if not self._skipped_logged:  # once: a poisoned table must not flood the log on every read
+            self._skipped_logged = True
+            log.warning("onbox tracker: skipping unreadable stored %s (%s); further ones are only counted "
+                        "(skipped_rows in /healthz)", what, str(e)[:200])
 
     def thin(self, older_than_s: float, keep_every: int = 10) -> int:
         """Drop the full document of beats received more than `older_than_s` ago, except every `keep_every`-th

@@ -1,14 +1,18 @@
 """The heartbeat document, `onbox.heartbeat/1`; heartbeat.schema.json documents it.
 
 `validate()` is what the tracker runs on every incoming beat: a list of problems (empty when valid), never an
-exception, whatever the input. Unknown keys are allowed so the format can grow compatibly.
+exception, whatever the input. It checks the document against heartbeat.schema.json itself (every section, by a
+compiled validator of the schema keywords that file uses: a keyword it does not know fails loudly at load, never
+silently) plus the tracker's own bounds (seq, time, non-finite numbers anywhere). Unknown keys are allowed so the
+format can grow compatibly. `loads_strict()` is the JSON parser for anything a tracker stores or serves.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-from typing import Any, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 SCHEMA = "onbox.heartbeat/1"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
@@ -32,13 +36,18 @@ def _is_num(v: Any) -> bool:
 
 def validate(doc: Any) -> List[str]:
     """Problems with one heartbeat document; [] when it is a valid onbox.heartbeat/1."""
+    return validate_and_dump(doc)[0]
+
+
+def validate_and_dump(doc: Any) -> Tuple[List[str], str]:
+    """(problems, the document as compact JSON): the text a tracker stores, made once while checking."""
     if not isinstance(doc, dict):
-        return ["a heartbeat must be a JSON object"]
+        return ["a heartbeat must be a JSON object"], ""
     errs: List[str] = []
     if doc.get("schema") != SCHEMA:
         errs.append("schema must be %r" % SCHEMA)
     run = doc.get("run")
-    if not isinstance(run, str) or not RUN_RE.match(run):
+    if not isinstance(run, str) or not RUN_RE.fullmatch(run):  # fullmatch: `$` would let "run\n" through
         errs.append("run must be a run name (letters, digits, '.', '_', '-'; at most 128)")
     for key in ("attempt", "seq"):
         v = doc.get(key)
@@ -74,6 +83,283 @@ def validate(doc: Any) -> List[str]:
         for i, a in enumerate(alerts):
             if isinstance(a, dict) and not (isinstance(a.get("code"), str) and 0 < len(a["code"]) <= 64):
                 errs.append("alerts[%d].code must be a short string" % i)
+    if errs:
+        return errs, ""
+    try:  # C speed for the common case; the walk below only names the place
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as e:
+        return [_nonfinite(doc, "", 0) or "not storable as JSON: %s" % str(e)[:120]], ""
+    return schema_problems(doc)[:MAX_ERRORS], text
+
+
+MAX_ERRORS = 10
+
+
+def _nonfinite(v: Any, path: str, depth: int) -> Optional[str]:
+    """Where a number that JSON cannot carry (NaN, +-Infinity) hides in `v` (None: nowhere)."""
+    if isinstance(v, float):
+        return None if math.isfinite(v) else "%s: a number that is not finite (%r) is not JSON" % (path or "beat", v)
+    if depth > 100:
+        return None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if isinstance(x, (float, dict, list)):
+                bad = _nonfinite(x, "%s.%s" % (path, k) if path else str(k), depth + 1)
+                if bad:
+                    return bad
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            if isinstance(x, (float, dict, list)):
+                bad = _nonfinite(x, "%s[%d]" % (path, i), depth + 1)
+                if bad:
+                    return bad
+    return None
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):  # 1e400 parses to inf: JSON has no such number, and a stored inf breaks every read
+        raise ValueError("number %s is out of range" % text[:40])
+    return v
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("%s is not JSON" % name)
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that refuses what JSON has no place for: NaN/Infinity literals and numbers that overflow to
+    infinity (1e400). What it accepts, json.dumps(allow_nan=False) can always write back."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+# -- heartbeat.schema.json, compiled -----------------------------------------------------------------------------
+# Each schema node compiles to two functions: a fast predicate (exact JSON types, no messages: what every valid
+# beat costs) and an explaining check that collects "path: problem" lines, run only when the predicate said no.
+Check = Callable[[Any, str, List[str]], None]
+Pred = Callable[[Any], bool]
+_ANNOTATIONS = {"$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"}
+_TYPES: Dict[str, Callable[[Any], bool]] = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    # JSON Schema 2020-12: 1.0 is an integer; a bool is never a number
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+_EXACT = {"null": (type(None),), "boolean": (bool,), "integer": (int,), "number": (int, float), "string": (str,),
+          "array": (list,), "object": (dict,)}
+_compiled: Optional[Tuple[Pred, Check]] = None
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _describe(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return "/".join(json.dumps(v) for v in schema["enum"])
+    if "const" in schema:
+        return json.dumps(schema["const"])
+    t = schema.get("type", "any value")
+    return " or ".join(t) if isinstance(t, list) else str(t)
+
+
+def _join(path: str, key: str) -> str:
+    return "%s.%s" % (path, key) if path else key
+
+
+class _Defs:
+    """Compiled `$defs`, filled lazily (a definition may refer to itself)."""
+
+    def __init__(self, root: Mapping[str, Any]) -> None:
+        self.root = root
+        self.done: Dict[str, Tuple[Pred, Check]] = {}
+
+    def get(self, name: str) -> Tuple[Pred, Check]:
+        if name not in self.done:
+            self.done[name] = (lambda v: True, lambda v, p, e: None)  # placeholder while it compiles
+            self.done[name] = _compile(self.root["$defs"][name], self)
+        return self.done[name]
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Tuple[Pred, Check]:
+    """(is_valid, explain) for the JSON Schema keywords heartbeat.schema.json uses: type, const, enum, pattern,
+    minLength, maxLength, minimum, required, properties, items, oneOf, local $ref. tests/unit checks it agrees
+    with the `jsonschema` package. Any other keyword raises ValueError: a schema change must come with its check."""
+    return _compile(schema, _Defs(schema))
+
+
+def _compile(schema: Mapping[str, Any], defs: _Defs) -> Tuple[Pred, Check]:
+    parts = [_keyword(key, arg, defs) for key, arg in schema.items() if key not in _ANNOTATIONS]
+    preds = tuple(p for p, _ in parts)
+    checks = tuple(c for _, c in parts)
+    if len(parts) == 1:  # most nodes are one keyword (a leaf's type): no loop around it
+        return parts[0]
+
+    def valid(v: Any) -> bool:
+        return all(p(v) for p in preds)
+
+    def check(v: Any, path: str, errs: List[str]) -> None:
+        for c in checks:
+            c(v, path, errs)
+    return valid, check
+
+
+def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one branch per keyword
+    if key == "type":
+        names = arg if isinstance(arg, list) else [arg]
+        tests = tuple(_TYPES[n] for n in names)
+        exact = frozenset(t for n in names for t in _EXACT[n])
+        integral = "integer" in names and "number" not in names
+        want = " or ".join(names)
+
+        def p_type(v: Any) -> bool:
+            t = type(v)
+            if t in exact:
+                return True
+            return (integral and t is float and v.is_integer()) or (t not in _EXACT_ALL and any(f(v) for f in tests))
+
+        def c_type(v: Any, path: str, errs: List[str]) -> None:
+            if not any(f(v) for f in tests):
+                errs.append("%s: must be %s, not %s" % (path or "beat", want, _json_type(v)))
+        return p_type, c_type
+    if key in ("const", "enum"):
+        allowed = [arg] if key == "const" else list(arg)
+
+        def p_enum(v: Any) -> bool:
+            return any(_json_equal(v, a) for a in allowed)
+
+        def c_enum(v: Any, path: str, errs: List[str]) -> None:
+            if not p_enum(v):
+                errs.append("%s: must be %s" % (path or "beat", "/".join(json.dumps(a) for a in allowed)))
+        return p_enum, c_enum
+    if key == "pattern":
+        rx = re.compile(arg)
+
+        def p_pattern(v: Any) -> bool:
+            return not isinstance(v, str) or rx.search(v) is not None
+
+        def c_pattern(v: Any, path: str, errs: List[str]) -> None:
+            if not p_pattern(v):
+                errs.append("%s: does not match %s" % (path or "beat", arg))
+        return p_pattern, c_pattern
+    if key in ("minLength", "maxLength"):
+        n, longest = int(arg), key == "maxLength"
+
+        def p_len(v: Any) -> bool:
+            return not isinstance(v, str) or (len(v) <= n if longest else len(v) >= n)
+
+        def c_len(v: Any, path: str, errs: List[str]) -> None:
+            if not p_len(v):
+                errs.append("%s: must be %s %d characters" % (path or "beat", "at most" if longest else "at least", n))
+        return p_len, c_len
+    if key == "minimum":
+        def p_min(v: Any) -> bool:
+            return not isinstance(v, (int, float)) or isinstance(v, bool) or v >= arg
+
+        def c_min(v: Any, path: str, errs: List[str]) -> None:
+            if not p_min(v):
+                errs.append("%s: must be >= %s" % (path or "beat", arg))
+        return p_min, c_min
+    if key == "required":
+        required = tuple(arg)
+
+        def p_required(v: Any) -> bool:
+            return not isinstance(v, dict) or all(name in v for name in required)
+
+        def c_required(v: Any, path: str, errs: List[str]) -> None:
+            if isinstance(v, dict):
+                errs.extend("%s: required" % _join(path, name) for name in required if name not in v)
+        return p_required, c_required
+    if key == "properties":
+        props = [(k, _compile(sub, defs)) for k, sub in arg.items()]
+        fast = tuple((k, p) for k, (p, _) in props)
+
+        def p_props(v: Any) -> bool:
+            if isinstance(v, dict):
+                get = v.get
+                for name, p in fast:
+                    x = get(name, _ABSENT)
+                    if x is not _ABSENT and not p(x):
+                        return False
+            return True
+
+        def c_props(v: Any, path: str, errs: List[str]) -> None:
+            if isinstance(v, dict):
+                for name, (_, c) in props:
+                    if name in v:
+                        c(v[name], _join(path, name), errs)
+        return p_props, c_props
+    if key == "items":
+        p_item, c_item = _compile(arg, defs)
+
+        def p_items(v: Any) -> bool:
+            return not isinstance(v, list) or all(p_item(x) for x in v)
+
+        def c_items(v: Any, path: str, errs: List[str]) -> None:
+            if isinstance(v, list):
+                for i, x in enumerate(v):
+                    c_item(x, "%s[%d]" % (path, i), errs)
+        return p_items, c_items
+    if key == "oneOf":
+        subs = tuple(_compile(sub, defs)[0] for sub in arg)
+        want = " | ".join(_describe(sub) for sub in arg)
+
+        def p_one(v: Any) -> bool:
+            return sum(1 for p in subs if p(v)) == 1
+
+        def c_one(v: Any, path: str, errs: List[str]) -> None:
+            if not p_one(v):
+                errs.append("%s: must be exactly one of %s" % (path or "beat", want))
+        return p_one, c_one
+    if key == "$ref":
+        if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
+            raise ValueError("heartbeat schema: only local #/$defs/ references are supported, not %r" % arg)
+        name = arg[len("#/$defs/"):]
+        defs.get(name)  # compile now: a bad definition fails at load
+
+        def p_ref(v: Any) -> bool:
+            return defs.done[name][0](v)
+
+        def c_ref(v: Any, path: str, errs: List[str]) -> None:
+            defs.done[name][1](v, path, errs)
+        return p_ref, c_ref
+    raise ValueError("heartbeat schema keyword %r is not supported by onbox.heartbeat.schema.compile_schema: "
+                     "add its check there" % key)
+
+
+_ABSENT = object()
+_EXACT_ALL = frozenset(t for ts in _EXACT.values() for t in ts)
+
+
+def _json_type(v: Any) -> str:
+    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+        if _TYPES[name](v):
+            return name
+    return type(v).__name__
+
+
+def schema_problems(doc: Any) -> List[str]:
+    """What heartbeat.schema.json says is wrong with `doc` ([] when it conforms)."""
+    global _compiled
+    if _compiled is None:
+        _compiled = compile_schema(load_schema())
+    valid, explain = _compiled
+    if valid(doc):
+        return []
+    errs: List[str] = []
+    explain(doc, "", errs)
     return errs
 
 

@@ -32,7 +32,9 @@ def test_ssh_and_rsync_command_lines_golden():
     out = []
     out.append(s.ssh_argv(full, ["python3", ".onbox/onbox.pyz", "status", "my run; rm -rf /", "--json"]))
     out.append(s.ssh_argv(alias, script="umask 077; cat > .onbox/secrets/wandb"))
-    out.append([*s.options(full, master="yes"), "-N", "-f", full.destination])
+    out.append(s.master_argv(full))
+    out.append(s.master_argv(alias, persist=True))  # a master that carries a tracker tunnel stays
+    out.append(s.control_argv(full, "forward", "-R", "127.0.0.1:0:127.0.0.1:8787"))
     out.append(s.rsync_argv(full, ["/src/code/"], ".onbox/code/code/", upload=True,
                             extra=["--filter=:- .gitignore", "--exclude=/.git/"]))
     out.append(s.rsync_argv(alias, ["/durable/run 1/checkpoints/step_100/"], "/home/me/pulled/run 1/", upload=False,

@@ -1,0 +1,237 @@
+"""The `onboxctl` half of the bad-input sweep: every row is fed to the real CLI in a subprocess.
+
+Each row: argv, stdin, files placed first (config dir, inventory, token, certificates ...), extra environment,
+the exit code (2 bad input, 3 environment unfit) and a piece of the one message. For every row: that code; that
+piece in the one `onboxctl: ...` (or click's `Error: ...`) line; no traceback; nothing written or half-written
+(the row's whole directory is byte-identical before and after; a row that reached for the network would have
+made the ssh control directory there, or failed on the closed port 9 its box points at).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from typing import Dict, List, NamedTuple, Optional
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+pytestmark = pytest.mark.integration
+
+BOX = '[boxes.b]\nhost = "127.0.0.1"\nport = 9\n'  # closed port: a row that reached ssh would fail with exit 3
+BOXES = {"cfg/boxes.toml": BOX}
+PY = sys.executable
+
+
+class Row(NamedTuple):
+    id: str
+    argv: List[str]
+    code: int
+    says: str
+    stdin: bytes = b""
+    files: Dict[str, object] = {}
+    env: Dict[str, str] = {}
+    wrap: Optional[List[str]] = None  # a command prefix (a private mount namespace)
+
+
+def R(id, argv, code, says, stdin=b"", files=None, env=None, wrap=None):
+    return Row(id, argv.split() if isinstance(argv, str) else argv, code, says, stdin, dict(files or {}),
+               dict(env or {}), wrap)
+
+
+def other_sqlite(path):
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE beats (x INTEGER)")
+    con.commit()
+    con.close()
+
+
+ROWS = [
+    # -- box add: what ssh would read as an option, and malformed values
+    R("host-option", ["box", "add", "x", "--host", "-oProxyCommand=touch pwned"], 2, "must not start with '-'"),
+    R("host-F", ["box", "add", "x", "--host", "-F/tmp/evil"], 2, "must not start with '-'"),
+    R("host-space", ["box", "add", "x", "--host", "a b"], 2, "no spaces"),
+    R("host-empty", ["box", "add", "x", "--host", ""], 2, "must not be empty"),
+    R("host-newline", ["box", "add", "x", "--host", "a\nb"], 2, "no spaces or control characters"),
+    R("user-option", ["box", "add", "x", "--host", "h", "--user", "-oProxyCommand=x"], 2, "invalid user"),
+    R("alias-option", ["box", "add", "--host", "h", "--", "-oProxyCommand=x"], 2, "invalid box name"),
+    R("name-bang", ["box", "add", "bad!", "--host", "h"], 2, "invalid box name"),
+    R("name-newline", ["box", "add", "x\n", "--host", "h"], 2, "invalid box name"),
+    R("port-zero", "box add x --host h --port 0", 2, "Invalid value for '--port'"),
+    R("port-big", "box add x --host h --port 70000", 2, "Invalid value for '--port'"),
+    R("port-word", "box add x --host h --port ssh", 2, "Invalid value for '--port'"),
+    R("ssh-option-noeq", "box add x --host h --ssh-option StrictHostKeyChecking", 2, "Key=Value"),
+    R("ssh-option-newline", ["box", "add", "x", "--host", "h", "--ssh-option", "A=b\nProxyCommand=x"], 2, "Key=Value"),
+    R("profile-unknown", "box add x --host h --profile nosuch", 2, "unknown profile"),
+    R("identity-missing", "box add x --host h --identity /nonexistent/key", 2, "identity file /nonexistent/key"),
+    R("python-empty", ["box", "add", "x", "--host", "h", "--python", ""], 2, "invalid python"),
+    R("python-option", ["box", "add", "x", "--host", "h", "--python", "-c"], 2, "invalid python"),
+    R("host-missing", "box add x", 2, "Missing option '--host'"),
+    R("box-exists", "box add b --host h", 2, "already in the inventory", files=BOXES),
+    R("rm-unknown", "box rm nosuch", 2, "not in the inventory", files=BOXES),
+    # -- a hand-edited inventory
+    R("inv-toml", "box ls", 2, "is not valid TOML", files={"cfg/boxes.toml": "[boxes.b\nhost = 1"}),
+    R("inv-host-option", "box ls", 2, "must not start with '-'",
+      files={"cfg/boxes.toml": '[boxes.b]\nhost = "-oProxyCommand=touch x"\n'}),
+    R("inv-user-option", "box ls", 2, "invalid user", files={"cfg/boxes.toml": BOX + 'user = "-lroot"\n'}),
+    R("inv-port-str", "box ls", 2, "port must be 1-65535", files={"cfg/boxes.toml": '[boxes.b]\nhost="h"\nport="22"\n'}),
+    R("inv-port-bool", "box ls", 2, "port must be 1-65535", files={"cfg/boxes.toml": '[boxes.b]\nhost="h"\nport=true\n'}),
+    R("inv-no-host", "box ls", 2, "needs a host", files={"cfg/boxes.toml": '[boxes.b]\nport = 22\n'}),
+    R("inv-unknown-key", "box ls", 2, "unknown key(s) hots", files={"cfg/boxes.toml": BOX + 'hots = "h"\n'}),
+    R("inv-boxes-int", "box ls", 2, "[boxes] must be a table", files={"cfg/boxes.toml": "boxes = 5\n"}),
+    R("inv-options-str", "box ls", 2, "options must be a list",
+      files={"cfg/boxes.toml": BOX + 'options = "StrictHostKeyChecking=no"\n'}),
+    R("inv-name", "box ls", 2, "invalid box name", files={"cfg/boxes.toml": '[boxes."a b"]\nhost = "h"\n'}),
+    R("inv-user-int", "box ls", 2, "user must be a string", files={"cfg/boxes.toml": BOX + "user = 5\n"}),
+    R("inv-json", "box ls", 2, "is not valid JSON", files={"cfg/boxes.json": "{not json"}),
+    R("inv-latin1", "box ls", 2, "is not UTF-8", files={"cfg/boxes.toml": b'[boxes.b]\nhost = "h\xe9"\n'}),
+    # -- config.toml
+    R("cfg-tracker-int", "status", 2, "tracker must be a non-empty string", files={"cfg/config.toml": "tracker = 5\n"}),
+    R("cfg-tracker-url", "status", 2, "not an http(s) URL", files={"cfg/config.toml": 'tracker = "notaurl"\n'}),
+    R("cfg-unknown", "status", 2, "unknown key 'trackr'", files={"cfg/config.toml": 'trackr = "http://h"\n'}),
+    R("cfg-token-int", "status", 2, "tracker_token_file must be a non-empty string",
+      files={"cfg/config.toml": 'tracker = "http://127.0.0.1:9"\ntracker_token_file = 7\n'}),
+    R("cfg-toml", "status", 2, "is not valid TOML", files={"cfg/config.toml": "tracker = \n"}),
+    R("cfg-token-missing", "status", 2, "cannot read tracker token file",
+      files={"cfg/config.toml": 'tracker = "http://127.0.0.1:9"\ntracker_token_file = "/nonexistent"\n'}),
+    # -- status
+    R("status-notaurl", "status --tracker notaurl", 2, "not an http(s) URL"),
+    R("status-ftp", "status --tracker ftp://h/x", 2, "not an http(s) URL"),
+    R("status-nohost", "status --tracker http://", 2, "no host in it"),
+    R("status-port", "status --tracker http://h:99999", 2, "out of range"),
+    R("status-creds", "status --tracker http://me:pw@h:8787", 2, "credentials in the URL"),
+    R("status-space", ["status", "--tracker", "http://h :8787"], 2, "tracker URL"),
+    R("status-interval-zero", "status --interval 0", 2, "Invalid value for '--interval'"),
+    R("status-interval-nan", "status --interval nan", 2, "Invalid value for '--interval'"),
+    R("status-count-zero", "status --count 0", 2, "Invalid value for '--count'"),
+    R("status-env-url", "status", 2, "ONBOX_TRACKER", env={"ONBOX_TRACKER": "127.0.0.1:8787"}),
+    R("status-token-empty", "status --tracker http://127.0.0.1:9 --tracker-token-file TMP/tok", 2, "is empty",
+      files={"tok": ""}),
+    R("status-token-ctrl", "status --tracker http://127.0.0.1:9 --tracker-token-file TMP/tok", 2,
+      "holds control characters", files={"tok": "abc\x07def\n"}),
+    R("status-down", "status --tracker http://127.0.0.1:9", 3, "cannot read the tracker"),
+    # -- run: everything refused before any connection
+    R("run-no-box", "run -- python train.py", 2, "no box given"),
+    R("run-no-cmd", "run b", 2, "no command to run on b", files=BOXES),
+    R("run-name", "run b --name ../x -- true", 2, "invalid run name", files=BOXES),
+    R("run-name-newline", ["run", "b", "--name", "x\n", "--", "true"], 2, "invalid run name", files=BOXES),
+    R("run-env", "run b --env NOEQUALS -- true", 2, "--env must look like KEY=VAL", files=BOXES),
+    R("run-env-key", "run b --env =v -- true", 2, "--env must look like KEY=VAL", files=BOXES),
+    R("run-set", ["run", "b", "--set", "a b=1", "--", "true"], 2, "--set must look like FIELD=VALUE", files=BOXES),
+    R("run-tracker", "run b --tracker notaurl -- true", 2, "not an http(s) URL", files=BOXES),
+    R("run-grace-nan", "run b --grace nan -- true", 2, "not a number of seconds", files=BOXES),
+    R("run-grace-neg", "run b --grace -1 -- true", 2, "not a number of seconds", files=BOXES),
+    R("run-grace-huge", "run b --grace 1e308 -- true", 2, "not a number of seconds", files=BOXES),
+    R("run-hb-inf", "run b --heartbeat-interval inf -- true", 2, "not a number of seconds", files=BOXES),
+    R("run-sync-zero", "run b --sync-interval 0 -- true", 2, "not a number of seconds", files=BOXES),
+    R("run-timeout-word", "run b --timeout soon -- true", 2, "is not a number of seconds", files=BOXES),
+    R("run-restarts-neg", "run b --max-restarts -1 -- true", 2, "Invalid value for '--max-restarts'", files=BOXES),
+    R("run-restart", "run b --restart sometimes -- true", 2, "Invalid value for '--restart'", files=BOXES),
+    R("run-parallel", "run b --parallel 0 -- true", 2, "Invalid value for '--parallel'", files=BOXES),
+    R("run-tunnel-alone", "run b --tunnel -- true", 2, "--tunnel needs --tracker", files=BOXES),
+    R("run-workdir", "run b --workdir -x -- true", 2, "invalid --workdir", files=BOXES),
+    R("run-fanout-missing", "run --fanout /nonexistent/fan", 2, "cannot read fan-out file"),
+    R("run-fanout-shape", "run --fanout TMP/fan", 2, "expected `BOX` or `BOX -- CMD ...`",
+      files={"fan": "b python x.py\n", **BOXES}),
+    R("run-fanout-quote", "run --fanout TMP/fan", 2, "No closing quotation", files={"fan": "b -- echo 'x\n", **BOXES}),
+    R("run-fanout-option-box", "run --fanout TMP/fan", 2, "invalid box name", files={"fan": "-oProxyCommand=x -- true\n"}),
+    # -- secrets: an empty value is refused before any connection
+    R("secret-devnull", "secrets push b tok", 2, "empty secret on stdin", files=BOXES),
+    R("secret-blank", "secrets push b tok", 2, "empty secret on stdin", stdin=b"\n  \n", files=BOXES),
+    R("secret-name", "secrets push b ../tok", 2, "invalid secret name", stdin=b"v", files=BOXES),
+    R("secret-box-option", "secrets push -- -oProxyCommand=x tok", 2, "invalid box name", stdin=b"v"),
+    # -- pull, logs, down
+    R("pull-attempts", "pull b r --attempts 0", 2, "Invalid value for '--attempts'", files=BOXES),
+    R("pull-run-traversal", "pull b ../../etc TMP/dest", 2, "invalid run name", files=BOXES),
+    R("pull-box-option", "pull -- -oProxyCommand=x r", 2, "invalid box name"),
+    R("pull-dest-file", "pull b r TMP/fan", 2, "is a file", files={"fan": "x", **BOXES}),
+    R("logs-lines", "logs b r -n 0", 2, "Invalid value for '-n'", files=BOXES),
+    R("logs-run-option", "logs b -- -r", 2, "invalid run name", files=BOXES),
+    R("down-abandon", "down b --abandon ../x", 2, "invalid run name", files=BOXES),
+    R("down-box-option", "down -- -oProxyCommand=x", 2, "invalid box name"),
+    # -- tracker serve: paths, tokens, ports, TLS, limits
+    R("db-under-file", "tracker serve --port 0 --db TMP/fan/t.db", 2, "is a file, not a directory", files={"fan": "x"}),
+    R("db-proc", "tracker serve --port 0 --db /proc/onbox-t.db", 2, "cannot create the tracker database"),
+    R("db-sys", "tracker serve --port 0 --db /sys/onbox-t.db", 3, "Permission denied"),
+    R("db-dir", "tracker serve --port 0 --db TMP", 2, "is a directory"),
+    R("db-garbage", "tracker serve --port 0 --db TMP/fan", 2, "not a tracker database", files={"fan": "x" * 200}),
+    R("db-other-app", "tracker serve --port 0 --db TMP/other.db", 2, "not a database of this tracker",
+      files={"other.db": other_sqlite}),
+    R("db-readonly-fs", "tracker serve --port 0 --db TMP/ro/t.db", 3, "Read-only file system",
+      files={"ro/.keep": ""}, wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                    'mount -t tmpfs -o ro onbox-ro "$0/ro" && shift && exec "$@"', "TMP", "--"]),
+    R("token-missing", "tracker serve --port 0 --db TMP/t.db --token-file /nonexistent/tok", 2,
+      "cannot read the token file"),
+    R("token-empty", "tracker serve --port 0 --db TMP/t.db --token-file TMP/tok", 2, "is empty", files={"tok": "\n"}),
+    R("token-ctrl", "tracker serve --port 0 --db TMP/t.db --token-file TMP/tok", 2, "control characters",
+      files={"tok": "a\x1bb\n"}),
+    R("serve-port", "tracker serve --port 70000 --db TMP/t.db", 2, "Invalid value for '--port'"),
+    R("serve-host", ["tracker", "serve", "--port", "0", "--db", "TMP/t.db", "--host", "no such host"], 2,
+      "cannot listen on no such host"),
+    R("serve-max-body", "tracker serve --port 0 --db TMP/t.db --max-body 10", 2, "Invalid value for '--max-body'"),
+    R("serve-header-nan", "tracker serve --port 0 --db TMP/t.db --header-timeout nan", 2, "not a number of seconds"),
+    R("serve-body-zero", "tracker serve --port 0 --db TMP/t.db --body-timeout 0", 2, "not a number of seconds"),
+    R("serve-conns-zero", "tracker serve --port 0 --db TMP/t.db --max-conns 0", 2, "Invalid value for '--max-conns'"),
+    R("tls-cert-only", "tracker serve --port 0 --db TMP/t.db --tls-cert TMP/fan", 2, "go together", files={"fan": "x"}),
+    R("tls-garbage", "tracker serve --port 0 --db TMP/t.db --tls-cert TMP/fan --tls-key TMP/fan", 2,
+      "not a PEM certificate", files={"fan": "x"}),
+    R("tls-missing", "tracker serve --port 0 --db TMP/t.db --tls-cert /nonexistent/c --tls-key /nonexistent/k", 2,
+      "cannot read"),
+    # -- tunnel
+    R("tunnel-unknown", "tunnel nosuch", 2, "no tunnel recorded for nosuch"),
+    R("tunnel-both", "tunnel --close --keep", 2, "contradict"),
+    R("tunnel-record", "tunnel", 2, "tunnel record", files={"cfg/tunnels.json": "{broken"}),
+    R("tunnel-interval", "tunnel --keep --interval 0", 2, "not a number of seconds"),
+    # -- the command line itself
+    R("unknown-command", "frobnicate", 2, "No such command 'frobnicate'"),
+    R("unknown-option", "status --bogus", 2, "No such option: --bogus"),
+]
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root) + "/"] = "dir"
+        for fn in filenames:
+            p = os.path.join(dirpath, fn)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input_is_one_clear_line(tmp_path, row):
+    root = str(tmp_path / "w")
+    os.makedirs(os.path.join(root, "cfg"))
+    for rel, content in row.files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if callable(content):
+            content(path)
+        else:
+            with open(path, "wb") as f:
+                f.write(content if isinstance(content, bytes) else str(content).encode())
+    if row.wrap and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        pytest.skip("needs root and unshare for a read-only mount")
+    argv = [a.replace("TMP", root) for a in row.argv]
+    cmd = [PY, "-m", "controller", *argv]
+    if row.wrap:
+        cmd = [a.replace("TMP", root) for a in row.wrap] + cmd
+    env = subprocess_env(dict({"ONBOX_CONFIG_DIR": os.path.join(root, "cfg"), "HOME": os.path.join(root, "home"),
+                               "ONBOX_HOME": os.path.join(root, "onbox"), "ONBOX_SSH_CONTROL_DIR": os.path.join(
+                                   root, "cm"), "ONBOX_SSH_CONNECT_TIMEOUT": "2", "XDG_CONFIG_HOME": root},
+                              **row.env))
+    before = snapshot(root)
+    r = subprocess.run(cmd, input=row.stdin, env=env, capture_output=True, timeout=60)
+    err = r.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err, "TRACEBACK\n" + err
+    assert r.returncode == row.code, "exit %d, not %d:\n%s%s" % (r.returncode, row.code, r.stdout.decode(), err)
+    lines = [line for line in err.splitlines() if line.startswith(("onboxctl: ", "Error: "))]
+    assert len(lines) == 1, err  # one message line (a hint may follow)
+    assert row.says in err, err
+    assert snapshot(root) == before, "something was written"
