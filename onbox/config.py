@@ -52,7 +52,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
 # The `onbox run` flag of each field that has one (messages name what the user typed).
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "name", "profile", "ckpt_dir", "durable", "sync_interval", "settle_seconds", "keep_last", "prune_local",
-    "final_sync_timeout", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
+    "final_sync_timeout", "restore_probation", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
     "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex")}
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",

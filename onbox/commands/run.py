@@ -44,6 +44,9 @@ def _options(f: Any) -> Any:
                      help="Delete committed local copies (never the newest) when the local disk runs low."),
         click.option("--final-sync-timeout", type=float, help="Seconds the final commit may take when the job "
                      "ends (%s, default 300)." % _r("final_sync_timeout")),
+        click.option("--restore-probation", type=float, help="An attempt that resumed from a checkpoint and failed "
+                     "within this many seconds, before getting past its step, quarantines it and the next attempt "
+                     "falls back to an older one (%s, default 900; 0: never)." % _r("restore_probation")),
         click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), help="Restart policy."),
         click.option("--max-restarts", type=int, help="Restarts after failures before giving up (%s, default 5)."
                      % _r("max_restarts")),

@@ -25,7 +25,7 @@ import io, json, os, sys, time, zipfile
 ckpt, run_dir, versions = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for v in range(1, versions + 1):
     with open(os.path.join(run_dir, "progress.json.tmp"), "w") as f:
-        json.dump({"step": v * 100, "loss": 1.0 / v}, f)
+        json.dump({"step": v * 100, "loss": 1.0 / v, "time": time.time()}, f)
     os.replace(os.path.join(run_dir, "progress.json.tmp"), os.path.join(run_dir, "progress.json"))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
@@ -74,7 +74,7 @@ def test_in_place_rewrite_is_never_committed_torn(tmp_path):
         assert len(set(payload)) == 1
         v = payload[0]
         seen_versions.add(v)
-        assert n == "ckpt.pt.step-%d" % (v * 100)  # named by the step the metrics showed at save time
+        assert n == "ckpt.pt.step-%d" % (v * 100)  # the last step the trainer reported before it saved
     assert 6 in seen_versions  # the final, complete version got committed
 
 
