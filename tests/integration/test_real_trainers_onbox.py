@@ -35,9 +35,14 @@ def agent(home, name, ckpt, durable, resume_arg, argv, die_at=None, once=None, t
     if die_at:
         env.update({harness.ENV_DIE: die_at, harness.ENV_DIE_ONCE: str(once)})
     r = onbox(home, "run", "--foreground", "--name", name, "--ckpt-dir", str(ckpt), "--durable", str(durable),
-              "--sync-interval", "0.2", "--restart", "on-failure", "--max-restarts", "3",
+              "--sync-interval", "0.1", "--restart", "on-failure", "--max-restarts", "3",
               "--resume-arg=%s" % resume_arg, *extra, "--", *argv, env_extra=env, timeout=timeout, cwd=REPO_ROOT)
     return r
+
+
+def nanogpt(out, max_iters=300):
+    return [PY, os.path.join(TRAINERS, "nanogpt.py"), "--out_dir=%s" % out, "--max_iters=%d" % max_iters,
+            "--eval_interval=100", "--batch_size=32", "--always_save_checkpoint=True"]
 
 
 def log_of(home, name):
@@ -47,10 +52,10 @@ def log_of(home, name):
 
 def test_nanogpt_killed_as_torch_save_reopens_ckpt_resumes_from_the_verified_copy_in_place(onbox_home, tmp_path):
     out, durable, once = tmp_path / "out", tmp_path / "durable", tmp_path / "died"
-    argv = [PY, os.path.join(TRAINERS, "nanogpt.py"), "--out_dir=%s" % out, "--max_iters=30", "--eval_interval=10",
-            "--always_save_checkpoint=True"]
-    # the 2nd save (iter 20; nanoGPT saves at every eval_interval but iter 0) dies right after torch.save has
-    # truncated ckpt.pt: the only local copy is empty
+    argv = nanogpt(out)
+    # the 2nd save (iter 200; nanoGPT saves at every eval_interval but iter 0) dies right after torch.save has
+    # truncated ckpt.pt: the only local copy is empty. 100 iterations (~1 s) between saves leave the agent time to
+    # commit the first one (sync interval 0.1 s)
     r = agent(onbox_home, "gpt", out, durable, "--init_from=resume", argv, die_at="truncated@2", once=once)
     assert r.returncode == 0, (r.stderr[-2000:], log_of(onbox_home, "gpt")[-3000:])
     assert os.path.exists(once) and state(onbox_home, "gpt")["state"] == "done"
@@ -59,22 +64,24 @@ def test_nanogpt_killed_as_torch_save_reopens_ckpt_resumes_from_the_verified_cop
     assert aside and aside[0]["path"] == str(out / "ckpt.pt")  # the empty ckpt.pt, kept
     assert os.path.getsize(aside[0]["moved_to"]) == 0
     resumed = [e for e in evs if e["type"] == "checkpoint_resume"]
-    assert resumed and resumed[0]["path"] == str(out / "ckpt.pt") and resumed[0]["step"] == 10
+    assert resumed and resumed[0]["path"] == str(out / "ckpt.pt") and resumed[0]["step"] == 100
     log = log_of(onbox_home, "gpt")
     assert "onbox-test: SIGKILL at truncated" in log
-    assert resume.check_nanogpt(str(out)).step == 30  # the run went on from iter 10 to the end
-    committed = sorted(os.listdir(durable / "gpt" / "checkpoints"))
-    assert "ckpt.pt.step-10" in committed and "ckpt.pt.step-30" in committed
-    for name in committed:
+    assert "resuming training from %s" % out in log or "iter 100" in log
+    assert resume.check_nanogpt(str(out)).step == 300  # the run went on from iter 100 to the end
+    steps = []
+    for name in os.listdir(durable / "gpt" / "checkpoints"):
         m = json.loads((durable / "gpt" / "checkpoints" / name / "MANIFEST.json").read_text())
-        assert name == "ckpt.pt.step-%d" % m["step"] and m["step_source"] == "ckpt.pt:iter_num"
-    # a replacement box: an empty out dir, the same durable storage; nanoGPT resumes at iter 30
+        # named by the iter_num inside; a resumed nanoGPT saves iter 100 again at once (other bytes): ".r2"
+        assert name.split(".r")[0] == "ckpt.pt.step-%d" % m["step"] and m["step_source"] == "ckpt.pt:iter_num"
+        steps.append(m["step"])
+    assert 300 in steps and 200 in steps  # retention keeps the last 3
+    # a replacement box: an empty out dir, the same durable storage; nanoGPT resumes at iter 300, goes on to 400
     out2 = tmp_path / "out2"
-    r = agent(onbox_home, "gpt", out2, durable, "--init_from=resume",
-              [PY, os.path.join(TRAINERS, "nanogpt.py"), "--out_dir=%s" % out2, "--max_iters=30",
-               "--eval_interval=10", "--always_save_checkpoint=True"], extra=("--resume",))
+    r = agent(onbox_home, "gpt", out2, durable, "--init_from=resume", nanogpt(out2, 400), extra=("--resume",))
     assert r.returncode == 0, log_of(onbox_home, "gpt")[-3000:]
-    assert resume.check_nanogpt(str(out2)).step == 30
+    assert [e["step"] for e in events(onbox_home, "gpt") if e["type"] == "checkpoint_resume"][-1] == 300
+    assert resume.check_nanogpt(str(out2)).step == 400
 
 
 def test_hf_trainer_killed_between_model_and_optimizer_save_resumes_from_the_complete_checkpoint(onbox_home,
