@@ -42,7 +42,7 @@ def check_tracker_url(url: str, source: str = "--tracker") -> str:
     """`url` when it is an http(s) URL with a host (and a port in range), else a UsageError naming `source`."""
     from urllib.parse import urlsplit
 
-    from onbox.heartbeat.sinks import url_problem
+    from onbox.config import url_problem
 
     problem = url_problem(url) if isinstance(url, str) else "not a string"
     if not problem and any(c.isspace() or ord(c) < 32 for c in url):

@@ -67,7 +67,8 @@ def step_from_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def _walk_files(top: str) -> List[str]:
+def walk_files(top: str) -> List[str]:
+    """Every regular file under `top` (no symlinks), relative, in a stable order."""
     out = []
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames.sort()
@@ -90,7 +91,7 @@ def path_fingerprint(path: str) -> Optional[Fingerprint]:
     """The fingerprint of a checkpoint file or dir as it is now, or None when it is gone."""
     try:
         if os.path.isdir(path):
-            return _fingerprint(path, _walk_files(path))
+            return _fingerprint(path, walk_files(path))
         return _fingerprint(os.path.dirname(path), [os.path.basename(path)])
     except OSError:
         return None
@@ -115,7 +116,7 @@ def scan(ckpt_dir: str) -> List[Candidate]:
         path = os.path.join(ckpt_dir, name)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                files = _walk_files(path)
+                files = walk_files(path)
                 # an empty dir is a candidate only when its name carries a step: a save killed right after its
                 # mkdir (HF creates checkpoint-N/ first), which a trainer picking its newest dir would load
                 if not files and step_from_name(name) is None:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from onbox import fsutil
 from onbox.checkpoints import MANIFEST, formats, hashcopy, stepread
+from onbox.checkpoints.detect import walk_files
 
 TORCH_SUFFIXES = formats.TORCH_SUFFIXES
 NO_MANIFEST = ("no MANIFEST.json: not a committed checkpoint (onbox writes the manifest last; without it the copy "
@@ -135,7 +136,7 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
             manifest.get("hash", hashcopy.HASH_NAME), len(rows), MANIFEST))
         files = [os.path.join(path, r["path"]) for r in rows]
     else:
-        files = [os.path.join(path, r) for r in _files_under(path)] if os.path.isdir(path) else [path]
+        files = [os.path.join(path, r) for r in walk_files(path)] if os.path.isdir(path) else [path]
         for f in files:
             rel = os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
             res = formats.check_file(f, full=True)
@@ -198,17 +199,6 @@ def _verify_run_dir(path: str, many: List[str], load: bool, no_load_ok: bool) ->
     if load and loaded:
         report.loaded = all(x is not False for x in loaded) if any(x is not None for x in loaded) else None
     return report
-
-
-def _files_under(top: str) -> List[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            full = os.path.join(dirpath, fn)
-            if os.path.isfile(full) and not os.path.islink(full):
-                out.append(os.path.relpath(full, top))
-    return out
 
 
 def _load_with_torch(report: VerifyReport, files: List[str], no_load_ok: bool) -> None:

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.clock import Clock, SystemClock
+from onbox.config import url_problem
 from onbox.errors import UsageError
 from onbox.heartbeat.spool import Spool
 
@@ -43,22 +44,6 @@ def read_token(token_file: Optional[str], environ: Optional[Mapping[str, str]] =
         if token:
             return token
     return env.get(TOKEN_ENV) or None
-
-
-def url_problem(url: str) -> Optional[str]:
-    """Why `url` is not a usable http(s) URL (None when it is): scheme, host and port are checked."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        _port = parts.port  # raises ValueError for a port that is not a number in range
-    except ValueError as e:
-        return str(e)
-    if parts.scheme not in ("http", "https"):
-        return "not an http(s) URL"
-    if not parts.hostname:
-        return "no host in it"
-    return None
 
 
 def preflight(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> None:
