@@ -395,7 +395,7 @@ class CheckpointCommitHook:
         """One committer per run on this box: the agent's thread and `onbox sync` take the same flock, so a
         commit never meets another one's staging or manifest-less dir (which start() would clean)."""
         with self._commit_lock:
-            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
