@@ -4,16 +4,18 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   formats.py    format checks of torch zips, legacy torch pickles, safetensors and JSON, without torch
   torchpickle.py  the layouts torch.save writes and a safe unpickler (imports nothing, runs nothing)
   stepread.py   the step a checkpoint records about itself (trainer_state.json, global_step, iter_num ...)
-  detect.py     candidates in the local checkpoint dir and when each is complete
+  layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
+  detect.py     candidates in the local checkpoint dir and when each is complete (by marker, format or quiet)
   hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
   durable.py    the DurableTarget protocol and the names every target shares
   localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
-  restore.py    the newest committed checkpoint that verifies, fetched into the local dir
+  restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
+  resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
 
-May import: the shared leaves (errors, fsutil, clock). Never the supervisor: hook.py implements the seam in
+May import: the shared leaves (errors, fsutil, clock, proc). Never the supervisor: hook.py implements the seam in
 onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations

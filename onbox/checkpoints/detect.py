@@ -22,6 +22,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from onbox import fsutil
 from onbox.checkpoints import formats, layouts, stepread
 
 CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
@@ -141,6 +142,15 @@ def scan(ckpt_dir: str) -> List[Candidate]:
         if out[-1].step is not None:
             out[-1].step_source = "name"
     return out
+
+
+def read_progress(run_dir: str) -> Dict[str, Any]:
+    """progress.json (the heartbeat's newest metrics), or {} when absent or unreadable."""
+    try:
+        doc = fsutil.read_json(os.path.join(run_dir, "progress.json"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 class ProgressHistory:

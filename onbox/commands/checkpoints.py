@@ -110,8 +110,8 @@ def _trainer_alive(run_dir: str) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
     """List run NAME's checkpoints: local (complete or why not) and durable (committed, with step and hash)."""
-    from onbox.checkpoints.detect import CompletionTracker, scan
-    from onbox.checkpoints.hook import CheckpointCommitHook, read_progress
+    from onbox.checkpoints.detect import CompletionTracker, read_progress, scan
+    from onbox.checkpoints.hook import CheckpointCommitHook
 
     ctx = _context(name, durable, ckpt_dir, create=False)
     hook = CheckpointCommitHook(ctx)

@@ -1,0 +1,179 @@
+"""Where the next attempt starts: the restore before each attempt, keeping aside what the trainer left torn,
+and the fallback when an attempt crashes on the checkpoint it resumed from (quarantine). A mixin of
+CheckpointCommitHook (hook.py), which owns the scanning, the commits and checkpoint_status.json."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, ContextManager, Dict, List, Optional
+
+from onbox import fsutil
+from onbox.checkpoints import SyncFailed
+from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
+from onbox.checkpoints.restore import restore_newest, set_aside
+
+
+def newer(c: Candidate, manifest: Dict[str, Any]) -> bool:
+    """The local candidate holds a later checkpoint than the committed one (by step, else by time)."""
+    step = manifest.get("step")
+    if c.step is not None and isinstance(step, int):
+        return c.step > step
+    return c.newest_mtime > (manifest.get("created") or 0)
+
+
+class ResumeMixin:
+    """restore() and after_failure() of the CheckpointHook protocol; the state they share with the hook:
+    `resumed` (what the current attempt started from)."""
+
+    # provided by CheckpointCommitHook
+    ctx: Any
+    cfg: Any
+    clock: Any
+    ckpt_dir: str
+    committer: Any
+    target: Any
+    status: Dict[str, Any]
+    cands: List[Candidate]
+    resumed: Optional[Dict[str, Any]]
+    _worker: Any
+    _update_status: Callable[..., None]
+    _durable_entry: Callable[[Optional[str]], Optional[Dict[str, Any]]]
+    _locked: Callable[[], ContextManager[None]]
+    scan_now: Callable[..., List[Candidate]]
+    join_worker: Callable[[Optional[float]], None]
+
+    def restore(self) -> Optional[str]:
+        # a restart waits for the commit the previous attempt left in flight (bounded: a hung mount must not
+        # keep the job down); if it still runs, the local checkpoint it is committing is the newest anyway
+        self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        # no child runs before an attempt: nothing is being written, so no quiet period (torn files still fail)
+        local = self.scan_now(settle=0.0)
+        newest_local = local[-1] if local else None
+        self.resumed = None
+        if self._worker is not None and self._worker.is_alive():
+            self.ctx.emit("restore_durable_skipped", reason="a commit still runs after %.0f s"
+                          % self.cfg.final_sync_timeout)
+            return self._resume_local(newest_local)
+        if self.committer is not None:
+            try:
+                with self._locked():
+                    self.committer.start()
+                    entries = self.committer.committed()
+                    names = [e["name"] for e in reversed(entries)]
+                    res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
+                                         local_wins=lambda m: newest_local is not None and newer(newest_local, m))
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
+                res = None
+            if res is not None and res.rejected:
+                self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
+            if res is not None and res.path:
+                self._set_aside_torn(res.step, res.created, keep=res.path)
+                self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
+                                    resume_from={"path": res.path, "source": res.source, "name": res.name})
+                self.ctx.emit("checkpoint_resume", path=res.path, checkpoint=res.name, step=res.step,
+                              source=res.source)
+                self.resumed = {"path": res.path, "name": res.name, "step": res.step, "at": self.clock.time(),
+                                "when": res.created or 0.0, "fingerprint": path_fingerprint(res.path)}
+                return res.path
+        return self._resume_local(newest_local)
+
+    def _resume_local(self, newest_local: Optional[Candidate]) -> Optional[str]:
+        self._set_aside_torn(newest_local.step if newest_local else None,
+                             newest_local.newest_mtime if newest_local else None,
+                             keep=newest_local.path if newest_local else None)
+        if newest_local is None:
+            return None
+        self._update_status(resume_from={"path": newest_local.path, "source": "local-unsynced",
+                                         "name": newest_local.name})
+        self.ctx.emit("checkpoint_resume", path=newest_local.path, checkpoint=newest_local.name,
+                      step=newest_local.step, source="local")
+        self.resumed = {"path": newest_local.path, "name": None, "step": newest_local.step,
+                        "at": self.clock.time(), "when": newest_local.newest_mtime,
+                        "fingerprint": newest_local.fingerprint}
+        return newest_local.path
+
+    def after_failure(self, seconds: float) -> bool:
+        """The attempt failed after `seconds`. When it had resumed from a checkpoint and failed before getting
+        past that checkpoint's step, within restore_probation seconds, the checkpoint is quarantined (moved
+        aside whole, on durable storage and locally, never deleted) so that the next attempt falls back to the
+        newest older one: True. False when the failure says nothing against the checkpoint, or when no older
+        checkpoint is left (the checkpoint stays; the supervisor's crash-loop rule decides)."""
+        r = self.resumed
+        if r is None or seconds > self.cfg.restore_probation:
+            return False
+        progress = read_progress(self.ctx.run_dir)
+        step, at = progress.get("step"), progress.get("time")
+        if (isinstance(step, int) and isinstance(r["step"], int) and isinstance(at, (int, float))
+                and at >= r["at"] and step > r["step"]):
+            return False  # it got past the checkpoint: the failure is the training's, not the checkpoint's
+        label = r["name"] or os.path.basename(r["path"])
+        fallback = self._fallback_for(r)
+        if fallback is None:
+            self.ctx.emit("restore_fallback_exhausted", checkpoint=label, step=r["step"], seconds=round(seconds, 3))
+            return False
+        reason = "an attempt resumed from it and failed after %.1f s before getting past step %s" % (
+            seconds, r["step"])
+        moved: Dict[str, str] = {}
+        try:
+            if r["name"] is not None and self.committer is not None:
+                with self._locked():
+                    moved["durable"] = self.committer.quarantine(r["name"], reason)
+            if r["fingerprint"] is not None and path_fingerprint(r["path"]) == r["fingerprint"]:
+                moved["local"] = set_aside(self.ckpt_dir, r["path"], "quarantined: " + reason, self.ctx.emit)
+        except (SyncFailed, OSError) as e:
+            self.ctx.emit("quarantine_failed", checkpoint=label, error=str(e), **moved)
+            return bool(moved)
+        self.resumed = None
+        entry = {"name": label, "step": r["step"], "reason": reason, "at": self.clock.time(), "moved_to": moved}
+        self._update_status(quarantined=[*list(self.status.get("quarantined") or []), entry])
+        self.ctx.emit("checkpoint_quarantined", checkpoint=label, step=r["step"], reason=reason, fallback=fallback,
+                      moved_to=moved)
+        return True
+
+    def _fallback_for(self, r: Dict[str, Any]) -> Optional[str]:
+        """The newest checkpoint older than the one an attempt resumed from, committed or local, or None."""
+        def older(step: Any, when: float) -> bool:
+            if isinstance(step, int) and isinstance(r["step"], int):
+                return step < r["step"]
+            return when < r["when"]
+
+        found: List[Any] = []
+        if self.committer is not None:
+            try:
+                found += [((e.get("step") if isinstance(e.get("step"), int) else -1), e.get("created") or 0.0,
+                           e["name"]) for e in self.committer.committed()
+                          if e["name"] != r["name"] and older(e.get("step"), e.get("created") or 0.0)]
+            except (SyncFailed, OSError):
+                pass
+        found += [(*order_key(c), c.name) for c in self.cands
+                  if c.complete and c.path != r["path"] and older(c.step, c.newest_mtime)]
+        return max(found)[2] if found else None
+
+    def _set_aside_torn(self, step: Optional[int], when: Optional[float], keep: Optional[str]) -> None:
+        """Before an attempt, keep aside what this run's trainer left torn or half-saved and that is newer than
+        the checkpoint the attempt resumes from: a trainer that picks its newest checkpoint by itself (HF
+        `resume_from_checkpoint=True`, a glob for the highest step) would otherwise load it and crash. Only
+        entries written since the run started: a user's own files are never moved."""
+        started = (self._run_state().get("started_at") or self.clock.time())
+        for c in list(self.cands):
+            if c.complete or c.newest_mtime < started or c.path == keep:
+                continue
+            if path_fingerprint(c.path) != c.fingerprint:  # not what was judged (or gone): leave it
+                continue
+            if step is not None and c.step is not None:
+                if c.step <= step:
+                    continue
+            elif when is not None and c.newest_mtime <= when:
+                continue
+            try:
+                set_aside(self.ckpt_dir, c.path, c.reason, self.ctx.emit)
+            except OSError as e:
+                self.ctx.emit("set_aside_failed", path=c.path, error=str(e))
+
+    def _run_state(self) -> Dict[str, Any]:
+        try:
+            doc = fsutil.read_json(os.path.join(self.ctx.run_dir, "state.json"))
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
