@@ -342,7 +342,7 @@ class Curriculum:
         self.emit("phase_completed", phase=spec.name, index=self.index, step=step, criteria=checks,
                   criteria_ok=ok, metrics=dict(self.values))
         if self.index + 1 >= n:
-            self.status = record["status"]
+            self.status = "completed" if ok else "criteria_failed"
             return Verdict(spec.name, True, "%s %s: the curriculum is complete%s" % (label, how, failed_note))
         self.index += 1
         self.values, self.started_at, self.start_step, self.ending, self.status = {}, None, step, False, "pending"
