@@ -266,6 +266,8 @@ class Curriculum:
         self.started_at = saved.get("started_at")
         self.start_step = saved.get("start_step")
         self.status = str(saved.get("status") or "pending")
+        if self.status == "ending":  # an agent that adopts the child it had asked to stop: a fresh grace to end
+            self.ending, self.end_deadline = True, self.clock.monotonic() + self.grace
 
     # ---- what the loop calls ----------------------------------------------------------------------------
     def attempt(self, command: List[str], resume_args: List[str], resume_from: Optional[str]

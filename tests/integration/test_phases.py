@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, kill_test_processes, onbox, state
+from tests.integration.supervisor_helpers import (
+    env_for,
+    events,
+    kill_if_alive,
+    kill_test_processes,
+    onbox,
+    state,
+)
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration]

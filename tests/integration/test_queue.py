@@ -154,7 +154,7 @@ def test_per_gpu_runs_one_entry_per_gpu_with_cuda_visible_devices(onbox_home, tm
     assert [m.split()[2] for m in started] == ["g0", "g1", "g2"]
     assert logged.index(started[2]) > min(i for i, m in enumerate(logged) if m.endswith(": done"))  # waited
     # U32: the runner's own ONBOX_* settings never reach an entry; its queued record does
-    assert json.load(open(onbox_home / "runs" / "g0" / "config.json"))["grace"] is None
+    assert json.loads((onbox_home / "runs" / "g0" / "config.json").read_text())["grace"] is None
 
 
 def _seam(fake):

@@ -164,6 +164,18 @@ def test_the_state_a_relaunch_resumes_from_and_a_phase_that_no_longer_exists():
         make(saved=saved, tables=(BROAD, ANNEAL))
 
 
+def test_an_agent_adopting_a_child_asked_to_stop_ends_the_phase_when_it_exits():
+    cur, clock, _ = make(grace=5.0)
+    cur.attempt(["t"], [], None)
+    cur.on_output('{"step": 100, "eval_loss": 2.0}')
+    assert cur.signal_due(clock.monotonic()) == signal.SIGUSR2
+    adopting, clock2, _ = make(saved=json.loads(json.dumps(cur.to_state())), grace=5.0)  # no attempt(): adopted
+    clock2.advance(5.0)
+    assert adopting.signal_due(clock2.monotonic()) == signal.SIGKILL  # the deadline survived the agent
+    v = adopting.after_exit(failed=True)  # an adopted child's exit code cannot be known
+    assert v is not None and v.next_phase == 1
+
+
 # ---- the loop driving it: scripted processes whose output goes to the real output.log ------------------------
 
 def trainer(rd: RunDir, steps_per_s: float, eval_loss: float):
