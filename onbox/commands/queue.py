@@ -113,6 +113,12 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     return 0
 
 
+def _agent_alive(e: Any) -> bool:
+    from onbox.proc import is_alive
+
+    return bool(e.agent_pid) and is_alive(int(e.agent_pid), e.agent_start)
+
+
 def _runner_doc(journal: Any) -> Dict[str, Any]:
     from onbox.proc import is_alive
 
@@ -135,6 +141,7 @@ def queue_doc(journal: Any) -> Dict[str, Any]:
         if e.state == REMOVED:
             continue
         doc = e.to_dict()
+        doc["agent_alive"] = e.state == "running" and _agent_alive(e)
         run = RunDir(doc["run_dir"]).read_state() or {}
         doc["run_state"] = run.get("state")
         doc["phase"] = (run.get("phase") or {}).get("name")
@@ -160,11 +167,14 @@ def render_queue(doc: Dict[str, Any]) -> str:
 
     for e in doc.get("entries") or []:
         cmd = shlex.join(str(c) for c in e.get("command") or [])
+        lost = e.get("state") == "running" and e.get("agent_alive") is False
         lines.append("%-4s %-9s %-*s %-9s %-4s %s" % (
-            e.get("id"), e.get("state"), NAME_WIDTH, e.get("name"), e.get("run_state") or "-",
+            e.get("id"), "stale" if lost else e.get("state"), NAME_WIDTH, e.get("name"), e.get("run_state") or "-",
             e.get("gpu") if e.get("gpu") is not None else "-", cmd if len(cmd) <= 60 else cmd[:57] + "..."))
         if e.get("state") in ("failed", "preempted") and e.get("message"):
             lines.append("     %s" % e["message"])
+        elif lost:
+            lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` resumes it")
     lines += ["! %s" % p for p in doc.get("problems") or []]
     return "\n".join(lines) + "\n"
 
@@ -185,14 +195,14 @@ def ls(as_json: bool) -> int:
 @click.argument("entry")
 @click.option("--json", "as_json", is_flag=True, help="Print the removed entry as JSON.")
 def rm(entry: str, as_json: bool) -> int:
-    """Remove ENTRY (its id or run name) from the queue; refused while it runs. Its run dir stays."""
+    """Remove ENTRY (its id or run name) from the queue; refused while its agent runs. Its run dir stays."""
     from onbox.queue.journal import REMOVED, RUNNING
 
     journal = _journal()
     with journal.locked():
         entries, _ = journal.read()
         e = journal.find(entries, entry)
-        if e.state == RUNNING:
+        if e.state == RUNNING and _agent_alive(e):
             raise UsageError("queue entry %d %s is running" % (e.id, e.name),
                              hint="`onbox stop %s` stops it (recorded as stopped), then `onbox queue rm %s`"
                                   % (e.name, e.id))

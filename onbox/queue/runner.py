@@ -155,7 +155,7 @@ class QueueRunner:
             for e in sorted(entries.values(), key=lambda x: x.id):
                 if e.id in self.running or e.state in FINAL:
                     continue
-                if e.state == RUNNING and e.agent_pid and self._adopt(e):
+                if e.state == RUNNING and e.agent_pid and (self._adopt(e) or self._ended_unwatched(e)):
                     continue
                 free = self._free_slot(None)
                 if free is not None:
@@ -169,6 +169,20 @@ class QueueRunner:
             return False
         self.running[e.id] = Running(e, child, self._free_slot(e.gpu))
         self._log("watching the live agent of %s again (pid %d)" % (e.name, child.pid))
+        self._status("running")
+        return True
+
+    def _ended_unwatched(self, e: Entry) -> bool:
+        """Its agent ended while no runner watched: a run that finished (done, failed, stopped) is recorded as
+        such, never started again; one that was preempted or cut short is started again (it resumes)."""
+        doc = RunDir(os.path.join(self.runs_dir, e.name)).read_state() or {}
+        state = {"done": DONE, "failed": FAILED, "stopped": STOPPED}.get(str(doc.get("state")))
+        if state is None:
+            return False
+        self.journal.set_state(e, state, message=str(doc.get("message") or ""))
+        if state == FAILED:
+            self.failed.append(e.name)
+        self._log("entry %d %s ended while no runner watched it: %s" % (e.id, e.name, state))
         return True
 
     def _free_slot(self, gpu: Optional[int]) -> Optional[Slot]:

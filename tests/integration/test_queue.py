@@ -100,6 +100,55 @@ def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path
     assert entries(onbox_home)["second"].launches == 2
 
 
+def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_starts_them_twice(
+        onbox_home, tmp_path, cleanup):
+    """Two entries side by side; the runner is SIGKILLed. One finishes while no runner watches (recorded done,
+    not started again), the other still runs when the next runner comes (watched again, not started twice)."""
+    holds = {n: tmp_path / ("hold-" + n) for n in ("early", "late")}
+    for name, hold in holds.items():
+        hold.write_text("")
+        cmd = [*TRAINER, "--steps", "8", "--hold", str(hold), "--hold-at", "2"]
+        assert q(onbox_home, "add", "--name", name, "--", *cmd).returncode == 0
+    runner = json.loads(q(onbox_home, "run", "--parallel", "2", "--json").stdout)["runner_pid"]
+    wait_for(lambda: all("\n{\"step\": 2," in _output(onbox_home, n) for n in holds), timeout=30,
+             what="both entries at step 2")
+    os.kill(runner, signal.SIGKILL)  # no chance to record anything
+    wait_for(lambda: not pid_alive(runner), what="the runner gone")
+    agents = {n: entries(onbox_home)[n].agent_pid for n in holds}
+    holds["early"].unlink()
+    wait_for(lambda: not pid_alive(agents["early"]), timeout=30, what="the early entry to finish unwatched")
+    assert ls_state(onbox_home) == {"early": ("running", False), "late": ("running", True)}
+    again = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _runner_watches(onbox_home, again.pid, "late"), timeout=30,
+                 what="the new runner to watch the live agent")
+        holds["late"].unlink()
+        _out, err = again.communicate(timeout=60)
+    finally:
+        if again.poll() is None:
+            again.kill()
+    assert again.returncode == 0, err
+    assert "entry 1 early ended while no runner watched it: done" in err
+    assert "watching the live agent of late again (pid %d)" % agents["late"] in err
+    for name in holds:
+        assert entries(onbox_home)[name].state == "done" and entries(onbox_home)[name].launches == 1
+        assert len(state(onbox_home, name)["attempts"]) == 1 and "resumed" not in _output(onbox_home, name)
+
+
+def ls_state(home):
+    doc = json.loads(q(home, "ls", "--json").stdout)
+    return {e["name"]: (e["state"], e["agent_alive"]) for e in doc["entries"]}
+
+
+def _runner_watches(home, pid, name):
+    try:
+        doc = json.loads((home / "queue" / "runner.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return doc.get("pid") == pid and name in doc.get("running", [])
+
+
 def _output(home, name):
     try:
         return (home / "runs" / name / "output.log").read_text()

@@ -101,7 +101,7 @@ def test_entry_agents_never_get_the_runners_own_settings_and_get_their_gpu():
 
 
 def test_queue_ls_text():
-    doc = {"runner": {"alive": True, "pid": 4242, "state": "running", "mode": "one per GPU (2)"},
+    doc: dict = {"runner": {"alive": True, "pid": 4242, "state": "running", "mode": "one per GPU (2)"},
            "entries": [
                {"id": 1, "state": "done", "name": "q1-train", "run_state": "done", "gpu": 0,
                 "command": ["python", "train.py", "--lr", "3e-4"]},
@@ -112,7 +112,9 @@ def test_queue_ls_text():
                 "command": ["python", "seg.py"], "message": "stopped after its final commit; `onbox queue run` "
                                                            "resumes it from its newest checkpoint"},
                {"id": 4, "state": "pending", "name": "q4-recon", "run_state": None, "gpu": None,
-                "command": ["python", "recon.py"]}],
+                "command": ["python", "recon.py"]},
+               {"id": 5, "state": "running", "agent_alive": False, "name": "q5-lost", "run_state": "running",
+                "gpu": None, "command": ["python", "lost.py"]}],
            "problems": ["/q/journal.jsonl line 9 is not a queue record; skipped"]}
     stopped = dict(doc, runner={"alive": False, "state": "preempted", "exit": 75})
     check_golden("queue/ls.txt", render_queue(doc) + "---\n" + render_queue(stopped))
