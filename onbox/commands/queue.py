@@ -174,7 +174,7 @@ def render_queue(doc: Dict[str, Any]) -> str:
         if e.get("state") in ("failed", "preempted") and e.get("message"):
             lines.append("     %s" % e["message"])
         elif lost:
-            lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` resumes it")
+            lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` records that, or resumes it")
     lines += ["! %s" % p for p in doc.get("problems") or []]
     return "\n".join(lines) + "\n"
 

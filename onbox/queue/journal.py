@@ -94,9 +94,13 @@ class Journal:
         if not exclusive and not os.path.exists(self.lock_path):
             yield
             return
-        if exclusive:
-            self.create()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        try:
+            if exclusive:
+                self.create()
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        except OSError as e:
+            raise UnfitError("cannot use the queue %s: %s" % (self.root, e.strerror or e),
+                             hint="ONBOX_HOME (or its queue/ directory) must be a directory this user can write")
         try:
             deadline = time.monotonic() + wait
             while True:
@@ -157,13 +161,17 @@ class Journal:
     def append(self, record: Dict[str, Any]) -> None:
         """One record, one write(2) on an O_APPEND fd, then fsync: whole lines only, durable once it returns."""
         line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, fsutil.PRIVATE_FILE)
         try:
-            if os.write(fd, line) != len(line):
-                raise OSError(errno.EIO, "short write to %s" % self.path)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, fsutil.PRIVATE_FILE)
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(errno.EIO, "short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:  # U33: never report a record as written that is not on disk
+            raise UnfitError("cannot append to the queue journal %s: %s" % (self.path, e.strerror or e),
+                             hint="free space (bytes and inodes) on the disk of ONBOX_HOME, then try again")
 
     def set_state(self, entry: Entry, state: str, **fields: Any) -> None:
         rec = {"op": "state", "id": entry.id, "state": state, "at": time.time(), "launches": entry.launches}

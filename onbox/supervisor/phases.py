@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import os
 import re
 import signal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -276,7 +277,7 @@ class Curriculum:
         spec = self.spec
         self.ending, self.killed, self.attempt_step, self.status = False, False, None, "running"
         if self.metrics_tail is not None:  # this attempt's lines only: the file keeps every earlier phase's
-            self.metrics_tail.read_new()
+            self._skip_metrics_file()
         if self.started_at is None:
             self.started_at = self.clock.time()
             self.emit("phase_started", phase=spec.name, index=self.index, count=len(self.specs),
@@ -286,6 +287,18 @@ class Curriculum:
         argv = list(spec.command) if spec.command else list(command) + list(spec.args)
         resume = list(spec.resume_args) if spec.resume_args is not None else list(resume_args)
         return argv, resume, spec.child_env(self.index, len(self.specs), self.start_step)
+
+    def _skip_metrics_file(self) -> None:
+        assert self.metrics_tail is not None
+        try:
+            size = os.path.getsize(self.metrics_tail.path)
+        except OSError:
+            return
+        while self.metrics_tail.offset < size:  # read_new() takes at most 1 MiB a call
+            before = self.metrics_tail.offset
+            self.metrics_tail.read_new()
+            if self.metrics_tail.offset == before:
+                break
 
     def on_output(self, line: str) -> None:
         found = self.parser.parse(line)

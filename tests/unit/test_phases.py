@@ -218,3 +218,18 @@ def test_the_loop_advances_phases_commits_each_phase_and_fails_on_criteria(tmp_p
     with open(rd.file("training_status.md")) as f:
         status = f.read()
     assert "- phase: 2/2 two" in status and "- one: completed at step" in status and "- two: failed" in status
+
+
+def test_only_this_attempts_lines_of_the_metrics_file_count(tmp_path):
+    """ONBOX_METRICS_FILE keeps every earlier phase's lines (more than one read's worth here): a new attempt
+    starts reading at its end, so phase 1's step 500 does not end phase 2 at once."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 500, "eval_loss": 9.0}\n' * 40000)  # ~1.3 MB: more than one read (1 MiB)
+    clock = FakeClock()
+    cur = Curriculum(parse_phases([BROAD, ANNEAL]), None, signal.SIGTERM, 30.0, clock, lambda kind, **f: None,
+                     metrics_file=str(path))
+    cur.attempt(["t"], [], None)
+    assert cur.signal_due(clock.monotonic()) is None and "eval_loss" not in cur.values
+    with open(path, "a") as f:
+        f.write('{"step": 100, "eval_loss": 2.0}\n')
+    assert cur.signal_due(clock.monotonic()) == signal.SIGTERM and cur.values["eval_loss"] == 2.0
