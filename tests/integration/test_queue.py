@@ -53,15 +53,21 @@ def entries(home):
     return {e.name: e for e in found.values()}
 
 
-def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path, cleanup):
+@pytest.fixture
+def fast(monkeypatch):
+    """The time knobs in milliseconds for entries added in this process (they are part of each entry's record)."""
+    for k, v in FAST.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path, capsys, fast, cleanup):
     hold = tmp_path / "hold"
     hold.write_text("")
     dropped = tmp_path / "dropped-ran"
     for name, cmd in (("first", [*TRAINER, "--steps", "3"]),
                       ("second", [*TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "4"]),
                       ("third", [*TRAINER, "--steps", "3"])):
-        r = q(onbox_home, "add", "--name", name, "--", *cmd)
-        assert r.returncode == 0 and "queued" in r.stdout, r.stderr
+        assert cli(capsys, "queue", "add", "--name", name, "--", *cmd)[0] == 0
     r = q(onbox_home, "run", "--json")
     assert r.returncode == 0, r.stderr
     runner = json.loads(r.stdout)["runner_pid"]
@@ -71,9 +77,9 @@ def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name, cmd in (("extra", ["true"]), ("dropped", ["touch", str(dropped)]))]
     assert [p.wait(timeout=60) for p in adds] == [0, 0], [p.communicate() for p in adds]
-    assert q(onbox_home, "rm", "dropped").returncode == 0
-    r = q(onbox_home, "rm", "second")
-    assert r.returncode == 2 and "is running" in r.stderr
+    assert cli(capsys, "queue", "rm", "dropped")[0] == 0
+    code, err = cli(capsys, "queue", "rm", "second")
+    assert code == 2 and "is running" in err
     now = entries(onbox_home)
     assert {n: e.state for n, e in now.items()} == {
         "first": "done", "second": "running", "third": "pending", "extra": "pending", "dropped": "removed"}
@@ -101,14 +107,14 @@ def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path
 
 
 def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_starts_them_twice(
-        onbox_home, tmp_path, cleanup):
+        onbox_home, tmp_path, capsys, fast, cleanup):
     """Two entries side by side; the runner is SIGKILLed. One finishes while no runner watches (recorded done,
     not started again), the other still runs when the next runner comes (watched again, not started twice)."""
     holds = {n: tmp_path / ("hold-" + n) for n in ("early", "late")}
     for name, hold in holds.items():
         hold.write_text("")
         cmd = [*TRAINER, "--steps", "8", "--hold", str(hold), "--hold-at", "2"]
-        assert q(onbox_home, "add", "--name", name, "--", *cmd).returncode == 0
+        assert cli(capsys, "queue", "add", "--name", name, "--", *cmd)[0] == 0
     runner = json.loads(q(onbox_home, "run", "--parallel", "2", "--json").stdout)["runner_pid"]
     wait_for(lambda: all("\n{\"step\": 2," in _output(onbox_home, n) for n in holds), timeout=30,
              what="both entries at step 2")
@@ -117,7 +123,7 @@ def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_sta
     agents = {n: entries(onbox_home)[n].agent_pid for n in holds}
     holds["early"].unlink()
     wait_for(lambda: not pid_alive(agents["early"]), timeout=30, what="the early entry to finish unwatched")
-    assert ls_state(onbox_home) == {"early": ("running", False), "late": ("running", True)}
+    assert ls_state(onbox_home, capsys) == {"early": ("running", False), "late": ("running", True)}
     again = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -136,8 +142,12 @@ def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_sta
         assert len(state(onbox_home, name)["attempts"]) == 1 and "resumed" not in _output(onbox_home, name)
 
 
-def ls_state(home):
-    doc = json.loads(q(home, "ls", "--json").stdout)
+def ls_state(home, capsys):
+    from onbox.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["queue", "ls", "--json"])
+    doc = json.loads(capsys.readouterr().out)
     return {e["name"]: (e["state"], e["agent_alive"]) for e in doc["entries"]}
 
 
@@ -180,11 +190,8 @@ def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsy
     assert code == 3 and "--per-gpu: no GPU here" in err and "hint:" in err
 
 
-def test_per_gpu_runs_one_entry_per_gpu_with_cuda_visible_devices(onbox_home, tmp_path, monkeypatch, capsys,
-                                                                  cleanup):
+def test_per_gpu_runs_one_entry_per_gpu_with_cuda_visible_devices(onbox_home, tmp_path, capsys, fast, cleanup):
     """The runner in this process with NVML faked at its seam (two GPUs), real agents and children."""
-    for k, v in FAST.items():
-        monkeypatch.setenv(k, v)
     seen = tmp_path / "seen"
     seen.mkdir()
     script = 'echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER" > %s/$ONBOX_RUN; sleep 0.4' % seen

@@ -137,6 +137,17 @@ def test_failed_criteria_end_the_run_unless_on_fail_continue():
     assert "the curriculum is complete (criteria failed, on_fail = continue: loss was never reported" in v.message
 
 
+def test_a_diverged_metric_never_satisfies_a_criterion_and_stays_valid_json():
+    cur, _, _ = make()
+    cur.attempt(["t"], [], None)
+    cur.on_output('{"step": 100, "eval_loss": NaN}')
+    cur.signal_due(0.0)
+    saved = json.loads(json.dumps(cur.to_state(), allow_nan=False))  # strict JSON: no NaN literal
+    assert saved["metrics"]["eval_loss"] == "NaN"
+    v = cur.after_exit(failed=False)
+    assert v is not None and not v.ok and "eval_loss was nan" in v.message
+
+
 def test_a_crash_inside_a_phase_is_left_to_the_restart_policy():
     cur, _, _ = make()
     cur.attempt(["t"], [], None)
