@@ -235,7 +235,7 @@ def test_only_this_attempts_lines_of_the_metrics_file_count(tmp_path):
     """ONBOX_METRICS_FILE keeps every earlier phase's lines (more than one read's worth here): a new attempt
     starts reading at its end, so phase 1's step 500 does not end phase 2 at once."""
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 500, "eval_loss": 9.0}\n' * 40000)  # ~1.3 MB: more than one read (1 MiB)
+    path.write_text(('{"step": 500, "eval_loss": 9.0, "note": "%s"}\n' % ("x" * 2000)) * 600)  # 1.2 MB > one read
     clock = FakeClock()
     cur = Curriculum(parse_phases([BROAD, ANNEAL]), None, signal.SIGTERM, 30.0, clock, lambda kind, **f: None,
                      metrics_file=str(path))
