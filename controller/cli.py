@@ -16,6 +16,7 @@ COMMANDS = {
     "run": (C + "launch", "run", "Launch a supervised run on one or more boxes; returns at once."),
     "status": (C + "status", "status", "Every run of every box: state, step, loss, GPU, heartbeat age."),
     "logs": (C + "status", "logs", "Show (or follow) a run's log on a box."),
+    "queue": (C + "queue", "queue", "A box's run queue: entries, their states, the runner."),
     "pull": (C + "pull", "pull", "Copy a run's committed checkpoints home and verify them."),
     "down": (C + "teardown", "down", "Teardown gate: refuses until every run's newest checkpoint is pulled and verified."),
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),

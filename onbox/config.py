@@ -118,6 +118,9 @@ class RunConfig:
     # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
     env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)
     secrets: List[str] = dataclasses.field(default_factory=list)  # NAME or VAR=NAME in $ONBOX_HOME/secrets (--secret)
+    # a multi-phase curriculum: the run file's [[phase]] tables as given (no flag); checked by
+    # onbox.supervisor.phases.parse_phases when `onbox run`/`onbox queue add` resolve a run and when the agent starts
+    phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -301,6 +304,10 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError("expected true or false")
+        if key == "phases":
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ValueError("expected [[phase]] tables")
+            return [dict(v) for v in value]
         if isinstance(value, bool) and kind is not list:
             raise ValueError("expected %s, not true/false" % ("a number" if "float" in ann or "int" in ann
                                                               else "a string"))
@@ -357,7 +364,7 @@ def env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
     The child-side contract variables (ONBOX_RUN, ONBOX_CKPT_DIR, ONBOX_RESUME_FROM, ...) are outputs, not inputs,
     and are ignored here so a nested onbox does not inherit its parent's run.
     """
-    skip = {"name", "command", "ckpt_dir", "env"}
+    skip = {"name", "command", "ckpt_dir", "env", "phases"}
     out = {}
     for key in _FIELDS:
         if key in skip:
@@ -380,11 +387,14 @@ def resolve(cli: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
     if profile_defaults:
         _apply(cfg, profile_defaults, defaults_source)
     if run_file:
-        data = load_toml(run_file, "run file")
+        data = dict(load_toml(run_file, "run file"))
+        phases = data.pop("phase", None)  # top-level [[phase]] tables (onbox/supervisor/phases.py)
         run_table = data.get("run", data)
         if not isinstance(run_table, dict):
             raise UsageError("run file %s: [run] must be a table" % run_file)
         _apply(cfg, run_table, "run file %s" % run_file)
+        if phases is not None:
+            _apply(cfg, {"phases": phases}, "run file %s" % run_file)
     _apply(cfg, env_overrides(environ), "environment")
     _apply(cfg, {k: v for k, v in cli.items() if v is not None and v != () and v != []}, "command line")
     return cfg.validate()

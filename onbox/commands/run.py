@@ -5,7 +5,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -114,6 +114,14 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
     2 bad input (nothing is created), 3 the box is unfit.
     """
+    cfg, rd = prepare_run(command, run_file, resume_existing, flags)
+    return _launch(cfg, rd, foreground, as_json, adopt_only=False)
+
+
+def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bool,
+                flags: Dict[str, Any]) -> Tuple[Any, Any]:
+    """(RunConfig, RunDir) of the run `onbox run` would start, resolved and checked in the foreground (exit 2, 3)
+    with its warnings said; creates nothing. `onbox queue add` checks each entry with it."""
     from onbox import paths
     from onbox.commands import runchecks
     from onbox.subsystems import preflight
@@ -143,6 +151,11 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
     _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
+    from onbox.supervisor.phases import parse_phases
+
+    for phase in parse_phases(cfg.phases):  # [[phase]] tables: checked here, not in a detached agent's log
+        if phase.command:
+            _check_executable(phase.command[0], cfg.workdir, {**os.environ, **cfg.env, **dict(phase.env)})
     from onbox.slurm.job import default_run_name
 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
@@ -157,8 +170,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         click.echo("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
                    "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
                    % os.path.join(paths.run_dir(cfg.name), "checkpoints"), err=True)
-    rd = RunDir(paths.run_dir(cfg.name))
-    return _launch(cfg, rd, foreground, as_json, adopt_only=False)
+    return cfg, RunDir(paths.run_dir(cfg.name))
 
 
 RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
@@ -417,6 +429,11 @@ def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
 
 
 def _default_name(command: List[str]) -> str:
+    return "%s-%s-%d" % (command_base(command), time.strftime("%Y%m%d-%H%M%S"), os.getpid() % 10000)
+
+
+def command_base(command: List[str]) -> str:
+    """What a run of `command` is called by default: the script's name (`python train.py` -> train)."""
     base = os.path.basename(command[0])
     if len(command) > 1 and (base.startswith("python") or base in ("bash", "sh", "torchrun", "accelerate")):
         for arg in command[1:]:
@@ -424,7 +441,7 @@ def _default_name(command: List[str]) -> str:
                 base = os.path.splitext(os.path.basename(arg))[0] or base
                 break
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in base).strip("-.") or "run"
-    return "%s-%s-%d" % (safe[:60], time.strftime("%Y%m%d-%H%M%S"), os.getpid() % 10000)
+    return safe[:60]
 
 
 def _check_runs_dir(runs: str) -> None:

@@ -144,7 +144,7 @@ def status(name: Optional[str], as_json: bool) -> int:
 
 
 def _print_status(docs: List[Dict[str, Any]]) -> None:
-    from onbox.supervisor.runsummary import has_metrics
+    from onbox.supervisor.runsummary import has_metrics, phase_line
 
     for doc in docs:
         if doc.get("corrupt"):
@@ -155,6 +155,7 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
             doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid") or "-",
             "alive" if doc.get("agent_alive") else "not running"))
         for label, line in (("progress", _progress_line(doc.get("progress"))),
+                            ("phase", phase_line(doc["phase"]) if isinstance(doc.get("phase"), dict) else None),
                             ("checkpoint", _checkpoint_line(doc.get("checkpoint")))):
             if line:
                 click.echo("  %s: %s" % (label, line))

@@ -21,6 +21,7 @@ from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
+from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
@@ -81,6 +82,8 @@ class Supervisor:
         self.notices = NoticePipe()
         self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
         self._summary_mark: Any = None
+        # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; None for a plain run
+        self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.attempt_no))
@@ -125,6 +128,7 @@ class Supervisor:
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
             **self.notes.to_state(),
+            **({"phase": self.phases.to_state()} if self.phases is not None else {}),
         }
 
     def save(self) -> None:
@@ -222,6 +226,8 @@ class Supervisor:
                 self._begin_stopping()
             elif self.exit_status is not None:
                 self._after_exit()
+            elif self.phases is not None:
+                self._phase_tick(now)
         elif self.state == RunState.BACKOFF:
             if self.notice is not None:
                 self._begin_stopping()
@@ -268,7 +274,7 @@ class Supervisor:
             if self.exit_status is not None:
                 self._read_output()
                 for line in self.tailer.flush_partial():
-                    self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
+                    self._on_line(line)
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
@@ -305,7 +311,12 @@ class Supervisor:
 
     def _read_output(self) -> None:
         for line in self.tailer.read_new():
-            self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
+            self._on_line(line)
+
+    def _on_line(self, line: str) -> None:
+        self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
+        if self.phases is not None:
+            self.phases.on_output(line)
 
     def _tick(self) -> None:
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
@@ -322,14 +333,16 @@ class Supervisor:
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
-        argv = child_argv(self.cfg.command, self.cfg.resume_args, self.resume_from)
+        command, resume_args, phase_env = (self.cfg.command, self.cfg.resume_args, {}) if self.phases is None else \
+            self.phases.attempt(self.cfg.command, self.cfg.resume_args, self.resume_from)
+        argv = child_argv(command, resume_args, self.resume_from)
         try:  # read now, every attempt: a relaunch and a rotated secret file get the current values
             secrets = secret_env(self.cfg.env_files, self.cfg.secrets)
             start_error = None
         except UsageError as e:
             secrets, start_error = {}, e
         env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
-                        self.rd.preempt_file, {**self.cfg.env, **secrets}, cpu_quota_cores())
+                        self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores())
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -394,6 +407,9 @@ class Supervisor:
 
     def _after_exit(self) -> None:
         result = self._finish_attempt()
+        verdict = self.phases.after_exit(result.failed) if self.phases is not None else None
+        if verdict is not None:
+            return self._phase_ended(verdict)
         policy = self.cfg.restart
         if not result.failed:
             self.streak = []
@@ -428,6 +444,28 @@ class Supervisor:
             return self.transition(RunState.FAILED, reason=self.message)
         delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** (len(self.streak) - 1)))
         self._backoff(delay, result.message)
+
+    def _phase_tick(self, now: float) -> None:
+        """A phase's target reached: ask the child to stop as for a preemption (SIGKILL a grace later)."""
+        assert self.phases is not None and self.child is not None
+        sig = self.phases.signal_due(now)
+        if sig is not None:
+            self.proc.signal_group(self.child.pgid, sig)
+            self.emit("signal_forwarded", signal=sig.name, pgid=self.child.pgid, reason="phase end")
+            self.save()  # `ending` is on disk: an adopting agent keeps the deadline
+
+    def _phase_ended(self, verdict: Verdict) -> None:
+        """The next phase starts at once from this one's final checkpoint, committed first; or the run ends."""
+        self.streak = []
+        self.message = verdict.message
+        if verdict.next_phase is None:
+            self._final_at_end()
+            return self.transition(RunState.DONE if verdict.ok else RunState.FAILED, reason=verdict.message)
+        self.save()  # the new phase is recorded before the commit: a relaunch resumes in it
+        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final,
+                             self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self.emit("final_checkpoint", summary=summary, phase=verdict.ended)
+        self.transition(RunState.STARTING, reason=verdict.message)
 
     def _backoff(self, delay: float, why: str) -> None:
         self.restarts += 1

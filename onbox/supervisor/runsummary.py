@@ -82,6 +82,7 @@ def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = 
             state.get("attempt"), state.get("restarts"), state.get("child_pid"), state.get("agent_pid")),
         "- started: %s · updated: %s" % (_iso(state.get("started_at")), _iso(state.get("updated_at"))),
         "- progress: %s" % _progress(progress),
+        *(["- phase: %s" % phase_line(state["phase"])] if isinstance(state.get("phase"), dict) else []),
         "- checkpoint dir: %s" % state.get("ckpt_dir"),
         "- newest checkpoint: %s" % (_ckpt_name(newest) or "none yet"),
     ]
@@ -102,6 +103,7 @@ def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = 
         lines.append("- preemption: from %s, received %s" % (p.get("source"), _iso(p.get("received_at"))))
     if state.get("message"):
         lines.append("- note: %s" % state["message"])
+    lines += _phase_table(state.get("phase"))
     warnings = [w for w in state.get("warnings") or [] if isinstance(w, dict)
                 and not (w.get("code") == "no_metrics" and has_metrics(progress))]
     if warnings:
@@ -118,6 +120,36 @@ def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = 
     if risks:
         lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
     return "\n".join(lines) + "\n"
+
+
+def phase_line(phase: Dict[str, Any]) -> str:
+    """`2/3 curated — target step 1500, at step 1210; criteria: eval_loss < 2.5` (state.json's `phase`)."""
+    target = phase.get("target_steps")
+    parts = ["target step %s" % target if target is not None else "until its command exits 0"]
+    if phase.get("step") is not None:
+        parts.append("at step %s" % phase["step"])
+    if phase.get("status") == "ending":
+        parts.append("target reached: stopping the command")
+    text = "%s/%s %s — %s" % ((phase.get("index") or 0) + 1, phase.get("count"), phase.get("name"), ", ".join(parts))
+    return text + ("; criteria: %s" % ", ".join(phase["criteria"]) if phase.get("criteria") else "")
+
+
+def _phase_table(phase: Any) -> List[str]:
+    """## Phases: each ended phase with its end step and criteria, the current one, those still to come."""
+    if not isinstance(phase, dict):
+        return []
+    out = ["", "## Phases", ""]
+    for h in phase.get("history") or []:
+        checks = ", ".join("%s (%s)" % (c.get("why"), "ok" if c.get("ok") else "FAILED")
+                           for c in h.get("criteria") or [])
+        out.append("- %s: %s at step %s%s" % (h.get("name"), h.get("status"), h.get("end_step"),
+                                              " — " + checks if checks else ""))
+    names = phase.get("names") or []
+    index = phase.get("index") or 0
+    if phase.get("status") in ("pending", "running", "ending"):  # else it ended: its record is above
+        out.append("- %s: current (%s)" % (phase.get("name"), phase_line(phase)))
+    out += ["- %s: to come" % n for n in names[index + 1:]]
+    return out
 
 
 def _progress(p: Optional[Dict[str, Any]]) -> str:

@@ -9,6 +9,8 @@ class RunState(str, enum.Enum):
 
     STARTING  -> RUNNING (the attempt's child was spawned) | FAILED (it could not be started)
     RUNNING   -> BACKOFF (it exited and the policy restarts it) | DONE | FAILED | STOPPING (a notice or stop)
+                 | STARTING (a phase of a [[phase]] curriculum ended: the next phase's attempt starts at once, from
+                   the ended phase's final checkpoint; not a restart, no backoff; phases.py)
     BACKOFF   -> STARTING (the backoff elapsed) | STOPPING (a notice or stop while waiting)
     STOPPING  -> PREEMPTED (notice handled: checkpoint committed, exit 75) | STOPPED (`onbox stop`)
     DONE, FAILED, PREEMPTED, STOPPED are terminal. A supervisor starts in STARTING, or RUNNING when it adopts.
@@ -30,7 +32,7 @@ class RunState(str, enum.Enum):
 
 TRANSITIONS = {
     RunState.STARTING: (RunState.RUNNING, RunState.FAILED),
-    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING),
+    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING, RunState.STARTING),
     RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
     RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED),
 }

@@ -36,6 +36,7 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.heartbeat": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu", "onbox.slurm", "onbox.supervisor"},
     "onbox.subsystems": LEAVES | {"onbox.config", "onbox.checkpoints", "onbox.heartbeat", "onbox.gpu",
                                   "onbox.slurm", "onbox.supervisor"},
+    "onbox.queue": LEAVES | {"onbox.config", "onbox.supervisor", "onbox.gpu"},
     "onbox.examples": set(),
 }
 CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
