@@ -26,6 +26,7 @@ COMMANDS = {
     "gpu": (C + "gpu", "gpu", "GPU health: utilisation, clocks, power, memory, throttling, Xid."),
     "reap": (C + "gpu", "reap", "Find processes pinning GPU memory; kill them with --force."),
     "sbatch": (C + "sbatch", "sbatch", "Write or submit a self-requeueing sbatch script for CMD."),
+    "init": (C + "init", "init", "Write a training template (plain, nanogpt, hf, litgpt) that onbox can keep alive."),
 }
 
 

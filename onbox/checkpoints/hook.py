@@ -17,7 +17,6 @@ checkpoint_restored, restore_verify_failed, final_sync_skipped, checkpoint_resum
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -31,13 +30,14 @@ from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
 from onbox.checkpoints.detect import Candidate, CompletionTracker, order_key, path_fingerprint, scan
 from onbox.checkpoints.durable import DurableTarget
-from onbox.checkpoints.restore import restore_newest, set_aside
+from onbox.checkpoints.index import make_check
+from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
+from onbox.checkpoints.runlock import commit_lock
 from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
 from onbox.proc import boot_id
 
 STATUS_FILE = "checkpoint_status.json"
-LOCK_FILE = "checkpoints.lock"
 STATUS_SCHEMA = "onbox.checkpoint_status/1"
 DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
@@ -164,6 +164,7 @@ class CheckpointCommitHook:
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
+                    self._record_restore_checks(res)
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
                 res = None
@@ -179,6 +180,20 @@ class CheckpointCommitHook:
                                 "when": res.created or 0.0, "fingerprint": path_fingerprint(res.path)}
                 return res.path
         return self._resume_local(newest_local)
+
+    def _record_restore_checks(self, res: RestoreResult) -> None:
+        """The durable copies this restore fetched and checked against their manifests, recorded in the index
+        (the caller holds the commit lock). A failure to write it is said, never fatal: the restore stands."""
+        if not res.checks or self.committer is None:
+            return
+        now = self.clock.time()
+        checks = {name: {"digest": digest, "check": make_check("restore", ok, problems, ["size", "sha256",
+                                                                                        "format"], now)}
+                  for name, digest, ok, problems in res.checks}
+        try:
+            self.committer.record_checks(checks)
+        except (SyncFailed, OSError) as e:
+            self.ctx.emit("index_update_failed", error=str(e), durable=self.committer.target.url)
 
     def _resume_local(self, newest_local: Optional[Candidate]) -> Optional[str]:
         self._set_aside_torn(newest_local.step if newest_local else None,
@@ -392,15 +407,11 @@ class CheckpointCommitHook:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """One committer per run on this box: the agent's thread and `onbox sync` take the same flock, so a
-        commit never meets another one's staging or manifest-less dir (which start() would clean)."""
-        with self._commit_lock:
-            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # releases the flock
+        """One committer per run on this box: the agent's thread, `onbox sync` and `onbox verify` (recording a
+        re-check in the index) take the same flock (runlock.commit_lock), so a commit never meets another one's
+        staging or manifest-less dir (which start() would clean), nor an index rewritten under it."""
+        with self._commit_lock, commit_lock(self.ctx.run_dir):
+            yield
 
     def commit_one(self, cand: Candidate) -> Optional[CommitResult]:
         """Commit one candidate under the commit lock; failures become events and status, never exceptions."""

@@ -37,6 +37,7 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.subsystems": LEAVES | {"onbox.config", "onbox.checkpoints", "onbox.heartbeat", "onbox.gpu",
                                   "onbox.slurm", "onbox.supervisor"},
     "onbox.examples": set(),
+    "onbox.templates": LEAVES,  # its data files (the templates) import nothing of onbox
 }
 CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
 
