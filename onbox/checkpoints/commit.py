@@ -84,14 +84,16 @@ class CheckpointCommitter:
         if index is not None and isinstance(index.get("quarantined"), list):
             self._quarantined = [q for q in index["quarantined"] if isinstance(q, dict)]
         names = set(self.target.list_names())
+        entries = []
         if index is not None and isinstance(index.get("checkpoints"), list):
             # a /1 index (an older agent's) reads as /2: its entries were verified at commit, never re-checked
             entries = [upgrade_entry(e) for e in index["checkpoints"]
                        if isinstance(e, dict) and e.get("name") in names]
-            if {e["name"] for e in entries} >= {n for n in names if not n.startswith(".")} or not names:
-                return sorted(entries, key=retention.entry_order)
-        entries = []
-        for n in sorted(names):
+        # a checkpoint the index does not list yet (its commit is under way: the manifest is written before the
+        # index), or every one when the index is unreadable: from its manifest. The index's entries are kept
+        # as they are: they carry what manifests do not (the re-checks)
+        listed = {e["name"] for e in entries}
+        for n in sorted(names - listed):
             m = self.target.read_manifest(n)
             if m is not None:
                 entries.append(entry_from_manifest(m))

@@ -60,7 +60,8 @@ def render(kind: str, name: str) -> Dict[str, bytes]:
     with open(os.path.join(COMMON, "train.sh"), encoding="utf-8") as f:
         sh = f.read()
     note = OWN_RESUME if not t.resume_arg else (
-        "# onbox appends %s (with the checkpoint's path) only when there is one to resume from." % t.resume_arg)
+        "# --resume-arg: onbox appends `%s` to train.py's arguments, {ckpt} being the newest verified checkpoint,\n"
+        "# only when there is one to resume from." % t.resume_arg.split("=", 1)[1])
     for field, value in (("@KIND@", kind), ("@NAME@", name), ("@CKPT_SUBDIR@", t.ckpt_subdir),
                          ("@RESUME_NOTE@", note), ("@RESUME_ARG@", t.resume_arg + " " if t.resume_arg else "")):
         sh = sh.replace(field, value)

@@ -218,4 +218,4 @@ def _step_of(checkpoint_dir):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(kit.finish(main()))
