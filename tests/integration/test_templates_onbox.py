@@ -172,6 +172,9 @@ def test_template_preempted_then_resumed_under_onbox(kind, onbox_home, tmp_path)
     prog = progress(onbox_home, kind)
     assert prog["step"] > step and prog["lr"] in {lr for _s, lr in rates} and prog["loss"] is not None
     assert [d for d in second if d.get("event") == "stopped"]  # `onbox stop`: saved at a step boundary again
+    r = onbox(onbox_home, "status", kind)  # what a person sees, with no --metrics-regex
+    assert r.returncode == 0 and "progress: step %d, loss " % prog["step"] in r.stdout and "tokens/s" in r.stdout, \
+        r.stdout
 
     # 4. the durable index lists them with step, time, metrics and verification
     index = json.loads((tmp_path / "durable" / kind / "checkpoints_index.json").read_text())

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import types
 
 import pytest
@@ -134,9 +135,10 @@ def test_precision_follows_the_hardware_unless_forced(cuda, bf16, wanted, expect
     assert kit.pick_precision(t, kit.pick_device(t), wanted) == expect
 
 
-def test_precision_refuses_an_unknown_name_and_the_scaler_is_on_only_for_fp16():
-    with pytest.raises(kit.ConfigError, match="auto, bf16, fp16 or fp32"):
+def test_precision_refuses_an_unknown_name_and_the_scaler_is_on_only_for_fp16(capsys):
+    with pytest.raises(SystemExit) as e:
         kit.pick_precision(fake_torch(False, False), "cpu", "fp8")
+    assert e.value.code == 2 and "auto, bf16, fp16 or fp32, not 'fp8'" in capsys.readouterr().err
     assert kit.grad_scaler(torch, "cpu", "fp16").is_enabled()
     assert not kit.grad_scaler(torch, "cpu", "bf16").is_enabled()
     assert not kit.grad_scaler(torch, "cpu", "fp32").is_enabled()
@@ -267,3 +269,11 @@ def test_init_never_overwrites_without_force_and_force_touches_only_its_files(tm
     r = invoke("init", "plain", str(tmp_path / "afile"))
     assert r.exit_code == 2
     assert invoke("init", "keras", str(tmp_path / "y")).exit_code == 2  # click's choice: the kinds are listed
+
+
+def test_a_typo_in_the_config_is_one_line_and_exit_2_before_any_training(tmp_path, invoke):
+    assert invoke("init", "plain", str(tmp_path / "p")).exit_code == 0
+    r = subprocess.run([sys.executable, str(tmp_path / "p" / "train.py"), "--max_step=10"], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, ONBOX_CKPT_DIR=str(tmp_path / "ck")))
+    assert r.returncode == 2 and r.stderr.startswith("config: --max_step: unknown key (known: ") and r.stdout == ""
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "ck").exists()  # refused before anything ran

@@ -171,13 +171,18 @@ def load_config(defaults: Dict[str, Any], argv: Sequence[str], default_file: str
     return cfg
 
 
+def bad_config(message: Any) -> SystemExit:
+    """One line on stderr; the SystemExit (code 2: bad input, as onbox's own) for the caller to raise."""
+    print("config: %s" % message, file=sys.stderr, flush=True)
+    return SystemExit(2)
+
+
 def config_or_exit(defaults: Dict[str, Any], default_file: str) -> Dict[str, Any]:
     """load_config on sys.argv, or one line and exit 2 (bad input)."""
     try:
         return load_config(defaults, sys.argv[1:], default_file)
     except (ConfigError, OSError) as e:
-        print("config: %s" % e, file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        raise bad_config(e)
 
 
 # ----------------------------------------------------------------------------------------------- logging
@@ -233,7 +238,7 @@ def pick_precision(torch: Any, device: str, wanted: str = "auto") -> str:
     """"bf16" where the GPU has it (Ampere and later), "fp16" (with a GradScaler) on older CUDA GPUs, "fp32" on
     CPU: bf16 autocast there is emulated on most CPUs and slower than fp32. `wanted` forces one."""
     if wanted not in ("auto", "bf16", "fp16", "fp32"):
-        raise ConfigError("precision must be auto, bf16, fp16 or fp32, not %r" % wanted)
+        raise bad_config("precision must be auto, bf16, fp16 or fp32, not %r" % wanted)
     if wanted != "auto":
         return wanted
     if device == "cuda":

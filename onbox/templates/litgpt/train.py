@@ -195,8 +195,7 @@ def main() -> int:
     kit.seed_everything(torch, cfg["seed"])
     device = kit.pick_device(torch)
     if cfg["precision"] not in PRECISIONS:
-        print("config: precision must be one of %s" % ", ".join(PRECISIONS), file=sys.stderr)
-        return 2
+        raise kit.bad_config("precision must be one of %s, not %r" % (", ".join(PRECISIONS), cfg["precision"]))
     precision = kit.pick_precision(torch, device, PRECISIONS[cfg["precision"]])
     out_dir = kit.checkpoint_dir(cfg["out_dir"])
     stop = kit.StopFlag().install()
