@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+from onbox import templates
 from tests.conftest import REPO_ROOT
 from tests.integration.supervisor_helpers import FAST, events, kill_test_processes, onbox, pid_alive, state
 from tests.polling import wait_for
@@ -120,8 +121,7 @@ def test_template_preempted_then_resumed_under_onbox(kind, onbox_home, tmp_path)
     if kind == "hf":
         pytest.importorskip("transformers")
     tpl = tmp_path / "tpl"
-    r = onbox(onbox_home, "init", kind, str(tpl), "--name", kind)
-    assert r.returncode == 0, r.stderr
+    templates.write(kind, str(tpl), name=kind)  # `onbox init` itself: tests/unit/test_templates.py
     kit = load_kit(tpl)
     args, schedule = TEMPLATES[kind]
     env = env_for(onbox_home, tmp_path)
