@@ -27,6 +27,7 @@ COMMANDS = {
     "reap": (C + "gpu", "reap", "Find processes pinning GPU memory; kill them with --force."),
     "sbatch": (C + "sbatch", "sbatch", "Write or submit a self-requeueing sbatch script for CMD."),
     "queue": (C + "queue", "queue", "The box's run queue: add, ls, rm, run (in turn, N at a time or one per GPU)."),
+    "init": (C + "init", "init", "Write a training template (plain, nanogpt, hf, litgpt) that onbox can keep alive."),
 }
 
 

@@ -11,6 +11,8 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
+  index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
+  runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
@@ -28,7 +30,8 @@ from onbox.errors import JobFailed
 MANIFEST = "MANIFEST.json"
 INDEX = "checkpoints_index.json"
 MANIFEST_SCHEMA = "onbox.manifest/1"
-INDEX_SCHEMA = "onbox.checkpoints_index/1"
+INDEX_SCHEMA = "onbox.checkpoints_index/2"  # a superset of /1 (index.py)
+INDEX_SCHEMA_V1 = "onbox.checkpoints_index/1"
 
 LOUD_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EIO: "EIO", errno.EACCES: "EACCES",
                errno.EPERM: "EPERM", errno.EROFS: "EROFS"}

@@ -26,6 +26,7 @@ from onbox.checkpoints import (
 )
 from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
 from onbox.checkpoints.durable import DurableTarget, FileHashes
+from onbox.checkpoints.index import entry_from_manifest, record_checks, upgrade_entry
 
 MiB = 1024 * 1024
 
@@ -83,15 +84,19 @@ class CheckpointCommitter:
         if index is not None and isinstance(index.get("quarantined"), list):
             self._quarantined = [q for q in index["quarantined"] if isinstance(q, dict)]
         names = set(self.target.list_names())
-        if index is not None and isinstance(index.get("checkpoints"), list):
-            entries = [e for e in index["checkpoints"] if isinstance(e, dict) and e.get("name") in names]
-            if {e["name"] for e in entries} >= {n for n in names if not n.startswith(".")} or not names:
-                return sorted(entries, key=retention.entry_order)
         entries = []
-        for n in sorted(names):
+        if index is not None and isinstance(index.get("checkpoints"), list):
+            # a /1 index (an older agent's) reads as /2: its entries were verified at commit, never re-checked
+            entries = [upgrade_entry(e) for e in index["checkpoints"]
+                       if isinstance(e, dict) and e.get("name") in names]
+        # a checkpoint the index does not list yet (its commit is under way: the manifest is written before the
+        # index), or every one when the index is unreadable: from its manifest. The index's entries are kept
+        # as they are: they carry what manifests do not (the re-checks)
+        listed = {e["name"] for e in entries}
+        for n in sorted(names - listed):
             m = self.target.read_manifest(n)
             if m is not None:
-                entries.append(index_entry(m))
+                entries.append(entry_from_manifest(m))
         return sorted(entries, key=retention.entry_order)
 
     def find_same_source(self, cand: Candidate) -> Optional[Dict[str, Any]]:
@@ -175,7 +180,7 @@ class CheckpointCommitter:
         self.target.put_manifest(name, manifest)  # the commit point
         hashcopy.fault_point("after-manifest")
         seconds = max(self.clock.monotonic() - t0, 1e-6)
-        self._update_index(index_entry(manifest))
+        self._update_index(entry_from_manifest(manifest))
         self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=manifest["bytes"],
                   seconds=round(seconds, 3), digest=manifest["digest"], durable=self.target.url)
         return CommitResult(name, cand.step, "committed", manifest["bytes"], seconds, manifest["digest"],
@@ -214,13 +219,20 @@ class CheckpointCommitter:
             doc["quarantined"] = self._quarantined
         self.target.write_index(doc)
 
+    def record_checks(self, checks: Dict[str, Dict[str, Any]]) -> List[str]:
+        """Record re-checks (a restore's, `onbox verify`'s) of committed checkpoints in the index; the caller holds
+        the run's commit lock. See index.record_checks."""
+        return record_checks(self.target, checks, self.clock.time())
+
     def quarantine(self, name: str, reason: str) -> str:
         """Take a committed checkpoint out of use (moved whole to <run>/quarantine/, never deleted) and record
         it in the index; returns where it went."""
         entries = self.committed()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.clock.time()))
         dest = self.target.quarantine(name, stamp)
-        self._quarantined = [*self._quarantined, {"name": name, "moved_to": dest, "reason": reason, "at": self.clock.time()}]
+        # the whole entry (step, metrics, verification) goes along, so the index still says what it was
+        was = next((e for e in entries if e["name"] == name), {"name": name})
+        self._quarantined = [*self._quarantined, dict(was, moved_to=dest, reason=reason, at=self.clock.time())]
         self.write_index([e for e in entries if e["name"] != name])
         return dest
 
@@ -239,11 +251,7 @@ class CheckpointCommitter:
         return doomed
 
 
-def index_entry(m: Dict[str, Any]) -> Dict[str, Any]:
-    return {"name": m["name"], "local_name": m.get("local_name"), "kind": m.get("kind"), "step": m.get("step"),
-            "created": m.get("created"), "bytes": m.get("bytes"), "digest": m.get("digest"),
-            "hash": m.get("hash"), "metrics": m.get("metrics") or {}, "verified": True,
-            "source_fingerprint": (m.get("source") or {}).get("fingerprint")}
+index_entry = entry_from_manifest  # the name older callers import
 
 
 def fingerprint_of_safe(cand: Candidate) -> Any:

@@ -17,7 +17,6 @@ checkpoint_restored, restore_verify_failed, final_sync_skipped, checkpoint_resum
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -32,12 +31,12 @@ from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
 from onbox.checkpoints.detect import Candidate, CompletionTracker, read_progress, scan
 from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.resuming import ResumeMixin
+from onbox.checkpoints.runlock import commit_lock
 from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
 from onbox.proc import boot_id
 
 STATUS_FILE = "checkpoint_status.json"
-LOCK_FILE = "checkpoints.lock"
 STATUS_SCHEMA = "onbox.checkpoint_status/1"
 DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
@@ -239,15 +238,11 @@ class CheckpointCommitHook(ResumeMixin):
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """One committer per run on this box: the agent's thread and `onbox sync` take the same flock, so a
-        commit never meets another one's staging or manifest-less dir (which start() would clean)."""
-        with self._commit_lock:
-            fd = os.open(os.path.join(self.ctx.run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # releases the flock
+        """One committer per run on this box: the agent's thread, `onbox sync` and `onbox verify` (recording a
+        re-check in the index) take the same flock (runlock.commit_lock), so a commit never meets another one's
+        staging or manifest-less dir (which start() would clean), nor an index rewritten under it."""
+        with self._commit_lock, commit_lock(self.ctx.run_dir):
+            yield
 
     def commit_one(self, cand: Candidate) -> Optional[CommitResult]:
         """Commit one candidate under the commit lock; failures become events and status, never exceptions."""

@@ -28,6 +28,9 @@ class RestoreResult(NamedTuple):
     source: str  # "local" (already there), "durable" (fetched now), "" (nothing)
     created: Optional[float]
     rejected: List[Tuple[str, str]]  # (checkpoint, problem) of newer ones that failed verification
+    # (checkpoint, manifest digest, passed, problems) of every durable copy fetched and checked against its
+    # manifest here (not a local copy found matching, not a fetch that failed): recorded in the index
+    checks: List[Tuple[str, Optional[str], bool, List[str]]] = []
 
 
 def set_aside(ckpt_dir: str, path: str, reason: str, emit: Callable[..., None]) -> str:
@@ -70,6 +73,7 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
     """The newest committed checkpoint that verifies, at the path the trainer reads. `local_wins(manifest)`: a
     local complete checkpoint is newer than this committed one, so nothing is fetched (result path None)."""
     rejected: List[Tuple[str, str]] = []
+    checks: List[Tuple[str, Optional[str], bool, List[str]]] = []
     for name in names_newest_first:
         manifest = target.read_manifest(name)
         if manifest is None:
@@ -78,22 +82,25 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
             break
         local_path = os.path.join(ckpt_dir, manifest.get("local_name") or name)
         if os.path.lexists(local_path) and local_matches(local_path, manifest):
-            return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected)
-        problem = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit, hash_name_default)
+            return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected,
+                                 checks)
+        problem, checked = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit, hash_name_default)
+        if checked:
+            checks.append((name, manifest.get("digest"), problem is None, [problem] if problem else []))
         if problem is None:
             emit("checkpoint_restored", checkpoint=name, step=manifest.get("step"), path=local_path,
                  durable=target.url)
             return RestoreResult(local_path, name, manifest.get("step"), "durable", manifest.get("created"),
-                                 rejected)
+                                 rejected, checks)
         rejected.append((name, problem))
         emit("restore_verify_failed", checkpoint=name, problem=problem, durable=target.url)
-    return RestoreResult(None, None, None, "", None, rejected)
+    return RestoreResult(None, None, None, "", None, rejected, checks)
 
 
 def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], local_path: str, ckpt_dir: str,
-                    emit: Callable[..., None], hash_default: str) -> Optional[str]:
+                    emit: Callable[..., None], hash_default: str) -> Tuple[Optional[str], bool]:
     """Fetch into a staging dir beside local_path, verify, keep what is at local_path aside, move into place.
-    A problem string, or None."""
+    (a problem string or None, whether the durable copy was checked: False when the fetch itself failed)."""
     algo = manifest.get("hash", hash_default)
     parent = os.path.dirname(local_path)
     os.makedirs(parent, exist_ok=True)
@@ -105,16 +112,16 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
         try:
             got = target.fetch(name, files, staging, algo)
         except (OSError, SyncFailed) as e:
-            return "fetch failed: %s" % e
+            return "fetch failed: %s" % e, False
         for f in manifest["files"]:
             size, digest = got.get(f["path"], (None, None))
             if size != f["size"]:
-                return "%s: size %s, manifest says %s" % (f["path"], size, f["size"])
+                return "%s: size %s, manifest says %s" % (f["path"], size, f["size"]), True
             if digest != f.get(algo):
-                return "%s: %s mismatch (corrupted on durable storage)" % (f["path"], algo)
+                return "%s: %s mismatch (corrupted on durable storage)" % (f["path"], algo), True
             res = formats.check_file(os.path.join(staging, f["path"]), full=False)
             if not res.ok:
-                return "%s: %s" % (f["path"], res.problem)
+                return "%s: %s" % (f["path"], res.problem), True
         # give the files their original mtimes, so the committer recognises them (no re-commit after restore)
         for rel, _size, mtime_ns in (manifest.get("source") or {}).get("fingerprint") or []:
             p = os.path.join(staging, rel)
@@ -127,6 +134,6 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
         else:
             os.rename(os.path.join(staging, files[0]), local_path)
         fsutil.fsync_dir(parent)
-        return None
+        return None, True
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,7 +9,8 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
-from onbox.checkpoints.restore import restore_newest, set_aside
+from onbox.checkpoints.index import make_check
+from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
 
 
 def newer(c: Candidate, manifest: Dict[str, Any]) -> bool:
@@ -61,6 +62,7 @@ class ResumeMixin:
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
+                    self._record_restore_checks(res)
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
                 res = None
@@ -76,6 +78,20 @@ class ResumeMixin:
                                 "when": res.created or 0.0, "fingerprint": path_fingerprint(res.path)}
                 return res.path
         return self._resume_local(newest_local)
+
+    def _record_restore_checks(self, res: RestoreResult) -> None:
+        """The durable copies this restore fetched and checked against their manifests, recorded in the index
+        (the caller holds the commit lock). A failure to write it is said, never fatal: the restore stands."""
+        if not res.checks or self.committer is None:
+            return
+        now = self.clock.time()
+        checks = {name: {"digest": digest, "check": make_check("restore", ok, problems, ["size", "sha256",
+                                                                                        "format"], now)}
+                  for name, digest, ok, problems in res.checks}
+        try:
+            self.committer.record_checks(checks)
+        except (SyncFailed, OSError) as e:
+            self.ctx.emit("index_update_failed", error=str(e), durable=self.committer.target.url)
 
     def _resume_local(self, newest_local: Optional[Candidate]) -> Optional[str]:
         self._set_aside_torn(newest_local.step if newest_local else None,

@@ -40,6 +40,10 @@ class VerifyReport:
     step_source: Optional[str] = None  # e.g. "ckpt.pt:iter_num", "trainer_state.json:global_step"
     manifest_step: Optional[int] = None  # the step MANIFEST.json records, when there is one
     checked: List[str] = dataclasses.field(default_factory=list)  # what was checked, in words
+    # one row per committed checkpoint checked (name, manifest digest, ok, problems, checked): what `onbox verify`
+    # records in checkpoints_index.json. A load that could not run (no torch here) is not a problem of the
+    # checkpoint: its row says what was checked instead.
+    checkpoints: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -163,6 +167,12 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
         else:
             _load_with_torch(report, [f for f in files if f.endswith((*TORCH_SUFFIXES, ".safetensors"))],
                              no_load_ok)
+    if has_manifest:
+        own = report.problems[:-1] if report.load_unavailable else report.problems
+        report.checkpoints = [{"name": os.path.basename(path), "digest": manifest.get("digest"), "ok": not own,
+                               "problems": list(own),
+                               "checked": ["size", manifest.get("hash", hashcopy.HASH_NAME), "format"]
+                               + (["load"] if report.loaded else [])}]
     return report
 
 
@@ -180,6 +190,7 @@ def _verify_run_dir(path: str, many: List[str], load: bool, no_load_ok: bool) ->
             continue
         committed += 1
         sub = verify_path(d, load=load, no_load_ok=no_load_ok)
+        report.checkpoints += sub.checkpoints
         report.files += [dict(r, path=os.path.join(rel, r["path"])) for r in sub.files]
         if sub.load_unavailable:  # its one problem (the load is tried only after every check passed): said once
             unloadable = sub.problems[-1]

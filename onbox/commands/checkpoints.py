@@ -138,12 +138,21 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
     click.echo("durable (%s):" % (ctx.config.durable or "none configured"))
     for e in durable_list:
         click.echo("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,
-                                                          "verified" if e.get("verified") else "unverified",
-                                                          (e.get("digest") or "")[:12]))
+                                                          _verification(e), (e.get("digest") or "")[:12]))
     last = hook.status.get("last_sync")
     if last:
         click.echo("last sync: %s%s" % ("ok" if last.get("ok") else "FAILED", "" if last.get("ok") else
                                         ": %s" % last.get("error")))
+
+
+def _verification(entry: Dict[str, Any]) -> str:
+    """An index entry's verification state in a few words: at commit, or the newest re-check."""
+    checks = (entry.get("verification") or {}).get("checks") or []
+    if not checks:
+        return "verified" if entry.get("verified") else "unverified"
+    last = checks[-1]
+    return "%s (re-checked %s by %s)" % ("verified" if last.get("result") == "passed" else "FAILED re-check",
+                                         last.get("time"), last.get("by"))
 
 
 @click.command("verify")
@@ -161,15 +170,23 @@ def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json:
     PATH: a committed checkpoint dir (with MANIFEST.json), one file, or a durable run dir (<durable>/<run>):
     every committed checkpoint in it is verified; dirs without a MANIFEST.json (interrupted commits) are listed and
     ignored. A dir without MANIFEST.json given directly is not verified: onbox writes the manifest last.
+    A committed checkpoint's result (passed or failed, when, what was checked) is recorded in its run's
+    checkpoints_index.json.
 
     Exit 0 only when everything asked was checked and passed; 1 on any problem (each names the file); 3 when
     --load could not run (no torch here) and nothing else failed.
     """
+    import time
+
+    from onbox.checkpoints.index import record_verification
     from onbox.checkpoints.verify import verify_path
 
     report = verify_path(path, load=load, no_load_ok=no_load_ok)
+    # a re-check of committed checkpoints goes into their run's checkpoints_index.json (under the run's commit
+    # lock); a read-only mount or a busy lock costs the record, never the verdict
+    recorded, warning = record_verification(path, report.checkpoints, time.time())
     if as_json:
-        echo_json(report.to_dict())
+        echo_json(dict(report.to_dict(), index_recorded=recorded, index_warning=warning))
     else:
         for row in report.files:
             mark = "--  " if row["kind"] == "uncommitted" else "ok  " if row["ok"] else "BAD "
@@ -192,6 +209,10 @@ def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json:
             if report.load_unavailable:
                 click.echo("hint: run it where torch imports, or add --no-load-ok to accept the format and hash "
                            "checks alone", err=True)
+        if recorded:
+            click.echo("recorded in checkpoints_index.json: %s" % ", ".join(recorded))
+        if warning:
+            click.echo("onbox: warning: %s" % warning, err=True)
     if report.load_unavailable and len(report.problems) == 1:
         ctx.exit(int(ExitCode.UNFIT))  # nothing is known wrong with the checkpoint; this box cannot load it
     if not report.ok:

@@ -273,3 +273,39 @@ def test_the_oldest_python_runs_a_job_and_reads_its_checkpoints(pyz, tmp_path):
         r = run_pyz(python, pyz, args, env)
         assert r.returncode == 0, (args, r.stderr)
         json.loads(r.stdout)
+
+
+INIT_PROBE = r"""
+import os, sys
+d = sys.argv[1]
+sys.path.insert(0, d)
+import onbox_trainkit as kit   # the shared code of every template, on the oldest Python a box may have
+cfg = kit.read_flat_yaml(os.path.join(d, "training_config.yaml"))
+assert cfg["optimizer.betas"] == [0.9, 0.95] and cfg["train.min_lr"] == 4e-05, cfg
+assert abs(kit.lr_at(25, 1.0, 50, 100, 0.0) - 0.5) < 1e-12
+print("ok")
+"""
+
+
+def test_onbox_init_from_the_pyz_under_python38(pyz, tmp_path):
+    """The templates are package data inside onbox.pyz: `onbox init` writes them under the oldest supported
+    Python, byte for byte what the checkout has, and what it writes is Python 3.8 code."""
+    python = pyenv_pythons().get("3.8")
+    if python is None:
+        pytest.skip("no pyenv CPython 3.8 on this machine (looked in $(pyenv root)/versions)")
+    from onbox.templates import KINDS, render
+
+    env = clean_env(tmp_path, SHIV_ROOT=tmp_path / "shiv")
+    for kind in KINDS:
+        dest = tmp_path / kind
+        r = run_pyz(python, pyz, ["init", kind, str(dest), "--name", "r-" + kind], env)
+        assert r.returncode == 0, r.stderr
+        want = render(kind, "r-" + kind)
+        assert {fn: (dest / fn).read_bytes() for fn in os.listdir(str(dest))} == want
+        assert os.access(str(dest / "train.sh"), os.X_OK)
+        r = subprocess.run([python, "-m", "py_compile", str(dest / "train.py"), str(dest / "onbox_trainkit.py")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run([python, "-c", INIT_PROBE, str(tmp_path / "litgpt")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr

@@ -38,6 +38,7 @@ CONTRACT: Dict[str, Set[str]] = {
                                   "onbox.slurm", "onbox.supervisor"},
     "onbox.queue": LEAVES | {"onbox.config", "onbox.supervisor", "onbox.gpu"},
     "onbox.examples": set(),
+    "onbox.templates": LEAVES,  # its data files (the templates) import nothing of onbox
 }
 CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
 

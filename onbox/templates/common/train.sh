@@ -1,0 +1,28 @@
+#!/bin/sh
+# train.sh (onbox init @KIND@): train.py under onbox's supervisor, detached from this shell and its SSH session.
+#
+#   ./train.sh [--key=value ...]       overrides for train.py (they become part of the run's recorded command)
+#   onbox status @NAME@            (also: onbox logs @NAME@ -f, onbox checkpoints @NAME@)
+#   onbox stop @NAME@              checkpoint, commit, stop; ./train.sh again resumes
+#
+# The placeholders: set them here or export them before the first run.
+#   DURABLE   storage that outlives the box: a mounted volume (/workspace/durable) or an rclone remote
+#             (remote:bucket/dir). onbox commits every complete checkpoint there and restores from it.
+#   CKPT_DIR  where train.py writes its checkpoints ($ONBOX_CKPT_DIR): the fast local disk (U8).
+#   RUN_NAME  the run's name. After a preemption, run this script again: the run resumes from its newest
+#             verified checkpoint (on a replacement box too, from DURABLE).
+#   ONBOX     how onbox is started on this box: the one-file agent, python3 onbox.pyz.
+# Keep this file's line ends LF (U26: a CRLF script fails in sh with "set: -: invalid option").
+set -eu
+HERE=$(cd "$(dirname "$0")" && pwd)
+RUN_NAME=${RUN_NAME:-@NAME@}
+DURABLE=${DURABLE:-/workspace/durable}
+CKPT_DIR=${CKPT_DIR:-$HERE/@CKPT_SUBDIR@}
+ONBOX=${ONBOX:-python3 $HOME/onbox.pyz}
+PYTHON=${PYTHON:-python3}
+
+@RESUME_NOTE@
+# $ONBOX is a command line: left unquoted on purpose
+exec $ONBOX run --name "$RUN_NAME" --ckpt-dir "$CKPT_DIR" --durable "$DURABLE" \
+    --keep-last 3 --keep-best eval_loss:min @RESUME_ARG@\
+    -- "$PYTHON" "$HERE/train.py" --config "$HERE/training_config.yaml" "$@"
