@@ -26,6 +26,7 @@ COMMANDS = {
     "gpu": (C + "gpu", "gpu", "GPU health: utilisation, clocks, power, memory, throttling, Xid."),
     "reap": (C + "gpu", "reap", "Find processes pinning GPU memory; kill them with --force."),
     "sbatch": (C + "sbatch", "sbatch", "Write or submit a self-requeueing sbatch script for CMD."),
+    "node": (C + "node", "node", "A box as a node of a multi-node group (what onboxctl probes before a launch)."),
 }
 
 

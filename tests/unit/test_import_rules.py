@@ -31,11 +31,12 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.checkpoints": LEAVES,
     "onbox.gpu": LEAVES,
     "onbox.platform": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu"},
-    "onbox.slurm": LEAVES | {"onbox.config", "onbox.platform"},
+    "onbox.multinode": LEAVES | {"onbox.config", "onbox.checkpoints"},
+    "onbox.slurm": LEAVES | {"onbox.config", "onbox.platform", "onbox.multinode"},
     "onbox.supervisor": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.slurm"},
     "onbox.heartbeat": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu", "onbox.slurm", "onbox.supervisor"},
     "onbox.subsystems": LEAVES | {"onbox.config", "onbox.checkpoints", "onbox.heartbeat", "onbox.gpu",
-                                  "onbox.slurm", "onbox.supervisor"},
+                                  "onbox.slurm", "onbox.supervisor", "onbox.multinode"},
     "onbox.examples": set(),
 }
 CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
