@@ -160,7 +160,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
 def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[str], cmd: List[str],
                  opts: Dict[str, Any], settings: Tuple[str, ...], onbox_args: Tuple[str, ...]) -> None:
     """--nodes: two boxes or more on the command line, a durable target (the other nodes restore from it), a
-    command or a --name to relaunch from the boxes' records."""
+    command or a --name to relaunch from the boxes' records (which hold the durable target)."""
     if fanout:
         raise UsageError("--nodes takes its boxes on the command line, in node order, not from --fanout")
     if len(boxes) < 2:
@@ -168,7 +168,7 @@ def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[s
     if not cmd and not name:
         raise UsageError("no command to run", hint="onboxctl run gpu1 gpu2 --nodes -- torchrun ... (or --name RUN "
                                                    "to relaunch a group from its records)")
-    if not opts.get("durable") and not any(s.replace("-", "_").startswith("durable=") for s in settings) and \
+    if cmd and not opts.get("durable") and not any(s.replace("-", "_").startswith("durable=") for s in settings) and \
             not any(a == "--durable" or a.startswith("--durable=") for a in onbox_args):
         raise UsageError("--nodes needs --durable", hint="node 0 commits there and the other nodes restore from "
                                                          "it: an rclone remote, or a mount every node shares")
