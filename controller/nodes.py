@@ -82,8 +82,8 @@ def launch_group(ssh: Ssh, boxes: Sequence[Box], cmd: Sequence[str], base: str, 
     names = [node_run_name(base, i) for i in range(len(boxes))]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(boxes)))) as pool:
         probes = list(pool.map(lambda bn: probe_box(ssh, bn[0], bn[1], timeout), zip(boxes, names)))
-    live = ["%s (%s on %s)" % (n, (p.get("run") or {}).get("state"), b.name)
-            for b, n, p in zip(boxes, names, probes) if (p.get("run") or {}).get("agent_alive")]
+    live = ["%s (%s on %s)" % (n, (p.get("run") or {}).get("state"), b.name) for b, n, p in zip(boxes, names, probes)
+            if (p.get("run") or {}).get("agent_alive") or (p.get("run") or {}).get("child_alive")]
     if live:
         raise UsageError("the group %s still runs: %s" % (base, ", ".join(live)),
                          hint="stop it first (`onbox stop %s` on any node stops every node), then relaunch" % base)
@@ -111,7 +111,8 @@ def launch_group(ssh: Ssh, boxes: Sequence[Box], cmd: Sequence[str], base: str, 
 
 
 def stop_group(ssh: Ssh, box: Box, run: str, timeout: float) -> None:
-    """`onbox stop` on node 0 without waiting: its agent tells every other node (onbox/multinode/notices.py)."""
+    """`onbox stop` on node 0 without waiting: its agent tells every other node (onbox/multinode/notices.py). Its own
+    ssh call, never chained to a launch (U4)."""
     try:
         ssh.run(box.target(), [box.python, REMOTE_PYZ, "stop", run, "--wait", "0"], timeout=timeout, check=False,
                 what="onbox stop")

@@ -135,7 +135,8 @@ _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?=/|$)")
 
 def container_id(cgroup_text: str) -> Optional[str]:
     """The container a process runs in, from /proc/<pid>/cgroup; None outside any (or in a private cgroup
-    namespace, which shows "/": then the process is in the scanner's own container, if any)."""
+    namespace, which shows "/": then the process is in the scanner's own container, if any). U11: a killed
+    container's leftovers pin VRAM nvidia-smi cannot attribute; naming the container says which one to stop."""
     for line in cgroup_text.splitlines():
         path = line.split(":", 2)[-1]
         m = _CONTAINER_RE.search(path)

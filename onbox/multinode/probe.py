@@ -58,10 +58,14 @@ def run_liveness(name: Optional[str]) -> Optional[Dict[str, Any]]:
         doc = {}
     from onbox.proc import is_alive
 
-    pid, start = doc.get("agent_pid"), doc.get("agent_start_time")
-    alive = isinstance(pid, int) and is_alive(pid, start if isinstance(start, int) else None)
+    def lives(pid: Any, start: Any) -> bool:
+        return isinstance(pid, int) and is_alive(pid, start if isinstance(start, int) else None)
+
+    running = doc.get("state") not in TERMINAL
+    # an agent that died leaves its job running (U3): a relaunch beside it would start the trainer twice
     return {"name": name, "exists": True, "state": doc.get("state"),
-            "agent_alive": bool(alive and doc.get("state") not in TERMINAL)}
+            "agent_alive": bool(running and lives(doc.get("agent_pid"), doc.get("agent_start_time"))),
+            "child_alive": bool(running and lives(doc.get("child_pid"), doc.get("child_start_time")))}
 
 
 def probe(run: Optional[str] = None) -> Dict[str, Any]:

@@ -52,7 +52,7 @@ class RunNotes:
                                                  "hint": "stop the group and relaunch it with a --durable every "
                                                          "node reaches (an rclone remote or a shared mount)"}
                 self._state_due = True
-            elif kind in ("node_resume", "checkpoint_resume") and self._warnings.pop("node_resume", None):
+            elif kind in ("node_resume", "checkpoint_resume") and self._warnings.pop("node_resume", None) is not None:
                 self._state_due = True  # a later attempt started from node 0's step again
             elif kind == "requeue":
                 self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),

@@ -258,3 +258,33 @@ def test_onbox_run_takes_the_group_from_stdin_checks_it_and_records_only_its_pat
     assert cfg["env"]["NODE_RANK"] == "0" and cfg["env"]["PET_RDZV_BACKEND"] == "static"
     assert os.stat(home / "nodes" / "big.json").st_mode & 0o777 == 0o600
     assert (durable / "big" / ".onbox-group").read_text().strip() == g0["group"]
+
+
+def test_a_node_that_cannot_start_from_node0s_step_says_so_until_it_does():
+    from onbox.supervisor.notes import RunNotes
+
+    notes = RunNotes()
+    notes.on_event({"type": "node_resume_failed", "time": 1.0, "reason": "cannot restore step_4 from /d"})
+    warn = [w for w in notes.to_state()["warnings"] if w["code"] == "node_resume_failed"]
+    assert warn and warn[0]["severity"] == "critical" and "step_4" in warn[0]["message"]
+    assert notes.take() == (False, True)
+    notes.on_event({"type": "checkpoint_resume", "time": 2.0, "source": "node0:durable"})
+    assert not notes.to_state()["warnings"]
+
+
+@pytest.mark.integration
+def test_node_probe_reports_addresses_free_ports_and_whether_a_run_lives(tmp_path, onbox_argv):
+    import subprocess
+
+    from tests.conftest import subprocess_env
+
+    home = tmp_path / "home"
+    (home / "runs" / "r").mkdir(parents=True)
+    (home / "runs" / "r" / "state.json").write_text(json.dumps({
+        "state": "running", "agent_pid": os.getpid(), "agent_start_time": None, "child_pid": None}))
+    r = subprocess.run([*onbox_argv, "node", "probe", "--run", "r", "--json"], env=subprocess_env(
+        {"ONBOX_HOME": str(home)}), capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "onbox.node_probe/1" and 0 < doc["tcp_port"] < 65536 and 0 < doc["udp_port"] < 65536
+    assert all("addr" in a and "prefix" in a for a in doc["addrs"])
+    assert doc["run"]["agent_alive"] is True and doc["run"]["child_alive"] is False
