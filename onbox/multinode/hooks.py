@@ -227,8 +227,14 @@ class GroupNotices:
 
     def start(self, put_notice: Callable[[Tuple[Optional[float], str, str]], None]) -> None:
         self._put = put_notice
-        self.channel = PeerChannel(self.group, on_notice=self._on_peer, answer=self.point.answer,
-                                   log=self.log).start()
+        try:
+            self.channel = PeerChannel(self.group, on_notice=self._on_peer, answer=self.point.answer,
+                                       log=self.log).start()
+        except OSError as e:  # the port was taken since `onbox run` checked it: said loudly, never silently off
+            self.emit("thread_died", thread="onbox-peers", what="notices between the nodes (a preemption of "
+                      "another node will not stop this one)", error=repr(e),
+                      hint="stop the group and relaunch it: `onboxctl run ... --nodes` picks free ports")
+            return
         self.emit("peers_listening", node=self.group.rank, port=self.group.me.port, nnodes=self.group.nnodes)
 
     def on_notice(self, source: str, detail: str, lead: float) -> None:

@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 
+from onbox.proc import start_time
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import BridgeNet, close_masters
 from tests.polling import wait_for
@@ -115,8 +116,7 @@ def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(n
 
         # a preemption of node 1 (SIGTERM to its agent), by the agent's PID and start time
         st1 = _state(boxes[1], RUN + ".node1")
-        agent = psutil.Process(st1["agent_pid"])
-        assert int(agent.create_time()) >= 0 and agent.is_running()
+        assert start_time(st1["agent_pid"]) == st1["agent_start_time"]  # that very agent, not a recycled PID
         os.kill(st1["agent_pid"], signal.SIGTERM)
         wait_for(lambda: _state(boxes[0], RUN).get("state") == "preempted"
                  and _state(boxes[1], RUN + ".node1").get("state") == "preempted", 60, "both nodes preempted")
@@ -145,15 +145,20 @@ def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(n
         resumed = [e for e in _events(boxes[1], RUN + ".node1") if e["type"] == "checkpoint_resume"]
         assert resumed and resumed[-1]["step"] == stopped[0] and resumed[-1]["source"].startswith("node0:")
         assert max(_committed_steps(durable)) == STEPS - 1
-    finally:
+    finally:  # a failed test leaves no agent, torchrun or worker behind: each agent's tree, by PID and start time
         for name, box in ((RUN, boxes[0]), (RUN + ".node1", boxes[1])):
             st = _state(box, name)
             pid = st.get("agent_pid")
-            if pid and st.get("state") not in ("done", "failed", "preempted", "stopped"):
+            if pid and st.get("state") not in ("done", "failed", "preempted", "stopped") \
+                    and start_time(pid) == st.get("agent_start_time"):
                 try:
-                    if psutil.Process(pid).create_time() > 0:
-                        os.kill(pid, signal.SIGKILL)
-                except (psutil.Error, OSError):
-                    pass
+                    tree = [*psutil.Process(pid).children(recursive=True), psutil.Process(pid)]
+                except psutil.Error:
+                    tree = []
+                for p in tree:
+                    try:
+                        p.kill()
+                    except psutil.Error:
+                        pass
         close_masters(cm)
         shutil.rmtree(cm, ignore_errors=True)

@@ -288,3 +288,20 @@ def test_node_probe_reports_addresses_free_ports_and_whether_a_run_lives(tmp_pat
     assert doc["schema"] == "onbox.node_probe/1" and 0 < doc["tcp_port"] < 65536 and 0 < doc["udp_port"] < 65536
     assert all("addr" in a and "prefix" in a for a in doc["addrs"])
     assert doc["run"]["agent_alive"] is True and doc["run"]["child_alive"] is False
+
+
+def test_a_notice_port_taken_meanwhile_is_a_loud_warning(tmp_path):
+    from onbox.supervisor.notes import RunNotes
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("", 0))
+        port = taken.getsockname()[1]
+        notes = RunNotes()
+        nodes = mn.GroupNotices(parse_group(doc(rank=1, ports=[free_udp(), port]), "t"), str(tmp_path / "stop"),
+                                lambda t, **f: notes.on_event(dict(f, type=t)))
+        nodes.start(lambda item: None)
+        assert nodes.channel is None
+        nodes.on_notice("signal:SIGTERM", "", 5.0)  # nothing to send with: no crash
+        nodes.close()
+    warn = notes.to_state()["warnings"]
+    assert warn and warn[0]["code"] == "thread_died" and "another node will not stop this one" in warn[0]["message"]
