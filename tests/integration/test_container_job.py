@@ -93,10 +93,10 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
     ck = str(tmp_path / "ck")
     argv = [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "c1", "--docker", IMAGE, "--ckpt-dir", ck,
             "--durable", durable, "--grace", "20", "--secret", "HF_TOKEN", "--restart", "never",
-            "--", sys.executable, TRAINER, "--steps", "16"]
+            "--", sys.executable, TRAINER, "--steps", "10"]
     agent = subprocess.Popen(argv, env=fake_docker, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: any(x.get("step", -1) >= 3 for x in output(onbox_home, "c1")), 30, "the trainer to run")
+        wait_for(lambda: any(x.get("step", -1) >= 2 for x in output(onbox_home, "c1")), 30, "the trainer to run")
         wait_for(lambda: committed(durable, "c1"), 20, "a commit")
         start = next(x for x in output(onbox_home, "c1") if x.get("event") == "start")
         assert alive(start["pid"])
@@ -120,7 +120,7 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
     assert line[:2] == ["run", "--rm"] and "--init" in line and line[line.index("--gpus") + 1] == "all"
     assert line[line.index("--name") + 1] == "onbox-c1-0"
     assert "%s:%s" % (tmp_path, tmp_path) in line and "%s:%s" % (ck, ck) not in line  # the workdir holds ck
-    assert line[line.index(IMAGE) + 1:] == [sys.executable, TRAINER, "--steps", "16"]
+    assert line[line.index(IMAGE) + 1:] == [sys.executable, TRAINER, "--steps", "10"]
     assert ["stop", "--time", "2", "onbox-c1-0"] in calls(tmp_path)  # the agent made sure the container is gone
 
     # the relaunch resumes in a new container from the committed step
@@ -130,7 +130,7 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
     starts = [x for x in output(onbox_home, "c1") if x.get("event") == "start"]
     assert starts[-1]["start"] == stopped[0]["step"] + 1
     assert [c for c in calls(tmp_path) if c[0] == "run"][-1][4] == "onbox-c1-1"
-    assert committed(durable, "c1")[-1] == 15
+    assert committed(durable, "c1")[-1] == 9
 
 
 @pytest.mark.parametrize("mode", ["--docker", "own docker run"])

@@ -100,7 +100,7 @@ def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(n
         trainer = os.path.join(REPO_ROOT, "tests", "integration", "mn_trainer.py")
         r = ctl("run", "b0", "b1", "--nodes", "--name", RUN, "--durable", durable, "--workdir", str(tmp_path),
                 "--grace", "30", "--env", "GLOO_SOCKET_IFNAME=%s" % BridgeNet.IFNAME,
-                "--set", "sync_interval=0.3", "--set", "tick_interval=0.1",
+                "--set", "sync_interval=0.3", "--set", "tick_interval=0.2",
                 "--set", "notice_source=none", "--json",
                 "--", torchrun, "--nproc-per-node=1", trainer, "--steps", str(STEPS), "--save-every", "2",
                 "--sleep", "0.1")
@@ -108,8 +108,8 @@ def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(n
         assert [(x["box"], x["name"], x["ok"]) for x in runs] == [("b0", RUN, True), ("b1", RUN + ".node1", True)]
 
         # both nodes train together: the all-reduce needs both ranks; node 0 commits rank 0's saves
-        wait_for(lambda: any(x.get("step", -1) >= 2 for x in _lines(boxes[1], RUN + ".node1")), 90,
-                 "node 1 to train past step 2")
+        wait_for(lambda: any(x.get("step", -1) >= 1 for x in _lines(boxes[1], RUN + ".node1")), 90,
+                 "node 1 to train past step 1")
         wait_for(lambda: _committed_steps(durable), 30, "node 0 to commit a checkpoint")
         first = [x for x in _lines(boxes[0], RUN) if x.get("event") == "start"]
         assert first and first[0]["world"] == 2 and first[0]["start"] == 0
