@@ -155,6 +155,10 @@ class GroupRestore:
 
     def __call__(self) -> Optional[str]:
         reply = self.wait_for_node0()
+        if reply is None and self.abort():
+            self.emit("node_resume", node=self.group.rank, checkpoint=None,
+                      reason="a peer stopped the group while this node waited for node 0's resume point")
+            return None  # the attempt is stopped at once: what it would resume from does not matter
         if reply is None:
             self.emit("node_resume_fallback", node=self.group.rank,
                       reason="node 0 gave no resume point within %.0f s: restoring the newest committed checkpoint"

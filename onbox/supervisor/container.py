@@ -43,6 +43,9 @@ BOOL_LONG = {"--rm", "--init", "--detach", "--interactive", "--tty", "--privileg
              "--sig-proxy", "--no-healthcheck", "--oom-kill-disable", "--quiet", "--disable-content-trust"}
 BOOL_SHORT = set("ditPq")
 NOT_PASSED = ("CUDA_VISIBLE_DEVICES",)
+# the child contract (onbox/supervisor/childenv.py): always passed, even where the agent's environment agrees
+CONTRACT = ("ONBOX_RUN", "ONBOX_CKPT_DIR", "ONBOX_RESUME_FROM", "ONBOX_RESTART_COUNT", "ONBOX_METRICS_FILE",
+            "ONBOX_PREEMPT_FILE")
 
 
 def container_name(run: str, attempt: int) -> str:
@@ -102,8 +105,7 @@ def gpu_option(env: Mapping[str, str]) -> List[str]:
 
 def passed_names(env: Mapping[str, str], agent_env: Mapping[str, str]) -> List[str]:
     """The variables the job gets from the agent (not those of the agent's own environment): names only."""
-    return sorted(k for k, v in env.items()
-                  if k not in NOT_PASSED and (k.startswith("ONBOX_") or agent_env.get(k) != v))
+    return sorted(k for k, v in env.items() if k not in NOT_PASSED and (k in CONTRACT or agent_env.get(k) != v))
 
 
 def mounts(paths: Sequence[Optional[str]]) -> List[str]:

@@ -112,7 +112,7 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
     assert stopped and committed(durable, "c1")[-1] == stopped[0]["step"]  # TERM reached it; its save committed
     # what the container saw: the contract variables and the secret by name, never the agent's environment
     assert {"ONBOX_RESUME_FROM", "ONBOX_CKPT_DIR", "ONBOX_RUN", "HF_TOKEN"} <= set(start["env"])
-    assert "FAKE_DOCKER_LOG" not in start["env"]
+    assert "FAKE_DOCKER_LOG" not in start["env"] and "ONBOX_HOME" not in start["env"]  # the agent's own settings
     assert start["hf_token_sha256"] == hashlib.sha256(SECRET.encode()).hexdigest()
     runs = [c for c in calls(tmp_path) if c[0] == "run"]
     assert len(runs) == 1 and all(SECRET not in a for a in runs[0])
