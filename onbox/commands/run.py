@@ -92,7 +92,7 @@ def _options(f: Any) -> Any:
                      help="Run CMD in a container of IMAGE (`docker run --rm --init --gpus ...`, checkpoint, run, "
                           "durable and work dirs mounted at the same paths)."),
         click.option("--docker-arg", "docker_args", multiple=True, metavar="OPT",
-                     help="An extra `docker run` option for --docker, e.g. --docker-arg=-v=/data:/data. Repeatable."),
+                     help="An extra `docker run` option for --docker, e.g. --docker-arg=--volume=/data:/data. Repeatable."),
         click.option("--shm-size", "docker_shm_size", help="/dev/shm of the --docker container (default 16g)."),
         click.option("--foreground", is_flag=True, help="Stay in the foreground (sbatch, containers, systemd)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
