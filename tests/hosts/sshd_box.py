@@ -115,7 +115,7 @@ class BridgeNet:
         return "10.201.%d.%d" % (self._third, k + 2)
 
     def _claim(self) -> None:
-        for i in range(250):  # FIRST the unreachable route (TESTHOSTS: nothing for this /24 ever leaves the machine)
+        for i in range(250):  # FIRST the unreachable route: whatever link goes down, nothing for this /24 leaves the machine
             third = (self._third - 1 + i) % 250 + 1
             subnet = "10.201.%d.0/24" % third
             r = subprocess.run(["ip", "route", "add", "unreachable", subnet, "metric", "4242"], capture_output=True,
