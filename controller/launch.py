@@ -95,9 +95,11 @@ def parse_json_tail(text: str) -> Dict[str, Any]:
 
 def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),
            workdir: Optional[str] = None, timeout: float = 60.0,
-           onbox_env: Optional[Dict[str, str]] = None, tunnel_to: Optional[str] = None) -> LaunchResult:
+           onbox_env: Optional[Dict[str, str]] = None, tunnel_to: Optional[str] = None,
+           stdin: Optional[bytes] = None) -> LaunchResult:
     """Start one supervised run on `box`; never waits for the job itself. `tunnel_to`: a tracker URL this
-    machine reaches; the box gets a reverse tunnel to it and the agent the tunnel's 127.0.0.1 URL."""
+    machine reaches; the box gets a reverse tunnel to it and the agent the tunnel's 127.0.0.1 URL. `stdin`: bytes
+    for `onbox run`'s stdin (a node group's document: its key never goes into an argv)."""
     t0 = time.monotonic()
     res = LaunchResult(box=box.name, name=name, ok=False)
     onbox_env = dict(onbox_env or {})
@@ -121,7 +123,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         envs = ["%s=%s" % (k, v) for k, v in sorted(dict({"ONBOX_BOX": box.name}, **(onbox_env or {})).items())]
         script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(
             shlex.quote(a) for a in (["env", *envs] if envs else []) + argv)
-        out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run").text
+        out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run", input_bytes=stdin).text
         doc = parse_json_tail(out)
         res.name = str(doc.get("name") or doc.get("run") or name)
         res.pid = _int(doc.get("pid") or doc.get("child_pid"))

@@ -51,6 +51,9 @@ def one(run):
     st = load(os.path.join(rd, "state.json")) or {}
     out["state"] = st.get("state")
     out["durable"] = cfg.get("durable") or (cfg.get("config") or {}).get("durable")
+    group = load(cfg.get("node_group")) if isinstance(cfg.get("node_group"), str) else None
+    if isinstance(group, dict):  # a node of a multi-node group (never its key: only who commits)
+        out["node"] = {"rank": group.get("rank"), "run": group.get("run"), "nnodes": group.get("nnodes")}
     d = out["durable"]
     if d and ":" not in d.split("/")[0]:
         root = os.path.join(os.path.expanduser(d), run)

@@ -51,6 +51,12 @@ def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Seq
     run = doc["run"]
     top = newest(doc.get("checkpoints") or [])
     state = doc.get("state")
+    node = doc.get("node") or {}
+    if isinstance(node.get("rank"), int) and node["rank"] > 0:
+        # a non-primary node never commits: node 0's run holds the group's checkpoints, and its box's gate checks them
+        return RunVerdict(run, state, None, None, False, False, False,
+                          "node %d of %s: node 0 commits; `onboxctl down` of node 0's box checks %s"
+                          % (node["rank"], node.get("run"), node.get("run")))
     if top is None and doc.get("durable") and not doc.get("run_root"):
         # an rclone remote: the checkpoints already live off the box and outlive it
         return RunVerdict(run, state, None, None, False, False, False,

@@ -28,6 +28,7 @@ COMMANDS = {
     "sbatch": (C + "sbatch", "sbatch", "Write or submit a self-requeueing sbatch script for CMD."),
     "queue": (C + "queue", "queue", "The box's run queue: add, ls, rm, run (in turn, N at a time or one per GPU)."),
     "init": (C + "init", "init", "Write a training template (plain, nanogpt, hf, litgpt) that onbox can keep alive."),
+    "node": (C + "node", "node", "A box as a node of a multi-node group (what onboxctl probes before a launch)."),
 }
 
 

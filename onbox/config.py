@@ -56,7 +56,9 @@ FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex")}
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
-             env_files="--env-file", secrets="--secret")
+             env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
+             docker_args="--docker-arg", docker_shm_size="--shm-size")
+SHM_SIZE_RE = re.compile(r"^[0-9]{1,12}[bkmgBKMG]?$")  # what `docker run --shm-size` takes
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
@@ -121,6 +123,12 @@ class RunConfig:
     # a multi-phase curriculum: the run file's [[phase]] tables as given (no flag); checked by
     # onbox.supervisor.phases.parse_phases when `onbox run`/`onbox queue add` resolve a run and when the agent starts
     phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    # multi-node over SSH: the node-group file onboxctl wrote (rank, peers, rendezvous; its key stays in the file)
+    node_group: Optional[str] = None
+    # containers (onbox/supervisor/container.py): the image the command runs in, extra `docker run` options, /dev/shm
+    docker_image: Optional[str] = None
+    docker_args: List[str] = dataclasses.field(default_factory=list)
+    docker_shm_size: str = "16g"
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -172,6 +180,13 @@ class RunConfig:
         for path in self.env_files:
             if not path.strip():
                 raise UsageError("--env-file needs a path")
+        image = self.docker_image
+        if image is not None and (not image or image.startswith("-") or any(c.isspace() or ord(c) < 32 for c in image)):
+            raise UsageError("--docker %r is not an image name" % image, hint="e.g. --docker pytorch/pytorch@sha256:...")
+        if not SHM_SIZE_RE.match(self.docker_shm_size or ""):
+            raise UsageError("--shm-size must be a size like 16g or 512m, not %r" % self.docker_shm_size)
+        if any("\0" in a for a in self.docker_args):
+            raise UsageError("--docker-arg: an argument holds a NUL byte, which no argument can carry")
 
 
 def label(key: str) -> str:

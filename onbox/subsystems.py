@@ -8,7 +8,7 @@ that start a supervisor (`onbox run`, `onbox adopt`, `onbox stop`) pass `make_ho
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from onbox.config import RunConfig
 from onbox.supervisor.hooks import Hooks, RunContext
@@ -37,15 +37,61 @@ def preflight(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> None:
             if problem:
                 raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
     heartbeat_preflight(cfg, environ)
+    if cfg.node_group and cfg.node_group != "-":  # `-` (stdin) is read and checked by `onbox run` itself
+        from onbox.multinode.role import load_group
+
+        node_preflight(load_group(cfg.node_group))
+
+
+def node_preflight(group: Any) -> None:
+    """A node of an SSH group: its notice port must be free, or the peers could never tell it to stop (exit 3
+    before anything starts)."""
+    import socket
+
+    from onbox.errors import UnfitError
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind(("", group.me.port))
+        except OSError as e:
+            raise UnfitError("node %d cannot listen for its peers on UDP port %d: %s"
+                             % (group.rank, group.me.port, e.strerror or e),
+                             hint="is an agent of this run still alive (`onbox status`)? else relaunch the group "
+                                  "(`onboxctl run ... --nodes`): it picks free ports")
 
 
 def make_hooks(ctx: RunContext) -> Hooks:
-    """The real subsystems for a run: checkpoint commits, heartbeats, the GPU reaper."""
+    """The real subsystems for a run: checkpoint commits, heartbeats, the GPU reaper, the node group's peers."""
     from onbox.checkpoints.hook import CheckpointCommitHook
     from onbox.gpu.reaper import ReaperHook
     from onbox.heartbeat.hook import HeartbeatHook
     from onbox.slurm.job import checkpoint_hook_for_node
 
+    if ctx.config.node_group:
+        return _group_hooks(ctx, HeartbeatHook(ctx), ReaperHook(ctx))
     # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm/job.py).
     checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
     return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
+
+
+def _group_hooks(ctx: RunContext, telemetry: object, reaper: object) -> Hooks:
+    """A node of an SSH group (onbox/multinode/hooks.py): node 0 commits and says what every node resumes from;
+    the others fetch exactly that, read-only; every agent hears of the others' notices."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.multinode import hooks as mn
+    from onbox.multinode.role import load_group
+    from onbox.supervisor.rundir import RunDir
+
+    cfg = ctx.config
+    assert cfg.node_group
+    group = load_group(cfg.node_group)
+    point = mn.ResumePoint()
+    nodes = mn.GroupNotices(group, RunDir(ctx.run_dir).stop_request, ctx.emit, point)
+    checkpoints: object
+    if group.role.primary:
+        checkpoints = mn.GroupPrimary(CheckpointCommitHook(ctx), point, ctx.clock, cfg.final_sync_timeout)
+    else:
+        restore = mn.GroupRestore(group, cfg.durable, ctx.ckpt_dir, ctx.emit, lambda: nodes.channel,
+                                  wait_s=cfg.final_sync_timeout + mn.ASK_TIMEOUT_EXTRA, abort=nodes.stopping.is_set)
+        checkpoints = mn.PrimaryOnlyCommits(None, group.rank, ctx.emit, restore=restore, source="ssh")
+    return Hooks(checkpoints=checkpoints, telemetry=telemetry, reaper=reaper, nodes=nodes)  # type: ignore[arg-type]

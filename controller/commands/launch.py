@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -73,6 +73,11 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
               help="Any run setting (onbox/config.py field), sent as ONBOX_<FIELD> (repeatable).")
 @click.option("--onbox-arg", "onbox_args", multiple=True, help="Any other `onbox run` option, passed verbatim.")
+@click.option("--nodes", "as_nodes", is_flag=True,
+              help="The boxes are the nodes of ONE multi-node job (node 0 first): each agent gets NNODES, NODE_RANK, "
+                   "MASTER_ADDR/PORT and torchrun's rendezvous; a preemption of any node stops all. Needs --durable.")
+@click.option("--master-addr", default=None, help="With --nodes: node 0's address as the others reach it "
+                                                   "(default: picked from the boxes' own addresses).")
 @click.option("--timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
               help="Seconds each launch may take.")
 @click.option("--json", "as_json", is_flag=True)
@@ -81,19 +86,27 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
         tracker: Optional[str], tunnel: Optional[bool], tracker_token_file: Optional[str],
         heartbeat_interval: Optional[float], sync_interval: Optional[float], settings: Tuple[str, ...],
-        **opts: Any) -> None:
+        as_nodes: bool, master_addr: Optional[str], **opts: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
     Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
+
+    With --nodes the boxes run one job together: onboxctl run gpu1 gpu2 --nodes --name big --durable remote:ckpt
+    -- torchrun --nproc-per-node=8 train.py. The same line again (or without `-- CMD`: from the recorded runs)
+    relaunches the whole group, resuming from node 0's newest committed checkpoint.
     """
     cmd: List[str] = ctx.meta.get("cmd", [])
+    if as_nodes:
+        _check_nodes(boxes, fanout, name, cmd, opts, settings, onbox_args)
+    elif master_addr is not None:
+        raise UsageError("--master-addr goes with --nodes")
     planned: List[Tuple[str, List[str]]] = [(b, list(cmd)) for b in boxes]
     if fanout:
         planned += [(b, c or list(cmd)) for b, c in read_fanout(fanout)]
     if not planned:
         raise UsageError("no box given", hint="onboxctl run BOX [BOX...] -- CMD  (or --fanout FILE)")
     missing = [b for b, c in planned if not c]
-    if missing:
+    if missing and not as_nodes:
         raise UsageError("no command to run on %s" % ", ".join(missing), hint="put it after `--`: onboxctl run BOX -- python train.py")
     if name is not None:
         check_name(name)
@@ -124,6 +137,15 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         forwarded += _forward("--" + key.replace("_", "-"), value)
     forwarded += list(onbox_args)
     inv = Inventory()
+    if as_nodes:
+        from controller.nodes import launch_group
+
+        results = launch_group(Ssh(settings_from_env()), [inv.resolve(b) for b in boxes], cmd,
+                               check_name(name or default_run_name(cmd)), forwarded, workdir=workdir,
+                               parallel=parallel, timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to,
+                               master_addr=master_addr)
+        _report(ctx, results, as_json)
+        return
     jobs = []
     several = len(planned) > 1
     for box_name, box_cmd in planned:
@@ -132,6 +154,32 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         jobs.append((inv.resolve(box_name), box_cmd, run_name))
     results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
                           timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to)
+    _report(ctx, results, as_json)
+
+
+def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[str], cmd: List[str],
+                 opts: Dict[str, Any], settings: Tuple[str, ...], onbox_args: Tuple[str, ...]) -> None:
+    """--nodes: two boxes or more on the command line, a durable target (the other nodes restore from it), a
+    command or a --name to relaunch from the boxes' records (which hold the durable target)."""
+    if fanout:
+        raise UsageError("--nodes takes its boxes on the command line, in node order, not from --fanout")
+    if len(boxes) < 2:
+        raise UsageError("--nodes needs two boxes or more", hint="onboxctl run gpu1 gpu2 --nodes -- torchrun ...")
+    if not cmd and not name:
+        raise UsageError("no command to run", hint="onboxctl run gpu1 gpu2 --nodes -- torchrun ... (or --name RUN "
+                                                   "to relaunch a group from its records)")
+    if cmd and not opts.get("durable") and not any(s.replace("-", "_").startswith("durable=") for s in settings) and \
+            not any(a == "--durable" or a.startswith("--durable=") for a in onbox_args):
+        raise UsageError("--nodes needs --durable", hint="node 0 commits there and the other nodes restore from "
+                                                         "it: an rclone remote, or a mount every node shares")
+    words = " ".join(cmd)
+    if "c10d" in words and "rdzv" in words:
+        click.echo("onboxctl: warning: torchrun's c10d rendezvous ignores --node-rank and may put rank 0 (the rank "
+                   "that saves) on another node than node 0 (the node that commits); onbox sets torchrun's static "
+                   "rendezvous through PET_* variables: drop the --rdzv-* flags", err=True)
+
+
+def _report(ctx: click.Context, results: List[Any], as_json: bool) -> None:
     if as_json:
         echo_json({"runs": [r.to_dict() for r in results]})
     else:

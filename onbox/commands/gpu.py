@@ -91,6 +91,15 @@ def _print_scan_footer(scan: Dict[str, Any]) -> None:
         click.echo("  %d processes could not be read (permission): they may hold a GPU; %s" % (
             scan["unreadable"], "run as root to see them" if os.geteuid() != 0
             else "not even root may read them here (another user namespace)"))
+    containers: Dict[str, List[Dict[str, Any]]] = {}
+    for h in scan["holders"]:
+        if h.get("container"):
+            containers.setdefault(h["container"], []).append(h)
+    for cid, hs in sorted(containers.items()):
+        runs = sorted({"%s attempt %s" % (h["run"], h["attempt"]) for h in hs if h.get("run")})
+        click.echo("  container %s: %d holder(s) (pid %s)%s" % (
+            cid[:12], len(hs), ", ".join(str(h["pid"]) for h in hs),
+            ", started by run %s" % "; ".join(runs) if runs else ", not started by onbox here"))
     for u in scan["nvml_unmatched"]:
         click.echo("  NVML pid %d holds %s GiB on GPU %d but is not a process here: it lives in another container "
                    "or on the host (PID namespace differs): restart that container" % (
@@ -147,13 +156,13 @@ def _print_table(decisions: List[Any], force: bool) -> None:
     if not decisions:
         click.echo("no process holds an NVIDIA device file")
         return
-    rows = [("PID", "USER", "AGE", "SID", "GPU", "MEM GiB", "NVML", "OWNER", "VERDICT", "REASON" if not force
-             else "OUTCOME", "COMMAND")]
+    rows = [("PID", "USER", "AGE", "SID", "CONTAINER", "GPU", "MEM GiB", "NVML", "OWNER", "VERDICT",
+             "REASON" if not force else "OUTCOME", "COMMAND")]
     for d in decisions:
         h = d.holder
         nvml = {True: "yes", False: "no", None: "?"}[h.nvml_visible]
         owner = h.owner if not h.run else "%s:%s#%s" % (h.owner, h.run, h.attempt)
-        rows.append((str(h.pid), h.user, _age(h.age_s), str(h.sid), ",".join(map(str, h.gpus)) or "-",
+        rows.append((str(h.pid), h.user, _age(h.age_s), str(h.sid), h.container_short, ",".join(map(str, h.gpus)) or "-",
                      _gib(h.gpu_memory_bytes), nvml, owner, d.verdict,
                      (d.outcome or d.reason) if force else d.reason, h.command[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

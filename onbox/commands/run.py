@@ -85,6 +85,15 @@ def _options(f: Any) -> Any:
         click.option("--resume", "resume_existing", is_flag=True,
                      help="Continue the existing run NAME although CMD, --ckpt-dir or --durable differ from what "
                           "it recorded (without it, a different command under an existing name is refused)."),
+        click.option("--node-group", "node_group", metavar="PATH|-",
+                     help="This run is one node of a multi-node group: the group file (`-`: read it from stdin, "
+                          "as `onboxctl run --nodes` sends it; stored 0600, only its path is recorded)."),
+        click.option("--docker", "docker_image", metavar="IMAGE",
+                     help="Run CMD in a container of IMAGE (`docker run --rm --init --gpus ...`, checkpoint, run, "
+                          "durable and work dirs mounted at the same paths)."),
+        click.option("--docker-arg", "docker_args", multiple=True, metavar="OPT",
+                     help="An extra `docker run` option for --docker, e.g. --docker-arg=--volume=/data:/data. Repeatable."),
+        click.option("--shm-size", "docker_shm_size", help="/dev/shm of the --docker container (default 16g)."),
         click.option("--foreground", is_flag=True, help="Stay in the foreground (sbatch, containers, systemd)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]
@@ -150,16 +159,19 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
     runchecks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
-    _check_executable(cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
+    runchecks.check_container(cfg)
+    # with --docker the command runs inside the image: the host needs docker, not the command
+    _check_executable("docker" if cfg.docker_image else cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
     from onbox.supervisor.phases import parse_phases
 
     for phase in parse_phases(cfg.phases):  # [[phase]] tables: checked here, not in a detached agent's log
-        if phase.command:
+        if phase.command and not cfg.docker_image:
             _check_executable(phase.command[0], cfg.workdir, {**os.environ, **cfg.env, **dict(phase.env)})
     from onbox.slurm.job import default_run_name
 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
+    group = runchecks.node_group(cfg)
     _check_runs_dir(paths.runs_dir())
     if saved is None and not resume_existing:
         _refuse_a_different_run_under_the_same_name(cfg, paths.run_dir(cfg.name))
@@ -170,7 +182,12 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
         click.echo("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
                    "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
                    % os.path.join(paths.run_dir(cfg.name), "checkpoints"), err=True)
-    return cfg, RunDir(paths.run_dir(cfg.name))
+    rd = RunDir(paths.run_dir(cfg.name))
+    if group is not None:  # from stdin: stored only now that nothing refused the launch
+        from onbox.multinode.role import save_group
+
+        cfg.node_group = save_group(group, cfg.name)
+    return cfg, rd
 
 
 RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
@@ -284,7 +301,7 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
         try:
             try:
                 # builds the hooks; preflight() caught what it could in the foreground
-                sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks)
+                sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks, proc=_container_seam(cfg, rd))
             except OSError as oe:
                 raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
         except OnboxError as e:
@@ -316,6 +333,16 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     return 0
 
 
+def _container_seam(cfg: Any, rd: Any) -> Any:
+    """The process seam of a container job (onbox/supervisor/container.py), None for any other run."""
+    from onbox.supervisor.container import seam_for
+
+    def log(message: str) -> None:
+        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+
+    return seam_for(cfg, rd, os.path.abspath(cfg.ckpt_dir or rd.file("checkpoints")), os.environ, log)
+
+
 def cli_layer(flags: Dict[str, Any]) -> Dict[str, Any]:
     """The command-line layer of the RunConfig from `onbox run`'s option values (only those given)."""
     from onbox import paths
@@ -326,7 +353,7 @@ def cli_layer(flags: Dict[str, Any]) -> Dict[str, Any]:
                          hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
     if "env" in cli:
         cli["env"] = _parse_env(cli["env"])
-    for key in ("resume_args", "env_files", "secrets", "metrics_regex"):
+    for key in ("resume_args", "env_files", "secrets", "metrics_regex", "docker_args"):
         if key in cli:
             cli[key] = list(cli[key])
     if "keep_best" in cli:

@@ -55,3 +55,72 @@ def warnings(cli_env: Dict[str, str], cfg: Any) -> List[str]:
             out.append("%s %s is readable by %s (mode %04o): `chmod 600 %s`" % (
                 what, path, "everyone" if mode & 0o004 else "its group", mode, path))
     return out
+
+
+def node_group(cfg: Any) -> Any:
+    """`--node-group PATH|-`: the group (from stdin with `-`, then returned to be stored), its rendezvous put into
+    the job's environment (NNODES, NODE_RANK, MASTER_ADDR/PORT, torchrun's PET_*)."""
+    import sys
+
+    from onbox.multinode.role import child_vars, load_group, read_group_stream
+    from onbox.subsystems import node_preflight
+
+    if not cfg.node_group:
+        return None
+    if cfg.node_group == "-":
+        group = read_group_stream(sys.stdin.buffer.read(), "stdin")
+    else:
+        cfg.node_group = os.path.abspath(os.path.expanduser(cfg.node_group))
+        group = load_group(cfg.node_group)
+    if group.rank == 0 and cfg.name != group.run:
+        raise UsageError("node 0 of group %s must run as %s, not %s" % (group.group, group.run, cfg.name),
+                         hint="the other nodes restore what node 0 commits under <durable>/%s" % group.run)
+    node_preflight(group)
+    shared_durable_check(cfg, group)
+    cfg.env.update(child_vars(group))
+    return group if cfg.node_group == "-" else None
+
+
+def check_container(cfg: Any) -> None:
+    """--docker with a command to run inside, or a `docker run` the agent can supervise (attached)."""
+    from onbox.supervisor.container import check_client_command, is_client_command
+
+    if cfg.docker_image and is_client_command(cfg.command):
+        raise UsageError("--docker IMAGE builds the `docker run` line itself: give it the command to run inside",
+                         hint="onbox run --docker IMAGE -- python train.py (or drop --docker and keep your line)")
+    if is_client_command(cfg.command):
+        check_client_command(cfg.command)
+
+
+GROUP_MARK = ".onbox-group"
+
+
+def shared_durable_check(cfg: Any, group: Any) -> None:
+    """The other nodes restore what node 0 commits: they must see node 0's durable target. On a mounted path,
+    node 0 (launched first) writes the group's id into <durable>/<run>/.onbox-group and every other node must
+    read the same id there; a path that is only node 0's local disk fails here, before the job starts. An rclone
+    remote is the same for every node by its name."""
+    from onbox import fsutil
+    from onbox.errors import UnfitError
+
+    if not cfg.durable or not os.path.isabs(cfg.durable):
+        return
+    mark = os.path.join(cfg.durable, group.run, GROUP_MARK)
+    if group.rank == 0:
+        try:
+            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            fsutil.atomic_write(mark, group.group + "\n")
+        except OSError as e:
+            raise UnfitError("cannot write %s: %s" % (mark, e.strerror or e),
+                             hint="give --durable a writable directory")
+        return
+    try:
+        with open(mark) as f:
+            seen = f.read().strip()
+    except OSError:
+        seen = None
+    if seen != group.group:
+        raise UnfitError("node %d does not see node 0's durable target: %s %s" % (
+            group.rank, mark, "holds another group's id" if seen else "is missing"),
+            hint="every node restores what node 0 commits: give --durable an rclone remote (remote:path) or a "
+                 "directory all nodes mount, and launch node 0 first (onboxctl does)")

@@ -84,6 +84,11 @@ class Holder:
     owner: str = "foreign"  # set by the reaper: "self", "current", "earlier" or "foreign"
     run: Optional[str] = None
     attempt: Optional[int] = None
+    container: Optional[str] = None  # id of the container it runs in (from its cgroup), None: the scanner's own
+
+    @property
+    def container_short(self) -> str:
+        return self.container[:12] if self.container else "-"
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -121,6 +126,23 @@ class ScanResult:
             "nvml_error": self.nvml_error,
             "duration_s": round(self.duration_s, 4),
         }
+
+
+# A container's id in a cgroup path: /docker/<id> (cgroup v1, cgroupfs), /system.slice/docker-<id>.scope (systemd),
+# cri-containerd-<id>.scope and /kubepods/.../<id> (Kubernetes), libpod-<id>.scope (podman): 64 hex digits.
+_CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?=/|$)")
+
+
+def container_id(cgroup_text: str) -> Optional[str]:
+    """The container a process runs in, from /proc/<pid>/cgroup; None outside any (or in a private cgroup
+    namespace, which shows "/": then the process is in the scanner's own container, if any). U11: a killed
+    container's leftovers pin VRAM nvidia-smi cannot attribute; naming the container says which one to stop."""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _CONTAINER_RE.search(path)
+        if m:
+            return m.group(1)
+    return None
 
 
 def _read(path: str) -> Optional[str]:
@@ -229,6 +251,7 @@ class HolderScan:
         boot = self._boot_time()
         uptime = self._uptime()
         my_ns = self._pid_ns("self")
+        self._my_container = container_id(_read(self.proc + "/self/cgroup") or "")
         users: Dict[int, str] = {}
         holders = []
         for pid, paths in sorted(hits.items()):
@@ -273,11 +296,13 @@ class HolderScan:
         gpus = sorted({minor_to_index.get(m, m) for m in minors if m is not None})
         ns = self._pid_ns(str(pid))
         started = start_ticks / CLK_TCK
+        container = container_id(_read(base + "cgroup") or "")
         return Holder(
             pid=pid, ppid=ppid, uid=uid, user=_user(uid, users), command=cmdline or "[%s]" % comm, state=state,
             age_s=max(0.0, uptime - started), start_time=boot + started, start_ticks=start_ticks, sid=sid,
             pgid=pgid, devices=sorted(paths), gpus=gpus,
             other_pid_ns=bool(my_ns and ns and ns != my_ns), ns_pids=ns_pids,
+            container=container if container != getattr(self, "_my_container", None) else None,
         )
 
     def _pid_ns(self, pid: str) -> Optional[str]:

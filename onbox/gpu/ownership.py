@@ -6,8 +6,9 @@ Owners (from each run's state.json `attempts: [{n, pid, sid, pgid, start_time, .
   earlier  an earlier attempt of a run this agent supervises: our own orphans, e.g. DataLoader workers forked
            after CUDA init whose parent was SIGKILLed (they keep the session id)
   foreign  anything else
-A holder belongs to an attempt by its session id (orphaned workers keep it) or, failing that, by the ONBOX_RUN and
-ONBOX_RESTART_COUNT its environment inherited. A session id can be recycled: a holder that started before the
+A holder belongs to an attempt by its container (a container job's attempt records the container's id in
+`<run dir>/containers/<n>.cid`), else by its session id (orphaned workers keep it), or, failing that, by the
+ONBOX_RUN and ONBOX_RESTART_COUNT its environment inherited. A session id can be recycled: a holder that started before the
 attempt's leader is not its.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Attempt:
     started_at: Optional[float]  # wall clock (supervisor's `started_at`)
     current: bool
     ended_at: Optional[float] = None  # wall clock (supervisor's `ended_at`): its session was emptied then
+    container: Optional[str] = None  # the container it ran in (`<run dir>/containers/<n>.cid`, container jobs)
 
 
 def _int(v: Any) -> Optional[int]:
@@ -52,10 +54,13 @@ class AttemptIndex:
     def __init__(self, attempts: Iterable[Attempt]) -> None:
         self.by_sid: Dict[int, List[Attempt]] = {}
         self.by_run: Dict[Tuple[str, int], Attempt] = {}
+        self.by_container: Dict[str, Attempt] = {}
         for a in attempts:
             if a.sid is not None:
                 self.by_sid.setdefault(a.sid, []).append(a)
             self.by_run[(a.run, a.n)] = a
+            if a.container:
+                self.by_container[a.container] = a
 
     @classmethod
     def load(cls, runs_dir: str) -> "AttemptIndex":
@@ -68,7 +73,11 @@ class AttemptIndex:
                 continue  # a torn or foreign file: its holders stay "foreign" (never auto-reaped)
             if not isinstance(doc, dict):
                 continue
-            out.extend(attempts_of(doc, os.path.basename(os.path.dirname(path))))
+            found = attempts_of(doc, os.path.basename(os.path.dirname(path)))
+            containers = container_ids(os.path.dirname(path))
+            for a in found:
+                a.container = containers.get(a.n)
+            out.extend(found)
         return cls(out)
 
     def owner_of(self, h: Holder) -> Optional[Attempt]:
@@ -77,6 +86,8 @@ class AttemptIndex:
         recycled (the kernel reuses a pid once its session emptied), the holder belongs to the NEWEST session of
         that id that began before it: another run's live attempt may now lead session S that an old attempt of
         ours once had."""
+        if h.container and h.container in self.by_container:  # a container's processes are its attempt's
+            return self.by_container[h.container]
         best: Optional[Attempt] = None
         for a in self.by_sid.get(h.sid, []):
             if a.start_ticks is not None and h.start_ticks < a.start_ticks:
@@ -88,6 +99,21 @@ class AttemptIndex:
             if best is None or _started_later(a, best):
                 best = a
         return best
+
+
+def container_ids(run_dir: str) -> Dict[int, str]:
+    """attempt number -> container id, from the cidfiles docker wrote for a container job's attempts."""
+    out: Dict[int, str] = {}
+    for path in glob.glob(os.path.join(run_dir, "containers", "*.cid")):
+        stem = os.path.basename(path)[:-len(".cid")]
+        try:
+            with open(path) as f:
+                cid = f.read().strip()
+        except OSError:
+            continue
+        if stem.isdigit() and len(cid) == 64 and all(c in "0123456789abcdef" for c in cid):
+            out[int(stem)] = cid
+    return out
 
 
 def _started_later(a: Attempt, b: Attempt) -> bool:

@@ -66,8 +66,10 @@ def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_ui
         return Decision(h, "keep", "current attempt %s of run %s: never reaped" % (h.attempt, h.run))
     if _exe_name(h) in SYSTEM_HOLDERS:
         return Decision(h, "keep", "system GPU service (%s)" % _exe_name(h))
-    if h.other_pid_ns:
-        return Decision(h, "keep", "lives in another container (PID namespace differs): restart that container")
+    ours = h.container is not None and h.run is not None and h.owner == "earlier"  # our earlier attempt's container
+    if h.other_pid_ns and not ours:
+        where = "container %s" % h.container_short if h.container else "another container (PID namespace differs)"
+        return Decision(h, "keep", "lives in %s: restart that container" % where)
     if h.uid != my_uid and not (is_root and all_users):
         need = "--all-users" if is_root else "root and --all-users"
         return Decision(h, "keep", "owned by %s: needs %s" % (h.user, need))
@@ -75,7 +77,8 @@ def decide(h: Holder, *, min_age_s: float, all_users: bool, is_root: bool, my_ui
         return Decision(h, "keep", "younger than the minimum age (%.0f s < %.0f s)" % (h.age_s, min_age_s))
     if h.owner == "earlier":
         what = "run %s attempt %s" % (h.run, h.attempt) if h.run else "an earlier attempt"
-        return Decision(h, "reap", "orphan of %s (session %d)" % (what, h.sid))
+        where = "container %s" % h.container_short if ours else "session %d" % h.sid
+        return Decision(h, "reap", "orphan of %s (%s)" % (what, where))
     if not h.gpus:
         return Decision(h, "keep", "holds no GPU (driver control files only)")
     if h.nvml_visible is False:
@@ -299,12 +302,15 @@ class ReaperHook:
         classify(scan, AttemptIndex.load(os.path.dirname(ctx.run_dir)), extra_earlier_sids=earlier_sessions,
                  proc=self.proc)
         mine = set(earlier_sessions)
+        # a container that outlived its attempt (its client was killed, `docker stop` failed) is ours too
         orphans = [h for h in scan.holders if h.owner == "earlier" and (h.sid in mine or h.run == ctx.name)
-                   and not h.other_pid_ns]
+                   and (not h.other_pid_ns or (h.container is not None and h.run == ctx.name))]
         if not orphans:
             return
-        decisions = [Decision(h, "reap", "orphan of run %s attempt %s (session %d)"
-                              % (ctx.name, "?" if h.attempt is None else h.attempt, h.sid)) for h in orphans]
+        decisions = [Decision(h, "reap", "orphan of run %s attempt %s (%s)"
+                              % (ctx.name, "?" if h.attempt is None else h.attempt,
+                                 "container %s" % h.container_short if h.container else "session %d" % h.sid))
+                     for h in orphans]
         logfile = kill_log(os.path.join(os.path.dirname(os.path.dirname(ctx.run_dir)), "reap.jsonl"))
 
         def record(entry: Dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ or failed for its own reasons, is never requeued (a crash loop is not a preempti
 
 Multi-node: one agent per node (`srun --ntasks-per-node=1`). Node 0 / rank 0 is the primary: it alone commits
 checkpoints and requeues; every agent reports heartbeats. Non-primary agents run as `<run>.node<N>` so their
-heartbeats and run dirs do not collide with the primary's.
+heartbeats and run dirs do not collide with the primary's. The node role and the restore-only hook are shared
+with SSH node groups (onbox/multinode/).
 """
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import subprocess
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.errors import JobFailed
+from onbox.multinode.hooks import PrimaryOnlyCommits, for_role
+from onbox.multinode.role import NodeRole, node_run_name
+
+__all__ = ["PrimaryOnlyCommits", "SlurmError", "SlurmJob", "checkpoint_hook_for_node", "requeue"]
 
 REQUEUE_TIMEOUT = 30.0  # seconds; scontrol answers in milliseconds unless slurmctld is unreachable
 
@@ -74,6 +79,10 @@ class SlurmJob:
         """Node 0 / rank 0: the one agent that commits checkpoints and requeues the job."""
         return self.node_id == 0 and self.proc_id == 0
 
+    def role(self) -> NodeRole:
+        """This node's role in the job (onbox/multinode/role.py: the notion the SSH groups share)."""
+        return NodeRole(rank=self.node_id, nnodes=self.num_nodes, source="slurm", primary=self.is_primary)
+
     def run_name(self, base: Optional[str] = None) -> str:
         """The run this job continues: the same on every requeue, one per array task, one per node.
 
@@ -86,9 +95,7 @@ class SlurmJob:
             name = "slurm-%s_%s" % (self.array_job_id or self.job_id, self.array_task_id)
         else:
             name = "slurm-%s" % self.job_id
-        if self.node_id != 0:
-            name += ".node%d" % self.node_id
-        return name
+        return node_run_name(name, self.node_id)
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields a heartbeat carries under "slurm" (stable keys; None where not applicable)."""
@@ -238,35 +245,8 @@ def on_run_end(outcome: str, notice_source: Optional[str], preempt_signal: str, 
     return True
 
 
-class PrimaryOnlyCommits:
-    """A checkpoint hook for a non-primary node of a multi-node job: it restores like the real one (every rank
-    must resume from the same step) but never commits; node 0 commits for the job. See make_hooks."""
-
-    def __init__(self, inner: Any, node_id: int, emit: Optional[Callable[..., Any]] = None) -> None:
-        self.inner = inner
-        self.node_id = node_id
-        self.told = False
-        self.emit = emit
-
-    def restore(self) -> Optional[str]:
-        return self.inner.restore()  # type: ignore[no-any-return]
-
-    def after_failure(self, seconds: float) -> bool:
-        return False  # node 0 decides about the job's checkpoints
-
-    def periodic(self) -> None:
-        if not self.told and self.emit is not None:
-            self.told = True
-            self.emit("commit_skipped", reason="slurm node %d is not the primary; node 0 commits" % self.node_id)
-
-    def final(self, deadline: float) -> Optional[Dict[str, Any]]:
-        return None
-
-
 def checkpoint_hook_for_node(inner: Any, environ: Mapping[str, str], emit: Optional[Callable[..., Any]] = None
                              ) -> Any:
     """`inner` on the primary (and outside Slurm); a restore-only wrapper on the other nodes."""
     job = SlurmJob.from_env(environ)
-    if job is None or job.is_primary:
-        return inner
-    return PrimaryOnlyCommits(inner, job.node_id, emit)
+    return for_role(inner, job.role() if job is not None else None, emit)

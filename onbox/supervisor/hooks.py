@@ -7,7 +7,7 @@ a no-op implementation so the supervisor runs without them (`no_hooks`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     from onbox.clock import Clock
@@ -72,6 +72,21 @@ class ReapHook(Protocol):
         """Kill GPU holders left by earlier attempts (their session ids) and wait, bounded, for memory to return."""
 
 
+class NodeHook(Protocol):
+    """The other agents of a multi-node group (onbox/multinode/): they hear of this node's notices, and theirs
+    become this node's own."""
+
+    def start(self, put_notice: Callable[[Tuple[Optional[float], str, str]], None]) -> None:
+        """Begin listening; a peer's notice arrives as put_notice((lead seconds or None, source, detail)), from
+        any thread."""
+
+    def on_notice(self, source: str, detail: str, lead: float) -> None:
+        """This agent accepted a notice (`lead`: seconds to its deadline): tell the peers."""
+
+    def close(self) -> None:
+        """Stop listening, after the notices under way are delivered (bounded)."""
+
+
 class NoCheckpoints:
     def restore(self) -> Optional[str]:
         return None
@@ -105,11 +120,23 @@ class NoReaper:
         return None
 
 
+class NoNodes:
+    def start(self, put_notice: Callable[[Tuple[Optional[float], str, str]], None]) -> None:
+        return None
+
+    def on_notice(self, source: str, detail: str, lead: float) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 @dataclasses.dataclass
 class Hooks:
     checkpoints: CheckpointHook
     telemetry: TelemetryHook
     reaper: ReapHook
+    nodes: NodeHook = dataclasses.field(default_factory=NoNodes)  # a single-node run has no peers
 
 
 def no_hooks(ctx: RunContext) -> Hooks:

@@ -202,6 +202,7 @@ class Supervisor:
                     ready, self.on_ready = self.on_ready, None
                     ready(self)
             poller.start()
+            self._hook("nodes.start", self.hooks.nodes.start, self.notices.put)  # peers' notices: like the poller's
             while not self.state.terminal:
                 self._step()
                 if not self.state.terminal and not self.inbox.pending:
@@ -210,6 +211,7 @@ class Supervisor:
         finally:
             poller.stop()
             self._shutdown()
+            self._hook("nodes.close", self.hooks.nodes.close)
             self.inbox.restore()
             self.notices.close()
             if was_subreaper is False:  # leave an embedding process (a test runner) as it was
@@ -291,6 +293,9 @@ class Supervisor:
         self._log("preemption notice from %s %s" % (notice.source, notice.detail))
         self.emit("preemption_notice", source=notice.source, detail=notice.detail,
                   grace=round(notice.deadline - self.clock.monotonic(), 3))
+        # a multi-node group stops together: the other nodes' agents get the notice and its deadline
+        self._hook("nodes.on_notice", self.hooks.nodes.on_notice, notice.source, notice.detail,
+                   max(0.0, notice.deadline - self.clock.monotonic()))
 
     def _stop_request(self, now_m: float, now_w: float) -> None:
         from onbox import fsutil

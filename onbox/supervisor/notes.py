@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 # Events after which training_status.md says something new (a commit, a failed sync, a restore, ...).
 SUMMARY_EVENTS = {"checkpoint_committed", "sync_failed", "durable_full", "checkpoint_restored", "checkpoint_resume",
                   "restore_failed", "local_pruned", "final_checkpoint", "final_sync_none", "final_sync_skipped"}
+# A node of a multi-node group that could not start from node 0's checkpoint (onbox/multinode/hooks.py).
+NODE_RESUME_PROBLEMS = {"node_resume_failed", "node_resume_mismatch", "node_resume_fallback"}
 AGENT_RESTART_HINT = ("restart the agent to restart its threads: `kill -KILL %s` (the child keeps running), then "
                       "`onbox adopt %s`")
 
@@ -43,6 +45,15 @@ class RunNotes:
                 self._state_due = True
             elif kind == "metrics_recognised" and self._warnings.pop("no_metrics", None) is not None:
                 self._state_due = True
+            elif kind in NODE_RESUME_PROBLEMS:
+                self._warnings["node_resume"] = {"code": kind, "severity": "critical", "at": ev.get("time"),
+                                                 "message": "this node may not resume from node 0's step: %s"
+                                                 % ev.get("reason"),
+                                                 "hint": "stop the group and relaunch it with a --durable every "
+                                                         "node reaches (an rclone remote or a shared mount)"}
+                self._state_due = True
+            elif kind in ("node_resume", "checkpoint_resume") and self._warnings.pop("node_resume", None) is not None:
+                self._state_due = True  # a later attempt started from node 0's step again
             elif kind == "requeue":
                 self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),
                                  "detail": ev.get("reason") if ev.get("ok") else ev.get("error")}

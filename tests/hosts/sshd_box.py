@@ -91,6 +91,105 @@ class Netns:
         return ["ip", "netns", "exec", self.ns]
 
 
+class BridgeNet:
+    """N boxes on one subnet: a bridge on this machine (10.201.X.1) and one network namespace per box
+    (10.201.X.2, .3, ...), each on a veth pair whose host end is a port of the bridge, so the boxes reach each
+    other (and this machine reaches them) like nodes of one cluster network."""
+
+    IFNAME = "mn0"  # the box's NIC, the same name in every box
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        pid = os.getpid()
+        self.tag = "%d" % (pid % 100000)
+        self.bridge = ("obb%s" % self.tag)[:15]
+        self.namespaces = ["onbox-%sn%d" % (self.tag, k) for k in range(n)]
+        self.host_ifs = [("ob%sh%d" % (self.tag, k))[:15] for k in range(n)]
+        self.ns_ifs = [("ob%sb%d" % (self.tag, k))[:15] for k in range(n)]
+        self._third = pid % 250 + 1
+        self.subnet = ""
+        self._route = False
+        self._made: List[str] = []
+
+    def addr(self, k: int) -> str:
+        return "10.201.%d.%d" % (self._third, k + 2)
+
+    def _claim(self) -> None:
+        for i in range(250):  # FIRST the unreachable route: whatever link goes down, nothing for this /24 leaves the machine
+            third = (self._third - 1 + i) % 250 + 1
+            subnet = "10.201.%d.0/24" % third
+            r = subprocess.run(["ip", "route", "add", "unreachable", subnet, "metric", "4242"], capture_output=True,
+                               text=True)
+            if r.returncode == 0:
+                self._third, self.subnet, self._route = third, subnet, True
+                return
+        raise RuntimeError("no free /24 in 10.201.0.0/16 for the test boxes")
+
+    def create(self) -> "BridgeNet":
+        ip = ["ip"]
+        try:
+            self._claim()
+            subprocess.run([*ip, "link", "add", self.bridge, "type", "bridge"], check=True)
+            self._made.append("bridge")
+            subprocess.run([*ip, "addr", "add", "10.201.%d.1/24" % self._third, "dev", self.bridge], check=True)
+            subprocess.run([*ip, "link", "set", self.bridge, "up"], check=True)
+            for k in range(self.n):
+                ns, h, b = self.namespaces[k], self.host_ifs[k], self.ns_ifs[k]
+                subprocess.run([*ip, "netns", "add", ns], check=True)
+                self._made.append(ns)
+                subprocess.run([*ip, "link", "add", h, "type", "veth", "peer", "name", b], check=True)
+                subprocess.run([*ip, "link", "set", b, "netns", ns], check=True)
+                subprocess.run([*ip, "link", "set", h, "master", self.bridge], check=True)
+                subprocess.run([*ip, "link", "set", h, "up"], check=True)
+                # one name inside every box (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME name the NIC, as on real nodes)
+                subprocess.run([*ip, "-n", ns, "link", "set", b, "name", self.IFNAME], check=True)
+                subprocess.run([*ip, "-n", ns, "addr", "add", self.addr(k) + "/24", "dev", self.IFNAME], check=True)
+                subprocess.run([*ip, "-n", ns, "link", "set", self.IFNAME, "up"], check=True)
+                subprocess.run([*ip, "-n", ns, "link", "set", "lo", "up"], check=True)
+            for k in range(self.n):
+                out = subprocess.run(["ip", "route", "get", self.addr(k)], capture_output=True, text=True).stdout
+                assert "dev %s" % self.bridge in out, out
+                # `ip netns exec` mounts /etc/netns/<ns>/* over /etc: the box resolves its peers by name and fails
+                # DNS at once (this machine's resolver is unreachable from the box: torch's reverse lookups would
+                # wait out their timeouts)
+                etc = os.path.join("/etc/netns", self.namespaces[k])
+                os.makedirs(etc, exist_ok=True)
+                self._made.append(etc)
+                with open(os.path.join(etc, "resolv.conf"), "w") as f:
+                    f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+                with open(os.path.join(etc, "hosts"), "w") as f:
+                    f.write("127.0.0.1 localhost\n" + "".join("%s node%d\n" % (self.addr(j), j) for j in range(self.n)))
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def netns(self, k: int) -> "Netns":
+        """Box k as a Netns (exec_prefix, addresses) for SshdBox."""
+        ns = Netns.__new__(Netns)
+        ns.tag, ns.ns, ns.host_if, ns.ns_if = self.tag, self.namespaces[k], self.host_ifs[k], self.ns_ifs[k]
+        ns.subnet, ns.host_addr, ns.box_addr, ns.up = self.subnet, "10.201.%d.1" % self._third, self.addr(k), False
+        return ns
+
+    def destroy(self) -> None:
+        for ns in self.namespaces:
+            if ns in self._made:
+                subprocess.run(["ip", "netns", "del", ns], check=False)  # its veth pair goes with it
+            etc = os.path.join("/etc/netns", ns)
+            if etc in self._made:
+                shutil.rmtree(etc, ignore_errors=True)
+        if "bridge" in self._made:
+            subprocess.run(["ip", "link", "del", self.bridge], check=False)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and subprocess.run(
+                    ["ip", "link", "show", self.bridge], capture_output=True).returncode == 0:
+                time.sleep(0.02)
+        self._made = []
+        if self._route:
+            subprocess.run(["ip", "route", "del", "unreachable", self.subnet, "metric", "4242"], check=False)
+            self._route = False
+
+
 class SshdBox:
     """One sshd in the foreground (-D), its keys and config in `root`; the box's /root is `root/home`."""
 
@@ -279,3 +378,35 @@ def netns_box(tmp_path):
     finally:
         box.stop()
         ns.destroy()
+
+
+@pytest.fixture
+def netns_boxes(tmp_path):
+    """`netns_boxes(n)`: n boxes with real sshd on one bridged subnet; they reach each other and this machine
+    reaches them. Every namespace, link, route and sshd is removed / stopped at teardown."""
+    _need_root_tools()
+    made: list = []
+
+    def make(n: int) -> List[SshdBox]:
+        net = BridgeNet(n)
+        try:
+            net.create()
+        except (subprocess.CalledProcessError, RuntimeError) as e:
+            pytest.skip("cannot create bridged network namespaces here: %s" % e)
+        made.append(net)
+        boxes = []
+        for k in range(n):
+            box = SshdBox(str(tmp_path / ("node%d" % k)), listen=net.addr(k), netns=net.netns(k))
+            made.append(box)
+            boxes.append(box.start())
+        return boxes
+
+    try:
+        yield make
+    finally:
+        for thing in reversed(made):
+            if isinstance(thing, SshdBox):
+                thing.stop()
+        for thing in made:
+            if isinstance(thing, BridgeNet):
+                thing.destroy()

@@ -297,6 +297,20 @@ ROWS += [
         files={"home/runs/r/config.json": '{"name": "r", "command": ["true"], "heartbeat_interval": Infinity}'}),
     row("relaunch-config-secret-gone", ["run", "--name", "r"], 2, "no secret", run={"secrets": ["HF_TOKEN"]}),
 ]
+GROUP = '{"schema": "onbox.node_group/1", "group": "0123456789abcdef", "run": "x", "rank": 5, "nnodes": 2}'
+ROWS += [  # containers and multi-node groups
+    row("run-docker-dash-image", ["run", "--name", "x", "--docker=-v", *CMD], 2, "image name"),
+    row("run-docker-shm-size", ["run", "--name", "x", "--docker", "img", "--shm-size", "lots", *CMD], 2, "--shm-size"),
+    row("run-docker-detached-client", ["run", "--name", "x", "--", "docker", "run", "-d", "img", "true"], 2,
+        "detaches"),
+    row("run-docker-twice", ["run", "--name", "x", "--docker", "img", "--", "docker", "run", "img", "true"], 2,
+        "builds the"),
+    row("run-node-group-missing", ["run", "--name", "x", "--node-group", "{tmp}/nope.json", *CMD], 2,
+        "cannot read the node group"),
+    row("run-node-group-stdin-garbage", ["run", "--name", "x", "--node-group", "-", *CMD], 2, "not JSON",
+        stdin="{oops"),
+    row("run-node-group-stdin-rank", ["run", "--name", "x", "--node-group", "-", *CMD], 2, "key", stdin=GROUP),
+]
 CORRUPT = [("not-json", "{not json"), ("list", "[]"), ("state-int", '{"state": 5}'), ("empty", ""),
            ("state-unknown", '{"state": "exploded"}'), ("binary", b"\x00\xff\x00")]
 ROWS += [row("status-corrupt-" + i, ["status", "r"], 2, "corrupt", state=s) for i, s in CORRUPT]

@@ -48,9 +48,13 @@ def test_reap_table(monkeypatch):
                  "orphan of run train attempt 2 (session 3000)"),
         Decision(holder(pid=777, sid=777, uid=1001, user="bob", gpus=[1], age_s=86400), "keep",
                  "owned by bob: needs root and --all-users"),
+        Decision(holder(pid=5150, sid=1, owner="earlier", run="img", attempt=0, age_s=120, other_pid_ns=True,
+                        container="4f" * 32, command="python train.py"), "reap",
+                 "orphan of run img attempt 0 (container 4f4f4f4f4f4f)"),
     ]
     r = CliRunner().invoke(_table_cmd(ds, force=False))
     ds[1].outcome = "killed by SIGKILL (ignored SIGTERM)"
+    ds[3].outcome = "terminated by SIGTERM"
     for d in (ds[0], ds[2]):
         d.outcome = "not touched: " + d.reason
     r2 = CliRunner().invoke(_table_cmd(ds, force=True))

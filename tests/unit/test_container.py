@@ -1,0 +1,118 @@
+"""Container jobs: the `docker run` line `--docker IMAGE` builds (golden), what a user's own `docker run` may be,
+and how the GPU holder scan and the reaper see a container's processes (by cgroup, owned through the cidfile)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from onbox.config import RunConfig
+from onbox.errors import UsageError
+from onbox.gpu.holders import Holder, container_id
+from onbox.gpu.ownership import AttemptIndex, classify
+from onbox.gpu.reaper import decide
+from onbox.supervisor import container as ct
+from onbox.supervisor.childenv import child_env
+from tests.golden import check_golden
+
+AGENT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", "HF_HOME": "/cache/hf", "LANG": "C.UTF-8"}
+CID = "5e" * 32
+
+
+def _line(argv):
+    return "".join(a + "\n" for a in argv)
+
+
+def test_the_docker_run_line_mounts_passes_names_only_and_picks_gpus():
+    cfg = RunConfig(name="gpt", command=["python", "train.py"], docker_image="pytorch/pytorch@sha256:" + "ab" * 32,
+                    durable="/mnt/durable", workdir="/work/code", ckpt_dir="/work/out",
+                    docker_args=["-v", "/data:/data"], env={"WANDB_PROJECT": "x"}).validate()
+    env = child_env(AGENT_ENV, "gpt", "/work/out", "/work/out/ckpt.pt", 2, "/root/.onbox/runs/gpt/metrics.jsonl",
+                    "/root/.onbox/runs/gpt/PREEMPTED", {**cfg.env, "HF_TOKEN": "hf_secret_value"}, 4.0)
+    argv = ct.docker_argv(cfg, ["python", "train.py", "--init_from=resume"], env, AGENT_ENV, "gpt",
+                          "/root/.onbox/runs/gpt", "/work/out", 2)
+    assert "hf_secret_value" not in " ".join(argv) and "-e" in argv and "HF_TOKEN" in argv  # U34: names only
+    assert "HF_HOME" not in argv and "PATH" not in argv  # the agent's own environment stays outside
+    text = "# --docker, all GPUs (U31), a mounted durable dir, a --docker-arg\n" + _line(argv)
+    cfg2 = RunConfig(name="big.node1", command=["torchrun", "train.py"], docker_image="img:1", durable="r2:bucket",
+                     workdir="/w", node_group="/root/.onbox/nodes/big.node1.json", docker_shm_size="32g").validate()
+    env2 = child_env(dict(AGENT_ENV, CUDA_VISIBLE_DEVICES="0,2"), "big.node1", "/root/.onbox/runs/big.node1/checkpoints",
+                     None, 0, "/m", "/p", {"MASTER_ADDR": "10.0.0.2", "NODE_RANK": "1"})
+    argv2 = ct.docker_argv(cfg2, ["torchrun", "train.py"], env2, dict(AGENT_ENV, CUDA_VISIBLE_DEVICES="0,2"),
+                           "big.node1", "/root/.onbox/runs/big.node1", "/root/.onbox/runs/big.node1/checkpoints", 0)
+    text += "# a node of a multi-node group, two GPUs by CUDA_VISIBLE_DEVICES, an rclone durable (not mounted)\n"
+    check_golden("container/docker_run.txt", text + _line(argv2))
+    assert argv2[argv2.index("--gpus") + 1] == '"device=0,2"' and "CUDA_VISIBLE_DEVICES" not in argv2
+    assert ct.gpu_option({"CUDA_VISIBLE_DEVICES": ""}) == [] and ct.gpu_option({}) == ["--gpus", "all"]
+
+
+def test_a_users_own_docker_run_gets_a_cidfile_and_must_stay_attached():
+    line = ["docker", "run", "--rm", "-v", "/d:/d", "--name", "t", "img", "python", "x.py", "-d"]
+    assert ct.split_run_options(line[2:]) == 5 and ct.is_client_command(line)
+    assert ct.client_argv(line, "/r/containers/0.cid") == ["docker", "run", "--cidfile", "/r/containers/0.cid",
+                                                            *line[2:]]
+    ct.check_client_command(line)  # `-d` after the image belongs to the command, not to docker
+    named = ["docker", "run", "--cidfile=/x.cid", "img"]
+    assert ct.client_argv(named, "/r/c.cid") == named
+    for bad in (["docker", "run", "-d", "img"], ["docker", "run", "-itd", "img"], ["docker", "run", "--detach", "img"]):
+        with pytest.raises(UsageError, match="detaches"):
+            ct.check_client_command(bad)
+    assert ct.split_run_options(["-it", "-e", "A", "--gpus=all", "img", "cmd"]) == 4
+    assert ct.container_name("a/b c", 3) == "onbox-a-b-c-3"
+    assert not ct.is_client_command(["python", "docker", "run"])
+
+
+def test_docker_options_are_checked_with_the_run():
+    with pytest.raises(UsageError, match="image name"):
+        RunConfig(docker_image="-v=/:/host").validate()
+    with pytest.raises(UsageError, match="shm-size"):
+        RunConfig(docker_image="img", docker_shm_size="lots").validate()
+
+
+@pytest.mark.parametrize("text, want", [
+    ("0::/system.slice/docker-%s.scope\n" % CID, CID),
+    ("12:memory:/docker/%s\n11:cpu:/docker/%s\n" % (CID, CID), CID),
+    ("0::/kubepods/burstable/pod1234/cri-containerd-%s.scope\n" % CID, CID),
+    ("0::/user.slice/libpod-%s.scope/container\n" % CID, CID),
+    ("0::/\n", None),
+    ("0::/user.slice/user-0.slice/session-4.scope\n", None),
+])
+def test_the_container_of_a_process_comes_from_its_cgroup(text, want):
+    assert container_id(text) == want
+
+
+def _holder(**kw):
+    base = dict(pid=900, ppid=1, uid=0, user="root", command="python train.py", state="S", age_s=600.0,
+                start_time=1000.0, start_ticks=5000, sid=1, pgid=1, devices=["/dev/nvidia0"], gpus=[0],
+                other_pid_ns=True, ns_pids=[900, 1], container=CID)
+    base.update(kw)
+    return Holder(**base)
+
+
+def test_a_containers_holders_belong_to_the_attempt_that_started_it(tmp_path):
+    run = tmp_path / "runs" / "img"
+    (run / "containers").mkdir(parents=True)
+    (run / "containers" / "0.cid").write_text(CID)
+    (run / "containers" / "1.cid").write_text("6f" * 32)
+    (run / "state.json").write_text(json.dumps({
+        "run": "img", "state": "running", "current_sid": 4000,
+        "attempts": [{"n": 0, "pid": 3000, "sid": 3000, "start_time": 100, "started_at": 900.0, "ended_at": 950.0},
+                     {"n": 1, "pid": os.getpid(), "sid": 4000, "start_time": None, "started_at": 960.0}]}))
+    index = AttemptIndex.load(str(tmp_path / "runs"))
+    assert index.by_container[CID].n == 0
+
+    class Scan:
+        holders = [_holder(), _holder(pid=901, container="6f" * 32), _holder(pid=902, container="7a" * 32)]
+
+    classify(Scan, index, my_pid=1)  # type: ignore[arg-type]
+    old, live, foreign = Scan.holders
+    assert (old.owner, old.run, old.attempt) == ("earlier", "img", 0)  # the container outlived attempt 0
+    assert (live.owner, live.attempt) == ("current", 1)
+    assert foreign.owner == "foreign"
+    kw = dict(min_age_s=60, all_users=False, is_root=True, my_uid=0)
+    d = decide(old, **kw)
+    assert d.verdict == "reap" and "container %s" % CID[:12] in d.reason
+    assert decide(live, **kw).verdict == "keep"
+    d = decide(foreign, **kw)
+    assert d.verdict == "keep" and "container %s" % ("7a" * 6) in d.reason
