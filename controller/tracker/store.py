@@ -1,9 +1,14 @@
 """The tracker's store: SQLite in WAL mode, one writer connection.
 
 Tables:
-  beats(run, attempt, seq, time, received, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc)
+  beats(run, attempt, seq, time, received, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc,
+        box, gpu_util, gpu_mem, ckpt)
         PRIMARY KEY (run, attempt, seq): a resent beat is a no-op (at-least-once delivery, exactly-once storage).
-        `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns.
+        `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns. `box`,
+        `gpu_util` (mean %), `gpu_mem` (bytes used, summed) and `ckpt` (newest durable checkpoint's name) are the
+        dashboard's curve and event columns (controller/tracker/series.py); a database made before them gets them
+        added (NULL on its old rows, read from `doc` while it is there). `id` only grows: the dashboard's change
+        cursor.
   runs(run, box, attempt, seq, time, received, interval_s, state)
         the newest beat of each run (by seq, which only grows over a run's attempts and boxes; its document
         stays in `beats`, never thinned) and when the tracker last heard from the run.
@@ -45,7 +50,8 @@ CREATE TABLE IF NOT EXISTS beats (
     run TEXT NOT NULL, attempt INTEGER NOT NULL, seq INTEGER NOT NULL,
     time REAL, received REAL NOT NULL, state TEXT,
     step INTEGER, loss REAL, eval_loss REAL, lr REAL, tokens_per_s REAL, samples_per_s REAL,
-    doc TEXT
+    doc TEXT,
+    box TEXT, gpu_util REAL, gpu_mem REAL, ckpt TEXT
 );
 -- ONE index: uniqueness of (run, attempt, seq) for dedupe, and the order of a run's listing (seq, attempt)
 CREATE UNIQUE INDEX IF NOT EXISTS beats_key ON beats (run, seq, attempt);
@@ -81,6 +87,28 @@ def _doc(text: Any) -> Dict[str, Any]:
     return doc
 
 
+def gpu_numbers(gpus: Any) -> Tuple[Optional[float], Optional[float]]:
+    """(mean utilisation %, memory used in bytes summed) over a beat's GPUs, as `onboxctl status` shows them
+    (controller/runview.py); None where no GPU reported the number."""
+    items = gpus.get("gpus") if isinstance(gpus, dict) else None
+    if not isinstance(items, list):
+        return None, None
+    utils = [u for u in (_num(g.get("util_percent")) for g in items if isinstance(g, dict)) if u is not None]
+    mems = [m for m in (_num(g.get("memory_used_bytes")) for g in items if isinstance(g, dict)) if m is not None]
+    return (sum(utils) / len(utils) if utils else None), (sum(mems) if mems else None)
+
+
+def durable_name(checkpoint: Any) -> Optional[str]:
+    """The name of the newest durable checkpoint a beat reports (a {name, step, ...} record or a path)."""
+    latest = checkpoint.get("latest_durable") if isinstance(checkpoint, dict) else None
+    if isinstance(latest, dict):
+        latest = latest.get("name") or latest.get("path")
+    return str(latest)[:256] if isinstance(latest, (str, int)) and not isinstance(latest, bool) else None
+
+
+parse_doc = _doc  # for the dashboard's readers (controller/tracker/series.py, overview.py)
+
+
 def liveness(state: Optional[str], received: float, interval: Optional[float], now: float) -> str:
     if state and state.lower() in ENDED_STATES:
         return "ended"
@@ -96,6 +124,8 @@ def liveness(state: Optional[str], received: float, interval: Optional[float], n
 BEATS_COLUMNS = {"id", "run", "attempt", "seq", "time", "received", "state", "step", "loss", "eval_loss", "lr",
                  "tokens_per_s", "samples_per_s", "doc"}
 RUNS_COLUMNS = {"run", "box", "attempt", "seq", "time", "received", "interval_s", "state"}
+# added after the first release: an older database gets them (ALTER TABLE ADD COLUMN only touches the schema)
+ADDED_BEATS_COLUMNS = (("box", "TEXT"), ("gpu_util", "REAL"), ("gpu_mem", "REAL"), ("ckpt", "TEXT"))
 _UNFIT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
@@ -189,6 +219,10 @@ class Store:
         # runs from the server's background task on the read connection, PASSIVE, beside the writer.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(beats)")}
+        for name, kind in ADDED_BEATS_COLUMNS:
+            if name not in have:
+                self._db.execute("ALTER TABLE beats ADD COLUMN %s %s" % (name, kind))
         # the newest (attempt, seq) of each run, kept in memory by the one writer: no SELECT per commit
         self._heads: Dict[str, Tuple[int, int]] = {
             run: (seq, attempt) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
@@ -224,12 +258,15 @@ class Store:
                         step = p.get("step")
                         # as received (validated), compact; never NaN/Infinity (a stored inf broke every read)
                         doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
+                        gpu_util, gpu_mem = gpu_numbers(b.get("gpus"))
                         cur.execute(
                             "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
-                            "eval_loss, lr, tokens_per_s, samples_per_s, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                            "eval_loss, lr, tokens_per_s, samples_per_s, doc, box, gpu_util, gpu_mem, ckpt) "
+                            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             (b["run"], b["attempt"], b["seq"], float(b["time"]), received, b["state"],
                              step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
-                             _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc))
+                             _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc,
+                             b["box"], gpu_util, gpu_mem, durable_name(b.get("checkpoint"))))
                         if cur.rowcount == 1:
                             accepted += 1
                         prev = newest.get(b["run"])
@@ -327,6 +364,8 @@ class Store:
             log.warning("onbox tracker: skipping unreadable stored %s (%s); further ones are only counted "
                         "(skipped_rows in /healthz)", what, str(e)[:200])
 
+    note_skip = _note_skip
+
     def thin(self, older_than_s: float, keep_every: int = 10) -> int:
         """Drop the full document of beats received more than `older_than_s` ago, except every `keep_every`-th
         seq and the newest beat of each run; their metric columns stay. Returns how many were thinned."""
@@ -342,6 +381,11 @@ class Store:
         """Copy the WAL into the database without blocking the writer (PASSIVE); keeps the WAL file bounded."""
         with self._rlock:
             self._rdb.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def query(self, sql: str, params: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+        """Rows of one read on the read connection (WAL: beside the writer, never blocking it)."""
+        with self._rlock:
+            return self._rdb.execute(sql, params).fetchall()
 
     def count(self) -> int:
         with self._rlock:
