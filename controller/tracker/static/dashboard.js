@@ -401,14 +401,23 @@
       };
       var u = new uPlot(opts, chartData(def), holder);
       u.onboxId = def.id;
+      markEmpty(u);
       S.charts.push(u);
     });
     showEvents();
   }
 
+  function markEmpty(u) {  // a chart with no reading at all says so (a GPU-less box reports no GPU numbers)
+    var empty = u.data.slice(1).every(function (ys) { return ys.every(function (y) { return y === null; }); });
+    u.root.parentNode.dataset.empty = String(empty);
+  }
+
   function updateCharts() {
     if (!S.charts.length) return;  // the first draw happens once the history is loaded
-    S.charts.forEach(function (u, i) { u.setData(chartData(CHARTS[i])); });
+    S.charts.forEach(function (u, i) {
+      u.setData(chartData(CHARTS[i]));
+      markEmpty(u);
+    });
     showEvents();
   }
 
