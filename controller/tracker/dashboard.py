@@ -28,7 +28,7 @@ from starlette.routing import Route
 from controller.tracker.answers import BadRequest, int_param
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
-from controller.tracker.series import read_series
+from controller.tracker.series import read_series, series_body
 from controller.tracker.session import Auth, same_origin
 from controller.tracker.store import Store
 from onbox.heartbeat.schema import RUN_RE
@@ -157,7 +157,7 @@ def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool]
         # SQLite reads in a worker thread: the event loop keeps serving the agents meanwhile
         return json_answer(request, await run_in_threadpool(overview.overview, after))
 
-    async def series_get(request: Request) -> JSONResponse:
+    async def series_get(request: Request) -> Response:
         require(request, False)
         run = request.path_params["run"]
         if not RUN_RE.fullmatch(run):
@@ -165,14 +165,18 @@ def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool]
         after = int_param(request, "after", -1, -1, 2**62)
         limit = int_param(request, "limit", 5000, 1, MAX_POINTS)
 
-        def read() -> Dict[str, Any]:
-            doc = read_series(store, run, after=after, limit=limit)
-            doc["summary"] = overview.run(run)
-            if doc["summary"] is not None and after >= 0 and not doc["points"]["seq"]:
-                doc["summary"].pop("log_tail", None)  # unchanged since the last poll: no need to send it again
-            return doc
+        def read() -> bytes:
+            series = read_series(store, run, after=after, limit=limit)
+            summary = overview.run(run)
+            if summary is not None and after >= 0 and series["next_after"] == after:
+                summary.pop("log_tail", None)  # nothing new since the last poll: no need to send it again
+            return series_body(series, {"summary": summary})
 
-        return json_answer(request, await run_in_threadpool(read))
+        resp = Response(await run_in_threadpool(read), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+        if auth.needs_renewal(request):
+            resp.headers.append("set-cookie", auth.cookie(request))
+        return resp
 
     return [
         Route("/", page, methods=["GET"]),

@@ -8,6 +8,8 @@ session cookie (a browser, after the login form).
   when the token changes, and a stolen cookie cannot push beats. It is HttpOnly (no script reads it),
   SameSite=Strict (no other site's request carries it), Secure when served over TLS, and never in a URL.
 - The login and logout forms are refused when the browser says they come from another origin (Origin header).
+- Browsers keep cookies per host, not per port: the cookie's name carries the port (`onbox_session_8787`), so
+  two trackers on one machine do not overwrite each other's logins.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Callable, Optional
 
 from starlette.requests import Request
 
-COOKIE = "onbox_session"
+COOKIE = "onbox_session_"  # + the port the page was served on
 MAX_AGE = 7 * 86400  # seconds a login lasts; a page in use renews it past half-life
 _CONTEXT = b"onbox-dashboard-session\0"
 
@@ -55,7 +57,7 @@ class Auth:
         """The expiry of a valid session cookie, else None."""
         if self.token is None:
             return None
-        expiry, _, mac = request.cookies.get(COOKIE, "").partition(".")
+        expiry, _, mac = request.cookies.get(cookie_name(request), "").partition(".")
         if not expiry.isdigit() or len(expiry) > 12 or int(expiry) <= self.now():
             return None
         return int(expiry) if hmac.compare_digest(mac.encode("ascii", "replace"), self._mac(int(expiry)).encode()) \
@@ -81,7 +83,11 @@ class Auth:
         flags = "; Path=/; Max-Age=%d; HttpOnly; SameSite=Strict" % age
         if request.url.scheme == "https":
             flags += "; Secure"
-        return COOKIE + "=" + value + flags
+        return cookie_name(request) + "=" + value + flags
+
+
+def cookie_name(request: Request) -> str:
+    return COOKIE + str(request.url.port or (443 if request.url.scheme == "https" else 80))
 
 
 def same_origin(request: Request) -> bool:

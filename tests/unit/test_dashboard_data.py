@@ -4,14 +4,27 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 
 from controller.runview import LIVENESS_MARK, row_from_heartbeat
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
-from controller.tracker.series import read_series
+from controller.tracker.series import _read_sql
+from controller.tracker.series import read_series as _read_series
 from controller.tracker.session import Auth, same_origin
 from controller.tracker.store import Store, liveness
+
+
+def read_series(st, run, after=-1, limit=5000):
+    """Both paths (SQLite's and Python's) must give one answer; the points parsed from their JSON."""
+    sql, py = (_read_series(st, run, after, limit, python=python) for python in (False, True))
+    a, b = json.loads(sql.pop("points_json")), json.loads(py.pop("points_json"))
+    assert sql == py and a.keys() == b.keys()
+    for col in a:
+        assert len(a[col]) == len(b[col]) and all(
+            x == y or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-14)) for x, y in zip(a[col], b[col])), col
+    return dict(py, points=b)
 
 
 class Now:
@@ -40,10 +53,13 @@ def beat(seq, run="r1", box="gpu1", attempt=0, state="running", step=None, loss=
 
 def test_series_has_every_point_as_columns_and_the_events_between_them(tmp_path):
     st = Store(str(tmp_path / "t.db"), now=Now())
-    st.add([beat(0), beat(1), beat(2, ckpt="c-20"), beat(3, attempt=1, ckpt="c-20"),
-            beat(4, attempt=2, box="gpu2", ckpt="c-20"), beat(5, attempt=2, box="gpu2", ckpt="c-40"),
-            beat(6, attempt=2, box="gpu2", state="preempted", ckpt="c-40"),
-            beat(7, attempt=3, box="gpu2", state="failed", ckpt="c-40")])
+    beats = [beat(0), beat(1), beat(2, ckpt="c-20"), beat(3, attempt=1, ckpt="c-20"),
+             beat(4, attempt=2, box="gpu2", ckpt="c-20"), beat(5, attempt=2, box="gpu2", ckpt="c-40"),
+             beat(6, attempt=2, box="gpu2", state="preempted", ckpt="c-40"),
+             beat(7, attempt=3, box="gpu2", state="failed", ckpt="c-40")]
+    for i in (5, 0, 7, 2, 1, 6, 3, 4):  # stored out of order (a spool's backlog): the curve is in seq order
+        st.add([beats[i], beat(i, run="other")])
+    assert _read_sql(st, "r1", -1, 5000) is not None  # SQLite's path is the one taken here
     d = read_series(st, "r1")
     p = d["points"]
     assert p["seq"] == list(range(8)) and p["step"] == [i * 10 for i in range(8)]
@@ -95,6 +111,7 @@ def test_an_older_database_gets_the_new_columns_and_its_rows_still_draw(tmp_path
     cols = {r[1] for r in st.query("PRAGMA table_info(beats)")}
     assert {"box", "gpu_util", "gpu_mem", "ckpt"} <= cols
     st.add([beat(1, box="gpu2", ckpt="c-10")])
+    assert _read_sql(st, "r1", -1, 5000) is None  # the old row needs its document: Python's path
     d = read_series(st, "r1")
     assert d["points"]["gpu_util"] == [80.0, 80.0]  # the old row's from its document, the new one's column
     assert [(e["kind"], e["text"]) for e in d["events"]] == [("box", "now on gpu2 (was gpu1)"), ("commit", "c-10")]
@@ -176,7 +193,7 @@ class FakeRequest:
     def __init__(self, cookie=None, bearer=None, origin=None, scheme="http", host="127.0.0.1:8787"):
         from starlette.datastructures import URL
 
-        self.cookies = {"onbox_session": cookie} if cookie else {}
+        self.cookies = {"onbox_session_8787": cookie} if cookie else {}
         self.headers = {"host": host}
         if bearer:
             self.headers["authorization"] = "Bearer " + bearer
@@ -206,3 +223,4 @@ def test_the_session_cookie_reads_never_writes_and_dies_with_time_or_a_new_token
     assert same_origin(FakeRequest()) and same_origin(FakeRequest(origin="http://127.0.0.1:8787"))
     assert not same_origin(FakeRequest(origin="http://evil.example"))
     assert not same_origin(FakeRequest(origin="null"))
+    assert not auth.can_read(FakeRequest(cookie=value, host="127.0.0.1:8788"))  # another tracker's port
