@@ -43,10 +43,10 @@ def log_tail(beat: Dict[str, Any]) -> Optional[List[str]]:
 def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optional[str],
               doc: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The row of one run from its newest beat (None: unreadable, the run is still listed)."""
-    beat = doc if doc is not None else {"run": run, "box": box, "state": state, "attempt": attempt}
+    beat: Dict[str, Any] = doc if doc is not None else {"run": run, "box": box, "state": state, "attempt": attempt}
     row = row_from_heartbeat(beat, box=box, run=run).to_dict()
-    alerts = beat.get("alerts") if isinstance(beat.get("alerts"), list) else []
-    ckpt = beat.get("checkpoint") if isinstance(beat.get("checkpoint"), dict) else {}
+    alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
+    ckpt: Dict[str, Any] = beat["checkpoint"] if isinstance(beat.get("checkpoint"), dict) else {}
     latest = ckpt.get("latest_durable")
     durable = None
     if isinstance(latest, dict) and latest.get("name"):
@@ -54,7 +54,7 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
                    "committed_at": latest.get("committed_at"), "digest": _text(latest.get("digest"), 200)}
     elif isinstance(latest, str) and latest:
         durable = {"name": latest[:256], "step": None, "committed_at": None, "digest": None}
-    sync = ckpt.get("last_sync") if isinstance(ckpt.get("last_sync"), dict) else None
+    sync: Optional[Dict[str, Any]] = ckpt["last_sync"] if isinstance(ckpt.get("last_sync"), dict) else None
     row.update(
         seq=seq, time=beat.get("time"), eval_loss=dig(beat, "progress.eval_loss"), lr=dig(beat, "progress.lr"),
         alerts=[{"code": _text(a.get("code"), 64), "severity": _text(a.get("severity"), 16),

@@ -21,7 +21,8 @@ import math
 import sqlite3
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.tracker.store import Store, durable_name, gpu_numbers, parse_doc
+from controller.tracker.columns import durable_name, gpu_numbers
+from controller.tracker.store import Store, parse_doc
 
 COLUMNS = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem")
 FAILED_STATES = {"failed", "crash_loop"}
@@ -41,7 +42,7 @@ _ODD = ("typeof(seq)!='integer' OR typeof(attempt)!='integer' OR box IS NULL OR 
 _ROWS = "FROM beats WHERE run=?1 AND seq>?2 ORDER BY seq, attempt LIMIT ?3"  # beats_points alone answers it
 _POINTS_SQL = "SELECT sum(%s), count(*), max(seq), %s FROM (SELECT %s %s)" % (
     _ODD, ", ".join("json_group_array(%s)" % _ARRAYS.get(c, _num_sql(c)) for c in COLUMNS),
-    ", ".join(COLUMNS + ("state", "box", "ckpt")), _ROWS)
+    ", ".join((*COLUMNS, "state", "box", "ckpt")), _ROWS)
 # the rows whose attempt, box, state or checkpoint differ from the row before (the row at `after` included); the
 # window's order is the index's, so SQLite needs no sort
 _EVENTS_SQL = """
@@ -71,8 +72,7 @@ Key = Tuple[int, Optional[str], Optional[str], Optional[str]]  # attempt, box, s
 
 class Point:
     """One beat's row, checked: a column this store would never write raises ValueError (the row is skipped)."""
-    __slots__ = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem",
-                 "state", "box", "ckpt")
+    __slots__ = (*COLUMNS, "state", "box", "ckpt")
 
     def __init__(self, row: Tuple[Any, ...]) -> None:
         seq, t, attempt, step, loss, eval_loss, lr, tps, gpu_util, gpu_mem, state, box, ckpt, legacy_doc = row

@@ -28,12 +28,14 @@ import json
 import logging
 import math
 import os
+import queue
 import sqlite3
 import stat
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from controller.tracker.columns import ADDED_BEATS_COLUMNS, POINTS_INDEX, durable_name, gpu_numbers
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
 
@@ -43,6 +45,7 @@ ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "succeed
 LATE_AFTER = 2.0  # intervals
 SILENT_AFTER = 5.0
 DEFAULT_INTERVAL = 30.0
+READERS = 4  # read connections for the dashboard
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS beats (
@@ -87,25 +90,6 @@ def _doc(text: Any) -> Dict[str, Any]:
     return doc
 
 
-def gpu_numbers(gpus: Any) -> Tuple[Optional[float], Optional[float]]:
-    """(mean utilisation %, memory used in bytes summed) over a beat's GPUs, as `onboxctl status` shows them
-    (controller/runview.py); None where no GPU reported the number."""
-    items = gpus.get("gpus") if isinstance(gpus, dict) else None
-    if not isinstance(items, list):
-        return None, None
-    utils = [u for u in (_num(g.get("util_percent")) for g in items if isinstance(g, dict)) if u is not None]
-    mems = [m for m in (_num(g.get("memory_used_bytes")) for g in items if isinstance(g, dict)) if m is not None]
-    return (sum(utils) / len(utils) if utils else None), (sum(mems) if mems else None)
-
-
-def durable_name(checkpoint: Any) -> Optional[str]:
-    """The name of the newest durable checkpoint a beat reports (a {name, step, ...} record or a path)."""
-    latest = checkpoint.get("latest_durable") if isinstance(checkpoint, dict) else None
-    if isinstance(latest, dict):
-        latest = latest.get("name") or latest.get("path")
-    return str(latest)[:256] if isinstance(latest, (str, int)) and not isinstance(latest, bool) else None
-
-
 parse_doc = _doc  # for the dashboard's readers (controller/tracker/series.py, overview.py)
 
 
@@ -124,14 +108,6 @@ def liveness(state: Optional[str], received: float, interval: Optional[float], n
 BEATS_COLUMNS = {"id", "run", "attempt", "seq", "time", "received", "state", "step", "loss", "eval_loss", "lr",
                  "tokens_per_s", "samples_per_s", "doc"}
 RUNS_COLUMNS = {"run", "box", "attempt", "seq", "time", "received", "interval_s", "state"}
-# added after the first release: an older database gets them (ALTER TABLE ADD COLUMN only touches the schema)
-ADDED_BEATS_COLUMNS = (("box", "TEXT"), ("gpu_util", "REAL"), ("gpu_mem", "REAL"), ("ckpt", "TEXT"))
-# The dashboard's curves as a covering index: a run's points in seq order, read from the index alone. Without it
-# the 10,000 rows of one run sit on 10,000 different pages of the table (interleaved with every other run's beats
-# and their documents): opening a run page read ~40 MB at random (150-300 ms warm, over a second cold). It costs
-# ~25 us of CPU per stored beat (35 -> 60 us in Store.add_many) and ~8 % of the database's size.
-POINTS_INDEX = ("CREATE INDEX IF NOT EXISTS beats_points ON beats (run, seq, attempt, time, step, loss, eval_loss, lr, "
-                "tokens_per_s, gpu_util, gpu_mem, state, box, ckpt)")
 _UNFIT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
@@ -241,11 +217,21 @@ class Store:
         self._rlock = threading.Lock()
         self._rdb = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._rdb.execute("PRAGMA busy_timeout=5000")
+        # the dashboard's reads (query()): a few connections of their own, so pages read side by side and never
+        # queue behind each other or behind the API's reads on _rdb
+        self._readers: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
+        self._readers_made = 0
+        self._readers_lock = threading.Lock()
 
     def close(self) -> None:
         with self._lock, self._rlock:
             self._db.close()
             self._rdb.close()
+            while True:
+                try:
+                    self._readers.get_nowait().close()
+                except queue.Empty:
+                    break
 
     def add(self, beats: List[Dict[str, Any]]) -> Tuple[int, int]:
         """Store validated beats in one transaction. Returns (accepted, duplicates)."""
@@ -394,9 +380,23 @@ class Store:
             self._rdb.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def query(self, sql: str, params: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
-        """Rows of one read on the read connection (WAL: beside the writer, never blocking it)."""
-        with self._rlock:
-            return self._rdb.execute(sql, params).fetchall()
+        """Rows of one read, on one of up to READERS read connections (WAL: beside the writer, never blocking it;
+        the sqlite3 module lets go of the GIL while SQLite works)."""
+        try:
+            db = self._readers.get_nowait()
+        except queue.Empty:
+            with self._readers_lock:
+                make = self._readers_made < READERS
+                self._readers_made += make
+            if make:
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                db.execute("PRAGMA busy_timeout=5000")
+            else:
+                db = self._readers.get()
+        try:
+            return db.execute(sql, params).fetchall()
+        finally:
+            self._readers.put(db)
 
     def count(self) -> int:
         with self._rlock:

@@ -118,11 +118,13 @@ def bench_paint(big: Any, small: Any, rounds: int = 5) -> Optional[bool]:
         ctx.close()
     print("first paint in chromium (ms from navigation start; median of %d loads, max in brackets):" % rounds)
     print("  %-34s %14s %16s %16s %10s" % ("", "first paint", "data painted", "data request", "data KB"))
+    def col(ms: List[Dict[str, float]], key: str) -> str:
+        xs = [m[key] for m in ms]
+        return "%7.0f (%4.0f)" % (statistics.median(xs), max(xs))
+
     for label, ms in rows:
-        def col(key: str) -> str:
-            xs = [m[key] for m in ms]
-            return "%7.0f (%4.0f)" % (statistics.median(xs), max(xs))
-        print("  %-34s %14s %16s %16s %10.0f" % (label, col("fcp"), col("painted"), col("data"), ms[0]["bytes"] / 1024))
+        print("  %-34s %14s %16s %16s %10.0f" % (label, col(ms, "fcp"), col(ms, "painted"), col(ms, "data"),
+                                                 ms[0]["bytes"] / 1024))
     list_ms = statistics.median(m["painted"] for m in rows[1][1])
     run_ms = statistics.median(m["painted"] for m in rows[3][1])
     ok = list_ms <= TARGET_LIST_MS and run_ms <= TARGET_RUN_MS

@@ -19,7 +19,8 @@
     points: null, xmode: "step", charts: [], painted: {}
   };
   var CHARTS = [
-    {id: "loss", title: "loss", series: [["loss", "loss", "#0969da"], ["eval_loss", "eval loss", "#cf222e"]]},
+    // [column, label, colour, scale, join the gaps (eval loss comes every few hundred steps)]
+    {id: "loss", title: "loss", series: [["loss", "loss", "#0969da"], ["eval_loss", "eval loss", "#cf222e", 1, true]]},
     {id: "lr", title: "learning rate", series: [["lr", "lr", "#8250df"]]},
     {id: "tps", title: "tokens/s", series: [["tokens_per_s", "tokens/s", "#1a7f37"]]},
     {id: "gpu", title: "GPU utilisation %", series: [["gpu_util", "GPU %", "#bc4c00"]]},
@@ -327,13 +328,20 @@
     }
   }
 
-  function showEvents() {
+  function showEvents() {  // restarts, boxes, preemptions, failures one by one; commits counted (ticks on the axis)
     var box = document.getElementById("events");
     box.textContent = "";
-    S.events.slice(-40).forEach(function (ev) {
+    var commits = S.events.filter(function (ev) { return ev.kind === "commit"; });
+    S.events.filter(function (ev) { return ev.kind !== "commit"; }).slice(-30).forEach(function (ev) {
       var e = box.appendChild(el("span", "ev ev-" + ev.kind));
-      e.appendChild(el("span", null, ev.kind + " " + ev.text + (ev.step !== null ? " (step " + ev.step + ")" : "")));
+      e.appendChild(el("span", null, ev.kind + ": " + ev.text + (ev.step !== null ? " (step " + ev.step + ")" : "")));
     });
+    if (commits.length) {
+      var last = commits[commits.length - 1];
+      var c = box.appendChild(el("span", "ev ev-commit"));
+      c.appendChild(el("span", null, commits.length + (commits.length === 1 ? " commit" : " commits") +
+                       " (ticks on the axis), newest " + last.text + (last.step !== null ? " at step " + last.step : "")));
+    }
   }
 
   function chartData(def) {
@@ -359,6 +367,7 @@
 
   function drawEvents(u) {
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, right = left + u.bbox.width;
+    var px = devicePixelRatio || 1;
     S.events.forEach(function (ev) {
       var xv = S.xmode === "step" ? ev.step : ev.time;
       if (xv === null || xv === undefined) return;
@@ -366,20 +375,23 @@
       if (x < left || x > right) return;
       ctx.save();
       ctx.strokeStyle = EVENT_COLORS[ev.kind] || "#59636e";
-      ctx.lineWidth = Math.max(1, devicePixelRatio);
-      ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
+      ctx.lineWidth = (ev.kind === "commit" ? 2 : 1.5) * px;
       ctx.beginPath();
-      ctx.moveTo(x, top);
-      ctx.lineTo(x, top + h);
+      if (ev.kind === "commit") {  // a tick on the x axis: commits are frequent, the curve stays readable
+        ctx.moveTo(x, top + h - 8 * px);
+        ctx.lineTo(x, top + h);
+      } else {
+        ctx.setLineDash([5 * px, 4 * px]);
+        ctx.moveTo(x, top);
+        ctx.lineTo(x, top + h);
+      }
       ctx.stroke();
       ctx.restore();
     });
   }
 
-  function chartWidth() {
-    var box = document.getElementById("charts");
-    var w = box.clientWidth;
-    return Math.max(300, w >= 940 ? Math.floor((w - 12) / 2) - 10 : w - 10);
+  function chartWidth(holder) {  // the grid cell's width (two columns, one on a narrow window), less padding
+    return Math.max(280, (holder || document.querySelector("#charts .chart")).clientWidth - 10);
   }
 
   function makeCharts() {
@@ -391,12 +403,12 @@
       var holder = box.appendChild(el("div", "chart"));
       holder.id = "chart-" + def.id;
       var opts = {
-        title: def.title, width: chartWidth(), height: 220,
+        title: def.title, width: chartWidth(holder), height: 220,
         scales: {x: {time: S.xmode === "time"}},
         series: [{label: S.xmode === "step" ? "step" : "time"}].concat(def.series.map(function (s) {
-          return {label: s[1], stroke: s[2], width: 1.5, spanGaps: false, points: {show: false}};
+          return {label: s[1], stroke: s[2], width: 1.5, spanGaps: !!s[4], points: {show: !!s[4], size: 4}};
         })),
-        axes: [{}, {size: 64, values: function (u, vals) { return vals.map(fmtAxis); }}],
+        axes: [{space: S.xmode === "time" ? 90 : 60}, {size: 64, values: function (u, vals) { return vals.map(fmtAxis); }}],
         hooks: {draw: [drawEvents]}
       };
       var u = new uPlot(opts, chartData(def), holder);
@@ -425,7 +437,7 @@
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(function () {
-      S.charts.forEach(function (u) { u.setSize({width: chartWidth(), height: 220}); });
+      S.charts.forEach(function (u) { u.setSize({width: chartWidth(u.root.parentNode), height: 220}); });
     }, 150);
   });
 
