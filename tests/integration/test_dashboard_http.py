@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from tests.hosts.tracker import TrackerProcess
+from tests.integration.test_tracker_tls import cert  # noqa: F401 (a fixture: a self-signed certificate)
 
 pytestmark = pytest.mark.integration
 
@@ -115,5 +116,19 @@ def test_the_data_endpoints_are_incremental_and_refuse_bad_input(tmp_path):
                              ("/api/v1/runs/-bad/series", {})):
             r = get(path, **params)
             assert r.status_code == 400 and r.json()["error"], (path, params, r.text)
+    finally:
+        t.stop()
+
+
+def test_over_tls_the_cookie_is_secure(tmp_path, cert):  # noqa: F811 (the fixture imported above)
+    crt, key = cert
+    t = TrackerProcess(str(tmp_path / "tracker"), extra_args=["--tls-cert", crt, "--tls-key", key]).start()
+    url = "https://127.0.0.1:%d" % t.port
+    try:
+        r = requests.post(url + "/login", data={"token": t.token}, headers={"Origin": url}, allow_redirects=False,
+                          verify=crt, timeout=10)
+        assert r.status_code == 303
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith("onbox_session_%d=" % t.port) and "; Secure" in cookie and "HttpOnly" in cookie
     finally:
         t.stop()
