@@ -117,7 +117,10 @@ def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool]
                     raise BadRequest(413, "body larger than %d bytes" % MAX_FORM)
         except ClientDisconnect:
             raise BadRequest(408, "the body did not arrive in time")
-        fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        try:
+            fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        except ValueError:  # more fields than the form has
+            raise BadRequest(400, "the login form has two fields: token and next")
         return {k: v[0] for k, v in fields.items() if v}
 
     async def login_post(request: Request) -> Response:

@@ -32,6 +32,9 @@ def test_login_sets_a_cookie_that_reads_but_never_writes(tracker):
 
     wrong = requests.post(url + "/login", data={"token": "not-it", "next": "/"}, allow_redirects=False, timeout=10)
     assert wrong.status_code == 401 and "set-cookie" not in wrong.headers and 'id="login-error"' in wrong.text
+    for body, ctype in (("a=1&" * 20, "application/x-www-form-urlencoded"), ('{"token": "x"}', "application/json")):
+        bad = requests.post(url + "/login", data=body, headers={"Content-Type": ctype}, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]
     other_site = requests.post(url + "/login", data={"token": tracker.token}, headers={"Origin": "http://evil.example"},
                                allow_redirects=False, timeout=10)
     assert other_site.status_code == 403 and "set-cookie" not in other_site.headers
