@@ -44,7 +44,8 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
               doc: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The row of one run from its newest beat (None: unreadable, the run is still listed)."""
     beat: Dict[str, Any] = doc if doc is not None else {"run": run, "box": box, "state": state, "attempt": attempt}
-    row = row_from_heartbeat(beat, box=box, run=run).to_dict()
+    # the fields of `onboxctl status --json` (RunRow.to_dict), without its deep copy: every field is flat here
+    row = dict(vars(row_from_heartbeat(beat, box=box, run=run)))
     alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
     ckpt: Dict[str, Any] = beat["checkpoint"] if isinstance(beat.get("checkpoint"), dict) else {}
     latest = ckpt.get("latest_durable")
