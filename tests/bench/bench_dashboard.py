@@ -8,8 +8,8 @@
    request's own time (resource timing). Baseline in the same run: a tracker with 1 run x 100 beats.
 2. The tracker's latency while 100 boxes push 1,000 beats/s in total (open loop, real HTTP, one keep-alive
    connection per box): p50/p99 of the beats alone (baseline), then of the beats and of the page's data requests
-   while 10 run lists and 10 run pages are opened (the full list / the full 10,000-point series, staggered over
-   the first second) and then poll every second with their cursors (twice the page's default rate). The
+   while 10 run lists and 10 run pages are opened (the full list / the full 10,000-point series; one of each every
+   half second) and then poll every second with their cursors (twice the page's default rate). The
    latencies depend on what else the machine runs (the load average is printed).
 3. The tracker's CPU per page request, one request at a time (opening the list and a run page; a list poll when
    every run has a new beat and when none has; a run page poll with one new point).
@@ -182,11 +182,11 @@ async def _box(port: int, token: str, i: int, stop: float, seq: int, lat: List[f
 
 async def _page(port: int, cookie: str, kind: str, i: int, stop: float, lat: Dict[str, List[float]],
                 errors: List[str]) -> None:
-    """One open page, as dashboard.js polls: opened (everything) at a staggered start, then every POLL_S only
-    what is new."""
+    """One open page, as dashboard.js polls: opened (everything; the pages open one after another over the first
+    half of the phase), then every POLL_S only what is new."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     auth = "Cookie: onbox_session_%d=%s" % (port, cookie)
-    await asyncio.sleep(POLL_S * i / PAGES)
+    await asyncio.sleep((stop - time.monotonic()) / 2 * i / PAGES)
     cursor = -1
     try:
         while time.monotonic() < stop:
