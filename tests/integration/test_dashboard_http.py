@@ -134,4 +134,4 @@ def test_over_tls_the_cookie_is_secure(tmp_path, cert):  # noqa: F811 (the fixtu
         cookie = r.headers["set-cookie"]
         assert cookie.startswith("onbox_session_%d=" % t.port) and "; Secure" in cookie and "HttpOnly" in cookie
     finally:
-        t.stop()
+        t.kill()  # SIGKILL: after an HTTPS request, a SIGTERM'd tracker waits out uvicorn's 10 s graceful shutdown
