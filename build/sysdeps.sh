@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone.
+# Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, and Debian's chromium
+# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -13,6 +14,9 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v fuser >/dev/null 2>&1 || need+=(psmisc)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+command -v fc-list >/dev/null 2>&1 || need+=(fontconfig)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

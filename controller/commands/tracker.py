@@ -97,11 +97,14 @@ def tracker() -> None:
               help="Open connections per client address (agents behind tunnels all come from 127.0.0.1).")
 @click.option("--max-conns", type=click.IntRange(1, 1 << 20), default=2048, show_default=True,
               help="Open connections in all.")
+@click.option("--pulls-record", type=click.Path(dir_okay=False), default=None,
+              help="The pulls record the dashboard reads to show whether a run's newest durable checkpoint was "
+                   "pulled and verified here. Default: $ONBOX_CONFIG_DIR/pulls.json (what `onboxctl pull` writes).")
 def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], public_read: bool,
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
           header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
-          max_conns: int) -> None:
-    """Serve the tracker API v1 (controller/tracker/API.md) until interrupted."""
+          max_conns: int, pulls_record: Optional[str]) -> None:
+    """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted."""
     from controller.tracker.guard import Limits
     from controller.tracker.server import bind, check_tls, is_loopback
     from controller.tracker.server import serve as run_server
@@ -129,5 +132,9 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
         raise
     limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, write_timeout=write_timeout,
                     max_per_client=max_conns_per_client, max_connections=max_conns)
+    if pulls_record is None:
+        from controller.boxes import config_dir
+
+        pulls_record = os.path.join(config_dir(), "pulls.json")
     run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
-               limits=limits, tls=tls, keep_alive=keep_alive)
+               limits=limits, tls=tls, keep_alive=keep_alive, pulls_record=os.path.abspath(os.path.expanduser(pulls_record)))

@@ -1,13 +1,14 @@
-"""The tracker's HTTP API v1 (controller/tracker/API.md), a Starlette app served by uvicorn.
+"""The tracker's HTTP API v1 (controller/tracker/API.md), a Starlette app served by uvicorn, and the dashboard
+beside it (controller/tracker/dashboard.py).
 
 Never a 500 on bad input: malformed JSON, wrong shapes, bad query values and oversized bodies are answered with
-a 4xx and a one-line message. Bearer tokens are compared in constant time (hmac.compare_digest).
+a 4xx and a one-line message. Bearer tokens are compared in constant time (hmac.compare_digest); who may read and
+who may write is controller/tracker/session.py.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import queue
 import sqlite3
@@ -20,6 +21,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from controller.tracker.answers import BadRequest, int_param
+from controller.tracker.session import Auth
 from controller.tracker.store import Store
 from onbox.heartbeat.schema import RUN_RE, loads_strict, validate_and_dump
 
@@ -86,30 +89,19 @@ def _resolve(fut: "asyncio.Future[Any]", res: Any) -> None:
         fut.set_result(res)
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra
-
-
 def create_app(store: Store, token: Optional[str], public_read: bool = False, max_body: int = MAX_BODY,
                thin_every_s: float = 3600.0, thin_older_than_s: float = 7 * 86400.0,
                checkpoint_every_s: float = 1.0,
-               connection_stats: Optional[Callable[[], Dict[str, int]]] = None) -> Starlette:
-    token_bytes = token.encode("utf-8") if token else None
+               connection_stats: Optional[Callable[[], Dict[str, int]]] = None,
+               pulls_record: Optional[str] = None) -> Starlette:
+    from controller.tracker.dashboard import dashboard_routes
+
+    auth = Auth(token, public_read=public_read, now=store.now)
     writer = GroupCommitter(store)
 
-    def authorised(request: Request) -> bool:
-        if token_bytes is None:
-            return True
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(presented.strip().encode("utf-8", "replace"), token_bytes)
-
     def require(request: Request, write: bool) -> None:
-        if (write or not public_read) and not authorised(request):
+        # a write takes the bearer header only, never the dashboard's cookie (no cross-site request can send it)
+        if not (auth.can_write(request) if write else auth.can_read(request)):
             raise BadRequest(401, "missing or wrong bearer token")
 
     async def read_body(request: Request) -> bytes:
@@ -167,31 +159,19 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         runs, skipped = store.runs_checked()
         return JSONResponse({"runs": runs, "skipped_rows": skipped})
 
-    def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-        raw = request.query_params.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise BadRequest(400, "%s must be an integer" % name)
-        if not lo <= value <= hi:
-            raise BadRequest(400, "%s must be between %d and %d" % (name, lo, hi))
-        return value
-
     async def run_heartbeats(request: Request) -> JSONResponse:
         require(request, write=False)
         run = request.path_params["run"]
         if not RUN_RE.fullmatch(run):
             raise BadRequest(400, "bad run name")
-        after = _int_param(request, "after", -1, -1, 2**53)
-        limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
+        after = int_param(request, "after", -1, -1, 2**53)
+        limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
         beats, skipped, nxt = store.heartbeats_checked(run, after=after, limit=limit)
         return JSONResponse({"run": run, "heartbeats": beats, "next_after": nxt, "skipped_rows": skipped})
 
     async def healthz(request: Request) -> JSONResponse:
         doc: Dict[str, Any] = {"ok": True, "skipped_rows": store.skipped_total}
-        if connection_stats is not None and (public_read or authorised(request)):  # counts only for readers
+        if connection_stats is not None and auth.can_read(request):  # counts only for readers
             doc["connections"] = connection_stats()
         return JSONResponse(doc)
 
@@ -235,6 +215,7 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             Route("/api/v1/runs", list_runs, methods=["GET"]),
             Route("/api/v1/runs/{run}/heartbeats", run_heartbeats, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
+            *dashboard_routes(store, auth, require, pulls_record),
         ],
         exception_handlers={BadRequest: bad_request, HTTPException: http_error},
         lifespan=lifespan,

@@ -75,7 +75,7 @@ def check_tls(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, st
 
 def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: bool = False,
           ready_file: Optional[str] = None, max_body: int = 4 * 1024 * 1024, limits: Optional[Limits] = None,
-          tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30) -> None:
+          tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30, pulls_record: Optional[str] = None) -> None:
     """Run the tracker on `sock` until SIGTERM/SIGINT (uvicorn shuts down gracefully); closes `store`."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -84,7 +84,8 @@ def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: 
     from onbox.fsutil import atomic_write_json
 
     registry = Registry(limits or Limits())
-    app = create_app(store, token, public_read=public_read, max_body=max_body, connection_stats=registry.stats)
+    app = create_app(store, token, public_read=public_read, max_body=max_body, connection_stats=registry.stats,
+                     pulls_record=pulls_record)
     # limit_concurrency stays off: uvicorn would count stalled sockets toward it and answer 503 to everyone;
     # guard.py caps connections per client and in total, displacing stalled ones first
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

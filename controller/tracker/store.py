@@ -1,9 +1,14 @@
 """The tracker's store: SQLite in WAL mode, one writer connection.
 
 Tables:
-  beats(run, attempt, seq, time, received, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc)
+  beats(run, attempt, seq, time, received, state, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, doc,
+        box, gpu_util, gpu_mem, ckpt)
         PRIMARY KEY (run, attempt, seq): a resent beat is a no-op (at-least-once delivery, exactly-once storage).
-        `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns.
+        `doc` is the whole heartbeat; thinning sets it to NULL on old beats and keeps the metric columns. `box`,
+        `gpu_util` (mean %), `gpu_mem` (bytes used, summed) and `ckpt` (newest durable checkpoint's name) are the
+        dashboard's curve and event columns (controller/tracker/series.py); a database made before them gets them
+        added (NULL on its old rows, read from `doc` while it is there). `id` only grows: the dashboard's change
+        cursor.
   runs(run, box, attempt, seq, time, received, interval_s, state)
         the newest beat of each run (by seq, which only grows over a run's attempts and boxes; its document
         stays in `beats`, never thinned) and when the tracker last heard from the run.
@@ -23,12 +28,14 @@ import json
 import logging
 import math
 import os
+import queue
 import sqlite3
 import stat
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from controller.tracker.columns import ADDED_BEATS_COLUMNS, POINTS_INDEX, durable_name, gpu_numbers
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
 
@@ -38,6 +45,7 @@ ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "succeed
 LATE_AFTER = 2.0  # intervals
 SILENT_AFTER = 5.0
 DEFAULT_INTERVAL = 30.0
+READERS = 4  # read connections for the dashboard
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS beats (
@@ -45,9 +53,10 @@ CREATE TABLE IF NOT EXISTS beats (
     run TEXT NOT NULL, attempt INTEGER NOT NULL, seq INTEGER NOT NULL,
     time REAL, received REAL NOT NULL, state TEXT,
     step INTEGER, loss REAL, eval_loss REAL, lr REAL, tokens_per_s REAL, samples_per_s REAL,
-    doc TEXT
+    doc TEXT,
+    box TEXT, gpu_util REAL, gpu_mem REAL, ckpt TEXT
 );
--- ONE index: uniqueness of (run, attempt, seq) for dedupe, and the order of a run's listing (seq, attempt)
+-- uniqueness of (run, attempt, seq) for dedupe, and the order of a run's listing (seq, attempt)
 CREATE UNIQUE INDEX IF NOT EXISTS beats_key ON beats (run, seq, attempt);
 CREATE TABLE IF NOT EXISTS runs (
     run TEXT PRIMARY KEY, box TEXT, attempt INTEGER, seq INTEGER, time REAL, received REAL,
@@ -79,6 +88,9 @@ def _doc(text: Any) -> Dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError("stored document is not a JSON object")
     return doc
+
+
+parse_doc = _doc  # for the dashboard's readers (controller/tracker/series.py, overview.py)
 
 
 def liveness(state: Optional[str], received: float, interval: Optional[float], now: float) -> str:
@@ -189,6 +201,15 @@ class Store:
         # runs from the server's background task on the read connection, PASSIVE, beside the writer.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(beats)")}
+        for name, kind in ADDED_BEATS_COLUMNS:
+            if name not in have:
+                self._db.execute("ALTER TABLE beats ADD COLUMN %s %s" % (name, kind))
+        if not self._db.execute("SELECT 1 FROM sqlite_master WHERE type='index' AND name='beats_points'").fetchone():
+            if self._db.execute("SELECT 1 FROM beats LIMIT 1").fetchone():
+                log.warning("onbox tracker: indexing the stored beats for the dashboard's curves (once; about 10 s "
+                            "per million beats)")
+            self._db.execute(POINTS_INDEX)
         # the newest (attempt, seq) of each run, kept in memory by the one writer: no SELECT per commit
         self._heads: Dict[str, Tuple[int, int]] = {
             run: (seq, attempt) for run, attempt, seq in self._db.execute("SELECT run, attempt, seq FROM runs")}
@@ -196,11 +217,21 @@ class Store:
         self._rlock = threading.Lock()
         self._rdb = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._rdb.execute("PRAGMA busy_timeout=5000")
+        # the dashboard's reads (query()): a few connections of their own, so pages read side by side and never
+        # queue behind each other or behind the API's reads on _rdb
+        self._readers: "queue.SimpleQueue[sqlite3.Connection]" = queue.SimpleQueue()
+        self._readers_made = 0
+        self._readers_lock = threading.Lock()
 
     def close(self) -> None:
         with self._lock, self._rlock:
             self._db.close()
             self._rdb.close()
+            while True:
+                try:
+                    self._readers.get_nowait().close()
+                except queue.Empty:
+                    break
 
     def add(self, beats: List[Dict[str, Any]]) -> Tuple[int, int]:
         """Store validated beats in one transaction. Returns (accepted, duplicates)."""
@@ -224,12 +255,15 @@ class Store:
                         step = p.get("step")
                         # as received (validated), compact; never NaN/Infinity (a stored inf broke every read)
                         doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
+                        gpu_util, gpu_mem = gpu_numbers(b.get("gpus"))
                         cur.execute(
                             "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
-                            "eval_loss, lr, tokens_per_s, samples_per_s, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                            "eval_loss, lr, tokens_per_s, samples_per_s, doc, box, gpu_util, gpu_mem, ckpt) "
+                            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             (b["run"], b["attempt"], b["seq"], float(b["time"]), received, b["state"],
                              step if isinstance(step, int) else None, _num(p.get("loss")), _num(p.get("eval_loss")),
-                             _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc))
+                             _num(p.get("lr")), _num(p.get("tokens_per_s")), _num(p.get("samples_per_s")), doc,
+                             b["box"], gpu_util, gpu_mem, durable_name(b.get("checkpoint"))))
                         if cur.rowcount == 1:
                             accepted += 1
                         prev = newest.get(b["run"])
@@ -327,6 +361,8 @@ class Store:
             log.warning("onbox tracker: skipping unreadable stored %s (%s); further ones are only counted "
                         "(skipped_rows in /healthz)", what, str(e)[:200])
 
+    note_skip = _note_skip
+
     def thin(self, older_than_s: float, keep_every: int = 10) -> int:
         """Drop the full document of beats received more than `older_than_s` ago, except every `keep_every`-th
         seq and the newest beat of each run; their metric columns stay. Returns how many were thinned."""
@@ -342,6 +378,25 @@ class Store:
         """Copy the WAL into the database without blocking the writer (PASSIVE); keeps the WAL file bounded."""
         with self._rlock:
             self._rdb.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def query(self, sql: str, params: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+        """Rows of one read, on one of up to READERS read connections (WAL: beside the writer, never blocking it;
+        the sqlite3 module lets go of the GIL while SQLite works)."""
+        try:
+            db = self._readers.get_nowait()
+        except queue.Empty:
+            with self._readers_lock:
+                make = self._readers_made < READERS
+                self._readers_made += make
+            if make:
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                db.execute("PRAGMA busy_timeout=5000")
+            else:
+                db = self._readers.get()
+        try:
+            return db.execute(sql, params).fetchall()
+        finally:
+            self._readers.put(db)
 
     def count(self) -> int:
         with self._rlock:

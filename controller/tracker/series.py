@@ -1,0 +1,197 @@
+"""A run's curves for the dashboard: its beats as columns (one JSON array per metric, the shape a chart draws) and
+the events seen between consecutive beats (a restart, a replacement box, a preemption, a commit, a failure).
+
+Read from the metric columns of `beats` (controller/tracker/store.py), which thinning keeps, so a curve outlives
+its beats' documents. Paged by seq like `GET /api/v1/runs/<run>/heartbeats`: `after` is the last seq the page
+has, and only newer beats are read (the index on (run, seq)), so a live page's poll costs what changed.
+
+Opening a page reads up to 20,000 rows, from the covering index beats_points alone (store.py). The work is done
+by SQLite, not Python: one statement builds the arrays (json_group_array), one finds the rows whose attempt, box,
+state or checkpoint differ from the row before (a window), and the sqlite3 module releases the GIL while they
+run, so the event loop keeps answering the agents meanwhile (a Python loop over 10,000 rows held the GIL for tens
+of milliseconds). SQLite writes numbers with 15 significant
+digits. Rows this store would never write (a column of the wrong type), rows of an older database (no `box`
+column yet: their GPU and checkpoint come from the document) and an SQLite without JSON or window functions take
+the Python path, which gives the same answer.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from typing import Any, Dict, List, Optional, Tuple
+
+from controller.tracker.columns import durable_name, gpu_numbers
+from controller.tracker.store import Store, parse_doc
+
+COLUMNS = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem")
+FAILED_STATES = {"failed", "crash_loop"}
+# a legacy row (stored before the box/gpu/ckpt columns existed) has box NULL: those come from its document
+_SELECT = ("SELECT seq, time, attempt, step, loss, eval_loss, lr, tokens_per_s, gpu_util, gpu_mem, state, box, ckpt, "
+           "CASE WHEN box IS NULL THEN doc END FROM beats WHERE run=? ")
+
+
+def _num_sql(col: str) -> str:
+    return "CASE WHEN typeof(%s)='integer' OR (typeof(%s)='real' AND abs(%s)<=1.7e308) THEN %s END" % ((col,) * 4)
+
+
+_ARRAYS = {"seq": "seq", "time": "round(%s, 3)" % _num_sql("time"), "attempt": "attempt",
+           "step": "CASE WHEN typeof(step)='integer' THEN step END"}
+_ODD = ("typeof(seq)!='integer' OR typeof(attempt)!='integer' OR box IS NULL OR typeof(box)!='text' "
+        "OR (state IS NOT NULL AND typeof(state)!='text') OR (ckpt IS NOT NULL AND typeof(ckpt)!='text')")
+_ROWS = "FROM beats WHERE run=?1 AND seq>?2 ORDER BY seq, attempt LIMIT ?3"  # beats_points alone answers it
+_POINTS_SQL = "SELECT sum(%s), count(*), max(seq), %s FROM (SELECT %s %s)" % (
+    _ODD, ", ".join("json_group_array(%s)" % _ARRAYS.get(c, _num_sql(c)) for c in COLUMNS),
+    ", ".join((*COLUMNS, "state", "box", "ckpt")), _ROWS)
+# the rows whose attempt, box, state or checkpoint differ from the row before (the row at `after` included); the
+# window's order is the index's, so SQLite needs no sort
+_EVENTS_SQL = """
+SELECT json_group_array(json_array(seq, attempt, %s, %s, state, box, ckpt, pa, pb, ps, pc,
+                                   CASE WHEN typeof(pst)='integer' THEN pst END))
+FROM (SELECT seq, attempt, time, step, state, box, ckpt, lag(attempt) OVER w AS pa, lag(box) OVER w AS pb,
+             lag(state) OVER w AS ps, lag(ckpt) OVER w AS pc, lag(step) OVER w AS pst
+      FROM beats WHERE run=?1 AND seq>=?2 AND seq<=?3 WINDOW w AS (ORDER BY seq, attempt))
+WHERE seq>?4 AND pa IS NOT NULL AND (attempt IS NOT pa OR box IS NOT pb OR state IS NOT ps OR ckpt IS NOT pc)
+""" % (_ARRAYS["time"], _ARRAYS["step"])
+
+
+def _finite(v: Any) -> Optional[float]:
+    if type(v) is float:  # the columns hold finite floats or NULL (store.py writes nothing else): the fast path
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _int(v: Any) -> Optional[int]:
+    return v if type(v) is int else None
+
+
+Key = Tuple[int, Optional[str], Optional[str], Optional[str]]  # attempt, box, state, newest durable checkpoint
+
+
+class Point:
+    """One beat's row, checked: a column this store would never write raises ValueError (the row is skipped)."""
+    __slots__ = (*COLUMNS, "state", "box", "ckpt")
+
+    def __init__(self, row: Tuple[Any, ...]) -> None:
+        seq, t, attempt, step, loss, eval_loss, lr, tps, gpu_util, gpu_mem, state, box, ckpt, legacy_doc = row
+        if type(seq) is not int or type(attempt) is not int:
+            raise ValueError("bad beats columns")
+        if legacy_doc is not None:
+            doc = parse_doc(legacy_doc)
+            gpu_util, gpu_mem = gpu_numbers(doc.get("gpus"))
+            box, ckpt = doc.get("box"), durable_name(doc.get("checkpoint"))
+        self.seq, self.attempt, self.step = seq, attempt, _int(step)
+        t = _finite(t)
+        self.time = round(t, 3) if t is not None else None
+        self.loss, self.eval_loss, self.lr = _finite(loss), _finite(eval_loss), _finite(lr)
+        self.tokens_per_s, self.gpu_util, self.gpu_mem = _finite(tps), _finite(gpu_util), _finite(gpu_mem)
+        self.state = state if type(state) is str else None
+        self.box = box if type(box) is str else None
+        self.ckpt = ckpt if type(ckpt) is str else None
+
+    def key(self) -> Key:
+        return self.attempt, self.box, self.state, self.ckpt
+
+
+def events_between(prev: Optional[Key], cur: Key) -> List[Tuple[str, str]]:
+    """(kind, text) for what changed from one beat to the next: restart (a new attempt), box (the run moved to
+    another box), preempted, failed, commit (a newer durable checkpoint)."""
+    if prev is None:
+        return []
+    (attempt, box, state, ckpt), (p_attempt, p_box, p_state, p_ckpt) = cur, prev
+    out = []
+    moved = bool(box and p_box and box != p_box)
+    if attempt > p_attempt:
+        out.append(("restart", "attempt %d%s" % (attempt, " on %s" % box if moved else "")))
+    if moved:
+        out.append(("box", "now on %s (was %s)" % (box, p_box)))
+    if state != p_state and state == "preempted":
+        out.append(("preempted", "preempted on %s" % (box or "its box")))
+    if state != p_state and state in FAILED_STATES:
+        out.append(("failed", str(state)))
+    if ckpt and ckpt != p_ckpt:
+        out.append(("commit", ckpt))
+    return out
+
+
+def _event(seq: int, t: Any, step: Any, kind: str, text: str) -> Dict[str, Any]:
+    return {"seq": seq, "time": t, "step": step, "kind": kind, "text": text}
+
+
+def _read_sql(store: Store, run: str, after: int, limit: int) -> Optional[Dict[str, Any]]:
+    """The arrays and events built by SQLite (no GIL held), or None when this page needs the Python path."""
+    try:
+        odd, count, top, *arrays = store.query(_POINTS_SQL, (run, after, limit))[0]
+        if odd:
+            return None
+        changed = "[]"
+        if count:
+            prev = store.query("SELECT seq, %s FROM beats WHERE run=? AND seq<=? ORDER BY seq DESC, attempt DESC "
+                               "LIMIT 1" % _ODD, (run, after)) if after >= 0 else []
+            if prev and prev[0][1]:
+                return None
+            lower = prev[0][0] if prev else after + 1  # from the row before the page, to compare the first with
+            changed = store.query(_EVENTS_SQL, (run, lower, top, after))[0][0]
+    except sqlite3.OperationalError:  # an SQLite without JSON or window functions
+        return None
+    events = []
+    for seq, attempt, t, step, state, box, ckpt, pa, pb, ps, pc, pst in json.loads(changed):
+        for kind, text in events_between((pa, pb, ps, pc), (attempt, box, state, ckpt)):
+            events.append(_event(seq, t, step if step is not None else pst, kind, text))
+    return {"run": run, "points_json": "{%s}" % ",".join('"%s":%s' % kv for kv in zip(COLUMNS, arrays)),
+            "events": events, "next_after": top if count else after, "more": count >= limit, "skipped_rows": 0}
+
+
+def _read_python(store: Store, run: str, after: int, limit: int) -> Dict[str, Any]:
+    rows = store.query(_SELECT + "AND seq>? ORDER BY seq, attempt LIMIT ?", (run, after, limit))
+    prev: Optional[Point] = None
+    skipped = 0
+    if after >= 0:
+        before = store.query(_SELECT + "AND seq<=? ORDER BY seq DESC, attempt DESC LIMIT 1", (run, after))
+        try:
+            prev = Point(before[0]) if before else None
+        except (ValueError, TypeError, RecursionError):
+            prev = None
+    cols: Dict[str, List[Any]] = {c: [] for c in COLUMNS}
+    appends = [cols[c].append for c in COLUMNS]
+    events: List[Dict[str, Any]] = []
+    last = after
+    prev_key = prev.key() if prev is not None else None
+    for row in rows:
+        if type(row[0]) is int and row[0] > last:
+            last = row[0]
+        try:
+            p = Point(row)
+        except (ValueError, TypeError, RecursionError) as e:
+            skipped += 1
+            store.note_skip("beat %s/%r" % (run, row[0]), e)
+            continue
+        key = p.key()
+        if key != prev_key:
+            step = p.step if p.step is not None else (prev.step if prev is not None else None)
+            for kind, text in events_between(prev_key, key):
+                events.append(_event(p.seq, p.time, step, kind, text))
+            prev_key = key
+        for add, c in zip(appends, COLUMNS):
+            add(getattr(p, c))
+        prev = p
+    return {"run": run, "points_json": json.dumps(cols, separators=(",", ":")), "events": events,
+            "next_after": last, "more": len(rows) >= limit, "skipped_rows": skipped}
+
+
+def read_series(store: Store, run: str, after: int = -1, limit: int = 5000, python: bool = False) -> Dict[str, Any]:
+    """Beats of `run` with seq > after (at most `limit`): `points_json` (a JSON object of one array per column),
+    the events among them (the beat at `after` is compared with the first new one, so no event falls between
+    two pages), `next_after` to page on, `more` when a full page came back. `python`: skip SQLite's path."""
+    found = None if python else _read_sql(store, run, after, limit)
+    return found if found is not None else _read_python(store, run, after, limit)
+
+
+def series_body(series: Dict[str, Any], extra: Dict[str, Any]) -> bytes:
+    """The response: the points as SQLite wrote them (never parsed and re-encoded here), the rest as JSON."""
+    rest = {k: v for k, v in series.items() if k != "points_json"}
+    rest.update(extra)
+    tail = json.dumps(rest, separators=(",", ":"), allow_nan=False)
+    return ('{"points":' + series["points_json"] + "," + tail[1:]).encode("utf-8")

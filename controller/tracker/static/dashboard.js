@@ -1,0 +1,476 @@
+/* onbox tracker dashboard (controller/tracker/API.md, "Dashboard").
+ *
+ * Two views: "/" lists every run, "/run/<run>" draws one run's curves with uPlot (vendored: uPlot.iife.min.js).
+ * Live by short polls with cursors: the list sends the highest beat id it has seen and gets back only the runs
+ * with newer beats (plus every run's liveness, which changes with time alone); a run page sends the last seq it
+ * has and gets back only newer points. Polls pause while the tab is hidden. Every value from the tracker is
+ * written with textContent, never as HTML. State for tests and the curious: window.onboxDashboard.
+ */
+(function () {
+  "use strict";
+
+  var params = new URLSearchParams(location.search);
+  var POLL_MS = Math.min(60, Math.max(0.2, parseFloat(params.get("poll")) || 2)) * 1000;
+  var PAGE = 20000;
+  var S = window.onboxDashboard = {
+    view: null, pollMs: POLL_MS, polls: 0, errors: 0, lastError: null,
+    cursor: -1, runs: {}, live: {},                       // the list
+    run: null, summary: null, after: -1, events: [],      // a run page
+    points: null, xmode: "step", charts: [], painted: {}
+  };
+  var CHARTS = [
+    // [column, label, colour, scale, join the gaps (eval loss comes every few hundred steps)]
+    {id: "loss", title: "loss", series: [["loss", "loss", "#0969da"], ["eval_loss", "eval loss", "#cf222e", 1, true]]},
+    {id: "lr", title: "learning rate", series: [["lr", "lr", "#8250df"]]},
+    {id: "tps", title: "tokens/s", series: [["tokens_per_s", "tokens/s", "#1a7f37"]]},
+    {id: "gpu", title: "GPU utilisation %", series: [["gpu_util", "GPU %", "#bc4c00"]]},
+    {id: "mem", title: "GPU memory used (GiB)", series: [["gpu_mem", "GiB", "#0550ae", 1 / 1073741824]]}
+  ];
+  var EVENT_COLORS = {restart: "#cf222e", box: "#8250df", preempted: "#bf3989", commit: "#1a7f37", failed: "#82071e"};
+  var COLUMNS = ["seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem"];
+
+  // -- small helpers ---------------------------------------------------------------------------------------------
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function fmtNum(v, digits) {
+    if (v === null || v === undefined) return "-";
+    if (typeof v === "string") return v;  // "NaN", "Infinity" as the beat carried them
+    if (Math.abs(v) >= 1000) return Math.round(v).toLocaleString("en-US");
+    return Number(v.toPrecision(digits || 4)).toString();
+  }
+  function fmtBytes(n) {
+    if (n === null || n === undefined) return "-";
+    var gib = n / 1073741824;
+    return gib >= 1 ? gib.toFixed(1) + "G" : Math.floor(n / 1048576) + "M";
+  }
+  function fmtAge(s) {  // as `onboxctl status` prints it (controller/runview.py fmt_age)
+    if (s === null || s === undefined) return "-";
+    if (s < 90) return Math.floor(s) + "s";
+    if (s < 5400) return Math.floor(s / 60) + "m";
+    return (s / 3600).toFixed(1) + "h";
+  }
+  function fmtAxis(v) {  // small values (a learning rate) keep their digits: 3e-4, not 0.000
+    if (v === null || v === undefined) return "";
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 0.01 || a >= 1e6)) return v.toExponential(1);
+    return Number(v.toPrecision(4)).toLocaleString("en-US");
+  }
+  function fmtTime(t) {
+    return t ? new Date(t * 1000).toLocaleString() : "-";
+  }
+  function afterPaint(name) {  // the frame after the one that drew it: the content is on screen
+    requestAnimationFrame(function () {
+      requestAnimationFrame(function () {
+        if (!S.painted[name]) {
+          S.painted[name] = performance.now();
+          performance.mark("onbox:" + name + "-painted");
+        }
+      });
+    });
+  }
+  function LoginNeeded() { this.login = true; }
+
+  function api(path) {
+    return fetch(path, {credentials: "same-origin", cache: "no-store", headers: {"Accept": "application/json"}})
+      .then(function (r) {
+        if (r.status === 401) {
+          location.assign("/login?next=" + encodeURIComponent(location.pathname));
+          throw new LoginNeeded();
+        }
+        if (!r.ok) {
+          return r.json().catch(function () { return {}; }).then(function (d) {
+            throw new Error("HTTP " + r.status + (d.error ? ": " + d.error : ""));
+          });
+        }
+        return r.json();
+      });
+  }
+  function banner(text) {
+    var b = document.getElementById("banner");
+    b.hidden = !text;
+    b.textContent = text || "";
+  }
+  function stateCell(td, row) {
+    td.textContent = "";
+    td.appendChild(el("span", "state st-" + String(row.state || "unknown").replace(/[^a-z_]/g, ""), row.state || "?"));
+    if (row.mark) td.appendChild(el("span", "mark mark-" + row.mark, row.mark));
+  }
+  function alertsInto(node, alerts, withMessage) {
+    node.textContent = "";
+    (alerts || []).forEach(function (a) {
+      var line = el("span", "alert sev-" + (a.severity || "warning"));
+      line.appendChild(el("span", "code", a.code));
+      if (withMessage && a.message) line.appendChild(document.createTextNode(": " + a.message));
+      if (a.hint) {
+        line.appendChild(el("br"));
+        line.appendChild(el("span", "hint", "hint: " + a.hint));
+      }
+      node.appendChild(line);
+    });
+  }
+  function pulledText(p) {
+    if (!p) return "-";
+    return {verified: "pulled ✓ verified", stale: "pulled, stale", failed: "verify FAILED",
+            older: "older pulled", not_pulled: "not pulled", no_checkpoint: "-", unknown: "?"}[p.status] || p.status;
+  }
+  function ckptLabel(row) {
+    var d = row.durable;
+    if (!d) return row.checkpoint || "-";
+    return d.name + (d.step !== null && d.step !== undefined && String(d.name).indexOf(String(d.step)) < 0 ?
+      " @" + d.step : "");
+  }
+
+  // -- the run list ---------------------------------------------------------------------------------------------
+  var LIST_HEAD = ["run", "box", "state", "att", "step", "loss", "tok/s", "GPU%", "GPU mem", "durable ckpt",
+                   "pulled", "beat", "alerts"];
+
+  function listView() {
+    S.view = "list";
+    document.getElementById("where").textContent = "runs";
+    var main = document.getElementById("main");
+    main.textContent = "";
+    main.appendChild(el("div", "counts")).id = "counts";
+    var table = el("table", "runs");
+    table.id = "runs";
+    var tr = table.appendChild(el("thead")).appendChild(el("tr"));
+    LIST_HEAD.forEach(function (h) { tr.appendChild(el("th", null, h)); });
+    table.appendChild(el("tbody"));
+    main.appendChild(table);
+    main.appendChild(el("p", "note")).id = "pulls-note";
+    return pollList();
+  }
+
+  function listRow(name) {
+    var tbody = document.querySelector("#runs tbody");
+    var tr = tbody.querySelector('tr[data-run="' + CSS.escape(name) + '"]');
+    if (tr) return tr;
+    tr = el("tr");
+    tr.dataset.run = name;
+    LIST_HEAD.forEach(function (_, i) { tr.appendChild(el("td", i >= 4 && i <= 8 ? "num" : null)); });
+    var a = el("a", null, name);
+    a.href = "/run/" + encodeURIComponent(name);
+    tr.cells[0].appendChild(a);
+    // ordered like `onboxctl status`: by box, then run
+    var key = function (r) { return [r.box || "", r.run]; };
+    var mine = key(S.runs[name]);
+    var before = null;
+    Array.prototype.some.call(tbody.rows, function (other) {
+      var k = key(S.runs[other.dataset.run]);
+      if (k[0] > mine[0] || (k[0] === mine[0] && k[1] > mine[1])) { before = other; return true; }
+      return false;
+    });
+    tbody.insertBefore(tr, before);
+    return tr;
+  }
+
+  function fillRow(row) {
+    var tr = listRow(row.run), c = tr.cells;
+    tr.className = "live-" + row.liveness;
+    tr.dataset.liveness = row.liveness;
+    tr.dataset.state = row.state;
+    c[1].textContent = row.box;
+    stateCell(c[2], row);
+    c[3].textContent = row.attempt === null ? "-" : row.attempt;
+    c[4].textContent = row.step === null ? "-" : row.step;
+    c[5].textContent = fmtNum(row.loss, 4);
+    c[6].textContent = fmtNum(row.tokens_per_s, 3);
+    c[7].textContent = row.gpu_util === null ? "-" : Math.round(row.gpu_util);
+    c[8].textContent = row.gpu_mem_used === null ? "-" : fmtBytes(row.gpu_mem_used) + "/" + fmtBytes(row.gpu_mem_total);
+    c[9].textContent = ckptLabel(row);
+    c[10].textContent = "";
+    var p = c[10].appendChild(el("span", "pulled pulled-" + (row.pulled ? row.pulled.status : "unknown"),
+                                 pulledText(row.pulled)));
+    p.title = row.pulled ? row.pulled.text : "";
+    c[11].textContent = fmtAge(row.age_s);
+    alertsInto(c[12], row.alerts, false);
+  }
+
+  function pollList() {
+    return api("/api/v1/overview?after=" + S.cursor).then(function (d) {
+      S.polls++;
+      d.runs.forEach(function (row) { S.runs[row.run] = row; });
+      Object.keys(d.live).forEach(function (name) {
+        var row = S.runs[name];
+        if (row) Object.assign(row, d.live[name]);
+      });
+      S.cursor = d.cursor;
+      S.live = d.live;
+      var names = Object.keys(S.runs);
+      names.forEach(function (name) { fillRow(S.runs[name]); });
+      var count = function (f) { return names.filter(function (n) { return f(S.runs[n]); }).length; };
+      var counts = document.getElementById("counts");
+      counts.textContent = "";
+      [["runs", names.length], ["running", count(function (r) { return r.state === "running"; })],
+       ["LATE", count(function (r) { return r.mark === "LATE"; })],
+       ["SILENT", count(function (r) { return r.mark === "SILENT"; })],
+       ["with alerts", count(function (r) { return r.alerts && r.alerts.length; })]].forEach(function (kv) {
+        var s = counts.appendChild(el("span"));
+        s.appendChild(el("b", null, kv[1]));
+        s.appendChild(document.createTextNode(" " + kv[0]));
+      });
+      if (!names.length) counts.appendChild(el("span", null, "no runs yet: start one with `onboxctl run ... --tracker`"));
+      document.getElementById("pulls-note").textContent = "pulled: " + d.pulls_note;
+      document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
+      afterPaint("list");
+    });
+  }
+
+  // -- a run page ----------------------------------------------------------------------------------------------
+  function runView(name) {
+    S.view = "run";
+    S.run = name;
+    S.points = {};
+    COLUMNS.forEach(function (c) { S.points[c] = []; });
+    document.title = name + " · onbox tracker";
+    document.getElementById("where").textContent = "run " + name;
+    var main = document.getElementById("main");
+    main.textContent = "";
+    var h = main.appendChild(el("h1"));
+    h.appendChild(el("span", null, name + " "));
+    h.appendChild(el("span")).id = "run-state";
+    main.appendChild(el("div", "facts")).id = "facts";
+    var panels = main.appendChild(el("div", "panels"));
+    var ck = panels.appendChild(el("div", "panel"));
+    ck.appendChild(el("h2", null, "Newest durable checkpoint"));
+    ck.appendChild(el("div")).id = "ckpt";
+    var al = panels.appendChild(el("div", "panel"));
+    al.appendChild(el("h2", null, "Open alerts"));
+    al.appendChild(el("div")).id = "alerts";
+    var bar = main.appendChild(el("div", "toolbar"));
+    bar.appendChild(el("span", "muted", "x axis:"));
+    [["step", "steps"], ["time", "time"]].forEach(function (m) {
+      var b = bar.appendChild(el("button", m[0] === S.xmode ? "on" : null, m[1]));
+      b.type = "button";
+      b.id = "x-" + m[0];
+      b.addEventListener("click", function () {
+        S.xmode = m[0];
+        Array.prototype.forEach.call(bar.querySelectorAll("button"), function (x) {
+          x.className = x.id === "x-" + m[0] ? "on" : "";
+        });
+        makeCharts();
+      });
+    });
+    main.appendChild(el("div", "events")).id = "events";
+    main.appendChild(el("div", "charts")).id = "charts";
+    var lg = main.appendChild(el("section"));
+    lg.id = "log";
+    lg.hidden = true;
+    lg.appendChild(el("h2", null, "Log tail"));
+    lg.appendChild(el("pre", "log")).id = "log-tail";
+    return loadAll().then(function () {
+      makeCharts();
+      afterPaint("run");
+    });
+  }
+
+  function loadAll() {  // the whole history, in pages, before the first draw
+    return pollRun().then(function (more) { return more ? loadAll() : null; });
+  }
+
+  function pollRun() {
+    var url = "/api/v1/runs/" + encodeURIComponent(S.run) + "/series?after=" + S.after + "&limit=" + PAGE;
+    return api(url).then(function (d) {
+      S.polls++;
+      var n = d.points.seq.length;
+      COLUMNS.forEach(function (c) { Array.prototype.push.apply(S.points[c], d.points[c]); });
+      Array.prototype.push.apply(S.events, d.events);
+      S.after = d.next_after;
+      if (d.summary) S.summary = Object.assign({}, S.summary || {}, d.summary);
+      showSummary();
+      if (n || d.events.length) updateCharts();
+      document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
+      return d.more;
+    });
+  }
+
+  function showSummary() {
+    var r = S.summary;
+    if (!r) {
+      document.getElementById("facts").textContent = "No beats from this run (yet).";
+      return;
+    }
+    stateCell(document.getElementById("run-state"), r);
+    document.getElementById("run-state").dataset.liveness = r.liveness;
+    var facts = document.getElementById("facts");
+    facts.textContent = "";
+    [["box", r.box], ["attempt", r.attempt], ["step", r.step], ["loss", fmtNum(r.loss, 5)],
+     ["lr", fmtNum(r.lr, 3)], ["tokens/s", fmtNum(r.tokens_per_s, 3)],
+     ["GPU", r.gpu_util === null ? "-" : Math.round(r.gpu_util) + "%"],
+     ["GPU mem", r.gpu_mem_used === null ? "-" : fmtBytes(r.gpu_mem_used) + "/" + fmtBytes(r.gpu_mem_total)],
+     ["last beat", fmtAge(r.age_s) + " ago"]].forEach(function (kv) {
+      var s = facts.appendChild(el("span", null, kv[0] + " "));
+      s.appendChild(el("b", null, kv[1] === null || kv[1] === undefined ? "-" : kv[1]));
+    });
+    var ck = document.getElementById("ckpt");
+    ck.textContent = "";
+    var d = r.durable;
+    ck.appendChild(el("div", null, d ? ckptLabel(r) + (d.committed_at ? ", committed " + fmtTime(d.committed_at) : "")
+                                     : "none reported yet"));
+    if (d) ck.appendChild(el("div", null, "verified on the box: " + (r.box_verified ? "yes" : "not reported")));
+    if (r.last_sync) {
+      ck.appendChild(el("div", r.last_sync.ok ? null : "error", "last sync: " +
+        (r.last_sync.ok ? "ok" : "FAILED " + (r.last_sync.error || "")) + ", " + fmtTime(r.last_sync.at)));
+    }
+    var p = ck.appendChild(el("div", "pulled pulled-" + (r.pulled ? r.pulled.status : "unknown"),
+                              "pulled home: " + (r.pulled ? r.pulled.text : "-")));
+    p.id = "pulled";
+    ck.appendChild(el("div", "note", r.pulls_note));
+    var alerts = document.getElementById("alerts");
+    if (r.alerts && r.alerts.length) alertsInto(alerts, r.alerts, true);
+    else alerts.textContent = "none";
+    if (r.log_tail) {
+      document.getElementById("log").hidden = false;
+      document.getElementById("log-tail").textContent = r.log_tail.join("\n");
+    }
+  }
+
+  function showEvents() {  // restarts, boxes, preemptions, failures one by one; commits counted (ticks on the axis)
+    var box = document.getElementById("events");
+    box.textContent = "";
+    var commits = S.events.filter(function (ev) { return ev.kind === "commit"; });
+    S.events.filter(function (ev) { return ev.kind !== "commit"; }).slice(-30).forEach(function (ev) {
+      var e = box.appendChild(el("span", "ev ev-" + ev.kind));
+      e.appendChild(el("span", null, ev.kind + ": " + ev.text + (ev.step !== null ? " (step " + ev.step + ")" : "")));
+    });
+    if (commits.length) {
+      var last = commits[commits.length - 1];
+      var c = box.appendChild(el("span", "ev ev-commit"));
+      c.appendChild(el("span", null, commits.length + (commits.length === 1 ? " commit" : " commits") +
+                       " (ticks on the axis), newest " + last.text + (last.step !== null ? " at step " + last.step : "")));
+    }
+  }
+
+  function chartData(def) {
+    // steps: one point per step (the newest beat at that step: after a resume the redone steps replace the old
+    // ones), in step order; time: every beat in the box clock's order
+    var P = S.points, idx = [], i;
+    if (S.xmode === "step") {
+      var at = new Map();
+      for (i = 0; i < P.seq.length; i++) if (P.step[i] !== null) at.set(P.step[i], i);
+      idx = Array.from(at.values()).sort(function (a, b) { return P.step[a] - P.step[b]; });
+    } else {
+      for (i = 0; i < P.seq.length; i++) if (P.time[i] !== null) idx.push(i);
+      idx.sort(function (a, b) { return P.time[a] - P.time[b]; });
+    }
+    var xs = idx.map(function (j) { return S.xmode === "step" ? P.step[j] : P.time[j]; });
+    var data = [xs];
+    def.series.forEach(function (s) {
+      var col = P[s[0]], k = s[3] || 1;
+      data.push(idx.map(function (j) { return col[j] === null ? null : col[j] * k; }));
+    });
+    return data;
+  }
+
+  function drawEvents(u) {
+    var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, right = left + u.bbox.width;
+    var px = devicePixelRatio || 1;
+    S.events.forEach(function (ev) {
+      var xv = S.xmode === "step" ? ev.step : ev.time;
+      if (xv === null || xv === undefined) return;
+      var x = Math.round(u.valToPos(xv, "x", true));
+      if (x < left || x > right) return;
+      ctx.save();
+      ctx.strokeStyle = EVENT_COLORS[ev.kind] || "#59636e";
+      ctx.lineWidth = (ev.kind === "commit" ? 2 : 1.5) * px;
+      ctx.beginPath();
+      if (ev.kind === "commit") {  // a tick on the x axis: commits are frequent, the curve stays readable
+        ctx.moveTo(x, top + h - 8 * px);
+        ctx.lineTo(x, top + h);
+      } else {
+        ctx.setLineDash([5 * px, 4 * px]);
+        ctx.moveTo(x, top);
+        ctx.lineTo(x, top + h);
+      }
+      ctx.stroke();
+      ctx.restore();
+    });
+  }
+
+  function chartWidth(holder) {  // the grid cell's width (two columns, one on a narrow window), less padding
+    return Math.max(280, (holder || document.querySelector("#charts .chart")).clientWidth - 10);
+  }
+
+  function makeCharts() {
+    S.charts.forEach(function (u) { u.destroy(); });
+    S.charts = [];
+    var box = document.getElementById("charts");
+    box.textContent = "";
+    CHARTS.forEach(function (def) {
+      var holder = box.appendChild(el("div", "chart"));
+      holder.id = "chart-" + def.id;
+      var opts = {
+        title: def.title, width: chartWidth(holder), height: 220,
+        scales: {x: {time: S.xmode === "time"}},
+        series: [{label: S.xmode === "step" ? "step" : "time"}].concat(def.series.map(function (s) {
+          return {label: s[1], stroke: s[2], width: 1.5, spanGaps: !!s[4], points: {show: !!s[4], size: 4}};
+        })),
+        axes: [{space: S.xmode === "time" ? 90 : 60}, {size: 64, values: function (u, vals) { return vals.map(fmtAxis); }}],
+        hooks: {draw: [drawEvents]}
+      };
+      var u = new uPlot(opts, chartData(def), holder);
+      u.onboxId = def.id;
+      markEmpty(u);
+      S.charts.push(u);
+    });
+    showEvents();
+  }
+
+  function markEmpty(u) {  // a chart with no reading at all says so (a GPU-less box reports no GPU numbers)
+    var empty = u.data.slice(1).every(function (ys) { return ys.every(function (y) { return y === null; }); });
+    u.root.parentNode.dataset.empty = String(empty);
+  }
+
+  function updateCharts() {
+    if (!S.charts.length) return;  // the first draw happens once the history is loaded
+    S.charts.forEach(function (u, i) {
+      u.setData(chartData(CHARTS[i]));
+      markEmpty(u);
+    });
+    showEvents();
+  }
+
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () {
+      S.charts.forEach(function (u) { u.setSize({width: chartWidth(u.root.parentNode), height: 220}); });
+    }, 150);
+  });
+
+  // -- polling ---------------------------------------------------------------------------------------------------
+  function schedule() {
+    clearTimeout(S.timer);
+    S.timer = setTimeout(tick, POLL_MS);
+  }
+  function tick() {
+    if (document.hidden) return;  // resumed by visibilitychange
+    (S.view === "run" ? pollRun() : pollList()).then(function () {
+      S.errors = 0;
+      banner(null);
+      schedule();
+    }, failed);
+  }
+  function failed(e) {
+    if (e && e.login) return;
+    S.errors++;
+    S.lastError = String(e && e.message || e);
+    banner("The tracker did not answer (" + S.lastError + "); retrying.");
+    schedule();
+  }
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden) {
+      clearTimeout(S.timer);
+      tick();
+    }
+  });
+
+  function start() {
+    var m = location.pathname.match(/^\/run\/([^/]+)$/);
+    (m ? runView(decodeURIComponent(m[1])) : listView()).then(schedule, failed);
+  }
+  start();
+})();
