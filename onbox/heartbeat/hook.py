@@ -101,8 +101,7 @@ class HeartbeatHook:
             if cfg.mlflow:
                 from onbox.heartbeat.mlflow import sink_for
 
-                sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, (self.slurm or {}).get("job_id"),
-                                      request_timeout, emit=ctx.emit))
+                sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, emit=ctx.emit))
         # Sinks that draw curves (MLflow) get every metric record, not only the newest: spooled with the next beat.
         # The metrics file's read position is saved at each beat: a restarted agent or a relaunch reads on from
         # there instead of sending the file's records again (MLflow would draw them twice).

@@ -319,13 +319,13 @@ class MlflowSink:
         self.rest.close()
 
 
-def sink_for(cfg: Any, run_name: str, run_dir: str, box: str, slurm_job: Optional[str], timeout: float,
+def sink_for(cfg: Any, run_name: str, run_dir: str, box: str, timeout: float,
              emit: Optional[Callable[..., None]] = None) -> MlflowSink:
-    """The sink of `onbox run --mlflow URL`, its params from the run config."""
+    """The sink of `onbox run --mlflow URL`, its params from the run config (slurm_job from the first beat)."""
     import shlex
 
-    params = {"command": shlex.join(cfg.command), "profile": cfg.profile, "box": box, "slurm_job": slurm_job,
-              "durable": cfg.durable, "restart": cfg.restart}
+    params = {"command": shlex.join(cfg.command), "profile": cfg.profile, "box": box, "durable": cfg.durable,
+              "restart": cfg.restart}
     return MlflowSink(cfg.mlflow, cfg.mlflow_experiment, run_name, params,
                       os.path.join(run_dir, "heartbeats", "mlflow.json"), cfg.mlflow_token_file, timeout, emit=emit)
 

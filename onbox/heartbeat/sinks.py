@@ -1,5 +1,6 @@
 """Where heartbeats go: the onbox tracker (HTTP), a JSONL file (e.g. on the durable dir), a healthchecks-style
-ping URL. And the `Sender`: one thread per spooled sink, pushing in order with exponential backoff and jitter.
+ping URL (MLflow: onbox/heartbeat/mlflow.py). And the `Sender`: one thread per spooled sink, pushing in order with
+exponential backoff and jitter, saying when its sink is down (`on_health`) and when it answers again.
 
 Every request has a timeout. `requests` honours HTTP(S)_PROXY / NO_PROXY from the environment (trust_env). The
 tracker token comes from a file or ONBOX_TRACKER_TOKEN, never from argv (U34), and is re-read after a 401.

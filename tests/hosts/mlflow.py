@@ -69,7 +69,8 @@ class MlflowServer:
         self.db = os.path.join(workdir, "mlflow.db")
         self.log_path = os.path.join(workdir, "mlflow.log")
         self.port = 0
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[subprocess.Popen] = None  # when this process started it
+        self.pid = 0  # its process (and process group) id, also when another test worker started it
 
     @property
     def url(self) -> str:
@@ -89,6 +90,7 @@ class MlflowServer:
             # its own session: the server forks uvicorn; stop() signals the group this fixture created
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.workdir, start_new_session=True)
+        self.pid = self.proc.pid
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -103,22 +105,30 @@ class MlflowServer:
         raise RuntimeError("mlflow server not ready after %.0f s:\n%s" % (timeout, self.log()))
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM to the server's process group (made by start), then SIGKILL to it if it lingers."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the server's process group (its own session, made by start()), SIGKILL if it lingers."""
+        from onbox.proc import is_alive
+
+        if not self.pid or (self.proc is not None and self.proc.poll() is not None):
             return
-        pgid = self.proc.pid  # start_new_session: the server leads its own group
+        pgid = self.pid
         try:
             os.killpg(pgid, signal.SIGTERM)
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(timeout)
         except ProcessLookupError:
-            pass
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None:
+                if self.proc.poll() is not None:
+                    break
+            elif not is_alive(pgid):  # another worker's child: gone, or a zombie its parent reaps
+                break
+            time.sleep(0.05)
         try:
-            os.killpg(pgid, signal.SIGKILL)  # a uvicorn worker left behind in the group
+            os.killpg(pgid, signal.SIGKILL)  # what is left of the group (a uvicorn worker)
         except ProcessLookupError:
             pass
+        if self.proc is not None:
+            self.proc.wait(timeout)
 
     def log(self) -> str:
         try:
@@ -218,11 +228,15 @@ class _Relay(BaseHTTPRequestHandler):
         if lose:
             self._drop()  # the server stored it; the agent never hears so
             return
-        self.send_response(r.status_code)
-        self.send_header("Content-Type", r.headers.get("Content-Type", "application/json"))
-        self.send_header("Content-Length", str(len(r.content)))
-        self.end_headers()
-        self.wfile.write(r.content)
+        try:
+            self.send_response(r.status_code)
+            self.send_header("Content-Type", r.headers.get("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(r.content)))
+            self.end_headers()
+            self.wfile.write(r.content)
+        except (BrokenPipeError, ConnectionResetError):  # the agent went away (a test killed it)
+            self.close_connection = True
+            return
         if cut:
             self._drop()
 
@@ -309,16 +323,89 @@ class Mlflow:
         return self.server.runs(self.experiment, deleted)
 
 
+class SharedServer:
+    """One server for the whole test run, shared by the pytest-xdist workers: the first worker that needs it starts
+    it (under a file lock in the run's shared temp dir) and records its PID, start time and port; each worker
+    registers as a user; the last one to leave stops it (by that PID, checked against its start time)."""
+
+    def __init__(self, root: str, me: str) -> None:
+        self.root, self.me = root, me
+        self.info_path = os.path.join(root, "mlflow-server.json")
+        self.lock_path = os.path.join(root, "mlflow-server.lock")
+
+    def _locked(self) -> Any:
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def locked() -> Any:
+            with open(self.lock_path, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)  # waits while another worker starts the server
+                try:
+                    yield
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        return locked()
+
+    def _read(self) -> Dict[str, Any]:
+        try:
+            with open(self.info_path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, info: Dict[str, Any]) -> None:
+        with open(self.info_path + ".tmp", "w") as f:
+            json.dump(info, f)
+        os.replace(self.info_path + ".tmp", self.info_path)
+
+    def acquire(self) -> MlflowServer:
+        from onbox.proc import is_alive, start_time
+
+        with self._locked():
+            info = self._read()
+            if info and is_alive(info["pid"], info["start_time"]):
+                server = MlflowServer(info["workdir"])
+                server.port, server.pid = info["port"], info["pid"]
+                info["users"] = sorted(set(info["users"]) | {self.me})
+            else:
+                server = MlflowServer(os.path.join(self.root, "mlflow-%s" % self.me)).start()
+                info = {"pid": server.pid, "start_time": start_time(server.pid), "port": server.port,
+                        "workdir": server.workdir, "users": [self.me]}
+            self._write(info)
+            return server
+
+    def release(self, server: MlflowServer) -> None:
+        from onbox.proc import is_alive
+
+        with self._locked():
+            info = self._read()
+            users = set(info.get("users") or []) - {self.me}
+            if users:
+                info["users"] = sorted(users)
+                self._write(info)
+                return
+            if info and is_alive(info["pid"], info["start_time"]):
+                server.pid = info["pid"]
+                server.stop()
+            try:
+                os.unlink(self.info_path)
+            except FileNotFoundError:
+                pass
+
+
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """One MLflow server per test session (per xdist worker): tests share it, each in its own experiment."""
+def mlflow_server(tmp_path_factory, worker_id):
+    """One MLflow server for the test run (shared by the xdist workers): tests share it, each in its own
+    experiment (and through its own relay)."""
     require_mlflow()
-    server = MlflowServer(str(tmp_path_factory.mktemp("mlflow")))
-    server.start()
+    base = tmp_path_factory.getbasetemp()
+    shared = SharedServer(str(base.parent if worker_id != "master" else base), worker_id)
+    server = shared.acquire()
     try:
         yield server
     finally:
-        server.stop()
+        shared.release(server)
 
 
 @pytest.fixture

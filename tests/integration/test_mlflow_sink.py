@@ -14,7 +14,7 @@ import pytest
 from onbox.heartbeat.mlflow import MlflowSink, mlflow_doc
 from onbox.heartbeat.sinks import SinkError
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("mlflow")]
+pytestmark = pytest.mark.integration
 
 T0 = 1_750_000_000.0
 
