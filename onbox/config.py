@@ -20,6 +20,9 @@ BEST_MODES = ("min", "max")
 # U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
 # it, crash dumps and `env` in a launch script show it): a token the child never sees cannot leak from there.
 AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
+# U34: with --mlflow on, the MLflow credentials in the agent's environment are the agent's too: the child does not
+# inherit them (a trainer that logs to MLflow itself gets its own with --secret).
+MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
 
 MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
@@ -54,7 +57,7 @@ FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "name", "profile", "ckpt_dir", "durable", "sync_interval", "settle_seconds", "keep_last", "prune_local",
     "final_sync_timeout", "restore_probation", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
     "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
-    "heartbeat_file", "ping_url", "metrics_regex")}
+    "heartbeat_file", "ping_url", "metrics_regex", "mlflow", "mlflow_experiment", "mlflow_token_file")}
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
              env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
              docker_args="--docker-arg", docker_shm_size="--shm-size")
@@ -115,6 +118,9 @@ class RunConfig:
     heartbeat_file: Optional[str] = None  # JSONL file sink (e.g. on the durable dir)
     ping_url: Optional[str] = None  # healthchecks.io-style ping URL
     metrics_regex: List[str] = dataclasses.field(default_factory=list)  # user regexes with named groups
+    mlflow: Optional[str] = None  # MLflow tracking server URL: one MLflow run per onbox run (onbox/heartbeat/mlflow.py)
+    mlflow_experiment: str = "onbox"  # created when missing
+    mlflow_token_file: Optional[str] = None  # bearer token file; else MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     stall_minutes: float = 30.0
     # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
@@ -154,13 +160,18 @@ class RunConfig:
         if self.keep_best_metric is not None and not self.keep_best_metric.strip():
             raise UsageError("--keep-best needs a metric name, e.g. --keep-best eval_loss:min")
         self._check_strings()
-        for key in ("tracker", "ping_url", "metadata_url"):
+        for key in ("tracker", "ping_url", "metadata_url", "mlflow"):
             url = getattr(self, key)
             problem = url is not None and url_problem(url)
             if problem:
-                raise UsageError("%s %r: %s" % (label(key), url, problem),
-                                 hint="e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)"
-                                 if key == "tracker" else "a full http(s) URL with a host, e.g. http://127.0.0.1:8080")
+                raise UsageError("%s %r: %s" % (label(key), url, problem), hint=URL_HINTS.get(
+                    key, "a full http(s) URL with a host, e.g. http://127.0.0.1:8080"))
+        if self.mlflow and "@" in self.mlflow.split("//", 1)[-1].split("/", 1)[0]:
+            # U34: config.json records the URL, `ps` shows the flag: a password in it would be written down
+            raise UsageError("--mlflow: the URL carries credentials (user@ or user:password@)",
+                             hint="give the URL without them; the agent reads MLFLOW_TRACKING_USERNAME/PASSWORD, "
+                                  "MLFLOW_TRACKING_TOKEN or --mlflow-token-file from its own environment")
+        check_mlflow_experiment(self.mlflow_experiment)
         if self.metrics_regex:
             from onbox.telemetry.metrics import MetricsParser
 
@@ -187,6 +198,24 @@ class RunConfig:
             raise UsageError("--shm-size must be a size like 16g or 512m, not %r" % self.docker_shm_size)
         if any("\0" in a for a in self.docker_args):
             raise UsageError("--docker-arg: an argument holds a NUL byte, which no argument can carry")
+
+
+URL_HINTS = {"tracker": "e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)",
+             "mlflow": "the tracking server's base URL, e.g. http://10.0.0.5:5000 (the token goes in "
+                       "--mlflow-token-file or MLFLOW_TRACKING_TOKEN, never in the URL)"}
+
+
+def check_mlflow_experiment(name: Any) -> None:
+    """An MLflow experiment name: some text, one line, no NUL (MLflow takes any other string)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 500 or any(c in name for c in "\0\n\r"):
+        raise UsageError("--mlflow-experiment must be a one-line name of 1 to 500 characters, not %r" % (name,),
+                         hint="e.g. --mlflow-experiment nanogpt-sweeps (created when missing)")
+
+
+def agent_only_vars(cfg: "RunConfig") -> Tuple[str, ...]:
+    """The agent's secrets a child never inherits for this run (U34): the tracker token, and the MLflow
+    credentials when the run sends to MLflow."""
+    return AGENT_ONLY_VARS + (MLFLOW_CREDENTIAL_VARS if cfg.mlflow else ())
 
 
 def label(key: str) -> str:

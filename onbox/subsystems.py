@@ -37,6 +37,10 @@ def preflight(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> None:
             if problem:
                 raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
     heartbeat_preflight(cfg, environ)
+    if cfg.mlflow:
+        from onbox.heartbeat.mlflow import preflight as mlflow_preflight
+
+        mlflow_preflight(cfg, environ)
     if cfg.node_group and cfg.node_group != "-":  # `-` (stdin) is read and checked by `onbox run` itself
         from onbox.multinode.role import load_group
 

@@ -1,4 +1,4 @@
-"""Shared fixtures. Service fixtures (sshd, Slurm, tracker, rclone, network namespaces) live in tests/hosts/
+"""Shared fixtures. Service fixtures (sshd, Slurm, tracker, MLflow, rclone, network namespaces) live in tests/hosts/
 and are loaded as plugins so any test can ask for them."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 import pytest
 
 pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
-                        "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box", "tests.hosts.slurm"]
+                        "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box", "tests.hosts.slurm",
+                        "tests.hosts.mlflow"]
 
 
 @pytest.fixture

@@ -79,6 +79,13 @@ def _options(f: Any) -> Any:
         click.option("--heartbeat-file", type=click.Path(dir_okay=False),
                      help="Also append every heartbeat to this JSONL file (e.g. on the durable dir)."),
         click.option("--ping-url", help="healthchecks.io-style ping URL (/start, success pings, /fail)."),
+        click.option("--mlflow", metavar="URL", help="Also send heartbeats and metrics to this MLflow tracking "
+                     "server (or ONBOX_MLFLOW): one MLflow run per onbox run, found again by its tag onbox.run."),
+        click.option("--mlflow-experiment", metavar="NAME", help="MLflow experiment of the run (or "
+                     "ONBOX_MLFLOW_EXPERIMENT; default onbox; created when missing)."),
+        click.option("--mlflow-token-file", type=click.Path(dir_okay=False), help="File holding the MLflow bearer "
+                     "token (else MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN from the agent's "
+                     "environment; never a flag value, never given to the child)."),
         click.option("--metrics-regex", "metrics_regex", multiple=True, metavar="REGEX",
                      help="A Python regex with named groups (step, loss, eval_loss, lr, tokens_per_s, "
                      "samples_per_s, epoch) for output lines the built-in formats miss. Repeatable."),
@@ -152,7 +159,7 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
         cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
     if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
         cfg.durable = os.path.abspath(cfg.durable)
-    for key in ("tracker_token_file", "heartbeat_file"):
+    for key in ("tracker_token_file", "heartbeat_file", "mlflow_token_file"):
         if getattr(cfg, key):
             setattr(cfg, key, os.path.abspath(os.path.expanduser(getattr(cfg, key))))
     cfg.env_files = [os.path.abspath(os.path.expanduser(p)) for p in cfg.env_files]

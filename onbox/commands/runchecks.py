@@ -47,6 +47,7 @@ def warnings(cli_env: Dict[str, str], cfg: Any) -> List[str]:
                        ", ".join(leaky), "s" if len(leaky) == 1 else "", leaky[0],
                        os.path.join(paths.secrets_dir(), leaky[0])))
     files = [("the tracker token file", cfg.tracker_token_file)] if cfg.tracker_token_file else []
+    files += [("the MLflow token file", cfg.mlflow_token_file)] if cfg.mlflow_token_file else []
     files += [("the --env-file", p) for p in cfg.env_files]
     files += [("the secret", os.path.join(paths.secrets_dir(), parse_secret_spec(s)[1])) for s in cfg.secrets]
     for what, path in files:

@@ -65,7 +65,8 @@ def _summary(rd: Any) -> Dict[str, Any]:
     alive = agent_alive(state)
     state["agent_alive"] = alive
     # what the subsystems recorded beside state.json (hooks.RunContext): newest metrics and checkpoints
-    for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
+    for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json"),
+                          ("mlflow", os.path.join("heartbeats", "mlflow.json"))):
         state[key] = _read_doc(rd.file(filename))
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
@@ -156,7 +157,8 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
             "alive" if doc.get("agent_alive") else "not running"))
         for label, line in (("progress", _progress_line(doc.get("progress"))),
                             ("phase", phase_line(doc["phase"]) if isinstance(doc.get("phase"), dict) else None),
-                            ("checkpoint", _checkpoint_line(doc.get("checkpoint")))):
+                            ("checkpoint", _checkpoint_line(doc.get("checkpoint"))),
+                            ("mlflow", (doc.get("mlflow") or {}).get("run_url"))):
             if line:
                 click.echo("  %s: %s" % (label, line))
         if last:

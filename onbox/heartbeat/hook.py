@@ -27,7 +27,7 @@ from onbox.heartbeat.spool import SeqCounter, Spool
 from onbox.slurm.job import heartbeat_fields
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
 from onbox.telemetry.metrics import MetricsParser
-from onbox.telemetry.progress import MetricsFileTail, Progress
+from onbox.telemetry.progress import MetricsFileTail, PointLog, Progress
 
 if TYPE_CHECKING:
     from onbox.supervisor.hooks import RunContext
@@ -37,6 +37,7 @@ log = logging.getLogger("onbox.heartbeat")
 ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "crashloop", "succeeded", "exited"}
 FAILED_STATES = {"failed", "crash_loop", "crashloop"}
 METRICS_FILE = "metrics.jsonl"
+METRICS_POSITION_FILE = "metrics_position.json"  # in heartbeats/: where the metrics file was read up to
 PROGRESS_FILE = "progress.json"
 CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 
@@ -97,12 +98,28 @@ class HeartbeatHook:
                 sinks.append(TrackerSink(cfg.tracker, cfg.tracker_token_file, timeout=request_timeout))
             if cfg.heartbeat_file:
                 sinks.append(FileSink(cfg.heartbeat_file))
+            if cfg.mlflow:
+                from onbox.heartbeat.mlflow import sink_for
+
+                sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, emit=ctx.emit))
+        # Sinks that draw curves (MLflow) get every metric record, not only the newest: spooled with the next beat.
+        # The metrics file's read position is saved at each beat: a restarted agent or a relaunch reads on from
+        # there instead of sending the file's records again (MLflow would draw them twice).
+        self.points: Optional[PointLog] = PointLog() if any(getattr(s, "wants_points", False) for s in sinks) else None
+        self._position_path = os.path.join(hb_dir, METRICS_POSITION_FILE)
+        self._position_saved: Any = None
+        if self.points is not None:
+            try:
+                self.metrics_tail.resume(read_json(self._position_path))
+            except (OSError, ValueError):
+                pass
+        # One spool and one sender thread per sink: a sink that is down queues only its own beats, the others go on.
         self.senders: List[Sender] = []
         for sink in sinks:
             spool = Spool(os.path.join(hb_dir, "spool-" + sink.name), max_entries=spool_max)
             sender = Sender(sink, spool, batch_size=batch_size,
                             backoff=backoff or Backoff(base=min(1.0, max(self.interval, 0.01)), cap=60.0),
-                            on_death=self._sender_died(sink.name))
+                            on_death=self._sender_died(sink.name), on_health=self._sink_health(sink, hb_dir))
             sender.start()
             self.senders.append(sender)
         if ping is None and cfg.ping_url:
@@ -199,6 +216,16 @@ class HeartbeatHook:
                 hint="the beats stay spooled in %s" % os.path.join(self.ctx.run_dir, "heartbeats")))
         return died
 
+    def _sink_health(self, sink: Any, hb_dir: str) -> Any:
+        def health(ok: bool, error: Optional[str]) -> None:
+            if ok:
+                self.ctx.emit("heartbeat_sink_up", sink=sink.name)
+                return
+            self.ctx.emit("heartbeat_sink_down", sink=sink.name, error=error,
+                          hint=getattr(sink, "down_hint", None) or "the run goes on; its beats wait in %s and are "
+                          "sent, in order, when %s answers" % (os.path.join(hb_dir, "spool-" + sink.name), sink.name))
+        return health
+
     def _metrics_hint(self, mono: float) -> None:
         """Say once when the child has printed for hint_seconds and no line was recognised as metrics (and say
         when one is, so the warning goes). Emitted outside the lock: emit() calls back into on_event."""
@@ -232,6 +259,8 @@ class HeartbeatHook:
         if self._hinted and self.progress.updated_at is None:
             self._recognised_pending = True
         self.progress.update(fields, wall, mono)
+        if self.points is not None:
+            self.points.add(fields, self.progress.values.get("step"), wall)
         self._progress_dirty = True
         loss = fields.get("loss")
         step = self.progress.values.get("step")
@@ -273,6 +302,7 @@ class HeartbeatHook:
             self._last_state = st
             self._next_beat = mono + self.interval
             progress = self.progress.to_dict()
+            points, points_dropped = self.points.take() if self.points is not None else ([], 0)
             last_output_age = None if self._last_output_mono is None else round(mono - self._last_output_mono, 3)
         attempt = state.get("attempt")
         doc: Dict[str, Any] = {
@@ -302,8 +332,14 @@ class HeartbeatHook:
         }
         doc = json_safe(doc)
         for sender in self.senders:
-            sender.spool.put(doc["seq"], doc)
+            shape = getattr(sender.sink, "spool_doc", None)  # a sink may keep less (and the points) in its spool
+            sender.spool.put(doc["seq"], shape(doc, points, points_dropped) if shape else doc)
             sender.notify()
+        if self.points is not None:  # every record read so far is in a spooled beat now
+            position = self.metrics_tail.position()
+            if position != self._position_saved:
+                atomic_write_json(self._position_path, position)
+                self._position_saved = position
         self._send_ping(reason, st, alerts)
         return doc
 

@@ -1,5 +1,6 @@
 """Where heartbeats go: the onbox tracker (HTTP), a JSONL file (e.g. on the durable dir), a healthchecks-style
-ping URL. And the `Sender`: one thread per spooled sink, pushing in order with exponential backoff and jitter.
+ping URL (MLflow: onbox/heartbeat/mlflow.py). And the `Sender`: one thread per spooled sink, pushing in order with
+exponential backoff and jitter, saying when its sink is down (`on_health`) and when it answers again.
 
 Every request has a timeout. `requests` honours HTTP(S)_PROXY / NO_PROXY from the environment (trust_env). The
 tracker token comes from a file or ONBOX_TRACKER_TOKEN, never from argv (U34), and is re-read after a 401.
@@ -219,7 +220,8 @@ class Sender:
 
     def __init__(self, sink: Any, spool: Spool, batch_size: int = 100, backoff: Optional[Backoff] = None,
                  clock: Optional[Clock] = None, on_result: Optional[Callable[[str, bool, str], None]] = None,
-                 on_death: Optional[Callable[[BaseException], None]] = None) -> None:
+                 on_death: Optional[Callable[[BaseException], None]] = None,
+                 on_health: Optional[Callable[[bool, Optional[str]], None]] = None, down_after: int = 3) -> None:
         self.sink = sink
         self.spool = spool
         self.batch_size = batch_size
@@ -227,6 +229,12 @@ class Sender:
         self.clock = clock or SystemClock()
         self.on_result = on_result
         self.on_death = on_death  # the thread ended on an error: beats to this sink stopped (they stay spooled)
+        # on_health(False, error) once `down_after` sends in a row failed, on_health(True, None) at the next
+        # success: a sink that is down is said out loud (events, state.json warnings, alerts), never fatal
+        self.on_health = on_health
+        self.down_after = down_after
+        self.failures = 0
+        self.down = False
         self.rejected = 0
         self.last_error: Optional[str] = None
         self._wake = threading.Event()
@@ -305,6 +313,7 @@ class Sender:
                 log.exception("onbox heartbeat: sender error")
                 sent, ok = 0, False
                 self.last_error = repr(e)
+            self._note(ok)
             if not ok:
                 delay = self.backoff.next_delay()
                 continue
@@ -314,6 +323,20 @@ class Sender:
                 self._idle.set()
                 self._wake.wait()
                 self._wake.clear()
+
+    def _note(self, ok: bool) -> None:
+        if ok:
+            self.failures = 0
+            changed, self.down = self.down, False
+        else:
+            self.failures += 1
+            changed = not self.down and self.failures >= self.down_after
+            self.down = self.down or changed
+        if changed and self.on_health is not None:
+            try:
+                self.on_health(ok, None if ok else self.last_error)
+            except Exception:  # reporting must not stop delivery
+                log.exception("onbox heartbeat: reporting the health of %s failed", self.sink.name)
 
     def flush(self, timeout: float) -> bool:
         """Wait (bounded) until the spool is empty; True when it is."""

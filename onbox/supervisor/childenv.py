@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional
 
 from onbox.config import AGENT_ONLY_VARS
 
@@ -45,10 +45,12 @@ def cpu_quota_cores(root: str = "/") -> Optional[float]:
 
 def child_env(base: Mapping[str, str], run: str, ckpt_dir: str, resume_from: Optional[str], restart_count: int,
               metrics_file: str, preempt_file: str, extra: Mapping[str, str],
-              quota_cores: Optional[float] = None) -> Dict[str, str]:
-    """The user's environment minus the agent's secrets (U34), plus the ONBOX_* contract, PYTHONUNBUFFERED=1
-    (U43) and thread caps (U40). `extra` (the run's --env) is applied last, as given."""
-    env = {k: v for k, v in base.items() if k not in AGENT_ONLY_VARS}
+              quota_cores: Optional[float] = None, agent_only: Iterable[str] = AGENT_ONLY_VARS) -> Dict[str, str]:
+    """The user's environment minus the agent's secrets (U34; `agent_only`, config.agent_only_vars), plus the
+    ONBOX_* contract, PYTHONUNBUFFERED=1 (U43) and thread caps (U40). `extra` (the run's --env) is applied last,
+    as given."""
+    drop = set(agent_only)
+    env = {k: v for k, v in base.items() if k not in drop}
     env.update({
         "ONBOX_RUN": run,
         "ONBOX_CKPT_DIR": ckpt_dir,

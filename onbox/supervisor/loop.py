@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox.clock import Clock, SystemClock
-from onbox.config import RunConfig, check_range, parse_signal
+from onbox.config import RunConfig, agent_only_vars, check_range, parse_signal
 from onbox.errors import UsageError
 from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
 from onbox.slurm import job as slurm
@@ -347,7 +347,8 @@ class Supervisor:
         except UsageError as e:
             secrets, start_error = {}, e
         env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
-                        self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores())
+                        self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores(),
+                        agent_only=agent_only_vars(self.cfg))
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
                 os.unlink(stale)

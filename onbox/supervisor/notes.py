@@ -1,5 +1,6 @@
 """What the supervisor learns from events and must show: a background thread that died, a run whose output no
-metric parser recognises, the Slurm requeue outcome, and when training_status.md is due again.
+metric parser recognises, a heartbeat sink that is down (until it answers again), the Slurm requeue outcome, and
+when training_status.md is due again.
 
 Events reach `RunNotes.on_event` from any thread (the metadata poller, the heartbeat senders and the checkpoint
 commit thread all emit through the supervisor), so the notes are kept under a lock and the loop takes them at its
@@ -38,6 +39,14 @@ class RunNotes:
                                        "message": "%s stopped: the agent's thread %s died (%s)" % (
                                            ev.get("what"), ev.get("thread"), ev.get("error")),
                                        "hint": ev.get("hint")}
+                self._state_due = True
+            elif kind == "heartbeat_sink_down":
+                self._warnings["sink_down:%s" % ev.get("sink")] = {
+                    "code": "sink_down", "severity": "warning", "at": ev.get("time"), "sink": ev.get("sink"),
+                    "message": "heartbeats to %s are failing: %s" % (ev.get("sink"), ev.get("error")),
+                    "hint": ev.get("hint")}
+                self._state_due = True
+            elif kind == "heartbeat_sink_up" and self._warnings.pop("sink_down:%s" % ev.get("sink"), None):
                 self._state_due = True
             elif kind == "metrics_unrecognised":
                 self._warnings["no_metrics"] = {"code": "no_metrics", "severity": "warning", "at": ev.get("time"),

@@ -2,9 +2,10 @@
 ONBOX_METRICS_FILE (`<run dir>/metrics.jsonl`)."""
 from __future__ import annotations
 
+import collections
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from onbox.telemetry.metrics import FIELDS, Fields, parse_json_line
 
@@ -47,6 +48,48 @@ class MetricsFileTail:
             if found:
                 out.append(found)
         return out
+
+
+    def position(self) -> Dict[str, Any]:
+        """Where the next read starts (a partial last line is read again): to resume after an agent restart."""
+        return {"inode": self._inode, "offset": self.offset - len(self._partial)}
+
+    def resume(self, position: Any) -> None:
+        """Start at a saved position(), if it is still this file (same inode, not shorter); else from the top."""
+        try:
+            st = os.stat(self.path)
+            inode, offset = position["inode"], int(position["offset"])
+        except (OSError, TypeError, KeyError, ValueError):
+            return
+        if inode == st.st_ino and 0 <= offset <= st.st_size:
+            self._inode, self.offset, self._partial = inode, offset, b""
+
+
+class PointLog:
+    """Every metric record since the last take(), for the sinks that draw curves (MLflow): [time_ms, step,
+    {field: value}], values JSON-safe, step the newest known. Bounded: past `limit` the oldest go, counted."""
+
+    def __init__(self, limit: int = 10000) -> None:
+        self.limit = limit
+        self._points: Deque[List[Any]] = collections.deque()
+        self._dropped = 0
+
+    def add(self, fields: Fields, step: Any, wall: float) -> None:
+        values = {k: _json_number(v) for k, v in fields.items() if k != "step" and v is not None}
+        if not values:
+            return
+        known = isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+        self._points.append([int(wall * 1000), int(step) if known else None, values])
+        if len(self._points) > self.limit:
+            self._points.popleft()
+            self._dropped += 1
+
+    def take(self) -> Tuple[List[List[Any]], int]:
+        """The points since the last take, and how many were dropped on the way."""
+        out, dropped = list(self._points), self._dropped
+        self._points.clear()
+        self._dropped = 0
+        return out, dropped
 
 
 class Progress:
