@@ -51,6 +51,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "crash_loop_threshold": (0, 1000, "attempts"),
     "log_max_bytes": (0, 2 ** 40, "bytes"),  # 0: never rotate
     "log_backups": (0, 1000, "files"),
+    "log_tail_lines": (0, 200, "lines"),  # 0: the job's output stays on the box
 }
 # The `onbox run` flag of each field that has one (messages name what the user typed).
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
@@ -122,6 +123,7 @@ class RunConfig:
     mlflow_experiment: str = "onbox"  # created when missing
     mlflow_token_file: Optional[str] = None  # bearer token file; else MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
+    log_tail_lines: int = 20  # the last lines of output sent with each beat, secrets redacted (0: none)
     stall_minutes: float = 30.0
     # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
     env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)

@@ -40,6 +40,23 @@ def log_tail(beat: Dict[str, Any]) -> Optional[List[str]]:
     return [str(line)[:LOG_LINE_CHARS] for line in tail[-LOG_TAIL_LINES:]]
 
 
+def phase_of(beat: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Where the run's [[phase]] curriculum stands, as its beat says (None for a plain run)."""
+    p = beat.get("phase")
+    if not isinstance(p, dict) or not isinstance(p.get("index"), int) or not isinstance(p.get("count"), int):
+        return None
+    return {"name": _text(p.get("name"), 100), "index": p["index"], "count": p["count"],
+            "status": _text(p.get("status"), 32)}
+
+
+def node_of(beat: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """This box's rank in a multi-node group over SSH, as its beat says (None for a single-box run)."""
+    n = beat.get("node")
+    if not isinstance(n, dict) or not isinstance(n.get("rank"), int) or not isinstance(n.get("nnodes"), int):
+        return None
+    return {"rank": n["rank"], "nnodes": n["nnodes"], "run": _text(n.get("run"), 256)}
+
+
 def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optional[str],
               doc: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The row of one run from its newest beat (None: unreadable, the run is still listed)."""
@@ -64,7 +81,8 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
         durable=durable, box_verified=ckpt.get("verified") if isinstance(ckpt.get("verified"), bool) else None,
         last_sync={"ok": sync.get("ok"), "error": _text(sync.get("error"), 300), "at": sync.get("at")} if sync else None,
         preemption=beat.get("preemption") if isinstance(beat.get("preemption"), dict) else None,
-        unreadable=doc is None, log_tail=log_tail(beat))
+        unreadable=doc is None, log_tail=log_tail(beat), phase=phase_of(beat), node=node_of(beat),
+        log_lines_total=dig(beat, "log_tail.lines_total") if isinstance(beat.get("log_tail"), dict) else None)
     for k in ("loss", "eval_loss", "lr", "tokens_per_s"):  # "NaN"/"Infinity" strings as the beat carries them
         if isinstance(row.get(k), float) and row[k] != row[k]:
             row[k] = "NaN"

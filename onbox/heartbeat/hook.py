@@ -24,8 +24,10 @@ from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
+from onbox.multinode.role import recorded_role
 from onbox.slurm.job import heartbeat_fields
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
+from onbox.telemetry.logtail import LogTail
 from onbox.telemetry.metrics import MetricsParser
 from onbox.telemetry.progress import MetricsFileTail, PointLog, Progress
 
@@ -58,6 +60,43 @@ def box_name() -> str:
     return os.environ.get("ONBOX_BOX") or socket.gethostname() or "box"
 
 
+def known_secrets(cfg: Any) -> List[str]:
+    """Every secret value the agent can know, to keep out of the log tail it sends (U34): the job's --secret and
+    --env-file values, the tracker and MLflow token files, the agent-only variables of its environment. A secret
+    that cannot be read is skipped here: the attempt that needs it says why."""
+    from onbox.config import agent_only_vars, parse_secret_spec
+    from onbox.errors import UsageError
+    from onbox.supervisor.childenv import read_env_file, read_secret
+
+    values: List[str] = [os.environ.get(var, "") for var in agent_only_vars(cfg)]
+    for path in [cfg.tracker_token_file, cfg.mlflow_token_file]:
+        if path:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    values.append(f.read(1024 * 1024).strip())
+            except OSError:
+                pass
+    for path in cfg.env_files:
+        try:
+            values.extend(read_env_file(path).values())
+        except UsageError:
+            pass
+    for spec in cfg.secrets:
+        try:
+            values.append(read_secret(parse_secret_spec(spec)[1]))
+        except UsageError:
+            pass
+    return [v for v in values if v]
+
+
+def phase_fields(phase: Any) -> Optional[Dict[str, Any]]:
+    """The beat's `phase`: where a [[phase]] curriculum stands (None for a plain run)."""
+    if not isinstance(phase, dict):
+        return None
+    return {k: phase.get(k) for k in ("name", "index", "count", "status", "target_steps", "target_tokens",
+                                      "start_step")}
+
+
 def _pid_alive(pid: Any) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -88,6 +127,7 @@ class HeartbeatHook:
         self.progress = Progress()
         self.box = box_name()
         self.slurm = heartbeat_fields(os.environ)
+        self.node = recorded_role(cfg.node_group)  # this box's rank in a multi-node group over SSH
         hb_dir = os.path.join(ctx.run_dir, "heartbeats")
         os.makedirs(hb_dir, mode=0o700, exist_ok=True)
         self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
@@ -138,6 +178,8 @@ class HeartbeatHook:
         self._progress_written_mono = -1e18
         self._closed = False
         self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
+        self.log_tail = LogTail(cfg.log_tail_lines, known_secrets(cfg))
+        self._secrets_attempt: Any = None
         self._first_output_mono: Optional[float] = None
         self._output_lines = 0
         self._hinted = False  # metrics_unrecognised was emitted (once a supervision)
@@ -147,6 +189,7 @@ class HeartbeatHook:
     def on_output(self, line: str) -> None:
         mono, wall = self.clock.monotonic(), self.clock.time()
         fields = self.parser.parse(line)
+        self.log_tail.add(line)
         with self._lock:
             self._last_output_mono = mono
             self._output_lines += 1
@@ -305,6 +348,9 @@ class HeartbeatHook:
             points, points_dropped = self.points.take() if self.points is not None else ([], 0)
             last_output_age = None if self._last_output_mono is None else round(mono - self._last_output_mono, 3)
         attempt = state.get("attempt")
+        if attempt != self._secrets_attempt:  # an attempt re-reads its secrets (a rotated file): redact the new ones
+            self._secrets_attempt = attempt
+            self.log_tail.set_secrets(known_secrets(self.ctx.config))
         doc: Dict[str, Any] = {
             "schema": SCHEMA,
             "run": self.ctx.name,
@@ -326,6 +372,9 @@ class HeartbeatHook:
             "host": host,
             "disks": disks,
             "alerts": [a.to_dict() for a in alerts],
+            "phase": phase_fields(state.get("phase")),
+            "node": self.node,
+            "log_tail": self.log_tail.snapshot(),
             "spool": {"backlog": sum(s.spool.backlog() for s in self.senders),
                       "dropped": sum(s.spool.dropped for s in self.senders),
                       "errors": {s.sink.name: s.last_error for s in self.senders if s.last_error}},

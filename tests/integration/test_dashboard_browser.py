@@ -51,6 +51,7 @@ def stored_step():
 data = [(x / 10.0, 3.0 * x / 10.0 + 1.0) for x in range(10)]  # fit y = 3x + 1
 w = b = 0.0
 lr = 0.05
+print("loaded WANDB_API_KEY=%s from the environment" % os.environ["WANDB_API_KEY"], flush=True)  # as trainers do
 printed = []
 for step in range(1, steps + 1):
     if step == steps // 2 + 1:
@@ -102,6 +103,10 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
                              extra_args=["--pulls-record", str(tmp_path / "pulls.json")]).start()
     home, record, go = tmp_path / "home", tmp_path / "printed.json", tmp_path / "go"
     (tmp_path / "train.py").write_text(TRAINER)
+    secret = "wandb-" + os.urandom(12).hex()  # the job's secret, printed by the trainer: never in the page
+    (home / "secrets").mkdir(parents=True)
+    (home / "secrets" / "WANDB_API_KEY").write_text(secret + "\n")
+    (home / "secrets" / "WANDB_API_KEY").chmod(0o600)
     page = browser.new_page()
     problems, urls = [], []
     page.on("pageerror", lambda e: problems.append("pageerror: %s" % e))
@@ -131,7 +136,8 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
                       ONBOX_HEARTBEAT_INTERVAL="0.05", ONBOX_BOX="gpu-test")
         with open(tmp_path / "onbox.log", "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "dash", "--restart", "never", "--",
+                [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "dash", "--restart", "never",
+                 "--secret", "WANDB_API_KEY", "--",
                  sys.executable, str(tmp_path / "train.py"), tracker.url, tracker.token_file, "dash", str(record),
                  str(go), str(STEPS)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -154,6 +160,13 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         tps = js(page, "window.onboxDashboard.charts[2].data")
         assert tps[0] == list(range(1, STEPS + 1)) and tps[1] == [1000.0 + s for s in tps[0]]
         assert js(page, "document.querySelector('#run-state .state').textContent") == "running"
+        # -- the log tail the agent sent: the trainer's last lines, its secret replaced
+        wait_for(lambda: "step=%d loss=" % STEPS in page.inner_text("#log-tail"), 30, "the last step in the log tail")
+        tail = page.inner_text("#log-tail").splitlines()
+        assert tail[0] == "loaded WANDB_API_KEY=[secret] from the environment"
+        assert tail[1:] == ["step=%d loss=%.6f lr=0.05 tok/s=%.1f" % (s, l, 1000.0 + s) for s, l in printed]
+        assert page.inner_text("#log-count") == " (the last %d of %d lines)" % (STEPS + 1, STEPS + 1)
+        assert secret not in page.content()
         page.screenshot(path=str(tmp_path / "dashboard-run-live.png"), full_page=True)
 
         # -- the agent dies (SIGKILL, no final beat): the open page marks the run SILENT
@@ -172,6 +185,8 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert problems == []
         assert urls and not [u for u in urls if tracker.token in u]
+        stored = b"".join(open(f, "rb").read() for f in (tracker.db, tracker.db + "-wal") if os.path.exists(f))
+        assert b"WANDB_API_KEY=[secret]" in stored and secret.encode() not in stored  # nor in what the tracker keeps
     finally:
         if proc is not None and proc.poll() is None:
             kill_if_alive(state(home, "dash").get("child_pid"))

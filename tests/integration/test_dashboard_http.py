@@ -135,3 +135,26 @@ def test_over_tls_the_cookie_is_secure(tmp_path, cert):  # noqa: F811 (the fixtu
         assert cookie.startswith("onbox_session_%d=" % t.port) and "; Secure" in cookie and "HttpOnly" in cookie
     finally:
         t.kill()  # SIGKILL: after an HTTPS request, a SIGTERM'd tracker waits out uvicorn's 10 s graceful shutdown
+
+
+def test_a_rows_phase_node_and_log_tail_come_from_its_newest_beat(tmp_path):
+    t = TrackerProcess(str(tmp_path / "tracker")).start()
+    try:
+        phase = {"name": "finetune", "index": 1, "count": 3, "status": "running", "target_steps": 200,
+                 "target_tokens": None, "start_step": 100}
+        node = {"group": "ab12cd34", "run": "big", "rank": 1, "nnodes": 2}
+        tail = {"lines": ["step=1 loss=2.0", "step=2 loss=1.5"], "lines_total": 40, "redacted": 0}
+        assert t.post([beat("big.node1", 1, phase=phase, node=node, log_tail=tail),
+                       beat("plain", 1, phase=None, node=None, log_tail=None)]).status_code == 200
+        odd = t.post([beat("odd", 1, phase={"index": "one"}, node={"rank": -1}, log_tail={"lines": [1]})])
+        assert odd.status_code == 400 and "phase.index" in odd.text, odd.text  # the schema says what each holds
+        rows = {r["run"]: r for r in requests.get(t.url + "/api/v1/overview", headers=t.headers(),
+                                                   timeout=10).json()["runs"]}
+        assert rows["big.node1"]["phase"] == {"name": "finetune", "index": 1, "count": 3, "status": "running"}
+        assert rows["big.node1"]["node"] == {"rank": 1, "nnodes": 2, "run": "big"}
+        assert rows["big.node1"]["has_log"] is True and "log_tail" not in rows["big.node1"]  # the list stays light
+        assert rows["plain"]["phase"] is None and rows["plain"]["node"] is None and rows["plain"]["has_log"] is False
+        summary = requests.get(t.url + "/api/v1/runs/big.node1/series", headers=t.headers(), timeout=10).json()["summary"]
+        assert summary["log_tail"] == tail["lines"] and summary["log_lines_total"] == 40
+    finally:
+        t.stop()

@@ -167,13 +167,18 @@
     return tr;
   }
 
+  function phaseText(p) {  // "phase 2/3 finetune"
+    return "phase " + (p.index + 1) + "/" + p.count + (p.name ? " " + p.name : "");
+  }
+
   function fillRow(row) {
     var tr = listRow(row.run), c = tr.cells;
     tr.className = "live-" + row.liveness;
     tr.dataset.liveness = row.liveness;
     tr.dataset.state = row.state;
-    c[1].textContent = row.box;
+    c[1].textContent = row.box + (row.node ? " · node " + row.node.rank + "/" + row.node.nnodes : "");
     stateCell(c[2], row);
+    if (row.phase) c[2].appendChild(el("span", "phase", " · " + phaseText(row.phase)));
     c[3].textContent = row.attempt === null ? "-" : row.attempt;
     c[4].textContent = row.step === null ? "-" : row.step;
     c[5].textContent = fmtNum(row.loss, 4);
@@ -259,7 +264,7 @@
     var lg = main.appendChild(el("section"));
     lg.id = "log";
     lg.hidden = true;
-    lg.appendChild(el("h2", null, "Log tail"));
+    lg.appendChild(el("h2", null, "Log tail")).appendChild(el("span", "note")).id = "log-count";
     lg.appendChild(el("pre", "log")).id = "log-tail";
     return loadAll().then(function () {
       makeCharts();
@@ -301,7 +306,9 @@
      ["lr", fmtNum(r.lr, 3)], ["tokens/s", fmtNum(r.tokens_per_s, 3)],
      ["GPU", r.gpu_util === null ? "-" : Math.round(r.gpu_util) + "%"],
      ["GPU mem", r.gpu_mem_used === null ? "-" : fmtBytes(r.gpu_mem_used) + "/" + fmtBytes(r.gpu_mem_total)],
-     ["last beat", fmtAge(r.age_s) + " ago"]].forEach(function (kv) {
+     ["last beat", fmtAge(r.age_s) + " ago"]].concat(
+      r.phase ? [["phase", phaseText(r.phase) + (r.phase.status ? " (" + r.phase.status + ")" : "")]] : [],
+      r.node ? [["node", r.node.rank + " of " + r.node.nnodes]] : []).forEach(function (kv) {
       var s = facts.appendChild(el("span", null, kv[0] + " "));
       s.appendChild(el("b", null, kv[1] === null || kv[1] === undefined ? "-" : kv[1]));
     });
@@ -325,6 +332,8 @@
     if (r.log_tail) {
       document.getElementById("log").hidden = false;
       document.getElementById("log-tail").textContent = r.log_tail.join("\n");
+      document.getElementById("log-count").textContent = r.log_lines_total ?
+        " (the last " + r.log_tail.length + " of " + r.log_lines_total + " lines)" : "";
     }
   }
 
