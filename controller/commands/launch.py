@@ -59,6 +59,15 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--checkpoint-signal", default=None, help="Signal forwarded to the trainer on preemption.")
 @click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
+@click.option("--secret", "secret", multiple=True, metavar="NAME|VAR=NAME",
+              help="The job gets VAR (default NAME) from the box's .onbox/secrets/NAME, put there by `onboxctl secrets "
+                   "push BOX NAME`; the value never travels in an argv (repeatable).")
+@click.option("--env-file", "env_file", multiple=True, metavar="PATH",
+              help="KEY=VAL file on the box for the job's environment, read at each attempt (repeatable).")
+@click.option("--mlflow", default=None, help="MLflow tracking server URL the agent sends the run to (the box must "
+                                             "reach it).")
+@click.option("--mlflow-experiment", default=None, help="MLflow experiment name (created when missing).")
+@click.option("--mlflow-token-file", default=None, help="Bearer token file on the box for MLflow.")
 @click.option("--tracker", default=None,
               help="Tracker URL. One on this machine (127.0.0.1, localhost, ::1) is reached through an ssh tunnel.")
 @click.option("--tunnel/--no-tunnel", "tunnel", default=None,
@@ -115,6 +124,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     for kv in opts.get("env") or ():
         if not ENV_NAME_RE.fullmatch(kv.partition("=")[0]) or "=" not in kv:
             raise UsageError("--env must look like KEY=VAL (KEY letters, digits and _), not %r" % kv)
+    _check_job_secrets(opts)
     if tracker is not None:
         tracker = check_tracker_url(tracker, "--tracker")
     elif tunnel:
@@ -155,6 +165,31 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
                           timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to)
     _report(ctx, results, as_json)
+
+
+def _check_job_secrets(opts: Dict[str, Any]) -> None:
+    """What `onbox run` on the box would refuse, refused here before any ssh: secret names, box paths, MLflow."""
+    from onbox.config import check_mlflow_experiment, parse_secret_spec, url_problem
+
+    for spec in opts.get("secret") or ():
+        parse_secret_spec(spec)
+    for what in [("--env-file", p) for p in opts.get("env_file") or ()] + \
+            [("--mlflow-token-file", opts.get("mlflow_token_file"))]:
+        flag, path = what
+        if path is not None and (not path or path.startswith("-") or any(ord(c) < 32 for c in path)):
+            raise UsageError("invalid %s %r" % (flag, path), hint="a file on the box, e.g. /workspace/job.env")
+    url = opts.get("mlflow")
+    if url is not None:
+        problem = url_problem(url) or ("spaces or control characters in it" if any(c.isspace() or ord(c) < 32
+                                                                                    for c in url) else None)
+        if not problem and "@" in url.split("//", 1)[-1].split("/", 1)[0]:
+            problem = "credentials in the URL: the agent reads the token from --mlflow-token-file"
+        if problem:
+            raise UsageError("--mlflow %r: %s" % (url, problem), hint="e.g. --mlflow http://mlflow.internal:5000")
+    if opts.get("mlflow_experiment") is not None:
+        check_mlflow_experiment(opts["mlflow_experiment"])
+    if opts.get("mlflow_experiment") is not None and opts.get("mlflow") is None:
+        raise UsageError("--mlflow-experiment goes with --mlflow", hint="e.g. --mlflow http://mlflow.internal:5000")
 
 
 def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[str], cmd: List[str],

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import subprocess_env
 from tests.hosts.sshd_box import close_masters
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +52,22 @@ def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_
     assert [(x["box"], x["name"], x["ok"]) for x in runs] == [("b1", "sweep-b1", True), ("b2", "sweep-b2", True)]
     assert all(x["state"] == "running" and x["pid"] for x in runs)
     fan = tmp_path / "fan.txt"
-    fan.write_text("# one box a line\nb3 -- sleep 31\n")
-    r = ctl(ctl_env, "run", "--fanout", str(fan), "--name", "solo", "--json")
+    got = tmp_path / "got"  # the job writes what it was given (the box is this machine, behind a real sshd)
+    fan.write_text("# one box a line\nb3 -- sh -c 'printf %%s \"$WANDB:$BATCH\" > %s.tmp && mv %s.tmp %s; sleep 31'\n"
+                   % (got, got, got))
+    secret = "wandb-" + os.urandom(8).hex()
+    subprocess.run([sys.executable, "-m", "controller", "secrets", "push", "b3", "wandbkey"], env=ctl_env,
+                   input=secret.encode(), capture_output=True, timeout=60, check=True)
+    env_file = tmp_path / "job.env"
+    env_file.write_text("BATCH=32\n")
+    r = ctl(ctl_env, "run", "--fanout", str(fan), "--name", "solo", "--json", "--secret", "WANDB=wandbkey",
+            "--env-file", str(env_file))
     assert json.loads(r.stdout)["runs"][0]["name"] == "solo"
+    wait_for(got.exists, 30, "the job's output")
+    assert got.read_text() == secret + ":32"  # the secret reached the job, through the box's secrets dir
+    record = subprocess.run(["ssh", *sshd_box.client_options_argv(), "-p", str(sshd_box.port), "root@127.0.0.1",
+                             "cat .onbox/runs/solo/config.json"], capture_output=True, text=True, timeout=60)
+    assert '"WANDB=wandbkey"' in record.stdout and secret not in record.stdout  # recorded by name, never by value
     # a second launch under a live name is refused by the agent (no double launch), reported per box
     r = ctl(ctl_env, "run", "b1", "--name", "sweep-b1", "--", "sleep", "1", check=False)
     assert r.returncode != 0 and "FAILED to start sweep-b1" in r.stderr
