@@ -196,7 +196,7 @@ class RunConfig:
         image = self.docker_image
         if image is not None and (not image or image.startswith("-") or any(c.isspace() or ord(c) < 32 for c in image)):
             raise UsageError("--docker %r is not an image name" % image, hint="e.g. --docker pytorch/pytorch@sha256:...")
-        if not SHM_SIZE_RE.match(self.docker_shm_size or ""):
+        if not SHM_SIZE_RE.fullmatch(self.docker_shm_size or ""):
             raise UsageError("--shm-size must be a size like 16g or 512m, not %r" % self.docker_shm_size)
         if any("\0" in a for a in self.docker_args):
             raise UsageError("--docker-arg: an argument holds a NUL byte, which no argument can carry")
@@ -251,7 +251,7 @@ def _fmt(x: float) -> str:
 
 def check_env_entry(key: str, value: str, where: str) -> None:
     """A variable the child may get: a portable name, no NUL, not the agent's own secret (U34)."""
-    if not ENV_NAME_RE.match(key):
+    if not ENV_NAME_RE.fullmatch(key):
         raise UsageError("%s: %r is not a valid environment variable name" % (where, key),
                          hint="letters, digits and '_', not starting with a digit")
     if "\0" in value:

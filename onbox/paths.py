@@ -34,7 +34,7 @@ def run_dir(name: str) -> str:
 
 def valid_run_name(name: str) -> bool:
     """Run names become directory names and tracker keys: letters, digits, '.', '_', '-'."""
-    return bool(RUN_NAME_RE.match(name))
+    return bool(RUN_NAME_RE.fullmatch(name))
 
 
 def secrets_dir() -> str:
@@ -43,7 +43,7 @@ def secrets_dir() -> str:
 
 def valid_secret_name(name: str) -> bool:
     """A file name inside secrets_dir(): never a path (no '/', no leading '.')."""
-    return bool(SECRET_NAME_RE.match(name))
+    return bool(SECRET_NAME_RE.fullmatch(name))
 
 
 def home_problem() -> Optional[str]:

@@ -74,7 +74,7 @@ def _weights_problem(root: str, files: List[str]) -> Optional[str]:
 def _is_hf_trainer(name: str, top: set) -> bool:
     if HF_STATE in top or HF_ARGS in top:
         return True
-    return bool(HF_NAME_RE.match(name)) and bool(top & {"config.json", "optimizer.pt", "scheduler.pt",
+    return bool(HF_NAME_RE.fullmatch(name)) and bool(top & {"config.json", "optimizer.pt", "scheduler.pt",
                                                        "rng_state.pth", *WEIGHT_FILES})
 
 
@@ -92,7 +92,7 @@ def dir_layout(path: str, files: List[str]) -> Layout:
         if tag and any(f.startswith(tag + "/") for f in files):
             return Layout("deepspeed", None, "`latest` names %s (written after every rank saved)" % tag)
         return Layout("deepspeed", "`latest` names %r, which holds no files" % tag)
-    ds = DEEPSPEED_STEP_RE.match(name)
+    ds = DEEPSPEED_STEP_RE.fullmatch(name)
     if ds and any(f.startswith("mp_rank_") or f.startswith("zero_pp_rank_") for f in top):
         return _deepspeed_tag(path, int(ds.group(1)))
     if _is_hf_trainer(name, top):
@@ -124,7 +124,7 @@ def _deepspeed_tag(path: str, step: int) -> Layout:
             latest = f.read(4096).decode("utf-8", "replace").strip()
     except OSError:
         return Layout("deepspeed", "no `latest` file beside it yet (DeepSpeed writes it after the save)")
-    m = DEEPSPEED_STEP_RE.match(latest)
+    m = DEEPSPEED_STEP_RE.fullmatch(latest)
     if m and int(m.group(1)) >= step:
         return Layout("deepspeed", None, "`latest` names %s" % latest)
     return Layout("deepspeed", "`latest` names %r, not this tag yet" % latest)

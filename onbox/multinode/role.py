@@ -122,7 +122,7 @@ def check_addr(value: Any, what: str) -> str:
         return value
     except ValueError:
         pass
-    if not HOST_RE.match(value):
+    if not HOST_RE.fullmatch(value):
         raise UsageError("%s %r is neither an IP address nor a host name" % (what, value))
     return value
 
@@ -143,7 +143,7 @@ def parse_group(doc: Any, source: str) -> NodeGroup:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise bad("not a %s document" % SCHEMA)
     group, run, key = doc.get("group"), doc.get("run"), doc.get("key")
-    if not isinstance(group, str) or not GROUP_ID_RE.match(group):
+    if not isinstance(group, str) or not GROUP_ID_RE.fullmatch(group):
         raise bad("group must be 8-64 lowercase hex digits")
     if not isinstance(run, str) or not paths.valid_run_name(run):
         raise bad("run must be a run name, not %r" % (run,))

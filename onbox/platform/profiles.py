@@ -121,7 +121,7 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
 
     for table in ("billing", "preemption", "paths"):
         t = data.get(table) or {}
-        if "verified" in t and not MONTH_RE.match(t["verified"]):
+        if "verified" in t and not MONTH_RE.fullmatch(t["verified"]):
             raise _problem(path, prefix + table + ".verified", "expected a month YYYY-MM, not %r" % t["verified"])
         if "confidence" in t and t["confidence"] not in CONFIDENCE:
             raise _problem(path, prefix + table + ".confidence", "expected one of %s" % "|".join(CONFIDENCE))
@@ -139,7 +139,7 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
         if value is not None and not (math.isfinite(value) and 0 <= value <= high):
             raise _problem(path, prefix + "preemption." + key, "must be a number from 0 to %d, not %r" % (high, value))
     for g in data.get("gotchas") or []:
-        if not isinstance(g, str) or not GOTCHA_RE.match(g):
+        if not isinstance(g, str) or not GOTCHA_RE.fullmatch(g):
             raise _problem(path, prefix + "gotchas", "expected ids like \"U7\", not %r" % (g,))
     for key in ("notes",):
         if not all(isinstance(n, str) for n in data.get(key) or []):
@@ -167,7 +167,7 @@ def validate(data: Mapping[str, Any], path: str, partial: bool = False) -> None:
     for table, spec in SCHEMA.items():
         if table and isinstance(data.get(table), dict):
             _check_table(path, table, data[table], spec, partial)
-    if not partial and not NAME_RE.match(data["name"]):
+    if not partial and not NAME_RE.fullmatch(data["name"]):
         raise _problem(path, "name", "use lowercase letters, digits and '-', not %r" % data["name"])
     _check_values(path, "", data)
     for sub, body in (data.get("platforms") or {}).items():
