@@ -164,7 +164,7 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         wait_for(lambda: "step=%d loss=" % STEPS in page.inner_text("#log-tail"), 30, "the last step in the log tail")
         tail = page.inner_text("#log-tail").splitlines()
         assert tail[0] == "loaded WANDB_API_KEY=[secret] from the environment"
-        assert tail[1:] == ["step=%d loss=%.6f lr=0.05 tok/s=%.1f" % (s, l, 1000.0 + s) for s, l in printed]
+        assert tail[1:] == ["step=%d loss=%.6f lr=0.05 tok/s=%.1f" % (s, loss, 1000.0 + s) for s, loss in printed]
         assert page.inner_text("#log-count") == " (the last %d of %d lines)" % (STEPS + 1, STEPS + 1)
         assert secret not in page.content()
         page.screenshot(path=str(tmp_path / "dashboard-run-live.png"), full_page=True)
@@ -185,7 +185,11 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
                 assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert problems == []
         assert urls and not [u for u in urls if tracker.token in u]
-        stored = b"".join(open(f, "rb").read() for f in (tracker.db, tracker.db + "-wal") if os.path.exists(f))
+        stored = b""
+        for path in (tracker.db, tracker.db + "-wal"):
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    stored += f.read()
         assert b"WANDB_API_KEY=[secret]" in stored and secret.encode() not in stored  # nor in what the tracker keeps
     finally:
         if proc is not None and proc.poll() is None:

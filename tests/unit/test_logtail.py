@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+
 from onbox.clock import FakeClock
 from onbox.heartbeat.schema import load_schema, validate
 from onbox.telemetry.logtail import LINE_CHARS, LogTail
@@ -78,7 +79,7 @@ def test_a_secret_rotated_between_attempts_is_redacted_from_the_next_attempt_on(
     (home / "secrets").mkdir(parents=True)
     (home / "secrets" / "key").write_text("first-secret-value")
     monkeypatch.setenv("ONBOX_HOME", str(home))
-    hook, _run_dir, out = make(tmp_path, FakeClock(), secrets=["KEY=key"])
+    hook, _run_dir, _out = make(tmp_path, FakeClock(), secrets=["KEY=key"])
     hook.beat(dict(STATE, attempt=0), "start")
     (home / "secrets" / "key").write_text("second-secret-value")
     hook.beat(dict(STATE, attempt=1), "event")  # a new attempt reads the secrets again, as the supervisor does
@@ -90,7 +91,7 @@ def test_a_secret_rotated_between_attempts_is_redacted_from_the_next_attempt_on(
 
 def test_an_unreadable_secret_does_not_stop_the_beats(tmp_path, monkeypatch):
     monkeypatch.setenv("ONBOX_HOME", str(tmp_path / "home"))  # no secrets dir: the attempt says why, not the tail
-    hook, _run_dir, out = make(tmp_path, FakeClock(), secrets=["MISSING"], env_files=[str(tmp_path / "none.env")])
+    hook, _run_dir, _out = make(tmp_path, FakeClock(), secrets=["MISSING"], env_files=[str(tmp_path / "none.env")])
     hook.on_output("hello")
     doc = hook.beat(STATE, "start")
     hook.close(STATE)
