@@ -38,6 +38,7 @@ class RunRow:
     liveness: str = "ok"  # ok | late | silent | ended (tracker) | unknown (asked over ssh)
     alerts: List[str] = dataclasses.field(default_factory=list)
     source: str = "tracker"
+    phase: Optional[str] = None  # "2/3 finetune": where a [[phase]] curriculum stands (None for a plain run)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,7 +112,16 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         liveness=str(liveness or "ok"),
         alerts=[str(dig(a, "code", "kind") or a) for a in alerts],
         source=source,
+        phase=_phase_label(beat.get("phase")),
     )
+
+
+def _phase_label(phase: Any) -> Optional[str]:
+    """"2/3 finetune" from a beat's (or state.json's) `phase`: index counted from 1, then the name."""
+    if not isinstance(phase, dict) or not isinstance(phase.get("index"), int) or not isinstance(phase.get("count"), int):
+        return None
+    name = str(phase.get("name") or "")[:40]
+    return ("%d/%d %s" % (phase["index"] + 1, phase["count"], name)).strip()
 
 
 def rows_from_tracker(doc: Any, now: Optional[float] = None) -> List[RunRow]:
@@ -209,7 +219,8 @@ def render_table(rows: Iterable[RunRow]) -> str:
         mark = LIVENESS_MARK.get(r.liveness)
         if mark:
             beat = "%s %s" % (beat, mark)
-        lines.append((r.box, r.run, r.state, "-" if r.attempt is None else str(r.attempt),
+        state = "%s (phase %s)" % (r.state, r.phase) if r.phase else r.state
+        lines.append((r.box, r.run, state, "-" if r.attempt is None else str(r.attempt),
                       "-" if r.step is None else str(r.step), fmt_num(r.loss), fmt_num(r.tokens_per_s, 3),
                       "-" if r.gpu_util is None else "%.0f" % r.gpu_util, mem, r.checkpoint or "-",
                       beat + ("  ! " + ",".join(r.alerts) if r.alerts else "")))

@@ -66,16 +66,21 @@ def test_status_table_golden_with_late_and_silent():
         {"run": "sweep-3", "box": "spot7", "liveness": "silent", "age_s": 1260,
          "latest": {"run": "sweep-3", "box": "spot7", "state": "preempting", "attempt": 1, "time": NOW - 1260,
                     "progress": {"step": 50}, "gpus": {"available": False, "gpus": [], "reason": "no driver"}}},
+        {"run": "curriculum", "box": "gpu3", "liveness": "ok",
+         "latest": _beat(run="curriculum", box="gpu3", phase={"name": "anneal", "index": 2, "count": 3})},
     ]}
     rows = rows_from_tracker(doc, now=NOW)
-    assert [r.liveness for r in rows] == ["ok", "late", "silent"]
+    assert [r.liveness for r in rows] == ["ok", "late", "ok", "silent"]
+    assert [r.phase for r in rows] == [None, None, "3/3 anneal", None]
     check_golden("status_table.txt", render_table(rows))
 
 
 def test_status_rows_from_box_fallback():
     rows = rows_from_box_status("gpu1", {"runs": [{"name": "a", "state": "running", "attempt": 1,
-                                                   "progress": {"step": 5, "loss": 2.5}}]}, now=NOW)
+                                                   "progress": {"step": 5, "loss": 2.5},
+                                                   "phase": {"name": "warmup", "index": 0, "count": 2}}]}, now=NOW)
     assert rows[0].run == "a" and rows[0].step == 5 and rows[0].source == "ssh" and rows[0].liveness == "unknown"
+    assert rows[0].phase == "1/2 warmup" and "running (phase 1/2 warmup)" in render_table(rows)
     assert "(no runs)" in render_table([])
 
 
