@@ -26,6 +26,7 @@ from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSi
 from onbox.heartbeat.spool import SeqCounter, Spool
 from onbox.multinode.role import recorded_role
 from onbox.slurm.job import heartbeat_fields
+from onbox.supervisor.childenv import secret_values
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
 from onbox.telemetry.logtail import LogTail
 from onbox.telemetry.metrics import MetricsParser
@@ -58,35 +59,6 @@ def json_safe(obj: Any) -> Any:
 
 def box_name() -> str:
     return os.environ.get("ONBOX_BOX") or socket.gethostname() or "box"
-
-
-def known_secrets(cfg: Any) -> List[str]:
-    """Every secret value the agent can know, to keep out of the log tail it sends (U34): the job's --secret and
-    --env-file values, the tracker and MLflow token files, the agent-only variables of its environment. A secret
-    that cannot be read is skipped here: the attempt that needs it says why."""
-    from onbox.config import agent_only_vars, parse_secret_spec
-    from onbox.errors import UsageError
-    from onbox.supervisor.childenv import read_env_file, read_secret
-
-    values: List[str] = [os.environ.get(var, "") for var in agent_only_vars(cfg)]
-    for path in [cfg.tracker_token_file, cfg.mlflow_token_file]:
-        if path:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    values.append(f.read(1024 * 1024).strip())
-            except OSError:
-                pass
-    for path in cfg.env_files:
-        try:
-            values.extend(read_env_file(path).values())
-        except UsageError:
-            pass
-    for spec in cfg.secrets:
-        try:
-            values.append(read_secret(parse_secret_spec(spec)[1]))
-        except UsageError:
-            pass
-    return [v for v in values if v]
 
 
 def phase_fields(phase: Any) -> Optional[Dict[str, Any]]:
@@ -178,7 +150,7 @@ class HeartbeatHook:
         self._progress_written_mono = -1e18
         self._closed = False
         self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
-        self.log_tail = LogTail(cfg.log_tail_lines, known_secrets(cfg))
+        self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg))
         self._secrets_attempt: Any = None
         self._first_output_mono: Optional[float] = None
         self._output_lines = 0
@@ -350,7 +322,7 @@ class HeartbeatHook:
         attempt = state.get("attempt")
         if attempt != self._secrets_attempt:  # an attempt re-reads its secrets (a rotated file): redact the new ones
             self._secrets_attempt = attempt
-            self.log_tail.set_secrets(known_secrets(self.ctx.config))
+            self.log_tail.set_secrets(secret_values(self.ctx.config))
         doc: Dict[str, Any] = {
             "schema": SCHEMA,
             "run": self.ctx.name,

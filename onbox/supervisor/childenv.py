@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from onbox.config import AGENT_ONLY_VARS
 
@@ -164,3 +164,31 @@ def secret_env(env_files: List[str], secrets: List[str]) -> Dict[str, str]:
         check_env_entry(var, value, "--secret %s" % spec)
         out[var] = value
     return out
+
+
+def secret_values(cfg: Any) -> List[str]:
+    """Every secret value the agent can know, to keep out of the log tail it sends (U34): the job's --secret and
+    --env-file values, the tracker and MLflow token files, the agent-only variables of its environment. A secret
+    that cannot be read is skipped here: the attempt that needs it says why."""
+    from onbox.config import agent_only_vars, parse_secret_spec
+    from onbox.errors import UsageError
+
+    values: List[str] = [os.environ.get(var, "") for var in agent_only_vars(cfg)]
+    for path in [cfg.tracker_token_file, cfg.mlflow_token_file]:
+        if path:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    values.append(f.read(1024 * 1024).strip())
+            except OSError:
+                pass
+    for path in cfg.env_files:
+        try:
+            values.extend(read_env_file(path).values())
+        except UsageError:
+            pass
+    for spec in cfg.secrets:
+        try:
+            values.append(read_secret(parse_secret_spec(spec)[1]))
+        except UsageError:
+            pass
+    return [v for v in values if v]
