@@ -236,7 +236,7 @@ class QueueRunner:
         return None  # started before (a preemption, or a runner that died): the agent resumes it
 
     def _record_end(self, r: Running, status: ExitStatus) -> None:
-        state, message = self._outcome(r.entry, status)
+        state, message = self._outcome(r.entry, status, r.child.pid)
         if state == FAILED:
             self.failed.append(r.entry.name)
         with self.journal.locked():
@@ -244,10 +244,13 @@ class QueueRunner:
         self._log("entry %d %s: %s%s" % (r.entry.id, r.entry.name, state, (" — " + message) if message else ""))
         self._status("stopping" if self.notice else "running")
 
-    def _outcome(self, e: Entry, status: ExitStatus) -> Tuple[str, str]:
+    def _outcome(self, e: Entry, status: ExitStatus, agent_pid: int) -> Tuple[str, str]:
         """The entry's state from its agent's exit code (0 done or stopped, 1 failed, 2/3 refused, 75 preempted)
-        and its run's state.json (an adopted agent's code cannot be known)."""
+        and its run's state.json (an adopted agent's code cannot be known). A state.json another agent wrote (the
+        entry's previous launch: an agent that refused to start writes none) says nothing about this one."""
         doc = RunDir(os.path.join(self.runs_dir, e.name)).read_state() or {}
+        if doc.get("agent_pid") != agent_pid:
+            doc = {}
         run_state, message = doc.get("state"), str(doc.get("message") or "")
         if status.code == 75 or run_state == "preempted":
             return PREEMPTED, "stopped after its final commit; `onbox queue run` resumes it from its newest checkpoint"

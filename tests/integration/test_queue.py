@@ -217,3 +217,27 @@ def _seam(fake):
     from onbox.gpu.nvml import NvmlSeam
 
     return NvmlSeam(fake)
+
+
+def test_an_entry_whose_agent_refuses_on_resume_fails_and_is_not_restarted_forever(
+        onbox_home, tmp_path, capsys, fast, cleanup):
+    """The run's state.json still says `preempted` (its previous launch) when the relaunched agent refuses to start
+    (exit 2: its script lost its x bit): that stale state is not this agent's word. The entry fails with the
+    agent's reason; it is not taken for preempted again and restarted at every tick."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\nexec %s\n" % " ".join(
+        [*TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "2"]))
+    os.chmod(script, 0o755)
+    assert cli(capsys, "queue", "add", "--name", "lost", "--", str(script))[0] == 0
+    runner = json.loads(q(onbox_home, "run", "--json").stdout)["runner_pid"]
+    wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "lost"), timeout=30, what="the entry at step 2")
+    os.kill(runner, signal.SIGTERM)
+    wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
+    assert state(onbox_home, "lost")["state"] == "preempted"
+    os.chmod(script, 0o644)
+    r = q(onbox_home, "run", "--foreground", timeout=60)
+    assert r.returncode == 1, r.stderr
+    e = entries(onbox_home)["lost"]
+    assert (e.state, e.launches) == ("failed", 2) and "cannot run %s" % script in e.message, (e.state, e.message)
