@@ -29,8 +29,9 @@ def queue() -> None:
     onbox queue rm ENTRY                      drop an entry that is not running (id or run name)
     onbox queue run [--parallel N|--per-gpu]  run the queue (detached; --foreground to stay)
 
-    A preemption of the runner (SIGTERM, SIGUSR1, a cloud notice) checkpoints and stops the running entries and
-    exits 75; `onbox queue run` again continues with the entry it was on (resumed) and never re-runs a done one.
+    A preemption of the runner (SIGTERM, SIGUSR1, a cloud notice), or of one entry's agent, checkpoints and stops
+    the running entries and exits 75; `onbox queue run` again continues with the entry it was on (resumed) and
+    never re-runs a done one.
     """
 
 

@@ -2,11 +2,11 @@
 --name <entry>` (the entry's resolved config written as the run's re-launch record, config.json, before its first
 start), in id order, in as many slots as it has; it records every outcome in the journal.
 
-A preemption of the runner (SIGTERM, SIGINT, SIGUSR1/USR2, a cloud notice through onbox.supervisor.preempt) stops
-the queue: no new entry starts, SIGTERM goes to each running agent (which forwards its checkpoint signal, commits
-and exits 75), each is recorded `preempted`, the runner exits 75. A relaunch of `onbox queue run` starts again
-with the lowest id that is not done: the preempted entry first, resumed by its agent from its newest checkpoint
-(same run name, same run dir); a done entry never runs twice. An agent still alive from a runner that died is
+A preemption of the runner (SIGTERM, SIGINT, SIGUSR1/USR2, a cloud notice through onbox.supervisor.preempt), or of
+one entry's agent on its own (it exits 75), stops the queue: no new entry starts, SIGTERM goes to each running
+agent (which forwards its checkpoint signal, commits and exits 75), each is recorded `preempted`, the runner exits
+75. A relaunch of `onbox queue run` starts again with the lowest id that is not done: the preempted entry first,
+resumed by its agent from its newest checkpoint (same run name, same run dir); a done entry never runs twice. An agent still alive from a runner that died is
 watched again, not started twice (pid and start time, like a run's child).
 
 Signal handlers only record (SignalInbox); the loop blocks in select() on their wakeup fd, the notice pipe and a
@@ -242,6 +242,11 @@ class QueueRunner:
         with self.journal.locked():
             self.journal.set_state(r.entry, state, exit=status.code, message=message)
         self._log("entry %d %s: %s%s" % (r.entry.id, r.entry.name, state, (" — " + message) if message else ""))
+        if state == PREEMPTED and self.notice is None:
+            # its agent got a notice the runner has not (its own cloud poller, a signal): the box is going away
+            # as far as the queue knows. Restarting it here could repeat that at every tick; the queue stops and
+            # a relaunch resumes it first.
+            self._on_notice("entry %d %s (its agent was preempted)" % (r.entry.id, r.entry.name))
         self._status("stopping" if self.notice else "running")
 
     def _outcome(self, e: Entry, status: ExitStatus, agent_pid: int) -> Tuple[str, str]:

@@ -15,6 +15,7 @@ import pytest
 from onbox.queue.journal import Journal
 from onbox.queue.runner import QueueRunner
 from onbox.queue.slots import agent_argv, gpu_slots
+from onbox.proc import start_time
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.integration.supervisor_helpers import FAST, env_for, kill_test_processes, onbox, pid_alive, state
@@ -241,3 +242,31 @@ def test_an_entry_whose_agent_refuses_on_resume_fails_and_is_not_restarted_forev
     assert r.returncode == 1, r.stderr
     e = entries(onbox_home)["lost"]
     assert (e.state, e.launches) == ("failed", 2) and "cannot run %s" % script in e.message, (e.state, e.message)
+
+
+def test_an_entry_preempted_on_its_own_stops_the_queue_and_is_resumed_first(onbox_home, tmp_path, capsys, fast,
+                                                                             cleanup):
+    """Its agent got a preemption the runner did not (SIGTERM to the agent alone; on a cloud box, its own notice
+    poller): the queue stops there (exit 75), the next entry never starts, and nothing restarts it in a loop."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    assert cli(capsys, "queue", "add", "--name", "solo", "--",
+               *TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "2")[0] == 0
+    assert cli(capsys, "queue", "add", "--name", "next", "--", *TRAINER, "--steps", "2")[0] == 0
+    runner = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "solo"), timeout=30, what="the entry at step 2")
+        agent = entries(onbox_home)["solo"]
+        assert agent.agent_pid and start_time(agent.agent_pid) == agent.agent_start  # that very agent
+        os.kill(agent.agent_pid, signal.SIGTERM)
+        _out, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert runner.returncode == 75, err
+    now = entries(onbox_home)
+    assert (now["solo"].state, now["solo"].launches, now["next"].state) == ("preempted", 1, "pending"), err
+    assert state(onbox_home, "solo")["state"] == "preempted" and not (onbox_home / "runs" / "next").exists()
+    assert "preemption notice from entry 1 solo" in err
