@@ -167,7 +167,7 @@ def _output(home, name):
         return ""
 
 
-def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsys):
+def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsys, monkeypatch):
     bad_phase = tmp_path / "run.toml"
     bad_phase.write_text('[run]\ncommand = ["true"]\n\n[[phase]]\nname = "a"\ncriteria = "eval_loss ~ 2"\n')
     for args, says in ((["add", "--grace", "nan", "--", "true"], "--grace must be a number"),
@@ -187,6 +187,11 @@ def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsy
         code, err = cli(capsys, "queue", *args)
         assert code == 2 and says in err, (args, err)
     assert (onbox_home / "queue" / "journal.jsonl").read_bytes() == before
+    for tick in ("abc", "nan"):  # the runner's own knob: a clean refusal, never a traceback
+        monkeypatch.setenv("ONBOX_TICK_INTERVAL", tick)
+        code, err = cli(capsys, "queue", "run")
+        assert code == 2 and "ONBOX_TICK_INTERVAL" in err and "Traceback" not in err, (tick, err)
+    monkeypatch.delenv("ONBOX_TICK_INTERVAL")
     code, err = cli(capsys, "queue", "run", "--per-gpu")  # this machine has no NVIDIA driver: unfit, not a crash
     assert code == 3 and "--per-gpu: no GPU here" in err and "hint:" in err
 
