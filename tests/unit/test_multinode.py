@@ -48,6 +48,18 @@ def test_the_group_document_is_checked_field_by_field_and_never_shows_its_key(tm
         assert what in e.value.message and KEY not in e.value.message
     with pytest.raises(UsageError, match="not JSON"):
         read_group_stream(b"{oops")
+    # a key of an odd number of hex digits is no key; a document nested too deep is no JSON: each a UsageError
+    # (exit 2), never a traceback from bytes.fromhex or the JSON decoder
+    with pytest.raises(UsageError, match="even number") as e:
+        parse_group(dict(doc(), key="a" * 65), "t")
+    assert "a" * 65 not in e.value.message
+    with pytest.raises(UsageError, match="not JSON"):
+        read_group_stream(b"[" * 100000)
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b"[" * 100000)
+    os.chmod(deep, 0o600)
+    with pytest.raises(UsageError, match="not JSON"):
+        load_group(str(deep))
     path = tmp_path / "g.json"
     path.write_text(json.dumps(doc()))
     os.chmod(path, 0o644)
