@@ -317,3 +317,18 @@ def test_a_notice_port_taken_meanwhile_is_a_loud_warning(tmp_path):
         nodes.close()
     warn = notes.to_state()["warnings"]
     assert warn and warn[0]["code"] == "thread_died" and "another node will not stop this one" in warn[0]["message"]
+
+
+def test_a_notice_port_that_cannot_be_bound_leaks_no_socket():
+    import gc
+    import warnings
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("", 0))
+        g = parse_group(doc(rank=1, ports=[free_udp(), taken.getsockname()[1]]), "t")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(OSError):
+                PeerChannel(g).start()
+            gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
