@@ -152,14 +152,19 @@ class QueueRunner:
         self._filled_once = True
         with self.journal.locked():
             entries, _ = self.journal.read()
+            todo: List[Entry] = []
             for e in sorted(entries.values(), key=lambda x: x.id):
                 if e.id in self.running or e.state in FINAL:
                     continue
                 if e.state == RUNNING and e.agent_pid and (self._adopt(e) or self._ended_unwatched(e)):
                     continue
+                todo.append(e)
+            # only then the starts: a live agent keeps the slot (the GPU) it runs on, whatever its id
+            for e in todo:
                 free = self._free_slot(None)
-                if free is not None:
-                    self._start(e, free)
+                if free is None:
+                    break
+                self._start(e, free)
 
     def _adopt(self, e: Entry) -> bool:
         """A live agent of this entry, started by a runner that died: watch it (never start a second one)."""

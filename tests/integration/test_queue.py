@@ -275,3 +275,44 @@ def test_an_entry_preempted_on_its_own_stops_the_queue_and_is_resumed_first(onbo
     assert (now["solo"].state, now["solo"].launches, now["next"].state) == ("preempted", 1, "pending"), err
     assert state(onbox_home, "solo")["state"] == "preempted" and not (onbox_home / "runs" / "next").exists()
     assert "preemption notice from entry 1 solo" in err
+
+
+def test_a_live_agent_keeps_its_gpu_when_a_lower_entry_starts_beside_it(onbox_home, tmp_path, capsys, fast, cleanup):
+    """A runner that died left entry 2's agent running on GPU 0 and entry 1 to start again (its agent gone, its run
+    not ended). The next runner watches entry 2 on GPU 0 first, then starts entry 1 on the free GPU 1, never on
+    the GPU the live agent holds. (NVML faked at its seam; entry 2's agent is a stand-in process of this test.)"""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    for name in ("g0", "g1"):
+        assert cli(capsys, "queue", "add", "--name", name, "--", "sh", "-c",
+                   'echo "$CUDA_VISIBLE_DEVICES" > %s/$ONBOX_RUN' % seen)[0] == 0
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    stand_in = subprocess.Popen(["sh", "-c", 'while [ -e "%s" ]; do sleep 0.05; done' % hold])
+    try:
+        journal = Journal(str(onbox_home / "queue"))
+        with journal.locked():
+            found, _ = journal.read()
+            journal.set_state(found[1], "running", agent_pid=gone.pid, agent_start=1, gpu=1, launches=1)
+            journal.set_state(found[2], "running", agent_pid=stand_in.pid, agent_start=start_time(stand_in.pid),
+                              gpu=0, launches=1)
+        slots = gpu_slots(_seam(FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b",
+                                                                          pci_bus_id="00000000:5E:00.0")])))
+        logged = []
+
+        def log(message):
+            logged.append(message)
+            if message.startswith("entry 1 g0: ") and hold.exists():
+                hold.unlink()  # entry 1 ended: the stand-in may end too
+
+        runner = QueueRunner(journal, slots, agent_argv(), str(onbox_home / "runs"), log=log, tick=0.05,
+                             environ=subprocess_env({"ONBOX_HOME": str(onbox_home)}))
+        runner.run()
+    finally:
+        if hold.exists():
+            hold.unlink()
+        stand_in.wait(timeout=30)
+    assert "watching the live agent of g1 again (pid %d)" % stand_in.pid in logged, logged
+    assert (seen / "g0").read_text().split() == ["1"], logged  # GPU 0 is g1's
