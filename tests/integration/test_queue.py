@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
+from onbox.proc import start_time
 from onbox.queue.journal import Journal
 from onbox.queue.runner import QueueRunner
 from onbox.queue.slots import agent_argv, gpu_slots
-from onbox.proc import start_time
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.integration.supervisor_helpers import FAST, env_for, kill_test_processes, onbox, pid_alive, state
