@@ -29,8 +29,9 @@ def queue() -> None:
     onbox queue rm ENTRY                      drop an entry that is not running (id or run name)
     onbox queue run [--parallel N|--per-gpu]  run the queue (detached; --foreground to stay)
 
-    A preemption of the runner (SIGTERM, SIGUSR1, a cloud notice) checkpoints and stops the running entries and
-    exits 75; `onbox queue run` again continues with the entry it was on (resumed) and never re-runs a done one.
+    A preemption of the runner (SIGTERM, SIGUSR1, a cloud notice), or of one entry's agent, checkpoints and stops
+    the running entries and exits 75; `onbox queue run` again continues with the entry it was on (resumed) and
+    never re-runs a done one.
     """
 
 
@@ -241,7 +242,12 @@ def run(parallel: Optional[int], per_gpu: bool, notice_source: str, metadata_url
         raise UsageError("--parallel and --per-gpu exclude each other", hint="--per-gpu runs one entry per GPU")
     if metadata_url and config.url_problem(metadata_url):
         raise UsageError("--metadata-url %r: %s" % (metadata_url, config.url_problem(metadata_url)))
-    tick = float(os.environ.get("ONBOX_TICK_INTERVAL") or 0.5)
+    raw_tick = os.environ.get("ONBOX_TICK_INTERVAL") or "0.5"
+    try:
+        tick = float(raw_tick)
+    except ValueError:
+        raise UsageError("ONBOX_TICK_INTERVAL must be a number of seconds, not %r" % raw_tick,
+                         hint="unset it (the runner ticks every 0.5 s) or give e.g. ONBOX_TICK_INTERVAL=0.5")
     config.check_range("tick_interval", tick)
     slots = gpu_slots() if per_gpu else parallel_slots(parallel or 1)
     journal = _journal()

@@ -85,8 +85,12 @@ class PeerChannel:
     def start(self) -> "PeerChannel":
         """Bind the notice port (OSError when it is taken) and start listening."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((self.bind, self.group.me.port))
-        sock.settimeout(0.2)
+        try:
+            sock.bind((self.bind, self.group.me.port))
+            sock.settimeout(0.2)
+        except OSError:
+            sock.close()  # the agent runs on without it: never leak the descriptor
+            raise
         self.sock = sock
         self._thread = threading.Thread(target=self._listen, name="onbox-peers", daemon=True)
         self._thread.start()

@@ -147,8 +147,8 @@ def parse_group(doc: Any, source: str) -> NodeGroup:
         raise bad("group must be 8-64 lowercase hex digits")
     if not isinstance(run, str) or not paths.valid_run_name(run):
         raise bad("run must be a run name, not %r" % (run,))
-    if not isinstance(key, str) or not re.match(r"^[0-9a-f]{64,128}$", key):
-        raise bad("key must be 64-128 lowercase hex digits (32 bytes or more)")
+    if not isinstance(key, str) or not re.fullmatch(r"(?:[0-9a-f]{2}){32,64}", key):
+        raise bad("key must be an even number (64-128) of lowercase hex digits (32 bytes or more)")
     nnodes, rank = doc.get("nnodes"), doc.get("rank")
     if not isinstance(nnodes, int) or isinstance(nnodes, bool) or not 2 <= nnodes <= MAX_NODES:
         raise bad("nnodes must be 2-%d, not %r" % (MAX_NODES, nnodes))
@@ -188,7 +188,7 @@ def load_group(path: str) -> NodeGroup:
         raise UsageError("the node group %s is larger than %d bytes" % (path, MAX_DOC_BYTES))
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise UsageError("the node group %s is not JSON: %s" % (path, e))
     return parse_group(doc, path)
 
@@ -198,7 +198,7 @@ def read_group_stream(data: bytes, source: str = "stdin") -> NodeGroup:
         raise UsageError("node group on %s: larger than %d bytes" % (source, MAX_DOC_BYTES))
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise UsageError("node group on %s is not JSON: %s" % (source, e),
                          hint="`--node-group -` reads the document onboxctl streams over ssh")
     return parse_group(doc, source)

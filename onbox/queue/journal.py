@@ -134,9 +134,11 @@ class Journal:
                 continue
             try:
                 rec = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deep
                 rec = None
-            if not isinstance(rec, dict) or rec.get("op") not in ("add", "state", "meta"):
+            rid = rec.get("id") if isinstance(rec, dict) else None
+            if (not isinstance(rec, dict) or rec.get("op") not in ("add", "state", "meta")
+                    or (rec["op"] != "meta" and (not isinstance(rid, int) or isinstance(rid, bool)))):
                 self.problems.append("%s line %d is not a queue record; skipped" % (self.path, n))
                 continue
             out.append(rec)

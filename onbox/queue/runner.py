@@ -2,11 +2,11 @@
 --name <entry>` (the entry's resolved config written as the run's re-launch record, config.json, before its first
 start), in id order, in as many slots as it has; it records every outcome in the journal.
 
-A preemption of the runner (SIGTERM, SIGINT, SIGUSR1/USR2, a cloud notice through onbox.supervisor.preempt) stops
-the queue: no new entry starts, SIGTERM goes to each running agent (which forwards its checkpoint signal, commits
-and exits 75), each is recorded `preempted`, the runner exits 75. A relaunch of `onbox queue run` starts again
-with the lowest id that is not done: the preempted entry first, resumed by its agent from its newest checkpoint
-(same run name, same run dir); a done entry never runs twice. An agent still alive from a runner that died is
+A preemption of the runner (SIGTERM, SIGINT, SIGUSR1/USR2, a cloud notice through onbox.supervisor.preempt), or of
+one entry's agent on its own (it exits 75), stops the queue: no new entry starts, SIGTERM goes to each running
+agent (which forwards its checkpoint signal, commits and exits 75), each is recorded `preempted`, the runner exits
+75. A relaunch of `onbox queue run` starts again with the lowest id that is not done: the preempted entry first,
+resumed by its agent from its newest checkpoint (same run name, same run dir); a done entry never runs twice. An agent still alive from a runner that died is
 watched again, not started twice (pid and start time, like a run's child).
 
 Signal handlers only record (SignalInbox); the loop blocks in select() on their wakeup fd, the notice pipe and a
@@ -152,14 +152,19 @@ class QueueRunner:
         self._filled_once = True
         with self.journal.locked():
             entries, _ = self.journal.read()
+            todo: List[Entry] = []
             for e in sorted(entries.values(), key=lambda x: x.id):
                 if e.id in self.running or e.state in FINAL:
                     continue
                 if e.state == RUNNING and e.agent_pid and (self._adopt(e) or self._ended_unwatched(e)):
                     continue
+                todo.append(e)
+            # only then the starts: a live agent keeps the slot (the GPU) it runs on, whatever its id
+            for e in todo:
                 free = self._free_slot(None)
-                if free is not None:
-                    self._start(e, free)
+                if free is None:
+                    break
+                self._start(e, free)
 
     def _adopt(self, e: Entry) -> bool:
         """A live agent of this entry, started by a runner that died: watch it (never start a second one)."""
@@ -236,18 +241,26 @@ class QueueRunner:
         return None  # started before (a preemption, or a runner that died): the agent resumes it
 
     def _record_end(self, r: Running, status: ExitStatus) -> None:
-        state, message = self._outcome(r.entry, status)
+        state, message = self._outcome(r.entry, status, r.child.pid)
         if state == FAILED:
             self.failed.append(r.entry.name)
         with self.journal.locked():
             self.journal.set_state(r.entry, state, exit=status.code, message=message)
         self._log("entry %d %s: %s%s" % (r.entry.id, r.entry.name, state, (" — " + message) if message else ""))
+        if state == PREEMPTED and self.notice is None:
+            # its agent got a notice the runner has not (its own cloud poller, a signal): the box is going away
+            # as far as the queue knows. Restarting it here could repeat that at every tick; the queue stops and
+            # a relaunch resumes it first.
+            self._on_notice("entry %d %s (its agent was preempted)" % (r.entry.id, r.entry.name))
         self._status("stopping" if self.notice else "running")
 
-    def _outcome(self, e: Entry, status: ExitStatus) -> Tuple[str, str]:
+    def _outcome(self, e: Entry, status: ExitStatus, agent_pid: int) -> Tuple[str, str]:
         """The entry's state from its agent's exit code (0 done or stopped, 1 failed, 2/3 refused, 75 preempted)
-        and its run's state.json (an adopted agent's code cannot be known)."""
+        and its run's state.json (an adopted agent's code cannot be known). A state.json another agent wrote (the
+        entry's previous launch: an agent that refused to start writes none) says nothing about this one."""
         doc = RunDir(os.path.join(self.runs_dir, e.name)).read_state() or {}
+        if doc.get("agent_pid") != agent_pid:
+            doc = {}
         run_state, message = doc.get("state"), str(doc.get("message") or "")
         if status.code == 75 or run_state == "preempted":
             return PREEMPTED, "stopped after its final commit; `onbox queue run` resumes it from its newest checkpoint"

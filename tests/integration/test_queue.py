@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from onbox.proc import start_time
 from onbox.queue.journal import Journal
 from onbox.queue.runner import QueueRunner
 from onbox.queue.slots import agent_argv, gpu_slots
@@ -166,7 +167,7 @@ def _output(home, name):
         return ""
 
 
-def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsys):
+def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsys, monkeypatch):
     bad_phase = tmp_path / "run.toml"
     bad_phase.write_text('[run]\ncommand = ["true"]\n\n[[phase]]\nname = "a"\ncriteria = "eval_loss ~ 2"\n')
     for args, says in ((["add", "--grace", "nan", "--", "true"], "--grace must be a number"),
@@ -186,6 +187,11 @@ def test_bad_input_is_refused_and_nothing_is_written(onbox_home, tmp_path, capsy
         code, err = cli(capsys, "queue", *args)
         assert code == 2 and says in err, (args, err)
     assert (onbox_home / "queue" / "journal.jsonl").read_bytes() == before
+    for tick in ("abc", "nan"):  # the runner's own knob: a clean refusal, never a traceback
+        monkeypatch.setenv("ONBOX_TICK_INTERVAL", tick)
+        code, err = cli(capsys, "queue", "run")
+        assert code == 2 and "ONBOX_TICK_INTERVAL" in err and "Traceback" not in err, (tick, err)
+    monkeypatch.delenv("ONBOX_TICK_INTERVAL")
     code, err = cli(capsys, "queue", "run", "--per-gpu")  # this machine has no NVIDIA driver: unfit, not a crash
     assert code == 3 and "--per-gpu: no GPU here" in err and "hint:" in err
 
@@ -217,3 +223,96 @@ def _seam(fake):
     from onbox.gpu.nvml import NvmlSeam
 
     return NvmlSeam(fake)
+
+
+def test_an_entry_whose_agent_refuses_on_resume_fails_and_is_not_restarted_forever(
+        onbox_home, tmp_path, capsys, fast, cleanup):
+    """The run's state.json still says `preempted` (its previous launch) when the relaunched agent refuses to start
+    (exit 2: its script lost its x bit): that stale state is not this agent's word. The entry fails with the
+    agent's reason; it is not taken for preempted again and restarted at every tick."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\nexec %s\n" % " ".join(
+        [*TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "2"]))
+    os.chmod(script, 0o755)
+    assert cli(capsys, "queue", "add", "--name", "lost", "--", str(script))[0] == 0
+    runner = json.loads(q(onbox_home, "run", "--json").stdout)["runner_pid"]
+    wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "lost"), timeout=30, what="the entry at step 2")
+    os.kill(runner, signal.SIGTERM)
+    wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
+    assert state(onbox_home, "lost")["state"] == "preempted"
+    os.chmod(script, 0o644)
+    r = q(onbox_home, "run", "--foreground", timeout=60)
+    assert r.returncode == 1, r.stderr
+    e = entries(onbox_home)["lost"]
+    assert (e.state, e.launches) == ("failed", 2) and "cannot run %s" % script in e.message, (e.state, e.message)
+
+
+def test_an_entry_preempted_on_its_own_stops_the_queue_and_is_resumed_first(onbox_home, tmp_path, capsys, fast,
+                                                                             cleanup):
+    """Its agent got a preemption the runner did not (SIGTERM to the agent alone; on a cloud box, its own notice
+    poller): the queue stops there (exit 75), the next entry never starts, and nothing restarts it in a loop."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    assert cli(capsys, "queue", "add", "--name", "solo", "--",
+               *TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "2")[0] == 0
+    assert cli(capsys, "queue", "add", "--name", "next", "--", *TRAINER, "--steps", "2")[0] == 0
+    runner = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "solo"), timeout=30, what="the entry at step 2")
+        agent = entries(onbox_home)["solo"]
+        assert agent.agent_pid and start_time(agent.agent_pid) == agent.agent_start  # that very agent
+        os.kill(agent.agent_pid, signal.SIGTERM)
+        _out, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert runner.returncode == 75, err
+    now = entries(onbox_home)
+    assert (now["solo"].state, now["solo"].launches, now["next"].state) == ("preempted", 1, "pending"), err
+    assert state(onbox_home, "solo")["state"] == "preempted" and not (onbox_home / "runs" / "next").exists()
+    assert "preemption notice from entry 1 solo" in err
+
+
+def test_a_live_agent_keeps_its_gpu_when_a_lower_entry_starts_beside_it(onbox_home, tmp_path, capsys, fast, cleanup):
+    """A runner that died left entry 2's agent running on GPU 0 and entry 1 to start again (its agent gone, its run
+    not ended). The next runner watches entry 2 on GPU 0 first, then starts entry 1 on the free GPU 1, never on
+    the GPU the live agent holds. (NVML faked at its seam; entry 2's agent is a stand-in process of this test.)"""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    for name in ("g0", "g1"):
+        assert cli(capsys, "queue", "add", "--name", name, "--", "sh", "-c",
+                   'echo "$CUDA_VISIBLE_DEVICES" > %s/$ONBOX_RUN' % seen)[0] == 0
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    stand_in = subprocess.Popen(["sh", "-c", 'while [ -e "%s" ]; do sleep 0.05; done' % hold])
+    try:
+        journal = Journal(str(onbox_home / "queue"))
+        with journal.locked():
+            found, _ = journal.read()
+            journal.set_state(found[1], "running", agent_pid=gone.pid, agent_start=1, gpu=1, launches=1)
+            journal.set_state(found[2], "running", agent_pid=stand_in.pid, agent_start=start_time(stand_in.pid),
+                              gpu=0, launches=1)
+        slots = gpu_slots(_seam(FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b",
+                                                                          pci_bus_id="00000000:5E:00.0")])))
+        logged = []
+
+        def log(message):
+            logged.append(message)
+            if message.startswith("entry 1 g0: ") and hold.exists():
+                hold.unlink()  # entry 1 ended: the stand-in may end too
+
+        runner = QueueRunner(journal, slots, agent_argv(), str(onbox_home / "runs"), log=log, tick=0.05,
+                             environ=subprocess_env({"ONBOX_HOME": str(onbox_home)}))
+        runner.run()
+    finally:
+        if hold.exists():
+            hold.unlink()
+        stand_in.wait(timeout=30)
+    assert "watching the live agent of g1 again (pid %d)" % stand_in.pid in logged, logged
+    assert (seen / "g0").read_text().split() == ["1"], logged  # GPU 0 is g1's

@@ -48,6 +48,18 @@ def test_the_group_document_is_checked_field_by_field_and_never_shows_its_key(tm
         assert what in e.value.message and KEY not in e.value.message
     with pytest.raises(UsageError, match="not JSON"):
         read_group_stream(b"{oops")
+    # a key of an odd number of hex digits is no key; a document nested too deep is no JSON: each a UsageError
+    # (exit 2), never a traceback from bytes.fromhex or the JSON decoder
+    with pytest.raises(UsageError, match="even number") as e:
+        parse_group(dict(doc(), key="a" * 65), "t")
+    assert "a" * 65 not in e.value.message
+    with pytest.raises(UsageError, match="not JSON"):
+        read_group_stream(b"[" * 100000)
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b"[" * 100000)
+    os.chmod(deep, 0o600)
+    with pytest.raises(UsageError, match="not JSON"):
+        load_group(str(deep))
     path = tmp_path / "g.json"
     path.write_text(json.dumps(doc()))
     os.chmod(path, 0o644)
@@ -305,3 +317,18 @@ def test_a_notice_port_taken_meanwhile_is_a_loud_warning(tmp_path):
         nodes.close()
     warn = notes.to_state()["warnings"]
     assert warn and warn[0]["code"] == "thread_died" and "another node will not stop this one" in warn[0]["message"]
+
+
+def test_a_notice_port_that_cannot_be_bound_leaks_no_socket():
+    import gc
+    import warnings
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("", 0))
+        g = parse_group(doc(rank=1, ports=[free_udp(), taken.getsockname()[1]]), "t")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(OSError):
+                PeerChannel(g).start()
+            gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]

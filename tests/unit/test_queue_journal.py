@@ -30,11 +30,15 @@ def test_the_last_state_record_of_an_entry_wins_and_a_torn_line_is_skipped(tmp_p
         j.set_state(entries[1], "preempted", message="stopped after its final commit")
         j.set_state(entries[2], "removed")
     with open(j.path, "ab") as f:
+        f.write(b'{"op": "state", "id": [1], "state": "done"}\n')  # hand edits: an id that is no id,
+        f.write(b'{"op": "state", "id": true, "state": "done"}\n')
+        f.write(b"[" * 100000 + b"\n")  # nesting the JSON decoder cannot follow
         f.write(b'{"op": "state", "id": 1, "sta')  # a crash in the middle of a write
     with j.locked(exclusive=False):
         entries, next_id = j.read()
     assert next_id == 3 and (entries[1].state, entries[1].launches, entries[1].agent_pid) == ("preempted", 1, None)
-    assert entries[2].state == "removed" and len(j.problems) == 1 and "line 6" in j.problems[0]
+    assert entries[2].state == "removed" and len(j.problems) == 4 and "line 6" in j.problems[0]
+    assert "line 9" in j.problems[3]
     with pytest.raises(UsageError, match="no queue entry 'b'"):
         j.find(entries, "b")  # removed
     assert j.find(entries, "1") is entries[1] and j.find(entries, "a") is entries[1]
