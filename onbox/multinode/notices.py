@@ -64,8 +64,10 @@ class PeerChannel:
 
     def __init__(self, group: NodeGroup, on_notice: Optional[OnNotice] = None,
                  answer: Optional[Callable[[], Dict[str, Any]]] = None,
-                 log: Optional[Callable[[str], None]] = None, bind: str = "") -> None:
+                 log: Optional[Callable[[str], None]] = None, bind: str = "",
+                 resolve: Callable[..., Any] = socket.getaddrinfo) -> None:
         self.group = group
+        self.resolve = resolve  # the name-service seam: a peer given by host name is looked up through it
         self.on_notice = on_notice or (lambda kind, rank, msg: None)
         self.answer = answer or (lambda: {})
         self.log = log or (lambda m: None)
@@ -111,13 +113,15 @@ class PeerChannel:
 
     # -- sending -----------------------------------------------------------------------------------------------
     def _addr(self, peer: Peer) -> Optional[tuple]:
-        if peer.rank not in self._addrs:
+        """The peer's socket address, looked up once it resolves: a failed lookup (a name server that was briefly
+        away) is not remembered, so the next resend asks again instead of never reaching that node."""
+        if self._addrs.get(peer.rank) is None:
             try:
-                info = socket.getaddrinfo(peer.addr, peer.port, socket.AF_INET, socket.SOCK_DGRAM)
-                self._addrs[peer.rank] = info[0][4] if info else None
+                info = self.resolve(peer.addr, peer.port, socket.AF_INET, socket.SOCK_DGRAM)
             except OSError as e:
                 self.log("cannot resolve node %d's address %s: %s" % (peer.rank, peer.addr, e))
-                self._addrs[peer.rank] = None
+                return None
+            self._addrs[peer.rank] = info[0][4] if info else None
         return self._addrs[peer.rank]
 
     def _send(self, peer: Peer, msg: Dict[str, Any]) -> None:

@@ -332,3 +332,33 @@ def test_a_notice_port_that_cannot_be_bound_leaks_no_socket():
                 PeerChannel(g).start()
             gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
+@pytest.mark.integration
+def test_a_peer_name_that_fails_to_resolve_once_is_looked_up_again():
+    """A name server briefly away when the first notice goes out must not cut node 0 off for the agent's life."""
+    ports = [free_udp(), free_udp()]
+    got = []
+    lookups = []
+
+    def flaky_dns(host, port, *args):  # the name-service seam: fails twice, then answers like getaddrinfo
+        lookups.append(host)
+        if len(lookups) <= 2:
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return socket.getaddrinfo("127.0.0.1", port, *args)
+
+    d1 = doc(rank=1, ports=ports)
+    d1["peers"][0]["addr"] = "node0.cluster.internal"
+    node0 = PeerChannel(parse_group(doc(rank=0, ports=ports), "t"),
+                        on_notice=lambda kind, rank, msg: got.append((kind, rank))).start()
+    node1 = PeerChannel(parse_group(d1, "t"), resolve=flaky_dns).start()
+    try:
+        sender = node1.broadcast("preempt", lead=5.0, source="signal:SIGTERM")
+        wait_for(lambda: got, 10, "node 0 to hear node 1 once its name resolves")
+        sender.join(10)
+        assert got == [("preempt", 1)]
+        assert lookups[:3] == ["node0.cluster.internal"] * 3  # asked again after each failure, then kept
+        assert len(lookups) == 3
+    finally:
+        node0.close(linger=0)
+        node1.close(linger=0)
