@@ -244,7 +244,15 @@ class Store:
         received = self.now()
         results: List[Tuple[int, int]] = []
         newest: Dict[str, Dict[str, Any]] = {}
+        # The log tail matters on a run's newest beat only: kept there, dropped from the others (a backlog's
+        # older beats, a late beat, the head a newer beat replaces), so a run's history is not its log 20 times.
         with self._lock:
+            last: Dict[str, Tuple[int, int]] = {}
+            for beats in batches:
+                for b in beats:
+                    key = (b["seq"], b["attempt"])
+                    if key > last.get(b["run"], self._heads.get(b["run"], (-1, -1))):
+                        last[b["run"]] = key
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
@@ -254,7 +262,11 @@ class Store:
                         p = metric_point(b)
                         step = p.get("step")
                         # as received (validated), compact; never NaN/Infinity (a stored inf broke every read)
-                        doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
+                        if b.get("log_tail") is not None and (b["seq"], b["attempt"]) != last.get(b["run"]):
+                            doc = json.dumps({k: v for k, v in b.items() if k != "log_tail"}, separators=(",", ":"),
+                                             allow_nan=False)
+                        else:
+                            doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
                         gpu_util, gpu_mem = gpu_numbers(b.get("gpus"))
                         cur.execute(
                             "INSERT OR IGNORE INTO beats (run, attempt, seq, time, received, state, step, loss, "
@@ -275,6 +287,10 @@ class Store:
                     head = self._heads.get(run)
                     if head is None or (b["seq"], b["attempt"]) >= head:
                         heads[run] = (b["seq"], b["attempt"])
+                        if head is not None and head != heads[run]:  # the head it replaces keeps no log tail
+                            cur.execute("UPDATE beats SET doc=json_remove(doc, '$.log_tail') WHERE run=? AND seq=? "
+                                        "AND attempt=? AND doc LIKE '%\"log_tail\":%'",
+                                        (run, head[0], head[1]))
                         cur.execute(
                             "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?)",
                             (run, b["box"], b["attempt"], b["seq"], float(b["time"]), received, _num(b.get("interval_s")),

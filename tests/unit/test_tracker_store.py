@@ -73,3 +73,27 @@ def test_replacement_box_is_not_a_duplicate_and_becomes_latest(tmp_path):
     assert st.add([beat(5000, attempt=0), beat(5001, attempt=0)]) == (2, 0)
     assert st.runs()[0]["seq"] == 5001 and st.runs()[0]["attempt"] == 0
     assert [b["seq"] for b in st.heartbeats("r1", after=101)] == [102, 5000, 5001]
+
+
+def test_only_a_runs_newest_beat_keeps_its_log_tail(tmp_path):
+    st = Store(str(tmp_path / "t.db"), now=Now())
+
+    def tailed(seq, run="r1"):
+        return dict(beat(seq, run=run), log_tail={"lines": ["line %d" % seq], "lines_total": seq + 1, "redacted": 0})
+
+    def tails(run="r1"):
+        return {b["seq"]: (b.get("log_tail") or {}).get("lines") for b in st.heartbeats(run)}
+
+    st.add([tailed(0), tailed(1), tailed(2), tailed(0, run="r2")])  # a backlog arriving at once
+    assert tails() == {0: None, 1: None, 2: ["line 2"]} and tails("r2") == {0: ["line 0"]}
+    st.add_many([[tailed(3)], [tailed(4)]])  # two requests in one group commit
+    assert tails() == {0: None, 1: None, 2: None, 3: None, 4: ["line 4"]}
+    st.add([tailed(5)])  # a newer head: the one it replaces drops its tail
+    assert tails()[4] is None and tails()[5] == ["line 5"]
+    assert st.add([tailed(4)]) == (0, 1)  # a resent beat is a duplicate: nothing changes
+    assert tails()[4] is None and tails()[5] == ["line 5"]
+    st.add([tailed(9)])
+    st.add([dict(tailed(7), seq=7)])  # a late beat, older than the head: stored without its tail
+    assert tails()[7] is None and tails()[9] == ["line 9"] and tails()[5] is None
+    [r1] = [r for r in st.runs() if r["run"] == "r1"]
+    assert r1["latest"]["log_tail"]["lines"] == ["line 9"] and r1["latest"]["progress"]["step"] == 90
