@@ -12,6 +12,7 @@ document parse per new head, shared by every open page.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -83,9 +84,9 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
         preemption=beat.get("preemption") if isinstance(beat.get("preemption"), dict) else None,
         unreadable=doc is None, log_tail=log_tail(beat), phase=phase_of(beat), node=node_of(beat),
         log_lines_total=dig(beat, "log_tail.lines_total") if isinstance(beat.get("log_tail"), dict) else None)
-    for k in ("loss", "eval_loss", "lr", "tokens_per_s"):  # "NaN"/"Infinity" strings as the beat carries them
-        if isinstance(row.get(k), float) and row[k] != row[k]:
-            row[k] = "NaN"
+    for k, v in row.items():  # "NaN"/"Infinity" strings as the beat carries them (a diverged loss): the row
+        if isinstance(v, float) and not math.isfinite(v):  # is sent as strict JSON, where a float inf is an error
+            row[k] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
     return row
 
 

@@ -58,7 +58,8 @@ class Auth:
         if self.token is None:
             return None
         expiry, _, mac = request.cookies.get(cookie_name(request), "").partition(".")
-        if not expiry.isdigit() or len(expiry) > 12 or int(expiry) <= self.now():
+        # isascii: "²" is a digit to isdigit() but not to int() (a 500 for anyone who sends it)
+        if not (expiry.isascii() and expiry.isdigit()) or len(expiry) > 12 or int(expiry) <= self.now():
             return None
         return int(expiry) if hmac.compare_digest(mac.encode("ascii", "replace"), self._mac(int(expiry)).encode()) \
             else None

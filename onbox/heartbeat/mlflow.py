@@ -242,12 +242,16 @@ class MlflowSink:
         if not self._attached:
             self._attach(beats[0])
         work = []  # (beat, its metric entries, the first entry not yet delivered)
+        counted = set()  # beats whose dropped points are in dropped_total already
         for beat in beats:
             seq = int(beat["seq"])
             if self.cursor is not None and seq < self.cursor[0]:
                 continue  # delivered before: the spool lost the ack (a crash between the two)
             start = self.cursor[1] if self.cursor is not None and seq == self.cursor[0] else 0
-            work.append((beat, metric_entries(beat), start))
+            entries = metric_entries(beat)
+            if self.cursor is not None and seq == self.cursor[0] and start >= len(entries):
+                counted.add(seq)  # the cursor rests at the end of a beat only once that beat was delivered whole
+            work.append((beat, entries, start))
         i, pos = 0, (work[0][2] if work else 0)
         while i < len(work):
             # one request: entries from work[i][pos] on, as many as MLflow's limits allow
@@ -268,7 +272,8 @@ class MlflowSink:
                 p = work[j][2] if j < len(work) else 0
             # after this request work[i:j] are complete and work[j] (if any) is delivered up to entry p
             newest = work[j][0] if j < len(work) and p > 0 else work[j - 1][0]
-            dropped = self.dropped_total + sum(int(b.get("points_dropped") or 0) for b, _, _ in work[i:j])
+            dropped = self.dropped_total + sum(int(b.get("points_dropped") or 0) for b, _, _ in work[i:j]
+                                               if int(b["seq"]) not in counted)
             self._deliver(metrics, newest, dropped)
             self.dropped_total = dropped
             self.cursor = (int(work[j][0]["seq"]), p) if j < len(work) else (

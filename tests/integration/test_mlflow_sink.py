@@ -132,3 +132,17 @@ def test_two_boxes_starting_at_once_end_in_one_experiment_and_one_run(mlflow, tm
     assert not errors
     assert len({s.run_id for s in sinks}) == 1
     assert [r["info"]["run_id"] for r in mlflow.runs()] == [sinks[0].run_id]
+
+
+def test_a_beat_resent_after_its_delivery_does_not_count_its_dropped_points_twice(mlflow, tmp_path):
+    b1 = mlflow_doc(dict(beat(1), gpus=None), points(1, 3, int(T0 * 1000)), 2)  # the point log dropped 2
+    b2 = mlflow_doc(dict(beat(2), gpus=None), points(4, 3, int(T0 * 1000) + 10), 5)  # then 5
+    s = sink(mlflow, tmp_path)
+    s.send([b1, b2])
+    again = sink(mlflow, tmp_path)  # the agent died between the cursor's save and the spool's ack
+    again.send([b1, b2])
+    again.send([b2])
+    tags = {t["key"]: t["value"] for t in mlflow.server.run(s.run_id)["data"]["tags"]}
+    assert tags["onbox.points_dropped"] == "7" and again.dropped_total == 7
+    assert [m["step"] for m in mlflow.history(s.run_id, "loss")] == list(range(1, 7))
+    assert len(mlflow.relay.metrics_sent(s.run_id, "loss")) == 6

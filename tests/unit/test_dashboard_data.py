@@ -10,7 +10,7 @@ import sqlite3
 from controller.runview import LIVENESS_MARK, row_from_heartbeat
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
-from controller.tracker.series import _read_sql
+from controller.tracker.series import _read_sql, series_body
 from controller.tracker.series import read_series as _read_series
 from controller.tracker.session import Auth, same_origin
 from controller.tracker.store import Store, liveness
@@ -224,3 +224,26 @@ def test_the_session_cookie_reads_never_writes_and_dies_with_time_or_a_new_token
     assert not same_origin(FakeRequest(origin="http://evil.example"))
     assert not same_origin(FakeRequest(origin="null"))
     assert not auth.can_read(FakeRequest(cookie=value, host="127.0.0.1:8788"))  # another tracker's port
+
+
+def test_a_cookie_with_a_digit_that_int_does_not_take_is_no_login_not_an_error():
+    # str.isdigit() is true for "²" (a Latin-1 byte a browser or curl can send); int("²") raises: that was a 500
+    # on every read endpoint for a request carrying it
+    auth = Auth("s3cret", now=Now(1000.0))
+    for expiry in ("\u00b2", "9\u00b3", "\u00b9" * 5):
+        assert auth.session_expiry(FakeRequest(cookie="%s.%s" % (expiry, "0" * 64))) is None
+        assert not auth.can_read(FakeRequest(cookie="%s.%s" % (expiry, "0" * 64)))
+
+
+def test_a_diverged_loss_infinity_is_sent_as_a_string_and_the_list_stays_up(tmp_path):
+    # the agent writes a loss of inf as "Infinity" (JSON has no inf): the row parses it to a float, and one run's
+    # float inf made every overview poll (every run's row) and its run page answer 500
+    st = Store(str(tmp_path / "t.db"), now=Now())
+    ov = Overview(st, PullsView(None))
+    st.add([beat(0, run="ok"), beat(0, run="gone", progress={"step": 5, "loss": "Infinity", "tokens_per_s": "-Infinity"}),
+            beat(0, run="nan", loss="NaN")])
+    rows = {r["run"]: r for r in json.loads(json.dumps(ov.overview(-1), allow_nan=False))["runs"]}
+    assert (rows["gone"]["loss"], rows["gone"]["tokens_per_s"]) == ("Infinity", "-Infinity")
+    assert rows["nan"]["loss"] == "NaN" and rows["ok"]["loss"] == 2.0
+    body = json.loads(series_body(_read_series(st, "gone"), {"summary": ov.run("gone")}))
+    assert body["summary"]["loss"] == "Infinity" and body["points"]["loss"] == [None]
