@@ -33,6 +33,7 @@ from onbox.errors import UsageError
 
 FIELDS = ("step", "loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch", "steps_per_s")
 INT_FIELDS = ("step",)
+MAX_STEP = 2 ** 63 - 1  # what every reader of a step takes (the tracker's SQLite, MLflow's int64): a larger one is noise
 
 NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
 
@@ -66,8 +67,13 @@ def to_number(value: Any) -> Optional[float]:
     """A float from a number or a numeric string ('2.3', 'nan', '1e-4'); None for anything else."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of 400 digits: past any float, i.e. diverged, never a crash
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, str):
         text = value.strip()
         if not text or len(text) > 64:
@@ -90,7 +96,7 @@ def canonical(pairs: Iterable[Tuple[str, Any]], strict_step: bool = True) -> Fie
         if number is None:
             continue
         if field in INT_FIELDS:
-            if not math.isfinite(number) or (strict_step and number != int(number)) or number < 0:
+            if not math.isfinite(number) or (strict_step and number != int(number)) or not 0 <= number <= MAX_STEP:
                 continue
             number = int(number)
         out[field] = number
@@ -350,6 +356,8 @@ class MetricsParser:
             found = self._parse_segment(segment)
             if found:
                 merged.update(found)
+        if not 0 <= merged.get("step", 0) <= MAX_STEP:  # `step=<400 digits>` matched a format's \d+
+            del merged["step"]
         return merged or None
 
     def parse_with_format(self, line: str) -> Tuple[Optional[str], Optional[Fields]]:

@@ -153,3 +153,16 @@ def test_tracker_and_ping_urls_are_validated_with_the_config():
     with pytest.raises(UsageError, match="--ping-url"):
         RunConfig(name="r", ping_url="hc-ping.com/x").validate()
     RunConfig(name="r", tracker="https://t.example", ping_url="https://hc-ping.com/x").validate()
+
+
+def test_numbers_past_any_float_or_step_are_readings_not_crashes():
+    """A diverged run can print a 400-digit integer; a format's \\d+ can match one: never an OverflowError, and never
+    a step the tracker (SQLite) or MLflow (int64) would refuse every beat for."""
+    p = MetricsParser([])
+    huge = "1" + "0" * 400
+    assert p.parse('{"step": 1, "loss": %s}' % huge) == {"step": 1, "loss": math.inf}
+    assert p.parse('{"step": 2, "loss": -%s}' % huge) == {"step": 2, "loss": -math.inf}
+    assert p.parse('{"step": %s, "loss": 3}' % huge) == {"loss": 3.0}
+    assert p.parse('{"step": 1e300, "loss": 3}') == {"loss": 3.0}
+    assert p.parse("step=%s loss=2.5" % huge) == {"loss": 2.5}
+    assert p.parse("step=%d loss=2.5" % (2 ** 63 - 1)) == {"step": 2 ** 63 - 1, "loss": 2.5}
