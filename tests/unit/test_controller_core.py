@@ -218,3 +218,17 @@ def test_ssh_settings_from_env():
         settings_from_env({"ONBOX_SSH_ALIVE_COUNT": "many"})
     no_mux = Ssh(s).ssh_argv(Target(name="b", host="h"), ["true"])
     assert not any(a.startswith("Control") for a in no_mux)
+
+
+def test_json_output_is_strict_json_even_for_a_diverged_run(capsys):
+    """`onboxctl status --json` of a run whose loss is NaN or Infinity: what any JSON parser (jq) reads."""
+    from onbox.commands.clikit import echo_json
+
+    rows = rows_from_tracker({"runs": [{"run": "div", "box": "b", "liveness": "ok",
+                                         "latest": _beat(progress={"step": 3, "loss": "NaN", "tokens_per_s": "Infinity"})}]},
+                             now=NOW)
+    assert rows[0].loss != rows[0].loss  # a float NaN inside the row
+    echo_json({"runs": [r.to_dict() for r in rows], "neg": -float("inf")})
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail("bare %s in the output" % c))
+    assert out["runs"][0]["loss"] == "NaN" and out["runs"][0]["tokens_per_s"] == "Infinity"
+    assert out["neg"] == "-Infinity"
