@@ -160,13 +160,26 @@ class ProgressHistory:
 
     def __init__(self, keep: int = 4096) -> None:
         self.points: "collections.deque[Tuple[float, int]]" = collections.deque(maxlen=keep)
+        self.reports: "collections.deque[Dict[str, Any]]" = collections.deque(maxlen=keep)  # progress, per step
 
     def observe(self, progress: Optional[Dict[str, Any]]) -> None:
         step, at = (progress or {}).get("step"), (progress or {}).get("time")
-        if not (isinstance(step, int) and not isinstance(step, bool) and isinstance(at, (int, float))):
+        if not isinstance(step, int) or isinstance(step, bool):
             return
-        if not self.points or self.points[-1] != (float(at), step):
+        if isinstance(at, (int, float)) and (not self.points or self.points[-1] != (float(at), step)):
             self.points.append((float(at), step))
+        if not self.reports or self.reports[-1].get("step") != step:
+            self.reports.append(dict(progress or {}))
+        else:
+            self.reports[-1] = dict(progress or {})  # the same step, reported again (eval loss arrived): newest
+
+    def metrics_at(self, step: int) -> Optional[Dict[str, Any]]:
+        """The newest report at or before `step` (a resumed run reports lower steps again: the newest wins); None
+        when the trainer reported nothing up to that step yet. Never a later step's metrics."""
+        for report in reversed(self.reports):
+            if report["step"] <= step:
+                return report
+        return None
 
     def step_before(self, when: float) -> Optional[int]:
         best = None
@@ -219,7 +232,10 @@ class CompletionTracker:
                 c.step = self.history.step_before(c.newest_mtime)
                 if c.step is not None:
                     c.step_source = "progress before the file's mtime"
-            c.metrics = seen[3]
+            if c.step is None:
+                c.metrics = seen[3]  # no step to match: the newest metrics when the content was first seen
+            else:  # the metrics AT its step: the trainer's last report up to it, never a later step's
+                c.metrics = self.history.metrics_at(c.step) or {}
             quiet = (now_mono - seen[1] >= settle) or (now_wall - c.newest_mtime >= settle)
             self._judge(c, quiet, settle)
         if len(self._checked) > 16384:

@@ -181,7 +181,11 @@ def test_template_preempted_then_resumed_under_onbox(kind, onbox_home, tmp_path)
     steps = [e["step"] for e in index["checkpoints"]]
     assert step in steps or min(steps) > step  # kept, unless newer ones retired it
     for e in index["checkpoints"]:
-        assert e["verified"] and e["committed_at"] and e["metrics"].get("step") is not None
+        assert e["verified"] and e["committed_at"]
+        # the metrics the agent knew when it first saw the checkpoint: never from a later step; none at all for a
+        # checkpoint the trainer saved right after its first report, before that report reached progress.json
+        assert e["metrics"] == {} or e["metrics"]["step"] <= e["step"], e
+    assert [e for e in index["checkpoints"] if e["metrics"].get("step") is not None]
     if kind == "plain":
         check_replacement_box(onbox_home, tmp_path, step, index)
 

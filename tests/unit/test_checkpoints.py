@@ -645,3 +645,23 @@ def test_listing_says_what_is_true_after_the_trainer_died(tmp_path, onbox_home):
     assert live["ckpt.pt"][1].startswith("still being written (ckpt.pt: torch zip truncated")
     assert live["mine"] == (False, "still changing (settle 600s; a directory of no known layout)")
     assert live["checkpoint-60"] == dead["checkpoint-60"]
+
+
+def test_a_checkpoints_metrics_are_those_of_its_step_never_a_later_one(tmp_path):
+    """The trainer saved step 50 and ran on: by the time the scan sees the file it has reported step 60. The
+    index must not call step 60's loss the loss of checkpoint 50."""
+    d = tmp_path / "ck"
+    tr = CompletionTracker(0.0)
+    for step, loss in ((30, 3.0), (40, 2.5), (50, 2.0)):
+        tr.update(scan(str(d)), 0.0, 0.0, {"step": step, "loss": loss, "time": float(step)})
+    write_torch_zip(str(d / "step_50.pt"))
+    write_torch_zip(str(d / "step_20.pt"))  # older than every report: nothing known at its step
+    tr.update(scan(str(d)), 1.0, 1.0, {"step": 60, "loss": 1.5, "time": 60.0})  # the scan is late: 60 reported
+    cands = {c.name: c for c in tr.update(scan(str(d)), 2.0, 2.0, {"step": 60, "loss": 1.5, "time": 60.0})}
+    assert cands["step_50.pt"].metrics["step"] == 50 and cands["step_50.pt"].metrics["loss"] == 2.0
+    assert cands["step_20.pt"].metrics == {}
+    # a resumed run reports step 40 again (from checkpoint 30): the newest report up to a step wins
+    tr.update(scan(str(d)), 3.0, 3.0, {"step": 40, "loss": 2.4, "time": 70.0})
+    write_torch_zip(str(d / "step_45.pt"))
+    cands = {c.name: c for c in tr.update(scan(str(d)), 4.0, 4.0, {"step": 40, "loss": 2.4, "time": 70.0})}
+    assert cands["step_45.pt"].metrics["loss"] == 2.4
