@@ -198,3 +198,32 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
             proc.wait(10)
         kill_if_alive(state(home, "dash").get("child_pid"))
         tracker.stop()
+
+
+def test_runs_the_tracker_no_longer_has_leave_the_open_list(tmp_path, browser):
+    """The tracker restarted on another database (same port and token) while the list was open: the next poll gets
+    every run again (`full`), and the runs the new database lacks are taken off the page without a reload."""
+    import time
+
+    tracker = TrackerProcess(str(tmp_path / "tracker"), public_read=True).start()
+
+    def beat(run, seq):
+        return {"schema": "onbox.heartbeat/1", "run": run, "box": "gpu1", "attempt": 0, "seq": seq,
+                "time": time.time(), "state": "running", "interval_s": 30.0, "progress": {"step": seq}}
+
+    try:
+        assert tracker.post([beat("old-a", 1), beat("old-a", 2), beat("old-b", 1)]).status_code == 200
+        page = browser.new_page()
+        page.goto(tracker.url + "/?poll=0.2")
+        wait_for(lambda: page.query_selector('tr[data-run="old-a"]') and page.query_selector('tr[data-run="old-b"]'),
+                 30, "both runs in the list")
+        tracker.stop()
+        tracker.db = str(tmp_path / "tracker" / "another.db")
+        tracker.start()
+        assert tracker.post([beat("new-c", 1)]).status_code == 200
+        wait_for(lambda: page.query_selector('tr[data-run="new-c"]'), 30, "the new database's run")
+        wait_for(lambda: not page.query_selector('tr[data-run="old-a"]'), 30, "the old runs gone")
+        assert not page.query_selector('tr[data-run="old-b"]')
+        assert sorted(js(page, "Object.keys(window.onboxDashboard.runs)")) == ["new-c"]
+    finally:
+        tracker.stop()

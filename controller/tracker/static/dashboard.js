@@ -197,6 +197,14 @@
   function pollList() {
     return api("/api/v1/overview?after=" + S.cursor).then(function (d) {
       S.polls++;
+      if (d.full) {  // every run again (another database, or a cursor far behind): the ones it lacks are gone
+        Object.keys(S.runs).forEach(function (name) {
+          if (Object.prototype.hasOwnProperty.call(d.live, name)) return;
+          delete S.runs[name];
+          var gone = document.querySelector('#runs tbody tr[data-run="' + CSS.escape(name) + '"]');
+          if (gone) gone.remove();
+        });
+      }
       d.runs.forEach(function (row) { S.runs[row.run] = row; });
       Object.keys(d.live).forEach(function (name) {
         var row = S.runs[name];
