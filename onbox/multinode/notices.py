@@ -35,6 +35,10 @@ MAX_DATAGRAM = 8192
 RESEND_S = 0.2
 SEND_TRIES = 25  # 5 s of resends: longer than any link blip worth waiting for, shorter than a preemption grace
 RELIABLE = ("preempt", "stop")
+# A relaunch from the same node-group file (`onbox run --name X` from a box's start-up script) keeps the group's key:
+# a notice sealed in the agent's previous life, replayed, would still authenticate. Notices sent (by the sender's
+# clock) more than this long before this channel started are dropped; the allowance is for clock skew between boxes.
+SKEW_ALLOWANCE_S = 120.0
 
 
 def seal(key: bytes, payload: Dict[str, Any]) -> bytes:
@@ -82,6 +86,8 @@ class PeerChannel:
         self._thread: Optional[threading.Thread] = None
         self._addrs: Dict[int, Optional[tuple]] = {}
         self._senders: list = []
+        self.started_wall = time.time()
+        self._stale_logged: set = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> "PeerChannel":
@@ -94,6 +100,7 @@ class PeerChannel:
             sock.close()  # the agent runs on without it: never leak the descriptor
             raise
         self.sock = sock
+        self.started_wall = time.time()
         self._thread = threading.Thread(target=self._listen, name="onbox-peers", daemon=True)
         self._thread.start()
         return self
@@ -234,6 +241,16 @@ class PeerChannel:
             self._reply(peer, addr, self._message("answer", re=msg["id"], **self.answer()))
             return
         if kind in RELIABLE:
+            sent = msg.get("t")
+            if not isinstance(sent, (int, float)) or sent < self.started_wall - SKEW_ALLOWANCE_S:
+                self.dropped += 1
+                if sender not in self._stale_logged:  # once a peer: a replay, or a clock far behind
+                    self._stale_logged.add(sender)
+                    self.log("dropped a %s notice from node %d sent before this agent started (%s): a replayed "
+                             "datagram, or node %d's clock is more than %.0f s behind (check its NTP)" % (
+                                 kind, sender, "no time" if not isinstance(sent, (int, float)) else
+                                 "%.0f s before" % (self.started_wall - sent), sender, SKEW_ALLOWANCE_S))
+                return
             self._reply(peer, addr, self._message("ack", re=msg["id"]))
             if msg["id"] in self._seen:
                 return

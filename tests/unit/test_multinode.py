@@ -106,7 +106,7 @@ def test_forged_foreign_and_self_datagrams_are_dropped(pair):
     chans, got, ports = pair
     before = chans[0].dropped
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        base = {"g": "0123456789abcdef", "from": 1, "id": "x1", "kind": "preempt", "lead": 1}
+        base = {"g": "0123456789abcdef", "from": 1, "id": "x1", "kind": "preempt", "lead": 1, "t": time.time()}
         s.sendto(seal(bytes.fromhex("cd" * 32), base), ("127.0.0.1", ports[0]))  # another key
         s.sendto(seal(bytes.fromhex(KEY), dict(base, g="ffffffffffffffff")), ("127.0.0.1", ports[0]))  # another group
         s.sendto(seal(bytes.fromhex(KEY), dict(base, **{"from": 0})), ("127.0.0.1", ports[0]))  # "from" itself
@@ -362,3 +362,23 @@ def test_a_peer_name_that_fails_to_resolve_once_is_looked_up_again():
     finally:
         node0.close(linger=0)
         node1.close(linger=0)
+
+
+@pytest.mark.integration
+def test_a_notice_sealed_before_the_agent_started_is_a_replay_and_dropped(pair):
+    """A relaunch from the same group file keeps the key: a `preempt` captured in the previous life must not stop
+    the new one. A fresh notice with the same key still works."""
+    chans, got, ports = pair
+    logged = []
+    chans[0].log = logged.append
+    before = chans[0].dropped
+    old = {"g": "0123456789abcdef", "from": 1, "id": "replayed-1", "kind": "preempt", "lead": 5,
+           "t": chans[0].started_wall - 3600}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(seal(bytes.fromhex(KEY), old), ("127.0.0.1", ports[0]))
+        s.sendto(seal(bytes.fromhex(KEY), dict(old, id="replayed-2", t=None)), ("127.0.0.1", ports[0]))
+        wait_for(lambda: chans[0].dropped - before >= 2, 5, "both replays dropped")
+        s.sendto(seal(bytes.fromhex(KEY), dict(old, id="fresh", t=time.time())), ("127.0.0.1", ports[0]))
+        wait_for(lambda: got[0], 5, "the fresh notice")
+    assert got[0] == [("preempt", 1, 5)]
+    assert len([m for m in logged if "replayed datagram" in m]) == 1  # said once for that node
