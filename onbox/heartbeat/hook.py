@@ -1,6 +1,7 @@
 """HeartbeatHook: the TelemetryHook the supervisor calls (onbox/supervisor/hooks.py).
 
-- on_output(line): parse metrics from the child's output; feed the loss to the alert engine.
+- on_output(line): parse metrics from the child's output; feed the loss to the alert engine; keep the line in
+  the log tail each beat carries (bounded, secrets redacted: onbox/telemetry/logtail.py).
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
 - tick(state): tail ONBOX_METRICS_FILE, write progress.json when progress changed, send a beat when one is due
   (every `heartbeat_interval`, on a state change or event, on a new alert); once the child has printed for
