@@ -123,6 +123,14 @@ class ResumeMixin:
                 and at >= r["at"] and step > r["step"]):
             return False  # it got past the checkpoint: the failure is the training's, not the checkpoint's
         label = r["name"] or os.path.basename(r["path"])
+        # the quarantine takes the commit lock: wait for the commit in flight no longer than restore() does (a
+        # commit hung on a dead mount holds the lock for good, and the supervisor must go on); if it still runs,
+        # restore() skips the durable side too, and the crash-loop rule decides
+        self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        if self._worker is not None and self._worker.is_alive():
+            self.ctx.emit("quarantine_skipped", checkpoint=label, step=r["step"], reason="a commit still runs "
+                          "after %.0f s" % self.cfg.final_sync_timeout)
+            return False
         fallback = self._fallback_for(r)
         if fallback is None:
             self.ctx.emit("restore_fallback_exhausted", checkpoint=label, step=r["step"], seconds=round(seconds, 3))
