@@ -308,3 +308,26 @@ def test_a_quarantine_does_not_wait_forever_for_a_hung_commit(tmp_path):
     assert skipped["checkpoint"] == "step_00015.pt" and "still runs" in skipped["reason"]
     assert (tmp_path / "durable" / "r1" / "checkpoints" / "step_00015.pt" / "MANIFEST.json").exists()
     assert os.path.exists(os.path.join(ctx.ckpt_dir, "step_00015.pt"))
+
+
+def test_a_local_checkpoint_committed_during_the_attempt_that_crashed_on_it_is_quarantined_on_durable_too(tmp_path):
+    """The attempt resumed from step 20, saved by the trainer but not committed yet; while it ran, the periodic
+    commit sent step 20 to durable storage, then the attempt crashed on it. The fallback must not fetch that same
+    checkpoint back from durable storage (one more attempt crashing on it): it is quarantined there as well."""
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    three_commits(ctx)
+    hook = CheckpointCommitHook(ctx)
+    save_nanogpt(os.path.join(ctx.ckpt_dir, "step_00020.pt"), 20)
+    assert hook.restore().endswith("step_00020.pt")
+    assert hook.status["resume_from"]["source"] == "local-unsynced"
+    commit_now(hook)  # the attempt runs: its periodic commit sends step 20
+    durable = tmp_path / "durable" / "r1"
+    assert (durable / "checkpoints" / "step_00020.pt" / "MANIFEST.json").exists()
+    assert hook.after_failure(3.0) is True
+    [q] = ctx.emit.of("checkpoint_quarantined")
+    assert q["fallback"] == "step_00015.pt" and q["moved_to"]["durable"].startswith(str(durable / "quarantine"))
+    assert not (durable / "checkpoints" / "step_00020.pt").exists()
+    index = fsutil.read_json(str(durable / "checkpoints_index.json"))
+    assert [e["name"] for e in index["quarantined"]] == ["step_00020.pt"]
+    assert hook.restore().endswith("step_00015.pt")
