@@ -46,4 +46,5 @@ def test_pruning_a_local_copy_the_trainer_already_deleted_is_no_error(tmp_path):
         assert [e["removed"] for e in ctx.emit.of("local_pruned")] == [["step_2.pt"]]
         assert hook.status["last_sync"]["ok"] is True and hook.status["last_sync"]["checkpoint"] == "step_3.pt"
         logs = os.path.join(str(tmp_path / "durable"), "r1", "logs", hook.box_logs)
-        assert open(os.path.join(logs, "output.log")).read() == "step 3\n"  # the log copy after the prune
+        with open(os.path.join(logs, "output.log")) as f:
+            assert f.read() == "step 3\n"  # the log copy after the prune
