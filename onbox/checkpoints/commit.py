@@ -146,8 +146,11 @@ class CheckpointCommitter:
         if existing is not None:
             sizes = {f["path"]: f["size"] for f in existing["files"]}
             if sizes == {rel: size for rel, size, _m, _i in cand.fingerprint}:
-                files = [{"path": rel, "size": size, self.hash_name: hashcopy.hash_file(
-                    os.path.join(cand.root, rel), self.hash_name)[1]} for rel, size, _m, _i in cand.fingerprint]
+                try:
+                    files = [{"path": rel, "size": size, self.hash_name: hashcopy.hash_file(
+                        os.path.join(cand.root, rel), self.hash_name)[1]} for rel, size, _m, _i in cand.fingerprint]
+                except OSError as e:  # gone or replaced since the scan: look again, it says nothing of durable
+                    return self._source_changed(name, cand, t0, "cannot read the source: %s" % e)
                 if checkpoint_digest(files, self.hash_name) == existing.get("digest"):
                     return CommitResult(name, existing.get("step"), "already", 0, 0.0, existing["digest"],
                                         self.target.url)
@@ -161,7 +164,14 @@ class CheckpointCommitter:
         self.preflight(cand)
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
-        hashes = self.target.put_payload(name, cand.root, cand.files, self.hash_name)
+        try:
+            hashes = self.target.put_payload(name, cand.root, cand.files, self.hash_name)
+        except (SyncFailed, OSError) as e:
+            if fingerprint_of_safe(cand) == cand.fingerprint:
+                raise  # the source is as it was judged: the failure is the copy's or the durable side's
+            # the trainer deleted or rewrote it while we copied (HF's save_total_limit retiring checkpoint-N):
+            # nothing is wrong with the durable storage; the next scan commits what is there now
+            return self._source_changed(name, cand, t0, "source changed or vanished while copying (%s)" % e)
         short = ["%s: %s of %d bytes" % (rel, hashes.get(rel, (None,))[0], size)
                  for rel, size, _m, _i in cand.fingerprint if hashes.get(rel, (None,))[0] != size]
         if short and fingerprint_of_safe(cand) == cand.fingerprint:
@@ -185,6 +195,10 @@ class CheckpointCommitter:
                   seconds=round(seconds, 3), digest=manifest["digest"], durable=self.target.url)
         return CommitResult(name, cand.step, "committed", manifest["bytes"], seconds, manifest["digest"],
                             self.target.url)
+
+    def _source_changed(self, name: str, cand: Candidate, t0: float, reason: str) -> CommitResult:
+        self.emit("checkpoint_commit_aborted", checkpoint=name, reason=reason)
+        return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "", self.target.url)
 
     def _whole_after_copy(self, cand: Candidate) -> Optional[str]:
         """A file committed for its format alone (not quiet, the trainer may rewrite it any moment) gets the full

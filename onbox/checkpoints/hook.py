@@ -308,10 +308,16 @@ class CheckpointCommitHook(ResumeMixin):
                 break
             if self.committer.find_same_source(c) is None:
                 continue  # not committed: the only copy
-            if c.is_dir:
-                shutil.rmtree(c.path, ignore_errors=True)
-            else:
-                os.unlink(c.path)
+            try:
+                if c.is_dir:
+                    shutil.rmtree(c.path, ignore_errors=True)
+                else:
+                    os.unlink(c.path)
+            except FileNotFoundError:
+                continue  # the trainer's own retention (Lightning's save_top_k) deleted it since the scan
+            except OSError as e:  # a failed prune frees less; it must not undo the commit it follows
+                self.ctx.emit("local_prune_failed", path=c.path, error=str(e))
+                continue
             removed.append(c.name)
         if removed:
             self.ctx.emit("local_pruned", removed=removed, ckpt_dir=self.ckpt_dir)

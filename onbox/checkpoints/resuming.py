@@ -123,6 +123,14 @@ class ResumeMixin:
                 and at >= r["at"] and step > r["step"]):
             return False  # it got past the checkpoint: the failure is the training's, not the checkpoint's
         label = r["name"] or os.path.basename(r["path"])
+        # the quarantine takes the commit lock: wait for the commit in flight no longer than restore() does (a
+        # commit hung on a dead mount holds the lock for good, and the supervisor must go on); if it still runs,
+        # restore() skips the durable side too, and the crash-loop rule decides
+        self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        if self._worker is not None and self._worker.is_alive():
+            self.ctx.emit("quarantine_skipped", checkpoint=label, step=r["step"], reason="a commit still runs "
+                          "after %.0f s" % self.cfg.final_sync_timeout)
+            return False
         fallback = self._fallback_for(r)
         if fallback is None:
             self.ctx.emit("restore_fallback_exhausted", checkpoint=label, step=r["step"], seconds=round(seconds, 3))
@@ -131,9 +139,14 @@ class ResumeMixin:
             seconds, r["step"])
         moved: Dict[str, str] = {}
         try:
-            if r["name"] is not None and self.committer is not None:
+            if self.committer is not None:
                 with self._locked():
-                    moved["durable"] = self.committer.quarantine(r["name"], reason)
+                    # a local checkpoint the attempt resumed from may have been committed while it ran (the
+                    # periodic commit of the newest one): that copy goes too, or the next restore fetches it back
+                    names = [r["name"]] if r["name"] is not None else self._committed_copies(r)
+                    dests = [self.committer.quarantine(n, reason) for n in names]
+                    if dests:
+                        moved["durable"] = ", ".join(dests)
             if r["fingerprint"] is not None and path_fingerprint(r["path"]) == r["fingerprint"]:
                 moved["local"] = set_aside(self.ckpt_dir, r["path"], "quarantined: " + reason, self.ctx.emit)
         except (SyncFailed, OSError) as e:
@@ -145,6 +158,17 @@ class ResumeMixin:
         self.ctx.emit("checkpoint_quarantined", checkpoint=label, step=r["step"], reason=reason, fallback=fallback,
                       moved_to=moved)
         return True
+
+    def _committed_copies(self, r: Dict[str, Any]) -> List[str]:
+        """The committed checkpoints holding exactly the local files an attempt resumed from (same name, sizes
+        and mtimes as when it resumed)."""
+        fp = r["fingerprint"]
+        if fp is None:
+            return []
+        want = [[rel, size, mtime_ns] for rel, size, mtime_ns, _ino in fp]
+        local_name = os.path.basename(r["path"])
+        return [e["name"] for e in self.committer.committed()
+                if e.get("local_name") == local_name and e.get("source_fingerprint") == want]
 
     def _fallback_for(self, r: Dict[str, Any]) -> Optional[str]:
         """The newest checkpoint older than the one an attempt resumed from, committed or local, or None."""

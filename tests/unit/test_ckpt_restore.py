@@ -269,3 +269,65 @@ def test_the_step_label_is_what_the_checkpoint_records_not_what_the_log_says(tmp
     assert (by_name["last.ckpt"].step, by_name["last.ckpt"].step_source) == (77, "last.ckpt:global_step")
     assert (by_name["checkpoint-90"].step, by_name["checkpoint-90"].step_source) == (
         90, "trainer_state.json:global_step")
+
+
+def test_a_quarantine_does_not_wait_forever_for_a_hung_commit(tmp_path):
+    """The attempt that resumed from step 15 crashes while a commit hangs on a dead mount, holding the commit lock.
+    after_failure() waits for it no longer than restore() does (final_sync_timeout): it leaves the durable side
+    alone and quarantines nothing, instead of blocking the supervisor (signals, preemption, the next attempt)."""
+    import threading
+
+    from tests.polling import wait_for
+
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    three_commits(ctx)
+    hook = CheckpointCommitHook(ctx)
+    assert hook.restore().endswith("step_00015.pt")
+    ctx.config.final_sync_timeout = 0.05
+    release, holding = threading.Event(), threading.Event()
+
+    def hung_commit() -> None:
+        with hook._locked():
+            holding.set()
+            release.wait(60)
+
+    hook._worker = threading.Thread(target=hung_commit, daemon=True)
+    hook._worker.start()
+    out: list = []
+    caller = threading.Thread(target=lambda: out.append(hook.after_failure(3.0)), daemon=True)
+    try:
+        assert holding.wait(10)
+        caller.start()
+        wait_for(lambda: out, timeout=20.0, what="after_failure() returning while a commit hangs")
+    finally:
+        release.set()
+        caller.join(30)
+    assert out == [False]
+    [skipped] = ctx.emit.of("quarantine_skipped")
+    assert skipped["checkpoint"] == "step_00015.pt" and "still runs" in skipped["reason"]
+    assert (tmp_path / "durable" / "r1" / "checkpoints" / "step_00015.pt" / "MANIFEST.json").exists()
+    assert os.path.exists(os.path.join(ctx.ckpt_dir, "step_00015.pt"))
+
+
+def test_a_local_checkpoint_committed_during_the_attempt_that_crashed_on_it_is_quarantined_on_durable_too(tmp_path):
+    """The attempt resumed from step 20, saved by the trainer but not committed yet; while it ran, the periodic
+    commit sent step 20 to durable storage, then the attempt crashed on it. The fallback must not fetch that same
+    checkpoint back from durable storage (one more attempt crashing on it): it is quarantined there as well."""
+    ctx = make_ctx(tmp_path)
+    run_started(ctx)
+    three_commits(ctx)
+    hook = CheckpointCommitHook(ctx)
+    save_nanogpt(os.path.join(ctx.ckpt_dir, "step_00020.pt"), 20)
+    assert hook.restore().endswith("step_00020.pt")
+    assert hook.status["resume_from"]["source"] == "local-unsynced"
+    commit_now(hook)  # the attempt runs: its periodic commit sends step 20
+    durable = tmp_path / "durable" / "r1"
+    assert (durable / "checkpoints" / "step_00020.pt" / "MANIFEST.json").exists()
+    assert hook.after_failure(3.0) is True
+    [q] = ctx.emit.of("checkpoint_quarantined")
+    assert q["fallback"] == "step_00015.pt" and q["moved_to"]["durable"].startswith(str(durable / "quarantine"))
+    assert not (durable / "checkpoints" / "step_00020.pt").exists()
+    index = fsutil.read_json(str(durable / "checkpoints_index.json"))
+    assert [e["name"] for e in index["quarantined"]] == ["step_00020.pt"]
+    assert hook.restore().endswith("step_00015.pt")

@@ -1,0 +1,70 @@
+"""Odd moments and odd filesystem states around a commit and a restore: real files, the real hook and committer
+on a mounted-path durable target. The only seams: the FakeClock and hashcopy.fault_hook (a labelled point inside
+the copy, where the test does what a trainer would do at that moment)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from onbox.checkpoints import hashcopy
+from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.localpath import LocalPathTarget
+from onbox.clock import FakeClock
+from tests.checkpoint_files import write_torch_zip
+from tests.unit.test_checkpoints import Recorder, complete_cands, make_ctx
+
+
+def test_a_checkpoint_the_trainer_deletes_while_it_is_copied_is_dropped_not_a_sync_failure(tmp_path):
+    """HF's save_total_limit deletes checkpoint-N once checkpoint-N+k is saved, possibly while onbox still copies
+    checkpoint-N: the source changed (it is gone), which says nothing about the durable storage. The commit is
+    dropped and tried again with what is there now, as for a file rewritten during the copy."""
+    d = tmp_path / "ck"
+    for rel in ("a.pt", "b.pt", "c.pt"):
+        write_torch_zip(str(d / "checkpoint-100" / rel), payload=b"\x01" * 65536)
+    emit = Recorder()
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), emit)
+    [cand] = complete_cands(str(d))
+    seen = []
+
+    def trainer_retires_it(label: str) -> None:
+        if label == "before-file" and not seen:
+            seen.append(label)
+            shutil.rmtree(str(d / "checkpoint-100"))
+
+    hashcopy.fault_hook = trainer_retires_it
+    try:
+        r = com.commit(cand)
+    finally:
+        hashcopy.fault_hook = None
+    assert seen and r.status == "source_changed"
+    assert not emit.of("sync_failed") and not emit.of("checkpoint_committed")
+    ckpts = tmp_path / "dur" / "r1" / "checkpoints"
+    assert os.listdir(str(ckpts)) == []  # no staging dir, no manifest-less dir left behind
+
+
+def test_the_hook_retries_at_once_after_the_source_vanished_and_never_reports_a_failed_sync(tmp_path):
+    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    old = os.path.join(ctx.ckpt_dir, "checkpoint-100")
+    write_torch_zip(os.path.join(old, "model.pt"), payload=b"\x01" * 65536)
+    seen = []
+
+    def trainer_saves_and_retires(label: str) -> None:
+        if label == "before-file" and not seen:
+            seen.append(label)
+            write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-200", "model.pt"), payload=b"\x02" * 65536)
+            shutil.rmtree(old)
+
+    hashcopy.fault_hook = trainer_saves_and_retires
+    try:
+        hook.periodic()
+        hook.join_worker(None)
+    finally:
+        hashcopy.fault_hook = None
+    assert seen and not ctx.emit.of("sync_failed")
+    assert (hook.status.get("last_sync") or {}).get("ok") is not False
+    ctx.clock.advance(1.5)  # the next scan, well inside the 5 s sync interval
+    hook.periodic()
+    hook.join_worker(None)
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["checkpoint-200"]
