@@ -270,8 +270,12 @@ class CheckpointCommitHook(ResumeMixin):
             self._done[cand.name] = cand.fingerprint
             if r.status == "committed" and r.bytes >= 16 * 1024 * 1024:
                 self.throughput = 0.5 * self.throughput + 0.5 * (r.bytes / r.seconds)
-            self.committer.apply_retention(self.cfg.keep_last, self.cfg.keep_best_metric, self.cfg.keep_best_mode,
-                                           self.cfg.keep_every_steps)
+            try:  # the commit stands whatever retention meets: an error here is said, never the commit undone
+                self.committer.apply_retention(self.cfg.keep_last, self.cfg.keep_best_metric,
+                                               self.cfg.keep_best_mode, self.cfg.keep_every_steps)
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("retention_failed", checkpoint=r.name, error=getattr(e, "message", None) or str(e),
+                              hint="older checkpoints stay on durable storage until a later commit retires them")
             self._update_status(latest_durable=self._durable_entry(r.name), verified=True,
                                 last_sync={"ok": True, "error": None, "at": at, "bytes": r.bytes,
                                            "seconds": round(r.seconds, 3), "checkpoint": r.name, "status": r.status})

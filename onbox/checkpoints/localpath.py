@@ -100,7 +100,8 @@ class LocalPathTarget:
         path = os.path.join(self.ckpts, name)
         # one atomic rename to a staging name: the checkpoint stops existing at once, and a kill during the
         # rmtree leaves a staging dir that the next start cleans (never a manifest-less dir without the marker)
-        doomed = os.path.join(self.ckpts, "%s%s.del.%d" % (STAGING_PREFIX, name, os.getpid()))
+        # (unique: a leftover of a killed removal under the same pid, common in containers, must not block this one)
+        doomed = os.path.join(self.ckpts, "%s%s.del.%d.%s" % (STAGING_PREFIX, name, os.getpid(), os.urandom(4).hex()))
         try:
             os.rename(path, doomed)
             fsutil.fsync_dir(self.ckpts)

@@ -68,3 +68,44 @@ def test_the_hook_retries_at_once_after_the_source_vanished_and_never_reports_a_
     hook.periodic()
     hook.join_worker(None)
     assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["checkpoint-200"]
+
+
+def test_a_retention_failure_after_a_commit_is_said_and_the_commit_stands(tmp_path):
+    """Retention deletes older checkpoints after a commit; durable storage that fails that delete (an NFS mount
+    going away answers EIO) must not undo what the commit did: the status says the new checkpoint is durable, the
+    logs are copied, and `retention_failed` says why the old ones are still there."""
+    import errno
+
+    from onbox.checkpoints.targets import make_target
+
+    class DyingMount(LocalPathTarget):  # the durable-storage seam: a mount that fails deletes
+        def remove(self, name: str) -> None:
+            raise OSError(errno.EIO, "Input/output error", name)
+
+    ctx = make_ctx(tmp_path, settle_seconds=0.0, keep_last=1)
+    assert isinstance(make_target(ctx.config.durable, "r1"), LocalPathTarget)
+    hook = CheckpointCommitHook(ctx, target=DyingMount(ctx.config.durable, "r1"))
+    with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
+        f.write("step 200 loss 1.0\n")
+    for step in (100, 200):
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % step), payload=bytes([step % 256]) * 4096)
+        hook.periodic()
+        hook.join_worker(None)
+        ctx.clock.advance(10.0)
+    assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_100.pt", "step_200.pt"]
+    [failed] = ctx.emit.of("retention_failed")
+    assert failed["checkpoint"] == "step_200.pt" and "Input/output error" in failed["error"]
+    assert hook.status["latest_durable"]["name"] == "step_200.pt" and hook.status["last_sync"]["ok"] is True
+    logs = os.path.join(ctx.config.durable, "r1", "logs")
+    assert [n for _d, _s, names in os.walk(logs) for n in names] == ["output.log"]  # the log copy after it ran
+
+
+def test_a_leftover_of_a_killed_removal_under_the_same_pid_does_not_block_the_next(tmp_path):
+    from onbox.checkpoints.localpath import STAGING_PREFIX
+
+    target = LocalPathTarget(str(tmp_path / "dur"), "r1")
+    os.makedirs(os.path.join(target.ckpts, "step_1.pt"))
+    left = os.path.join(target.ckpts, "%sstep_1.pt.del.%d" % (STAGING_PREFIX, os.getpid()))
+    os.makedirs(os.path.join(left, "half-deleted"))  # a container restarted the agent under the same pid
+    target.remove("step_1.pt")
+    assert not os.path.exists(os.path.join(target.ckpts, "step_1.pt"))
