@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import tempfile
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -154,3 +155,22 @@ def dir_problem(path: PathLike) -> Optional[str]:
     if not is_writable_dir(probe):
         return "%s is not writable" % probe
     return None
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN or Infinity (a diverged loss): a non-finite float anywhere in `obj` becomes the string "NaN",
+    "Infinity" or "-Infinity", the convention of progress.json, the heartbeats and every `--json`. Keys become
+    strings, tuples lists: what json.dumps(allow_nan=False) then always takes."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def read_token_file(path: str) -> str:
+    """A token file's token: its first line, stripped ("" for an empty file; `~` expanded). Raises OSError."""
+    with open(os.path.expanduser(path), encoding="utf-8") as f:
+        return f.readline().strip()

@@ -12,13 +12,13 @@ document parse per new head, shared by every open page.
 """
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from controller.runview import LIVENESS_MARK, dig, row_from_heartbeat
 from controller.tracker.pulled import PullsView
 from controller.tracker.store import Store, liveness, parse_doc
+from onbox.fsutil import json_safe
 
 FULL_AFTER = 200000  # a cursor this far behind (or from another database) gets every row, not a scan of the gap
 LOG_TAIL_LINES = 200
@@ -84,10 +84,8 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
         preemption=beat.get("preemption") if isinstance(beat.get("preemption"), dict) else None,
         unreadable=doc is None, log_tail=log_tail(beat), phase=phase_of(beat), node=node_of(beat),
         log_lines_total=dig(beat, "log_tail.lines_total") if isinstance(beat.get("log_tail"), dict) else None)
-    for k, v in row.items():  # "NaN"/"Infinity" strings as the beat carries them (a diverged loss): the row
-        if isinstance(v, float) and not math.isfinite(v):  # is sent as strict JSON, where a float inf is an error
-            row[k] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    return row
+    # "NaN"/"Infinity" strings as the beat carries them (a diverged loss): the row is sent as strict JSON
+    return json_safe(row)
 
 
 class Overview:

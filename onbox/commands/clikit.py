@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.errors import ExitCode, OnboxError
+from onbox.fsutil import json_safe
 
 
 class LazyGroup(click.Group):
@@ -100,14 +101,4 @@ def echo_json(obj: Any) -> None:
     """The one JSON printer for `--json` output: stable key order, one document, strict JSON (a diverged loss is
     the string "NaN" or "Infinity", as the heartbeats carry it: a bare NaN would break `jq` and json.loads
     in other languages)."""
-    click.echo(json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False))
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+    click.echo(json.dumps(json_safe(obj), indent=2, sort_keys=True, default=str, allow_nan=False))

@@ -14,13 +14,12 @@ Nothing here blocks on the network: beats are spooled (fsynced) and pushed by on
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-from onbox.fsutil import atomic_write_json, read_json
+from onbox.fsutil import atomic_write_json, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
@@ -44,18 +43,6 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_POSITION_FILE = "metrics_position.json"  # in heartbeats/: where the metrics file was read up to
 PROGRESS_FILE = "progress.json"
 CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
-
-
-def json_safe(obj: Any) -> Any:
-    """JSON has no NaN/Infinity: a non-finite float anywhere in a reading becomes "NaN"/"Infinity"/"-Infinity"
-    (the convention of the progress section) instead of making the beat unsendable."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def box_name() -> str:

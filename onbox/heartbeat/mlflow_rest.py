@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
+from onbox.fsutil import read_token_file
 from onbox.heartbeat.sinks import SinkError, _session
 
 API = "/api/2.0/mlflow/"
@@ -32,11 +33,9 @@ class MlflowError(Exception):
 def auth_header(token_file: Optional[str], environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The Authorization header value, or None (a server without auth). Raises OSError for an unreadable file."""
     env: Mapping[str, str] = os.environ if environ is None else environ
-    if token_file:
-        with open(os.path.expanduser(token_file), encoding="utf-8") as f:
-            token = f.readline().strip()
-        if token:
-            return "Bearer " + token
+    token = read_token_file(token_file) if token_file else ""
+    if token:
+        return "Bearer " + token
     user, password = env.get(USER_ENV), env.get(PASSWORD_ENV)
     if user and password:
         return "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode("utf-8")).decode("ascii")

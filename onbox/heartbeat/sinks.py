@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from onbox.clock import Clock, SystemClock
 from onbox.config import url_problem
 from onbox.errors import UsageError
+from onbox.fsutil import read_token_file
 from onbox.heartbeat.spool import Spool
 
 log = logging.getLogger("onbox.heartbeat")
@@ -39,12 +40,8 @@ class Rejected(Exception):
 def read_token(token_file: Optional[str], environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The bearer token: the file's first line, else $ONBOX_TRACKER_TOKEN, else None."""
     env: Mapping[str, str] = os.environ if environ is None else environ
-    if token_file:
-        with open(os.path.expanduser(token_file), encoding="utf-8") as f:
-            token = f.readline().strip()
-        if token:
-            return token
-    return env.get(TOKEN_ENV) or None
+    token = read_token_file(token_file) if token_file else ""
+    return token or env.get(TOKEN_ENV) or None
 
 
 def preflight(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> None:

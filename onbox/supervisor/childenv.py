@@ -6,6 +6,7 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from onbox.config import AGENT_ONLY_VARS
+from onbox.fsutil import read_token_file
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -177,9 +178,8 @@ def secret_values(cfg: Any) -> List[str]:
     for path in [cfg.tracker_token_file, cfg.mlflow_token_file]:
         if path:
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    values.append(f.read(1024 * 1024).strip())
-            except OSError:
+                values.append(read_token_file(path))  # the token as the sinks read it
+            except (OSError, UnicodeDecodeError):
                 pass
     for path in cfg.env_files:
         try:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from onbox.clock import Clock
 from onbox.config import RunConfig, check_env_entry, parse_signal
 from onbox.errors import UsageError
+from onbox.fsutil import json_safe
 from onbox.paths import valid_run_name
 from onbox.telemetry.metrics import ALIASES, MetricsParser
 from onbox.telemetry.progress import MetricsFileTail
@@ -367,23 +368,11 @@ class Curriculum:
     def to_state(self) -> Dict[str, Any]:
         """state.json's `phase`: what a relaunch resumes from, and what status and training_status.md show."""
         spec = self.spec
-        return _json_safe({"name": spec.name, "index": self.index, "count": len(self.specs), "target_steps": spec.target_step,
+        return json_safe({"name": spec.name, "index": self.index, "count": len(self.specs), "target_steps": spec.target_step,
                 "target_tokens": spec.target_tokens, "step": self.values.get("step"), "start_step": self.start_step,
                 "started_at": self.started_at, "status": self.status,
                 "criteria": [c.text for c in spec.criteria], "metrics": dict(self.values),
                 "names": [s.name for s in self.specs], "history": list(self.history)})
-
-
-def _json_safe(obj: Any) -> Any:
-    """JSON has no NaN or Infinity (a diverged loss): they are written as the strings "NaN", "Infinity", as in
-    progress.json; a criterion never holds on them."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],

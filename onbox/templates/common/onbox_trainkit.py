@@ -305,6 +305,27 @@ def set_rng_state(torch: Any, state: Dict[str, Any], generators: Optional[Dict[s
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
+def training_state(torch: Any, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
+                   generators: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Everything a run needs to continue exactly where it stopped: weights, optimizer moments, the LR schedule's
+    position, the loss scaler and every RNG (the template adds its step and config)."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(), "rng": rng_state(torch, generators)}
+
+
+def load_training_state(torch: Any, path: str, device: str, model: Any, optimizer: Any, scheduler: Any, scaler: Any,
+                        generators: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Put a training_state() checkpoint back into the live objects (weights_only: loading runs no code); returns
+    the whole checkpoint for the template's own fields."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    set_rng_state(torch, ckpt["rng"], generators)
+    return ckpt
+
+
 def checkpoint_dir(configured: str) -> str:
     """$ONBOX_CKPT_DIR (what `onbox run --ckpt-dir` commits from), else the configured dir; created."""
     path = os.path.abspath(os.environ.get("ONBOX_CKPT_DIR") or configured)

@@ -214,12 +214,7 @@ def main() -> int:
 
     resume = find_resume(cfg, out_dir)
     if resume:
-        ckpt = torch.load(resume, map_location=device, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        kit.set_rng_state(torch, ckpt["rng"], {"data": gen})
+        ckpt = kit.load_training_state(torch, resume, device, model, opt, sched, scaler, {"data": gen})
         state = {"iter_num": int(ckpt["iter_num"]), "step_count": int(ckpt["step_count"])}
         kit.log(event="resumed", step=state["step_count"], iter=state["iter_num"], path=resume)
     kit.log(event="start", step=state["step_count"], device=device, precision=precision, config=cfg,
@@ -238,10 +233,9 @@ def main() -> int:
 
             shutil.rmtree(staging)
         os.makedirs(staging)
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                    "scaler": scaler.state_dict(), "rng": kit.rng_state(torch, {"data": gen}),
-                    "iter_num": state["iter_num"], "step_count": step,
-                    "global_step": step},  # the optimizer step, where onbox reads a checkpoint's step
+        torch.save(dict(kit.training_state(torch, model, opt, sched, scaler, {"data": gen}),
+                        iter_num=state["iter_num"], step_count=step,
+                        global_step=step),  # the optimizer step, where onbox reads a checkpoint's step
                    os.path.join(staging, "lit_model.pth"))
         kit.write_flat_yaml(os.path.join(staging, "model_config.yaml"), mc)
         kit.write_flat_yaml(os.path.join(staging, "hyperparameters.yaml"), cfg)

@@ -177,12 +177,7 @@ def main() -> int:
 
     resume = kit.resume_path(ckpt_path if cfg["init_from"] == "resume" else None)
     if resume:
-        ckpt = torch.load(resume, map_location=device, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        kit.set_rng_state(torch, ckpt["rng"], {"data": gen})
+        ckpt = kit.load_training_state(torch, resume, device, model, opt, sched, scaler, {"data": gen})
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
         kit.log(event="resumed", step=iter_num, path=resume)
     kit.log(event="start", step=iter_num, device=device, precision=precision, config=cfg,
@@ -192,11 +187,10 @@ def main() -> int:
     def save(reason: str) -> None:
         if saved[0] == iter_num:
             return
-        kit.atomic_torch_save(torch, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "scaler": scaler.state_dict(), "rng": kit.rng_state(torch, {"data": gen}), "iter_num": iter_num,
-            "best_val_loss": best_val_loss, "model_args": {k: cfg[k] for k in (
-                "n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")}, "config": cfg},
+        kit.atomic_torch_save(torch, dict(
+            kit.training_state(torch, model, opt, sched, scaler, {"data": gen}), iter_num=iter_num,
+            best_val_loss=best_val_loss, model_args={k: cfg[k] for k in (
+                "n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")}, config=cfg),
             ckpt_path)
         saved[0] = iter_num
         kit.log(event="checkpoint", step=iter_num, path=ckpt_path, reason=reason)

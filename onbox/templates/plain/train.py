@@ -78,12 +78,7 @@ def main() -> int:
 
     resume = kit.resume_path()
     if resume:
-        state = torch.load(resume, map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        kit.set_rng_state(torch, state["rng"], {"data": data_gen})
+        state = kit.load_training_state(torch, resume, device, model, opt, sched, scaler, {"data": data_gen})
         step = int(state["step"])
         kit.log(event="resumed", step=step, path=resume)
     kit.log(event="start", step=step, device=device, precision=precision, config=cfg,
@@ -94,10 +89,8 @@ def main() -> int:
         if saved[0] == step:
             return
         path = os.path.join(ckpt_dir, "step_%08d.pt" % step)
-        kit.atomic_torch_save(torch, {
-            "step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
-            "rng": kit.rng_state(torch, {"data": data_gen}), "config": cfg}, path)
+        kit.atomic_torch_save(torch, dict(kit.training_state(torch, model, opt, sched, scaler, {"data": data_gen}),
+                                          step=step, config=cfg), path)
         saved[0] = step
         kit.prune(os.path.join(ckpt_dir, "step_*.pt"), cfg["keep_local"])
         kit.log(event="checkpoint", step=step, path=path, reason=reason)
