@@ -243,16 +243,13 @@ class Store:
         `texts`: each beat already as compact JSON (the validator made it), else it is serialised here."""
         received = self.now()
         results: List[Tuple[int, int]] = []
-        newest: Dict[str, Dict[str, Any]] = {}
-        # The log tail matters on a run's newest beat only: kept there, dropped from the others (a backlog's
-        # older beats, a late beat, the head a newer beat replaces), so a run's history is not its log 20 times.
+        newest: Dict[str, Dict[str, Any]] = {}  # each run's newest beat in these requests
+        for beats in batches:
+            for b in beats:
+                prev = newest.get(b["run"])
+                if prev is None or (b["seq"], b["attempt"]) > (prev["seq"], prev["attempt"]):
+                    newest[b["run"]] = b
         with self._lock:
-            last: Dict[str, Tuple[int, int]] = {}
-            for beats in batches:
-                for b in beats:
-                    key = (b["seq"], b["attempt"])
-                    if key > last.get(b["run"], self._heads.get(b["run"], (-1, -1))):
-                        last[b["run"]] = key
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
@@ -261,8 +258,12 @@ class Store:
                     for i, b in enumerate(beats):
                         p = metric_point(b)
                         step = p.get("step")
-                        # as received (validated), compact; never NaN/Infinity (a stored inf broke every read)
-                        if b.get("log_tail") is not None and (b["seq"], b["attempt"]) != last.get(b["run"]):
+                        # as received (validated), compact; never NaN/Infinity (a stored inf broke every read).
+                        # The log tail matters on a run's newest beat only: a backlog's older beats and a late beat
+                        # are stored without it (and the head a newer beat replaces loses it below), so a run's
+                        # history does not hold its log once per beat.
+                        if b.get("log_tail") is not None and (
+                                newest[b["run"]] is not b or (b["seq"], b["attempt"]) < self._heads.get(b["run"], (-1, -1))):
                             doc = json.dumps({k: v for k, v in b.items() if k != "log_tail"}, separators=(",", ":"),
                                              allow_nan=False)
                         else:
@@ -278,9 +279,6 @@ class Store:
                              b["box"], gpu_util, gpu_mem, durable_name(b.get("checkpoint"))))
                         if cur.rowcount == 1:
                             accepted += 1
-                        prev = newest.get(b["run"])
-                        if prev is None or (b["seq"], b["attempt"]) > (prev["seq"], prev["attempt"]):
-                            newest[b["run"]] = b
                     results.append((accepted, len(beats) - accepted))
                 heads: Dict[str, Tuple[int, int]] = {}
                 for run, b in newest.items():

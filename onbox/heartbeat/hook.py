@@ -139,7 +139,7 @@ class HeartbeatHook:
         self._closed = False
         self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
         self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg))
-        self._secrets_attempt: Any = None
+        self._secrets_attempt: Any = ctx.attempt()  # read just above: the next attempt reads them again
         self._first_output_mono: Optional[float] = None
         self._output_lines = 0
         self._hinted = False  # metrics_unrecognised was emitted (once a supervision)
