@@ -174,3 +174,21 @@ def read_token_file(path: str) -> str:
     """A token file's token: its first line, stripped ("" for an empty file; `~` expanded). Raises OSError."""
     with open(os.path.expanduser(path), encoding="utf-8") as f:
         return f.readline().strip()
+
+
+NAME_MAX = 255  # bytes in one file name on every Linux filesystem onbox writes to
+
+
+def fit_name(name: str, suffix: str = "", prefix: str = "") -> str:
+    """prefix + name + suffix, with `name` shortened (and a hash of it kept, so two long names stay apart) when
+    the whole would pass NAME_MAX bytes: a staging or set-aside name built from a legal 248-byte checkpoint name
+    must still be a legal name."""
+    whole = prefix + name + suffix
+    if len(whole.encode("utf-8", "surrogateescape")) <= NAME_MAX:
+        return whole
+    import hashlib
+
+    tag = "~" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    room = NAME_MAX - len((prefix + tag + suffix).encode("utf-8", "surrogateescape"))
+    short = name.encode("utf-8", "surrogateescape")[:max(room, 0)].decode("utf-8", "ignore")
+    return prefix + short + tag + suffix

@@ -39,7 +39,8 @@ class UntrustedInput(ValueError):
     """A file or a value from outside onbox was refused; the message says which and why."""
 
 
-def _kind(mode: int) -> str:
+def describe_mode(mode: int) -> str:
+    """What a non-regular file is, in words: "a FIFO (named pipe)", "a character device", ..."""
     for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -59,7 +60,7 @@ def read_bytes(path: PathLike, limit: int, what: str = "file") -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
         if not stat.S_ISREG(st.st_mode):
-            raise UntrustedInput("%s %s is %s, not a regular file: refusing to read it" % (what, p, _kind(st.st_mode)))
+            raise UntrustedInput("%s %s is %s, not a regular file: refusing to read it" % (what, p, describe_mode(st.st_mode)))
         if st.st_size > limit:
             raise UntrustedInput("%s %s is too large (%s, the limit is %s)" % (what, p, human(st.st_size),
                                                                                 human(limit)))

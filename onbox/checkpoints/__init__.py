@@ -7,6 +7,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
   detect.py     candidates in the local checkpoint dir and when each is complete (by marker, format or quiet)
   hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
+  manifest.py   what a MANIFEST.json or an index entry read from durable storage must hold before it is used
   durable.py    the DurableTarget protocol and the names every target shares
   localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
@@ -17,7 +18,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
 
-May import: the shared leaves (errors, fsutil, clock, proc). Never the supervisor: hook.py implements the seam in
+May import: the shared leaves (errors, fsutil, untrusted, clock, proc). Never the supervisor: hook.py implements the seam in
 onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations

@@ -13,8 +13,9 @@ import hashlib
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
+from onbox import fsutil
 from onbox.checkpoints import (
     INDEX_SCHEMA,
     MANIFEST_SCHEMA,
@@ -22,6 +23,7 @@ from onbox.checkpoints import (
     SyncFailed,
     formats,
     hashcopy,
+    manifest,
     retention,
 )
 from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
@@ -67,6 +69,7 @@ class CheckpointCommitter:
         self.margin_inodes = margin_inodes
         self._started = False
         self._quarantined: List[Dict[str, Any]] = []  # the index's record of quarantined checkpoints
+        self._refused: Set[str] = set()  # checkpoints whose manifest was refused, said once each
 
     def start(self) -> None:
         """Clean what an interrupted commit left behind (once per committer)."""
@@ -87,17 +90,35 @@ class CheckpointCommitter:
         entries = []
         if index is not None and isinstance(index.get("checkpoints"), list):
             # a /1 index (an older agent's) reads as /2: its entries were verified at commit, never re-checked
+            # an entry of the wrong shape is dropped here and rebuilt from its manifest below
             entries = [upgrade_entry(e) for e in index["checkpoints"]
-                       if isinstance(e, dict) and e.get("name") in names]
+                       if manifest.entry_problem(e) is None and e.get("name") in names]
         # a checkpoint the index does not list yet (its commit is under way: the manifest is written before the
         # index), or every one when the index is unreadable: from its manifest. The index's entries are kept
         # as they are: they carry what manifests do not (the re-checks)
         listed = {e["name"] for e in entries}
         for n in sorted(names - listed):
-            m = self.target.read_manifest(n)
+            m = self._manifest_or_none(n)
             if m is not None:
                 entries.append(entry_from_manifest(m))
         return sorted(entries, key=retention.entry_order)
+
+    def _manifest_or_none(self, name: str) -> Optional[Dict[str, Any]]:
+        """The checked manifest of `name`; a refused one is said once (an event) and does not exist here."""
+        try:
+            return self.target.read_manifest(name)
+        except manifest.BadManifest as e:
+            if name not in self._refused:
+                self._refused.add(name)
+                self.emit("checkpoint_refused", checkpoint=name, problem=str(e), durable=self.target.url)
+            return None
+
+    def _taken(self, name: str) -> bool:
+        """A checkpoint by that name exists on durable storage, usable or refused: never committed over."""
+        try:
+            return self.target.read_manifest(name) is not None
+        except manifest.BadManifest:
+            return True
 
     def find_same_source(self, cand: Candidate) -> Optional[Dict[str, Any]]:
         fp = _fp_list(cand.fingerprint)
@@ -142,7 +163,10 @@ class CheckpointCommitter:
         if same is not None:
             return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
                                 self.target.url)
-        existing = self.target.read_manifest(name)
+        try:
+            existing = self.target.read_manifest(name)
+        except manifest.BadManifest:  # the name is taken by a checkpoint restore refuses: commit beside it
+            existing = {"files": [], "digest": None}
         if existing is not None:
             sizes = {f["path"]: f["size"] for f in existing["files"]}
             if sizes == {rel: size for rel, size, _m, _i in cand.fingerprint}:
@@ -155,9 +179,9 @@ class CheckpointCommitter:
                     return CommitResult(name, existing.get("step"), "already", 0, 0.0, existing["digest"],
                                         self.target.url)
             k = 2
-            while self.target.read_manifest("%s.r%d" % (name, k)) is not None:
+            while self._taken(fsutil.fit_name(name, ".r%d" % k)):
                 k += 1
-            name = "%s.r%d" % (name, k)
+            name = fsutil.fit_name(name, ".r%d" % k)
         if fingerprint_of_safe(cand) != cand.fingerprint:  # rewritten since it was judged complete: look again
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
@@ -185,15 +209,15 @@ class CheckpointCommitter:
             self.emit("checkpoint_commit_aborted", checkpoint=name, reason=problem or "source changed while copying")
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
-        manifest = self._manifest(name, cand, hashes)
+        doc = self._manifest(name, cand, hashes)
         hashcopy.fault_point("before-manifest")
-        self.target.put_manifest(name, manifest)  # the commit point
+        self.target.put_manifest(name, doc)  # the commit point
         hashcopy.fault_point("after-manifest")
         seconds = max(self.clock.monotonic() - t0, 1e-6)
-        self._update_index(entry_from_manifest(manifest))
-        self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=manifest["bytes"],
-                  seconds=round(seconds, 3), digest=manifest["digest"], durable=self.target.url)
-        return CommitResult(name, cand.step, "committed", manifest["bytes"], seconds, manifest["digest"],
+        self._update_index(entry_from_manifest(doc))
+        self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=doc["bytes"],
+                  seconds=round(seconds, 3), digest=doc["digest"], durable=self.target.url)
+        return CommitResult(name, cand.step, "committed", doc["bytes"], seconds, doc["digest"],
                             self.target.url)
 
     def _source_changed(self, name: str, cand: Candidate, t0: float, reason: str) -> CommitResult:

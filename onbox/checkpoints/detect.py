@@ -316,5 +316,5 @@ def durable_name(c: Candidate) -> str:
     if step_from_name(c.name) is not None:
         return c.name
     if c.step is not None:
-        return "%s.step-%d" % (c.name, c.step)
-    return "%s.t-%d" % (c.name, int(c.newest_mtime))
+        return fsutil.fit_name(c.name, ".step-%d" % c.step)
+    return fsutil.fit_name(c.name, ".t-%d" % int(c.newest_mtime))

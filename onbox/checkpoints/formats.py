@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import zipfile
 from typing import NamedTuple, Optional
 
+from onbox import untrusted
 from onbox.checkpoints import torchpickle
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -75,7 +77,12 @@ def sniff(path: str) -> str:
 def check_file(path: str, full: bool = False) -> FormatResult:
     """Check one file; `full` also reads every byte (zip CRCs, the whole of a large JSON)."""
     try:
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a device, FIFO or socket (often behind a symlink): never read it
+            return FormatResult("other", "not a regular file: %s is %s%s" % (
+                os.path.basename(path), untrusted.describe_mode(st.st_mode),
+                " (through a symlink to %s)" % os.path.realpath(path) if os.path.islink(path) else ""))
+        size = st.st_size
         torch_named = path.endswith(TORCH_SUFFIXES)
         if size == 0 and (torch_named or path.endswith((".safetensors", ".json"))):
             # torch.save buffers its first write: a save killed early (OOM, SIGKILL) leaves 0 bytes, which would

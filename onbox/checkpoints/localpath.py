@@ -6,8 +6,8 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox import fsutil
-from onbox.checkpoints import INDEX, MANIFEST, hashcopy, sync_failed_from_oserror
+from onbox import fsutil, untrusted
+from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, sync_failed_from_oserror
 from onbox.checkpoints.durable import (
     PARTIAL_MARKER,
     QUARANTINE_DIR,
@@ -42,16 +42,30 @@ class LocalPathTarget:
             return []
 
     def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
+        """The checked manifest, None when there is none, BadManifest when one is there and refused."""
+        if untrusted.name_problem(name):
+            return None  # never a name listdir gives; not a path to follow
+        path = os.path.join(self.ckpts, name, MANIFEST)
         try:
-            doc = fsutil.read_json(os.path.join(self.ckpts, name, MANIFEST))
-        except (OSError, ValueError):
+            raw = untrusted.read_bytes(path, untrusted.MANIFEST_MAX_BYTES, "MANIFEST.json")
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+        except untrusted.UntrustedInput as e:
+            raise manifest.BadManifest("MANIFEST.json of %s refused: %s" % (name, e))
+        except OSError as e:
+            if not os.path.lexists(path):
+                return None
+            raise manifest.BadManifest("MANIFEST.json of %s refused: cannot read it (%s)" % (name, e.strerror or e))
+        return manifest.parse(raw, name)
+
+    def has_manifest(self, name: str) -> bool:
+        """A MANIFEST.json is there (committed, or refused by read_manifest: either way not a leftover)."""
+        return os.path.lexists(os.path.join(self.ckpts, name, MANIFEST))
 
     def put_payload(self, name: str, root: str, files: List[str], hash_name: str) -> FileHashes:
         self._ensure()
         final = os.path.join(self.ckpts, name)
-        staging = os.path.join(self.ckpts, "%s%s.%d" % (STAGING_PREFIX, name, os.getpid()))
+        staging = os.path.join(self.ckpts, fsutil.fit_name(name, ".%d" % os.getpid(), prefix=STAGING_PREFIX))
         out: FileHashes = {}
         try:
             os.mkdir(staging)
@@ -70,7 +84,7 @@ class LocalPathTarget:
                 fsutil.fsync_dir(d)
             hashcopy.fault_point("before-rename")
             if os.path.lexists(final):  # a manifest-less leftover of an interrupted commit
-                if self.read_manifest(name) is not None:
+                if self.has_manifest(name):
                     raise FileExistsError("refusing to replace committed checkpoint %s" % final)
                 if not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
                     raise foreign_entry(self.run_root, name)
@@ -101,7 +115,8 @@ class LocalPathTarget:
         # one atomic rename to a staging name: the checkpoint stops existing at once, and a kill during the
         # rmtree leaves a staging dir that the next start cleans (never a manifest-less dir without the marker)
         # (unique: a leftover of a killed removal under the same pid, common in containers, must not block this one)
-        doomed = os.path.join(self.ckpts, "%s%s.del.%d.%s" % (STAGING_PREFIX, name, os.getpid(), os.urandom(4).hex()))
+        doomed = os.path.join(self.ckpts, fsutil.fit_name(name, ".del.%d.%s" % (os.getpid(), os.urandom(4).hex()),
+                                                          prefix=STAGING_PREFIX))
         try:
             os.rename(path, doomed)
             fsutil.fsync_dir(self.ckpts)
@@ -111,7 +126,7 @@ class LocalPathTarget:
 
     def quarantine(self, name: str, stamp: str) -> str:
         qdir = os.path.join(self.run_root, QUARANTINE_DIR)
-        dest = os.path.join(qdir, "%s.%s" % (name, stamp))
+        dest = os.path.join(qdir, fsutil.fit_name(name, "." + stamp))
         try:
             os.makedirs(qdir, exist_ok=True)
             os.rename(os.path.join(self.ckpts, name), dest)  # one atomic rename: gone for readers at once
@@ -123,9 +138,9 @@ class LocalPathTarget:
 
     def read_index(self) -> Optional[Dict[str, Any]]:
         try:
-            doc = fsutil.read_json(os.path.join(self.run_root, INDEX))
+            doc = untrusted.read_json(os.path.join(self.run_root, INDEX), untrusted.INDEX_MAX_BYTES, INDEX)
         except (OSError, ValueError):
-            return None
+            return None  # the manifests are the truth: an index that cannot be read is rebuilt from them
         return doc if isinstance(doc, dict) else None
 
     def write_index(self, doc: Dict[str, Any]) -> None:
@@ -151,10 +166,10 @@ class LocalPathTarget:
                 os.unlink(path)
                 removed.append(n)
             elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or (
-                    self.read_manifest(n) is None and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
+                    not self.has_manifest(n) and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(n)
-            elif os.path.isdir(path) and self.read_manifest(n) is None:
+            elif os.path.isdir(path) and not self.has_manifest(n):
                 continue  # not ours (no marker): never deleted, never listed as committed
             elif os.path.isdir(path):
                 for m in os.listdir(path):
@@ -166,14 +181,19 @@ class LocalPathTarget:
         return sorted(removed)
 
     def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
+        src = os.path.join(self.ckpts, name)
         for rel in files:
+            # a payload entry that is a symlink out of the checkpoint (to /etc/shadow, say) would copy a file of
+            # this box into the trainer's dir, and the next commit would publish it: read only what lies inside
+            untrusted.join_under(src, rel, "checkpoint file")
+            untrusted.join_under(dest, rel, "restored file")
             os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-        return copy_files(os.path.join(self.ckpts, name), dest, files, hash_name)
+        return copy_files(src, dest, files, hash_name)
 
     def put_log(self, local_path: str, name: str) -> None:
         dest = os.path.join(self.run_root, "logs", name)
         logs = os.path.dirname(dest)
-        tmp = os.path.join(logs, fsutil.TMP_PREFIX + os.path.basename(name))
+        tmp = os.path.join(logs, fsutil.fit_name(os.path.basename(name), prefix=fsutil.TMP_PREFIX))
         try:
             os.makedirs(logs, exist_ok=True)
             shutil.copyfile(local_path, tmp)

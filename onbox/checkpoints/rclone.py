@@ -12,8 +12,8 @@ import subprocess
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from onbox import fsutil
-from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy
+from onbox import fsutil, untrusted
+from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest
 from onbox.checkpoints.durable import PARTIAL_MARKER, QUARANTINE_DIR, FileHashes, foreign_entry
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
@@ -35,11 +35,11 @@ class RcloneTarget:
         self.flags = list(RCLONE_FLAGS) + list(extra_flags)
 
     # -- one place for every rclone call --------------------------------------------------------------------
-    def _rc(self, args: List[str], nbytes: int = 0, check: bool = True) -> "subprocess.CompletedProcess[str]":
+    def _rc(self, args: List[str], nbytes: int = 0, check: bool = True, binary: bool = False) -> Any:
         argv = [self.rclone, *args, *self.flags]
         timeout = self.base_timeout + nbytes / self.min_rate
         try:
-            proc = self.runner(argv, capture_output=True, text=True, timeout=timeout)
+            proc = self.runner(argv, capture_output=True, text=not binary, timeout=timeout)
         except FileNotFoundError:
             raise SyncFailed("rclone is not installed on this box", hint="apt-get install rclone, or use a mounted path")
         except subprocess.TimeoutExpired:
@@ -47,7 +47,8 @@ class RcloneTarget:
                              hint="check the network to the remote; the previous committed checkpoint is intact",
                              errno_name="ETIMEDOUT")
         if check and proc.returncode != 0:
-            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:])
+            err = proc.stderr.decode("utf-8", "replace") if isinstance(proc.stderr, bytes) else proc.stderr
+            tail = " | ".join(line for line in (err or "").strip().splitlines()[-3:])
             raise SyncFailed("rclone %s failed (exit %d) for %s: %s" % (args[0], proc.returncode, self.url, tail),
                              hint="check the remote (credentials, quota, network); the previous committed "
                                   "checkpoint is intact", errno_name="EIO")
@@ -61,12 +62,18 @@ class RcloneTarget:
             self._rc(["lsjson", path, *opts])  # raise with its message
         return json.loads(proc.stdout or "[]")
 
-    def _cat_json(self, path: str) -> Optional[Dict[str, Any]]:
-        proc = self._rc(["cat", path], check=False)
-        if proc.returncode != 0:
+    def _cat(self, path: str, limit: int) -> Optional[bytes]:
+        """The bytes of a remote file, at most limit + 1 of them (--count: a bucket holding a 20 GB
+        "MANIFEST.json" must not fill this box's memory); None when it cannot be read (absent)."""
+        proc = self._rc(["cat", "--count", str(limit + 1), path], check=False, binary=True)
+        return proc.stdout if proc.returncode == 0 else None
+
+    def _cat_json(self, path: str, limit: int = untrusted.INDEX_MAX_BYTES) -> Optional[Dict[str, Any]]:
+        raw = self._cat(path, limit)
+        if raw is None or len(raw) > limit:
             return None
         try:
-            doc = json.loads(proc.stdout)
+            doc = untrusted.loads_json(raw, path)
         except ValueError:
             return None
         return doc if isinstance(doc, dict) else None
@@ -94,8 +101,11 @@ class RcloneTarget:
         return sorted(e["Name"] for e in entries or [] if not e["Name"].startswith("."))
 
     def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
-        doc = self._cat_json("%s/%s/%s" % (self.ckpts, name, MANIFEST))
-        return doc if doc is not None and isinstance(doc.get("files"), list) else None
+        """The checked manifest, None when there is none, BadManifest when one is there and refused."""
+        if untrusted.name_problem(name):
+            return None  # not one entry of the listing: never a path to follow
+        raw = self._cat("%s/%s/%s" % (self.ckpts, name, MANIFEST), untrusted.MANIFEST_MAX_BYTES)
+        return None if raw is None else manifest.parse(raw, name)
 
     def put_payload(self, name: str, root: str, files: List[str], hash_name: str) -> FileHashes:
         out: FileHashes = {rel: hashcopy.hash_file(os.path.join(root, rel), hash_name) for rel in files}

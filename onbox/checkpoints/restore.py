@@ -14,7 +14,7 @@ import shutil
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, untrusted
 from onbox.checkpoints import SyncFailed, formats, hashcopy
 from onbox.checkpoints.durable import DurableTarget
 
@@ -31,17 +31,25 @@ class RestoreResult(NamedTuple):
     # (checkpoint, manifest digest, passed, problems) of every durable copy fetched and checked against its
     # manifest here (not a local copy found matching, not a fetch that failed): recorded in the index
     checks: List[Tuple[str, Optional[str], bool, List[str]]] = []
+    # (checkpoint, problem) of newer ones that can never be restored: a manifest refused (manifest.BadManifest),
+    # or a durable copy whose complete fetch did not match its manifest. The caller quarantines them; a fetch
+    # that failed (the network, a full local disk) is only in `rejected`: it may work next time
+    unusable: List[Tuple[str, str]] = []
 
 
 def set_aside(ckpt_dir: str, path: str, reason: str, emit: Callable[..., None]) -> str:
-    """Move a file or dir of the trainer's out of the way, into <ckpt_dir>/.onbox-aside/; never deletes."""
+    """Move a file or dir of the trainer's out of the way, into <ckpt_dir>/.onbox-aside/; never deletes.
+    Only what lies directly or deeper inside the checkpoint dir is ever moved."""
+    if not untrusted.is_under(os.path.dirname(os.path.abspath(path)), ckpt_dir):
+        raise untrusted.UntrustedInput("refusing to move %s: it is not inside the checkpoint dir %s" % (
+            path, ckpt_dir))
     aside = os.path.join(ckpt_dir, ASIDE_DIR)
     os.makedirs(aside, exist_ok=True)
-    base = os.path.join(aside, "%s.%s" % (os.path.basename(path), time.strftime("%Y%m%dT%H%M%S")))
-    dest, k = base, 1
+    stamp = "." + time.strftime("%Y%m%dT%H%M%S")
+    dest, k = os.path.join(aside, fsutil.fit_name(os.path.basename(path), stamp)), 1
     while os.path.lexists(dest):
         k += 1
-        dest = "%s.%d" % (base, k)
+        dest = os.path.join(aside, fsutil.fit_name(os.path.basename(path), "%s.%d" % (stamp, k)))
     os.rename(path, dest)
     fsutil.fsync_dir(os.path.dirname(path))
     emit("checkpoint_set_aside", path=path, moved_to=dest, reason=reason)
@@ -55,10 +63,10 @@ def local_matches(path: str, manifest: Dict[str, Any]) -> bool:
     mtimes = {rel: m for rel, _size, m in (manifest.get("source") or {}).get("fingerprint") or []}
     algo = manifest.get("hash", hashcopy.HASH_NAME)
     for f in manifest["files"]:
-        p = os.path.join(root, f["path"])
         try:
+            p = untrusted.join_under(root, f["path"], "checkpoint file")
             st = os.stat(p)
-        except OSError:
+        except (OSError, ValueError):
             return False
         if not os.path.isfile(p) or st.st_size != f["size"]:
             return False
@@ -74,16 +82,23 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
     local complete checkpoint is newer than this committed one, so nothing is fetched (result path None)."""
     rejected: List[Tuple[str, str]] = []
     checks: List[Tuple[str, Optional[str], bool, List[str]]] = []
+    unusable: List[Tuple[str, str]] = []
     for name in names_newest_first:
-        manifest = target.read_manifest(name)
-        if manifest is None:
+        try:
+            manifest = target.read_manifest(name)
+            if manifest is None:
+                continue
+            local_path = untrusted.join_under(ckpt_dir, manifest.get("local_name") or name, "local_name")
+        except untrusted.UntrustedInput as e:  # manifest.BadManifest, or a local_name leading out through a link
+            rejected.append((name, str(e)))
+            unusable.append((name, str(e)))
+            emit("checkpoint_refused", checkpoint=name, problem=str(e), durable=target.url)
             continue
         if local_wins is not None and local_wins(manifest):
             break
-        local_path = os.path.join(ckpt_dir, manifest.get("local_name") or name)
         if os.path.lexists(local_path) and local_matches(local_path, manifest):
             return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected,
-                                 checks)
+                                 checks, unusable)
         problem, checked = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit, hash_name_default)
         if checked:
             checks.append((name, manifest.get("digest"), problem is None, [problem] if problem else []))
@@ -91,10 +106,12 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
             emit("checkpoint_restored", checkpoint=name, step=manifest.get("step"), path=local_path,
                  durable=target.url)
             return RestoreResult(local_path, name, manifest.get("step"), "durable", manifest.get("created"),
-                                 rejected, checks)
+                                 rejected, checks, unusable)
         rejected.append((name, problem))
+        if checked:
+            unusable.append((name, problem))
         emit("restore_verify_failed", checkpoint=name, problem=problem, durable=target.url)
-    return RestoreResult(None, None, None, "", None, rejected, checks)
+    return RestoreResult(None, None, None, "", None, rejected, checks, unusable)
 
 
 def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], local_path: str, ckpt_dir: str,
@@ -104,13 +121,17 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
     algo = manifest.get("hash", hash_default)
     parent = os.path.dirname(local_path)
     os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, ".onbox-restore-%s.%d" % (name, os.getpid()))
+    # the staging name stays short whatever the checkpoint's name (a legal 248-byte name plus a prefix and a
+    # suffix would pass the 255-byte limit of a file name)
+    staging = os.path.join(parent, fsutil.fit_name(".onbox-restore-" + name, ".%d" % os.getpid()))
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     files = [f["path"] for f in manifest["files"]]
     try:
         try:
             got = target.fetch(name, files, staging, algo)
+        except untrusted.UntrustedInput as e:  # a payload file that leads out of the checkpoint (a symlink)
+            return "refused: %s" % e, True
         except (OSError, SyncFailed) as e:
             return "fetch failed: %s" % e, False
         for f in manifest["files"]:
@@ -124,7 +145,7 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
                 return "%s: %s" % (f["path"], res.problem), True
         # give the files their original mtimes, so the committer recognises them (no re-commit after restore)
         for rel, _size, mtime_ns in (manifest.get("source") or {}).get("fingerprint") or []:
-            p = os.path.join(staging, rel)
+            p = os.path.join(staging, rel)  # rel is one of the file list's paths (manifest.problem checks it)
             if os.path.isfile(p):
                 os.utime(p, ns=(mtime_ns, mtime_ns))
         if os.path.lexists(local_path):  # the trainer's own (torn, empty, older or quarantined) copy

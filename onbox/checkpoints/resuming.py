@@ -4,7 +4,7 @@ CheckpointCommitHook (hook.py), which owns the scanning, the commits and checkpo
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
@@ -63,11 +63,14 @@ class ResumeMixin:
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
                     self._record_restore_checks(res)
+                    self._quarantine_unusable(res.unusable)
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
                 res = None
             if res is not None and res.rejected:
                 self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
+            if (res is None or not res.path) and newest_local is None:
+                self._say_from_scratch(res)
             if res is not None and res.path:
                 self._set_aside_torn(res.step, res.created, keep=res.path)
                 self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
@@ -78,6 +81,42 @@ class ResumeMixin:
                                 "when": res.created or 0.0, "fingerprint": path_fingerprint(res.path)}
                 return res.path
         return self._resume_local(newest_local)
+
+    def _quarantine_unusable(self, unusable: List[Tuple[str, str]]) -> None:
+        """Checkpoints that can never be restored (a refused manifest, a copy that does not match its manifest)
+        leave <run>/checkpoints/ for <run>/quarantine/, whole and never deleted, so that no box tries them again
+        and retention counts only what can be restored. The caller holds the commit lock."""
+        for name, problem in unusable:
+            reason = "it cannot be restored: %s" % problem
+            try:
+                dest = self.committer.quarantine(name, reason)
+            except (SyncFailed, OSError) as e:
+                self.ctx.emit("quarantine_failed", checkpoint=name, error=str(e))
+                continue
+            entry = {"name": name, "step": None, "reason": reason, "at": self.clock.time(),
+                     "moved_to": {"durable": dest}}
+            self._update_status(quarantined=[*list(self.status.get("quarantined") or []), entry])
+            self.ctx.emit("checkpoint_quarantined", checkpoint=name, step=None, reason=reason, fallback=None,
+                          moved_to={"durable": dest})
+
+    def _say_from_scratch(self, res: Optional[RestoreResult]) -> None:
+        """The attempt is about to start from step 0: when durable storage holds (or held until this restore)
+        checkpoints, that is never silent — an alert (a state warning, via the run notes) and a status line."""
+        try:
+            left = len(self.committer.committed()) if self.committer is not None else 0
+        except (SyncFailed, OSError):
+            left = 0
+        refused = [{"name": n, "problem": p} for n, p in (res.rejected if res is not None else [])]
+        if not left and not refused and res is not None:
+            if self.status.get("from_scratch"):
+                self._update_status(from_scratch=None)
+            return
+        why = ("durable storage could not be read" if res is None else
+               "none of the %d checkpoint(s) on durable storage could be restored" % (left + len(res.unusable))
+               if refused else "durable storage holds %d checkpoint(s) but none was restored" % left)
+        self._update_status(from_scratch={"at": self.clock.time(), "why": why, "rejected": refused[:10]})
+        self.ctx.emit("resume_from_scratch", why=why, rejected=refused[:10],
+                      durable=self.target.url if self.target else None)
 
     def _record_restore_checks(self, res: RestoreResult) -> None:
         """The durable copies this restore fetched and checked against their manifests, recorded in the index

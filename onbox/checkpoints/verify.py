@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from typing import Any, Dict, List, Optional
 
-from onbox import fsutil
+from onbox import untrusted
 from onbox.checkpoints import MANIFEST, formats, hashcopy, stepread
+from onbox.checkpoints import manifest as manifest_mod
 from onbox.checkpoints.detect import walk_files
+from onbox.errors import UsageError
 
 TORCH_SUFFIXES = formats.TORCH_SUFFIXES
 NO_MANIFEST = ("no MANIFEST.json: not a committed checkpoint (onbox writes the manifest last; without it the copy "
@@ -70,18 +73,27 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
     workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         jobs = []
+        paths: List[Optional[str]] = []
         for entry in entries:
-            path = os.path.join(ckpt_dir, entry.get("path", ""))
-            ok_size = os.path.isfile(path) and os.path.getsize(path) == entry.get("size")
+            try:  # a listed path outside the checkpoint (../, absolute, a symlink out) is never opened
+                path: Optional[str] = untrusted.join_under(ckpt_dir, entry.get("path"), "listed path")
+            except untrusted.UntrustedInput:
+                path = None
+            paths.append(path)
+            ok_size = (path is not None and os.path.isfile(path) and not os.path.islink(path)
+                       and os.path.getsize(path) == entry.get("size"))
             jobs.append((pool.submit(hashcopy.hash_file, path, algo) if ok_size else None,
                          pool.submit(formats.check_file, path, True) if ok_size and formats_too else None))
-        for entry, (hash_job, format_job) in zip(entries, jobs):
+        for entry, path, (hash_job, format_job) in zip(entries, paths, jobs):
             rel = entry.get("path", "")
-            path = os.path.join(ckpt_dir, rel)
             row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None,
                                    "note": ""}
             problem = None
-            if not os.path.isfile(path):
+            if path is None:
+                problem = "refused: %s" % (untrusted.relpath_problem(rel) or "it leads outside the checkpoint")
+            elif os.path.islink(path):
+                problem = "a symlink (%s), not a file of the checkpoint" % os.readlink(path)
+            elif not os.path.isfile(path):
                 problem = "missing"
             elif hash_job is None:
                 problem = "size %d, manifest says %s (truncated or replaced)" % (os.path.getsize(path), entry.get("size"))
@@ -97,6 +109,36 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
             if rows is not None:
                 rows.append(row)
     return problems
+
+
+KERNEL_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def path_problem(path: str) -> Optional[str]:
+    """Why `path` cannot be a checkpoint at all, in one line (a FIFO would hang the read, /proc/self would list
+    every kernel file as a problem), or None."""
+    real = os.path.realpath(path)
+    for top in KERNEL_FILESYSTEMS:
+        if real == top or real.startswith(top + "/"):
+            return "%s is on the kernel's %s filesystem" % (real, top)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the checks below say what is missing or unreadable
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return "it is %s" % untrusted.describe_mode(mode)
+    return None
+
+
+def _not_regular(top: str) -> int:
+    """Entries under `top` that walk_files leaves out and a checkpoint never holds."""
+    n = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        for fn in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, fn)
+            if os.path.islink(full) or not os.path.isfile(full):
+                n += 1
+    return n
 
 
 def committed_dirs(path: str) -> Optional[List[str]]:
@@ -119,6 +161,10 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
     `load`: also torch.load every torch/safetensors file; without an importable torch that is a problem unless
     `no_load_ok` (then the report says the checks were format and hash only)."""
     path = os.path.abspath(path)
+    problem = path_problem(path)
+    if problem:
+        raise UsageError("%s is not a checkpoint: %s" % (path, problem),
+                         hint="give a committed checkpoint dir, a checkpoint file or a durable run dir")
     many = committed_dirs(path)
     if many is not None:
         return _verify_run_dir(path, many, load, no_load_ok)
@@ -129,11 +175,10 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
     has_manifest = os.path.isdir(path) and os.path.exists(manifest_path)
     if has_manifest:
         try:
-            manifest = fsutil.read_json(manifest_path)
-            if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
-                raise ValueError("no file list")
-        except (OSError, ValueError) as e:
-            problems.append("%s: unreadable manifest: %s" % (MANIFEST, e))
+            manifest = manifest_mod.parse(untrusted.read_bytes(manifest_path, untrusted.MANIFEST_MAX_BYTES,
+                                                               MANIFEST))
+        except (OSError, ValueError) as e:  # manifest.BadManifest: a field names the entry that is wrong
+            problems.append("%s: %s" % (MANIFEST, e if isinstance(e, ValueError) else "unreadable: %s" % e))
             manifest = {"files": []}
         problems += check_manifest_files(path, manifest, formats_too=True, rows=rows)
         checked.append("size and %s of %d file(s) against %s" % (
@@ -141,6 +186,11 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
         files = [os.path.join(path, r["path"]) for r in rows]
     else:
         files = [os.path.join(path, r) for r in walk_files(path)] if os.path.isdir(path) else [path]
+        skipped = _not_regular(path) if os.path.isdir(path) else 0
+        if skipped:
+            problems.append("%s: %d entr%s neither a regular file nor a directory (symlink, FIFO, device, "
+                            "socket): not checked" % (os.path.basename(path), skipped, "y is" if skipped == 1
+                                                      else "ies are"))
         for f in files:
             rel = os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
             res = formats.check_file(f, full=True)

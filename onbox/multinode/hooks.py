@@ -205,9 +205,14 @@ class GroupRestore:
 
     @staticmethod
     def _newest_first(target: Any) -> List[str]:
+        from onbox.checkpoints.manifest import BadManifest
+
         entries: List[Tuple[Any, str]] = []
         for n in target.list_names():
-            m = target.read_manifest(n)
+            try:
+                m = target.read_manifest(n)
+            except BadManifest:  # refused: it does not exist for a restore (node 0's restore quarantines it)
+                continue
             if m is not None and not n.startswith("."):
                 entries.append(((m.get("step") if isinstance(m.get("step"), int) else -1, m.get("created") or 0), n))
         return [n for _k, n in sorted(entries, reverse=True)]

@@ -61,8 +61,16 @@ class RunNotes:
                                                  "hint": "stop the group and relaunch it with a --durable every "
                                                          "node reaches (an rclone remote or a shared mount)"}
                 self._state_due = True
-            elif kind in ("node_resume", "checkpoint_resume") and self._warnings.pop("node_resume", None) is not None:
-                self._state_due = True  # a later attempt started from node 0's step again
+            elif kind == "resume_from_scratch":
+                self._warnings["from_scratch"] = {
+                    "code": "resume_from_scratch", "severity": "critical", "at": ev.get("time"),
+                    "message": "the attempt starts from scratch: %s" % ev.get("why"),
+                    "hint": "see `onbox checkpoints` and the run's events (checkpoint_refused, restore_verify_failed) "
+                            "for why; refused checkpoints are kept whole in <durable>/<run>/quarantine/"}
+                self._state_due = True
+            elif kind in ("node_resume", "checkpoint_resume") and any(
+                    [self._warnings.pop(k, None) is not None for k in ("node_resume", "from_scratch")]):
+                self._state_due = True  # a later attempt started from a checkpoint again
             elif kind == "requeue":
                 self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),
                                  "detail": ev.get("reason") if ev.get("ok") else ev.get("error")}

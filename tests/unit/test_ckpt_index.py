@@ -181,7 +181,11 @@ def test_a_restore_records_the_durable_copies_it_checked_passed_or_failed(onbox_
     box2 = ctx_in_home(onbox_home, tmp_path, ckpt="ckpt-replacement")  # an empty checkpoint dir: a new box
     hook = CheckpointCommitHook(box2)
     assert hook.restore().endswith("step_00010.pt")  # the corrupted newest is rejected, the older one used
-    bad, good = entry(tmp_path, "step_00020.pt"), entry(tmp_path, "step_00010.pt")
+    # it can never be restored: quarantined (moved whole, never deleted) with the failed check on its entry
+    [bad] = [q for q in index_of(tmp_path)["quarantined"] if q["name"] == "step_00020.pt"]
+    good = entry(tmp_path, "step_00010.pt")
+    assert [e["name"] for e in index_of(tmp_path)["checkpoints"]] == ["step_00010.pt"]
+    assert (run_root / "quarantine").is_dir() and not (run_root / "checkpoints" / "step_00020.pt").exists()
     assert bad["verified"] is False and bad["verification"]["checks"][-1]["by"] == "restore"
     assert "mismatch" in bad["verification"]["checks"][-1]["problems"][0]
     assert good["verified"] is True and good["verification"]["checks"][-1]["result"] == "passed"
