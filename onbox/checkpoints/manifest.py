@@ -54,7 +54,7 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
     if doc.get("name") is not None and name is not None and doc["name"] != name:
         return "it names checkpoint %r but lives in %r" % (doc["name"], name)
     algo = doc.get("hash", DEFAULT_HASH)
-    if algo not in HASH_HEX_LENGTHS:
+    if not isinstance(algo, str) or algo not in HASH_HEX_LENGTHS:
         return "unknown hash algorithm %r (onbox computes %s)" % (algo, ", ".join(sorted(HASH_HEX_LENGTHS)))
     files = doc.get("files")
     if not isinstance(files, list) or not files:
@@ -83,7 +83,7 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
                 return "%r is listed as a file and as the directory of %r" % (parent, p)
             parent = parent.rpartition("/")[0]
     kind = doc.get("kind", "dir")
-    if kind not in ("file", "dir"):
+    if not isinstance(kind, str) or kind not in ("file", "dir"):
         return "kind %r is neither 'file' nor 'dir'" % (kind,)
     if kind == "file" and (len(files) != 1 or "/" in files[0]["path"]):
         return "kind 'file' with %d file(s) or a path with a directory in it" % len(files)
