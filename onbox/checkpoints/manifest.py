@@ -51,6 +51,9 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
         return "not a JSON object"
     if name is not None and untrusted.name_problem(name):
         return "checkpoint name %r: %s" % (name, untrusted.name_problem(name))
+    why = _optional_name(doc.get("name"))
+    if why:
+        return "name %r: %s" % (doc.get("name"), why)
     if doc.get("name") is not None and name is not None and doc["name"] != name:
         return "it names checkpoint %r but lives in %r" % (doc["name"], name)
     algo = doc.get("hash", DEFAULT_HASH)
@@ -67,7 +70,7 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
             return "files[%d] is not an object" % i
         why = untrusted.relpath_problem(f.get("path"))
         if why:
-            return "files[%d].path %r refused: %s" % (i, f.get("path"), why)
+            return "files[%d].path %r: %s" % (i, f.get("path"), why)
         if f["path"] in seen:
             return "files[%d].path %r is listed twice" % (i, f["path"])
         seen.add(f["path"])
@@ -89,7 +92,7 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
         return "kind 'file' with %d file(s) or a path with a directory in it" % len(files)
     why = _optional_name(doc.get("local_name"))
     if why:
-        return "local_name %r refused: %s" % (doc.get("local_name"), why)
+        return "local_name %r: %s" % (doc.get("local_name"), why)
     step = doc.get("step")
     if step is not None and not _count(step):
         return "step %r is not a whole non-negative number" % (step,)
@@ -121,19 +124,19 @@ def check(doc: Any, name: Optional[str] = None) -> Dict[str, Any]:
     """`doc` when it is a usable manifest of checkpoint `name`, else BadManifest saying why."""
     why = problem(doc, name)
     if why:
-        raise BadManifest("MANIFEST.json of %s refused: %s" % (name or "a checkpoint", why))
+        raise BadManifest("MANIFEST.json%s refused: %s" % (" of %s" % name if name else "", why))
     return doc
 
 
 def parse(raw: bytes, name: Optional[str] = None) -> Dict[str, Any]:
     """The bytes of a MANIFEST.json, parsed with the nesting bound and checked; BadManifest otherwise."""
     if len(raw) > untrusted.MANIFEST_MAX_BYTES:
-        raise BadManifest("MANIFEST.json of %s refused: larger than %s" % (
-            name or "a checkpoint", untrusted.human(untrusted.MANIFEST_MAX_BYTES)))
+        raise BadManifest("MANIFEST.json%s refused: larger than %s" % (
+            " of %s" % name if name else "", untrusted.human(untrusted.MANIFEST_MAX_BYTES)))
     try:
         doc = untrusted.loads_json(raw, "MANIFEST.json")
     except (ValueError, UnicodeDecodeError) as e:
-        raise BadManifest("MANIFEST.json of %s refused: not valid JSON (%s)" % (name or "a checkpoint", e))
+        raise BadManifest("MANIFEST.json%s refused: %s" % (" of %s" % name if name else "", e))
     return check(doc, name)
 
 

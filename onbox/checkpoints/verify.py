@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from onbox import untrusted
 from onbox.checkpoints import MANIFEST, formats, hashcopy, stepread
@@ -65,14 +65,14 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
     The hash of one file and the CRC pass of another run in parallel threads (hashlib and zlib release the GIL
     on large buffers), so a verify costs about one hash pass of wall time on a box with two cores or more.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     problems = []
     algo = manifest.get("hash", hashcopy.HASH_NAME)
     entries = [e for e in manifest.get("files", []) if isinstance(e, dict)]
     workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = []
+        jobs: List[Tuple[Optional["Future[Tuple[int, str]]"], Optional["Future[formats.FormatResult]"]]] = []
         paths: List[Optional[str]] = []
         for entry in entries:
             try:  # a listed path outside the checkpoint (../, absolute, a symlink out) is never opened
@@ -80,10 +80,12 @@ def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: b
             except untrusted.UntrustedInput:
                 path = None
             paths.append(path)
-            ok_size = (path is not None and os.path.isfile(path) and not os.path.islink(path)
-                       and os.path.getsize(path) == entry.get("size"))
-            jobs.append((pool.submit(hashcopy.hash_file, path, algo) if ok_size else None,
-                         pool.submit(formats.check_file, path, True) if ok_size and formats_too else None))
+            if (path is not None and os.path.isfile(path) and not os.path.islink(path)
+                    and os.path.getsize(path) == entry.get("size")):
+                jobs.append((pool.submit(hashcopy.hash_file, path, algo),
+                             pool.submit(formats.check_file, path, True) if formats_too else None))
+            else:
+                jobs.append((None, None))
         for entry, path, (hash_job, format_job) in zip(entries, paths, jobs):
             rel = entry.get("path", "")
             row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None,
@@ -177,8 +179,11 @@ def verify_path(path: str, load: bool = False, no_load_ok: bool = False) -> Veri
         try:
             manifest = manifest_mod.parse(untrusted.read_bytes(manifest_path, untrusted.MANIFEST_MAX_BYTES,
                                                                MANIFEST))
-        except (OSError, ValueError) as e:  # manifest.BadManifest: a field names the entry that is wrong
-            problems.append("%s: %s" % (MANIFEST, e if isinstance(e, ValueError) else "unreadable: %s" % e))
+        except manifest_mod.BadManifest as e:  # the message names the field that is wrong
+            problems.append(str(e))
+            manifest = {"files": []}
+        except (OSError, ValueError) as e:
+            problems.append("%s: unreadable: %s" % (MANIFEST, e))
             manifest = {"files": []}
         problems += check_manifest_files(path, manifest, formats_too=True, rows=rows)
         checked.append("size and %s of %d file(s) against %s" % (

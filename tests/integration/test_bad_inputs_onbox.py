@@ -398,6 +398,37 @@ ROWS += [
 ]
 
 
+def committed(files: List[Dict[str, Any]], **fields: Any) -> Dict[str, Content]:
+    """A committed checkpoint dir ck/ whose MANIFEST.json lists `files` (one real file, ok.txt, is there)."""
+    doc = {"schema": "onbox.manifest/1", "name": "ck", "kind": "dir", "hash": "sha256", "files": files, **fields}
+    return {"ck/ok.txt": "fine\n", "ck/MANIFEST.json": json.dumps(doc)}
+
+
+with open("/etc/passwd", "rb") as _f:
+    PASSWD = _f.read()
+PASSWD_ENTRY = {"size": len(PASSWD), "sha256": hashlib.sha256(PASSWD).hexdigest()}
+OK_ENTRY = {"path": "ok.txt", "size": 5, "sha256": hashlib.sha256(b"fine\n").hexdigest()}
+ROWS += [  # issue 19: a manifest is untrusted input; verify vouches only for files inside the checkpoint
+    row("verify-manifest-dotdot-passwd", ["verify", "{tmp}/ck"], 1, "files[0].path '../../../../../../../../../etc/passwd': a '..' part",
+        files=committed([dict(PASSWD_ENTRY, path="../../../../../../../../../etc/passwd")])),
+    row("verify-manifest-absolute-passwd", ["verify", "{tmp}/ck"], 1, "files[0].path '/etc/passwd': absolute path",
+        files=committed([dict(PASSWD_ENTRY, path="/etc/passwd")])),
+    row("verify-manifest-unknown-hash", ["verify", "{tmp}/ck"], 1, "unknown hash algorithm 'md7'",
+        files=committed([OK_ENTRY], hash="md7")),
+    row("verify-manifest-path-int", ["verify", "{tmp}/ck"], 1, "files[0].path 5: not a string",
+        files=committed([dict(OK_ENTRY, path=5)])),
+    row("verify-manifest-size-str", ["verify", "{tmp}/ck"], 1, "files[0].size '5' is not a byte count",
+        files=committed([dict(OK_ENTRY, size="5")])),
+    row("verify-manifest-files-str", ["verify", "{tmp}/ck"], 1, "no file list", files=committed("ok.txt")),
+    row("verify-manifest-deep", ["verify", "{tmp}/ck"], 1, "nests more than",
+        files={"ck/ok.txt": "fine\n", "ck/MANIFEST.json": "[" * 50_000 + "]" * 50_000}),
+    row("verify-manifest-local-name-dotdot", ["verify", "{tmp}/ck"], 1, "local_name '../victim': a '..' part",
+        files=committed([OK_ENTRY], local_name="../victim")),
+    row("verify-proc-self", ["verify", "/proc/self"], 2, "kernel's /proc filesystem"),
+    row("verify-dev-zero", ["verify", "/dev/zero"], 2, "kernel's /dev filesystem"),
+]
+
+
 def _fill(value: str, tmp: str, home: str) -> str:
     return value.replace("{tmp}", tmp).replace("{home}", home)
 

@@ -136,14 +136,15 @@ def test_a_payload_symlink_on_durable_storage_never_copies_a_file_of_this_box(on
     assert hook.restore().endswith("step_00010.pt")
     for dirpath, _dirs, files in os.walk(tmp_path / "box2"):
         for n in files:
-            assert (open(os.path.join(dirpath, n), "rb").read() != secret.read_bytes()), n
+            with open(os.path.join(dirpath, n), "rb") as f:
+                assert f.read() != secret.read_bytes(), n
     [q] = box2.emit.of("checkpoint_quarantined")
     assert q["checkpoint"] == "step_00020.pt" and "outside" in q["reason"]
 
 
 @pytest.mark.parametrize("change, why", [
     ({"hash": "md7"}, "unknown hash algorithm 'md7'"),
-    ({"files": lambda fs: [dict(fs[0], path=5)]}, "files[0].path 5 refused: not a string"),
+    ({"files": lambda fs: [dict(fs[0], path=5)]}, "files[0].path 5: not a string"),
     ({"files": lambda fs: [dict(fs[0], size="12")]}, "files[0].size '12' is not a byte count"),
     ({"files": lambda fs: [dict(fs[0], size=True)]}, "not a byte count"),
     ({"files": lambda fs: [dict(fs[0], sha256="zz")]}, "is not a sha256 digest"),
@@ -218,7 +219,7 @@ def test_a_long_legal_checkpoint_name_commits_and_restores(onbox_home, tmp_path)
     hook.join_worker(None)
     [done] = ctx.emit.of("checkpoint_committed")
     assert len(done["checkpoint"].encode()) <= 255
-    box2, hook2 = replacement_box(onbox_home, tmp_path)
+    _box2, hook2 = replacement_box(onbox_home, tmp_path)
     got = hook2.restore()
     assert got is not None and os.path.basename(got) == name
 
@@ -233,7 +234,8 @@ def committed_dir(tmp_path, files: list) -> str:
     return str(d)
 
 
-PASSWD = open("/etc/passwd", "rb").read()
+with open("/etc/passwd", "rb") as _f:
+    PASSWD = _f.read()
 
 
 @pytest.mark.parametrize("rel", ["../../../../../../../../etc/passwd", "/etc/passwd"])
@@ -254,9 +256,10 @@ def test_verify_refuses_a_listed_symlink_that_leads_outside(tmp_path):
 
 def test_verify_names_the_field_of_a_manifest_of_the_wrong_shape(tmp_path):
     d = committed_dir(tmp_path, [{"path": "ok.bin", "size": 4, "sha256": hashlib.sha256(b"fine").hexdigest()}])
-    doc = json.loads(open(os.path.join(d, "MANIFEST.json")).read())
+    with open(os.path.join(d, "MANIFEST.json")) as f:
+        doc = json.load(f)
     for bad, why in ((dict(doc, hash="md7"), "unknown hash algorithm 'md7'"),
-                     (dict(doc, files=[{"path": 5, "size": 4}]), "files[0].path 5 refused"),
+                     (dict(doc, files=[{"path": 5, "size": 4}]), "files[0].path 5: not a string"),
                      ("[" * 50_000, "nests more than")):
         with open(os.path.join(d, "MANIFEST.json"), "w") as f:
             f.write(bad if isinstance(bad, str) else json.dumps(bad))
