@@ -3,6 +3,7 @@ and are loaded as plugins so any test can ask for them."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -29,6 +30,13 @@ def _no_user_onbox_env(monkeypatch):
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that a test interrupts with SIGINT (Ctrl-C): the disposition the test relies on.
+    An ignored SIGINT survives exec, and a runner started in the background (CI, `nohup`, a shell's `cmd &`,
+    `trap '' INT`) passes it ignored to every test's children: the interrupt would then do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def subprocess_env(extra=None):

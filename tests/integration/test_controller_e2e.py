@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO_ROOT, subprocess_env
+from tests.conftest import REPO_ROOT, default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters
 from tests.polling import wait_for
 
@@ -136,7 +136,7 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
         dest = tmp_path / "pulled"
         p = subprocess.Popen([sys.executable, "-m", "controller", "pull", "b1", RUN, str(dest), "--latest",
                               "--bwlimit", "150"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=default_sigint)
         ck_root = dest / RUN / "checkpoints"
 
         def part_arrived():

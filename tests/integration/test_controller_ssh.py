@@ -20,7 +20,7 @@ from controller.pull import PARTIAL_DIR, PullsRecord, Transfer, pull_run
 from controller.push import REMOTE_PYZ, push, verify_pushed
 from controller.ssh import Ssh, SshSettings
 from onbox.errors import JobFailed
-from tests.conftest import subprocess_env
+from tests.conftest import default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters
 
 pytestmark = pytest.mark.integration
@@ -194,7 +194,7 @@ def _fabricate_run(home, run, payload_bytes):
     data = os.urandom(payload_bytes)
     with open(os.path.join(ck, "model.dat"), "wb") as f:
         f.write(data)
-    manifest = {"step": 100, "created": "2026-01-01T00:00:00Z",
+    manifest = {"step": 100, "created": 1767225600.0,  # 2026-01-01T00:00:00Z, as onbox writes it
                 "files": [{"path": "model.dat", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]}
     with open(os.path.join(ck, "MANIFEST.json"), "w") as f:
         json.dump(manifest, f)
@@ -218,7 +218,7 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path):
     dest = tmp_path / "pulled"
     p = subprocess.Popen([sys.executable, "-m", "controller", "pull", "b1", "r1", str(dest), "--bwlimit", "1500",
                           "--no-verify"], env=ctl, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=default_sigint)
     ckdir = dest / "r1" / "checkpoints" / "step_000100"
     partial = ckdir / PARTIAL_DIR / "model.dat"
 
