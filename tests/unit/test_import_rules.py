@@ -18,14 +18,16 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 # What each part of onbox may import (besides itself). A top-level module counts as its own part.
-LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread"}
+LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread",
+          "onbox.untrusted"}
 CONTRACT: Dict[str, Set[str]] = {
     "onbox.errors": set(),
     "onbox.clock": set(),
     "onbox.paths": set(),
     "onbox.proc": set(),
-    "onbox.fsutil": set(),
-    "onbox.tomlread": {"onbox.errors"},
+    "onbox.untrusted": set(),
+    "onbox.fsutil": {"onbox.untrusted"},  # every JSON state file and token file is read through untrusted
+    "onbox.tomlread": {"onbox.errors", "onbox.untrusted"},
     "onbox.telemetry": {"onbox.errors"},
     "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry"},
     "onbox.checkpoints": LEAVES,
