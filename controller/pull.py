@@ -157,7 +157,7 @@ class PullsRecord:
         except FileNotFoundError:
             return {"pulls": {}}
         except (OSError, ValueError) as e:
-            reason = e.reason if isinstance(e, untrusted.UntrustedInput) else (getattr(e, "strerror", None) or e)
+            reason = "it " + e.reason if isinstance(e, untrusted.UntrustedInput) else (getattr(e, "strerror", None) or e)
             raise UsageError("pulls record %s is corrupt: %s" % (self.path, reason),
                              hint="move it aside and pull again; the gate will refuse until then")
         doc.setdefault("pulls", {})

@@ -115,7 +115,7 @@ class Records:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as e:
-            reason = e.reason if isinstance(e, untrusted.UntrustedInput) else (
+            reason = "it " + e.reason if isinstance(e, untrusted.UntrustedInput) else (
                 getattr(e, "strerror", None) or e)
             raise UsageError("tunnel record %s is damaged: %s" % (self.path, reason),
                              hint="delete it; `onboxctl run` records tunnels again when it opens them")
