@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -115,7 +114,7 @@ def remote_runs(ssh: Ssh, box: Box, runs: Optional[List[str]] = None) -> List[Di
     res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT] + (runs or ["--all"]), timeout=60,
                   what="list runs and checkpoints")
     try:
-        docs = json.loads(res.text.strip().splitlines()[-1])["runs"]
+        docs = untrusted.loads_json(res.text.strip().splitlines()[-1], "the box's run listing")["runs"]
     except (ValueError, IndexError, KeyError, TypeError):
         raise JobFailed("could not read the runs on %s: %r" % (box.name, res.text[-300:]))
     for doc in docs:
@@ -133,7 +132,7 @@ def read_pulls(path: str) -> Dict[str, Any]:
     regular file of at most PULLS_MAX_BYTES, nested at most 64 deep), its shape checked. OSError when it cannot
     be read, ValueError (UntrustedInput included) when it is not such a record. The tracker reads it too."""
     doc = untrusted.read_json(path, PULLS_MAX_BYTES, "pulls record")
-    pulls = doc.get("pulls", {}) if isinstance(doc, dict) else None
+    pulls = doc.setdefault("pulls", {}) if isinstance(doc, dict) else None
     if not isinstance(pulls, dict):
         raise ValueError("not {\"pulls\": {...}}")
     for key, entry in pulls.items():
@@ -157,10 +156,8 @@ class PullsRecord:
         except FileNotFoundError:
             return {"pulls": {}}
         except (OSError, ValueError) as e:
-            reason = "it " + e.reason if isinstance(e, untrusted.UntrustedInput) else (getattr(e, "strerror", None) or e)
-            raise UsageError("pulls record %s is corrupt: %s" % (self.path, reason),
+            raise UsageError("pulls record %s is corrupt: %s" % (self.path, untrusted.reason(e)),
                              hint="move it aside and pull again; the gate will refuse until then")
-        doc.setdefault("pulls", {})
         return doc
 
     def get(self, box: str, run: str) -> Dict[str, Any]:

@@ -84,7 +84,8 @@ def _tunnel(n: int, entry: Any) -> Tunnel:
     if not isinstance(box, str) or not box:
         raise ValueError("entry %d: box %r is not a box name" % (n, box))
     host, _, port = local.rpartition(":") if isinstance(local, str) else ("", "", "")
-    if not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536 or any(c.isspace() or c in "/@?#" for c in host):
+    bad_host = not host or any(c.isspace() or c in "/@?#" for c in host)
+    if bad_host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         raise ValueError("entry %d (box %s): the tracker address %r is not host:port" % (n, box, local))
     for key, low in (("remote_port", 1), ("spec_port", 0)):
         v = entry[key]
@@ -115,9 +116,7 @@ class Records:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as e:
-            reason = "it " + e.reason if isinstance(e, untrusted.UntrustedInput) else (
-                getattr(e, "strerror", None) or e)
-            raise UsageError("tunnel record %s is damaged: %s" % (self.path, reason),
+            raise UsageError("tunnel record %s is damaged: %s" % (self.path, untrusted.reason(e)),
                              hint="delete it; `onboxctl run` records tunnels again when it opens them")
 
     @contextlib.contextmanager

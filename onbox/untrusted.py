@@ -44,6 +44,14 @@ class UntrustedInput(ValueError):
         self.reason = reason or message
 
 
+def reason(e: BaseException) -> str:
+    """Why a read failed, for a message that names the file itself: "it is a FIFO ..." for a refusal, the OS's
+    words for an OSError ("Permission denied"), else the error's own text (json's, with its position)."""
+    if isinstance(e, UntrustedInput):
+        return "it " + e.reason
+    return str(getattr(e, "strerror", None) or e)
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):

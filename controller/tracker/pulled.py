@@ -58,8 +58,8 @@ class PullsView:
             self._pulls, self._problem = read_pulls(self.path)["pulls"], None
         except (OSError, ValueError) as e:
             # served without the pulled data ("unknown" on every run, `pulls_problem` in the answer), never a 500
-            reason = "it " + e.reason if isinstance(e, untrusted.UntrustedInput) else (getattr(e, "strerror", None) or e)
-            self._pulls, self._problem = {}, "the pulls record %s is unreadable: %s" % (self.path, reason)
+            self._pulls = {}
+            self._problem = "the pulls record %s is unreadable: %s" % (self.path, untrusted.reason(e))
             log.warning("onbox tracker: %s; runs show their pull as unknown until it is fixed", self._problem)
 
     @property

@@ -159,6 +159,15 @@ def test_the_tracker_marks_every_pull_unknown_when_the_record_is_refused(tmp_pat
     assert view.verdict("b", "r", {"name": "c"}) == {"status": "unknown", "text": view.problem}
 
 
+def test_a_pulls_record_without_its_pulls_table_is_an_empty_one(tmp_path):
+    path = tmp_path / "pulls.json"
+    path.write_text("{}")
+    view = PullsView(str(path))
+    view.refresh()
+    assert view.problem is None and view.verdict("b", "r", {"name": "c"})["status"] == "not_pulled"
+    assert pull.PullsRecord(str(path)).get("b", "r") == {}
+
+
 def test_a_pulled_manifest_nested_too_deep_counts_as_no_local_copy(tmp_path):
     ckpt = tmp_path / "c"
     ckpt.mkdir()
