@@ -1,5 +1,10 @@
 """The inventory of boxes: $ONBOX_CONFIG_DIR/boxes.toml (default ~/.config/onbox/), or boxes.json.
 
+One inventory only: when both boxes.toml and boxes.json exist, every command that reads the inventory is refused
+naming both (reading one and ignoring the other without a word would send a box name to a host the user did
+not mean). Both files are read with the same bounds (a regular file, 4 MiB, 64 levels deep), and a config dir
+that is not a directory is refused rather than read as an empty inventory.
+
 A box name that is not in the inventory is handed to ssh as a host alias, so ~/.ssh/config (HostName, Port,
 User, ProxyJump, IdentityFile) and the agent decide how to reach it.
 
@@ -20,19 +25,32 @@ import re
 from typing import Any, Dict, List, Optional
 
 from controller.ssh import Target, check_ssh_word
+from onbox import untrusted
 from onbox.errors import UsageError
-from onbox.fsutil import atomic_write
+from onbox.fsutil import atomic_write, nearest_existing
 
 BOX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*=[^\n]*$")
 
 
 def config_dir() -> str:
+    """$ONBOX_CONFIG_DIR, else $XDG_CONFIG_HOME/onbox, else ~/.config/onbox. It need not exist yet (the first
+    write makes it), but when it, or the nearest part of it that exists, is not a directory, every command that
+    uses it is refused here: `box ls` must not say "no boxes yet" of an inventory it could never read."""
     env = os.environ.get("ONBOX_CONFIG_DIR")
     if env:
-        return os.path.abspath(os.path.expanduser(env))
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(xdg, "onbox")
+        path, source = os.path.abspath(os.path.expanduser(env)), "ONBOX_CONFIG_DIR=%s" % env
+    else:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        path, source = os.path.join(xdg, "onbox"), "the onboxctl config dir %s" % os.path.join(xdg, "onbox")
+    probe = nearest_existing(path, exists=os.path.lexists)
+    if not os.path.isdir(probe):
+        what = "is" if probe == path else "is under %s, which is" % probe
+        raise UsageError("%s %s not a directory" % (source, what),
+                         hint="point ONBOX_CONFIG_DIR at a directory (it holds boxes.toml, config.toml, tunnels.json "
+                              "and pulls.json)%s" % (", or unset it to use ~/.config/onbox" if env else
+                                                     ", or move %s aside" % probe))
+    return path
 
 
 @dataclasses.dataclass
@@ -94,24 +112,25 @@ class Inventory:
         return os.path.join(self.directory, "boxes.json")
 
     def path(self) -> str:
-        if os.path.exists(self.toml_path) or not os.path.exists(self.json_path):
-            return self.toml_path
-        return self.json_path
+        """boxes.toml, or boxes.json when only that one exists; both at once is refused (see the module doc)."""
+        toml, js = os.path.lexists(self.toml_path), os.path.lexists(self.json_path)
+        if toml and js:
+            raise UsageError("box inventory: both %s and %s exist, and onboxctl reads one inventory only"
+                             % (self.toml_path, self.json_path),
+                             hint="move the boxes you need into boxes.toml and remove boxes.json (or the other way "
+                                  "round)")
+        return self.json_path if js else self.toml_path
 
     def load(self) -> Dict[str, Box]:
         path = self.path()
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             return {}
         if path.endswith(".toml"):
             from onbox.tomlread import load_toml
 
             data = load_toml(path, "box inventory")
         else:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    data = json.load(f)
-            except ValueError as e:
-                raise UsageError("box inventory %s is not valid JSON: %s" % (path, e))
+            data = _load_json(path)
         table = data.get("boxes", {})
         if not isinstance(table, dict):
             raise UsageError("box inventory %s: [boxes] must be a table" % path)
@@ -155,6 +174,27 @@ class Inventory:
                              hint="a box is an inventory name (onboxctl box ls) or an ssh host alias; neither "
                                   "starts with '-'")
         return Box(name=name, host=name, in_inventory=False)
+
+
+def _load_json(path: str) -> Dict[str, Any]:
+    """boxes.json, read as boxes.toml is: a regular file of at most CONFIG_MAX_BYTES, nested at most 64 deep."""
+    try:
+        data = untrusted.read_json(path, untrusted.CONFIG_MAX_BYTES, "box inventory")
+    except untrusted.UntrustedInput as e:
+        raise UsageError(str(e), hint="boxes.json must be a regular JSON file (at most 4 MiB, 64 levels deep); or "
+                                      "remove it and keep the inventory in boxes.toml")
+    except IsADirectoryError:
+        raise UsageError("box inventory %s is a directory, not a file" % path)
+    except UnicodeDecodeError as e:
+        raise UsageError("box inventory %s is not UTF-8 text (byte %d)" % (path, e.start), hint="save it as UTF-8")
+    except ValueError as e:
+        raise UsageError("box inventory %s is not valid JSON: %s" % (path, e))
+    except OSError as e:
+        raise UsageError("cannot read box inventory %s: %s" % (path, e.strerror or e))
+    if not isinstance(data, dict):
+        raise UsageError("box inventory %s is not a JSON object" % path, hint='e.g. {"boxes": {"gpu1": {"host": '
+                                                                               '"203.0.113.7"}}}')
+    return data
 
 
 def box_from_entry(name: str, entry: Any, source: str) -> Box:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -25,11 +24,14 @@ from typing import Any, Callable, Dict, List, Optional
 
 from controller.boxes import Box, config_dir
 from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from onbox import untrusted
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.fsutil import atomic_write_json
 
 PARTIAL_DIR = ".onbox-partial"
+# pulls.json grows by ~300 bytes for every checkpoint ever pulled, like a checkpoints index: the index's bound
+PULLS_MAX_BYTES = untrusted.INDEX_MAX_BYTES
 
 # Runs on the box with its own python: the run's durable dir and every committed checkpoint (manifest present),
 # with the manifest's sha256 so "pulled" can be matched against exactly what is on the box.
@@ -39,10 +41,17 @@ home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".o
 runs_dir = os.path.join(home, "runs")
 names = sys.argv[1:] if sys.argv[1:] != ["--all"] else sorted(
     n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else []) if os.path.isdir(os.path.join(runs_dir, n)))
+CAP = 64 << 20  # onbox's own bound on a manifest (onbox/untrusted.py): no read past it, no FIFO opened
+def small_file(path, cap=4 << 20):
+    return os.path.isfile(path) and os.path.getsize(path) <= cap
 def load(path):
     try:
-        return json.load(open(path))
-    except Exception:
+        if not small_file(path):
+            return None
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(4 << 20).decode("utf-8"))
+        return doc if isinstance(doc, dict) else None
+    except Exception:  # RecursionError included: a state file nested too deep
         return None
 def one(run):
     rd = os.path.join(runs_dir, run)
@@ -63,17 +72,20 @@ def one(run):
         out["has_logs"] = os.path.isdir(os.path.join(root, "logs"))
         for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
             m = os.path.join(cdir, name, "MANIFEST.json")
-            if not os.path.isfile(m):
+            if not small_file(m, CAP):  # no manifest (or no readable one): not a committed checkpoint
                 continue
-            raw = open(m, "rb").read()
+            with open(m, "rb") as f:
+                raw = f.read(CAP + 1)
             try:
                 doc = json.loads(raw.decode("utf-8"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 doc = {}
+            doc = doc if isinstance(doc, dict) else {}
             files = doc.get("files") if isinstance(doc.get("files"), list) else []
+            sizes = [f.get("size") for f in files if isinstance(f, dict)]
             out["checkpoints"].append({"name": name, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
                                        "step": doc.get("step"), "created": doc.get("created"),
-                                       "bytes": sum(int(f.get("size", 0)) for f in files if isinstance(f, dict))})
+                                       "bytes": sum(n for n in sizes if type(n) is int) if sizes else 0})
     return out
 print(json.dumps({"runs": [one(n) for n in names]}))
 """
@@ -102,7 +114,7 @@ def remote_runs(ssh: Ssh, box: Box, runs: Optional[List[str]] = None) -> List[Di
     res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT] + (runs or ["--all"]), timeout=60,
                   what="list runs and checkpoints")
     try:
-        docs = json.loads(res.text.strip().splitlines()[-1])["runs"]
+        docs = untrusted.loads_json(res.text.strip().splitlines()[-1], "the box's run listing")["runs"]
     except (ValueError, IndexError, KeyError, TypeError):
         raise JobFailed("could not read the runs on %s: %r" % (box.name, res.text[-300:]))
     for doc in docs:
@@ -115,6 +127,21 @@ def remote_run(ssh: Ssh, box: Box, run: str) -> Dict[str, Any]:
     return remote_runs(ssh, box, [run])[0]
 
 
+def read_pulls(path: str) -> Dict[str, Any]:
+    """pulls.json as {"pulls": {BOX/RUN: {"checkpoints": {NAME: {...}}, ...}}}: read through onbox.untrusted (a
+    regular file of at most PULLS_MAX_BYTES, nested at most 64 deep), its shape checked. OSError when it cannot
+    be read, ValueError (UntrustedInput included) when it is not such a record. The tracker reads it too."""
+    doc = untrusted.read_json(path, PULLS_MAX_BYTES, "pulls record")
+    pulls = doc.setdefault("pulls", {}) if isinstance(doc, dict) else None
+    if not isinstance(pulls, dict):
+        raise ValueError("not {\"pulls\": {...}}")
+    for key, entry in pulls.items():
+        ckpts = entry.get("checkpoints", {}) if isinstance(entry, dict) else None
+        if not isinstance(ckpts, dict) or not all(isinstance(c, dict) for c in ckpts.values()):
+            raise ValueError("its entry %r is not {\"checkpoints\": {NAME: {...}}}" % key)
+    return doc
+
+
 class PullsRecord:
     """$ONBOX_CONFIG_DIR/pulls.json: what was pulled from which box and run, and whether it verified."""
 
@@ -122,15 +149,15 @@ class PullsRecord:
         self.path = path or os.path.join(config_dir(), "pulls.json")
 
     def load(self) -> Dict[str, Any]:
+        """The record; one that is not a regular file, too large, too deep or not {"pulls": {BOX/RUN: {...}}}
+        is refused as corrupt (the teardown gate then refuses too: it cannot prove anything was pulled)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                doc = json.load(f)
+            doc = read_pulls(self.path)
         except FileNotFoundError:
             return {"pulls": {}}
-        except ValueError as e:
-            raise UsageError("pulls record %s is corrupt: %s" % (self.path, e),
+        except (OSError, ValueError) as e:
+            raise UsageError("pulls record %s is corrupt: %s" % (self.path, untrusted.reason(e)),
                              hint="move it aside and pull again; the gate will refuse until then")
-        doc.setdefault("pulls", {})
         return doc
 
     def get(self, box: str, run: str) -> Dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import re
 import threading
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from controller.boxes import Box, config_dir
 from controller.ssh import Ssh
+from onbox import untrusted
 from onbox.errors import UnfitError, UsageError
 from onbox.fsutil import atomic_write_json
 
@@ -75,6 +75,28 @@ class Tunnel:
         return dataclasses.asdict(self)
 
 
+def _tunnel(n: int, entry: Any) -> Tunnel:
+    """Entry number `n` of tunnels.json as a Tunnel, or ValueError naming what is wrong with it."""
+    fields = {f.name for f in dataclasses.fields(Tunnel)}
+    if not isinstance(entry, dict) or not {"box", "local", "remote_port", "spec_port"} <= set(entry) <= fields:
+        raise ValueError("entry %d is not {box, local, remote_port, spec_port, master_pid}" % n)
+    box, local = entry["box"], entry["local"]
+    if not isinstance(box, str) or not box:
+        raise ValueError("entry %d: box %r is not a box name" % (n, box))
+    host, _, port = local.rpartition(":") if isinstance(local, str) else ("", "", "")
+    bad_host = not host or any(c.isspace() or c in "/@?#" for c in host)
+    if bad_host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
+        raise ValueError("entry %d (box %s): the tracker address %r is not host:port" % (n, box, local))
+    for key, low in (("remote_port", 1), ("spec_port", 0)):
+        v = entry[key]
+        if not isinstance(v, int) or isinstance(v, bool) or not low <= v < 65536:
+            raise ValueError("entry %d (box %s): %s %r is not a port number" % (n, box, key, v))
+    pid = entry.get("master_pid")
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
+        raise ValueError("entry %d (box %s): master_pid %r is not a process id" % (n, box, pid))
+    return Tunnel(**entry)
+
+
 class Records:
     """$ONBOX_CONFIG_DIR/tunnels.json: one entry per (box, tracker address), written atomically under a lock."""
 
@@ -82,14 +104,19 @@ class Records:
         self.path = os.path.join(directory or config_dir(), "tunnels.json")
 
     def load(self) -> List[Tunnel]:
+        """Every recorded tunnel; a record that is not a regular file, is too large, nests too deep or holds an
+        entry that is not a tunnel (a box port that is no number, an address that is not host:port) is refused
+        as damaged, whole: onboxctl wrote it, so a bad entry is a hand edit or a damaged disk."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                doc = json.load(f)
-            return [Tunnel(**t) for t in doc.get("tunnels", [])]
+            doc = untrusted.read_json(self.path, untrusted.CONFIG_MAX_BYTES, "tunnel record")
+            entries = doc.get("tunnels", []) if isinstance(doc, dict) else None
+            if not isinstance(entries, list):
+                raise ValueError("not {\"tunnels\": [...]}")
+            return [_tunnel(n, t) for n, t in enumerate(entries, 1)]
         except FileNotFoundError:
             return []
-        except (ValueError, TypeError, AttributeError) as e:
-            raise UsageError("tunnel record %s is damaged: %s" % (self.path, e),
+        except (OSError, ValueError) as e:
+            raise UsageError("tunnel record %s is damaged: %s" % (self.path, untrusted.reason(e)),
                              hint="delete it; `onboxctl run` records tunnels again when it opens them")
 
     @contextlib.contextmanager

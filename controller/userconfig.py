@@ -72,10 +72,11 @@ def tracker_token(flag_file: Optional[str]) -> Optional[str]:
     p = flag_file or load().get("tracker_token_file")
     if not p:
         return None
+    from onbox.fsutil import read_token_file
+
     try:
-        with open(os.path.expanduser(str(p)), encoding="utf-8") as f:
-            token = f.readline().strip()  # the first line, as the tracker reads its own --token-file
-    except (OSError, UnicodeDecodeError) as e:
+        token = read_token_file(str(p))  # the first line, as the tracker reads its own --token-file
+    except OSError as e:
         raise UsageError("cannot read tracker token file %s: %s" % (p, getattr(e, "strerror", None) or e),
                          hint="the file holds the tracker's token on one line (mode 600)")
     if not token or any(ord(c) < 32 or ord(c) == 127 for c in token):

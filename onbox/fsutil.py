@@ -12,8 +12,11 @@ import errno
 import json
 import math
 import os
+import re
 import tempfile
 from typing import Any, Callable, NamedTuple, Optional, Union
+
+from onbox import untrusted
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -61,9 +64,12 @@ def atomic_write_json(path: PathLike, obj: Any, mode: int = PRIVATE_FILE) -> Non
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode=mode)
 
 
-def read_json(path: PathLike) -> Any:
-    with open(os.fspath(path), encoding="utf-8") as f:
-        return json.load(f)
+def read_json(path: PathLike, limit: int = untrusted.MANIFEST_MAX_BYTES, what: str = "file") -> Any:
+    """A JSON state file (state.json, config.json, a status file ...), read through onbox.untrusted: a regular file
+    only, at most `limit` bytes (default: the largest document onbox writes, a manifest), nested at most
+    untrusted.MAX_DEPTH deep. A refusal is an UntrustedInput, a ValueError like a malformed document, so every
+    caller that treats "not JSON" as "no such document" treats /dev/zero or a 100,000-deep file the same way."""
+    return untrusted.read_json(path, limit, what)
 
 
 def append_jsonl(path: PathLike, obj: Any) -> None:
@@ -170,10 +176,25 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+class TokenFileRefused(OSError):
+    """A token file that is not a regular file, is larger than untrusted.TOKEN_MAX_BYTES or is not UTF-8 text.
+    An OSError, so every reader that already words "cannot read the token file" words this too; its strerror
+    says why ("it is a character device ...")."""
+
+
 def read_token_file(path: str) -> str:
-    """A token file's token: its first line, stripped ("" for an empty file; `~` expanded). Raises OSError."""
-    with open(os.path.expanduser(path), encoding="utf-8") as f:
-        return f.readline().strip()
+    """A token file's token: its first line, stripped ("" for an empty file; `~` expanded). The ONE token reader
+    (agent sinks, the log-tail redaction, the controller, the tracker). Raises OSError: missing, unreadable, or
+    refused (TokenFileRefused): `--tracker-token-file /dev/zero` must be one clear line, never a read that grows
+    until the OOM killer ends it, and a FIFO must not hang the command."""
+    p = os.path.expanduser(path)
+    try:
+        text = untrusted.read_text(p, untrusted.TOKEN_MAX_BYTES, "token file")
+    except untrusted.UntrustedInput as e:
+        raise TokenFileRefused(errno.EINVAL, "it " + e.reason, p)  # the caller's message names the file
+    except UnicodeDecodeError as e:
+        raise TokenFileRefused(errno.EINVAL, "it is not UTF-8 text (byte %d)" % e.start, p)
+    return re.split(r"\r\n|\r|\n", text, maxsplit=1)[0].strip()  # the first line, as text mode reads lines
 
 
 NAME_MAX = 255  # bytes in one file name on every Linux filesystem onbox writes to

@@ -36,7 +36,20 @@ BOM = b"\xef\xbb\xbf"
 
 
 class UntrustedInput(ValueError):
-    """A file or a value from outside onbox was refused; the message says which and why."""
+    """A file or a value from outside onbox was refused; the message says which and why, `reason` only why ("is a
+    FIFO (named pipe), not a regular file"), for a caller whose own message names the file already."""
+
+    def __init__(self, message: str, reason: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def reason(e: BaseException) -> str:
+    """Why a read failed, for a message that names the file itself: "it is a FIFO ..." for a refusal, the OS's
+    words for an OSError ("Permission denied"), else the error's own text (json's, with its position)."""
+    if isinstance(e, UntrustedInput):
+        return "it " + e.reason
+    return str(getattr(e, "strerror", None) or e)
 
 
 def describe_mode(mode: int) -> str:
@@ -60,10 +73,11 @@ def read_bytes(path: PathLike, limit: int, what: str = "file") -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
         if not stat.S_ISREG(st.st_mode):
-            raise UntrustedInput("%s %s is %s, not a regular file: refusing to read it" % (what, p, describe_mode(st.st_mode)))
+            reason = "is %s, not a regular file: refusing to read it" % describe_mode(st.st_mode)
+            raise UntrustedInput("%s %s %s" % (what, p, reason), reason)
         if st.st_size > limit:
-            raise UntrustedInput("%s %s is too large (%s, the limit is %s)" % (what, p, human(st.st_size),
-                                                                                human(limit)))
+            reason = "is too large (%s, the limit is %s)" % (human(st.st_size), human(limit))
+            raise UntrustedInput("%s %s %s" % (what, p, reason), reason)
         chunks: List[bytes] = []
         got = 0
         while True:  # the size may change under us (a file still being written): the bound holds regardless
@@ -73,7 +87,8 @@ def read_bytes(path: PathLike, limit: int, what: str = "file") -> bytes:
             chunks.append(chunk)
             got += len(chunk)
             if got > limit:
-                raise UntrustedInput("%s %s is too large (more than %s)" % (what, p, human(limit)))
+                reason = "is too large (more than %s)" % human(limit)
+                raise UntrustedInput("%s %s %s" % (what, p, reason), reason)
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -109,7 +124,8 @@ def depth(obj: Any, bound: int = MAX_DEPTH) -> int:
 def check_depth(obj: Any, what: str, bound: int = MAX_DEPTH) -> Any:
     """`obj` when it nests at most `bound` levels, else UntrustedInput."""
     if depth(obj, bound) > bound:
-        raise UntrustedInput("%s nests more than %d levels deep: refusing it" % (what, bound))
+        raise UntrustedInput("%s nests more than %d levels deep: refusing it" % (what, bound),
+                             "nests more than %d levels deep" % bound)
     return obj
 
 
@@ -121,7 +137,8 @@ def loads_json(text: Union[str, bytes], what: str = "document", bound: int = MAX
     try:
         doc = json.loads(text)
     except RecursionError:
-        raise UntrustedInput("%s nests more than %d levels deep: refusing it" % (what, bound))
+        raise UntrustedInput("%s nests more than %d levels deep: refusing it" % (what, bound),
+                             "nests more than %d levels deep" % bound)
     return check_depth(doc, what, bound)
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 from typing import Optional
 
 import click
@@ -20,14 +19,14 @@ def default_db() -> str:
 
 
 def read_token_file(token_file: str) -> str:
-    """The first line of --token-file; a one-line warning when group or others may read the file."""
-    path = os.path.expanduser(token_file)
+    """The first line of --token-file, read by the agent's one token reader (a regular file of at most
+    TOKEN_MAX_BYTES: /dev/zero or a FIFO is one clear line); a one-line warning when group or others may read it."""
+    from onbox import fsutil
+
     try:
-        with open(path, encoding="utf-8") as f:
-            token = f.readline().strip()
-            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError("cannot read the token file %s: %s" % (token_file, getattr(e, "strerror", None) or e),
+        token = fsutil.read_token_file(token_file)
+    except OSError as e:
+        raise UsageError("cannot read the token file %s: %s" % (token_file, e.strerror or e),
                          hint="create it with one line holding the token, mode 600")
     if not token:
         raise UsageError("the token file %s is empty" % token_file,
@@ -35,7 +34,8 @@ def read_token_file(token_file: str) -> str:
     if any(ord(c) < 32 or ord(c) == 127 for c in token):
         raise UsageError("the token file %s holds control characters" % token_file,
                          hint="put the token on its first line, nothing else")
-    if mode & 0o077:
+    mode = fsutil.readable_by_others(os.path.expanduser(token_file))
+    if mode is not None:
         click.echo("onboxctl tracker: warning: the token file %s is readable by %s (mode %04o): chmod 600 %s"
                    % (token_file, "others" if mode & 0o007 else "its group", mode, token_file), err=True)
     return token
@@ -114,6 +114,10 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
     db = os.path.abspath(os.path.expanduser(db or default_db()))
     # everything the user can get wrong is checked before anything is created (no half-made tracker dir)
     token = read_token_file(token_file) if token_file else None
+    if pulls_record is None:  # before anything is made: a config dir that is a file is refused here
+        from controller.boxes import config_dir
+
+        pulls_record = os.path.join(config_dir(), "pulls.json")
     tls = check_tls(tls_cert, tls_key)
     sock = bind(host, port)
     if not is_loopback(host) and not tls:
@@ -132,9 +136,5 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
         raise
     limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, write_timeout=write_timeout,
                     max_per_client=max_conns_per_client, max_connections=max_conns)
-    if pulls_record is None:
-        from controller.boxes import config_dir
-
-        pulls_record = os.path.join(config_dir(), "pulls.json")
     run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
                limits=limits, tls=tls, keep_alive=keep_alive, pulls_record=os.path.abspath(os.path.expanduser(pulls_record)))

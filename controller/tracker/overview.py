@@ -156,7 +156,7 @@ class Overview:
                     rows.append(dict({k: v for k, v in row.items() if k != "log_tail"}, **live[head[0]],
                                      has_log=row.get("log_tail") is not None))
         return {"cursor": top, "now": now, "full": full, "runs": rows, "live": live,
-                "pulls_note": self.pulls.caveat, "skipped_rows": skipped}
+                "pulls_note": self.pulls.caveat, "pulls_problem": self.pulls.problem, "skipped_rows": skipped}
 
     def run(self, run: str) -> Optional[Dict[str, Any]]:
         """One run's full row (with the log tail if the agent sends one), or None when there is no such run."""
@@ -166,4 +166,5 @@ class Overview:
                 return None
             self.pulls.refresh()
             row, _ = self._summary(heads[0])
-            return dict(row, **self._live(heads[0], row, self.store.now()), pulls_note=self.pulls.caveat)
+            return dict(row, **self._live(heads[0], row, self.store.now()), pulls_note=self.pulls.caveat,
+                        pulls_problem=self.pulls.problem)

@@ -14,9 +14,14 @@ one that decides.
 """
 from __future__ import annotations
 
-import json
+import logging
 import os
 from typing import Any, Dict, Optional, Tuple
+
+from controller.pull import read_pulls
+from onbox import untrusted
+
+log = logging.getLogger("onbox.tracker")
 
 CANNOT_KNOW = ("from the box's newest beat and this machine's pulls record (%s): a pull made on another machine, "
                "or a commit after the newest beat, is not seen here; `onboxctl down` checks the box itself")
@@ -50,12 +55,17 @@ class PullsView:
             return
         self._stamp = stamp
         try:
-            with open(self.path, encoding="utf-8") as f:
-                doc = json.load(f)
-            pulls = doc.get("pulls") if isinstance(doc, dict) else None
-            self._pulls, self._problem = (pulls if isinstance(pulls, dict) else {}), None
+            self._pulls, self._problem = read_pulls(self.path)["pulls"], None
         except (OSError, ValueError) as e:
-            self._pulls, self._problem = {}, "the pulls record %s is unreadable: %s" % (self.path, e)
+            # served without the pulled data ("unknown" on every run, `pulls_problem` in the answer), never a 500
+            self._pulls = {}
+            self._problem = "the pulls record %s is unreadable: %s" % (self.path, untrusted.reason(e))
+            log.warning("onbox tracker: %s; runs show their pull as unknown until it is fixed", self._problem)
+
+    @property
+    def problem(self) -> Optional[str]:
+        """Why the pulls record could not be used (as of the last refresh()), else None."""
+        return self._problem
 
     def _manifest_digest(self, path: Any) -> Optional[str]:
         """The `digest` of <path>/MANIFEST.json (the local copy), None when it is gone or has none."""
@@ -71,10 +81,9 @@ class PullsView:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            with open(manifest, encoding="utf-8") as f:
-                doc = json.load(f)
+            doc = untrusted.read_json(manifest, untrusted.MANIFEST_MAX_BYTES, "pulled manifest")
             digest = doc.get("digest") if isinstance(doc, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # a refused one (a FIFO, too deep) too: no digest, the pull shows as stale
             digest = None
         digest = digest if isinstance(digest, str) else None
         self._digests[manifest] = (stamp, digest)

@@ -19,6 +19,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
     from onbox.supervisor.hooks import RunContext
+    from onbox.untrusted import CONFIG_MAX_BYTES
 
     if not paths.valid_run_name(name):
         raise UsageError("invalid run name %r" % name)
@@ -27,7 +28,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     cfg_path = os.path.join(run_dir, "config.json")
     if os.path.exists(cfg_path):
         try:
-            cfg = RunConfig.from_dict(fsutil.read_json(cfg_path), source=cfg_path)
+            cfg = RunConfig.from_dict(fsutil.read_json(cfg_path, CONFIG_MAX_BYTES, "config"), source=cfg_path)
         except ValueError as e:
             raise UsageError("unreadable %s: %s" % (cfg_path, e))
     elif durable is None or ckpt_dir is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from onbox.errors import UsageError
 
@@ -63,13 +63,13 @@ def node_group(cfg: Any) -> Any:
     the job's environment (NNODES, NODE_RANK, MASTER_ADDR/PORT, torchrun's PET_*)."""
     import sys
 
-    from onbox.multinode.role import child_vars, load_group, read_group_stream
+    from onbox.multinode.role import MAX_DOC_BYTES, child_vars, load_group, read_group_stream
     from onbox.subsystems import node_preflight
 
     if not cfg.node_group:
         return None
     if cfg.node_group == "-":
-        group = read_group_stream(sys.stdin.buffer.read(), "stdin")
+        group = read_group_stream(sys.stdin.buffer.read(MAX_DOC_BYTES + 1), "stdin")  # `< /dev/zero` ends here
     else:
         cfg.node_group = os.path.abspath(os.path.expanduser(cfg.node_group))
         group = load_group(cfg.node_group)
@@ -101,7 +101,7 @@ def shared_durable_check(cfg: Any, group: Any) -> None:
     node 0 (launched first) writes the group's id into <durable>/<run>/.onbox-group and every other node must
     read the same id there; a path that is only node 0's local disk fails here, before the job starts. An rclone
     remote is the same for every node by its name."""
-    from onbox import fsutil
+    from onbox import fsutil, untrusted
     from onbox.errors import UnfitError
 
     if not cfg.durable or not os.path.isabs(cfg.durable):
@@ -115,10 +115,9 @@ def shared_durable_check(cfg: Any, group: Any) -> None:
             raise UnfitError("cannot write %s: %s" % (mark, e.strerror or e),
                              hint="give --durable a writable directory")
         return
-    try:
-        with open(mark) as f:
-            seen = f.read().strip()
-    except OSError:
+    try:  # a shared disk others write to: a bounded read of a regular file only
+        seen: Optional[str] = untrusted.read_text(mark, 1024, "group mark").strip()
+    except (OSError, ValueError):
         seen = None
     if seen != group.group:
         raise UnfitError("node %d does not see node 0's durable target: %s %s" % (

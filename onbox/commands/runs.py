@@ -223,11 +223,12 @@ def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
     from onbox.fsutil import read_json
     from onbox.supervisor.loop import DEFAULT_GRACE
+    from onbox.untrusted import CONFIG_MAX_BYTES
 
     if grace is not None:
         return grace
     try:
-        configured = float(read_json(rd.config_path).get("grace"))
+        configured = float(read_json(rd.config_path, CONFIG_MAX_BYTES, "config").get("grace"))
     except (OSError, ValueError, AttributeError, TypeError):
         configured = None
     if configured is None or not math.isfinite(configured) or configured < 0:
@@ -274,9 +275,11 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
             from onbox import subsystems
             from onbox.config import RunConfig
             from onbox.supervisor.loop import Supervisor
+            from onbox.untrusted import CONFIG_MAX_BYTES
 
             try:
-                cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path), "config.json").validate()
+                cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, CONFIG_MAX_BYTES, "config"),
+                                          "config.json").validate()
             except (OSError, ValueError, UsageError) as e:
                 os.unlink(rd.stop_request)
                 raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from onbox import fsutil
 from onbox.gpu.holders import Holder, ScanResult
+from onbox.untrusted import CONFIG_MAX_BYTES
 
 # Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
 TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped"})
@@ -66,9 +67,8 @@ class AttemptIndex:
     def load(cls, runs_dir: str) -> "AttemptIndex":
         out: List[Attempt] = []
         for path in sorted(glob.glob(os.path.join(runs_dir, "*", "state.json"))):
-            try:
-                with open(path) as f:
-                    doc = json.load(f)
+            try:  # bounded, regular files only: a run dir's state.json is nobody's to make /dev/zero or a FIFO
+                doc = fsutil.read_json(path, CONFIG_MAX_BYTES, "state file")
             except (OSError, ValueError):
                 continue  # a torn or foreign file: its holders stay "foreign" (never auto-reaped)
             if not isinstance(doc, dict):

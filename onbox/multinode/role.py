@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import os
 import re
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox import fsutil, paths
+from onbox import fsutil, paths, untrusted
 from onbox.errors import UsageError
 
 SCHEMA = "onbox.node_group/1"
@@ -176,30 +175,32 @@ def load_group(path: str) -> NodeGroup:
     """Read and check a node-group file. It holds the group's key: refused when others can read it."""
     try:
         st = os.stat(path)
-        with open(path, "rb") as f:
-            raw = f.read(MAX_DOC_BYTES + 1)
+        raw = untrusted.read_bytes(path, MAX_DOC_BYTES, "node group")  # a FIFO or /dev/zero is refused, not read
+    except untrusted.UntrustedInput as e:
+        raise UsageError("the node group %s %s" % (path, e.reason),
+                         hint="relaunch the group with `onboxctl run BOX... --nodes`")
     except OSError as e:
         raise UsageError("cannot read the node group %s: %s" % (path, e.strerror or e),
                          hint="relaunch the group with `onboxctl run BOX... --nodes`")
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise UsageError("the node group %s is readable by others (mode %o): it holds the group's key"
                          % (path, stat.S_IMODE(st.st_mode)), hint="chmod 600 %s" % path)
-    if len(raw) > MAX_DOC_BYTES:
-        raise UsageError("the node group %s is larger than %d bytes" % (path, MAX_DOC_BYTES))
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
-        raise UsageError("the node group %s is not JSON: %s" % (path, e))
+        doc = untrusted.loads_json(raw, "node group")
+    except ValueError as e:  # not UTF-8, not JSON, or nested too deep
+        raise UsageError("the node group %s is not JSON: %s" % (path, getattr(e, "reason", e)))
     return parse_group(doc, path)
 
 
 def read_group_stream(data: bytes, source: str = "stdin") -> NodeGroup:
+    """The group streamed on `source`: `data` is read with a cap of MAX_DOC_BYTES + 1 bytes, so more is too
+    large, never read whole."""
     if len(data) > MAX_DOC_BYTES:
         raise UsageError("node group on %s: larger than %d bytes" % (source, MAX_DOC_BYTES))
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
-        raise UsageError("node group on %s is not JSON: %s" % (source, e),
+        doc = untrusted.loads_json(data, "node group")
+    except ValueError as e:  # not UTF-8, not JSON, or nested too deep
+        raise UsageError("node group on %s is not JSON: %s" % (source, getattr(e, "reason", e)),
                          hint="`--node-group -` reads the document onboxctl streams over ssh")
     return parse_group(doc, source)
 
@@ -217,7 +218,7 @@ def recorded_role(group_file: Optional[str]) -> Optional[Dict[str, Any]]:
     if not group_file:
         return None
     try:
-        doc = fsutil.read_json(group_file)
+        doc = fsutil.read_json(group_file, MAX_DOC_BYTES, "node group")
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict):

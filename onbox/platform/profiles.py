@@ -194,9 +194,15 @@ def _merge(base: Dict[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def _read(path: str) -> Dict[str, Any]:
+    """A profile file through load_toml (a regular file of at most 4 MiB, 64 levels deep), with a profile's hint."""
     from onbox.tomlread import load_toml
 
-    return load_toml(path, "profile")
+    try:
+        return load_toml(path, "profile")
+    except UsageError as e:
+        if path.startswith(user_dir() + os.sep):
+            e.hint = "%s; or remove %s to use the built-in profile" % (e.hint or "fix it", path)
+        raise
 
 
 def load(name: str, profile_file: Optional[str] = None) -> Profile:

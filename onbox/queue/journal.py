@@ -27,13 +27,16 @@ import os
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from onbox import fsutil, paths
+from onbox import fsutil, paths, untrusted
 from onbox.errors import UnfitError, UsageError
 
 PENDING, RUNNING, DONE, FAILED, PREEMPTED, STOPPED, REMOVED = (
     "pending", "running", "done", "failed", "preempted", "stopped", "removed")
 STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, STOPPED, REMOVED)
 FINAL = (DONE, FAILED, STOPPED, REMOVED)  # never run again (a relaunch of the queue skips them)
+# Every record is a line of ~1 KiB (an entry's RunConfig): 64 MiB is tens of thousands of them, and a compaction
+# keeps a real queue far below; past it (or a FIFO, /dev/zero) the journal is refused, never read whole.
+JOURNAL_MAX_BYTES = 64 * 1024 * 1024
 LOCK_WAIT = 10.0  # seconds a command waits for the queue's lock (each holder keeps it for milliseconds)
 
 
@@ -124,17 +127,19 @@ class Journal:
         hand edit) is skipped and named in `problems`."""
         self.problems = []
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            raw = untrusted.read_bytes(self.path, JOURNAL_MAX_BYTES, "queue journal")
         except FileNotFoundError:
             return []
+        except untrusted.UntrustedInput as e:
+            raise UsageError(str(e), hint="move it aside (`mv %s %s.bad`) and queue the entries again: the queue "
+                                          "then starts empty" % (self.path, self.path))
         out = []
         for n, line in enumerate(raw.split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deep
+                rec = untrusted.loads_json(line, "queue record")
+            except ValueError:  # not UTF-8, not JSON, or nested too deep (UntrustedInput)
                 rec = None
             rid = rec.get("id") if isinstance(rec, dict) else None
             if (not isinstance(rec, dict) or rec.get("op") not in ("add", "state", "meta")

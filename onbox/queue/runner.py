@@ -226,9 +226,10 @@ class QueueRunner:
     def _prepare_run_dir(self, rd: RunDir, e: Entry) -> Optional[str]:
         """The entry's config.json (its re-launch record) in its run dir, unless the dir holds another run."""
         from onbox.fsutil import read_json
+        from onbox.untrusted import CONFIG_MAX_BYTES
 
         try:
-            saved = read_json(rd.config_path)
+            saved = read_json(rd.config_path, CONFIG_MAX_BYTES, "config")
         except FileNotFoundError:
             rd.make_private()
             rd.write_config(e.config)

@@ -21,14 +21,13 @@
 from __future__ import annotations
 
 import collections
-import json
 import os
 import shutil
 import stat
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, untrusted
 from onbox.supervisor.runsummary import render_status
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
@@ -107,15 +106,18 @@ class RunDir:
         from onbox.supervisor.state import RunState
 
         try:
-            with open(self.state_path, "rb") as f:
-                raw = f.read(16 * 1024 * 1024)
+            raw = untrusted.read_bytes(self.state_path, untrusted.CONFIG_MAX_BYTES, "state file")
         except FileNotFoundError:
             return None, None
+        except untrusted.UntrustedInput as e:  # a FIFO would hang `onbox status`, /dev/zero would fill the memory
+            return None, "it " + e.reason
         except OSError as e:
             return None, "cannot read it: %s" % (e.strerror or e)
         try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
+            doc = untrusted.loads_json(raw, "state.json")
+        except untrusted.UntrustedInput as e:
+            return None, "it " + e.reason
+        except ValueError as e:  # UnicodeDecodeError included
             return None, "not valid JSON (%s)" % e
         if not isinstance(doc, dict):
             return None, "not a JSON object"
@@ -136,7 +138,7 @@ class RunDir:
     def side_doc(self, name: str) -> Dict[str, Any]:
         """A subsystem's JSON file beside state.json (checkpoint_status.json, progress.json), or {}."""
         try:
-            doc = fsutil.read_json(self.file(name))
+            doc = fsutil.read_json(self.file(name), untrusted.CONFIG_MAX_BYTES)
         except (OSError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}

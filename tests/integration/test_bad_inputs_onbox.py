@@ -25,7 +25,19 @@ from tests.integration.supervisor_helpers import FAST, kill_test_processes, pids
 pytestmark = pytest.mark.integration
 PY = sys.executable
 CMD = ["--", "true"]
-Content = Union[str, bytes]
+
+
+class Link(NamedTuple):
+    """A file placed as a symlink to `target` (/dev/zero: a read without a bound never ends)."""
+
+    target: str
+
+
+class Fifo(NamedTuple):
+    """A file placed as a FIFO without a writer (an open without O_NONBLOCK waits forever)."""
+
+
+Content = Union[str, bytes, Link, Fifo]
 
 
 class Row(NamedTuple):
@@ -56,7 +68,7 @@ def run_file(body: str) -> Dict[str, Content]:
     return {"run.toml": body}
 
 
-def profile(body: str) -> Dict[str, Content]:
+def profile(body: Content) -> Dict[str, Content]:
     return {"home/profiles/local.toml": body}
 
 
@@ -397,6 +409,51 @@ ROWS += [
     row("unknown-command", ["frobnicate"], 2, "No such command"),
 ]
 
+DEEP = "[" * 50000 + "]" * 50000  # past every recursion limit: a RecursionError where nothing bounds the nesting
+DEEP_JSON = "[" * 100000 + "]" * 100000
+ZERO, FIFO = Link("/dev/zero"), Fifo()
+TRACKER = ["--tracker", "http://127.0.0.1:9", "--tracker-token-file"]
+MLFLOW = ["--mlflow", "http://127.0.0.1:9", "--mlflow-token-file"]
+ROWS += [  # issue 19: unbounded and hostile reads (a FIFO row must end at once, not at the 60 s timeout)
+    row("read-run-file-dev-zero", ["run", "--name", "x", "-f", "/dev/zero", *CMD], 2, "character device"),
+    row("read-run-file-fifo", ["run", "--name", "x", "-f", F, *CMD], 2, "FIFO", files={"run.toml": FIFO}),
+    row("read-run-file-link-dev-zero", ["run", "--name", "x", "-f", F, *CMD], 2, "character device",
+        files={"run.toml": ZERO}),
+    row("read-run-file-too-large", ["run", "--name", "x", "-f", F, *CMD], 2, "too large",
+        files=run_file("# " + "x" * (5 << 20) + "\n")),
+    row("read-run-file-deep-50000", ["run", "--name", "x", "-f", F, *CMD], 2, "nests too deeply",
+        files=run_file("[run]\nx = %s\n" % DEEP)),
+    row("read-run-file-deep-100", ["run", "--name", "x", "-f", F, *CMD], 2, "nests more than 64 levels",
+        files=run_file("[run]\nx = %s%s\n" % ("[" * 100, "]" * 100))),
+    row("read-profile-link-dev-zero", ["run", "--name", "x", "--profile", "local", *CMD], 2, "character device",
+        files=profile(ZERO)),
+    row("read-profile-fifo", ["run", "--name", "x", "--profile", "local", *CMD], 2, "FIFO",
+        files=profile(FIFO)),
+    row("read-profile-too-large", ["run", "--name", "x", "--profile", "local", *CMD], 2, "too large",
+        files=profile("# " + "x" * (5 << 20) + "\n")),
+    row("read-profile-deep", ["run", "--name", "x", "--profile", "local", *CMD], 2, "nests too deeply",
+        files=profile("[run]\nenv = %s\n" % DEEP)),
+    row("read-tracker-token-dev-zero", ["run", "--name", "x", *TRACKER, "/dev/zero", *CMD], 2, "character device"),
+    row("read-tracker-token-fifo", ["run", "--name", "x", *TRACKER, "{tmp}/tok", *CMD], 2, "FIFO",
+        files={"tok": FIFO}),
+    row("read-tracker-token-too-large", ["run", "--name", "x", *TRACKER, "{tmp}/tok", *CMD], 2, "too large",
+        files={"tok": "t" * (65 * 1024)}),
+    row("read-mlflow-token-dev-zero", ["run", "--name", "x", *MLFLOW, "/dev/zero", *CMD], 2, "character device"),
+    row("read-mlflow-token-link-dev-zero", ["run", "--name", "x", *MLFLOW, "{tmp}/tok", *CMD], 2,
+        "character device", files={"tok": ZERO}),
+    row("read-relaunch-config-deep", ["run", "--name", "r"], 2, "nests more than 64 levels",
+        files={"home/runs/r/config.json": DEEP_JSON}),
+    row("read-checkpoints-config-dev-zero", ["checkpoints", "r"], 2, "character device",
+        files={"home/runs/r/config.json": ZERO}),
+    row("read-status-state-deep", ["status", "r"], 2, "nests more than 64 levels", state=DEEP_JSON),
+    row("read-status-state-fifo", ["status", "r"], 2, "FIFO", state=FIFO),
+    row("read-stop-state-dev-zero", ["stop", "r"], 2, "character device", state=ZERO),
+    row("read-node-group-fifo", ["run", "--name", "x", "--node-group", "{tmp}/g.json", *CMD], 2, "FIFO",
+        files={"g.json": FIFO}),
+    row("read-queue-journal-dev-zero", ["queue", "ls"], 2, "character device",
+        files={"home/queue/journal.jsonl": ZERO}),
+]
+
 
 def committed(files: List[Dict[str, Any]], **fields: Any) -> Dict[str, Content]:
     """A committed checkpoint dir ck/ whose MANIFEST.json lists `files` (one real file, ok.txt, is there)."""
@@ -481,8 +538,13 @@ def test_bad_input_is_refused_cleanly(case: Row, tmp_path):
     for rel, content in case.files.items():
         path = os.path.join(tmp, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+        if isinstance(content, Link):
+            os.symlink(content.target, path)
+        elif isinstance(content, Fifo):
+            os.mkfifo(path, 0o600)
+        else:
+            with open(path, "wb") as f:
+                f.write(content if isinstance(content, bytes) else content.encode("utf-8"))
     env = subprocess_env({"ONBOX_HOME": home, **FAST})
     env.update({k: _fill(v, tmp, home) for k, v in case.env.items()})
     argv = [_fill(a, tmp, home) for a in case.argv]

@@ -43,6 +43,21 @@ def R(id, argv, code, says, stdin=b"", files=None, env=None, wrap=None):
                dict(env or {}), wrap)
 
 
+def fifo(path):
+    os.mkfifo(path, 0o600)
+
+
+def dev_zero(path):
+    os.symlink("/dev/zero", path)
+
+
+DEEP_TOML = '[boxes.b]\nhost = "h"\noptions = %s%s\n' % ("[" * 50000, "]" * 50000)
+DEEP_JSON = '{"boxes": %s%s}' % ("[" * 100000, "]" * 100000)
+TUNNEL = '{"tunnels": [{"box": "b", "local": "127.0.0.1:%s", "remote_port": 40000, "spec_port": 40000}]}'
+TRACKER9 = "--tracker http://127.0.0.1:9 --tracker-token-file"
+CFG_FILE = {"files": {"fan": "x"}, "env": {"ONBOX_CONFIG_DIR": "TMP/fan"}}  # the config dir is a file
+
+
 def other_sqlite(path):
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE beats (x INTEGER)")
@@ -200,6 +215,41 @@ ROWS = [
     R("tunnel-both", "tunnel --close --keep", 2, "contradict"),
     R("tunnel-record", "tunnel", 2, "tunnel record", files={"cfg/tunnels.json": "{broken"}),
     R("tunnel-interval", "tunnel --keep --interval 0", 2, "not a number of seconds"),
+    # -- issue 19: unbounded and hostile reads, the config dir, one inventory
+    R("read-inv-dev-zero", "box ls", 2, "character device", files={"cfg/boxes.toml": dev_zero}),
+    R("read-inv-fifo", "box ls", 2, "FIFO", files={"cfg/boxes.toml": fifo}),
+    R("read-inv-too-large", "box ls", 2, "too large", files={"cfg/boxes.toml": "#" * (5 << 20)}),
+    R("read-inv-deep", "box ls", 2, "nests too deeply", files={"cfg/boxes.toml": DEEP_TOML}),
+    R("read-inv-deep-run", "run b -- true", 2, "nests too deeply", files={"cfg/boxes.toml": DEEP_TOML}),
+    R("read-inv-json-dev-zero", "box ls", 2, "character device", files={"cfg/boxes.json": dev_zero}),
+    R("read-inv-json-deep", "box ls", 2, "nests more than 64 levels", files={"cfg/boxes.json": DEEP_JSON}),
+    R("read-inv-json-list", "box ls", 2, "not a JSON object", files={"cfg/boxes.json": "[]"}),
+    R("read-inv-both-ls", "box ls", 2, "both", files={"cfg/boxes.toml": BOX, "cfg/boxes.json": '{"boxes": {}}'}),
+    R("read-inv-both-add", "box add c --host h", 2, "boxes.json",
+      files={"cfg/boxes.toml": BOX, "cfg/boxes.json": '{"boxes": {}}'}),
+    R("read-tunnel-deep", "tunnel", 2, "nests more than 64 levels",
+      files={"cfg/tunnels.json": '{"tunnels": %s%s}' % ("[" * 100000, "]" * 100000)}),
+    R("read-tunnel-port-word", "tunnel", 2, "is not host:port", files={"cfg/tunnels.json": TUNNEL % "abc", **BOXES}),
+    R("read-tunnel-port-big", "tunnel b", 2, "is not host:port", files={"cfg/tunnels.json": TUNNEL % "99999"}),
+    R("read-tunnel-dev-zero", "tunnel", 2, "character device", files={"cfg/tunnels.json": dev_zero}),
+    R("read-cfgdir-file-box-add", "box add b --host h", 2, "is not a directory", **CFG_FILE),
+    R("read-cfgdir-file-box-ls", "box ls", 2, "is not a directory", **CFG_FILE),
+    R("read-cfgdir-file-box-rm", "box rm b", 2, "is not a directory", **CFG_FILE),
+    R("read-cfgdir-file-tunnel", "tunnel", 2, "is not a directory", **CFG_FILE),
+    R("read-cfgdir-file-status", "status", 2, "is not a directory", **CFG_FILE),
+    R("read-cfgdir-under-file", "box ls", 2, "is under", files={"fan": "x"}, env={"ONBOX_CONFIG_DIR": "TMP/fan/cfg"}),
+    R("read-cfg-dev-zero", "status", 2, "character device", files={"cfg/config.toml": dev_zero}),
+    R("read-cfg-token-dev-zero", "status", 2, "character device",
+      files={"cfg/config.toml": 'tracker = "http://127.0.0.1:9"\ntracker_token_file = "/dev/zero"\n'}),
+    R("read-status-token-dev-zero", "status %s /dev/zero" % TRACKER9, 2, "character device"),
+    R("read-status-token-fifo", "status %s TMP/tok" % TRACKER9, 2, "FIFO", files={"tok": fifo}),
+    R("read-serve-token-dev-zero", "tracker serve --port 0 --db TMP/t.db --token-file /dev/zero", 2,
+      "character device"),
+    R("read-serve-token-fifo", "tracker serve --port 0 --db TMP/t.db --token-file TMP/tok", 2, "FIFO",
+      files={"tok": fifo}),
+    R("read-serve-token-too-large", "tracker serve --port 0 --db TMP/t.db --token-file TMP/tok", 2, "too large",
+      files={"tok": "t" * (65 * 1024)}),
+    R("read-serve-cfgdir-file", "tracker serve --port 0 --db TMP/t.db", 2, "is not a directory", **CFG_FILE),
     # -- the command line itself
     R("unknown-command", "frobnicate", 2, "No such command 'frobnicate'"),
     R("unknown-option", "status --bogus", 2, "No such option: --bogus"),
@@ -213,6 +263,9 @@ def snapshot(root):
             out[os.path.relpath(os.path.join(dirpath, d), root) + "/"] = "dir"
         for fn in filenames:
             p = os.path.join(dirpath, fn)
+            if os.path.islink(p) or not os.path.isfile(p):  # a symlink (to /dev/zero), a FIFO: named, never read
+                out[os.path.relpath(p, root)] = "link %s" % os.readlink(p) if os.path.islink(p) else "special"
+                continue
             with open(p, "rb") as f:
                 out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
     return out
@@ -239,7 +292,7 @@ def test_bad_input_is_one_clear_line(tmp_path, row):
     env = subprocess_env(dict({"ONBOX_CONFIG_DIR": os.path.join(root, "cfg"), "HOME": os.path.join(root, "home"),
                                "ONBOX_HOME": os.path.join(root, "onbox"), "ONBOX_SSH_CONTROL_DIR": os.path.join(
                                    root, "cm"), "ONBOX_SSH_CONNECT_TIMEOUT": "2", "XDG_CONFIG_HOME": root},
-                              **row.env))
+                              **{k: v.replace("TMP", root) for k, v in row.env.items()}))
     before = snapshot(root)
     r = subprocess.run(cmd, input=row.stdin, env=env, capture_output=True, timeout=60)
     err = r.stderr.decode("utf-8", "replace")

@@ -4,6 +4,7 @@ inputs. (tests/integration/test_dashboard_browser.py drives the page itself in a
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -119,6 +120,40 @@ def test_the_data_endpoints_are_incremental_and_refuse_bad_input(tmp_path):
                              ("/api/v1/runs/-bad/series", {})):
             r = get(path, **params)
             assert r.status_code == 400 and r.json()["error"], (path, params, r.text)
+    finally:
+        t.stop()
+
+
+def test_a_pulls_record_nested_100000_deep_degrades_the_pull_column_not_the_overview(tmp_path):
+    pulls = tmp_path / "pulls.json"
+    pulls.write_text('{"pulls": %s%s}' % ("[" * 100000, "]" * 100000))
+    t = TrackerProcess(str(tmp_path / "tracker"), extra_args=["--pulls-record", str(pulls)]).start()
+
+    def overview():
+        r = requests.get(t.url + "/api/v1/overview", headers=t.headers(), timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    try:
+        ckpt = {"latest_durable": {"name": "c-2", "step": 2, "digest": "sha256:abc"}, "verified": True}
+        assert t.post([beat("r1", 1, checkpoint=ckpt), beat("r2", 1, box="gpu2")]).status_code == 200
+        got = overview()
+        assert [r["run"] for r in got["runs"]] == ["r1", "r2"]  # the list is served, every run on it
+        assert "pulls record %s is unreadable: it nests more than 64 levels deep" % pulls in got["pulls_problem"]
+        assert got["live"]["r1"]["pulled"] == {"status": "unknown", "text": got["pulls_problem"]}
+        assert got["live"]["r2"]["pulled"]["status"] == "no_checkpoint"
+        series = requests.get(t.url + "/api/v1/runs/r1/series", headers=t.headers(), timeout=10)
+        assert series.status_code == 200 and series.json()["summary"]["pulls_problem"] == got["pulls_problem"]
+        assert "nests more than 64 levels deep" in t.log()  # the tracker's log says why, once
+
+        pulls.unlink()
+        os.mkfifo(str(pulls), 0o600)  # a FIFO without a writer: refused at once, never waited on
+        assert "FIFO" in overview()["pulls_problem"]
+
+        pulls.unlink()  # fixed: the next poll uses it
+        pulls.write_text(json.dumps({"pulls": {}}))
+        got = overview()
+        assert got["pulls_problem"] is None and got["live"]["r1"]["pulled"]["status"] == "not_pulled"
     finally:
         t.stop()
 

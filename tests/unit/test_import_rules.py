@@ -25,8 +25,8 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.clock": set(),
     "onbox.paths": set(),
     "onbox.proc": set(),
-    "onbox.fsutil": set(),
     "onbox.untrusted": set(),
+    "onbox.fsutil": {"onbox.untrusted"},  # every JSON state file and token file is read through untrusted
     "onbox.tomlread": {"onbox.errors", "onbox.untrusted"},
     "onbox.telemetry": {"onbox.errors"},
     "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry", "onbox.untrusted"},

@@ -226,7 +226,8 @@
         s.appendChild(document.createTextNode(" " + kv[0]));
       });
       if (!names.length) counts.appendChild(el("span", null, "no runs yet: start one with `onboxctl run ... --tracker`"));
-      document.getElementById("pulls-note").textContent = "pulled: " + d.pulls_note;
+      document.getElementById("pulls-note").textContent = "pulled: " +
+        (d.pulls_problem ? d.pulls_problem + "; " : "") + d.pulls_note;
       document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
       afterPaint("list");
     });
