@@ -54,6 +54,11 @@ def _make_checkpoint(root: str, total_mb: int) -> None:
                 for j in range(per // 64):
                     member.write(bytes([i, j % 256]) + block[2:])
             zf.writestr("archive/version", b"3\n")
+    # the shard index, written after the shards as save_pretrained does: without it the layout is incomplete
+    names = ["pytorch_model-%05d-of-%05d.bin" % (i + 1, shards) for i in range(shards)]
+    with open(os.path.join(d, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": per * shards * MiB},
+                   "weight_map": {"layer.%d.weight" % i: n for i, n in enumerate(names)}}, f)
     write_torch_zip(os.path.join(d, "optimizer.pt"), payload=os.urandom(8 * MiB))
     write_torch_zip(os.path.join(d, "rng_state.pth"), payload=os.urandom(4096))
     for name in ("config.json", "trainer_state.json"):
