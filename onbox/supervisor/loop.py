@@ -15,11 +15,12 @@ from typing import Any, Callable, Dict, List, Optional
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, agent_only_vars, check_range, parse_signal
 from onbox.errors import UsageError
-from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
+from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id, set_child_subreaper
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
 from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
@@ -52,6 +53,7 @@ class Supervisor:
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
+        self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
         self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
@@ -194,6 +196,10 @@ class Supervisor:
                 self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
             else:
                 self.child = adopt
+                if self.cfg.reap_orphans:
+                    self.tree = AttemptProcesses(self.proc, ProcRef(adopt.pid, adopt.start_time)
+                                                 if adopt.start_time is not None else None,
+                                                 self.attempts[-1].get("marker") if self.attempts else None)
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
                 self.save()
@@ -324,6 +330,8 @@ class Supervisor:
             self.phases.on_output(line)
 
     def _tick(self) -> None:
+        if self.tree is not None and self.child is not None and self.exit_status is None:
+            self.tree.poll()  # remember what the attempt forks while its parents still live (leftovers.py)
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
         if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
@@ -334,7 +342,7 @@ class Supervisor:
     def _start_attempt(self) -> None:
         earlier = [a["sid"] for a in self.attempts if a.get("sid")]
         if self.attempts and self.cfg.reap_orphans:
-            self._clear_session(self.attempts[-1], self.cfg.term_timeout)
+            self._stop_leftovers(self.attempts[-1])
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
@@ -349,6 +357,7 @@ class Supervisor:
         env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
                         self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores(),
                         agent_only=agent_only_vars(self.cfg))
+        marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -359,7 +368,7 @@ class Supervisor:
         self.tailer.reset_tail()
         record: Dict[str, Any] = {"n": n, "pid": None, "sid": None, "pgid": None, "start_time": None,
                                   "started_at": self.clock.time(), "ended_at": None, "exit": None,
-                                  "argv": argv, "resume_from": self.resume_from}
+                                  "argv": argv, "resume_from": self.resume_from, "marker": marker}
         self.attempts.append(record)
         self.exit_status = None
         try:
@@ -381,6 +390,9 @@ class Supervisor:
             return
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
                       start_time=self.child.start_time, boot_id=boot_id())
+        if self.cfg.reap_orphans:
+            self.tree = AttemptProcesses(self.proc, ProcRef(self.child.pid, self.child.start_time)
+                                         if self.child.start_time is not None else None, marker)
         self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
 
     def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
@@ -393,23 +405,18 @@ class Supervisor:
         self.rd.log_line("attempt %d ended: %s" % (rec["n"], result.message))
         self.emit("exit", **result.to_dict())
         if self.cfg.reap_orphans:
-            self._clear_session(rec, self.cfg.term_timeout)
+            self._stop_leftovers(rec)
         self.child = None
         self.exit_status = None
         return result
 
-    def _clear_session(self, attempt: Dict[str, Any], timeout: float) -> None:
-        """Kill what is left in an attempt's session. Its id is a pid, recycled once the session emptied: after
-        a reboot (another boot id) nothing of the attempt survives, and a relaunch days later must not TERM
-        whoever leads session <sid> now (the leader's start time tells, see ProcessSeam.kill_session)."""
-        sid = attempt.get("sid")
-        if not sid:
-            return
-        if attempt.get("boot_id") not in (None, boot_id()):
-            return
-        found = self.proc.kill_session(sid, timeout, log=self._log, leader_start=attempt.get("start_time"))
-        if found:
-            self.emit("orphans_killed", sid=sid, pids=found)
+    def _stop_leftovers(self, attempt: Dict[str, Any]) -> None:
+        """Stop what an attempt left running: its session, and what left the session (its tracked tree and the
+        processes carrying its marker: leftovers.py). The current attempt's tracking is in memory; an earlier
+        agent's attempt is known by its record."""
+        tracked = self.tree if self.tree is not None else AttemptProcesses.of_attempt(self.proc, attempt)
+        self.tree = None
+        stop_attempt(self.proc, attempt, tracked, self.cfg.term_timeout, self._log, self.emit)
 
     def _after_exit(self) -> None:
         result = self._finish_attempt()
