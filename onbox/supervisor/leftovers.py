@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 from onbox.proc import ProcRef, Stopped, boot_id
 
 MARKER_VAR = "ONBOX_ATTEMPT_ID"
+PRUNE_AT = 2000  # remembered processes past which the dead ones are forgotten
 
 
 def new_marker(run: str, attempt: int) -> str:
@@ -56,6 +57,8 @@ class AttemptProcesses:
             return
         for found in self.seam.descendants(self.root):
             self.seen.setdefault(found.ref, None)
+        if len(self.seen) > PRUNE_AT:  # a long attempt forks many short-lived helpers: only live ones matter
+            self.seen = {r: None for r in self.seen if self.seam.start_time_of(r.pid) == r.start_time}
 
     def discover(self) -> List[ProcRef]:
         """At the attempt's end: one more poll, then every process carrying the marker. Reads each process's

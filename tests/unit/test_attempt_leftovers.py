@@ -232,3 +232,21 @@ def _events(sup: Supervisor) -> List[dict]:
 
     with open(sup.rd.events_path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def test_the_tree_poll_forgets_dead_processes_once_it_remembers_many(tmp_path, monkeypatch):
+    from onbox.supervisor import leftovers
+
+    monkeypatch.setattr(leftovers, "PRUNE_AT", 3)
+    clock = FakeClock()
+    table = ProcTable(clock, child_exit_at=1e9)
+    table.spawn(["train"], {}, None, "")
+    tracked = leftovers.AttemptProcesses(table, ProcRef(CHILD, CHILD), None)
+    for pid in range(1001, 1006):  # five short-lived helpers, one poll each
+        table.fork(CHILD, pid, "nvidia-smi")
+        tracked.poll()
+        table.exit(pid)
+    table.fork(CHILD, 1010, "python worker.py")
+    tracked.poll()
+    assert len(tracked.seen) <= 3 and ProcRef(1010, 1010) in tracked.seen
+    assert tracked.leftovers() == [ProcRef(1010, 1010)]
