@@ -32,7 +32,12 @@ class RunLock:
 
     def acquire(self) -> bool:
         """Take the lock without waiting; False when another live agent holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+            fd = os.open(self.path, os.O_RDONLY)  # a disk remounted read-only: flock(2) needs no write access
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -44,6 +49,7 @@ class RunLock:
         return True
 
     def write_owner(self, pid: int) -> None:
+        """The holder's pid in the file, for people and error messages (the flock is what counts)."""
         if self.fd is not None:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, ("%d\n" % pid).encode(), 0)

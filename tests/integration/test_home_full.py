@@ -143,3 +143,22 @@ def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppab
         finally:
             started.add_home(home)
             started.kill()
+
+
+@pytest.mark.root
+def test_the_run_lock_still_tells_a_live_agent_on_a_home_remounted_read_only(tmp_path):
+    """`onbox stop` and `onbox run` learn whether an agent lives from its flock: a read-only disk must not make
+    that a traceback (flock needs no write access)."""
+    from onbox.supervisor.detach import RunLock
+
+    with tmpfs(tmp_path / "home", size="1m") as home:
+        path = os.path.join(home, "lock")
+        open(path, "w").close()
+        subprocess.run(["mount", "-o", "remount,ro", home], check=True, timeout=30)
+        held = RunLock(path)
+        assert held.acquire()
+        try:
+            assert not RunLock(path).acquire()
+        finally:
+            held.release()
+        assert RunLock(path).acquire()
