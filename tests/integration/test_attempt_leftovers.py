@@ -16,11 +16,12 @@ PY = sys.executable
 # The child double-forks a grandchild into a session of its own (`setsid sleep 301 &`, by hand), waits until the
 # grandchild wrote "<pid> <start time>" and exits 0: the grandchild is nobody's child and nobody's session member.
 DOUBLE_FORK = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
     pidfile = sys.argv[1]
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what the test relies on; kept across exec
             start = open("/proc/self/stat").read().rpartition(")")[2].split()[19]
             with open(pidfile + ".tmp", "w") as f:
                 f.write("%d %s" % (os.getpid(), start))

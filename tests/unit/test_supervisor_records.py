@@ -56,8 +56,8 @@ def make(tmp_path, scripts, full: Tuple[float, float], err: int = errno.ENOSPC, 
     clock = FakeClock()
     procs = FakeProcs(clock, scripts)
     ckpts = Checkpoints(clock)
-    cfg = RunConfig(name="full", command=["train"], notice_source="none", tick_interval=1.0, restart="never",
-                    **fields).validate()
+    fields.setdefault("restart", "never")
+    cfg = RunConfig(name="full", command=["train"], notice_source="none", tick_interval=1.0, **fields).validate()
     rd = FillableRunDir(str(tmp_path / "full"), clock, (clock.monotonic() + full[0], clock.monotonic() + full[1]),
                         err)
     os.makedirs(rd.path)
@@ -188,3 +188,33 @@ def test_the_spool_and_the_seq_outlive_a_disk_that_refuses_them(tmp_path, monkey
     assert spool.pending(10) == [] and len(faults) == 4
     with pytest.raises(OSError):
         spool.put(101, {"seq": 101})  # without on_fault: raised as before
+
+
+def test_a_failure_during_the_fault_is_restarted_as_usual(tmp_path):
+    sup, procs, _ckpts, _clock, _lines = make(tmp_path, [exits_after(3.0, 1), exits_after(3.0, 0)],
+                                              full=(2.0, 30.0), restart="on-failure", backoff_initial=1.0)
+    assert sup.run() == RunState.DONE
+    assert len(procs.spawned) == 2 and round(procs.spawned[1][0] - procs.spawned[0][0]) == 4  # 3 s + 1 s backoff
+    state, events = on_disk(sup)
+    assert state["state"] == "done" and [a["exit"]["code"] for a in state["attempts"]] == [1, 0]
+    assert [e["new"] for e in events if e["type"] == "state"] == [
+        "running", "backoff", "starting", "running", "done"]
+
+
+def test_a_preemption_during_the_fault_is_forwarded_and_committed(tmp_path):
+    def dies_on_term(t: float, sigs: List[int]) -> Optional[ExitStatus]:
+        return ExitStatus(signal=signal.SIGTERM) if signal.SIGTERM in sigs else None
+
+    sup, procs, ckpts, clock, _lines = make(tmp_path, [dies_on_term], full=(2.0, 30.0), grace=10.0)
+    original = clock.sleep
+
+    def preempt_at_5s(seconds: float) -> None:
+        original(seconds)
+        if sup.state == RunState.RUNNING and clock.monotonic() >= 1005.0:
+            sup._on_signal(signal.SIGTERM, None)
+
+    sup.waiter = preempt_at_5s
+    assert sup.run() == RunState.PREEMPTED
+    assert [s for _, s in procs.signals] == [signal.SIGTERM] and len(ckpts.finals) == 1
+    state, _ = on_disk(sup)
+    assert state["state"] == "preempted"
