@@ -313,6 +313,21 @@ class ProcessSeam:
         found = self.info(pid)
         return "[%s]" % found.comm if found else ""
 
+    def has_open(self, pid: int, path: str) -> bool:
+        """True when process `pid` holds `path` open (one of /proc/<pid>/fd/* points at it)."""
+        target = os.path.realpath(path)
+        try:
+            fds = os.listdir("%s/%d/fd" % (self.proc, pid))
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink("%s/%d/fd/%s" % (self.proc, pid, fd)) == target:
+                    return True
+            except OSError:
+                continue
+        return False
+
     # ---- signalling what was found earlier ------------------------------------------------------------------
     def signal_process(self, ref: ProcRef, sig: int) -> bool:
         """Signal the process `ref` names, never another that got its pid since. False when it is gone."""

@@ -313,21 +313,19 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     rd.make_private()  # 0700 and 0600, also for a run an older agent left 0755/0644
     if child is not None and not adopt_only:
         cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
-    try:
-        if child is None:
+    if child is None:
+        try:
             rd.write_config(cfg.to_dict())  # the exact re-launch record
             if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
                 os.unlink(rd.stop_request)
-        lock.write_owner(os.getpid())
-    except OSError as e:  # the disk filled since the check above
-        refusal = records.home_fault_error(paths.onbox_home(), e, rd.name)
-        if refusal is None:
-            raise
-        if child is None:
+        except OSError as e:  # the disk filled since the check above
+            refusal = records.home_fault_error(paths.onbox_home(), e, rd.name)
+            if refusal is None:
+                raise
             lock.release()
             undo()
             raise refusal
-        # a live child is adopted all the same (the owner line in the lock file only informs)
+    lock.write_owner(os.getpid())
 
     def agent(ready: Any) -> int:
         from onbox import subsystems

@@ -52,7 +52,8 @@ def corrupt_hint(rd: Any) -> str:
 
 
 def _summary(rd: Any) -> Dict[str, Any]:
-    from onbox.supervisor.detach import TERMINAL, agent_alive
+    from onbox.proc import ProcessSeam
+    from onbox.supervisor.detach import TERMINAL, agent_alive, lock_holder
 
     state, problem = rd.load_state()
     if problem:
@@ -63,6 +64,11 @@ def _summary(rd: Any) -> Dict[str, Any]:
                  "note": "no state.json: the run never started (or its agent died before writing one); "
                          "`onbox run --name %s` starts it" % rd.name}
     alive = agent_alive(state)
+    if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
+        holder = lock_holder(rd, ProcessSeam())
+        if holder is not None:  # a newer agent that could not record itself yet (a full disk)
+            alive = True
+            state["agent_pid"], state["agent_start_time"] = holder.pid, holder.start_time
     state["agent_alive"] = alive
     records = _records_problem(rd, state, alive)
     if records:
@@ -289,13 +295,17 @@ def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None
     """Ask the live agent to stop with STOP_SIGNAL: only the agent state.json names (pid AND start time) and only
     when it catches that signal (its default action would end the agent and leave the child unsupervised)."""
     from onbox.proc import ProcessSeam, ProcRef
+    from onbox.supervisor.detach import lock_holder
     from onbox.supervisor.preempt import STOP_SIGNAL
 
     seam = ProcessSeam()
     pid, start = state.get("agent_pid"), state.get("agent_start_time")
+    if not (isinstance(pid, int) and isinstance(start, int) and seam.start_time_of(pid) == start):
+        holder = lock_holder(rd, seam)  # state.json may name an earlier agent: the one holding the lock counts
+        pid, start = (holder.pid, holder.start_time) if holder else (None, None)
     why = None
     if not isinstance(pid, int) or not isinstance(start, int):
-        why = "state.json names no agent"
+        why = "no live agent holds the run's lock"
     elif not seam.catches(pid, STOP_SIGNAL):
         why = "agent %d does not take the stop signal (an older onbox, or still starting)" % pid
     elif not seam.signal_process(ProcRef(pid, start), STOP_SIGNAL):

@@ -162,3 +162,46 @@ def test_the_run_lock_still_tells_a_live_agent_on_a_home_remounted_read_only(tmp
         finally:
             held.release()
         assert RunLock(path).acquire()
+
+
+@pytest.mark.root
+def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_stopped(tmp_path):
+    """A dead agent's child must not stay unsupervised because the disk is full: `onbox run --name x` adopts it
+    (the new agent cannot record itself in state.json: status and stop find it by the run's lock)."""
+    import signal
+
+    started = Started()
+    with tmpfs(tmp_path / "home", size="8m") as home:
+        try:
+            r = onbox(home, "run", "--name", "x", "--ckpt-dir", str(tmp_path / "ck"), "--json", "--", PY, "-c",
+                      QUIET)
+            assert r.returncode == 0, r.stderr
+            info = json.loads(r.stdout)
+            old_agent, child = (info["agent_pid"], start_time(info["agent_pid"])), (info["pid"], start_time(info["pid"]))
+            started.add(*old_agent)
+            started.add(*child)
+            os.kill(old_agent[0], signal.SIGKILL)  # this test's own agent, still the process it started
+            wait_for(lambda: not is_alive(*old_agent), what="the first agent gone")
+            fill(home)
+            r = onbox(home, "run", "--name", "x")
+            assert r.returncode == 0 and r.stdout.startswith("adopted x "), r.stderr
+            started.add_home(home)
+            fill(home)
+            s = onbox(home, "status", "x")
+            assert "agent alive" in s.stdout.splitlines()[0] and "is full" in s.stdout, s.stdout
+            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--wait", "60"], env=env_for(home),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            try:
+                wait_for(lambda: not is_alive(*child), timeout=30, what="the adopted child stopped")
+                os.unlink(os.path.join(home, "fill"))
+                out, err = stop.communicate(timeout=60)
+            finally:
+                if stop.poll() is None:
+                    stop.kill()
+                    stop.wait()
+            assert stop.returncode == 0 and out.splitlines()[-1] == "x: stopped", err
+            assert "Traceback" not in err and state(home, "x")["state"] == "stopped"
+        finally:
+            started.add_home(home)
+            started.kill()
