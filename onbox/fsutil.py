@@ -24,6 +24,10 @@ TMP_PREFIX = ".onbox-tmp-"
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
+# The errors of a disk that refuses writes, whoever is writing: full (bytes or inodes: U6, U7), over quota, failing,
+# remounted read-only. A writer that must outlive them (the agent) catches exactly these; anything else is a bug.
+DISK_FAULTS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EIO: "EIO", errno.EROFS: "EROFS"}
+
 
 def fsync_dir(path: PathLike) -> None:
     """fsync a directory so that renames and creations inside it survive a power cut."""
@@ -139,6 +143,30 @@ def free_space(path: PathLike) -> FreeSpace:
         free_inodes=st.f_favail if st.f_files > 0 else -1,
         total_inodes=st.f_files,
     )
+
+
+def disk_fault(error: BaseException) -> Optional[str]:
+    """The errno name when `error` says the disk refuses writes (DISK_FAULTS), else None."""
+    return DISK_FAULTS.get(error.errno) if isinstance(error, OSError) and error.errno else None
+
+
+def space_problem(path: PathLike, min_bytes: int = 1 << 20, min_inodes: int = 64) -> Optional[str]:
+    """Why the filesystem holding `path` cannot take a run's records now ("full (12 KiB free)", "out of inodes",
+    "read-only"), or None. statvfs only: writes nothing. Counts what this user may use (root: the reserve too)."""
+    try:
+        st = os.statvfs(nearest_existing(path))
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return "read-only"
+    root = os.geteuid() == 0
+    free = (st.f_bfree if root else st.f_bavail) * st.f_frsize
+    if free < min_bytes:
+        return "full (%d KiB free)" % (free // 1024)
+    inodes = st.f_ffree if root else st.f_favail
+    if st.f_files > 0 and inodes < min_inodes:
+        return "out of inodes (%d free, U7)" % inodes
+    return None
 
 
 def is_writable_dir(path: PathLike) -> bool:

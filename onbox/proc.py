@@ -1,5 +1,11 @@
 """The OS seam for processes: spawn an attempt in its own session, signal its group, wait, escalate, and find
-every process of a session by scanning /proc (orphans reparented to init keep their session id).
+every process of a session by scanning /proc (orphans reparented to init keep their session id), every process
+under a given one (its tree), and every process whose environment carries a given variable.
+
+A process is identified for good by its pid AND its start time (`ProcRef`): a pid is handed out again once its
+process is gone, the pair is not (within one boot). Every signal to a process found earlier is checked against
+its start time right before it is sent, through a pidfd where the kernel and Python have one (Linux 5.3, Python
+3.9), so a recycled pid is never signalled.
 
 The supervisor receives a `ProcessSeam`; tests may pass a recording fake. Everything here is Linux /proc based:
 onbox runs on Linux boxes only.
@@ -25,6 +31,45 @@ class Child:
     pgid: int
     start_time: Optional[int]  # /proc/<pid>/stat field 22, clock ticks since boot: tells a recycled PID apart
     ours: bool = True  # False when adopted from a dead agent: we cannot waitpid() it, so the exit code is unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcRef:
+    """One process for good: its pid and its start time (clock ticks since boot, /proc/<pid>/stat field 22)."""
+
+    pid: int
+    start_time: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcInfo:
+    """One live process as /proc/<pid>/stat shows it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start_time: int
+    comm: str
+
+    @property
+    def ref(self) -> ProcRef:
+        return ProcRef(self.pid, self.start_time)
+
+
+@dataclasses.dataclass
+class Stopped:
+    """What one escalation met: every process it found (TERM), those still there at the deadline (KILL), those
+    alive even after the KILL (stuck, state D), and each one's command line as first seen."""
+
+    found: List[ProcRef] = dataclasses.field(default_factory=list)
+    killed: List[ProcRef] = dataclasses.field(default_factory=list)
+    survived: List[ProcRef] = dataclasses.field(default_factory=list)
+    commands: Dict[ProcRef, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def pids(self) -> List[int]:
+        return [r.pid for r in self.found]
 
 
 @dataclasses.dataclass
@@ -58,6 +103,15 @@ def start_time(pid: int, proc: str = PROC) -> Optional[int]:
     """The process start time in clock ticks since boot (stat field 22), or None when the process is gone."""
     fields = read_stat(pid, proc)
     return int(fields[21]) if fields and len(fields) > 21 else None
+
+
+def proc_info(pid: int, proc: str = PROC) -> Optional[ProcInfo]:
+    """The live (non-zombie) process `pid`, or None."""
+    fields = read_stat(pid, proc)
+    if not fields or len(fields) <= 21 or fields[2] in ("Z", "X"):
+        return None
+    return ProcInfo(pid=pid, ppid=int(fields[3]), pgid=int(fields[4]), sid=int(fields[5]),
+                    start_time=int(fields[21]), comm=fields[1])
 
 
 def boot_id(proc: str = PROC) -> Optional[str]:
@@ -174,60 +228,255 @@ class ProcessSeam:
         except (ProcessLookupError, PermissionError):
             return False
 
+    # ---- reading /proc: one process, a tree, an environment ------------------------------------------------
+    def info(self, pid: int) -> Optional[ProcInfo]:
+        """The live process `pid` (None when gone or a zombie)."""
+        return proc_info(pid, self.proc)
+
+    def start_time_of(self, pid: int) -> Optional[int]:
+        """Start time of the live process `pid`, None when gone or a zombie."""
+        found = self.info(pid)
+        return found.start_time if found else None
+
+    def pids(self) -> List[int]:
+        try:
+            return [int(n) for n in os.listdir(self.proc) if n.isdigit()]
+        except OSError:
+            return []
+
+    def children(self, pid: int) -> List[int]:
+        """Direct children of `pid`: /proc/<pid>/task/*/children (each thread's own), else a scan of every ppid."""
+        out: List[int] = []
+        try:
+            tids = os.listdir("%s/%d/task" % (self.proc, pid))
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                with open("%s/%d/task/%s/children" % (self.proc, pid, tid)) as f:
+                    out.extend(int(x) for x in f.read().split())
+            except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN (or the thread just ended)
+                if not os.path.exists("%s/%d/task/%s" % (self.proc, pid, tid)):
+                    continue
+                return [p for p in self.pids() if (self.info(p) or _NOBODY).ppid == pid]
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def descendants(self, root: ProcRef) -> List[ProcInfo]:
+        """Every live process under `root` (not itself), while `root` is still that very process."""
+        if self.start_time_of(root.pid) != root.start_time:
+            return []
+        out: List[ProcInfo] = []
+        seen = {root.pid}
+        todo = [root.pid]
+        while todo:
+            for pid in self.children(todo.pop()):
+                found = self.info(pid)
+                if found is None or pid in seen or found.start_time < root.start_time:
+                    continue
+                seen.add(pid)
+                out.append(found)
+                todo.append(pid)
+        return out
+
+    def environ(self, pid: int) -> Dict[str, str]:
+        return environ_of(pid, self.proc)
+
+    def marked(self, name: str, value: str) -> List[ProcInfo]:
+        """Every live process whose (initial) environment has name=value: what inherited a marker, wherever it
+        went (another session, reparented to init). Reads each process's environ: meant for rare calls."""
+        needle = ("%s=%s" % (name, value)).encode("utf-8", "surrogateescape")
+        out = []
+        for pid in self.pids():
+            try:
+                with open("%s/%d/environ" % (self.proc, pid), "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+            except OSError:  # gone, or not ours to read (then not ours to signal either)
+                continue
+            found = self.info(pid)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def command(self, pid: int) -> str:
+        """The command line of `pid` (its comm in brackets when it has none), "" when gone."""
+        try:
+            with open("%s/%d/cmdline" % (self.proc, pid), "rb") as f:
+                raw = f.read(4096)
+        except OSError:
+            raw = b""
+        text = " ".join(a.decode("utf-8", "replace") for a in raw.split(b"\0") if a)
+        if text:
+            return text[:200]
+        found = self.info(pid)
+        return "[%s]" % found.comm if found else ""
+
+    def has_open(self, pid: int, path: str) -> bool:
+        """True when process `pid` holds `path` open (one of /proc/<pid>/fd/* points at it)."""
+        target = os.path.realpath(path)
+        try:
+            fds = os.listdir("%s/%d/fd" % (self.proc, pid))
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink("%s/%d/fd/%s" % (self.proc, pid, fd)) == target:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    # ---- signalling what was found earlier ------------------------------------------------------------------
+    def signal_process(self, ref: ProcRef, sig: int) -> bool:
+        """Signal the process `ref` names, never another that got its pid since. False when it is gone."""
+        pidfd = self._pidfd_open(ref.pid)
+        try:
+            # With a pidfd open first, a start time that still matches proves the pidfd is that process: the
+            # signal then cannot reach a successor even if the process ends right now. Without one, a pid
+            # recycled between this check and kill() is the (tiny) remaining window.
+            if self.start_time_of(ref.pid) != ref.start_time:
+                return False
+            if pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(pidfd, sig)  # type: ignore[attr-defined]
+                    return True
+                except (ProcessLookupError, PermissionError):
+                    return False
+            return self.signal_pid(ref.pid, sig)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _pidfd_open(self, pid: int) -> Optional[int]:
+        opener = getattr(os, "pidfd_open", None)
+        if opener is None or not hasattr(signal, "pidfd_send_signal") or self.proc != PROC:
+            return None
+        try:
+            return int(opener(pid))
+        except OSError:  # gone (ESRCH), or a kernel without pidfds (ENOSYS)
+            return None
+
+    def catches(self, pid: int, sig: int) -> bool:
+        """True when process `pid` has a handler for `sig` (SigCgt in /proc/<pid>/status)."""
+        try:
+            with open("%s/%d/status" % (self.proc, pid)) as f:
+                for line in f:
+                    if line.startswith("SigCgt:"):
+                        return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+        except (OSError, ValueError, IndexError):
+            pass
+        return False
+
+    # ---- the one escalation: TERM, a bounded wait, KILL --------------------------------------------------------
     def session_members(self, sid: int) -> List[int]:
         return session_members(sid, self.proc, exclude=(os.getpid(),))
 
-    def _members(self, sid: int, leader_start: Optional[int]) -> List[int]:
+    def _session_refs(self, sid: int, leader_start: Optional[int]) -> List[ProcRef]:
         """Members of session `sid` that started no earlier than its leader (when that start is known)."""
-        members = self.session_members(sid)
-        if leader_start is None:
-            return members
-        return [p for p in members if (start_time(p, self.proc) or 0) >= int(leader_start)]
+        out = []
+        for pid in self.session_members(sid):
+            st = self.start_time_of(pid)
+            if st is not None and (leader_start is None or st >= int(leader_start)):
+                out.append(ProcRef(pid, st))
+        return out
 
-    def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
-                     leader_start: Optional[int] = None) -> List[int]:
-        """TERM every process of session `sid`, wait up to `timeout` s, then KILL what is left.
+    def stop_processes(self, find: Callable[[], List[ProcRef]], timeout: float,
+                       log: Optional[Callable[[str], None]] = None,
+                       on_step: Optional[Callable[[str, List[ProcRef], "Stopped"], None]] = None) -> Stopped:
+        """TERM every process `find()` names, wait up to `timeout` s, then KILL what is left (the elastic agent's
+        escalation). `find` is asked again while waiting: what appears meanwhile (a worker forked on the way out)
+        gets its TERM too. Each step is logged and reported to `on_step(signal name, processes, report)`; every
+        signal goes through signal_process (pid and start time). Returns what was found, killed and left."""
+        out = Stopped()
+        me = os.getpid()
 
-        Orphaned DataLoader/DDP workers are the usual GPU pinners (U11): they keep the session id after their
-        parent died, so a /proc scan finds them where a process-group kill of a dead leader would not.
-        `leader_start`: the start time (clock ticks) of the process that created the session. A session id is
-        a pid, recycled once the session emptied: when a process with pid `sid` lives but started at another
-        time, session `sid` is someone else's now and nothing is killed; members that started before that
-        leader cannot be of its session either. Returns the pids that were found.
-        """
-        if leader_start is not None:
-            now_leader = start_time(sid, self.proc)
-            if now_leader is not None and now_leader != int(leader_start):
-                if log:
-                    log("session %d was recycled (its leader pid started at another time): not touched" % sid)
-                return []
-        found = self._members(sid, leader_start)
-        if not found:
-            return []
-        if log:
-            log("TERM to %d process(es) of session %d: %s" % (len(found), sid, found))
-        for pid in found:
-            self.signal_pid(pid, signal.SIGTERM)
+        def fresh(refs: List[ProcRef]) -> List[ProcRef]:
+            return [r for r in refs if r.pid not in (me, 1) and r not in out.commands]
+
+        def term(refs: List[ProcRef]) -> None:
+            for r in refs:
+                out.commands[r] = self.command(r.pid)
+                out.found.append(r)
+            if log:
+                log("TERM to %d leftover process(es): %s" % (len(refs), ", ".join(
+                    "%d (%s)" % (r.pid, out.commands[r][:60]) for r in refs)))
+            if on_step:
+                on_step("SIGTERM", refs, out)
+            for r in refs:
+                self.signal_process(r, signal.SIGTERM)
+
+        first = fresh(find())
+        if not first:
+            return out
+        term(first)
         deadline = self._monotonic() + max(0.0, timeout)
-        left = found
         while True:
             self.reap_zombies()
-            left = [p for p in self._members(sid, leader_start)]
+            left = [r for r in find() if r.pid not in (me, 1)]
+            newcomers = fresh(left)
+            if newcomers:
+                term(newcomers)
             if not left or self._monotonic() >= deadline:
                 break
             self._sleep(min(0.05, max(0.005, timeout / 20)))
         if left:
             if log:
-                log("KILL to %d process(es) of session %d still alive after %.1f s: %s"
-                    % (len(left), sid, timeout, left))
-            for pid in left:
-                self.signal_pid(pid, signal.SIGKILL)
+                log("KILL to %d process(es) still alive %.1f s after TERM: %s" % (
+                    len(left), timeout, [r.pid for r in left]))
+            out.killed = left
+            if on_step:
+                on_step("SIGKILL", left, out)
+            for r in left:
+                self.signal_process(r, signal.SIGKILL)
             kill_deadline = self._monotonic() + 5.0
-            while self._members(sid, leader_start) and self._monotonic() < kill_deadline:
+            while self._monotonic() < kill_deadline:
                 self.reap_zombies()
+                if not [r for r in left if self.start_time_of(r.pid) == r.start_time]:
+                    break
                 self._sleep(0.01)
+            out.survived = [r for r in left if self.start_time_of(r.pid) == r.start_time]
+            if out.survived:
+                if log:
+                    log("still alive 5 s after KILL (stuck in the kernel, state D?): %s"
+                        % [r.pid for r in out.survived])
+                if on_step:
+                    on_step("survived", out.survived, out)
         self.reap_zombies()
-        return found
+        return out
+
+    def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
+                     leader_start: Optional[int] = None, also: Optional[Callable[[], List[ProcRef]]] = None,
+                     on_step: Optional[Callable[[str, List[ProcRef], Stopped], None]] = None) -> Stopped:
+        """TERM every process of session `sid` (and what `also()` names), wait up to `timeout` s, then KILL what
+        is left: stop_processes over the session's members.
+
+        Orphaned DataLoader/DDP workers are the usual GPU pinners (U11): they keep the session id after their
+        parent died, so a /proc scan finds them where a process-group kill of a dead leader would not. What left
+        the session (setsid, a double fork) is not found that way: `also` names it (the attempt's tracked tree
+        and marker, onbox/supervisor/leftovers.py).
+        `leader_start`: the start time (clock ticks) of the process that created the session. A session id is
+        a pid, recycled once the session emptied: when a process with pid `sid` lives but started at another
+        time, session `sid` is someone else's now and none of its members is touched; members that started
+        before that leader cannot be of its session either.
+        """
+        session = True
+        if leader_start is not None:
+            now_leader = self.start_time_of(sid)
+            if now_leader is not None and now_leader != int(leader_start):
+                if log:
+                    log("session %d was recycled (its leader pid started at another time): not touched" % sid)
+                session = False
+
+        def find() -> List[ProcRef]:
+            refs = self._session_refs(sid, leader_start) if session else []
+            for r in also() if also else []:
+                if r not in refs and self.start_time_of(r.pid) == r.start_time:
+                    refs.append(r)
+            return refs
+
+        return self.stop_processes(find, timeout, log=log, on_step=on_step)
 
     def reap_zombies(self, keep: Sequence[int] = ()) -> List[int]:
         """Reap zombie children that are not ours to wait for (orphans reparented to a PID-1/subreaper agent).
@@ -253,6 +502,9 @@ class ProcessSeam:
             except ChildProcessError:
                 pass
         return reaped
+
+
+_NOBODY = ProcInfo(pid=0, ppid=-1, pgid=0, sid=0, start_time=0, comm="")
 
 
 def set_child_subreaper(on: bool = True) -> Optional[bool]:

@@ -267,12 +267,30 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
 
 
 def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
-    from onbox import fsutil
+    from onbox import fsutil, paths
     from onbox.proc import ProcessSeam
-    from onbox.supervisor import detach
+    from onbox.supervisor import detach, records
 
+    runs_created = not os.path.isdir(os.path.dirname(rd.path))
     created = not os.path.isdir(rd.path)
     lock_existed = os.path.exists(rd.lock_path)
+
+    def undo() -> None:  # a refused start leaves nothing behind
+        if created:
+            shutil.rmtree(rd.path, ignore_errors=True)
+        elif not lock_existed and os.path.exists(rd.lock_path):
+            os.unlink(rd.lock_path)
+        if runs_created:
+            try:
+                os.rmdir(os.path.dirname(rd.path))
+            except OSError:
+                pass
+
+    # A full (or read-only) ONBOX_HOME refuses a new run up front; a live child is adopted all the same: a
+    # supervised child on a full disk (the agent holds its records in memory) beats an unsupervised one.
+    space = fsutil.space_problem(paths.onbox_home())
+    if space and detach.live_child(rd, ProcessSeam()) is None:
+        raise records.home_problem_error(paths.onbox_home(), space, rd.name)
     try:
         if not os.path.isdir(os.path.dirname(rd.path)):
             fsutil.make_private_dir(os.path.dirname(rd.path))
@@ -281,10 +299,10 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     except UsageError:
         raise
     except OSError as e:
-        if created:
-            shutil.rmtree(rd.path, ignore_errors=True)
-        raise UsageError("cannot create the run directory %s: %s" % (rd.path, e.strerror or e),
-                         hint="set ONBOX_HOME to a writable directory")
+        undo()
+        raise records.home_fault_error(paths.onbox_home(), e, rd.name) or UsageError(
+            "cannot create the run directory %s: %s" % (rd.path, e.strerror or e),
+            hint="set ONBOX_HOME to a writable directory")
     child = detach.live_child(rd, ProcessSeam())
     if adopt_only and child is None:
         lock.release()
@@ -296,9 +314,17 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
     if child is not None and not adopt_only:
         cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
     if child is None:
-        rd.write_config(cfg.to_dict())  # the exact re-launch record
-        if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
-            os.unlink(rd.stop_request)
+        try:
+            rd.write_config(cfg.to_dict())  # the exact re-launch record
+            if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
+                os.unlink(rd.stop_request)
+        except OSError as e:  # the disk filled since the check above
+            refusal = records.home_fault_error(paths.onbox_home(), e, rd.name)
+            if refusal is None:
+                raise
+            lock.release()
+            undo()
+            raise refusal
     lock.write_owner(os.getpid())
 
     def agent(ready: Any) -> int:

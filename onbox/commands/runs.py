@@ -52,7 +52,8 @@ def corrupt_hint(rd: Any) -> str:
 
 
 def _summary(rd: Any) -> Dict[str, Any]:
-    from onbox.supervisor.detach import TERMINAL, agent_alive
+    from onbox.proc import ProcessSeam
+    from onbox.supervisor.detach import TERMINAL, agent_alive, lock_holder
 
     state, problem = rd.load_state()
     if problem:
@@ -63,14 +64,43 @@ def _summary(rd: Any) -> Dict[str, Any]:
                  "note": "no state.json: the run never started (or its agent died before writing one); "
                          "`onbox run --name %s` starts it" % rd.name}
     alive = agent_alive(state)
+    if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
+        holder = lock_holder(rd, ProcessSeam())
+        if holder is not None:  # a newer agent that could not record itself yet (a full disk)
+            alive = True
+            state["agent_pid"], state["agent_start_time"] = holder.pid, holder.start_time
     state["agent_alive"] = alive
+    records = _records_problem(rd, state, alive)
+    if records:
+        state["records_problem"] = records
     # what the subsystems recorded beside state.json (hooks.RunContext): newest metrics and checkpoints
     for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json"),
                           ("mlflow", os.path.join("heartbeats", "mlflow.json"))):
         state[key] = _read_doc(rd.file(filename))
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
+        if records:
+            state["note"] += "; %s" % records
+    elif records:
+        state["note"] = records
     return state
+
+
+def _records_problem(rd: Any, state: Dict[str, Any], alive: bool) -> Optional[str]:
+    """Why what state.json says may be stale: the run's filesystem cannot take writes now (the agent then holds
+    the newest state in memory, onbox/supervisor/records.py). Checked with statvfs, for runs not known ended."""
+    from onbox import fsutil, paths
+    from onbox.supervisor.detach import TERMINAL
+
+    if state.get("state") in TERMINAL and not alive:
+        return None
+    problem = fsutil.space_problem(rd.path)
+    if not problem:
+        return None
+    return ("ONBOX_HOME's filesystem %s is %s: the agent cannot record this run's state, so what is shown may be "
+            "stale; %s" % (paths.onbox_home(), problem,
+                           "it supervises on and writes the state once there is space: free space there (`df -h`, "
+                           "`df -i`)" if alive else "free space there, then `onbox status` again"))
 
 
 def _read_doc(path: str) -> Optional[Dict[str, Any]]:
@@ -236,6 +266,62 @@ def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     return min(configured, 86400.0)
 
 
+def _write_stop_request(rd: Any, grace: Optional[float]) -> bool:
+    """stop.request for the agent; False when the disk refused it (full, failing, read-only): the stop then goes by
+    signal (a live agent) or straight to the supervisor `onbox stop` runs itself."""
+    from onbox import fsutil
+
+    try:
+        fsutil.atomic_write_json(rd.stop_request, {"grace": grace, "requested_at": time.time()})
+        return True
+    except OSError as e:
+        fault = fsutil.disk_fault(e)
+        if fault is None:
+            raise UsageError("cannot write the stop request %s: %s" % (rd.stop_request, e.strerror or e),
+                             hint="check the permissions of %s" % rd.path)
+        click.echo("onbox: warning: cannot write %s (%s: %s): the stop goes to the agent without it" % (
+            rd.stop_request, fault, e.strerror), err=True)
+    return False
+
+
+def _drop_stop_request(rd: Any, written: bool) -> None:
+    if written:
+        try:
+            os.unlink(rd.stop_request)
+        except FileNotFoundError:
+            pass
+
+
+def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None:
+    """Ask the live agent to stop with STOP_SIGNAL: only the agent state.json names (pid AND start time) and only
+    when it catches that signal (its default action would end the agent and leave the child unsupervised)."""
+    from onbox.proc import ProcessSeam, ProcRef
+    from onbox.supervisor.detach import lock_holder
+    from onbox.supervisor.preempt import STOP_SIGNAL
+
+    seam = ProcessSeam()
+    pid, start = state.get("agent_pid"), state.get("agent_start_time")
+    if not (isinstance(pid, int) and isinstance(start, int) and seam.start_time_of(pid) == start):
+        holder = lock_holder(rd, seam)  # state.json may name an earlier agent: the one holding the lock counts
+        pid, start = (holder.pid, holder.start_time) if holder else (None, None)
+    why = None
+    if not isinstance(pid, int) or not isinstance(start, int):
+        why = "no live agent holds the run's lock"
+    elif not seam.catches(pid, STOP_SIGNAL):
+        why = "agent %d does not take the stop signal (an older onbox, or still starting)" % pid
+    elif not seam.signal_process(ProcRef(pid, start), STOP_SIGNAL):
+        why = "agent %d is gone" % pid
+    if why is None:
+        if grace is not None:
+            click.echo("onbox: warning: --grace cannot go by signal: the run's own grace applies", err=True)
+        return
+    child = state.get("child_pid")
+    raise JobFailed("run %s: cannot write the stop request and cannot signal its agent: %s" % (rd.name, why),
+                    hint="free space on ONBOX_HOME (`df -h %s`) and run `onbox stop %s` again%s" % (
+                        rd.path, rd.name, "; or stop the child's process group yourself: `kill -TERM -%s`"
+                        % child if child else ""))
+
+
 @click.command()
 @click.argument("name")
 @click.option("--grace", type=FiniteFloat(0.0, 86400.0),
@@ -262,13 +348,13 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
     if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
         click.echo("%s is already %s" % (name, state.get("state")))
         return 0
-    fsutil.atomic_write_json(rd.stop_request, {"grace": grace, "requested_at": time.time()})
+    written = _write_stop_request(rd, grace)
     lock = detach.RunLock(rd.lock_path)
     if lock.acquire():  # no live agent: stop the orphaned child ourselves, through the same supervisor path
         child = detach.live_child(rd, ProcessSeam())
         if child is None:
             lock.release()
-            os.unlink(rd.stop_request)
+            _drop_stop_request(rd, written)
             click.echo("%s has no live agent and no live child; nothing to stop" % name)
             return 0
         try:
@@ -281,27 +367,41 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
                 cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, CONFIG_MAX_BYTES, "config"),
                                           "config.json").validate()
             except (OSError, ValueError, UsageError) as e:
-                os.unlink(rd.stop_request)
+                _drop_stop_request(rd, written)
                 raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (
                     name, getattr(e, "message", e)), hint="fix %s, or stop the child yourself: `kill -TERM -%d` "
                                                           "(its process group)" % (rd.config_path, child.pgid))
             cfg.notice_source = "none"
-            Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks).run(adopt=child)
+            sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks)
+            if not written:
+                sup.request_stop(grace)
+            sup.run(adopt=child)
         finally:
             lock.release()
     else:
+        if not written:
+            _signal_stop(rd, state, grace)
         waited = wait if wait is not None else _effective_grace(rd, grace) + STOP_MARGIN
         limit = time.monotonic() + waited
-        while time.monotonic() < limit:
+        while True:
             state = rd.read_state() or {}
-            if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
+            if not detach.agent_alive(state) and (state.get("state") in detach.TERMINAL or lock.acquire()):
+                lock.release()  # the agent is gone (it held the lock for its whole life)
                 break
+            if time.monotonic() >= limit:  # not bad usage (2): the operation asked for did not finish
+                records = _records_problem(rd, state, True)
+                raise JobFailed("run %s did not stop within %g s%s" % (name, waited, "; " + records if records
+                                                                       else ""),
+                                hint="the %s and the agent still stops the run: `onbox status %s`; a stuck agent: "
+                                     "`onbox logs %s`, its agent.log" % (
+                                         "stop request stays in place" if written else "agent got the stop by signal",
+                                         name, name))
             time.sleep(0.1)
-        else:  # not bad usage (2): the operation asked for did not finish; the agent still acts on the request
-            raise JobFailed("run %s did not stop within %g s" % (name, waited),
-                            hint="the stop request stays in place and the agent still stops the run: `onbox "
-                                 "status %s`; a stuck agent: `onbox logs %s`, its agent.log" % (name, name))
     final = rd.read_state() or {}
+    if final.get("state") not in detach.TERMINAL:  # the agent ended without recording how the run ended
+        raise JobFailed("run %s: its agent has ended but the final state is not recorded (state.json still says %s)%s"
+                        % (name, final.get("state"), "; " + (_records_problem(rd, final, False) or "")),
+                        hint="`onbox status %s` and its agent.log tell more" % name)
     if as_json:
         echo_json(final)
     else:

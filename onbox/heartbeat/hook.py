@@ -17,9 +17,9 @@ import logging
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from onbox.fsutil import atomic_write_json, json_safe, read_json
+from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
@@ -184,8 +184,9 @@ class HeartbeatHook:
                 reason = "alert"
             elif mono >= self._next_beat:
                 reason = "interval"
-        if write_progress:
-            atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), progress_doc)
+        if write_progress and not self._written(PROGRESS_FILE, progress_doc):
+            with self._lock:
+                self._progress_dirty = True  # written at a later tick, once the disk takes it
         if reason is None:
             # condition alerts (stall, disks, ...) are evaluated at beats; a stall is checked every tick
             if self._quiet_seconds(mono) is not None and self._stall_suspected(state, mono):
@@ -207,7 +208,26 @@ class HeartbeatHook:
             sender.stop(timeout=max(0.1, min(1.0, deadline - self.clock.monotonic())))
         if self._ping_thread is not None:
             self._ping_thread.join(max(0.0, deadline - self.clock.monotonic()))
-        atomic_write_json(os.path.join(self.ctx.run_dir, PROGRESS_FILE), self.progress.to_dict())
+        self._written(PROGRESS_FILE, self.progress.to_dict())
+
+    # -- a run disk that refuses writes
+    def _fault(self, what: str) -> Optional[Callable[[OSError], None]]:
+        """The reporter for a disk fault on `what` (RunContext.write_failed), None outside a supervisor."""
+        report = self.ctx.write_failed
+        return None if report is None else lambda e: report(what, e)
+
+    def _written(self, name: str, doc: Any) -> bool:
+        """atomic_write_json of `name` in the run dir; False when the disk refused it (reported, not raised: the
+        beats still go out, they are the only news while the disk is full)."""
+        try:
+            atomic_write_json(os.path.join(self.ctx.run_dir, name), doc)
+            return True
+        except OSError as e:
+            report = self._fault(name)
+            if report is None or disk_fault(e) is None:
+                raise
+            report(e)
+            return False
 
     # -- internals
     def _sender_died(self, sink_name: str) -> Any:
@@ -316,7 +336,7 @@ class HeartbeatHook:
             "run": self.ctx.name,
             "box": self.box,
             "attempt": attempt if isinstance(attempt, int) else self.ctx.attempt(),
-            "seq": self.seq.next(),
+            "seq": self.seq.next(on_fault=self._fault("heartbeats/seq.json")),
             "time": wall,
             "reason": reason,
             "interval_s": self.interval,
@@ -342,12 +362,13 @@ class HeartbeatHook:
         doc = json_safe(doc)
         for sender in self.senders:
             shape = getattr(sender.sink, "spool_doc", None)  # a sink may keep less (and the points) in its spool
-            sender.spool.put(doc["seq"], shape(doc, points, points_dropped) if shape else doc)
+            sender.spool.put(doc["seq"], shape(doc, points, points_dropped) if shape else doc,
+                             on_fault=self._fault("heartbeats/spool-%s" % sender.sink.name))
             sender.notify()
         if self.points is not None:  # every record read so far is in a spooled beat now
             position = self.metrics_tail.position()
-            if position != self._position_saved:
-                atomic_write_json(self._position_path, position)
+            if position != self._position_saved and self._written(
+                    os.path.relpath(self._position_path, self.ctx.run_dir), position):
                 self._position_saved = position
         self._send_ping(reason, st, alerts)
         return doc

@@ -35,6 +35,7 @@ import subprocess
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from onbox.errors import UsageError
+from onbox.proc import ProcRef, Stopped
 
 DOCKER_TIMEOUT = 30.0  # seconds a docker CLI call may take beyond its own stop time
 CONTAINERS_DIR = "containers"
@@ -225,8 +226,10 @@ class ContainerSeam:
         return bool(ok)
 
     def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
-                     leader_start: Optional[int] = None) -> List[int]:
-        found: List[int] = self.inner.kill_session(sid, timeout, log=log, leader_start=leader_start)
+                     leader_start: Optional[int] = None, also: Optional[Callable[[], List[ProcRef]]] = None,
+                     on_step: Optional[Callable[[str, List[ProcRef], Stopped], None]] = None) -> Stopped:
+        found: Stopped = self.inner.kill_session(sid, timeout, log=log, leader_start=leader_start, also=also,
+                                                 on_step=on_step)
         self.stop_container(timeout)
         return found
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from onbox import fsutil
 from onbox.errors import UsageError
-from onbox.proc import Child, ProcessSeam, is_alive
+from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
 from onbox.supervisor.rundir import RunDir
 
 TERMINAL = ("done", "failed", "preempted", "stopped")
@@ -32,7 +32,12 @@ class RunLock:
 
     def acquire(self) -> bool:
         """Take the lock without waiting; False when another live agent holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, fsutil.PRIVATE_FILE)
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+            fd = os.open(self.path, os.O_RDONLY)  # a disk remounted read-only: flock(2) needs no write access
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -44,9 +49,17 @@ class RunLock:
         return True
 
     def write_owner(self, pid: int) -> None:
+        """The holder's pid in the file, for people and error messages (the flock is what counts). Written over
+        the old line, then cut to length: no new block is needed, so it works on a full disk; a disk fault is
+        ignored (the line only informs, and the agent must start to supervise a child it adopts)."""
         if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, ("%d\n" % pid).encode(), 0)
+            data = ("%d\n" % pid).encode()
+            try:
+                os.pwrite(self.fd, data, 0)
+                os.ftruncate(self.fd, len(data))
+            except OSError as e:
+                if fsutil.disk_fault(e) is None:
+                    raise
 
     def owner(self) -> Optional[int]:
         try:
@@ -66,6 +79,17 @@ def agent_alive(state: Optional[Dict[str, Any]]) -> bool:
     if not state or not state.get("agent_pid"):
         return False
     return is_alive(int(state["agent_pid"]), state.get("agent_start_time"))
+
+
+def lock_holder(rd: RunDir, proc: ProcessSeam) -> Optional[ProcRef]:
+    """The live agent holding the run's lock, from the lock file's owner line: for when state.json cannot name it
+    (an agent that adopted the child on a full disk could not record itself). Only a process that has the lock
+    file open counts, so a recycled pid in a stale owner line is never taken for the agent."""
+    pid = RunLock(rd.lock_path).owner()
+    if not pid or pid == os.getpid() or not proc.has_open(pid, rd.lock_path):
+        return None
+    start = proc.start_time_of(pid)
+    return ProcRef(pid, start) if start is not None else None
 
 
 def live_child(rd: RunDir, proc: ProcessSeam) -> Optional[Child]:

@@ -32,6 +32,10 @@ class RunContext:
     clock: "Clock"
     emit: Callable[..., None]  # emit(event_type: str, **fields): one line in events.jsonl (+ telemetry)
     attempt: Callable[[], int]  # the current attempt number (0 on the first)
+    # write_failed(what, error): a write into run_dir met a disk fault (fsutil.disk_fault: full, failing,
+    # read-only). A hook that reports it carries on; the supervisor says so once and retries its own records.
+    # None (a hook built outside a supervisor): the error is raised as before.
+    write_failed: Optional[Callable[[str, OSError], None]] = None
 
 
 class CheckpointHook(Protocol):

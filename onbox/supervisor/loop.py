@@ -12,23 +12,28 @@ import sys
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
+from onbox import fsutil
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, agent_only_vars, check_range, parse_signal
 from onbox.errors import UsageError
-from onbox.proc import Child, ExitStatus, ProcessSeam, boot_id, set_child_subreaper
+from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id, set_child_subreaper
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
 from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
 from onbox.supervisor.phases import Verdict, curriculum_for
-from onbox.supervisor.preempt import MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
+from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
+from onbox.supervisor.records import RunRecords
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
 DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
+UNWRITABLE_HINT = ("free space on that filesystem (`df -h %s`, `df -i %s`: bytes and inodes, U7); the agent writes "
+                   "the state and the events it holds as soon as the disk takes them")
 
 
 class Supervisor:
@@ -52,6 +57,9 @@ class Supervisor:
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
+        self.records = RunRecords(rundir, self.clock.time)  # a full or failing run disk: held in memory
+        self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
+        self._asked_stop: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (request_stop)
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
         self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
@@ -86,20 +94,23 @@ class Supervisor:
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
-            emit=self.emit, attempt=lambda: self.attempt_no))
+            emit=self.emit, attempt=lambda: self.attempt_no, write_failed=self._write_failed))
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
         self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
         self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
-                                  signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD})
+                                  signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
 
     @staticmethod
     def _stderr_log(message: str) -> None:
-        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
-        sys.stderr.flush()
+        try:
+            sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+            sys.stderr.flush()
+        except OSError:  # agent.log on a full disk: the line is lost (or comes out later), never the agent
+            pass
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
@@ -109,9 +120,11 @@ class Supervisor:
     def emit(self, event_type: str, **fields: Any) -> None:
         ev = {"time": self.clock.time(), "type": event_type, "run": self.rd.name, "attempt": self.attempt_no}
         ev.update(fields)
-        self.rd.append_event(ev)
+        started = self.records.append_event(ev)  # held in memory while the disk refuses it
         self._hook("telemetry.on_event", self.hooks.telemetry.on_event, ev)
         self.notes.on_event(ev)
+        if started:
+            self._say_unwritable()
 
     def state_doc(self) -> Dict[str, Any]:
         cur = self.attempts[-1] if self.attempts else {}
@@ -127,12 +140,68 @@ class Supervisor:
             "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
+            "degraded": self.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
             **self.notes.to_state(),
             **({"phase": self.phases.to_state()} if self.phases is not None else {}),
         }
 
     def save(self) -> None:
-        self.rd.write_state(self.state_doc())
+        if self.records.write_state(self.state_doc()):
+            self._say_unwritable()
+
+    # ---- a run disk that refuses writes (records.py) -------------------------------------------------------
+    def _write_failed(self, what: str, error: OSError) -> None:
+        """A write into the run dir met a disk fault (also a hook's, through RunContext.write_failed)."""
+        if self.records.failed(what, error):
+            self._say_unwritable()
+
+    def _keep(self, what: str, write: Callable[..., Any], *args: Any) -> None:
+        """A write the supervision must outlive: a disk fault is recorded, any other error raised."""
+        try:
+            write(*args)
+        except OSError as e:
+            if fsutil.disk_fault(e) is None:
+                raise
+            self._write_failed(what, e)
+
+    def _say_unwritable(self) -> None:
+        fault = self.records.snapshot() or {}
+        self._log("cannot write %s (%s: %s): supervising on, the state is kept in memory and written once the disk "
+                  "takes it" % (fault.get("path"), fault.get("errno"), fault.get("error")))
+        self.emit("run_dir_unwritable", **{k: fault.get(k) for k in ("errno", "error", "what", "path")},
+                  hint=UNWRITABLE_HINT % (self.rd.path, self.rd.path))
+
+    def _recover(self) -> None:
+        """During a fault (each tick): the held events, then the state; once written, say that the fault is over."""
+        ended = self.records.recover(self.state_doc())
+        if ended is None:
+            return
+        took = max(0.0, self.clock.time() - float(ended["since"]))
+        self._log("the run directory takes writes again after %.1f s: the held state and events are written" % took)
+        self.emit("run_dir_writable", after_s=round(took, 3), errno=ended["errno"],
+                  dropped_events=ended["dropped_events"])
+        self.save()  # once more, without the warning
+
+    def _record_final_state(self) -> None:
+        """The run has ended but its final state is not on disk: the agent stays (holding the run's lock) and tries
+        again until final_sync_timeout passes or a TERM/INT asks it to go, so that freeing space in time records
+        how the run ended."""
+        if not self.records.degraded:
+            return
+        deadline = self.clock.monotonic() + self.cfg.final_sync_timeout
+        self._log("the run is %s but the run directory refuses writes: trying again for up to %.0f s"
+                  % (self.state.value, self.cfg.final_sync_timeout))
+        while True:
+            self._recover()
+            now = self.clock.monotonic()
+            if not self.records.degraded or now >= deadline or \
+                    {signal.SIGTERM, signal.SIGINT} & set(self.inbox.take()):
+                break
+            self.notices.drain()  # nothing acts on a late notice now; it must not keep the wait from blocking
+            self.waiter(min(deadline - now, max(0.1, min(1.0, self.cfg.tick_interval))))
+        if self.records.degraded:
+            self._log("gave up: the final state (%s) of run %s is not recorded, the run directory still refuses "
+                      "writes" % (self.state.value, self.rd.name))
 
     def transition(self, new: RunState, **fields: Any) -> None:
         check_transition(self.state, new)
@@ -149,7 +218,14 @@ class Supervisor:
         try:
             return fn(*args)
         except Exception as e:
-            self._log("hook %s failed: %r\n%s" % (what, e, traceback.format_exc()))
+            if fsutil.disk_fault(e):  # a full or failing disk, not a bug: no traceback
+                assert isinstance(e, OSError)
+                if not e.filename or os.path.abspath(str(e.filename)).startswith(self.rd.path + os.sep):
+                    self._write_failed("hook %s" % what, e)
+                    return None
+                self._log("hook %s: %s" % (what, e))
+            else:
+                self._log("hook %s failed: %r\n%s" % (what, e, traceback.format_exc()))
             if what != "telemetry.on_event":
                 self.emit("hook_error", hook=what, error=repr(e))
             return None
@@ -167,15 +243,12 @@ class Supervisor:
         rewrite it through save())."""
         status_due, state_due = self.notes.take()
         mark = self.rd.side_fingerprint()
-        try:
-            if state_due:
-                self.save()
-            elif status_due or mark != self._summary_mark:
-                self.rd.write_status(self.state_doc())
-        except OSError as e:  # a full run disk must not end the supervision; the next tick tries again
-            self._log("cannot rewrite the run's summary: %s" % e)
-            return
-        self._summary_mark = mark
+        if state_due:
+            self.save()
+        elif (status_due or mark != self._summary_mark) and self.records.write_status(self.state_doc()):
+            self._say_unwritable()
+        if not self.records.degraded:  # else due again after the fault
+            self._summary_mark = mark
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
@@ -194,6 +267,10 @@ class Supervisor:
                 self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
             else:
                 self.child = adopt
+                if self.cfg.reap_orphans:
+                    self.tree = AttemptProcesses(self.proc, ProcRef(adopt.pid, adopt.start_time)
+                                                 if adopt.start_time is not None else None,
+                                                 self.attempts[-1].get("marker") if self.attempts else None)
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
                 self.save()
@@ -264,11 +341,14 @@ class Supervisor:
                 lead = self.sigterm_lead if s == signal.SIGTERM else None
                 self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(lead),
                                               now_w))
+            elif s == STOP_SIGNAL:  # `onbox stop` when it could not write stop.request (a full disk)
+                self._log("stop asked by signal")
+                self.request_stop()
             elif s != signal.SIGCHLD:
                 self._log("ignoring %s" % signal.Signals(s).name)
         for lead, src, detail in self.notices.drain():
             self._notice(PreemptionNotice(src, now_m + self._grace(lead), now_w, detail))
-        if self.notice is None and os.path.exists(self.rd.stop_request):
+        if self.notice is None and (self._asked_stop is not None or os.path.exists(self.rd.stop_request)):
             self._stop_request(now_m, now_w)
         self._read_output()
         if self.child is not None and self.exit_status is None:
@@ -297,13 +377,17 @@ class Supervisor:
         self._hook("nodes.on_notice", self.hooks.nodes.on_notice, notice.source, notice.detail,
                    max(0.0, notice.deadline - self.clock.monotonic()))
 
-    def _stop_request(self, now_m: float, now_w: float) -> None:
-        from onbox import fsutil
+    def request_stop(self, grace: Optional[float] = None) -> None:
+        """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
+        self._asked_stop = {"grace": grace}
 
-        try:
-            req = fsutil.read_json(self.rd.stop_request)
-        except (OSError, ValueError):
-            req = {}
+    def _stop_request(self, now_m: float, now_w: float) -> None:
+        req: Any = self._asked_stop or {}
+        if os.path.exists(self.rd.stop_request):
+            try:
+                req = fsutil.read_json(self.rd.stop_request)
+            except (OSError, ValueError):
+                req = {}
         grace = req.get("grace") if isinstance(req, dict) else None
         try:
             check_range("grace", grace)  # `onbox stop` checks it; a hand-written request may not be sane
@@ -324,17 +408,24 @@ class Supervisor:
             self.phases.on_output(line)
 
     def _tick(self) -> None:
+        if self.tree is not None and self.child is not None and self.exit_status is None:
+            self.tree.poll()  # remember what the attempt forks while its parents still live (leftovers.py)
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
+        if self.records.degraded:
+            self._recover()
+        self._keep("output.log (rotation)", self._rotate_log)
+        self._refresh_summary()
+
+    def _rotate_log(self) -> None:
         if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
             self.emit("log_rotated")
-        self._refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
         earlier = [a["sid"] for a in self.attempts if a.get("sid")]
         if self.attempts and self.cfg.reap_orphans:
-            self._clear_session(self.attempts[-1], self.cfg.term_timeout)
+            self._stop_leftovers(self.attempts[-1])
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
@@ -349,17 +440,18 @@ class Supervisor:
         env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
                         self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores(),
                         agent_only=agent_only_vars(self.cfg))
+        marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
-                os.unlink(stale)
+                self._keep("PREEMPTED", os.unlink, stale)
         self.oom_before = self.oom_reader()
-        self.rd.log_line("attempt %d: %s%s" % (n, " ".join(argv),
-                                               " (resuming from %s)" % self.resume_from if self.resume_from else ""))
+        self._keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
+            n, " ".join(argv), " (resuming from %s)" % self.resume_from if self.resume_from else ""))
         self.tailer.read_new()
         self.tailer.reset_tail()
         record: Dict[str, Any] = {"n": n, "pid": None, "sid": None, "pgid": None, "start_time": None,
                                   "started_at": self.clock.time(), "ended_at": None, "exit": None,
-                                  "argv": argv, "resume_from": self.resume_from}
+                                  "argv": argv, "resume_from": self.resume_from, "marker": marker}
         self.attempts.append(record)
         self.exit_status = None
         try:
@@ -381,6 +473,9 @@ class Supervisor:
             return
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
                       start_time=self.child.start_time, boot_id=boot_id())
+        if self.cfg.reap_orphans:
+            self.tree = AttemptProcesses(self.proc, ProcRef(self.child.pid, self.child.start_time)
+                                         if self.child.start_time is not None else None, marker)
         self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
 
     def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
@@ -390,26 +485,21 @@ class Supervisor:
         rec = self.attempts[-1]
         rec.update(ended_at=self.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
-        self.rd.log_line("attempt %d ended: %s" % (rec["n"], result.message))
+        self._keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
         self.emit("exit", **result.to_dict())
         if self.cfg.reap_orphans:
-            self._clear_session(rec, self.cfg.term_timeout)
+            self._stop_leftovers(rec)
         self.child = None
         self.exit_status = None
         return result
 
-    def _clear_session(self, attempt: Dict[str, Any], timeout: float) -> None:
-        """Kill what is left in an attempt's session. Its id is a pid, recycled once the session emptied: after
-        a reboot (another boot id) nothing of the attempt survives, and a relaunch days later must not TERM
-        whoever leads session <sid> now (the leader's start time tells, see ProcessSeam.kill_session)."""
-        sid = attempt.get("sid")
-        if not sid:
-            return
-        if attempt.get("boot_id") not in (None, boot_id()):
-            return
-        found = self.proc.kill_session(sid, timeout, log=self._log, leader_start=attempt.get("start_time"))
-        if found:
-            self.emit("orphans_killed", sid=sid, pids=found)
+    def _stop_leftovers(self, attempt: Dict[str, Any]) -> None:
+        """Stop what an attempt left running: its session, and what left the session (its tracked tree and the
+        processes carrying its marker: leftovers.py). The current attempt's tracking is in memory; an earlier
+        agent's attempt is known by its record."""
+        tracked = self.tree if self.tree is not None else AttemptProcesses.of_attempt(self.proc, attempt)
+        self.tree = None
+        stop_attempt(self.proc, attempt, tracked, self.cfg.term_timeout, self._log, self.emit)
 
     def _after_exit(self) -> None:
         result = self._finish_attempt()
@@ -481,7 +571,7 @@ class Supervisor:
 
     def _begin_stopping(self) -> None:
         assert self.notice is not None
-        open(self.rd.preempt_file, "a").close()  # ONBOX_PREEMPT_FILE, for trainers that poll
+        self._keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
         self.stopping_since = self.clock.monotonic()
         if self.child is not None and self.exit_status is None:
             self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
@@ -533,7 +623,7 @@ class Supervisor:
     def _end_stopping(self) -> None:
         if self.stopping_by_request:
             try:
-                os.unlink(self.rd.stop_request)
+                self._keep("stop.request", os.unlink, self.rd.stop_request)
             except FileNotFoundError:
                 pass
             self.message = "stopped on request"
@@ -559,3 +649,4 @@ class Supervisor:
             self.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())
+            self._record_final_state()

@@ -1,6 +1,6 @@
 """What the supervisor learns from events and must show: a background thread that died, a run whose output no
-metric parser recognises, a heartbeat sink that is down (until it answers again), the Slurm requeue outcome, and
-when training_status.md is due again.
+metric parser recognises, a heartbeat sink that is down (until it answers again), a run directory that refuses
+writes (until it takes them again), the Slurm requeue outcome, and when training_status.md is due again.
 
 Events reach `RunNotes.on_event` from any thread (the metadata poller, the heartbeat senders and the checkpoint
 commit thread all emit through the supervisor), so the notes are kept under a lock and the loop takes them at its
@@ -47,6 +47,16 @@ class RunNotes:
                     "hint": ev.get("hint")}
                 self._state_due = True
             elif kind == "heartbeat_sink_up" and self._warnings.pop("sink_down:%s" % ev.get("sink"), None):
+                self._state_due = True
+            elif kind == "run_dir_unwritable":  # onbox/supervisor/records.py
+                self._warnings["run_dir_unwritable"] = {
+                    "code": "run_dir_unwritable", "severity": "critical", "at": ev.get("time"),
+                    "message": "the run directory refuses writes (%s: %s, writing %s): the agent supervises on and "
+                               "holds the newest state in memory; state.json and events.jsonl are stale"
+                               % (ev.get("errno"), ev.get("error"), ev.get("what")),
+                    "hint": ev.get("hint")}
+                self._state_due = True
+            elif kind == "run_dir_writable" and self._warnings.pop("run_dir_unwritable", None) is not None:
                 self._state_due = True
             elif kind == "metrics_unrecognised":
                 self._warnings["no_metrics"] = {"code": "no_metrics", "severity": "warning", "at": ev.get("time"),

@@ -30,6 +30,12 @@ AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2019-01-01"
 
 DEFAULT_NOTICE_LEAD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # seconds from notice to kill, per the providers' docs
 
+# `onbox stop` asks the agent with this signal when it cannot write stop.request (a full or read-only disk). A
+# real-time signal nothing else sends an agent, and none a run can name as its preemption signal (those are
+# signal.Signals members: SIGRTMIN+2 is not). Its default action ends a process: `onbox stop` sends it only to an
+# agent whose /proc status says it catches it.
+STOP_SIGNAL = signal.SIGRTMIN + 2
+
 
 @dataclasses.dataclass
 class PreemptionNotice:

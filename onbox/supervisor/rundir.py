@@ -7,8 +7,11 @@
                       Types: state {old, new, reason}, exit {code, signal, signal_name, classification, message,
                       hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
                       pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
-                      orphans_killed {sid, pids}, adopted {pid, start_time}, log_rotated, hook_error {hook,
-                      error}, thread_died {thread, what, error, hint}, stop_grace_ignored {grace, reason};
+                      attempt_leftovers_signal {signal, pids, commands}, attempt_leftovers_stopped {sid, pids,
+                      commands, killed, survived}, adopted {pid, start_time}, log_rotated, hook_error {hook,
+                      error}, thread_died {thread, what, error, hint}, stop_grace_ignored {grace, reason},
+                      run_dir_unwritable {errno, error, what, path, hint}, run_dir_writable {after_s, errno,
+                      dropped_events} (records.py: while the disk refuses writes, events wait in memory);
                       plus whatever the hooks emit through RunContext.emit (metrics_unrecognised {lines, minutes,
                       message, hint} and metrics_recognised from the heartbeat, requeue_skipped {job_id, reason})
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
@@ -16,7 +19,8 @@
   lock                flock(2) held by the live agent (detach.py)
   PREEMPTED           exists once a preemption is under way (ONBOX_PREEMPT_FILE)
   metrics.jsonl       the trainer may append {"step":..,"loss":..} lines (ONBOX_METRICS_FILE)
-  stop.request        written by `onbox stop`; the agent acts on it at its next tick
+  stop.request        written by `onbox stop`; the agent acts on it at its next tick (a disk that refuses it:
+                      `onbox stop` sends preempt.STOP_SIGNAL instead)
 """
 from __future__ import annotations
 

@@ -95,3 +95,35 @@ def kill_test_processes(home: Any, settle: float = 0.5) -> None:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
+
+
+class Started:
+    """Processes a test started, each remembered by pid AND start time when first seen: teardown signals exactly
+    those (never a pid that another process got since, never a session or group)."""
+
+    def __init__(self) -> None:
+        self.refs: List[Any] = []
+
+    def add(self, pid: Optional[int], start: Optional[int] = None) -> None:
+        from onbox.proc import start_time
+
+        start = start if start is not None else (start_time(pid) if pid else None)
+        if pid and start is not None and (pid, start) not in self.refs:
+            self.refs.append((pid, start))
+
+    def add_home(self, home: Any) -> None:
+        """Every live process whose environment carries ONBOX_HOME=<home> (the agents and children of this test)."""
+        for pid in pids_with_home(home):
+            self.add(pid)
+
+    def kill(self) -> None:
+        import signal
+
+        from onbox.proc import is_alive
+
+        for pid, start in self.refs:
+            if is_alive(pid, start):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

@@ -134,7 +134,7 @@ def test_orphan_ignoring_sigterm_is_gone_before_the_next_attempt(onbox_home, tmp
               env_extra={"ONBOX_TERM_TIMEOUT": "0.3"})
     assert r.returncode == 0, r.stderr
     assert verdict.read_text() == "gone"
-    kills = [e for e in events(onbox_home, "orph") if e["type"] == "orphans_killed"]
+    kills = [e for e in events(onbox_home, "orph") if e["type"] == "attempt_leftovers_stopped"]
     assert kills and int(pidfile.read_text()) in kills[0]["pids"]
     assert not pid_alive(int(pidfile.read_text()))
 

@@ -15,7 +15,7 @@ from onbox.config import RANGES, RunConfig, resolve
 from onbox.errors import UsageError
 from onbox.heartbeat.sinks import Backoff, Sender
 from onbox.heartbeat.spool import Spool
-from onbox.proc import Child, ExitStatus
+from onbox.proc import Child, ExitStatus, Stopped
 from onbox.slurm.script import time_limit_seconds
 from onbox.supervisor.hooks import Hooks, NoCheckpoints, NoReaper, NoTelemetry
 from onbox.supervisor.loop import RunState, Supervisor
@@ -152,8 +152,17 @@ class OneChild:
         self.sigs.append(sig)
         return True
 
-    def kill_session(self, sid, timeout, log=None, leader_start=None):
+    def kill_session(self, sid, timeout, log=None, leader_start=None, also=None, on_step=None):
+        return Stopped()
+
+    def descendants(self, root):
         return []
+
+    def marked(self, name, value):
+        return []
+
+    def start_time_of(self, pid):
+        return None
 
     def reap_zombies(self, keep=()):
         return []

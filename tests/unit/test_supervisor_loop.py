@@ -9,7 +9,7 @@ from typing import Callable, List, Optional, Tuple
 
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
-from onbox.proc import Child, ExitStatus
+from onbox.proc import Child, ExitStatus, ProcInfo, ProcRef, Stopped
 from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
 from onbox.supervisor.loop import RunState, Supervisor
 from onbox.supervisor.rundir import RunDir
@@ -55,8 +55,17 @@ class FakeProcs:
             self._current[3].append(int(sig))
         return True
 
-    def kill_session(self, sid, timeout, log=None, leader_start=None) -> List[int]:
+    def kill_session(self, sid, timeout, log=None, leader_start=None, also=None, on_step=None) -> Stopped:
+        return Stopped()
+
+    def descendants(self, root: ProcRef) -> List[ProcInfo]:
         return []
+
+    def marked(self, name: str, value: str) -> List[ProcInfo]:
+        return []
+
+    def start_time_of(self, pid: int) -> Optional[int]:
+        return None
 
     def reap_zombies(self, keep=()) -> List[int]:
         return []

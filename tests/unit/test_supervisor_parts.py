@@ -171,7 +171,7 @@ def test_kill_session_finds_a_reparented_orphan_and_escalates_to_kill(tmp_path):
     orphan = int(pidfile.read_text())
     assert os.getsid(orphan) == leader.pid
     found = seam.kill_session(leader.pid, timeout=0.2)
-    assert found == [orphan]
+    assert found.pids == [orphan] and [r.pid for r in found.killed] == [orphan]
     assert seam.session_members(leader.pid) == [] and not is_alive(orphan)
 
 
