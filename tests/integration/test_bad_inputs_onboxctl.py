@@ -255,6 +255,13 @@ ROWS = [
     R("unknown-option", "status --bogus", 2, "No such option: --bogus"),
 ]
 
+ROWS += [  # issue 19: remaining readers
+    R("read-fanout-fifo", "run --fanout TMP/fan", 2, "FIFO", files={"fan": fifo, **BOXES}),
+    R("read-fanout-dev-zero", "run --fanout /dev/zero", 2, "character device", files=BOXES),
+    R("read-fanout-too-large", "run --fanout TMP/fan", 2, "too large", files={"fan": "#\n" * (3 << 20), **BOXES}),
+    R("read-fanout-latin1", "run --fanout TMP/fan", 2, "can't decode byte 0xe9", files={"fan": b"b\xe9\n", **BOXES}),
+]
+
 
 def snapshot(root):
     out = {}

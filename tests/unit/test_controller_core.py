@@ -134,6 +134,33 @@ def test_run_names_and_fanout(tmp_path):
     with pytest.raises(UsageError, match="fan"):
         read_fanout(str(f))
     assert parse_json_tail('warning: x\n{"name": "r", "pid": 5}\n') == {"name": "r", "pid": 5}
+    assert parse_json_tail("[" * 100_000 + "]" * 100_000) == {}  # a hostile box's answer: no document, no traceback
+
+
+@pytest.mark.timeout(30)  # before issue 19 the FIFO hung the read forever
+def test_a_fanout_file_is_read_bounded_and_only_when_regular(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_text("# x\n" * (2 << 20))  # 8 MiB of comments, past the 4 MiB bound
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes(b"gpu\xe9\n")
+    for path, says in ((fifo, "it is a FIFO (named pipe), not a regular file"), ("/dev/zero", "character device"),
+                       (big, "too large"), (latin1, "can't decode byte 0xe9")):
+        with pytest.raises(UsageError, match="cannot read fan-out file") as e:
+            read_fanout(str(path))
+        assert says in e.value.message and str(path) in e.value.message
+
+
+def test_a_push_record_nested_100000_deep_is_no_record_not_a_traceback():
+    from controller.launch import remote_env
+    from controller.ssh import Result
+
+    class BoxAnswers:
+        def run(self, target, argv=None, **kw):
+            return Result([], 0, b"/root\n" + b"[" * 100_000 + b"]" * 100_000, b"")
+
+    assert remote_env(BoxAnswers(), Box(name="b", host="h")) == ("/root", {})  # type: ignore[arg-type]
 
 
 def test_run_cli_splits_the_command_at_double_dash(tmp_path, monkeypatch):
