@@ -227,6 +227,28 @@ def test_meter_stop_from_the_shipped_profiles():
     assert meter_stop("no-such-profile").verb.startswith("unknown")
 
 
+def test_a_refused_user_profile_is_said_never_replaced_by_the_built_in_one(tmp_path, monkeypatch):
+    from controller.profiles import meter_stop
+
+    monkeypatch.setenv("ONBOX_HOME", str(tmp_path))
+    mine = tmp_path / "profiles" / "runpod.toml"
+    mine.parent.mkdir()
+    mine.write_text('[billing]\nmeter_stop = "stop"\n')
+    assert meter_stop("runpod").verb == "stop"  # the user's override is what the gate shows
+    for make, says in ((lambda: mine.write_text("[billing\n"), "is not valid TOML"),
+                       (lambda: os.mkfifo(mine), "FIFO"), (lambda: os.symlink("/dev/zero", mine), "character device"),
+                       (lambda: mine.write_text("# x\n" * (2 << 20)), "too large")):
+        if os.path.lexists(mine):
+            mine.unlink()
+        make()
+        with pytest.raises(UsageError) as e:
+            meter_stop("runpod")
+        assert str(mine) in e.value.message and says in e.value.message
+    mine.unlink()
+    assert meter_stop("runpod").verb == "terminate"  # no user file of that name: the built-in one
+    assert meter_stop("no-such-profile").verb.startswith("unknown")
+
+
 def test_rsync_progress_lines_parse():
     from controller.pull import PROGRESS_RE
 
