@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import shlex
 import time
@@ -17,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from controller.boxes import Box
 from controller.push import REMOTE_PUSHED, REMOTE_PYZ
 from controller.ssh import Ssh
+from onbox import untrusted
 from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.paths import valid_run_name
 
@@ -63,7 +63,7 @@ def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:
     if rest.startswith("NO-PYZ"):
         raise UsageError("onbox.pyz is not on box %s yet" % box.name, hint="push it first: onboxctl push %s" % box.name)
     try:
-        pushed = json.loads(rest) if rest.strip() else {}
+        pushed = untrusted.loads_json(rest, "the push record") if rest.strip() else {}
     except ValueError:
         pushed = {}
     return home.strip(), pushed if isinstance(pushed, dict) else {}
@@ -80,8 +80,8 @@ def parse_json_any(text: str) -> Any:
     for start in [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]:
         chunk = text[start:]
         if chunk.startswith(("{", "[")):
-            try:
-                return json.loads(chunk)
+            try:  # a box's answer is untrusted: nested 100,000 deep it is no document, never a RecursionError
+                return untrusted.loads_json(chunk, "the box's answer")
             except ValueError:
                 continue
     return None
@@ -166,11 +166,10 @@ def launch_many(ssh: Ssh, jobs: Sequence[Tuple[Box, Sequence[str], str]], onbox_
 def read_fanout(path: str) -> List[Tuple[str, List[str]]]:
     """A fan-out file: one box a line, optionally with its own command: `BOX` or `BOX -- CMD ARGS...`."""
     out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError("cannot read fan-out file %s: %s" % (path, e.strerror or e))
+    try:  # bounded, regular files only: a FIFO must not hang onboxctl, /dev/zero must not grow it
+        lines = untrusted.read_text(path, untrusted.CONFIG_MAX_BYTES, "fan-out file").splitlines()
+    except (OSError, ValueError) as e:  # ValueError: refused (UntrustedInput) or not UTF-8
+        raise UsageError("cannot read fan-out file %s: %s" % (path, untrusted.reason(e)))
     for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):

@@ -34,23 +34,17 @@ def known_profiles() -> List[str]:
 
 
 def load_profile(name: str) -> Optional[Dict[str, Any]]:
-    try:  # the foundation's loader, when present, applies the user's overrides and the schema
-        from onbox.platform import profiles as onbox_profiles  # type: ignore[attr-defined]
+    """The profile NAME as onbox reads it (the user's $ONBOX_HOME/profiles/NAME.toml merged over the built-in one),
+    else NAME.toml in ONBOX_PROFILES_DIR or the checkout; None when there is no profile of that name anywhere.
 
-        for fn in ("load_profile", "load", "get_profile", "get"):
-            f = getattr(onbox_profiles, fn, None)
-            if callable(f):
-                prof = f(name)
-                if hasattr(prof, "to_dict"):
-                    prof = prof.to_dict()
-                elif dataclasses.is_dataclass(prof) and not isinstance(prof, type):
-                    prof = dataclasses.asdict(prof)
-                if isinstance(prof, dict):
-                    return prof
-    except Exception:
-        pass
+    A profile file that is there but refused (a FIFO, /dev/zero, too large, not TOML, not the schema) is onbox's
+    UsageError naming it: falling back to the built-in profile would show a meter-stop verb the user overrode."""
+    from onbox.platform import profiles as onbox_profiles
     from onbox.tomlread import load_toml
 
+    family = name.partition("/")[0] + ".toml"
+    if any(os.path.exists(os.path.join(d, family)) for d in (onbox_profiles.builtin_dir(), onbox_profiles.user_dir())):
+        return onbox_profiles.load(name).to_dict()
     for d in _dirs():
         p = os.path.join(d, name + ".toml")
         if os.path.exists(p):

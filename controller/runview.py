@@ -8,7 +8,7 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
-import json
+import http.client
 import math
 import os
 import time
@@ -16,9 +16,11 @@ import urllib.error
 import urllib.request
 from typing import Any, Dict, Iterable, List, Optional
 
+from onbox import untrusted
 from onbox.errors import UnfitError, UsageError
 
 LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
+RUNS_MAX_BYTES = 64 * 1024 * 1024  # the tracker's run list: thousands of runs with their latest beat each
 
 
 @dataclasses.dataclass
@@ -142,21 +144,31 @@ def rows_from_tracker(doc: Any, now: Optional[float] = None) -> List[RunRow]:
     return sorted(rows, key=lambda r: (r.box, r.run))
 
 
-def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0) -> Any:
+def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0, limit: int = RUNS_MAX_BYTES) -> Any:
+    """`GET /api/v1/runs`, at most `limit` bytes of it, parsed with the nesting bound: whatever answers at that URL
+    (a proxy, a broken or hostile tracker) gets a clear error, never onboxctl's memory or a RecursionError."""
     req = urllib.request.Request(url.rstrip("/") + "/api/v1/runs", headers={"Accept": "application/json"})
     if token:
         req.add_header("Authorization", "Bearer " + token)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode("utf-8"))
+            body = r.read(limit + 1)
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
                              hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")
         raise UnfitError("tracker %s answered HTTP %d" % (url, e.code))
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:  # not HTTP, cut short
         raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)),
                          hint="is `onboxctl tracker serve` running? Without --tracker, status asks each box over ssh")
+    if len(body) > limit:
+        raise UnfitError("the tracker at %s answered more than %s for its run list: refusing it" % (
+            url, untrusted.human(limit)), hint="is %s an onbox tracker? `onboxctl tracker serve` answers it" % url)
+    try:
+        return untrusted.loads_json(body, "its run list")
+    except ValueError as e:  # not JSON, not UTF-8, or nested past the bound (UntrustedInput)
+        raise UnfitError("the tracker at %s answered something unreadable: %s" % (url, untrusted.reason(e)),
+                         hint="is %s an onbox tracker? `onboxctl tracker serve` answers it" % url)
 
 
 def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> List[RunRow]:

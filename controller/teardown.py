@@ -86,6 +86,7 @@ def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Seq
 
 def gate(ssh: Ssh, box: Box, record: Optional[PullsRecord] = None, abandoned: Sequence[str] = ()) -> GateReport:
     record = record or PullsRecord()
+    meter = meter_stop(box.profile)  # a refused local profile file is said before any connection
     docs = remote_runs(ssh, box)
     verdicts = [judge_run(box.name, d, record, abandoned) for d in docs]
     warnings = ["run %s is still %s: tearing the box down kills it" % (v.run, v.state)
@@ -93,7 +94,7 @@ def gate(ssh: Ssh, box: Box, record: Optional[PullsRecord] = None, abandoned: Se
     unknown = sorted(set(abandoned) - {v.run for v in verdicts})
     if unknown:
         warnings.append("--abandon named runs not on the box: %s" % ", ".join(unknown))
-    return GateReport(box=box.name, runs=verdicts, meter=meter_stop(box.profile), allowed=not any(v.blocking for v in verdicts),
+    return GateReport(box=box.name, runs=verdicts, meter=meter, allowed=not any(v.blocking for v in verdicts),
                       warnings=warnings)
 
 

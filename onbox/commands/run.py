@@ -408,19 +408,19 @@ def check_run_options(args: List[str]) -> None:
 
 def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:
     """The saved config.json of run --name when no command and no run file were given, else None."""
-    from onbox import paths
+    from onbox import paths, untrusted
     from onbox.fsutil import read_json
 
     name = cli.get("name")
     if "command" in cli or run_file or not name or not paths.valid_run_name(name):
         return None
     path = os.path.join(paths.run_dir(name), "config.json")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):  # not isfile: a record that is a FIFO or /dev/zero is refused, not "no record"
         return None
     try:
         saved = read_json(path)
     except (OSError, ValueError) as e:
-        raise UsageError("cannot read the re-launch record %s: %s" % (path, e))
+        raise UsageError("cannot read the re-launch record %s: %s" % (path, untrusted.reason(e)))
     if not isinstance(saved, dict):
         raise UsageError("the re-launch record %s is not a JSON object" % path)
     return saved

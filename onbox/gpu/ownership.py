@@ -18,7 +18,7 @@ import glob
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, untrusted
 from onbox.gpu.holders import Holder, ScanResult
 from onbox.untrusted import CONFIG_MAX_BYTES
 
@@ -106,10 +106,9 @@ def container_ids(run_dir: str) -> Dict[int, str]:
     out: Dict[int, str] = {}
     for path in glob.glob(os.path.join(run_dir, "containers", "*.cid")):
         stem = os.path.basename(path)[:-len(".cid")]
-        try:
-            with open(path) as f:
-                cid = f.read().strip()
-        except OSError:
+        try:  # bounded, regular files only: a FIFO named *.cid must not hang the holder scan
+            cid = untrusted.read_text(path, 4096, "cidfile").strip()
+        except (OSError, ValueError):
             continue
         if stem.isdigit() and len(cid) == 64 and all(c in "0123456789abcdef" for c in cid):
             out[int(stem)] = cid

@@ -16,7 +16,8 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox.fsutil import atomic_write, atomic_write_json, disk_fault
+from onbox import untrusted
+from onbox.fsutil import atomic_write, atomic_write_json, disk_fault, read_json
 
 SUFFIX = ".json"
 HELD_MAX = 1000  # beats kept in memory while the disk refuses them
@@ -37,8 +38,7 @@ class Spool:
 
     def _read_state(self) -> Dict[str, Any]:
         try:
-            with open(self._state_path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json(self._state_path, untrusted.CONFIG_MAX_BYTES)  # a FIFO or /dev/zero reads as none
             return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             return {}
@@ -101,11 +101,10 @@ class Spool:
                 out.append((seq, held))
                 continue
             try:
-                with open(self._path(seq), encoding="utf-8") as f:
-                    out.append((seq, json.load(f)))
+                out.append((seq, read_json(self._path(seq))))
             except FileNotFoundError:
                 continue
-            except ValueError:  # a torn file cannot exist with atomic writes; if it does, it cannot be sent
+            except ValueError:  # torn (atomic writes prevent it), not a regular file, too deep: unsendable
                 self.ack([seq])
         return out
 
@@ -141,8 +140,7 @@ class SeqCounter:
         self.path = path
         self._lock = threading.Lock()
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json(path, untrusted.CONFIG_MAX_BYTES)
             self._next = int(data["next_seq"])
             self.first = int(data.get("first_seq", 0))
         except (OSError, ValueError, KeyError, AttributeError, TypeError):

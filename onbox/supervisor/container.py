@@ -34,11 +34,13 @@ import signal
 import subprocess
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from onbox import untrusted
 from onbox.errors import UsageError
 from onbox.proc import ProcRef, Stopped
 
 DOCKER_TIMEOUT = 30.0  # seconds a docker CLI call may take beyond its own stop time
 CONTAINERS_DIR = "containers"
+CIDFILE_MAX_BYTES = 4096  # docker writes one 64-hex-digit id
 # `docker run` options that take no value: everything else takes one (or carries it after '=')
 BOOL_LONG = {"--rm", "--init", "--detach", "--interactive", "--tty", "--privileged", "--publish-all", "--read-only",
              "--sig-proxy", "--no-healthcheck", "--oom-kill-disable", "--quiet", "--disable-content-trust"}
@@ -197,10 +199,9 @@ class ContainerSeam:
         files = sorted(glob.glob(os.path.join(self.run_dir, CONTAINERS_DIR, "*.cid")),
                        key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
         for path in reversed(files):
-            try:
-                with open(path) as f:
-                    cid = f.read().strip()
-            except OSError:
+            try:  # bounded, regular files only: a FIFO in the run dir must not hang the agent's stop path
+                cid = untrusted.read_text(path, CIDFILE_MAX_BYTES, "cidfile").strip()
+            except (OSError, ValueError):
                 continue
             if re.match(r"^[0-9a-f]{12,64}$", cid):
                 return cid

@@ -15,7 +15,7 @@ import select
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, untrusted
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
 from onbox.supervisor.rundir import RunDir
@@ -62,9 +62,8 @@ class RunLock:
                     raise
 
     def owner(self) -> Optional[int]:
-        try:
-            with open(self.path) as f:
-                return int(f.read().strip() or 0) or None
+        try:  # bounded, regular files only: the lock file holds one pid
+            return int(untrusted.read_text(self.path, 4096, "lock file").strip() or 0) or None
         except (OSError, ValueError):
             return None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
-import json
 import os
 import select
 import signal
@@ -18,6 +17,8 @@ import threading
 import time
 from email.utils import parsedate_tz
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from onbox import untrusted
 
 AWS_BASE = "http://169.254.169.254"
 GCP_BASE = "http://metadata.google.internal"
@@ -29,6 +30,12 @@ GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2019-01-01"
 
 DEFAULT_NOTICE_LEAD = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # seconds from notice to kill, per the providers' docs
+ANSWER_MAX_BYTES = 64 * 1024  # a notice document is a few hundred bytes; more is not a notice we can read
+
+
+class MalformedAnswer(ValueError):
+    """The metadata service answered, but with a document that says nothing readable (not JSON, nested too deep,
+    not the documented shape): no notice in it, and no reason to stop asking."""
 
 # `onbox stop` asks the agent with this signal when it cannot write stop.request (a full or read-only disk). A
 # real-time signal nothing else sends an agent, and none a run can name as its preemption signal (those are
@@ -65,7 +72,7 @@ def http(method: str, url: str, headers: Dict[str, str], timeout: float) -> Tupl
     req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
     try:
         with _opener().open(req, timeout=timeout) as resp:
-            return resp.status, resp.read(64 * 1024)
+            return resp.status, resp.read(ANSWER_MAX_BYTES)
     except urllib.error.HTTPError as e:
         return e.code, b""
     except (OSError, ValueError):
@@ -108,12 +115,15 @@ class MetadataClient:
             self._token = token if status != 401 else None  # reuse the token until it expires (401)
             if status != 200:  # 404: no action scheduled
                 return None
+            # 200 is the notice itself (the item exists only once an action is scheduled): a document we cannot
+            # read (garbage, nested 100,000 deep) still means "going away", at the documented lead
             try:
-                doc = json.loads(body.decode("utf-8"))
+                doc = untrusted.loads_json(body, "aws spot instance-action")
                 when = calendar.timegm(time.strptime(doc["time"], "%Y-%m-%dT%H:%M:%SZ"))
                 return max(0.0, when - now_wall), "aws spot %s at %s" % (doc.get("action"), doc["time"])
-            except (ValueError, KeyError, TypeError):
-                return DEFAULT_NOTICE_LEAD["aws"], "aws spot instance-action"
+            except (ValueError, KeyError, TypeError) as e:
+                return DEFAULT_NOTICE_LEAD["aws"], "aws spot instance-action (its time unreadable: %s)" % (
+                    untrusted.reason(e) if isinstance(e, ValueError) else "no usable time in it")
         if self.provider == "gcp":
             status, body = http("GET", self.base + GCP_PREEMPTED_PATH, {"Metadata-Flavor": "Google"}, self.timeout)
             if status == 200 and body.strip().upper() == b"TRUE":
@@ -122,11 +132,13 @@ class MetadataClient:
         status, body = http("GET", self.base + AZURE_EVENTS_PATH, {"Metadata": "true"}, self.timeout)
         if status != 200:
             return None
-        try:
-            events = json.loads(body.decode("utf-8")).get("Events") or []
-        except (ValueError, AttributeError):
-            return None
-        for ev in events:
+        try:  # a deep document must not end the poller in a RecursionError (loads_json bounds the nesting)
+            doc = untrusted.loads_json(body, "azure scheduled events")
+        except ValueError as e:
+            raise MalformedAnswer("azure scheduled events answer unreadable: %s" % untrusted.reason(e))
+        if not isinstance(doc, dict) or not isinstance(doc.get("Events") or [], list):
+            raise MalformedAnswer("azure scheduled events answer unreadable: not an object with an Events list")
+        for ev in doc.get("Events") or []:
             if isinstance(ev, dict) and ev.get("EventType") == "Preempt":
                 lead = DEFAULT_NOTICE_LEAD["azure"]
                 parsed = parsedate_tz(str(ev.get("NotBefore") or ""))
@@ -142,9 +154,11 @@ class MetadataPoller:
     notice_source=auto probes aws, gcp and azure once with a short timeout and stays silent (and stops) when
     none answers: absent metadata costs one probe round in the background, nothing in the loop.
 
-    A poll that raises (the service answers something that is not HTTP, a document the client cannot read) is
-    retried; after MAX_POLL_ERRORS in a row the thread ends and `on_death(error)` says so: notices are off, and
-    the supervisor turns that into an event, an alert and a status line instead of silence.
+    A poll that raises (the service answers something that is not HTTP) is retried; after MAX_POLL_ERRORS in a
+    row the thread ends and `on_death(error)` says so: notices are off, and the supervisor turns that into an
+    event, an alert and a status line instead of silence. An answer the client cannot read (MalformedAnswer: not
+    JSON, nested 100,000 deep) is no notice and no reason to stop: it is logged once, and polling goes on (a real
+    notice may come next; a spoofed or broken service must not switch notices off).
     """
 
     MAX_POLL_ERRORS = 3
@@ -205,9 +219,17 @@ class MetadataPoller:
         self.provider = client.provider
         self.log("polling %s metadata for preemption notices every %.1f s" % (client.provider, self.interval))
         errors = 0
+        malformed = False  # logged once per run of unreadable answers, not once a poll
         while not self._stop.is_set():
             try:
                 found = client.check(time.time())
+            except MalformedAnswer as e:
+                errors = 0
+                if not malformed:
+                    self.log("%s; no notice in it, polling on (said once until a readable answer)" % e)
+                malformed = True
+                self._stop.wait(self.interval)
+                continue
             except Exception as e:
                 errors += 1
                 self.log("metadata poll %d/%d failed: %r" % (errors, self.MAX_POLL_ERRORS, e))
@@ -215,7 +237,7 @@ class MetadataPoller:
                     raise
                 self._stop.wait(self.interval)
                 continue
-            errors = 0
+            errors, malformed = 0, False
             if found is not None:
                 self.on_notice(found[0], client.provider, found[1])
                 return

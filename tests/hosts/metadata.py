@@ -10,6 +10,7 @@
     def test_x(metadata_server):
         metadata_server.provider = "aws"     # which cloud it pretends to be ("aws", "gcp", "azure")
         metadata_server.preempt(lead=30)     # switch to "preempt now"
+        metadata_server.answer = b"[[[..."   # the notice endpoint answers 200 with these bytes instead (None: off)
         metadata_server.url                   # base URL
         metadata_server.requests              # [(method, path, {lowercased header: value})] seen
 """
@@ -28,6 +29,7 @@ class FakeMetadata:
     def __init__(self) -> None:
         self.provider = "aws"
         self.preempt_at: Optional[float] = None  # wall time the instance goes away
+        self.answer: Optional[bytes] = None  # a broken or spoofed service: the notice endpoint's body, as is
         self.tokens: set = set()
         self.requests: List[Tuple[str, str, dict]] = []
         self.lock = threading.Lock()
@@ -42,6 +44,7 @@ class FakeMetadata:
             self.requests.append((method, path, {k.lower(): v for k, v in headers.items()}))
             p = self.provider
             at = self.preempt_at
+            answer = self.answer
         if p == "aws":
             if method == "PUT" and path == "/latest/api/token":
                 if not headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
@@ -53,6 +56,8 @@ class FakeMetadata:
                 if headers.get("X-aws-ec2-metadata-token") not in self.tokens:
                     return 401, "text/plain", b"unauthorized"
                 if path == "/latest/meta-data/spot/instance-action":
+                    if answer is not None:
+                        return 200, "application/json", answer
                     if at is None:
                         return 404, "text/plain", b"Not Found"
                     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
@@ -68,6 +73,8 @@ class FakeMetadata:
             if method == "GET" and path.split("?")[0] == "/metadata/scheduledevents":
                 if headers.get("Metadata") != "true":
                     return 400, "application/json", b'{"error": "Bad request. Required metadata header not specified"}'
+                if answer is not None:
+                    return 200, "application/json", answer
                 events = []
                 if at is not None:
                     events.append({"EventId": "A123BC45-1234-5678-AB90-ABCDEF123456", "EventType": "Preempt",

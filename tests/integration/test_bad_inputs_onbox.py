@@ -485,6 +485,13 @@ ROWS += [  # issue 19: a manifest is untrusted input; verify vouches only for fi
     row("verify-dev-zero", ["verify", "/dev/zero"], 2, "kernel's /dev filesystem"),
 ]
 
+ROWS += [  # issue 19: remaining readers
+    row("read-relaunch-config-dev-zero", ["run", "--name", "r"], 2,
+        "/runs/r/config.json: it is a character device, not a regular file", files={"home/runs/r/config.json": ZERO}),
+    row("read-relaunch-config-fifo", ["run", "--name", "r"], 2, "config.json: it is a FIFO (named pipe), not a regular",
+        files={"home/runs/r/config.json": FIFO}),
+]
+
 
 def _fill(value: str, tmp: str, home: str) -> str:
     return value.replace("{tmp}", tmp).replace("{home}", home)

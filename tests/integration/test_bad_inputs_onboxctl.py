@@ -55,6 +55,11 @@ DEEP_TOML = '[boxes.b]\nhost = "h"\noptions = %s%s\n' % ("[" * 50000, "]" * 5000
 DEEP_JSON = '{"boxes": %s%s}' % ("[" * 100000, "]" * 100000)
 TUNNEL = '{"tunnels": [{"box": "b", "local": "127.0.0.1:%s", "remote_port": 40000, "spec_port": 40000}]}'
 TRACKER9 = "--tracker http://127.0.0.1:9 --tracker-token-file"
+
+
+def RUNPOD_BOX(profile):
+    """A box on the runpod profile, with the user's own runpod.toml (in ONBOX_HOME) as given."""
+    return {"cfg/boxes.toml": BOX + 'profile = "runpod"\n', "onbox/profiles/runpod.toml": profile}
 CFG_FILE = {"files": {"fan": "x"}, "env": {"ONBOX_CONFIG_DIR": "TMP/fan"}}  # the config dir is a file
 
 
@@ -253,6 +258,16 @@ ROWS = [
     # -- the command line itself
     R("unknown-command", "frobnicate", 2, "No such command 'frobnicate'"),
     R("unknown-option", "status --bogus", 2, "No such option: --bogus"),
+]
+
+ROWS += [  # issue 19: remaining readers
+    R("read-fanout-fifo", "run --fanout TMP/fan", 2, "FIFO", files={"fan": fifo, **BOXES}),
+    R("read-fanout-dev-zero", "run --fanout /dev/zero", 2, "character device", files=BOXES),
+    R("read-fanout-too-large", "run --fanout TMP/fan", 2, "too large", files={"fan": "#\n" * (3 << 20), **BOXES}),
+    R("read-fanout-latin1", "run --fanout TMP/fan", 2, "can't decode byte 0xe9", files={"fan": b"b\xe9\n", **BOXES}),
+    R("read-down-profile-fifo", "down b", 2, "onbox/profiles/runpod.toml is a FIFO", files=RUNPOD_BOX(fifo)),
+    R("read-down-profile-dev-zero", "down b", 2, "character device", files=RUNPOD_BOX(dev_zero)),
+    R("read-down-profile-toml", "down b", 2, "is not valid TOML", files=RUNPOD_BOX("[billing\n")),
 ]
 
 

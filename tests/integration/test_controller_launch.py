@@ -140,3 +140,55 @@ def test_status_reads_the_tracker_and_watch_refreshes(ctl_env, tmp_path):
         srv.server_close()
     r = ctl(ctl_env, "status", "--tracker", url, check=False)
     assert r.returncode == 3 and "cannot read the tracker" in r.stderr
+
+
+class _RawTracker(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        try:
+            self.wfile.write(self.body)
+        except OSError:  # the client stopped reading at its bound
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def raw_tracker():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RawTracker)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_tracker_answer_nested_100000_deep_is_one_clear_line_not_a_traceback(ctl_env, raw_tracker):
+    _RawTracker.body = b'{"runs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = ctl(ctl_env, "status", "--tracker", raw_tracker, check=False)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[0] == ("onboxctl: the tracker at %s answered something unreadable: it nests more "
+                                        "than 64 levels deep" % raw_tracker), r.stderr
+
+
+def test_a_tracker_answer_is_read_no_further_than_its_bound(raw_tracker):
+    from controller.runview import fetch_tracker_runs
+    from onbox.errors import UnfitError
+
+    _RawTracker.body = b'{"runs": []}' + b" " * 4096
+    with pytest.raises(UnfitError, match="answered more than 1 KiB for its run list"):
+        fetch_tracker_runs(raw_tracker, None, limit=1024)
+    assert fetch_tracker_runs(raw_tracker, None, limit=8192) == {"runs": []}
+
+
+def test_a_tracker_that_does_not_speak_http_is_one_clear_line(ctl_env, garbage_metadata_server):
+    r = ctl(ctl_env, "status", "--tracker", garbage_metadata_server, check=False)  # answers "NOT HTTP AT ALL"
+    assert "Traceback" not in r.stderr and r.returncode == 3, r.stderr
+    assert r.stderr.startswith("onboxctl: cannot read the tracker at %s" % garbage_metadata_server), r.stderr

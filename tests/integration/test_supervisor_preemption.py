@@ -180,6 +180,34 @@ def test_cloud_notice_from_the_metadata_service_triggers_the_preemption_path(onb
         p.wait(timeout=10)
 
 
+def test_a_metadata_answer_nested_100000_deep_is_said_once_and_a_later_real_notice_still_preempts(
+        onbox_home, tmp_path, metadata_server):
+    """Issue 19: a spoofed or broken metadata service answering a document nested 100,000 deep once ended the
+    poller in a RecursionError (three polls later, notices were off); now it is no notice, said once, and
+    polling goes on."""
+    metadata_server.provider = "azure"  # Azure's answer IS the notice list: an unreadable one holds no notice
+    metadata_server.answer = b"[" * 100_000 + b"]" * 100_000
+    marker = tmp_path / "marker"
+    p = _start_foreground(onbox_home, "deep", marker, "--notice-source", "azure",
+                          "--metadata-url", metadata_server.url)
+    try:
+        wait_for(lambda: _running(onbox_home, "deep"), what="child running")
+        seen = len(metadata_server.requests)
+        wait_for(lambda: len(metadata_server.requests) >= seen + 10, what="the poller asking on after deep answers")
+        metadata_server.answer = None
+        metadata_server.preempt(lead=30)
+        _out, err = p.communicate(timeout=30)
+        assert p.returncode == 75, err
+        assert marker.read_text().startswith("got %d" % signal.SIGTERM)
+        assert state(onbox_home, "deep")["preemption"]["source"] == "azure"
+        assert err.count("azure scheduled events answer unreadable: it nests more than 64 levels deep") == 1, err
+        assert "RecursionError" not in err and "poller died" not in err, err
+        assert not [e for e in events(onbox_home, "deep") if e["type"] == "thread_died"]
+    finally:
+        kill_if_alive(p.pid)
+        p.wait(timeout=10)
+
+
 def test_absent_metadata_service_costs_nothing(onbox_home):
     import socket
 

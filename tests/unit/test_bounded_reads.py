@@ -230,3 +230,55 @@ def test_an_authentic_notice_nested_too_deep_is_dropped_not_a_crash_of_the_liste
     data = notices.MAGIC + hmac.new(key, notices.MAGIC + body, hashlib.sha256).digest() + body
     assert notices.unseal(key, data) is None
     assert notices.unseal(key, notices.seal(key, {"kind": "stop"})) == {"kind": "stop"}
+
+
+# -- onbox's own files: the heartbeat spool, cidfiles, the run lock ---------------------------------------------------
+@pytest.mark.timeout(30)  # before issue 19 a FIFO here hung the agent's heartbeat thread forever
+def test_the_spool_reads_its_state_and_beats_bounded_and_drops_what_it_cannot_send(tmp_path):
+    from onbox.heartbeat.spool import SeqCounter, Spool
+
+    d = tmp_path / "spool"
+    d.mkdir()
+    os.mkfifo(d / "state.json")
+    assert Spool(str(d)).dropped == 0  # a FIFO reads as "no state", at once
+    os.unlink(d / "state.json")
+    (d / "state.json").write_text(DEEP)
+    sp = Spool(str(d))
+    assert sp.dropped == 0  # nested 100,000 deep: no state, not a RecursionError
+    sp.put(1, {"seq": 1})
+    sp.put(2, {"seq": 2})
+    sp.put(3, {"seq": 3})
+    os.unlink(sp._path(1))
+    os.mkfifo(sp._path(1))
+    with open(sp._path(2), "w") as f:
+        f.write(DEEP)
+    assert sp.pending(10) == [(3, {"seq": 3})] and sp.backlog() == 1  # unsendable beats are dropped, not a crash
+    (tmp_path / "seq.json").write_text(DEEP)
+    assert SeqCounter(str(tmp_path / "seq.json"), first=7).next() == 7
+
+
+@pytest.mark.timeout(30)  # before issue 19 a FIFO cidfile hung the stop path and the holder scan
+def test_a_cidfile_that_is_a_fifo_is_skipped_for_the_one_before(tmp_path):
+    from types import SimpleNamespace
+
+    from onbox.gpu.ownership import container_ids
+    from onbox.supervisor.container import ContainerSeam
+
+    cid = "ab" * 32
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / "0.cid").write_text(cid + "\n")
+    os.mkfifo(tmp_path / "containers" / "1.cid")
+    cfg = SimpleNamespace(command=["python", "train.py"], docker_image="img")
+    seam = ContainerSeam(None, cfg, "r", str(tmp_path), str(tmp_path / "ck"), {})
+    assert seam._ref() == cid
+    assert container_ids(str(tmp_path)) == {0: cid}
+
+
+@pytest.mark.timeout(30)  # before issue 19 a FIFO lock file hung a second `onbox run --name` saying who holds it
+def test_a_lock_file_that_is_no_pid_file_has_no_owner(tmp_path):
+    from onbox.supervisor.detach import RunLock
+
+    os.mkfifo(tmp_path / "lock")
+    assert RunLock(str(tmp_path / "lock")).owner() is None
+    (tmp_path / "lock2").write_text("4242\n")
+    assert RunLock(str(tmp_path / "lock2")).owner() == 4242

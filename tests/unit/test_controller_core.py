@@ -134,6 +134,33 @@ def test_run_names_and_fanout(tmp_path):
     with pytest.raises(UsageError, match="fan"):
         read_fanout(str(f))
     assert parse_json_tail('warning: x\n{"name": "r", "pid": 5}\n') == {"name": "r", "pid": 5}
+    assert parse_json_tail("[" * 100_000 + "]" * 100_000) == {}  # a hostile box's answer: no document, no traceback
+
+
+@pytest.mark.timeout(30)  # before issue 19 the FIFO hung the read forever
+def test_a_fanout_file_is_read_bounded_and_only_when_regular(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_text("# x\n" * (2 << 20))  # 8 MiB of comments, past the 4 MiB bound
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes(b"gpu\xe9\n")
+    for path, says in ((fifo, "it is a FIFO (named pipe), not a regular file"), ("/dev/zero", "character device"),
+                       (big, "too large"), (latin1, "can't decode byte 0xe9")):
+        with pytest.raises(UsageError, match="cannot read fan-out file") as e:
+            read_fanout(str(path))
+        assert says in e.value.message and str(path) in e.value.message
+
+
+def test_a_push_record_nested_100000_deep_is_no_record_not_a_traceback():
+    from controller.launch import remote_env
+    from controller.ssh import Result
+
+    class BoxAnswers:
+        def run(self, target, argv=None, **kw):
+            return Result([], 0, b"/root\n" + b"[" * 100_000 + b"]" * 100_000, b"")
+
+    assert remote_env(BoxAnswers(), Box(name="b", host="h")) == ("/root", {})  # type: ignore[arg-type]
 
 
 def test_run_cli_splits_the_command_at_double_dash(tmp_path, monkeypatch):
@@ -197,6 +224,28 @@ def test_meter_stop_from_the_shipped_profiles():
         pytest.skip("profiles/ not in this checkout yet")
     m = meter_stop("runpod")
     assert m.verb == "terminate" and m.irreversible is True and m.verified
+    assert meter_stop("no-such-profile").verb.startswith("unknown")
+
+
+def test_a_refused_user_profile_is_said_never_replaced_by_the_built_in_one(tmp_path, monkeypatch):
+    from controller.profiles import meter_stop
+
+    monkeypatch.setenv("ONBOX_HOME", str(tmp_path))
+    mine = tmp_path / "profiles" / "runpod.toml"
+    mine.parent.mkdir()
+    mine.write_text('[billing]\nmeter_stop = "stop"\n')
+    assert meter_stop("runpod").verb == "stop"  # the user's override is what the gate shows
+    for make, says in ((lambda: mine.write_text("[billing\n"), "is not valid TOML"),
+                       (lambda: os.mkfifo(mine), "FIFO"), (lambda: os.symlink("/dev/zero", mine), "character device"),
+                       (lambda: mine.write_text("# x\n" * (2 << 20)), "too large")):
+        if os.path.lexists(mine):
+            mine.unlink()
+        make()
+        with pytest.raises(UsageError) as e:
+            meter_stop("runpod")
+        assert str(mine) in e.value.message and says in e.value.message
+    mine.unlink()
+    assert meter_stop("runpod").verb == "terminate"  # no user file of that name: the built-in one
     assert meter_stop("no-such-profile").verb.startswith("unknown")
 
 

@@ -12,7 +12,7 @@ from onbox.proc import ExitStatus, ProcessSeam, is_alive, read_stat, start_time
 from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores
 from onbox.supervisor.loop import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
-from onbox.supervisor.preempt import MetadataClient
+from onbox.supervisor.preempt import MalformedAnswer, MetadataClient
 from onbox.supervisor.rundir import LogTailer, RunDir, tail_lines
 
 
@@ -191,6 +191,21 @@ def test_metadata_clients_against_the_documented_service(metadata_server, provid
     for other in ("aws", "gcp", "azure"):
         if other != provider:
             assert not MetadataClient(other, metadata_server.url, timeout=2).available()
+
+
+def test_an_aws_instance_action_nested_100000_deep_is_still_a_notice_at_the_documented_lead(metadata_server):
+    metadata_server.answer = b'{"time": ' * 100_000  # 200 on instance-action is the notice; its time unreadable
+    lead, detail = MetadataClient("aws", metadata_server.url, timeout=2).check(time.time())
+    assert lead == 120.0 and "nests more than 64 levels deep" in detail
+
+
+def test_an_azure_answer_that_is_not_an_events_document_is_malformed_not_a_crash(metadata_server):
+    metadata_server.provider = "azure"
+    client = MetadataClient("azure", metadata_server.url, timeout=2)
+    for answer in (b"[" * 100_000, b'{"Events": 5}', b"[]", b"\xff\xfe"):
+        metadata_server.answer = answer
+        with pytest.raises(MalformedAnswer, match="azure scheduled events answer unreadable"):
+            client.check(time.time())
 
 
 def test_metadata_client_is_silent_when_nothing_answers():
