@@ -18,16 +18,18 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 # What each part of onbox may import (besides itself). A top-level module counts as its own part.
-LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread"}
+LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread",
+          "onbox.untrusted"}
 CONTRACT: Dict[str, Set[str]] = {
     "onbox.errors": set(),
     "onbox.clock": set(),
     "onbox.paths": set(),
     "onbox.proc": set(),
     "onbox.fsutil": set(),
-    "onbox.tomlread": {"onbox.errors"},
+    "onbox.untrusted": set(),
+    "onbox.tomlread": {"onbox.errors", "onbox.untrusted"},
     "onbox.telemetry": {"onbox.errors"},
-    "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry"},
+    "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry", "onbox.untrusted"},
     "onbox.checkpoints": LEAVES,
     "onbox.gpu": LEAVES,
     "onbox.platform": LEAVES | {"onbox.config", "onbox.telemetry", "onbox.gpu"},
