@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.config import RANGES
+from onbox.config import RANGES, is_remote
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 UNPROCESSED = click.UNPROCESSED
@@ -155,15 +155,14 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
-    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed
-    if cfg.ckpt_dir:
-        cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
-    if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
-        cfg.durable = os.path.abspath(cfg.durable)
-    for key in ("tracker_token_file", "heartbeat_file", "mlflow_token_file"):
+    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed (`~`
+    # was expanded where the configuration was read)
+    for key in ("ckpt_dir", "tracker_token_file", "heartbeat_file", "mlflow_token_file"):
         if getattr(cfg, key):
-            setattr(cfg, key, os.path.abspath(os.path.expanduser(getattr(cfg, key))))
-    cfg.env_files = [os.path.abspath(os.path.expanduser(p)) for p in cfg.env_files]
+            setattr(cfg, key, os.path.abspath(getattr(cfg, key)))
+    if cfg.durable and not is_remote(cfg.durable):
+        cfg.durable = os.path.abspath(cfg.durable)
+    cfg.env_files = [os.path.abspath(p) for p in cfg.env_files]
     runchecks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
@@ -179,6 +178,7 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
+    runchecks.check_paths(cfg, paths.run_dir(cfg.name))
     group = runchecks.node_group(cfg)
     _check_runs_dir(paths.runs_dir())
     if saved is None and not resume_existing:
