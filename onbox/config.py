@@ -68,6 +68,10 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "log_max_bytes": (0, 2 ** 40, "bytes"),  # 0: never rotate
     "log_backups": (0, 1000, "files"),
     "log_tail_lines": (0, 200, "lines"),  # 0: the job's output stays on the box
+    # one scan of the checkpoint dir (onbox/checkpoints/detect.py): a dir past these is no checkpoint dir
+    "scan_max_entries": (1, 10 ** 8, "entries"),
+    "scan_max_depth": (1, 1000, "levels"),
+    "scan_max_seconds": (0.001, HOUR, "seconds"),
 }
 # The `onbox run` flag of each field that has one (messages name what the user typed).
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
@@ -146,6 +150,11 @@ class RunConfig:
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     log_tail_lines: int = 20  # the last lines of output sent with each beat, secrets redacted (0: none)
     stall_minutes: float = 30.0
+    # how much of the checkpoint dir one scan may read: a dir past these bounds is implausibly large for checkpoints
+    # (a wrong --ckpt-dir); the scan stops there and the run says so (onbox/checkpoints/detect.py)
+    scan_max_entries: int = 500000
+    scan_max_depth: int = 32
+    scan_max_seconds: float = 5.0
     # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
     env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)
     secrets: List[str] = dataclasses.field(default_factory=list)  # NAME or VAR=NAME in $ONBOX_HOME/secrets (--secret)
