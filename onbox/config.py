@@ -24,8 +24,8 @@ AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 # inherit them (a trainer that logs to MLflow itself gets its own with --secret).
 MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
-# The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (README, "The child's
-# environment"). They are onbox's answers to the trainer, never the user's to set: `--env ONBOX_CKPT_DIR=/elsewhere`
+# The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (README, `onbox run`).
+# They are onbox's answers to the trainer, never the user's to set: `--env ONBOX_CKPT_DIR=/elsewhere`
 # used to win silently, the trainer saved where onbox never looks and nothing was ever committed. Each name comes
 # with what to give instead.
 CONTRACT_VARS: Dict[str, str] = {
@@ -299,8 +299,8 @@ def check_env_entry(key: str, value: str, where: str) -> None:
     contract = contract_var_hint(key)
     if contract is not None:
         raise UsageError("%s: %s is onbox's to set for the job: %s" % (where, key, contract),
-                         hint="drop it here: onbox gives every attempt its value, and the trainer must see that one "
-                              "(README: the child's environment)")
+                         hint="drop it here: onbox gives every attempt its own value, and the trainer must see "
+                              "that one")
     if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
         raise UsageError("%s: %s is the agent's secret, not the job's" % (where, key),
                          hint="put the token in a file (--tracker-token-file) or export it in the "

@@ -125,8 +125,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     tick_interval 0.001-60 s, backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
     reap_wait 0-3600 s, sync_reserve 0-86400 s, notice_interval 0.01-3600 s, stall_minutes 0.01-10080,
     metrics_hint_minutes 0-10080 (default 10; 0: never), crash_loop_threshold 0-1000, log_max_bytes 0-2^40,
-    log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box)). Booleans are
-    true/false, never numbers.
+    log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box), scan_max_entries
+    1-10^8, scan_max_depth 1-1000, scan_max_seconds 0.001-3600 (one scan of the checkpoint dir; defaults 500000,
+    32, 5)). Booleans are true/false, never numbers.
 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
     2 bad input (nothing is created), 3 the box is unfit.
