@@ -82,9 +82,9 @@ class _Budget:
         if self.entries > self.bound.entries:
             self._stop("entries", "more than %d entries" % self.bound.entries)
 
-    def level(self, depth: int, rel: str) -> None:
+    def level(self, depth: int, path: str) -> None:
         if depth > self.bound.depth:
-            self._stop("depth", "directories nested more than %d levels deep (%s)" % (self.bound.depth, rel))
+            self._stop("depth", "directories nested more than %d levels deep (%s)" % (self.bound.depth, path))
 
     def clock(self) -> None:
         if self.now() - self.start > self.bound.seconds:
@@ -142,7 +142,7 @@ def walk_files(top: str, budget: Optional[_Budget] = None, depth: int = 1) -> Li
     while stack:
         rel, level = stack.pop()
         if budget is not None:
-            budget.level(level, rel or ".")
+            budget.level(level, os.path.join(top, rel) if rel else top)
             budget.clock()
         try:
             with os.scandir(os.path.join(top, rel) if rel else top) as it:

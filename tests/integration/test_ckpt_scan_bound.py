@@ -67,7 +67,7 @@ def test_a_too_large_checkpoint_dir_is_said_and_sigterm_still_stops_the_run_prom
         wait_for(lambda: log.exists() and "child-up" in log.read_text(), what="the trainer running")
         said = wait_for(lambda: [e for e in events(onbox_home, "big") if e["type"] == "checkpoint_dir_too_large"],
                         what="the checkpoint_dir_too_large event")
-        assert said[0]["bound"] == bound and why in said[0]["error"]
+        assert said[0]["bound"] == bound and why in said[0]["error"], said[0]["error"]
         status = wait_for(lambda: (lambda r: "implausibly large" in r.stdout and r)(onbox(onbox_home, "status", "big")),
                           what="the warning in `onbox status`")
         assert "WARNING: the checkpoint dir %s is implausibly large for checkpoints: %s" % (ck, why) in status.stdout, status.stdout
