@@ -25,9 +25,9 @@ AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
 # The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (README, `onbox run`).
-# They are onbox's answers to the trainer, never the user's to set: `--env ONBOX_CKPT_DIR=/elsewhere`
-# used to win silently, the trainer saved where onbox never looks and nothing was ever committed. Each name comes
-# with what to give instead.
+# They are onbox's answers to the trainer, never the user's to set. U32: one setting quietly overriding the right
+# value is how runs go wrong unseen; `--env ONBOX_CKPT_DIR=/elsewhere` used to win that way, the trainer saved
+# where onbox never looks and nothing was ever committed. So they are refused, each with what to give instead.
 CONTRACT_VARS: Dict[str, str] = {
     "ONBOX_RUN": "give --name instead",
     "ONBOX_CKPT_DIR": "give --ckpt-dir instead",
