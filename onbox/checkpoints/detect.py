@@ -40,7 +40,7 @@ STEP_RE = re.compile(r"(?:checkpoint|global_step|step|iter|iteration|ckpt)[-_=]?
 
 Fingerprint = Tuple[Tuple[str, int, int, int], ...]  # (relpath, size, mtime_ns, inode) per file
 SCAN_RETRY_S = 60.0  # a checkpoint dir found too large is walked again after this long (it may have been fixed)
-TIME_CHECK_EVERY = 256  # entries between two looks at the clock within one directory
+TIME_CHECK_EVERY = 256  # entries read between two looks at the bound within one directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +133,21 @@ def step_from_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _listing(path: str, budget: Optional[_Budget]) -> List["os.DirEntry[str]"]:
+    """The entries of the directory `path`, counted against `budget` as they are read: a directory of millions of
+    names stops at the bound, not after all of them are in memory."""
+    out: List["os.DirEntry[str]"] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            out.append(entry)
+            if budget is not None and len(out) % TIME_CHECK_EVERY == 0:
+                budget.count(TIME_CHECK_EVERY)
+                budget.clock()
+    if budget is not None:
+        budget.count(len(out) % TIME_CHECK_EVERY)
+    return out
+
+
 def walk_files(top: str, budget: Optional[_Budget] = None, depth: int = 1) -> List[str]:
     """Every regular file under `top` (no symlinks, none followed), relative, in a stable order: a directory's
     files by name, then each subdirectory's by name. A directory that cannot be listed is skipped. With a
@@ -145,14 +160,13 @@ def walk_files(top: str, budget: Optional[_Budget] = None, depth: int = 1) -> Li
             budget.level(level, os.path.join(top, rel) if rel else top)
             budget.clock()
         try:
-            with os.scandir(os.path.join(top, rel) if rel else top) as it:
-                entries = list(it)
+            entries = _listing(os.path.join(top, rel) if rel else top, budget)
+        except CheckpointDirTooLarge:
+            raise
         except OSError:
             continue
         files, dirs = [], []
-        for n, entry in enumerate(entries, 1):
-            if budget is not None and n % TIME_CHECK_EVERY == 0:
-                budget.clock()
+        for entry in entries:
             try:
                 if entry.is_dir(follow_symlinks=False):
                     dirs.append(entry.name)
@@ -160,8 +174,6 @@ def walk_files(top: str, budget: Optional[_Budget] = None, depth: int = 1) -> Li
                     files.append(entry.name)
             except OSError:
                 continue
-        if budget is not None:
-            budget.count(len(entries))
         out.extend(os.path.join(rel, f) if rel else f for f in sorted(files))
         stack.extend((os.path.join(rel, d) if rel else d, level + 1) for d in sorted(dirs, reverse=True))
     return out
@@ -197,10 +209,9 @@ def scan(ckpt_dir: str, bound: Optional[ScanBound] = None,
     walk was cut would look like a checkpoint missing files."""
     budget = _Budget(ckpt_dir, bound or ScanBound(), now)
     try:
-        names = sorted(os.listdir(ckpt_dir))
+        names = sorted(entry.name for entry in _listing(ckpt_dir, budget))
     except FileNotFoundError:
         return []
-    budget.count(len(names))
     present = set(names)
     out = []
     for name in names:

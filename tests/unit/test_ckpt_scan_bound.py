@@ -75,6 +75,13 @@ def test_a_dir_past_its_entries_is_too_large_and_nothing_of_it_is_returned(tmp_p
     assert e.value.fields["bound"] == "entries" and e.value.fields["ckpt_dir"] == str(ck)
 
 
+def test_a_flat_dir_of_many_names_stops_while_it_is_read(tmp_path):
+    ck = tree(tmp_path / "ck", files=1200)
+    with pytest.raises(CheckpointDirTooLarge) as e:
+        scan(str(ck), ScanBound(entries=300))
+    assert 300 < e.value.fields["entries"] <= 300 + detect.TIME_CHECK_EVERY  # not all 1,201 read first
+
+
 def test_a_dir_past_its_depth_is_too_large(tmp_path):
     ck = tmp_path / "ck"
     tree(ck / "run", depth=5)
