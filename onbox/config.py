@@ -24,6 +24,22 @@ AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 # inherit them (a trainer that logs to MLflow itself gets its own with --secret).
 MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
+# The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (README, `onbox run`).
+# They are onbox's answers to the trainer, never the user's to set. U32: one setting quietly overriding the right
+# value is how runs go wrong unseen; `--env ONBOX_CKPT_DIR=/elsewhere` used to win that way, the trainer saved
+# where onbox never looks and nothing was ever committed. So they are refused, each with what to give instead.
+CONTRACT_VARS: Dict[str, str] = {
+    "ONBOX_RUN": "give --name instead",
+    "ONBOX_CKPT_DIR": "give --ckpt-dir instead",
+    "ONBOX_RESUME_FROM": "it is the newest verified checkpoint (restored from --durable when the local dir lacks "
+                         "it); --resume-arg hands it to the trainer's own flag",
+    "ONBOX_RESTART_COUNT": "it counts the attempts",
+    "ONBOX_METRICS_FILE": "it names the file onbox reads (in the run dir); for output lines the built-in formats "
+                          "miss, give --metrics-regex",
+    "ONBOX_PREEMPT_FILE": "it names the file onbox creates when a preemption is under way",
+}
+# ONBOX_PHASE, ONBOX_PHASE_INDEX, ONBOX_PHASE_LR, ...: set for each [[phase]] of a curriculum (onbox/supervisor/phases.py)
+PHASE_VAR = "ONBOX_PHASE"
 
 MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
 # Every number a run takes, finite and inside these bounds (inclusive); README and `onbox run --help` say the same.
@@ -52,6 +68,10 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "log_max_bytes": (0, 2 ** 40, "bytes"),  # 0: never rotate
     "log_backups": (0, 1000, "files"),
     "log_tail_lines": (0, 200, "lines"),  # 0: the job's output stays on the box
+    # one scan of the checkpoint dir (onbox/checkpoints/detect.py): a dir past these is no checkpoint dir
+    "scan_max_entries": (1, 10 ** 8, "entries"),
+    "scan_max_depth": (1, 1000, "levels"),
+    "scan_max_seconds": (0.001, HOUR, "seconds"),
 }
 # The `onbox run` flag of each field that has one (messages name what the user typed).
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
@@ -62,6 +82,11 @@ FLAGS = {k: "--" + k.replace("_", "-") for k in (
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
              env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
              docker_args="--docker-arg", docker_shm_size="--shm-size")
+# Fields that name a local path (durable only when it is not an rclone remote): `~` is expanded wherever they come
+# from (a flag, an ONBOX_* variable, a run file, a profile), and their length is checked (ENAMETOOLONG).
+PATH_FIELDS = ("ckpt_dir", "durable", "workdir", "tracker_token_file", "heartbeat_file", "mlflow_token_file",
+               "node_group")
+PATH_LIST_FIELDS = ("env_files",)
 SHM_SIZE_RE = re.compile(r"^[0-9]{1,12}[bkmgBKMG]?$")  # what `docker run --shm-size` takes
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
@@ -125,6 +150,11 @@ class RunConfig:
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     log_tail_lines: int = 20  # the last lines of output sent with each beat, secrets redacted (0: none)
     stall_minutes: float = 30.0
+    # how much of the checkpoint dir one scan may read: a dir past these bounds is implausibly large for checkpoints
+    # (a wrong --ckpt-dir); the scan stops there and the run says so (onbox/checkpoints/detect.py)
+    scan_max_entries: int = 500000
+    scan_max_depth: int = 32
+    scan_max_seconds: float = 5.0
     # secrets for the child, recorded by reference only: the values are read when each attempt starts, never saved
     env_files: List[str] = dataclasses.field(default_factory=list)  # KEY=VAL files (--env-file)
     secrets: List[str] = dataclasses.field(default_factory=list)  # NAME or VAR=NAME in $ONBOX_HOME/secrets (--secret)
@@ -162,6 +192,7 @@ class RunConfig:
         if self.keep_best_metric is not None and not self.keep_best_metric.strip():
             raise UsageError("--keep-best needs a metric name, e.g. --keep-best eval_loss:min")
         self._check_strings()
+        self._check_paths()
         for key in ("tracker", "ping_url", "metadata_url", "mlflow"):
             url = getattr(self, key)
             problem = url is not None and url_problem(url)
@@ -200,6 +231,14 @@ class RunConfig:
             raise UsageError("--shm-size must be a size like 16g or 512m, not %r" % self.docker_shm_size)
         if any("\0" in a for a in self.docker_args):
             raise UsageError("--docker-arg: an argument holds a NUL byte, which no argument can carry")
+
+    def _check_paths(self) -> None:
+        """Every path option fits the system's limits (a 300-byte name crashed the agent with ENAMETOOLONG after
+        launch; a 4,282-byte --durable failed every commit) and has no `~` left that could not be expanded."""
+        named = [(key, getattr(self, key)) for key in PATH_FIELDS if getattr(self, key)]
+        named += [(key, p) for key in PATH_LIST_FIELDS for p in getattr(self, key)]
+        for key, value in named:
+            check_path(key, value)
 
 
 URL_HINTS = {"tracker": "e.g. http://10.0.0.5:8787 (the token goes in a file or ONBOX_TRACKER_TOKEN)",
@@ -257,10 +296,57 @@ def check_env_entry(key: str, value: str, where: str) -> None:
     if "\0" in value:
         raise UsageError("%s: the value of %s holds a NUL byte, which no environment variable can carry" % (
             where, key))
+    contract = contract_var_hint(key)
+    if contract is not None:
+        raise UsageError("%s: %s is onbox's to set for the job: %s" % (where, key, contract),
+                         hint="drop it here: onbox gives every attempt its own value, and the trainer must see "
+                              "that one")
     if key in AGENT_ONLY_VARS:  # U34: it would be recorded in config.json and handed to the child
         raise UsageError("%s: %s is the agent's secret, not the job's" % (where, key),
                          hint="put the token in a file (--tracker-token-file) or export it in the "
                               "agent's environment; it is never written down or given to the child")
+
+
+def is_remote(durable: str) -> bool:
+    """A durable target `remote:path` (rclone), not a mounted path: a colon before the first '/'."""
+    return not os.path.isabs(durable) and ":" in durable.split("/", 1)[0]
+
+
+def check_path(key: str, value: str) -> None:
+    """A path option the system can take: no NUL, within PATH_MAX and NAME_MAX, `~` expanded (UsageError naming the
+    option otherwise)."""
+    from onbox.untrusted import path_length_problem
+
+    if "\0" in value:
+        raise UsageError("%s: the path holds a NUL byte, which no path can carry" % label(key))
+    problem = path_length_problem(value)
+    if problem:
+        raise UsageError("%s: the path is too long for the system: %s" % (label(key), problem),
+                         hint="give a shorter path (for a deep local directory, a symlink to it works)")
+    if value.startswith("~") and not (key == "durable" and is_remote(value)):
+        raise UsageError("%s %s: cannot expand %s (HOME is unset, or no such user)" % (
+            label(key), value, value.split("/", 1)[0]), hint="give an absolute path (./%s for a directory whose "
+                                                              "name starts with ~)" % value)
+
+
+def expand_home(key: str, value: Any) -> Any:
+    """`~` and `~user` at the start of a path field, expanded, so that `durable = "~/durable"` means the home
+    directory wherever it is given, not a directory named `~` under the working directory."""
+    if isinstance(value, list) and key in PATH_LIST_FIELDS:
+        return [os.path.expanduser(v) for v in value]
+    if not isinstance(value, str) or key not in PATH_FIELDS or (key == "durable" and is_remote(value)):
+        return value
+    return os.path.expanduser(value)
+
+
+def contract_var_hint(key: str) -> Optional[str]:
+    """What to do instead of setting `key`, when it is one of the variables onbox sets for the job; else None."""
+    if key in CONTRACT_VARS:
+        return CONTRACT_VARS[key]
+    if key == PHASE_VAR or key.startswith(PHASE_VAR + "_"):
+        return "the ONBOX_PHASE* variables come from the run file's [[phase]] tables: give the phase's keys " \
+               "(lr, target_steps, ...), or another name in its env table"
+    return None
 
 
 def parse_secret_spec(spec: str) -> Tuple[str, str]:
@@ -400,7 +486,7 @@ def _apply(cfg: RunConfig, data: Mapping[str, Any], source: str) -> RunConfig:
                              hint=("did you mean %s?" % ", ".join(close)) if close else "see `onbox run --help`")
         if value is None:
             continue
-        setattr(cfg, key, _coerce(key, value, source))
+        setattr(cfg, key, expand_home(key, _coerce(key, value, source)))
     return cfg
 
 

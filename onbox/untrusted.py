@@ -170,6 +170,23 @@ def relpath_problem(rel: Any) -> Optional[str]:
     return None
 
 
+PATH_MAX_BYTES = 4095  # Linux's PATH_MAX is 4096 bytes with the terminating NUL
+NAME_MAX_BYTES = 255  # one name in a path (ext4, xfs, btrfs, tmpfs and S3-backed mounts alike)
+
+
+def path_length_problem(path: str) -> Optional[str]:
+    """Why the system would refuse `path` for its length (ENAMETOOLONG), or None: more than 4095 bytes in all, or a
+    name in it of more than 255 bytes (as the filesystem encodes it)."""
+    raw = os.fsencode(path)
+    if len(raw) > PATH_MAX_BYTES:
+        return "it is %d bytes long, and a path holds at most %d" % (len(raw), PATH_MAX_BYTES)
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX_BYTES:
+        return "a name in it is %d bytes long (%s...), and a file or directory name holds at most %d" % (
+            len(longest), longest[:24].decode("utf-8", "replace"), NAME_MAX_BYTES)
+    return None
+
+
 def name_problem(name: Any) -> Optional[str]:
     """Why `name` cannot be one directory entry (a checkpoint name, a local_name): relpath_problem's rules and no
     '/'."""

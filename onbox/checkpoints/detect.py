@@ -13,6 +13,11 @@ every file passes its format's structural checks (formats.py: a torn file is nev
     settle interval.                                                                          complete_by "quiescent"
 A directory of a known layout is never completed by quiescence: a Trainer killed mid-save leaves a quiet dir
 without trainer_state.json that no trainer can resume from.
+
+A scan is bounded (ScanBound: entries listed, directory levels, seconds): a checkpoint dir past them is not one
+(`--ckpt-dir /`, a dataset dir). It stops there with CheckpointDirTooLarge, so that an agent pointed at the wrong
+directory neither reads the whole disk nor stops answering signals while it does; BoundedScan remembers such a dir
+and walks it again only SCAN_RETRY_S later.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ import collections
 import dataclasses
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil
 from onbox.checkpoints import formats, layouts, stepread
@@ -33,6 +39,65 @@ IN_PROGRESS_RE = re.compile(r"(^tmp[-_.])|(\.(tmp|part|partial|incomplete|lock)$
 STEP_RE = re.compile(r"(?:checkpoint|global_step|step|iter|iteration|ckpt)[-_=]?(\d+)", re.I)
 
 Fingerprint = Tuple[Tuple[str, int, int, int], ...]  # (relpath, size, mtime_ns, inode) per file
+SCAN_RETRY_S = 60.0  # a checkpoint dir found too large is walked again after this long (it may have been fixed)
+TIME_CHECK_EVERY = 256  # entries read between two looks at the bound within one directory
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanBound:
+    """How much of a checkpoint dir one scan may read (RunConfig scan_max_entries/_depth/_seconds). The defaults
+    leave room for the largest real layouts (a DeepSpeed or DCP checkpoint of a big job: thousands of shard files,
+    a few levels deep; several of them kept) and keep one scan short enough that the loop answers a signal soon."""
+
+    entries: int = 500000  # directory entries listed, over the whole dir
+    depth: int = 32  # directory levels below the checkpoint dir
+    seconds: float = 5.0
+
+    @classmethod
+    def of(cls, cfg: Any) -> "ScanBound":
+        return cls(cfg.scan_max_entries, cfg.scan_max_depth, cfg.scan_max_seconds)
+
+
+class CheckpointDirTooLarge(OSError):
+    """A scan reached its bound: the directory holds more than a checkpoint dir plausibly can (U25: checkpoint
+    tooling lives on few, large files; millions of small ones are a dataset, a home or a whole disk). `fields`
+    for the event; `first` is False when BoundedScan already reported this dir."""
+
+    def __init__(self, message: str, fields: Dict[str, Any], first: bool = True) -> None:
+        super().__init__(message)
+        self.fields = fields
+        self.first = first
+
+
+class _Budget:
+    """What is left of one scan's bound; raises CheckpointDirTooLarge when it runs out."""
+
+    def __init__(self, ckpt_dir: str, bound: ScanBound, now: Callable[[], float]) -> None:
+        self.ckpt_dir, self.bound, self.now = ckpt_dir, bound, now
+        self.start = now()
+        self.entries = 0
+
+    def count(self, n: int) -> None:
+        self.entries += n
+        if self.entries > self.bound.entries:
+            self._stop("entries", "more than %d entries" % self.bound.entries)
+
+    def level(self, depth: int, path: str) -> None:
+        if depth > self.bound.depth:
+            self._stop("depth", "directories nested more than %d levels deep (%s)" % (self.bound.depth, path))
+
+    def clock(self) -> None:
+        if self.now() - self.start > self.bound.seconds:
+            self._stop("seconds", "not scanned within %.3g s (%d entries listed by then)" % (
+                self.bound.seconds, self.entries))
+
+    def _stop(self, which: str, why: str) -> None:
+        raise CheckpointDirTooLarge(
+            "the checkpoint dir %s is implausibly large for checkpoints: %s; onbox stopped scanning it and commits "
+            "nothing from it (is --ckpt-dir the directory the trainer saves to?)" % (self.ckpt_dir, why),
+            {"ckpt_dir": self.ckpt_dir, "bound": which, "entries": self.entries,
+             "seconds": round(self.now() - self.start, 3), "max_entries": self.bound.entries,
+             "max_depth": self.bound.depth, "max_seconds": self.bound.seconds})
 
 
 @dataclasses.dataclass
@@ -68,15 +133,49 @@ def step_from_name(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def walk_files(top: str) -> List[str]:
-    """Every regular file under `top` (no symlinks), relative, in a stable order."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            full = os.path.join(dirpath, fn)
-            if os.path.isfile(full) and not os.path.islink(full):
-                out.append(os.path.relpath(full, top))
+def _listing(path: str, budget: Optional[_Budget]) -> List["os.DirEntry[str]"]:
+    """The entries of the directory `path`, counted against `budget` as they are read: a directory of millions of
+    names stops at the bound, not after all of them are in memory."""
+    out: List["os.DirEntry[str]"] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            out.append(entry)
+            if budget is not None and len(out) % TIME_CHECK_EVERY == 0:
+                budget.count(TIME_CHECK_EVERY)
+                budget.clock()
+    if budget is not None:
+        budget.count(len(out) % TIME_CHECK_EVERY)
+    return out
+
+
+def walk_files(top: str, budget: Optional[_Budget] = None, depth: int = 1) -> List[str]:
+    """Every regular file under `top` (no symlinks, none followed), relative, in a stable order: a directory's
+    files by name, then each subdirectory's by name. A directory that cannot be listed is skipped. With a
+    `budget`, the listing counts against it (`top` being `depth` levels below the checkpoint dir)."""
+    out: List[str] = []
+    stack: List[Tuple[str, int]] = [("", depth)]
+    while stack:
+        rel, level = stack.pop()
+        if budget is not None:
+            budget.level(level, os.path.join(top, rel) if rel else top)
+            budget.clock()
+        try:
+            entries = _listing(os.path.join(top, rel) if rel else top, budget)
+        except CheckpointDirTooLarge:
+            raise
+        except OSError:
+            continue
+        files, dirs = [], []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(entry.name)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(entry.name)
+            except OSError:
+                continue
+        out.extend(os.path.join(rel, f) if rel else f for f in sorted(files))
+        stack.extend((os.path.join(rel, d) if rel else d, level + 1) for d in sorted(dirs, reverse=True))
     return out
 
 
@@ -103,21 +202,26 @@ def fingerprint_of(cand: Candidate) -> Fingerprint:
     return _fingerprint(cand.root, cand.files)
 
 
-def scan(ckpt_dir: str) -> List[Candidate]:
-    """Every checkpoint entry in ckpt_dir (complete or not), without format checks."""
+def scan(ckpt_dir: str, bound: Optional[ScanBound] = None,
+         now: Callable[[], float] = time.monotonic) -> List[Candidate]:
+    """Every checkpoint entry in ckpt_dir (complete or not), without format checks. CheckpointDirTooLarge when
+    the dir is past `bound` (default ScanBound()): nothing of a scan cut short is returned, as a candidate whose
+    walk was cut would look like a checkpoint missing files."""
+    budget = _Budget(ckpt_dir, bound or ScanBound(), now)
     try:
-        names = sorted(os.listdir(ckpt_dir))
+        names = sorted(entry.name for entry in _listing(ckpt_dir, budget))
     except FileNotFoundError:
         return []
     present = set(names)
     out = []
     for name in names:
+        budget.clock()
         if IN_PROGRESS_RE.search(name) or name.endswith(SIDE_MARKERS):
             continue
         path = os.path.join(ckpt_dir, name)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                files = walk_files(path)
+                files = walk_files(path, budget)
                 # an empty dir is a candidate only when its name carries a step: a save killed right after its
                 # mkdir (HF creates checkpoint-N/ first), which a trainer picking its newest dir would load
                 if not files and step_from_name(name) is None:
@@ -142,6 +246,36 @@ def scan(ckpt_dir: str) -> List[Candidate]:
         if out[-1].step is not None:
             out[-1].step_source = "name"
     return out
+
+
+class BoundedScan:
+    """scan() of one checkpoint dir within its bound, remembering a dir found too large: for SCAN_RETRY_S it is not
+    walked again (every loop tick would read up to the bound once more, and the stop path must not wait on it) and
+    the same CheckpointDirTooLarge is raised at once; `first` is True only when a dir that was fine (or not yet
+    looked at) is found too large, so the caller says it once."""
+
+    def __init__(self, ckpt_dir: str, bound: ScanBound, now: Callable[[], float] = time.monotonic) -> None:
+        self.ckpt_dir, self.bound, self.now = ckpt_dir, bound, now
+        self._failed: Optional[CheckpointDirTooLarge] = None
+        self._retry_at = 0.0
+
+    @property
+    def failed(self) -> Optional[CheckpointDirTooLarge]:
+        """The error of the newest walk when it found the dir too large, else None."""
+        return self._failed
+
+    def scan(self) -> List[Candidate]:
+        failed = self._failed
+        if failed is not None and self.now() < self._retry_at:
+            raise CheckpointDirTooLarge(str(failed), failed.fields, first=False)
+        try:
+            found = scan(self.ckpt_dir, self.bound, self.now)
+        except CheckpointDirTooLarge as e:
+            e.first = failed is None
+            self._failed, self._retry_at = e, self.now() + SCAN_RETRY_S
+            raise
+        self._failed = None
+        return found
 
 
 def read_progress(run_dir: str) -> Dict[str, Any]:

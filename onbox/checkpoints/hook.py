@@ -28,7 +28,14 @@ from typing import Any, Dict, Iterator, List, Optional
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
-from onbox.checkpoints.detect import Candidate, CompletionTracker, read_progress, scan
+from onbox.checkpoints.detect import (
+    BoundedScan,
+    Candidate,
+    CheckpointDirTooLarge,
+    CompletionTracker,
+    ScanBound,
+    read_progress,
+)
 from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.resuming import ResumeMixin
 from onbox.checkpoints.runlock import commit_lock
@@ -59,6 +66,7 @@ class CheckpointCommitHook(ResumeMixin):
         self.clock = ctx.clock
         self.ckpt_dir = ctx.ckpt_dir
         self.tracker = CompletionTracker(self.cfg.settle_seconds)
+        self.scans = BoundedScan(ctx.ckpt_dir, ScanBound.of(self.cfg), self.clock.monotonic)
         if target is None and self.cfg.durable:
             problem = overlap_problem(self.cfg.durable, ctx.name, ctx.ckpt_dir)
             if problem:  # runhooks.preflight refuses this before a run starts; `onbox sync` flags meet it here
@@ -114,7 +122,14 @@ class CheckpointCommitHook(ResumeMixin):
     # -- scanning ----------------------------------------------------------------------------------------------
     def scan_now(self, settle: Optional[float] = None) -> List[Candidate]:
         """Rescan the checkpoint dir; the complete candidates, newest last (all of them stay in self.cands)."""
-        cands = self.tracker.update(scan(self.ckpt_dir), self.clock.monotonic(), self.clock.time(),
+        try:
+            found = self.scans.scan()
+        except CheckpointDirTooLarge as e:  # nothing in it is a checkpoint onbox can know: said once, found none
+            if e.first:
+                self.ctx.emit("checkpoint_dir_too_large", error=str(e), **e.fields)
+                self._update_status(warning=str(e))
+            found = []
+        cands = self.tracker.update(found, self.clock.monotonic(), self.clock.time(),
                                     read_progress(self.ctx.run_dir), settle=settle)
         self.cands = cands
         complete = [c for c in cands if c.complete]
@@ -135,6 +150,8 @@ class CheckpointCommitHook(ResumeMixin):
             complete = self.scan_now()
         except OSError as e:
             self.ctx.emit("checkpoint_scan_failed", error=str(e))
+            return
+        if self.scans.failed is not None:  # its warning stands (no "no checkpoint yet" over it)
             return
         self._watch_for_none(now)
         if self.committer is None or not complete or (self._worker is not None and self._worker.is_alive()):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -70,10 +70,7 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     hook = CheckpointCommitHook(ctx)
     complete = hook.scan_now(settle=0.0 if now else None)
     if not complete:
-        waiting = [c for c in hook.cands if not c.complete]
-        why = "; ".join("%s: %s" % (c.name, c.reason) for c in waiting) or "no checkpoint in %s" % ctx.ckpt_dir
-        raise SyncFailed("nothing to commit for run %s: %s" % (name, why),
-                         hint="wait for the trainer to finish writing, or use --now")
+        raise SyncFailed(*_nothing_to_commit(name, ctx.ckpt_dir, hook, now))
     result = hook.commit_one(complete[-1])
     if result is None or result.status == "source_changed":
         last = hook.status.get("last_sync") or {}
@@ -88,6 +85,23 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     else:
         click.echo("committed %s (step %s, %.1f MiB in %.2f s) to %s" % (
             result.name, result.step, result.bytes / MiB, result.seconds, result.url))
+
+
+def _nothing_to_commit(name: str, ckpt_dir: str, hook: Any, now: bool) -> Tuple[str, str]:
+    """(message, hint) of `onbox sync` when no complete checkpoint is there: what to do depends on why."""
+    if hook.scans.failed is not None:
+        return ("nothing to commit for run %s: %s" % (name, hook.scans.failed),
+                "point the trainer's saves (and --ckpt-dir) at a directory of its checkpoints only")
+    waiting = [c for c in hook.cands if not c.complete]
+    if not waiting:
+        return ("nothing to commit for run %s: there is no checkpoint in %s yet" % (name, ckpt_dir),
+                "the trainer must save one there first: check that it writes to $ONBOX_CKPT_DIR (or that "
+                "--ckpt-dir is the directory it saves to), then run `onbox sync %s` again" % name)
+    why = "; ".join("%s: %s" % (c.name, c.reason) for c in waiting)
+    return ("nothing to commit for run %s: no complete checkpoint in %s yet (%s)" % (name, ckpt_dir, why),
+            "wait for the trainer to finish writing it, then run this again" if now else
+            "wait for the trainer to finish writing it, or use --now to skip the settle interval (the format "
+            "checks still apply)")
 
 
 def _trainer_alive(run_dir: str) -> bool:
@@ -111,7 +125,13 @@ def _trainer_alive(run_dir: str) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
     """List run NAME's checkpoints: local (complete or why not) and durable (committed, with step and hash)."""
-    from onbox.checkpoints.detect import CompletionTracker, read_progress, scan
+    from onbox.checkpoints.detect import (
+        CheckpointDirTooLarge,
+        CompletionTracker,
+        ScanBound,
+        read_progress,
+        scan,
+    )
     from onbox.checkpoints.hook import CheckpointCommitHook
 
     ctx = _context(name, durable, ckpt_dir, create=False)
@@ -121,18 +141,26 @@ def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_j
     writing = _trainer_alive(ctx.run_dir)
     # with no trainer alive nothing is being written: what fails a check is torn, what lacks its last file
     # stays incomplete, and nothing is "still changing"
+    problem = None
+    try:
+        found = scan(ctx.ckpt_dir, ScanBound.of(ctx.config))
+    except CheckpointDirTooLarge as too_large:
+        found, problem = [], str(too_large)
     cands = CompletionTracker(ctx.config.settle_seconds if writing else 0.0).update(
-        scan(ctx.ckpt_dir), ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
+        found, ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
     local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes,
                                     "complete": c.complete, "reason": c.reason, "format": c.format,
                                     "complete_by": c.complete_by} for c in cands]
     durable_list = hook.committer.committed() if hook.committer else []
     doc: Dict[str, Any] = {"run": name, "ckpt_dir": ctx.ckpt_dir, "durable": ctx.config.durable, "local": local,
-                           "committed": durable_list, "status": hook.status, "trainer_alive": writing}
+                           "committed": durable_list, "status": hook.status, "trainer_alive": writing,
+                           "local_problem": problem}
     if as_json:
         echo_json(doc)
         return
     click.echo("local (%s; %s):" % (ctx.ckpt_dir, "the trainer runs" if writing else "no trainer running"))
+    if problem:
+        click.echo("  WARNING: %s" % problem)
     for c in local:
         click.echo("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
                                                        ("complete, " if c["complete"] else "") + c["reason"]))

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.config import RANGES
+from onbox.config import RANGES, is_remote
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 UNPROCESSED = click.UNPROCESSED
@@ -125,8 +125,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     tick_interval 0.001-60 s, backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
     reap_wait 0-3600 s, sync_reserve 0-86400 s, notice_interval 0.01-3600 s, stall_minutes 0.01-10080,
     metrics_hint_minutes 0-10080 (default 10; 0: never), crash_loop_threshold 0-1000, log_max_bytes 0-2^40,
-    log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box)). Booleans are
-    true/false, never numbers.
+    log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box), scan_max_entries
+    1-10^8, scan_max_depth 1-1000, scan_max_seconds 0.001-3600 (one scan of the checkpoint dir; defaults 500000,
+    32, 5)). Booleans are true/false, never numbers.
 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
     2 bad input (nothing is created), 3 the box is unfit.
@@ -155,15 +156,14 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
-    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed
-    if cfg.ckpt_dir:
-        cfg.ckpt_dir = os.path.abspath(cfg.ckpt_dir)
-    if cfg.durable and ":" not in cfg.durable:  # "remote:path" is an rclone remote, not a local path
-        cfg.durable = os.path.abspath(cfg.durable)
-    for key in ("tracker_token_file", "heartbeat_file", "mlflow_token_file"):
+    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed (`~`
+    # was expanded where the configuration was read)
+    for key in ("ckpt_dir", "tracker_token_file", "heartbeat_file", "mlflow_token_file"):
         if getattr(cfg, key):
-            setattr(cfg, key, os.path.abspath(os.path.expanduser(getattr(cfg, key))))
-    cfg.env_files = [os.path.abspath(os.path.expanduser(p)) for p in cfg.env_files]
+            setattr(cfg, key, os.path.abspath(getattr(cfg, key)))
+    if cfg.durable and not is_remote(cfg.durable):
+        cfg.durable = os.path.abspath(cfg.durable)
+    cfg.env_files = [os.path.abspath(p) for p in cfg.env_files]
     runchecks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
@@ -179,6 +179,7 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
+    runchecks.check_paths(cfg, paths.run_dir(cfg.name))
     group = runchecks.node_group(cfg)
     _check_runs_dir(paths.runs_dir())
     if saved is None and not resume_existing:

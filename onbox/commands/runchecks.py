@@ -1,6 +1,7 @@
 """What `onbox run` checks and says in the foreground, before anything is created or detached, beyond
-RunConfig.validate: the child's secrets can be read, a re-launch record's bad value is named as such, and the
-warnings a careless setup deserves (a secret on the command line, a token file others can read)."""
+RunConfig.validate: the child's secrets can be read, the paths it was given are places onbox may scan and write, a
+re-launch record's bad value is named as such, and the warnings a careless setup deserves (a secret on the command
+line, a token file others can read)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,13 @@ from onbox.errors import UsageError
 
 # Names that usually hold credentials (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...).
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+# Directories that are never a checkpoint dir: the agent scans every file of its checkpoint dir (and restores into
+# it), and `--ckpt-dir "$OUT/"` with OUT unset is `/`. Compared with symlinks resolved (on a merged-/usr system
+# /lib is /usr/lib, so that one is refused too); what lies below them (/var/tmp/ckpt) stays allowed.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
+               "/run", "/sbin", "/sys", "/usr", "/var")
+CKPT_DIR_HINT = ("give --ckpt-dir the directory your trainer saves its checkpoints in (e.g. /workspace/ckpt), or "
+                 "leave it out: the run then has <run dir>/checkpoints, which the trainer finds in $ONBOX_CKPT_DIR")
 
 
 def resolve_relaunch(cli: Dict[str, Any], saved: Dict[str, Any], run_dir: str) -> Any:
@@ -24,6 +32,70 @@ def resolve_relaunch(cli: Dict[str, Any], saved: Dict[str, Any], run_dir: str) -
     except UsageError as e:
         raise UsageError(e.message, hint="%sthe re-launch record %s may hold it: the same option on the command line "
                                          "overrides the record" % ((e.hint + "; ") if e.hint else "", path))
+
+
+def check_paths(cfg: Any, run_dir: str) -> None:
+    """The paths of a run, made absolute: still within the system's limits, a checkpoint dir onbox can scan without
+    reading the machine or its own state, and no file the agent writes inside $ONBOX_HOME (UsageError, exit 2)."""
+    from onbox.config import check_path, is_remote
+
+    for key in ("ckpt_dir", "heartbeat_file", "workdir"):
+        if getattr(cfg, key):
+            check_path(key, getattr(cfg, key))
+    if cfg.durable and not is_remote(cfg.durable):
+        check_path("durable", cfg.durable)
+    if cfg.ckpt_dir:
+        problem = ckpt_dir_problem(cfg.ckpt_dir, run_dir)
+        if problem:
+            raise UsageError("--ckpt-dir %s %s" % (cfg.ckpt_dir, problem), hint=CKPT_DIR_HINT)
+    if cfg.heartbeat_file:
+        problem = written_file_problem(cfg.heartbeat_file)
+        if problem:
+            raise UsageError("--heartbeat-file %s %s" % (cfg.heartbeat_file, problem),
+                             hint="give it a path outside $ONBOX_HOME, e.g. on the durable dir")
+
+
+def ckpt_dir_problem(ckpt_dir: str, run_dir: str) -> Optional[str]:
+    """Why `ckpt_dir` (absolute) can never be a run's checkpoint dir, in words that follow its name; else None.
+    Refused: the root, a system directory, the home directory, $ONBOX_HOME or anything in it (but the run's own
+    <run dir>/checkpoints), and a directory holding $ONBOX_HOME. Symlinks are resolved first."""
+    from onbox import paths
+    from onbox.untrusted import is_under
+
+    real = os.path.realpath(ckpt_dir)
+    shown = "" if real == os.path.normpath(ckpt_dir) else " (%s, symlinks resolved)" % real
+    if real == "/":
+        return "is the root of the filesystem%s: onbox would scan every file of the machine as a possible " \
+               "checkpoint, and restore into it" % shown
+    home = paths.onbox_home()
+    if is_under(ckpt_dir, home) and real != os.path.realpath(os.path.join(run_dir, "checkpoints")):
+        return "is inside ONBOX_HOME (%s)%s, where onbox keeps its own state: run dirs and the heartbeat spool " \
+               "would be committed as checkpoints" % (home, shown)
+    if is_under(home, ckpt_dir):
+        return "holds ONBOX_HOME (%s)%s: onbox's own state (run dirs, the heartbeat spool) would be scanned and " \
+               "committed as checkpoints" % (home, shown)
+    user_home = os.path.expanduser("~")
+    if user_home not in ("", "~") and real == os.path.realpath(user_home):
+        return "is your home directory%s: onbox would scan every file in it as a possible checkpoint" % shown
+    if any(real == os.path.realpath(d) for d in SYSTEM_DIRS):
+        return "is a system directory%s: onbox scans every file of its checkpoint dir and restores into it" % shown
+    return None
+
+
+def written_file_problem(path: str) -> Optional[str]:
+    """Why the agent must not write the file `path` (absolute), in words that follow its name; else None: inside
+    $ONBOX_HOME it could be a run's state.json, config.json or events.jsonl (or a secret), and appending to it
+    corrupts what onbox reads back."""
+    from onbox import paths
+    from onbox.untrusted import is_under
+
+    home = paths.onbox_home()
+    if is_under(path, home):
+        real = os.path.realpath(path)
+        return "is inside ONBOX_HOME (%s)%s, where onbox keeps its own state: writing it could corrupt a run's " \
+               "state.json or events" % (home, "" if real == os.path.normpath(path) else
+                                         " (%s, symlinks resolved)" % real)
+    return None
 
 
 def check_child_secrets(cfg: Any) -> None:

@@ -5,8 +5,12 @@ import math
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from onbox.config import AGENT_ONLY_VARS
+from onbox.config import AGENT_ONLY_VARS, CONTRACT_VARS
 from onbox.fsutil import read_token_file
+from onbox.untrusted import UntrustedInput, read_bytes
+
+ENV_FILE_MAX_BYTES = 1024 * 1024  # KEY=VAL lines; a secret is a token or a key
+SECRET_MAX_BYTES = 1024 * 1024
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -48,20 +52,21 @@ def child_env(base: Mapping[str, str], run: str, ckpt_dir: str, resume_from: Opt
               metrics_file: str, preempt_file: str, extra: Mapping[str, str],
               quota_cores: Optional[float] = None, agent_only: Iterable[str] = AGENT_ONLY_VARS) -> Dict[str, str]:
     """The user's environment minus the agent's secrets (U34; `agent_only`, config.agent_only_vars), plus the
-    ONBOX_* contract, PYTHONUNBUFFERED=1 (U43) and thread caps (U40). `extra` (the run's --env) is applied last,
-    as given."""
+    ONBOX_* contract (config.CONTRACT_VARS), PYTHONUNBUFFERED=1 (U43) and thread caps (U40). `extra` (the run's
+    --env, env files, secrets) comes after the defaults, as given, but never over the contract: `onbox run` refuses
+    a contract variable there, and one in the agent's own environment (a nested onbox) is replaced."""
     drop = set(agent_only)
     env = {k: v for k, v in base.items() if k not in drop}
-    env.update({
+    contract = {
         "ONBOX_RUN": run,
         "ONBOX_CKPT_DIR": ckpt_dir,
         "ONBOX_RESUME_FROM": resume_from or "",
         "ONBOX_RESTART_COUNT": str(restart_count),
         "ONBOX_METRICS_FILE": metrics_file,
         "ONBOX_PREEMPT_FILE": preempt_file,
-        # U43: block-buffered stdout into a file makes a healthy job look frozen
-        "PYTHONUNBUFFERED": "1",
-    })
+    }
+    assert contract.keys() == CONTRACT_VARS.keys(), "config.CONTRACT_VARS names the contract: keep the two in step"
+    env["PYTHONUNBUFFERED"] = "1"  # U43: block-buffered stdout into a file makes a healthy job look frozen
     # U40: torch/numpy size their thread pools by the host's CPU count, not the cgroup quota: on a 4-CPU
     # container of a 128-core host that oversubscribes and starves the GPU. Cap them unless the user chose.
     if quota_cores is not None:
@@ -70,6 +75,7 @@ def child_env(base: Mapping[str, str], run: str, ckpt_dir: str, resume_from: Opt
             if not env.get(var):
                 env[var] = cap
     env.update(extra)
+    env.update(contract)
     return env
 
 
@@ -87,14 +93,14 @@ def read_env_file(path: str) -> Dict[str, str]:
     from onbox.config import check_env_entry
     from onbox.errors import UsageError
 
+    hint = "give a readable file of KEY=VAL lines (mode 600)"
     try:
-        with open(path, "rb") as f:
-            raw = f.read(1024 * 1024 + 1)
+        # a regular file of bounded size: /dev/zero would grow the agent without end, a FIFO block it forever
+        raw = read_bytes(path, ENV_FILE_MAX_BYTES, "--env-file")
+    except UntrustedInput as e:
+        raise UsageError(str(e), hint=hint)
     except OSError as e:
-        raise UsageError("--env-file %s: cannot read it: %s" % (path, e.strerror or e),
-                         hint="give a readable file of KEY=VAL lines (mode 600)")
-    if len(raw) > 1024 * 1024:
-        raise UsageError("--env-file %s: larger than 1 MiB; it should hold KEY=VAL lines" % path)
+        raise UsageError("--env-file %s: cannot read it: %s" % (path, e.strerror or e), hint=hint)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -131,20 +137,19 @@ def read_secret(name: str) -> str:
     hint = ("store it with `onboxctl secrets push BOX %s < FILE` from your laptop (or write the file on the box, "
             "mode 600)" % name)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(1024 * 1024 + 1)
+        raw = read_bytes(path, SECRET_MAX_BYTES, "the secret")
     except FileNotFoundError:
         raise UsageError("no secret named %s in %s" % (name, paths.secrets_dir()), hint=hint)
     except IsADirectoryError:
         raise UsageError("the secret %s is a directory, not a file" % path, hint=hint)
+    except UntrustedInput as e:  # a FIFO, a device, or more than an environment variable should carry
+        raise UsageError(str(e), hint=hint)
     except OSError as e:
         raise UsageError("cannot read the secret %s: %s" % (path, e.strerror or e), hint=hint)
     try:
         value = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError("the secret %s is not UTF-8 text: an environment variable cannot carry it" % path)
-    if len(raw) > 1024 * 1024:
-        raise UsageError("the secret %s is larger than 1 MiB: too big for an environment variable" % path)
     value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
     if not value:
         raise UsageError("the secret %s is empty" % path, hint=hint)

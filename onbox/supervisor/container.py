@@ -35,6 +35,7 @@ import subprocess
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from onbox import untrusted
+from onbox.config import CONTRACT_VARS
 from onbox.errors import UsageError
 from onbox.proc import ProcRef, Stopped
 
@@ -46,9 +47,9 @@ BOOL_LONG = {"--rm", "--init", "--detach", "--interactive", "--tty", "--privileg
              "--sig-proxy", "--no-healthcheck", "--oom-kill-disable", "--quiet", "--disable-content-trust"}
 BOOL_SHORT = set("ditPq")
 NOT_PASSED = ("CUDA_VISIBLE_DEVICES",)
-# the child contract (onbox/supervisor/childenv.py): always passed, even where the agent's environment agrees
-CONTRACT = ("ONBOX_RUN", "ONBOX_CKPT_DIR", "ONBOX_RESUME_FROM", "ONBOX_RESTART_COUNT", "ONBOX_METRICS_FILE",
-            "ONBOX_PREEMPT_FILE")
+# the child contract (config.CONTRACT_VARS, set by childenv.py): always passed, even where the agent's environment
+# agrees
+CONTRACT = tuple(CONTRACT_VARS)
 
 
 def container_name(run: str, attempt: int) -> str:

@@ -27,17 +27,17 @@ PY = sys.executable
 CMD = ["--", "true"]
 
 
+class Fifo(NamedTuple):
+    """A named pipe at this path, with no writer: reading it the naive way blocks forever."""
+
+
 class Link(NamedTuple):
-    """A file placed as a symlink to `target` (/dev/zero: a read without a bound never ends)."""
+    """A symlink at this path to `target` ({tmp} and {home} filled in)."""
 
     target: str
 
 
-class Fifo(NamedTuple):
-    """A file placed as a FIFO without a writer (an open without O_NONBLOCK waits forever)."""
-
-
-Content = Union[str, bytes, Link, Fifo]
+Content = Union[str, bytes, Fifo, Link]
 
 
 class Row(NamedTuple):
@@ -492,6 +492,70 @@ ROWS += [  # issue 19: remaining readers
         files={"home/runs/r/config.json": FIFO}),
 ]
 
+# A path whose own length is the problem (PATH_MAX 4096 with its NUL, NAME_MAX 255): relative, so that without the
+# checks it would be accepted (made absolute under the row's tmp dir) rather than refused for another reason.
+LONG_PATH = "/".join(["d" * 199] * 21) + "/" + "e" * 82  # 4,282 characters, every part under 255
+ROWS += [  # issue 19: what run refuses before it starts
+    row("run-env-contract-ckpt-dir", ["run", "--name", "x", "--ckpt-dir", "{tmp}/ck", "--env",
+                                      "ONBOX_CKPT_DIR=/elsewhere", *CMD], 2, "--ckpt-dir"),
+    row("run-env-contract-run", ["run", "--name", "x", "--env", "ONBOX_RUN=other", *CMD], 2, "--name"),
+    row("run-env-contract-restart-count", ["run", "--name", "x", "--env", "ONBOX_RESTART_COUNT=0", *CMD], 2,
+        "ONBOX_RESTART_COUNT"),
+    row("run-env-contract-phase", ["run", "--name", "x", "--env", "ONBOX_PHASE_LR=0.1", *CMD], 2, "[[phase]]"),
+    row("run-env-file-contract-resume", ["run", "--name", "x", "--env-file", "{tmp}/a.env", *CMD], 2,
+        "ONBOX_RESUME_FROM", files={"a.env": "ONBOX_RESUME_FROM=/etc/passwd\n"}),
+    row("run-secret-contract-metrics", ["run", "--name", "x", "--secret", "ONBOX_METRICS_FILE=m", *CMD], 2,
+        "ONBOX_METRICS_FILE", files={"home/secrets/m": "/tmp/m.jsonl\n"}),
+    row("run-file-env-contract-preempt", ["run", "--name", "x", "-f", F, *CMD], 2, "ONBOX_PREEMPT_FILE",
+        files=run_file("[run]\nenv = {ONBOX_PREEMPT_FILE = '/tmp/p'}\n")),
+    row("relaunch-config-env-contract", ["run", "--name", "r"], 2, "--ckpt-dir",
+        run={"env": {"ONBOX_CKPT_DIR": "/elsewhere"}}),
+    row("run-env-file-dev-zero", ["run", "--name", "x", "--env-file", "/dev/zero", *CMD], 2, "not a regular file"),
+    row("run-env-file-fifo", ["run", "--name", "x", "--env-file", "{tmp}/job.env", *CMD], 2, "FIFO",
+        files={"job.env": Fifo()}),
+    row("run-secret-fifo", ["run", "--name", "x", "--secret", "HF_TOKEN", *CMD], 2, "FIFO",
+        files={"home/secrets/HF_TOKEN": Fifo()}),
+    row("run-ckpt-dir-root", ["run", "--name", "x", "--ckpt-dir", "/", *CMD], 2, "--ckpt-dir /"),
+    row("run-ckpt-dir-tilde", ["run", "--name", "x", "--ckpt-dir", "~", *CMD], 2, "home directory",
+        env={"HOME": "{tmp}/me"}, files={"me/.profile": ""}),
+    row("run-ckpt-dir-tilde-slash", ["run", "--name", "x", "--ckpt-dir=~/", *CMD], 2, "home directory",
+        env={"HOME": "{tmp}/me"}, files={"me/.profile": ""}),
+    row("run-ckpt-dir-run-dir", ["run", "--name", "x", "--ckpt-dir", "{home}/runs/x", *CMD], 2, "ONBOX_HOME"),
+    row("run-ckpt-dir-other-run", ["run", "--name", "x", "--ckpt-dir", "{home}/runs/y/checkpoints", *CMD], 2,
+        "ONBOX_HOME"),
+    row("run-ckpt-dir-holds-onbox-home", ["run", "--name", "x", "--ckpt-dir", "{tmp}", *CMD], 2, "ONBOX_HOME"),
+    row("run-ckpt-dir-etc", ["run", "--name", "x", "--ckpt-dir", "/etc", *CMD], 2, "system directory"),
+    row("run-ckpt-dir-usr-slash", ["run", "--name", "x", "--ckpt-dir", "/usr/", *CMD], 2, "system directory"),
+    row("run-ckpt-dir-proc", ["run", "--name", "x", "--ckpt-dir", "/proc", *CMD], 2, "system directory"),
+    row("run-ckpt-dir-var", ["run", "--name", "x", "--ckpt-dir", "/var", *CMD], 2, "system directory"),
+    row("run-ckpt-dir-link-to-root", ["run", "--name", "x", "--ckpt-dir", "{tmp}/out", *CMD], 2, "--ckpt-dir",
+        files={"out": Link("/")}),
+    row("run-ckpt-dir-dotdot-to-root", ["run", "--name", "x", "--ckpt-dir", "{tmp}/../../../../../../..", *CMD], 2,
+        "--ckpt-dir"),
+    row("run-file-ckpt-dir-root", ["run", "--name", "x", "-f", F, *CMD], 2, "--ckpt-dir",
+        files=run_file("[run]\nckpt_dir = '/'\n")),
+    row("relaunch-config-ckpt-dir-root", ["run", "--name", "r"], 2, "--ckpt-dir", run={"ckpt_dir": "/"}),
+    row("run-heartbeat-file-state-json", ["run", "--name", "x", "--heartbeat-file", "{home}/runs/x/state.json",
+                                          *CMD], 2, "ONBOX_HOME"),
+    row("run-heartbeat-file-other-run", ["run", "--name", "x", "--heartbeat-file", "{home}/runs/r/events.jsonl",
+                                         *CMD], 2, "ONBOX_HOME", run={}),
+    row("run-heartbeat-file-via-link", ["run", "--name", "x", "--heartbeat-file", "{tmp}/hb/x/state.json", *CMD],
+        2, "ONBOX_HOME", files={"hb": Link("{home}/runs")}),
+    row("run-heartbeat-file-secrets", ["run", "--name", "x", "--heartbeat-file", "{home}/secrets/HF_TOKEN", *CMD],
+        2, "ONBOX_HOME", files={"home/secrets/HF_TOKEN": "v\n"}),
+    row("run-ckpt-dir-long-part", ["run", "--name", "x", "--ckpt-dir", "{tmp}/" + "c" * 300, *CMD], 2, "255"),
+    row("run-heartbeat-file-long-part", ["run", "--name", "x", "--heartbeat-file", "{tmp}/" + "h" * 256 + ".jsonl",
+                                         *CMD], 2, "255"),
+    row("run-ckpt-dir-too-long", ["run", "--name", "x", "--ckpt-dir", LONG_PATH, *CMD], 2, "4095"),
+    row("run-durable-too-long", ["run", "--name", "x", "--durable", LONG_PATH, *CMD], 2, "4095"),
+    row("run-durable-remote-too-long", ["run", "--name", "x", "--durable", "remote:" + LONG_PATH[7:], *CMD], 2,
+        "4095"),
+    row("run-durable-remote-long-part", ["run", "--name", "x", "--durable", "remote:b/" + "k" * 300, *CMD], 2, "255"),
+    row("run-env-durable-too-long", ["run", "--name", "x", *CMD], 2, "--durable", env={"ONBOX_DURABLE": LONG_PATH}),
+    row("run-file-durable-long-part", ["run", "--name", "x", "-f", F, *CMD], 2, "255",
+        files=run_file("[run]\ndurable = '%s'\n" % ("~/" + "u" * 256))),
+]
+
 
 def _fill(value: str, tmp: str, home: str) -> str:
     return value.replace("{tmp}", tmp).replace("{home}", home)
@@ -545,13 +609,14 @@ def test_bad_input_is_refused_cleanly(case: Row, tmp_path):
     for rel, content in case.files.items():
         path = os.path.join(tmp, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        if isinstance(content, Fifo):
+            os.mkfifo(path)
+            continue
         if isinstance(content, Link):
-            os.symlink(content.target, path)
-        elif isinstance(content, Fifo):
-            os.mkfifo(path, 0o600)
-        else:
-            with open(path, "wb") as f:
-                f.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+            os.symlink(_fill(content.target, tmp, home), path)
+            continue
+        with open(path, "wb") as f:
+            f.write(content if isinstance(content, bytes) else content.encode("utf-8"))  # type: ignore[union-attr]
     env = subprocess_env({"ONBOX_HOME": home, **FAST})
     env.update({k: _fill(v, tmp, home) for k, v in case.env.items()})
     argv = [_fill(a, tmp, home) for a in case.argv]

@@ -38,9 +38,11 @@ if not os.environ.get("ONBOX_RESUME_FROM"):
 def test_replacement_box_resumes_from_durable(tmp_path):
     durable = str(tmp_path / "durable")
     knobs = {"ONBOX_SETTLE_SECONDS": "0", "ONBOX_SYNC_INTERVAL": "0"}
-    box_a, box_b = tmp_path / "boxA", tmp_path / "boxB"
+    box_a, box_b = tmp_path / "boxA", tmp_path / "boxB"  # each box's ONBOX_HOME
+    disk_a, disk_b = tmp_path / "diskA", tmp_path / "diskB"  # each box's local disk (a checkpoint dir is never in
+    # ONBOX_HOME, where onbox keeps its own state)
     seen_a, seen_b = str(tmp_path / "resume_a.txt"), str(tmp_path / "resume_b.txt")
-    r = onbox(box_a, "run", "--foreground", "--name", "e2e", "--restart", "never", "--ckpt-dir", str(box_a / "ck"),
+    r = onbox(box_a, "run", "--foreground", "--name", "e2e", "--restart", "never", "--ckpt-dir", str(disk_a / "ck"),
               "--durable", durable, "--", sys.executable, "-c", TRAINER, seen_a, durable, env_extra=knobs,
               timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -48,12 +50,12 @@ def test_replacement_box_resumes_from_durable(tmp_path):
     assert [e for e in events(box_a, "e2e") if e["type"] == "checkpoint_committed"]
     committed = os.path.join(durable, "e2e", "checkpoints", "step_10.pt")
     assert verify_path(committed).ok
-    r = onbox(box_b, "run", "--foreground", "--name", "e2e", "--restart", "never", "--ckpt-dir", str(box_b / "ck"),
+    r = onbox(box_b, "run", "--foreground", "--name", "e2e", "--restart", "never", "--ckpt-dir", str(disk_b / "ck"),
               "--durable", durable, "--", sys.executable, "-c", TRAINER, seen_b, durable, env_extra=knobs,
               timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     resumed = Path(seen_b).read_text()
-    assert resumed == str(box_b / "ck" / "step_10.pt")
+    assert resumed == str(disk_b / "ck" / "step_10.pt")
     assert verify_path(resumed).ok
     assert [e for e in events(box_b, "e2e") if e["type"] == "checkpoint_restored"]
 
