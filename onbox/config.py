@@ -38,6 +38,10 @@ CONTRACT_VARS: Dict[str, str] = {
                           "miss, give --metrics-regex",
     "ONBOX_PREEMPT_FILE": "it names the file onbox creates when a preemption is under way",
 }
+# Set for the job too, but not part of its contract: the attempt's marker (onbox/supervisor/leftovers.py)
+MARKER_VARS: Dict[str, str] = {
+    "ONBOX_ATTEMPT_ID": "it marks the attempt's processes, so that onbox finds and stops what they leave behind",
+}
 # ONBOX_PHASE, ONBOX_PHASE_INDEX, ONBOX_PHASE_LR, ...: set for each [[phase]] of a curriculum (onbox/supervisor/phases.py)
 PHASE_VAR = "ONBOX_PHASE"
 
@@ -341,8 +345,8 @@ def expand_home(key: str, value: Any) -> Any:
 
 def contract_var_hint(key: str) -> Optional[str]:
     """What to do instead of setting `key`, when it is one of the variables onbox sets for the job; else None."""
-    if key in CONTRACT_VARS:
-        return CONTRACT_VARS[key]
+    if key in CONTRACT_VARS or key in MARKER_VARS:
+        return CONTRACT_VARS.get(key) or MARKER_VARS[key]
     if key == PHASE_VAR or key.startswith(PHASE_VAR + "_"):
         return "the ONBOX_PHASE* variables come from the run file's [[phase]] tables: give the phase's keys " \
                "(lr, target_steps, ...), or another name in its env table"

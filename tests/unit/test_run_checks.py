@@ -36,6 +36,15 @@ def test_a_contract_variable_set_by_the_user_is_refused_naming_what_to_do_instea
     assert FLAG_INSTEAD[var] in e.value.message
 
 
+def test_the_attempt_marker_is_onboxs_too_and_is_the_one_the_supervisor_sets():
+    from onbox.config import MARKER_VARS
+    from onbox.supervisor.leftovers import MARKER_VAR
+
+    assert set(MARKER_VARS) == {MARKER_VAR}
+    with pytest.raises(UsageError, match="stops what they leave behind"):
+        check_env_entry(MARKER_VAR, "x", "--env-file a.env")
+
+
 @pytest.mark.parametrize("var", ["ONBOX_PHASE", "ONBOX_PHASE_LR", "ONBOX_PHASE_TARGET_STEPS"])
 def test_the_phase_variables_are_onboxs_too(var):
     with pytest.raises(UsageError, match=r"\[\[phase\]\]"):
