@@ -417,6 +417,9 @@ class CompletionTracker:
         c.complete, c.complete_by = False, ""
         if not c.files:
             c.reason = "empty directory (a save cut short before its first file)"
+        elif problem and problem.split(": ", 1)[-1].startswith(formats.UNREADABLE):
+            # not torn: the bytes may be fine, this box cannot read them (permissions, an I/O error, a device)
+            c.reason = "unreadable: %s" % problem
         elif problem:
             # a file being written fails the same checks as a torn one; only time tells them apart
             c.reason = ("torn: %s" if quiet else "still being written (%s)") % problem

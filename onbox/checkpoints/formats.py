@@ -74,12 +74,16 @@ def sniff(path: str) -> str:
     return "other"
 
 
+# how a problem that is this box's, not the file's, begins: never called torn (the bytes may be whole)
+UNREADABLE = ("cannot read", "not a regular file")
+
+
 def check_file(path: str, full: bool = False) -> FormatResult:
     """Check one file; `full` also reads every byte (zip CRCs, the whole of a large JSON)."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a device, FIFO or socket (often behind a symlink): never read it
-            return FormatResult("other", "not a regular file: %s is %s%s" % (
+            return FormatResult("other", "%s: %s is %s%s" % (UNREADABLE[1],
                 os.path.basename(path), untrusted.describe_mode(st.st_mode),
                 " (through a symlink to %s)" % os.path.realpath(path) if os.path.islink(path) else ""))
         size = st.st_size
@@ -102,7 +106,7 @@ def check_file(path: str, full: bool = False) -> FormatResult:
             return _check_json(path, size, full)
         return FormatResult("other", None)
     except OSError as e:
-        return FormatResult("other", "cannot read: %s" % (e.strerror or e))
+        return FormatResult("other", "%s: %s" % (UNREADABLE[0], e.strerror or e))
 
 
 def check_json(path: str) -> FormatResult:

@@ -132,6 +132,7 @@ class CheckpointCommitHook(ResumeMixin):
         cands = self.tracker.update(found, self.clock.monotonic(), self.clock.time(),
                                     read_progress(self.ctx.run_dir), settle=settle)
         self.cands = cands
+        self._watch_unreadable(cands)
         complete = [c for c in cands if c.complete]
         if complete:
             c = complete[-1]
@@ -165,6 +166,22 @@ class CheckpointCommitHook(ResumeMixin):
         self._retry_now = False
         self._worker = threading.Thread(target=self.commit_one, args=(newest,), name="onbox-commit", daemon=True)
         self._worker.start()
+
+    def _watch_unreadable(self, cands: List[Candidate]) -> None:
+        """When the newest entry of the checkpoint dir cannot be read here (permissions, an I/O error), nothing
+        newer than what durable storage holds is committed, whatever the last sync's "ok" says: an event and a
+        status line when that starts (checkpoint_unreadable) and when it ends (checkpoint_readable)."""
+        # by time: a file that cannot be read may not tell its step either
+        newest = max(cands, key=lambda c: c.newest_mtime) if cands else None
+        bad = newest is not None and newest.reason.startswith("unreadable: ")
+        was = self.status.get("unreadable")
+        if bad and newest is not None and (not was or was.get("name") != newest.name):
+            problem = newest.reason[len("unreadable: "):]
+            self._update_status(unreadable={"name": newest.name, "path": newest.path, "problem": problem})
+            self.ctx.emit("checkpoint_unreadable", checkpoint=newest.name, path=newest.path, problem=problem)
+        elif not bad and was:
+            self._update_status(unreadable=None)
+            self.ctx.emit("checkpoint_readable", checkpoint=was.get("name"))
 
     def _watch_for_none(self, now: float) -> None:
         """Say so (once: an event, and a warning in checkpoint_status.json that `onbox status` shows) when the

@@ -135,6 +135,9 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
         line += " · LAST SYNC FAILED: %s" % last.get("error")  # U33: never let a failed sync look fine
     if c.get("warning"):
         line += " · WARNING: %s" % c["warning"]
+    if isinstance(c.get("unreadable"), dict):  # the last sync's "ok" says nothing of a newer checkpoint it skipped
+        line += " · NEWEST UNREADABLE, NOT COMMITTED: %s (%s)" % (c["unreadable"].get("name"),
+                                                                c["unreadable"].get("problem"))
     return line
 
 

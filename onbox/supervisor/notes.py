@@ -71,6 +71,15 @@ class RunNotes:
                                                  "hint": "stop the group and relaunch it with a --durable every "
                                                          "node reaches (an rclone remote or a shared mount)"}
                 self._state_due = True
+            elif kind == "checkpoint_unreadable":
+                self._warnings["unreadable"] = {
+                    "code": "checkpoint_unreadable", "severity": "critical", "at": ev.get("time"),
+                    "message": "the newest checkpoint %s cannot be read here (%s): it is not committed, and a "
+                               "restart resumes from an older one" % (ev.get("checkpoint"), ev.get("problem")),
+                    "hint": "check its permissions and the disk (`ls -l %s`, dmesg for I/O errors)" % ev.get("path")}
+                self._state_due = True
+            elif kind == "checkpoint_readable" and self._warnings.pop("unreadable", None) is not None:
+                self._state_due = True
             elif kind == "resume_from_scratch":
                 self._warnings["from_scratch"] = {
                     "code": "resume_from_scratch", "severity": "critical", "at": ev.get("time"),
