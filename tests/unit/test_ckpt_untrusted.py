@@ -306,3 +306,18 @@ def test_index_entries_of_the_wrong_shape_are_dropped_and_rebuilt_from_their_man
     (tmp_path / "durable" / "r1" / "checkpoints_index.json").write_text(json.dumps(doc))
     entries = hook.committer.committed()
     assert [(e["name"], e["step"]) for e in entries] == [("step_00010.pt", 10), ("step_00020.pt", 20)]
+
+
+def test_a_checkpoint_name_that_links_to_a_device_is_no_candidate_and_never_read(tmp_path):
+    """A .pt symlink to /dev/zero (or a FIFO) was judged "empty file (torn ...)": it is no checkpoint at all, is
+    never opened by the scan (a FIFO would block it), and its format check says what it is."""
+    from onbox.checkpoints import formats
+    from onbox.checkpoints.detect import CompletionTracker, scan
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "step_00005.pt").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "ck" / "step_00006.pt")
+    assert CompletionTracker(0.0).update(scan(str(tmp_path / "ck")), 0.0, 0.0) == []
+    res = formats.check_file(str(tmp_path / "ck" / "step_00005.pt"))
+    assert "a character device (through a symlink to /dev/zero)" in res.problem
+    assert "torn" not in res.problem and "empty" not in res.problem
