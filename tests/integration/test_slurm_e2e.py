@@ -18,30 +18,8 @@ import pytest
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.polling import wait_for
 
-try:
-    import onbox.supervisor.loop
-    HAVE_SUPERVISOR = True
-except ImportError:
-    HAVE_SUPERVISOR = False
-
-try:
-    import onbox.checkpoints.hook
-    HAVE_CHECKPOINTS = True
-except ImportError:
-    HAVE_CHECKPOINTS = False
-needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="onbox.checkpoints not importable yet (issue 4): "
-                                       "these tests assert a committed checkpoint and the resume from it")
-
-try:
-    import onbox.heartbeat.hook  # noqa: F401
-    HAVE_HEARTBEATS = True
-except ImportError:
-    HAVE_HEARTBEATS = False
-
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "slurm_trainer.py")
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not HAVE_SUPERVISOR, reason="onbox.supervisor.loop not importable yet (issue 3): "
-                                 "these tests need `onbox run --foreground` and its preemption path")]
+pytestmark = [pytest.mark.integration]
 
 
 class Job:
@@ -117,7 +95,6 @@ def assert_resumed_without_gap(job, committed_step):
 
 
 @pytest.mark.slow
-@needs_checkpoints
 def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster, tmp_path):
     # keep every checkpoint: with the default keep-last 3, the resumed attempt's commits retire the on-signal one
     job = submit(slurm_cluster, tmp_path, ["--steps", "30", "--interval", "0.1"],
@@ -139,7 +116,6 @@ def test_usr1_commits_requeues_and_resumes_from_the_committed_step(slurm_cluster
 
 
 @pytest.mark.slow
-@needs_checkpoints
 def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_path):
     """--time=1 with the signal 50 s before the end: Slurm sends USR1 within the first ~10 s."""
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1"],
@@ -228,7 +204,6 @@ def test_the_pyz_submits_itself_as_the_agent(slurm_cluster, tmp_path, built_pyz)
     assert job.steps() == [1, 2, 3] and job.state().get("state") == "done"
 
 
-@pytest.mark.skipif(not HAVE_HEARTBEATS, reason="onbox.heartbeat not importable yet (issue 5)")
 def test_heartbeats_carry_the_slurm_job(slurm_cluster, tmp_path):
     beats_file = str(tmp_path / "beats.jsonl")
     job = submit(slurm_cluster, tmp_path, ["--steps", "5", "--interval", "0.1"],
