@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import os
 import pty
@@ -37,7 +36,6 @@ def ctl(env, *args, check=True):
     return r
 
 
-@pytest.mark.skipif(importlib.util.find_spec("onbox.supervisor.loop") is None, reason="needs the supervisor (onbox run)")
 def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_env, tmp_path, onbox_pyz):
     e = sshd_box.inventory_entry()
     for name in ("b1", "b2", "b3"):  # three inventory names for one sshd: three "boxes" as far as ssh knows
