@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.boxes import Box, Inventory
-from controller.launch import default_run_name, parse_json_tail, read_fanout
+from controller.launch import parse_json_tail, read_fanout
 from controller.pull import PullsRecord, RemoteCheckpoint, newest
 from controller.runview import render_table, rows_from_box_status, rows_from_tracker
 from controller.ssh import Ssh, SshSettings, Target, remote_command
@@ -125,6 +125,8 @@ def test_box_cli(tmp_path, monkeypatch):
 
 
 def test_run_names_and_fanout(tmp_path):
+    from onbox.paths import default_run_name  # the one rule, shared with the agent (tests/unit/test_run_names.py)
+
     assert default_run_name(["python", "train.py", "--lr", "3"], now=0) == "train-19700101-000000"
     assert default_run_name(["python", "-m", "onbox.examples.charlm"], now=0) == "charlm-19700101-000000"
     f = tmp_path / "fan"
