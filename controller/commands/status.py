@@ -9,9 +9,10 @@ from typing import List, Optional, Tuple
 import click
 
 from controller import userconfig
+from controller.agent import ask, refusal
 from controller.boxes import Box, Inventory
 from controller.commands.params import Seconds
-from controller.launch import check_name, parse_json_any
+from controller.launch import check_name
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
@@ -20,7 +21,7 @@ from controller.runview import (
     rows_from_box_status,
     rows_from_tracker,
 )
-from controller.ssh import RemoteCommandFailed, Ssh, settings_from_env
+from controller.ssh import Ssh, settings_from_env
 from onbox.commands.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
@@ -29,14 +30,9 @@ def box_rows(ssh: Ssh, box: Box) -> List[RunRow]:
     """Rows from `onbox status --json` on the box (schema onbox.status/1): each run's state, the agent's liveness,
     and the progress and checkpoint status the agent's subsystems recorded, read by the agent's own bounded
     readers. A run whose state.json is corrupt is a row of its own (exit 2 after the list): not a dead box."""
-    res = ssh.run(box.target(), [box.python, REMOTE_PYZ, "status", "--json"], timeout=30, check=False,
-                  what="onbox status")
-    doc = parse_json_any(res.text)
+    doc, res, what = ask(ssh, box, ["status", "--json"], timeout=30)
     if not isinstance(doc, list):
-        said = (res.err_text.strip() or res.text.strip()).splitlines()
-        raise RemoteCommandFailed("onbox status on %s exited %d: %s" % (box.name, res.returncode,
-                                                                       said[-1][-300:] if said else "(no output)"),
-                                  hint="`onboxctl push %s` installs the onbox this onboxctl speaks to" % box.name)
+        raise refusal(box, what, res, "run list")
     return rows_from_box_status(box.name, doc)
 
 

@@ -71,10 +71,11 @@ def run_listing(ctx: Any, ask_remote: bool = True) -> Dict[str, Any]:
     root = mounted.run_root if mounted is not None else None
     doc = blank(ctx.name, ctx.run_dir)
     doc.update(ckpt_dir=ctx.ckpt_dir, durable=ctx.config.durable, local=local, committed=committed,
-               status=hook.status, trainer_alive=writing, local_problem=problem, node=node_of(ctx.config),
-               durable_root=root, has_index=bool(root) and os.path.isfile(os.path.join(root, INDEX)),
-               has_logs=bool(root) and os.path.isdir(os.path.join(root, "logs")),
-               manifests=durable_manifests(os.path.join(root, "checkpoints")) if root else [])
+               status=hook.status, trainer_alive=writing, local_problem=problem, node=node_of(ctx.config))
+    if root is not None:  # a mounted path: what pull copies from, and every manifest on it
+        doc.update(durable_root=root, has_index=os.path.isfile(os.path.join(root, INDEX)),
+                   has_logs=os.path.isdir(os.path.join(root, "logs")),
+                   manifests=durable_manifests(os.path.join(root, "checkpoints")))
     return doc
 
 

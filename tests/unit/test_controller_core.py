@@ -15,6 +15,7 @@ from controller.runview import render_table, rows_from_box_status, rows_from_tra
 from controller.ssh import Ssh, SshSettings, Target, remote_command
 from controller.teardown import judge_run
 from onbox.errors import UsageError
+from onbox.paths import default_run_name  # the one rule, shared with the agent (tests/unit/test_run_names.py)
 from tests.golden import check_golden
 
 NOW = 1_800_000_000.0
@@ -125,8 +126,6 @@ def test_box_cli(tmp_path, monkeypatch):
 
 
 def test_run_names_and_fanout(tmp_path):
-    from onbox.paths import default_run_name  # the one rule, shared with the agent (tests/unit/test_run_names.py)
-
     assert default_run_name(["python", "train.py", "--lr", "3"], now=0) == "train-19700101-000000"
     assert default_run_name(["python", "-m", "onbox.examples.charlm"], now=0) == "charlm-19700101-000000"
     f = tmp_path / "fan"
