@@ -185,3 +185,27 @@ def test_a_checkpoint_name_that_is_no_directory_entry_is_refused(name):
          "manifests": [{"name": name, "manifest_sha256": "aa", "step": 1}]}]}
     with pytest.raises(JobFailed, match="no directory entry"):
         remote_runs(Answers(0, out=json.dumps(doc)), BOX)  # type: ignore[arg-type]
+
+
+def test_the_push_hash_is_sha256sum_and_says_when_the_box_has_none(tmp_path):
+    """The one command push sends that is no `onbox` command (the pyz may not be there yet, and what landed must
+    not vouch for itself): sha256sum's hash, nothing for a missing file, and a box without sha256sum is told, not
+    read as "no pyz" (the Python fallback it had never ran: the pipeline's status was cut's)."""
+    from controller.push import _REMOTE_SHA
+
+    assert "python" not in _REMOTE_SHA and " -c " not in _REMOTE_SHA
+    f = tmp_path / "onbox.pyz"
+    f.write_bytes(b"zip bytes")
+    bare = tmp_path / "bin"
+    bare.mkdir()  # a PATH without sha256sum
+
+    def remote(path, env_path):
+        return subprocess.run(["/bin/sh", "-c", _REMOTE_SHA % path], capture_output=True, text=True, timeout=30,
+                              env={"PATH": env_path})
+
+    ok = remote(str(f), os.environ["PATH"])
+    assert (ok.returncode, ok.stdout) == (0, hashlib.sha256(b"zip bytes").hexdigest() + "\n")
+    missing = remote(str(tmp_path / "none"), os.environ["PATH"])
+    assert (missing.returncode, missing.stdout) == (0, "")
+    none = remote(str(f), str(bare))
+    assert none.returncode == 127 and "sha256sum" in none.stderr and none.stdout == ""
