@@ -23,7 +23,7 @@ def _r(key: str) -> str:
 
 def _options(f: Any) -> Any:
     opts = [
-        click.option("--name", help="Run name (default: derived from CMD and the time)."),
+        click.option("--name", help="Run name (default: <program>-<UTC time>, as onboxctl run names it)."),
         click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
         click.option("-f", "--run-file", "run_file", type=click.Path(dir_okay=False),
                      help="A TOML run file holding the same options (a [run] table)."),
