@@ -182,13 +182,14 @@ def test_a_pulled_manifest_nested_too_deep_counts_as_no_local_copy(tmp_path):
 @pytest.mark.timeout(60)
 def test_the_box_side_listing_skips_what_it_must_not_read(tmp_path):
     """The listing pull and the gate read (`onbox checkpoints --all --json`, the box's own python): a FIFO
-    state.json, a deep config.json and a deep manifest neither hang it nor end it in a RecursionError. A manifest
+    state.json, progress.json or checkpoint_status.json, a deep config.json and a deep manifest neither hang it nor end it in a RecursionError. A manifest
     the box refuses is still listed (with its problem): the gate must not take an older one for the newest."""
     run = tmp_path / "home" / "runs" / "r"
     run.mkdir(parents=True)
     durable = tmp_path / "durable"
     (run / "config.json").write_text(json.dumps({"durable": str(durable)}))
-    os.mkfifo(run / "state.json")
+    for name in ("state.json", "progress.json", "checkpoint_status.json"):
+        os.mkfifo(run / name)
     other = tmp_path / "home" / "runs" / "deep"
     other.mkdir()
     (other / "config.json").write_text(DEEP)
