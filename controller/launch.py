@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import shlex
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -39,20 +38,6 @@ class LaunchResult:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def default_run_name(cmd: Sequence[str], now: Optional[float] = None) -> str:
-    """<program>-<UTC date-time>, e.g. train-20260101-120000 (letters, digits, '.', '_', '-' only)."""
-    prog = "run"
-    for tok in cmd:
-        base = os.path.basename(tok)
-        if base and not base.startswith("-") and base not in ("python", "python3", "-m", "bash", "sh", "env",
-                                                              "torchrun", "accelerate", "uv"):
-            prog = base
-            break
-    prog = prog[:-3] if prog.endswith((".py", ".sh")) else prog.split(".")[-1]  # train.py, pkg.module
-    prog = "".join(c if c.isalnum() or c in "_-" else "-" for c in prog).strip("-") or "run"
-    return "%s-%s" % (prog[:40], time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)))
 
 
 def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:

@@ -1,6 +1,8 @@
 """Pull a run's committed checkpoints (and logs, index) home, resumably, then verify each one locally.
 
-Layout read on the box (onbox/checkpoints/README.md):
+What is there to pull, the box's agent says (`onbox checkpoints RUN --json`, `--all` for the gate; schema
+onbox.checkpoints/1, onbox/checkpoints/listing.py): the run's state, its durable dir and every checkpoint whose
+MANIFEST.json is there, with the sha256 of the manifest's bytes. Layout read on the box (onbox/checkpoints/README.md):
     <durable>/<run>/checkpoints/<name>/MANIFEST.json   a checkpoint exists only once its manifest does
     <durable>/<run>/checkpoints_index.json
     <durable>/<run>/logs/
@@ -22,9 +24,12 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from controller.agent import agent_json
 from controller.boxes import Box, config_dir
 from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
 from onbox import untrusted
+from onbox.checkpoints.listing import LIST_SCHEMA
+from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.fsutil import atomic_write_json
@@ -32,63 +37,6 @@ from onbox.fsutil import atomic_write_json
 PARTIAL_DIR = ".onbox-partial"
 # pulls.json grows by ~300 bytes for every checkpoint ever pulled, like a checkpoints index: the index's bound
 PULLS_MAX_BYTES = untrusted.INDEX_MAX_BYTES
-
-# Runs on the box with its own python: the run's durable dir and every committed checkpoint (manifest present),
-# with the manifest's sha256 so "pulled" can be matched against exactly what is on the box.
-_LIST_SCRIPT = r"""
-import hashlib, json, os, sys
-home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
-runs_dir = os.path.join(home, "runs")
-names = sys.argv[1:] if sys.argv[1:] != ["--all"] else sorted(
-    n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else []) if os.path.isdir(os.path.join(runs_dir, n)))
-CAP = 64 << 20  # onbox's own bound on a manifest (onbox/untrusted.py): no read past it, no FIFO opened
-def small_file(path, cap=4 << 20):
-    return os.path.isfile(path) and os.path.getsize(path) <= cap
-def load(path):
-    try:
-        if not small_file(path):
-            return None
-        with open(path, "rb") as f:
-            doc = json.loads(f.read(4 << 20).decode("utf-8"))
-        return doc if isinstance(doc, dict) else None
-    except Exception:  # RecursionError included: a state file nested too deep
-        return None
-def one(run):
-    rd = os.path.join(runs_dir, run)
-    out = {"run": run, "exists": os.path.isdir(rd), "durable": None, "checkpoints": []}
-    cfg = load(os.path.join(rd, "config.json")) or {}
-    st = load(os.path.join(rd, "state.json")) or {}
-    out["state"] = st.get("state")
-    out["durable"] = cfg.get("durable") or (cfg.get("config") or {}).get("durable")
-    group = load(cfg.get("node_group")) if isinstance(cfg.get("node_group"), str) else None
-    if isinstance(group, dict):  # a node of a multi-node group (never its key: only who commits)
-        out["node"] = {"rank": group.get("rank"), "run": group.get("run"), "nnodes": group.get("nnodes")}
-    d = out["durable"]
-    if d and ":" not in d.split("/")[0]:
-        root = os.path.join(os.path.expanduser(d), run)
-        out["run_root"] = root
-        cdir = os.path.join(root, "checkpoints")
-        out["has_index"] = os.path.isfile(os.path.join(root, "checkpoints_index.json"))
-        out["has_logs"] = os.path.isdir(os.path.join(root, "logs"))
-        for name in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
-            m = os.path.join(cdir, name, "MANIFEST.json")
-            if not small_file(m, CAP):  # no manifest (or no readable one): not a committed checkpoint
-                continue
-            with open(m, "rb") as f:
-                raw = f.read(CAP + 1)
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError):
-                doc = {}
-            doc = doc if isinstance(doc, dict) else {}
-            files = doc.get("files") if isinstance(doc.get("files"), list) else []
-            sizes = [f.get("size") for f in files if isinstance(f, dict)]
-            out["checkpoints"].append({"name": name, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
-                                       "step": doc.get("step"), "created": doc.get("created"),
-                                       "bytes": sum(n for n in sizes if type(n) is int) if sizes else 0})
-    return out
-print(json.dumps({"runs": [one(n) for n in names]}))
-"""
 
 PROGRESS_RE = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\S+)")
 
@@ -109,17 +57,46 @@ def newest(ckpts: List[RemoteCheckpoint]) -> Optional[RemoteCheckpoint]:
     return max(ckpts, key=lambda c: (c.step if isinstance(c.step, int) else -1, str(c.created or ""), c.name))
 
 
+def _checkpoint(box: Box, m: Any) -> RemoteCheckpoint:
+    """One entry of the agent's `manifests`, its types checked: the name becomes a local path."""
+    if not isinstance(m, dict) or untrusted.name_problem(m.get("name")) or not isinstance(m.get("manifest_sha256"), str):
+        raise JobFailed("the box %s listed a checkpoint that is no directory entry with a manifest hash: %r"
+                        % (box.name, m if not isinstance(m, dict) else m.get("name")))
+    step, size = m.get("step"), m.get("bytes")
+    return RemoteCheckpoint(name=m["name"], manifest_sha256=m["manifest_sha256"],
+                            step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                            created=m.get("created"),
+                            bytes=size if isinstance(size, int) and not isinstance(size, bool) else None)
+
+
+def _run_doc(box: Box, doc: Any) -> Dict[str, Any]:
+    """An onbox.checkpoints/1 document as pull and the teardown gate read it."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("run"), str):
+        raise JobFailed("could not read the runs on %s: an entry that is no run: %r" % (box.name, doc))
+    root, node, durable = doc.get("durable_root"), doc.get("node"), doc.get("durable")
+    out: Dict[str, Any] = {"run": doc["run"], "exists": True, "state": doc.get("state"),
+                           "durable": durable if isinstance(durable, str) else None,
+                           "has_index": doc.get("has_index") is True, "has_logs": doc.get("has_logs") is True,
+                           "checkpoints": [_checkpoint(box, m) for m in doc.get("manifests") or []]}
+    if isinstance(root, str) and root:
+        out["run_root"] = root
+    if isinstance(node, dict):  # a node of a multi-node group: only node 0 commits
+        out["node"] = node
+    if doc.get("problem"):
+        out["problem"] = doc["problem"]
+    return out
+
+
 def remote_runs(ssh: Ssh, box: Box, runs: Optional[List[str]] = None) -> List[Dict[str, Any]]:
-    """Each run's state, durable dir and committed checkpoints on the box (all runs when `runs` is None)."""
-    res = ssh.run(box.target(), [box.python, "-c", _LIST_SCRIPT] + (runs or ["--all"]), timeout=60,
-                  what="list runs and checkpoints")
-    try:
-        docs = untrusted.loads_json(res.text.strip().splitlines()[-1], "the box's run listing")["runs"]
-    except (ValueError, IndexError, KeyError, TypeError):
-        raise JobFailed("could not read the runs on %s: %r" % (box.name, res.text[-300:]))
-    for doc in docs:
-        doc["checkpoints"] = [RemoteCheckpoint(**c) for c in doc.get("checkpoints", [])]
-    return docs
+    """Each run's state, durable dir and committed checkpoints on the box (all runs when `runs` is None), from
+    the agent's `onbox checkpoints --json` (an rclone remote is not asked: what it holds is off the box)."""
+    if runs is None:
+        listed = agent_json(ssh, box, ["checkpoints", "--all", "--json"], LIST_SCHEMA, timeout=120).get("runs")
+        if not isinstance(listed, list):
+            raise JobFailed("could not read the runs on %s: %s without a run list" % (box.name, LIST_SCHEMA))
+    else:
+        listed = [agent_json(ssh, box, ["checkpoints", run, "--json"], LISTING_SCHEMA) for run in runs]
+    return [_run_doc(box, d) for d in listed]
 
 
 def remote_run(ssh: Ssh, box: Box, run: str) -> Dict[str, Any]:

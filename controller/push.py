@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import stat
 import subprocess
 import threading
@@ -31,9 +30,11 @@ REMOTE_PUSHED = REMOTE_ROOT + "/pushed.json"
 REMOTE_SECRETS = REMOTE_ROOT + "/secrets"
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-# sha256 of a remote file, or nothing when it is missing; sha256sum first, the box's python as the fallback
-_REMOTE_SHA = ('f=%s; if [ -f "$f" ]; then sha256sum "$f" 2>/dev/null | cut -d" " -f1 || '
-               '%s -c "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],\'rb\').read()).hexdigest())" "$f"; fi')
+# sha256 of a remote file, or nothing when it is missing. Not an `onbox` command: before the first push there is
+# no pyz, and after a copy the bytes that landed must not vouch for themselves (a torn zip may not even start;
+# U42). coreutils' or busybox's sha256sum; one missing or failing ends the call with its own message (the Python
+# fallback this replaced never ran: a pipeline's status is cut's, so a missing sha256sum read as "no pyz").
+_REMOTE_SHA = 'f=%s; if [ -f "$f" ]; then h=$(sha256sum -- "$f") || exit; echo "${h%%%% *}"; fi'
 
 
 @dataclasses.dataclass
@@ -88,7 +89,7 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
 
     # one call: create the dirs (U13: never assume a sibling made them) and read the remote hash
     script = "umask 022; mkdir -p %s %s && mkdir -p -m 700 %s && %s" % (
-        REMOTE_ROOT, REMOTE_CODE, REMOTE_SECRETS, _REMOTE_SHA % (REMOTE_PYZ, shlex.quote(box.python)))
+        REMOTE_ROOT, REMOTE_CODE, REMOTE_SECRETS, _REMOTE_SHA % REMOTE_PYZ)
     remote_sha = ssh.run(target, script=script, what="prepare remote dirs").text.strip()
     if remote_sha != local_sha:
         say("copying onbox.pyz (%d bytes) to %s" % (os.path.getsize(pyz), box.name))
@@ -121,7 +122,7 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
 def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], remote_code: Optional[str],
                   io_timeout: int) -> None:
     target = box.target()
-    got = ssh.run(target, script=_REMOTE_SHA % (REMOTE_PYZ, shlex.quote(box.python)), what="hash onbox.pyz").text.strip()
+    got = ssh.run(target, script=_REMOTE_SHA % REMOTE_PYZ, what="hash onbox.pyz").text.strip()
     if got != local_sha:
         raise JobFailed("onbox.pyz on %s has sha256 %s, expected %s" % (box.name, got[:16] or "(missing)", local_sha[:16]),
                         hint="the copy did not land (disk full? U7); check `df -h -i` on the box and push again")

@@ -3,12 +3,15 @@
 $ONBOX_HOME (default ~/.onbox, or /tmp/onbox-<uid> when $HOME is unwritable)
   runs/<run>/        one directory a run (mode 0700): state.json, events.jsonl, config.json, output.log, ...
   secrets/<NAME>     secrets for `onbox run --secret NAME` (`onboxctl secrets push` writes ~/.onbox/secrets/)
+
+A run's default name is made here too (`default_run_name`), by the one rule `onbox run` and `onboxctl run` share.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+import time
+from typing import Optional, Sequence
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # what `onboxctl secrets push` accepts
@@ -35,6 +38,45 @@ def run_dir(name: str) -> str:
 def valid_run_name(name: str) -> bool:
     """Run names become directory names and tracker keys: letters, digits, '.', '_', '-'."""
     return bool(RUN_NAME_RE.fullmatch(name))
+
+
+# What stands between a command and the program it runs: interpreters, launchers and their sub-commands
+INTERPRETER_RE = re.compile(r"^python[0-9.]*$")  # python, python3, python3.11 (not python_train.py)
+LAUNCHERS = ("bash", "sh", "env", "torchrun", "accelerate", "deepspeed", "uv")
+LAUNCHER_VERBS = {"accelerate": "launch", "uv": "run"}
+PROGRAM_MAX = 40  # characters of the program's name in a default run name (the whole name stays under 60)
+
+
+def command_base(command: Sequence[str]) -> str:
+    """The program a command runs, as a name: past interpreters, launchers, options, VAR=VALUE and bare
+    numbers (an option's value). `python train.py` -> train, `python -m pkg.charlm` -> charlm,
+    `uv run torchrun --nproc-per-node 8 train.py` -> train, `python -c CODE` -> python. Letters, digits, '_'
+    and '-' only: never a '.', which marks a node's run (`<run>.node1`)."""
+    prog = ""
+    after = ""  # the launcher just passed, whose sub-command (`uv run`) is skipped too
+    for i, tok in enumerate(command):
+        base = os.path.basename(tok)
+        if tok == "-m" and i + 1 < len(command):  # a module: its last dotted part
+            prog = command[i + 1].rsplit(".", 1)[-1]
+            break
+        if tok == "-c":  # inline code: the interpreter is all there is to name
+            break
+        if INTERPRETER_RE.match(base) or base in LAUNCHERS:
+            prog, after = base, base
+            continue
+        if not base or tok.startswith("-") or "=" in tok or tok.isdigit() or LAUNCHER_VERBS.get(after) == tok:
+            continue
+        prog = base[:-3] if base.endswith((".py", ".sh")) else base
+        break
+    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in prog)
+    return safe.strip("-_")[:PROGRAM_MAX].strip("-_") or "run"
+
+
+def default_run_name(command: Sequence[str], now: Optional[float] = None) -> str:
+    """`<program>-<UTC date>-<UTC time>`, e.g. train-20260101-120000: the name `onbox run` and `onboxctl run` give
+    a run of `command` started at `now` when the user names none. UTC and nothing random (no pid): the name
+    goes to durable storage and the tracker, read from any time zone, and a relaunch must be able to derive it."""
+    return "%s-%s" % (command_base(command), time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)))
 
 
 def secrets_dir() -> str:

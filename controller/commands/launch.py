@@ -8,11 +8,12 @@ import click
 
 from controller.boxes import Inventory
 from controller.commands.params import Seconds
-from controller.launch import check_name, default_run_name, launch_many, read_fanout
+from controller.launch import check_name, launch_many, read_fanout
 from controller.ssh import Ssh, settings_from_env
 from controller.userconfig import check_tracker_url
 from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
+from onbox.paths import default_run_name
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

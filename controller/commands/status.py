@@ -1,18 +1,18 @@
 """`onboxctl status [--watch] [--json]` and `onboxctl logs BOX RUN [-f]`."""
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 import time
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import click
 
 from controller import userconfig
-from controller.boxes import Inventory
+from controller.agent import ask, refusal
+from controller.boxes import Box, Inventory
 from controller.commands.params import Seconds
-from controller.launch import check_name, parse_json_any
+from controller.launch import check_name
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
@@ -25,35 +25,15 @@ from controller.ssh import Ssh, settings_from_env
 from onbox.commands.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
-SEPARATOR = "--onboxctl-extras--"
-_EXTRAS = r"""
-import json, os
-home = os.environ.get("ONBOX_HOME") or os.path.join(os.path.expanduser("~"), ".onbox")
-runs = os.path.join(home, "runs")
-out = {}
-for n in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
-    doc = {}
-    for key, fn in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json")):
-        try:
-            doc[key] = json.load(open(os.path.join(runs, n, fn)))
-        except Exception:
-            pass
-    out[n] = doc
-print(json.dumps(out))
-"""
 
-
-def merge_extras(states: Any, extras: Any) -> Any:
-    """Attach each run's progress.json and checkpoint_status.json to its state document."""
-    if not isinstance(extras, dict):
-        return states
-    docs = states if isinstance(states, list) else [states] if isinstance(states, dict) else []
-    for d in docs:
-        if isinstance(d, dict):
-            more = extras.get(d.get("run") or d.get("name")) or {}
-            for key, value in more.items():
-                d.setdefault(key, value)
-    return states
+def box_rows(ssh: Ssh, box: Box) -> List[RunRow]:
+    """Rows from `onbox status --json` on the box (schema onbox.status/1): each run's state, the agent's liveness,
+    and the progress and checkpoint status the agent's subsystems recorded, read by the agent's own bounded
+    readers. A run whose state.json is corrupt is a row of its own (exit 2 after the list): not a dead box."""
+    doc, res, what = ask(ssh, box, ["status", "--json"], timeout=30)
+    if not isinstance(doc, list):
+        raise refusal(box, what, res, "run list")
+    return rows_from_box_status(box.name, doc)
 
 
 def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
@@ -71,13 +51,7 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
     for name in names:
         box = inv.resolve(name)
         try:
-            # one call: the agent's own view (state + agent liveness), then each run's progress and checkpoint
-            # status files (written by the heartbeat and checkpoint subsystems) after a separator line
-            script = "%s %s status --json; echo %s; %s -c %s" % (
-                shlex.quote(box.python), REMOTE_PYZ, SEPARATOR, shlex.quote(box.python), shlex.quote(_EXTRAS))
-            res = ssh.run(box.target(), script=script, timeout=30, what="onbox status")
-            states, _, extras = res.text.partition(SEPARATOR + "\n")
-            rows += rows_from_box_status(name, merge_extras(parse_json_any(states), parse_json_any(extras)))
+            rows += box_rows(ssh, box)
         except OnboxError as e:
             problems.append("%s: %s" % (name, e.message))
             rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))

@@ -99,8 +99,8 @@ class CheckpointCommitter:
         listed = {e["name"] for e in entries}
         for n in sorted(names - listed):
             m = self._manifest_or_none(n)
-            if m is not None:
-                entries.append(entry_from_manifest(m))
+            if m is not None:  # a manifest may leave out its name (manifest.problem): its dir's is the same
+                entries.append(entry_from_manifest(dict(m, name=n)))
         return sorted(entries, key=retention.entry_order)
 
     def _manifest_or_none(self, name: str) -> Optional[Dict[str, Any]]:

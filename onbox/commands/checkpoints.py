@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.errors import ExitCode, UsageError
+from onbox.errors import ExitCode, OnboxError, UsageError
 
 MiB = 1024 * 1024
 
@@ -104,71 +104,111 @@ def _nothing_to_commit(name: str, ckpt_dir: str, hook: Any, now: bool) -> Tuple[
             "checks still apply)")
 
 
-def _trainer_alive(run_dir: str) -> bool:
-    """The run's child (the trainer) is alive now: its pid and start time in state.json match a process."""
-    from onbox import fsutil
-    from onbox.proc import is_alive
-
-    try:
-        state = fsutil.read_json(os.path.join(run_dir, "state.json"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(state, dict) or not isinstance(state.get("child_pid"), int):
-        return False
-    return is_alive(state["child_pid"], state.get("child_start_time"))
-
-
 @click.command("checkpoints")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--all", "every", is_flag=True, help="Every run on this box (what `onboxctl pull` and `down` read); "
+                                                  "an rclone remote is not asked then.")
 @click.option("--durable", default=None, help="Durable target; default: the run's.")
 @click.option("--ckpt-dir", default=None, help="Local checkpoint dir; default: the run's.")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-def checkpoints(name: str, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
-    """List run NAME's checkpoints: local (complete or why not) and durable (committed, with step and hash)."""
-    from onbox.checkpoints.detect import (
-        CheckpointDirTooLarge,
-        CompletionTracker,
-        ScanBound,
-        read_progress,
-        scan,
-    )
-    from onbox.checkpoints.hook import CheckpointCommitHook
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema onbox.checkpoints/1 a run).")
+def checkpoints(name: Optional[str], every: bool, durable: Optional[str], ckpt_dir: Optional[str],
+                as_json: bool) -> None:
+    """List run NAME's checkpoints (or every run's, --all): local (complete or why not) and durable (committed,
+    with step and hash)."""
+    from onbox.checkpoints.listing import LIST_SCHEMA
 
-    ctx = _context(name, durable, ckpt_dir, create=False)
-    hook = CheckpointCommitHook(ctx)
-    # scanned here, not through hook.scan_now(): a listing must not write checkpoint_status.json, which the
-    # live agent owns (a read-modify-write from here could put back a stale last_sync)
-    writing = _trainer_alive(ctx.run_dir)
-    # with no trainer alive nothing is being written: what fails a check is torn, what lacks its last file
-    # stays incomplete, and nothing is "still changing"
-    problem = None
-    try:
-        found = scan(ctx.ckpt_dir, ScanBound.of(ctx.config))
-    except CheckpointDirTooLarge as too_large:
-        found, problem = [], str(too_large)
-    cands = CompletionTracker(ctx.config.settle_seconds if writing else 0.0).update(
-        found, ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
-    local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes,
-                                    "complete": c.complete, "reason": c.reason, "format": c.format,
-                                    "complete_by": c.complete_by} for c in cands]
-    durable_list = hook.committer.committed() if hook.committer else []
-    doc: Dict[str, Any] = {"run": name, "ckpt_dir": ctx.ckpt_dir, "durable": ctx.config.durable, "local": local,
-                           "committed": durable_list, "status": hook.status, "trainer_alive": writing,
-                           "local_problem": problem}
+    if bool(name) == every:
+        raise UsageError("give a run NAME or --all, not %s" % ("both" if every else "neither"),
+                         hint="onbox checkpoints NAME [--json] · onbox checkpoints --all [--json]")
+    if every and (durable or ckpt_dir):
+        raise UsageError("--durable and --ckpt-dir name one run's dirs: not with --all")
+    if not every:
+        assert name is not None
+        docs = [_listing(_context(name, durable, ckpt_dir, create=False))]
+    else:
+        docs = [_listing_or_problem(n) for n in _run_names()]
     if as_json:
-        echo_json(doc)
+        echo_json({"schema": LIST_SCHEMA, "runs": docs} if every else docs[0])
         return
-    click.echo("local (%s; %s):" % (ctx.ckpt_dir, "the trainer runs" if writing else "no trainer running"))
+    for doc in docs:
+        if every:
+            click.echo("== %s ==" % doc["run"])
+        _print_listing(doc)
+
+
+def _run_names() -> List[str]:
+    """Every run dir on this box, config.json or not: a dir the agent cannot read is listed with its problem."""
+    from onbox import paths
+
+    problem = paths.home_problem()
     if problem:
-        click.echo("  WARNING: %s" % problem)
-    for c in local:
+        raise UsageError("ONBOX_HOME %s is unusable: %s" % (paths.onbox_home(), problem),
+                         hint="point ONBOX_HOME at a directory (unset, it is ~/.onbox)")
+    try:
+        names = os.listdir(paths.runs_dir())
+    except FileNotFoundError:
+        return []  # nothing has run here yet
+    except OSError as e:
+        raise UsageError("cannot list %s: %s" % (paths.runs_dir(), e.strerror or e),
+                         hint="check ONBOX_HOME and its permissions")
+    return sorted(n for n in names if paths.valid_run_name(n) and os.path.isdir(paths.run_dir(n)))
+
+
+def _listing(ctx: Any, ask_remote: bool = True) -> Dict[str, Any]:
+    """onbox.checkpoints/1 of one run: the checkpoints package's listing, with the run's state and node role."""
+    from onbox.checkpoints.listing import run_listing
+    from onbox.supervisor.rundir import RunDir
+
+    state, _corrupt = RunDir(ctx.run_dir).load_state()
+    return run_listing(ctx, ask_remote=ask_remote, state=state, node=_node_of(ctx.config))
+
+
+def _node_of(cfg: Any) -> Optional[Dict[str, Any]]:
+    """{rank, run, nnodes} of a node of a multi-node group (never its key), None for a run of its own or a group
+    file this box cannot read (the gate then judges the run as one of its own: the stricter reading)."""
+    from onbox.multinode.role import load_group
+
+    if not cfg.node_group:
+        return None
+    try:
+        group = load_group(cfg.node_group)
+    except UsageError:
+        return None
+    return {"rank": group.rank, "run": group.run, "nnodes": group.nnodes}
+
+
+def _listing_or_problem(name: str) -> Dict[str, Any]:
+    from onbox import paths
+    from onbox.checkpoints.listing import blank
+    from onbox.supervisor.rundir import RunDir
+
+    try:
+        return _listing(_context(name, None, None, create=False), ask_remote=False)
+    except OnboxError as e:  # no config.json, a malformed one, --durable inside --ckpt-dir: said, not fatal
+        return blank(name, RunDir(paths.run_dir(name)).load_state()[0], e.message)
+
+
+def _print_listing(doc: Dict[str, Any]) -> None:
+    if doc.get("problem"):
+        click.echo("  %s" % doc["problem"])
+        return
+    click.echo("local (%s; %s):" % (doc["ckpt_dir"], "the trainer runs" if doc["trainer_alive"] else
+                                    "no trainer running"))
+    if doc["local_problem"]:
+        click.echo("  WARNING: %s" % doc["local_problem"])
+    for c in doc["local"]:
         click.echo("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
                                                        ("complete, " if c["complete"] else "") + c["reason"]))
-    click.echo("durable (%s):" % (ctx.config.durable or "none configured"))
-    for e in durable_list:
+    click.echo("durable (%s):" % (doc["durable"] or "none configured"))
+    if doc["committed"] is None:
+        click.echo("  (a remote: `onbox checkpoints %s` lists it)" % doc["run"])
+    for e in doc["committed"] or []:
         click.echo("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,
                                                           _verification(e), (e.get("digest") or "")[:12]))
-    last = hook.status.get("last_sync")
+    for m in doc["manifests"]:
+        if m["problem"]:
+            click.echo("  %-40s %s" % (m["name"], m["problem"]))
+    last = doc["status"].get("last_sync")
     if last:
         click.echo("last sync: %s%s" % ("ok" if last.get("ok") else "FAILED", "" if last.get("ok") else
                                         ": %s" % last.get("error")))

@@ -75,7 +75,7 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     on bad input, 3 on an unfit box: nothing is queued then.
     """
     from onbox import paths
-    from onbox.commands.run import command_base, prepare_run
+    from onbox.commands.run import prepare_run
     from onbox.queue.journal import REMOVED
     from onbox.subsystems import preflight
 
@@ -87,7 +87,7 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         raise UsageError("no command to queue", hint="onbox queue add [OPTIONS] -- CMD [ARGS...]")
     journal = _journal()
     user_named = bool(flags.get("name") or file_name)
-    base = command_base(list(command) or file_command)
+    base = paths.command_base(list(command) or file_command)
     if not user_named:
         with journal.locked(exclusive=False):
             _, next_id = journal.read()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import click
@@ -24,7 +23,7 @@ def _r(key: str) -> str:
 
 def _options(f: Any) -> Any:
     opts = [
-        click.option("--name", help="Run name (default: derived from CMD and the time)."),
+        click.option("--name", help="Run name (default: <program>-<UTC time>, as onboxctl run names it)."),
         click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
         click.option("-f", "--run-file", "run_file", type=click.Path(dir_okay=False),
                      help="A TOML run file holding the same options (a [run] table)."),
@@ -178,7 +177,7 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
     from onbox.slurm.job import default_run_name
 
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
-    cfg.name = cfg.name or default_run_name(os.environ) or _default_name(cfg.command)
+    cfg.name = cfg.name or default_run_name(os.environ) or paths.default_run_name(cfg.command)
     runchecks.check_paths(cfg, paths.run_dir(cfg.name))
     group = runchecks.node_group(cfg)
     _check_runs_dir(paths.runs_dir())
@@ -488,22 +487,6 @@ def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
     if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
         raise UsageError("cannot run %s: not found on PATH" % exe,
                          hint="give the full path, or fix PATH (the agent uses this shell's PATH)")
-
-
-def _default_name(command: List[str]) -> str:
-    return "%s-%s-%d" % (command_base(command), time.strftime("%Y%m%d-%H%M%S"), os.getpid() % 10000)
-
-
-def command_base(command: List[str]) -> str:
-    """What a run of `command` is called by default: the script's name (`python train.py` -> train)."""
-    base = os.path.basename(command[0])
-    if len(command) > 1 and (base.startswith("python") or base in ("bash", "sh", "torchrun", "accelerate")):
-        for arg in command[1:]:
-            if not arg.startswith("-"):
-                base = os.path.splitext(os.path.basename(arg))[0] or base
-                break
-    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in base).strip("-.") or "run"
-    return safe[:60]
 
 
 def _check_runs_dir(runs: str) -> None:

@@ -18,6 +18,9 @@ from onbox.commands.clikit import FiniteFloat, echo_json
 from onbox.errors import JobFailed, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
+# `onbox status --json`: every run's state.json plus what this command adds (README.md, "What onboxctl reads");
+# onboxctl reads it over ssh. Fields are added, never renamed: scripts read them too.
+STATUS_SCHEMA = "onbox.status/1"
 
 
 def _check_home() -> None:
@@ -57,12 +60,14 @@ def _summary(rd: Any) -> Dict[str, Any]:
 
     state, problem = rd.load_state()
     if problem:
-        return {"run": rd.name, "state": "corrupt", "agent_alive": False, "progress": None, "checkpoint": None,
-                "corrupt": "%s is corrupt: %s" % (rd.state_path, problem), "hint": corrupt_hint(rd)}
+        return {"schema": STATUS_SCHEMA, "run": rd.name, "state": "corrupt", "agent_alive": False, "progress": None,
+                "checkpoint": None, "corrupt": "%s is corrupt: %s" % (rd.state_path, problem),
+                "hint": corrupt_hint(rd)}
     if state is None:
         state = {"run": rd.name, "state": "unknown",
                  "note": "no state.json: the run never started (or its agent died before writing one); "
                          "`onbox run --name %s` starts it" % rd.name}
+    state["schema"] = STATUS_SCHEMA
     alive = agent_alive(state)
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         holder = lock_holder(rd, ProcessSeam())

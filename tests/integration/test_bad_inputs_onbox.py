@@ -405,6 +405,9 @@ ROWS += [
     row("reap-term-timeout-inf", ["reap", "--term-timeout", "inf"], 2, "--term-timeout"),
     row("verify-missing", ["verify", "{tmp}/nope"], 2, "nope"),
     row("checkpoints-nosuch", ["checkpoints", "nosuch"], 2, "nosuch"),
+    row("checkpoints-no-run", ["checkpoints", "--json"], 2, "give a run NAME or --all, not neither"),
+    row("checkpoints-run-and-all", ["checkpoints", "r", "--all"], 2, "give a run NAME or --all, not both"),
+    row("checkpoints-all-durable", ["checkpoints", "--all", "--durable", "{tmp}"], 2, "not with --all"),
     row("sync-nosuch", ["sync", "nosuch", "--now"], 2, "nosuch"),
     row("unknown-command", ["frobnicate"], 2, "No such command"),
 ]

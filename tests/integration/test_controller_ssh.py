@@ -205,8 +205,11 @@ def _fabricate_run(home, run, payload_bytes):
         json.dump({"checkpoints": [{"name": "step_000100", "step": 100}]}, f)
 
 
-def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path):
+def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path, onbox_pyz):
     box = add_box(ctl, "b1", sshd_box)
+    r = onboxctl(ctl, "down", "b1", "--yes")  # the gate asks the box's agent (`onbox checkpoints --all --json`)
+    assert r.returncode == 2 and b"can't open file" in r.stderr and b"no onbox.pyz there" in r.stderr, r.stderr
+    assert onboxctl(ctl, "push", "b1", "--pyz", onbox_pyz).returncode == 0
     _fabricate_run(sshd_box.home, "r1", 6 << 20)
     r = onboxctl(ctl, "down", "b1", "--yes", "--json")
     assert r.returncode == 1, r.stderr

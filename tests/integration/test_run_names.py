@@ -60,3 +60,23 @@ def test_a_missing_ckpt_dir_is_one_line_of_warning_not_an_error(onbox_home, tmp_
     ck.mkdir()
     r = fg(onbox_home, "w2", PY, "-c", "pass", extra=("--ckpt-dir", str(ck)))
     assert r.returncode == 0 and "--ckpt-dir" not in r.stderr
+
+
+def test_a_run_without_a_name_is_named_in_utc_with_no_pid(onbox_home, tmp_path):
+    """The box's default name is the controller's: the program and the UTC time (it was local time and a pid)."""
+    import calendar
+    import re
+    import time
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    before = time.time()
+    r = onbox(onbox_home, "run", "--foreground", "--restart", "never", "--", PY, str(script),
+              env_extra={"TZ": "Pacific/Kiritimati"})  # UTC+14: local time would name another day
+    after = time.time()
+    assert r.returncode == 0, r.stderr
+    [name] = os.listdir(os.path.join(str(onbox_home), "runs"))
+    m = re.fullmatch(r"train-(\d{8}-\d{6})", name)
+    assert m, name
+    stamp = calendar.timegm(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))
+    assert int(before) <= stamp <= after, (name, before, after)

@@ -179,27 +179,36 @@ def test_a_pulled_manifest_nested_too_deep_counts_as_no_local_copy(tmp_path):
     assert view.verdict("b", "r", {"name": "c", "digest": "sha256:x"})["status"] == "stale"
 
 
+@pytest.mark.timeout(60)
 def test_the_box_side_listing_skips_what_it_must_not_read(tmp_path):
-    """pull's listing script runs with the box's own python: a FIFO state.json, a deep config.json and a deep
-    manifest must neither hang it nor end it in a RecursionError."""
+    """The listing pull and the gate read (`onbox checkpoints --all --json`, the box's own python): a FIFO
+    state.json, progress.json or checkpoint_status.json, a deep config.json and a deep manifest neither hang it nor end it in a RecursionError. A manifest
+    the box refuses is still listed (with its problem): the gate must not take an older one for the newest."""
     run = tmp_path / "home" / "runs" / "r"
     run.mkdir(parents=True)
     durable = tmp_path / "durable"
     (run / "config.json").write_text(json.dumps({"durable": str(durable)}))
-    os.mkfifo(run / "state.json")
+    for name in ("state.json", "progress.json", "checkpoint_status.json"):
+        os.mkfifo(run / name)
     other = tmp_path / "home" / "runs" / "deep"
     other.mkdir()
     (other / "config.json").write_text(DEEP)
     for name, manifest in (("c-1", DEEP), ("c-2", json.dumps({"step": 2, "files": [{"size": "x"}, {"size": 3}]}))):
         (durable / "r" / "checkpoints" / name).mkdir(parents=True)
         (durable / "r" / "checkpoints" / name / "MANIFEST.json").write_text(manifest)
-    out = subprocess.run([sys.executable, "-c", pull._LIST_SCRIPT, "--all"], capture_output=True, text=True,
-                         timeout=30, env={"ONBOX_HOME": str(tmp_path / "home"), "PATH": os.environ["PATH"]})
+    os.mkfifo(durable / "r" / "checkpoints" / "c-3")  # no dir: no checkpoint
+    (durable / "r" / "checkpoints" / "c-4").mkdir()
+    os.mkfifo(durable / "r" / "checkpoints" / "c-4" / "MANIFEST.json")  # never opened for reading
+    out = subprocess.run([sys.executable, "-m", "onbox", "checkpoints", "--all", "--json"], capture_output=True,
+                         text=True, timeout=30, env={"ONBOX_HOME": str(tmp_path / "home"), "PATH": os.environ["PATH"]})
     assert out.returncode == 0, out.stderr
     runs = {d["run"]: d for d in json.loads(out.stdout)["runs"]}
-    assert runs["deep"]["durable"] is None and runs["r"]["state"] is None
-    assert [(c["name"], c["step"], c["bytes"]) for c in runs["r"]["checkpoints"]] == [("c-1", None, 0),
-                                                                                     ("c-2", 2, 3)]
+    assert runs["deep"]["durable"] is None and "nests more than 64 levels deep" in runs["deep"]["problem"]
+    assert runs["r"]["state"] is None
+    assert [(c["name"], c["step"], c["bytes"]) for c in runs["r"]["manifests"]] == [("c-1", None, 0), ("c-2", 2, 3)]
+    assert all("refused" in c["problem"] for c in runs["r"]["manifests"])
+    docs = {d["run"]: d for d in (pull._run_doc(boxes.Box(name="b", host="h"), d) for d in runs.values())}
+    assert [c.name for c in docs["r"]["checkpoints"]] == ["c-1", "c-2"] and docs["deep"]["checkpoints"] == []
 
 
 # -- the queue journal, node groups, peer notices --------------------------------------------------------------------

@@ -9,12 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from controller.boxes import Box, Inventory
-from controller.launch import default_run_name, parse_json_tail, read_fanout
+from controller.launch import parse_json_tail, read_fanout
 from controller.pull import PullsRecord, RemoteCheckpoint, newest
 from controller.runview import render_table, rows_from_box_status, rows_from_tracker
 from controller.ssh import Ssh, SshSettings, Target, remote_command
 from controller.teardown import judge_run
 from onbox.errors import UsageError
+from onbox.paths import default_run_name  # the one rule, shared with the agent (tests/unit/test_run_names.py)
 from tests.golden import check_golden
 
 NOW = 1_800_000_000.0
