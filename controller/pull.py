@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from controller.boxes import Box, config_dir
-from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from controller.ssh import RemoteCommandFailed, Ssh, kill_group, rsync_lost_link, unreachable
 from onbox import untrusted
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UsageError
@@ -275,7 +275,7 @@ class Transfer:
         err = b"".join(errbuf).decode("utf-8", "replace").strip()
         if timed_out.is_set():
             raise JobFailed("pulling %s took longer than %.0f s" % (label, self.attempt_timeout))
-        if rc == 255 or (rc == 12 and "connection unexpectedly closed" in err):
+        if rsync_lost_link(rc, err):
             raise unreachable(target, err or "rsync exited %d" % rc)
         if rc != 0:
             raise RemoteCommandFailed("rsync of %s from %s exited %d: %s" % (label, self.box.name, rc, err[-400:]))
