@@ -417,12 +417,14 @@ class ProcessSeam:
                     log("session %d was recycled (its leader pid started at another time): not touched" % sid)
                 session = False
 
+        me = os.getpid()
+
         def find() -> List[ProcRef]:
             refs = self._session_refs(sid, leader_start) if session else []
             for r in also() if also else []:
                 if r not in refs and self.start_time_of(r.pid) == r.start_time:
                     refs.append(r)
-            return refs
+            return [r for r in refs if r.pid not in (me, 1)]  # never the agent itself, never init
 
         return escalate(self, find, timeout, self.clock, what="leftover process(es)", log=log, on_step=on_step)
 
@@ -470,10 +472,9 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
     "survived". `poll`: seconds between checks; by default a twentieth of the timeout (5 to 50 ms), 10 ms after
     the KILL."""
     out = Stopped()
-    me = os.getpid()
 
     def fresh(refs: List[ProcRef]) -> List[ProcRef]:
-        return [r for r in refs if r.pid not in (me, 1) and r not in out.commands]
+        return [r for r in refs if r not in out.commands]
 
     def send(refs: List[ProcRef], sig: int) -> None:
         name = signal_name(sig)
@@ -511,7 +512,7 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
     deadline = clock.monotonic() + max(0.0, timeout)
     while True:
         seam.reap_zombies()
-        left = [r for r in find() if r.pid not in (me, 1) and r not in out.denied]
+        left = [r for r in find() if r not in out.denied]
         newcomers = fresh(left)
         if newcomers:
             term(newcomers)
