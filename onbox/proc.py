@@ -466,8 +466,9 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
     KILL what is left and give it `kill_timeout` s to go: the elastic agent's escalation, and onbox's only one.
 
     `find` is asked again while waiting: what appears meanwhile (a worker forked on the way out) gets its TERM too.
-    Every signal goes through seam.signal_process (pid and start time: a recycled pid is never hit); a process that
-    refuses one (another user's) is not waited for. Each step is logged (`what` names the processes) and, once its
+    A process counts as there while its pid's start time is the one found (a pid handed to another process is
+    neither waited for nor hit: every signal goes through seam.signal_process); one that refuses a signal (another
+    user's) is not waited for. Each step is logged (`what` names the processes) and, once its
     signals are out, reported to `on_step(step, processes, report)`: "SIGTERM" (again for newcomers), "SIGKILL",
     "survived". `poll`: seconds between checks; by default a twentieth of the timeout (5 to 50 ms), 10 ms after
     the KILL."""
@@ -505,21 +506,24 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
     def alive(refs: List[ProcRef]) -> List[ProcRef]:
         return [r for r in refs if seam.start_time_of(r.pid) == r.start_time]
 
-    first = fresh(find())
+    def wait(until: float, step: float) -> None:  # a last short step: the KILL comes at the deadline, not a poll late
+        clock.sleep(min(step, max(0.0, until - clock.monotonic())))
+
+    first = fresh(alive(find()))
     if not first:
         return out
     term(first)
     deadline = clock.monotonic() + max(0.0, timeout)
     while True:
         seam.reap_zombies()
-        left = [r for r in find() if r not in out.denied]
+        left = alive([r for r in find() if r not in out.denied])
         newcomers = fresh(left)
         if newcomers:
             term(newcomers)
             left = [r for r in left if r not in out.denied]
         if not left or clock.monotonic() >= deadline:
             break
-        clock.sleep(poll if poll is not None else min(0.05, max(0.005, timeout / 20)))
+        wait(deadline, poll if poll is not None else min(0.05, max(0.005, timeout / 20)))
     if left:
         if log:
             log("KILL to %d process(es) still alive %.1f s after TERM: %s" % (len(left), timeout,
@@ -528,7 +532,7 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
         send(left, signal.SIGKILL)
         kill_deadline = clock.monotonic() + kill_timeout
         while alive(left) and clock.monotonic() < kill_deadline:
-            clock.sleep(poll if poll is not None else 0.01)
+            wait(kill_deadline, poll if poll is not None else 0.01)
             seam.reap_zombies()
         out.survived = alive(left)
         if out.survived:
