@@ -7,8 +7,12 @@ process is gone, the pair is not (within one boot). Every signal to a process fo
 its start time right before it is sent, through a pidfd where the kernel and Python have one (Linux 5.3, Python
 3.9), so a recycled pid is never signalled.
 
-The supervisor receives a `ProcessSeam`; tests may pass a recording fake. Everything here is Linux /proc based:
-onbox runs on Linux boxes only.
+Stopping processes is one escalation, `escalate` (TERM, a deadline on the clock seam, KILL, each step logged),
+for an attempt's session (`ProcessSeam.kill_session`) and for the GPU reaper alike. This module is onbox's one
+reader of /proc/<pid>/stat (`read_stat`).
+
+The supervisor and the reaper receive a `ProcessSeam`; tests pass a fake (a subclass over a scripted process
+table, with a FakeClock). Everything here is Linux /proc based: onbox runs on Linux boxes only.
 """
 from __future__ import annotations
 
@@ -180,7 +184,7 @@ def zombie_children(parent: int, proc: str = PROC) -> List[int]:
 
 
 class ProcessSeam:
-    """Every process syscall the supervisor makes, one small method each (tests swap in a recording fake)."""
+    """Every process syscall the supervisor and the reaper make, one small method each (tests swap in a fake)."""
 
     def __init__(self, proc: str = PROC, clock: Optional[Clock] = None) -> None:
         self.proc = proc
