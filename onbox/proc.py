@@ -472,10 +472,9 @@ def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: floa
     `find` is asked again while waiting: what appears meanwhile (a worker forked on the way out) gets its TERM too.
     A process counts as there while its pid's start time is the one found (a pid handed to another process is
     neither waited for nor hit: every signal goes through seam.signal_process); one that refuses a signal (another
-    user's) is not waited for. Each step is logged (`what` names the processes) and, once its
-    signals are out, reported to `on_step(step, processes, report)`: "SIGTERM" (again for newcomers), "SIGKILL",
-    "survived". `poll`: seconds between checks; by default a twentieth of the timeout (5 to 50 ms), 10 ms after
-    the KILL."""
+    user's) is not waited for. Each step is logged (`what` names the processes) and, once its signals are out,
+    reported to `on_step(step, processes, report)`: "SIGTERM" (again for newcomers), "SIGKILL", "survived".
+    `poll`: seconds between checks; by default a twentieth of the timeout (5 to 50 ms), 10 ms after the KILL."""
     out = Stopped()
 
     def fresh(refs: List[ProcRef]) -> List[ProcRef]:
