@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from controller.agent import agent_json
 from controller.boxes import Box, config_dir
-from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from controller.ssh import RemoteCommandFailed, Ssh, kill_group, rsync_lost_link, unreachable
 from onbox import untrusted
 from onbox.checkpoints.listing import LIST_SCHEMA
 from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA
@@ -252,7 +252,7 @@ class Transfer:
         err = b"".join(errbuf).decode("utf-8", "replace").strip()
         if timed_out.is_set():
             raise JobFailed("pulling %s took longer than %.0f s" % (label, self.attempt_timeout))
-        if rc == 255 or (rc == 12 and "connection unexpectedly closed" in err):
+        if rsync_lost_link(rc, err):
             raise unreachable(target, err or "rsync exited %d" % rc)
         if rc != 0:
             raise RemoteCommandFailed("rsync of %s from %s exited %d: %s" % (label, self.box.name, rc, err[-400:]))

@@ -20,8 +20,9 @@ import time
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from controller.boxes import Box
-from controller.ssh import RemoteCommandFailed, Ssh, kill_group, unreachable
+from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link, unreachable
 from onbox.errors import JobFailed, UsageError
+from onbox.toolrun import Says, Tool
 
 REMOTE_ROOT = ".onbox"
 REMOTE_PYZ = REMOTE_ROOT + "/onbox.pyz"
@@ -137,29 +138,28 @@ def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], r
                             hint="a file changed during the push, or the box's disk is full; push again")
 
 
+RSYNC_TO = Tool("rsync", RemoteCommandFailed, missing=RSYNC_MISSING,
+                timed_out=Says("rsync to {box} did not finish within {timeout:.0f} s",
+                               "run the same command again: rsync resumes what is already there", error=JobFailed),
+                failed=Says("rsync with {box} failed (exit {rc}): {stderr}",
+                            "exit 11/12/23 usually mean a full disk or a dropped link; check `df -h -i` on the box "
+                            "and retry"))
+
+
 def ssh_rsync(ssh: Ssh, box: Box, sources: List[str], dest: str, extra: Optional[List[str]] = None,
               io_timeout: int = 60, upload: bool = True, timeout: Optional[float] = None) -> str:
-    """Run rsync over our ssh settings (after the master connection is up). Returns rsync's stdout."""
+    """Run rsync over our ssh settings (after the master connection is up). Returns rsync's stdout. Without a
+    `timeout` only rsync's own --timeout (`io_timeout`: no byte moved for that long) bounds it."""
     target = box.target()
     ssh.ensure_master(target)
     argv = ssh.rsync_argv(target, sources, dest, upload=upload, extra=extra or [], io_timeout=io_timeout)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        proc.communicate()
-        raise JobFailed("rsync to %s did not finish within %.0f s" % (box.name, timeout or 0),
-                        hint="run the same command again: rsync resumes what is already there")
-    text = err.decode("utf-8", "replace").strip()
-    if proc.returncode == 255 or (proc.returncode == 12 and "connection unexpectedly closed" in text):
+    done = RSYNC_TO.run(argv, timeout, check=False, stdin=subprocess.DEVNULL, binary=True, new_session=True,
+                        box=box.name)
+    text = done.stderr.decode("utf-8", "replace").strip()
+    if rsync_lost_link(done.returncode, text):
         raise unreachable(target, text)
-    if proc.returncode != 0:
-        raise RemoteCommandFailed("rsync with %s failed (exit %d): %s" % (box.name, proc.returncode, text[-600:]),
-                                  hint="exit 11/12/23 usually mean a full disk or a dropped link; check "
-                                       "`df -h -i` on the box and retry")
-    return out.decode("utf-8", "replace")
+    RSYNC_TO.check(done, box=box.name)
+    return done.stdout.decode("utf-8", "replace")
 
 
 def check_secret_name(name: str) -> str:

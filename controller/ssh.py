@@ -18,13 +18,14 @@ import dataclasses
 import os
 import re
 import shlex
-import signal
 import subprocess
 import tempfile
 import threading
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.errors import JobFailed, UnfitError, UsageError
+from onbox.toolrun import Says, Tool, stderr_tail
+from onbox.toolrun import kill_group as kill_group  # where push and pull find it
 
 SSH_FAILURE = 255  # ssh(1): "exits with 255 if an error occurred" (its own, not the remote command's)
 
@@ -39,6 +40,24 @@ class RemoteTimeout(JobFailed):
 
 class RemoteCommandFailed(JobFailed):
     """The remote command ran and exited non-zero."""
+
+
+# A missing ssh or rsync here is this machine's problem (exit 3), whatever the command was for.
+SSH_MISSING = Says("ssh is not installed on this machine", "install the OpenSSH client (apt-get install openssh-client)",
+                   error=UnfitError)
+RSYNC_MISSING = Says("rsync is not installed on this machine", "install rsync here and on the box "
+                     "(apt-get install rsync)", error=UnfitError)
+SSH = Tool("ssh", RemoteCommandFailed, missing=SSH_MISSING,
+           timed_out=Says("{what} on {box} did not finish within {timeout:.0f} s",
+                          "the box may be overloaded or the link stalled; check with `onboxctl status` and retry "
+                          "(the remote side may still have run)", error=RemoteTimeout),
+           failed=Says("{what} on {box} exited {rc}: {stderr}"), tail=stderr_tail(chars=600, empty="(no output)"))
+
+
+def rsync_lost_link(returncode: int, err: str) -> bool:
+    """Whether rsync failed because its ssh link did (ssh's own 255, or rsync's 12 "connection unexpectedly
+    closed"), not because of the files: the box is unreachable."""
+    return returncode == SSH_FAILURE or (returncode == 12 and "connection unexpectedly closed" in err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +135,7 @@ def remote_command(argv: Sequence[str]) -> str:
 
 
 class Ssh:
-    """Builds and runs ssh/rsync command lines for one set of settings. `runner` is the subprocess seam."""
+    """Builds and runs ssh/rsync command lines for one set of settings; every call goes through onbox.toolrun."""
 
     def __init__(self, settings: Optional[SshSettings] = None, env: Optional[Mapping[str, str]] = None) -> None:
         self.settings = settings or SshSettings()
@@ -247,9 +266,8 @@ class Ssh:
                          what=what, target=target, stdin=stdin)
         if res.returncode == SSH_FAILURE:
             raise unreachable(target, res.err_text or "ssh exited 255")
-        if check and res.returncode != 0:
-            raise RemoteCommandFailed("%s on %s exited %d: %s" % (what, target.name, res.returncode,
-                                                                  res.err_text[-600:] or "(no output)"))
+        if check:
+            SSH.check(res, what=what, box=target.name)
         return res
 
     def close(self, target: Target) -> None:
@@ -259,33 +277,17 @@ class Ssh:
 
     def _exec(self, argv: List[str], timeout: float, input_bytes: Optional[bytes], quiet: bool = False,
               what: str = "command", target: Optional[Target] = None, stdin: Optional[IO[bytes]] = None) -> Result:
-        if stdin is None:
-            stdin = subprocess.PIPE if input_bytes is not None else subprocess.DEVNULL  # type: ignore[assignment]
-        proc = subprocess.Popen(argv, stdin=stdin,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                env=self.env)
-        try:
-            out, err = proc.communicate(input_bytes, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            out, err = proc.communicate()
-            if quiet:
-                return Result(argv, SSH_FAILURE, out, err)
-            name = target.name if target else "?"
-            raise RemoteTimeout("%s on %s did not finish within %.0f s" % (what, name, timeout),
-                                hint="the box may be overloaded or the link stalled; check with "
-                                     "`onboxctl status` and retry (the remote side may still have run)")
-        return Result(argv, proc.returncode, out, err)
+        """Run ssh in a session of its own (killed as a group at the timeout). `quiet`: a timeout is ssh's own
+        failure (exit 255), not an error."""
+        done = SSH.run(argv, timeout, check=False, input=input_bytes, binary=True, new_session=True, env=self.env,
+                       stdin=stdin if stdin is not None or input_bytes is not None else subprocess.DEVNULL,
+                       timed_out_rc=SSH_FAILURE if quiet else None, what=what, box=target.name if target else "?")
+        return Result(argv, done.returncode, done.stdout or b"", done.stderr or b"")
 
     def _spawn_wait(self, argv: List[str], timeout: float, errf: Any) -> int:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
-                                start_new_session=True, env=self.env)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            proc.wait()
-            return SSH_FAILURE
+        """The exit code of a master start (its stderr into the file `errf`); a timeout reads as ssh's own 255."""
+        return SSH.run(argv, timeout, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf,
+                       new_session=True, env=self.env, timed_out_rc=SSH_FAILURE).returncode
 
 
 def master_persists(pid: int) -> bool:
@@ -296,14 +298,6 @@ def master_persists(pid: int) -> bool:
         return "ControlPersist=yes" in psutil.Process(pid).cmdline()
     except Exception:  # gone, or not ours to read: treat it as one that may time out
         return False
-
-
-def kill_group(proc: "subprocess.Popen[bytes]") -> None:
-    """Kill a child started with start_new_session=True and everything in its group."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def unreachable(target: Target, detail: str) -> BoxUnreachable:

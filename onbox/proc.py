@@ -7,8 +7,12 @@ process is gone, the pair is not (within one boot). Every signal to a process fo
 its start time right before it is sent, through a pidfd where the kernel and Python have one (Linux 5.3, Python
 3.9), so a recycled pid is never signalled.
 
-The supervisor receives a `ProcessSeam`; tests may pass a recording fake. Everything here is Linux /proc based:
-onbox runs on Linux boxes only.
+Stopping processes is one escalation, `escalate` (TERM, a deadline on the clock seam, KILL, each step logged),
+for an attempt's session (`ProcessSeam.kill_session`) and for the GPU reaper alike. This module is onbox's one
+reader of /proc/<pid>/stat (`read_stat`).
+
+The supervisor and the reaper receive a `ProcessSeam`; tests pass a fake (a subclass over a scripted process
+table, with a FakeClock). Everything here is Linux /proc based: onbox runs on Linux boxes only.
 """
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ import dataclasses
 import errno
 import os
 import signal
-import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from onbox.clock import Clock, SystemClock
 
 PROC = "/proc"
 
@@ -43,7 +48,7 @@ class ProcRef:
 
 @dataclasses.dataclass(frozen=True)
 class ProcInfo:
-    """One live process as /proc/<pid>/stat shows it."""
+    """One process as /proc/<pid>/stat shows it."""
 
     pid: int
     ppid: int
@@ -51,25 +56,39 @@ class ProcInfo:
     sid: int
     start_time: int
     comm: str
+    state: str = "R"  # the kernel's one-letter state: R running, S sleeping, D disk wait, Z zombie, ...
 
     @property
     def ref(self) -> ProcRef:
         return ProcRef(self.pid, self.start_time)
 
+    @property
+    def live(self) -> bool:
+        """Not a zombie: a zombie holds no memory, no files and no GPU, and cannot be signalled any more."""
+        return self.state not in ("Z", "X")
+
 
 @dataclasses.dataclass
 class Stopped:
-    """What one escalation met: every process it found (TERM), those still there at the deadline (KILL), those
-    alive even after the KILL (stuck, state D), and each one's command line as first seen."""
+    """What one escalation met: every process it found (TERM), those that refused a signal (another user's: not
+    waited for, not signalled again), those still there at the deadline (KILL), those alive even after the KILL
+    (stuck, state D), each one's command line as first seen, and every signal in the order sent:
+    (process, signal name, "sent" | "denied" | "gone")."""
 
     found: List[ProcRef] = dataclasses.field(default_factory=list)
     killed: List[ProcRef] = dataclasses.field(default_factory=list)
     survived: List[ProcRef] = dataclasses.field(default_factory=list)
+    denied: List[ProcRef] = dataclasses.field(default_factory=list)
     commands: Dict[ProcRef, str] = dataclasses.field(default_factory=dict)
+    signals: List[Tuple[ProcRef, str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def pids(self) -> List[int]:
         return [r.pid for r in self.found]
+
+    def result(self, ref: ProcRef, name: str) -> Optional[str]:
+        """What the signal `name` ("SIGTERM") did to `ref`: "sent", "denied", "gone", or None when not sent."""
+        return next((res for r, n, res in self.signals if r == ref and n == name), None)
 
 
 @dataclasses.dataclass
@@ -86,32 +105,39 @@ class ExitStatus:
         return cls(code=os.WEXITSTATUS(status))
 
 
-def read_stat(pid: int, proc: str = PROC) -> Optional[List[str]]:
-    """Fields of /proc/<pid>/stat (index 0 is the pid, 1 the comm without parens), or None when gone."""
+# /proc/<pid>/stat, proc(5): "pid (comm) state ppid pgrp session tty_nr ... starttime ...". Fields are numbered
+# from 1, as the man page numbers them. comm may hold spaces and parentheses, so the line is split at its LAST ')':
+# the words after it start at field 3 (state), so field N is word N - 3 there. This is onbox's one reader of it.
+STAT_STATE, STAT_PPID, STAT_PGRP, STAT_SESSION, STAT_STARTTIME = 3, 4, 5, 6, 22
+
+
+def read_stat(pid: int, proc: str = PROC) -> Optional[ProcInfo]:
+    """/proc/<pid>/stat of any process, zombies included (see ProcInfo.live), or None when gone or unreadable."""
     try:
         with open("%s/%d/stat" % (proc, pid), "rb") as f:
             raw = f.read().decode("utf-8", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+    except OSError:
         return None
-    # comm may contain spaces and parens: split around the LAST ')'
-    left, _, right = raw.rpartition(")")
-    pid_s, _, comm = left.partition(" (")
-    return [pid_s, comm, *right.split()]
+    head, _, tail = raw.rpartition(")")
+    words = tail.split()
+    try:
+        return ProcInfo(pid=pid, ppid=int(words[STAT_PPID - 3]), pgid=int(words[STAT_PGRP - 3]),
+                        sid=int(words[STAT_SESSION - 3]), start_time=int(words[STAT_STARTTIME - 3]),
+                        comm=head.partition("(")[2], state=words[STAT_STATE - 3])
+    except (IndexError, ValueError):  # not a stat line (a stand-in file, a truncated read)
+        return None
 
 
 def start_time(pid: int, proc: str = PROC) -> Optional[int]:
     """The process start time in clock ticks since boot (stat field 22), or None when the process is gone."""
-    fields = read_stat(pid, proc)
-    return int(fields[21]) if fields and len(fields) > 21 else None
+    found = read_stat(pid, proc)
+    return found.start_time if found else None
 
 
 def proc_info(pid: int, proc: str = PROC) -> Optional[ProcInfo]:
     """The live (non-zombie) process `pid`, or None."""
-    fields = read_stat(pid, proc)
-    if not fields or len(fields) <= 21 or fields[2] in ("Z", "X"):
-        return None
-    return ProcInfo(pid=pid, ppid=int(fields[3]), pgid=int(fields[4]), sid=int(fields[5]),
-                    start_time=int(fields[21]), comm=fields[1])
+    found = read_stat(pid, proc)
+    return found if found is not None and found.live else None
 
 
 def boot_id(proc: str = PROC) -> Optional[str]:
@@ -125,28 +151,24 @@ def boot_id(proc: str = PROC) -> Optional[str]:
 
 def is_alive(pid: int, expected_start: Optional[int] = None, proc: str = PROC) -> bool:
     """True when `pid` exists, is not a zombie, and (if given) started at `expected_start` (no recycled PID)."""
-    fields = read_stat(pid, proc)
-    if not fields or len(fields) <= 21 or fields[2] in ("Z", "X"):
-        return False
-    return expected_start is None or int(fields[21]) == int(expected_start)
+    found = proc_info(pid, proc)
+    return found is not None and (expected_start is None or found.start_time == int(expected_start))
+
+
+def _pids(proc: str) -> List[int]:
+    try:
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return []
 
 
 def session_members(sid: int, proc: str = PROC, exclude: Sequence[int] = ()) -> List[int]:
     """Every live (non-zombie) process whose session id is `sid`, found by scanning /proc."""
-    out: List[int] = []
     skip = set(exclude)
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid in skip:
-            continue
-        fields = read_stat(pid, proc)
-        if fields and len(fields) > 5 and fields[2] not in ("Z", "X") and int(fields[5]) == sid:
+    out = []
+    for pid in _pids(proc):
+        found = proc_info(pid, proc) if pid not in skip else None
+        if found is not None and found.sid == sid:
             out.append(pid)
     return out
 
@@ -154,22 +176,19 @@ def session_members(sid: int, proc: str = PROC, exclude: Sequence[int] = ()) -> 
 def zombie_children(parent: int, proc: str = PROC) -> List[int]:
     """Zombies whose parent is `parent` (orphans reparented to a PID-1 or subreaper agent)."""
     out = []
-    for name in os.listdir(proc):
-        if name.isdigit():
-            fields = read_stat(int(name), proc)
-            if fields and len(fields) > 3 and fields[2] == "Z" and int(fields[3]) == parent:
-                out.append(int(name))
+    for pid in _pids(proc):
+        found = read_stat(pid, proc)
+        if found is not None and found.state == "Z" and found.ppid == parent:
+            out.append(pid)
     return out
 
 
 class ProcessSeam:
-    """Every process syscall the supervisor makes, one small method each (tests swap in a recording fake)."""
+    """Every process syscall the supervisor and the reaper make, one small method each (tests swap in a fake)."""
 
-    def __init__(self, proc: str = PROC, sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, proc: str = PROC, clock: Optional[Clock] = None) -> None:
         self.proc = proc
-        self._sleep = sleep
-        self._monotonic = monotonic
+        self.clock = clock or SystemClock()  # the escalation's deadlines
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Optional[str], log_path: str) -> Child:
         """Start argv in a new session, stdin from /dev/null, stdout+stderr appended to log_path.
@@ -194,12 +213,12 @@ class ProcessSeam:
 
     def adopt(self, pid: int, expected_start: Optional[int]) -> Optional[Child]:
         """A Child for a live process started by an earlier agent, or None when gone or its PID was recycled."""
-        fields = read_stat(pid, self.proc)
-        if not fields or len(fields) <= 21 or fields[2] in ("Z", "X"):
+        found = proc_info(pid, self.proc)
+        if found is None:
             return None
-        if expected_start is None or int(fields[21]) != int(expected_start):
+        if expected_start is None or found.start_time != int(expected_start):
             return None  # a recycled PID: some other process now holds it
-        return Child(pid=pid, sid=int(fields[5]), pgid=int(fields[4]), start_time=int(fields[21]), ours=False)
+        return Child(pid=pid, sid=found.sid, pgid=found.pgid, start_time=found.start_time, ours=False)
 
     def poll(self, child: Child) -> Optional[ExitStatus]:
         """The exit status once the child has ended (reaping it), else None. Never blocks."""
@@ -239,10 +258,7 @@ class ProcessSeam:
         return found.start_time if found else None
 
     def pids(self) -> List[int]:
-        try:
-            return [int(n) for n in os.listdir(self.proc) if n.isdigit()]
-        except OSError:
-            return []
+        return _pids(self.proc)
 
     def children(self, pid: int) -> List[int]:
         """Direct children of `pid`: /proc/<pid>/task/*/children (each thread's own), else a scan of every ppid."""
@@ -369,7 +385,7 @@ class ProcessSeam:
             pass
         return False
 
-    # ---- the one escalation: TERM, a bounded wait, KILL --------------------------------------------------------
+    # ---- stopping a session: the escalation over its members ------------------------------------------------
     def session_members(self, sid: int) -> List[int]:
         return session_members(sid, self.proc, exclude=(os.getpid(),))
 
@@ -382,75 +398,11 @@ class ProcessSeam:
                 out.append(ProcRef(pid, st))
         return out
 
-    def stop_processes(self, find: Callable[[], List[ProcRef]], timeout: float,
-                       log: Optional[Callable[[str], None]] = None,
-                       on_step: Optional[Callable[[str, List[ProcRef], "Stopped"], None]] = None) -> Stopped:
-        """TERM every process `find()` names, wait up to `timeout` s, then KILL what is left (the elastic agent's
-        escalation). `find` is asked again while waiting: what appears meanwhile (a worker forked on the way out)
-        gets its TERM too. Each step is logged and reported to `on_step(signal name, processes, report)`; every
-        signal goes through signal_process (pid and start time). Returns what was found, killed and left."""
-        out = Stopped()
-        me = os.getpid()
-
-        def fresh(refs: List[ProcRef]) -> List[ProcRef]:
-            return [r for r in refs if r.pid not in (me, 1) and r not in out.commands]
-
-        def term(refs: List[ProcRef]) -> None:
-            for r in refs:
-                out.commands[r] = self.command(r.pid)
-                out.found.append(r)
-            if log:
-                log("TERM to %d leftover process(es): %s" % (len(refs), ", ".join(
-                    "%d (%s)" % (r.pid, out.commands[r][:60]) for r in refs)))
-            if on_step:
-                on_step("SIGTERM", refs, out)
-            for r in refs:
-                self.signal_process(r, signal.SIGTERM)
-
-        first = fresh(find())
-        if not first:
-            return out
-        term(first)
-        deadline = self._monotonic() + max(0.0, timeout)
-        while True:
-            self.reap_zombies()
-            left = [r for r in find() if r.pid not in (me, 1)]
-            newcomers = fresh(left)
-            if newcomers:
-                term(newcomers)
-            if not left or self._monotonic() >= deadline:
-                break
-            self._sleep(min(0.05, max(0.005, timeout / 20)))
-        if left:
-            if log:
-                log("KILL to %d process(es) still alive %.1f s after TERM: %s" % (
-                    len(left), timeout, [r.pid for r in left]))
-            out.killed = left
-            if on_step:
-                on_step("SIGKILL", left, out)
-            for r in left:
-                self.signal_process(r, signal.SIGKILL)
-            kill_deadline = self._monotonic() + 5.0
-            while self._monotonic() < kill_deadline:
-                self.reap_zombies()
-                if not [r for r in left if self.start_time_of(r.pid) == r.start_time]:
-                    break
-                self._sleep(0.01)
-            out.survived = [r for r in left if self.start_time_of(r.pid) == r.start_time]
-            if out.survived:
-                if log:
-                    log("still alive 5 s after KILL (stuck in the kernel, state D?): %s"
-                        % [r.pid for r in out.survived])
-                if on_step:
-                    on_step("survived", out.survived, out)
-        self.reap_zombies()
-        return out
-
     def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
                      leader_start: Optional[int] = None, also: Optional[Callable[[], List[ProcRef]]] = None,
                      on_step: Optional[Callable[[str, List[ProcRef], Stopped], None]] = None) -> Stopped:
         """TERM every process of session `sid` (and what `also()` names), wait up to `timeout` s, then KILL what
-        is left: stop_processes over the session's members.
+        is left: `escalate` over the session's members, on this seam's clock.
 
         Orphaned DataLoader/DDP workers are the usual GPU pinners (U11): they keep the session id after their
         parent died, so a /proc scan finds them where a process-group kill of a dead leader would not. What left
@@ -469,14 +421,16 @@ class ProcessSeam:
                     log("session %d was recycled (its leader pid started at another time): not touched" % sid)
                 session = False
 
+        me = os.getpid()
+
         def find() -> List[ProcRef]:
             refs = self._session_refs(sid, leader_start) if session else []
             for r in also() if also else []:
                 if r not in refs and self.start_time_of(r.pid) == r.start_time:
                     refs.append(r)
-            return refs
+            return [r for r in refs if r.pid not in (me, 1)]  # never the agent itself, never init
 
-        return self.stop_processes(find, timeout, log=log, on_step=on_step)
+        return escalate(self, find, timeout, self.clock, what="leftover process(es)", log=log, on_step=on_step)
 
     def reap_zombies(self, keep: Sequence[int] = ()) -> List[int]:
         """Reap zombie children that are not ours to wait for (orphans reparented to a PID-1/subreaper agent).
@@ -493,8 +447,8 @@ class ProcessSeam:
         for pid in zombies:
             if pid in keep:
                 continue
-            fields = read_stat(pid, self.proc)
-            if fields and len(fields) > 5 and int(fields[5]) == my_sid:
+            found = read_stat(pid, self.proc)
+            if found is not None and found.sid == my_sid:
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -505,6 +459,93 @@ class ProcessSeam:
 
 
 _NOBODY = ProcInfo(pid=0, ppid=-1, pgid=0, sid=0, start_time=0, comm="")
+KILL_WAIT = 5.0  # seconds a KILLed process gets to go; one still there is stuck in the kernel (state D)
+
+
+def escalate(seam: ProcessSeam, find: Callable[[], List[ProcRef]], timeout: float, clock: Clock, *,
+             kill_timeout: float = KILL_WAIT, poll: Optional[float] = None, what: str = "process(es)",
+             log: Optional[Callable[[str], None]] = None,
+             on_step: Optional[Callable[[str, List[ProcRef], Stopped], None]] = None) -> Stopped:
+    """TERM every process `find()` names, wait until `timeout` s have passed on the clock's monotonic time, then
+    KILL what is left and give it `kill_timeout` s to go: the elastic agent's escalation, and onbox's only one.
+
+    `find` is asked again while waiting: what appears meanwhile (a worker forked on the way out) gets its TERM too.
+    A process counts as there while its pid's start time is the one found (a pid handed to another process is
+    neither waited for nor hit: every signal goes through seam.signal_process); one that refuses a signal (another
+    user's) is not waited for. Each step is logged (`what` names the processes) and, once its signals are out,
+    reported to `on_step(step, processes, report)`: "SIGTERM" (again for newcomers), "SIGKILL", "survived".
+    `poll`: seconds between checks; by default a twentieth of the timeout (5 to 50 ms), 10 ms after the KILL."""
+    out = Stopped()
+
+    def fresh(refs: List[ProcRef]) -> List[ProcRef]:
+        return [r for r in refs if r not in out.commands]
+
+    def send(refs: List[ProcRef], sig: int) -> None:
+        name = signal_name(sig)
+        for r in refs:
+            if seam.signal_process(r, sig):
+                result = "sent"
+            elif seam.start_time_of(r.pid) == r.start_time:  # still there, and not ours to signal
+                result = "denied"
+                out.denied.append(r)
+            else:
+                result = "gone"
+            out.signals.append((r, name, result))
+        refused = [r.pid for r in refs if r in out.denied]
+        if log and refused:
+            log("%s refused by %d %s (not ours to signal): %s" % (name[3:], len(refused), what, refused))
+        if on_step:
+            on_step(name, refs, out)
+
+    def term(refs: List[ProcRef]) -> None:
+        for r in refs:
+            out.commands[r] = seam.command(r.pid)
+            out.found.append(r)
+        if log:
+            log("TERM to %d %s: %s" % (len(refs), what, ", ".join(
+                "%d (%s)" % (r.pid, out.commands[r][:60]) for r in refs)))
+        send(refs, signal.SIGTERM)
+
+    def alive(refs: List[ProcRef]) -> List[ProcRef]:
+        return [r for r in refs if seam.start_time_of(r.pid) == r.start_time]
+
+    def wait(until: float, step: float) -> None:  # a last short step: the KILL comes at the deadline, not a poll late
+        clock.sleep(min(step, max(0.0, until - clock.monotonic())))
+
+    first = fresh(alive(find()))
+    if not first:
+        return out
+    term(first)
+    deadline = clock.monotonic() + max(0.0, timeout)
+    while True:
+        seam.reap_zombies()
+        left = alive([r for r in find() if r not in out.denied])
+        newcomers = fresh(left)
+        if newcomers:
+            term(newcomers)
+            left = [r for r in left if r not in out.denied]
+        if not left or clock.monotonic() >= deadline:
+            break
+        wait(deadline, poll if poll is not None else min(0.05, max(0.005, timeout / 20)))
+    if left:
+        if log:
+            log("KILL to %d process(es) still alive %.1f s after TERM: %s" % (len(left), timeout,
+                                                                           [r.pid for r in left]))
+        out.killed = left
+        send(left, signal.SIGKILL)
+        kill_deadline = clock.monotonic() + kill_timeout
+        while alive(left) and clock.monotonic() < kill_deadline:
+            wait(kill_deadline, poll if poll is not None else 0.01)
+            seam.reap_zombies()
+        out.survived = alive(left)
+        if out.survived:
+            if log:
+                log("still alive %.0f s after KILL (stuck in the kernel, state D?): %s"
+                    % (kill_timeout, [r.pid for r in out.survived]))
+            if on_step:
+                on_step("survived", out.survived, out)
+    seam.reap_zombies()
+    return out
 
 
 def set_child_subreaper(on: bool = True) -> Optional[bool]:

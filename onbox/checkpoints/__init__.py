@@ -18,7 +18,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
 
-May import: the shared leaves (errors, fsutil, untrusted, clock, proc). Never the supervisor: hook.py implements the seam in
+May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun). Never the supervisor: hook.py implements the seam in
 onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from onbox import fsutil, untrusted
 from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest
 from onbox.checkpoints.durable import PARTIAL_MARKER, QUARANTINE_DIR, FileHashes, foreign_entry
+from onbox.toolrun import Says, Tool, call, stderr_tail
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 NOT_FOUND_RC = 3  # rclone: "directory not found"
 MiB = 1024 * 1024
+INTACT = "the previous committed checkpoint is intact"
+RCLONE = Tool("rclone", SyncFailed,
+              missing=Says("rclone is not installed on this box", "apt-get install rclone, or use a mounted path"),
+              timed_out=Says("rclone {op} timed out after {timeout:.0f} s ({url})",
+                             "check the network to the remote; " + INTACT, errno_name="ETIMEDOUT"),
+              failed=Says("rclone {op} failed (exit {rc}) for {url}: {stderr}",
+                          "check the remote (credentials, quota, network); " + INTACT, errno_name="EIO"),
+              tail=stderr_tail(lines=3, sep=" | "))
 
 
 class RcloneTarget:
@@ -29,30 +37,15 @@ class RcloneTarget:
         self.ckpts = self.run_root + "/checkpoints"
         self.url = self.run_root
         self.rclone = rclone
-        self.runner = runner or subprocess.run
+        self.runner = runner or call  # the subprocess seam (onbox.toolrun)
         self.base_timeout = base_timeout
         self.min_rate = min_rate  # bytes/s below which a transfer counts as hung
         self.flags = list(RCLONE_FLAGS) + list(extra_flags)
 
     # -- one place for every rclone call --------------------------------------------------------------------
     def _rc(self, args: List[str], nbytes: int = 0, check: bool = True, binary: bool = False) -> Any:
-        argv = [self.rclone, *args, *self.flags]
-        timeout = self.base_timeout + nbytes / self.min_rate
-        try:
-            proc = self.runner(argv, capture_output=True, text=not binary, timeout=timeout)
-        except FileNotFoundError:
-            raise SyncFailed("rclone is not installed on this box", hint="apt-get install rclone, or use a mounted path")
-        except subprocess.TimeoutExpired:
-            raise SyncFailed("rclone %s timed out after %.0f s (%s)" % (args[0], timeout, self.url),
-                             hint="check the network to the remote; the previous committed checkpoint is intact",
-                             errno_name="ETIMEDOUT")
-        if check and proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace") if isinstance(proc.stderr, bytes) else proc.stderr
-            tail = " | ".join(line for line in (err or "").strip().splitlines()[-3:])
-            raise SyncFailed("rclone %s failed (exit %d) for %s: %s" % (args[0], proc.returncode, self.url, tail),
-                             hint="check the remote (credentials, quota, network); the previous committed "
-                                  "checkpoint is intact", errno_name="EIO")
-        return proc
+        return RCLONE.run([self.rclone, *args, *self.flags], self.base_timeout + nbytes / self.min_rate,
+                          check=check, binary=binary, runner=self.runner, op=args[0], url=self.url)
 
     def _lsjson(self, path: str, *opts: str) -> Optional[List[Dict[str, Any]]]:
         proc = self._rc(["lsjson", path, *opts], check=False)

@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox.gpu.nvml import NA, NvmlSeam, running_processes
+from onbox.proc import read_stat
 
 DEFAULT_DEVICES = "/dev/nvidia*"
 _GPU_NAME = re.compile(r"^nvidia(\d+)$")
@@ -277,14 +278,10 @@ class HolderScan:
     def _describe(self, pid: int, paths: List[str], kind_of: Dict[str, DeviceFile], minor_to_index: Dict[int, int],
                   boot: float, uptime: float, my_ns: Optional[str], users: Dict[int, str]) -> Optional[Holder]:
         base = "%s/%d/" % (self.proc, pid)
-        st = _read(base + "stat")
+        st = read_stat(pid, self.proc)
         status = _read(base + "status")
         if st is None or status is None:
             return None
-        rpar = st.rfind(")")
-        comm = st[st.find("(") + 1:rpar]
-        rest = st[rpar + 2:].split()
-        state, ppid, pgid, sid, start_ticks = rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19])
         uid, ns_pids = 0, [pid]
         for line in status.splitlines():
             if line.startswith("Uid:"):
@@ -295,12 +292,12 @@ class HolderScan:
         minors = [kind_of[p].minor for p in paths if kind_of[p].kind == "gpu"]
         gpus = sorted({minor_to_index.get(m, m) for m in minors if m is not None})
         ns = self._pid_ns(str(pid))
-        started = start_ticks / CLK_TCK
+        started = st.start_time / CLK_TCK
         container = container_id(_read(base + "cgroup") or "")
         return Holder(
-            pid=pid, ppid=ppid, uid=uid, user=_user(uid, users), command=cmdline or "[%s]" % comm, state=state,
-            age_s=max(0.0, uptime - started), start_time=boot + started, start_ticks=start_ticks, sid=sid,
-            pgid=pgid, devices=sorted(paths), gpus=gpus,
+            pid=pid, ppid=st.ppid, uid=uid, user=_user(uid, users), command=cmdline or "[%s]" % st.comm,
+            state=st.state, age_s=max(0.0, uptime - started), start_time=boot + started, start_ticks=st.start_time,
+            sid=st.sid, pgid=st.pgid, devices=sorted(paths), gpus=gpus,
             other_pid_ns=bool(my_ns and ns and ns != my_ns), ns_pids=ns_pids,
             container=container if container != getattr(self, "_my_container", None) else None,
         )

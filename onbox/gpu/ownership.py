@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from onbox import fsutil, untrusted
 from onbox.gpu.holders import Holder, ScanResult
+from onbox.proc import environ_of, is_alive, read_stat
 from onbox.untrusted import CONFIG_MAX_BYTES
 
 # Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
@@ -127,11 +128,7 @@ def _started_later(a: Attempt, b: Attempt) -> bool:
 
 def _leader_alive(pid: Optional[int], start_ticks: Optional[int]) -> bool:
     """Conservative: an unknown leader counts as alive (a live attempt is never reaped)."""
-    if pid is None:
-        return True
-    from onbox.proc import is_alive
-
-    return is_alive(pid, start_ticks)
+    return pid is None or is_alive(pid, start_ticks)
 
 
 def attempts_of(state: Dict[str, Any], run: str,
@@ -160,12 +157,10 @@ def ancestors(pid: int, proc: str = "/proc") -> List[int]:
     out: List[int] = []
     while pid > 0 and pid not in out and len(out) < 512:
         out.append(pid)
-        try:
-            with open("%s/%d/stat" % (proc, pid), "rb") as f:
-                st = f.read().decode("utf-8", "replace")
-        except OSError:
+        st = read_stat(pid, proc)
+        if st is None:
             break
-        pid = int(st[st.rfind(")") + 2:].split()[1])
+        pid = st.ppid
     return out
 
 
@@ -173,20 +168,12 @@ def run_marker(pid: int, proc: str = "/proc") -> Optional[Tuple[str, int]]:
     """(ONBOX_RUN, ONBOX_RESTART_COUNT) from a process's environment: every descendant of an attempt inherits
     them (the child's environment contract), also one that left the attempt's session with setsid. None when absent or
     unreadable (another user's process)."""
+    env = environ_of(pid, proc)
+    run = env.get("ONBOX_RUN")
     try:
-        with open("%s/%d/environ" % (proc, pid), "rb") as f:
-            env = f.read()
-    except OSError:
+        count = int(env["ONBOX_RESTART_COUNT"]) if "ONBOX_RESTART_COUNT" in env else None
+    except ValueError:
         return None
-    run = count = None
-    for item in env.split(b"\0"):
-        if item.startswith(b"ONBOX_RUN="):
-            run = item[len(b"ONBOX_RUN="):].decode("utf-8", "replace")
-        elif item.startswith(b"ONBOX_RESTART_COUNT="):
-            try:
-                count = int(item[len(b"ONBOX_RESTART_COUNT="):])
-            except ValueError:
-                return None
     return (run, count) if run and count is not None else None
 
 

@@ -5,21 +5,21 @@ reaped automatically before a restart (ReaperHook). Everything else is only repo
 and then only when invisible to NVML or idle, older than the minimum age, ours (or root with --all-users), in our
 PID namespace, and never the current attempt.
 
-A kill is TERM, a bounded wait, then KILL (the elastic agent's escalation), each step logged. A process is
-re-identified by (pid, start ticks) before every signal, so a recycled PID is never hit.
+A kill is TERM, a bounded wait, then KILL (onbox.proc.escalate, the elastic agent's escalation), each signal
+logged. A process is re-identified by (pid, start ticks) before every signal, so a recycled PID is never hit.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-import signal
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.fsutil import append_jsonl
 from onbox.gpu.holders import Holder, ScanResult
 from onbox.gpu.ownership import AttemptIndex, classify
+from onbox.proc import ProcessSeam, ProcRef, Stopped, escalate
 
 log = logging.getLogger("onbox.gpu.reaper")
 
@@ -142,39 +142,15 @@ def survey(*, devices: str, seam: Any, runs_dir: str, min_age_s: float, all_user
 
 # -- acting ---------------------------------------------------------------------------------------------------
 
-class ProcessOps:
-    """The OS seam for signalling a holder: re-identify by (pid, start ticks), signal, and check it is gone."""
-
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
-
-    def start_ticks(self, pid: int) -> Optional[int]:
-        """Start time of a live process, None when gone (or a zombie: its files are already closed)."""
-        try:
-            with open("%s/%d/stat" % (self.proc, pid), "rb") as f:
-                st = f.read().decode("utf-8", "replace")
-        except OSError:
-            return None
-        rest = st[st.rfind(")") + 2:].split()
-        if rest[0] in ("Z", "X"):
-            return None
-        return int(rest[19])
-
-    def kill(self, pid: int, sig: int) -> None:
-        os.kill(pid, sig)
-
-
 def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout_s: float = 5.0,
-         poll_s: float = 0.05, ops: Optional[ProcessOps] = None, clock: Optional[Clock] = None,
+         poll_s: float = 0.05, procs: Optional[ProcessSeam] = None, clock: Optional[Clock] = None,
          record: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
-    """TERM every "reap" decision's process, wait up to term_timeout_s, KILL survivors, wait up to kill_timeout_s.
+    """TERM every "reap" decision's process, wait up to term_timeout_s, KILL survivors, wait up to kill_timeout_s:
+    onbox.proc.escalate over the process seam `procs`, each holder re-identified by (pid, start ticks).
     Fills each decision's `outcome`; `record` receives one dict per signal sent or refused (the kill log)."""
-    ops = ops or ProcessOps()
+    procs = procs or ProcessSeam()
     clock = clock or SystemClock()
-    targets = [d for d in decisions if d.verdict == "reap"]
-
-    def alive(d: Decision) -> bool:
-        return ops.start_ticks(d.holder.pid) == d.holder.start_ticks
+    targets = {ProcRef(d.holder.pid, d.holder.start_ticks): d for d in decisions if d.verdict == "reap"}
 
     def note(d: Decision, name: str, result: str) -> None:
         log.info("onbox.gpu.reaper: %s %s to pid %d (%s): %s", result, name, d.holder.pid, d.holder.command[:80],
@@ -185,41 +161,24 @@ def reap(decisions: List[Decision], *, term_timeout_s: float = 5.0, kill_timeout
                     "owner": d.holder.owner, "of_run": d.holder.run, "of_attempt": d.holder.attempt,
                     "reason": d.reason, "time": clock.time()})
 
-    def send(d: Decision, sig: int) -> bool:
-        if not alive(d):
-            d.outcome = d.outcome or "already gone"
-            return False
-        name = signal.Signals(sig).name
-        try:
-            ops.kill(d.holder.pid, sig)
-        except ProcessLookupError:
-            d.outcome = d.outcome or "already gone"
-            return False
-        except PermissionError:
+    def step(name: str, refs: List[ProcRef], report: Stopped) -> None:
+        for r in refs:
+            result = report.result(r, name)
+            if result in ("sent", "denied"):
+                note(targets[r], name, result)
+
+    stopped = escalate(procs, lambda: [r for r in targets if procs.start_time_of(r.pid) == r.start_time],
+                       term_timeout_s, clock, kill_timeout=kill_timeout_s, poll=poll_s, on_step=step)
+    for r, d in targets.items():
+        if r in stopped.denied:
             d.outcome = "permission denied (owned by %s)" % d.holder.user
-            note(d, name, "denied")
-            return False
-        note(d, name, "sent")
-        return True
-
-    def wait(pending: List[Decision], timeout_s: float) -> List[Decision]:
-        deadline = clock.monotonic() + timeout_s
-        while True:
-            pending = [d for d in pending if alive(d)]
-            if not pending or clock.monotonic() >= deadline:
-                return pending
-            clock.sleep(poll_s)
-
-    termed = [d for d in targets if send(d, signal.SIGTERM)]
-    survivors = wait(termed, term_timeout_s)
-    for d in termed:
-        if d not in survivors:
+        elif stopped.result(r, "SIGKILL") == "sent":
+            d.outcome = ("still alive %.0f s after SIGKILL (stuck in driver teardown? state D): re-check, or reboot"
+                         % kill_timeout_s) if r in stopped.survived else "killed by SIGKILL (ignored SIGTERM)"
+        elif stopped.result(r, "SIGTERM") == "sent":
             d.outcome = "terminated by SIGTERM"
-    killed = [d for d in survivors if send(d, signal.SIGKILL)]
-    stuck = wait(killed, kill_timeout_s)
-    for d in killed:
-        d.outcome = ("still alive %.0f s after SIGKILL (stuck in driver teardown? state D): re-check, or reboot"
-                     % kill_timeout_s) if d in stuck else "killed by SIGKILL (ignored SIGTERM)"
+        else:
+            d.outcome = "already gone"
     for d in decisions:
         if d.outcome is None:
             d.outcome = "not touched: " + d.reason if d.verdict == "keep" else d.outcome
@@ -281,10 +240,12 @@ class ReaperHook:
     then wait (bounded by config.reap_wait) for the memory to come back."""
 
     def __init__(self, ctx: Any, seam: Any = None, proc: str = "/proc", term_timeout_s: float = 5.0,
-                 kill_timeout_s: float = 5.0, poll_s: float = 0.05, memory_poll_s: float = 0.5) -> None:
+                 kill_timeout_s: float = 5.0, poll_s: float = 0.05, memory_poll_s: float = 0.5,
+                 procs: Optional[ProcessSeam] = None) -> None:
         self.ctx = ctx
-        self.seam = seam
-        self.proc = proc
+        self.seam = seam  # NVML
+        self.proc = proc  # the procfs the holder scan reads
+        self.procs = procs  # the process seam that signals (None: the real one, on the run's clock)
         self.term_timeout_s = term_timeout_s
         self.kill_timeout_s = kill_timeout_s
         self.poll_s = poll_s
@@ -319,7 +280,7 @@ class ReaperHook:
             ctx.emit("reap_signal", **fields)
 
         reap(decisions, term_timeout_s=self.term_timeout_s, kill_timeout_s=self.kill_timeout_s,
-             poll_s=self.poll_s, clock=ctx.clock, record=record)
+             poll_s=self.poll_s, procs=self.procs, clock=ctx.clock, record=record)
         memory = memory_settled(seam, {g for h in orphans for g in h.gpus}, timeout_s=ctx.config.reap_wait,
                                 poll_s=self.memory_poll_s, clock=ctx.clock, gone_pids=[h.pid for h in orphans])
         ctx.emit("reaped", holders=[{"pid": d.holder.pid, "sid": d.holder.sid, "outcome": d.outcome}

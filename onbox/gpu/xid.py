@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from onbox.errors import OnboxError
 from onbox.gpu.nvml import NA, NvmlSeam, decode
+from onbox.toolrun import Tool
 
 # U22: the Xids that mean "this card is gone" — no code fix exists.
 DEAD_XIDS = {48: "double-bit ECC error", 79: "GPU has fallen off the bus"}
@@ -111,8 +112,8 @@ _XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
 def read_dmesg(timeout_s: float = 5.0) -> Optional[str]:
     """The kernel ring buffer, or None when it is not readable here (dmesg_restrict, a container, no dmesg)."""
     try:
-        r = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
+        r = Tool("dmesg").run(["dmesg"], timeout_s, check=False)
+    except (OSError, OnboxError):  # no dmesg, not ours to run, or it hung: the Xid scan goes without
         return None
     return r.stdout if r.returncode == 0 else None
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from onbox.errors import JobFailed
 from onbox.multinode.hooks import PrimaryOnlyCommits, for_role
 from onbox.multinode.role import NodeRole, node_run_name
+from onbox.toolrun import Says, Tool, stderr_tail
 
 __all__ = ["PrimaryOnlyCommits", "SlurmError", "SlurmJob", "checkpoint_hook_for_node", "requeue"]
 
@@ -121,22 +122,17 @@ def heartbeat_fields(environ: Mapping[str, str]) -> Optional[Dict[str, Any]]:
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
+SCONTROL = Tool("scontrol", SlurmError,
+                missing=Says("scontrol not found on PATH", "run the agent on a Slurm node, or pass --no-requeue"),
+                timed_out=Says("`{cmd}` did not answer within {timeout:.0f} s",
+                               "slurmctld may be down; `scontrol ping` tells"),
+                failed=Says("`{cmd}` failed (exit {rc}): {stderr}",
+                            "the job needs --requeue (onbox sbatch asks for it) and JobRequeue allowed"),
+                tail=stderr_tail(or_stdout=True))
+
 
 def _scontrol(args: List[str], timeout: float, runner: Optional[Runner]) -> "subprocess.CompletedProcess[str]":
-    argv = ["scontrol", *args]
-    run = runner or subprocess.run
-    try:
-        cp = run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise SlurmError("scontrol not found on PATH", hint="run the agent on a Slurm node, or pass --no-requeue")
-    except subprocess.TimeoutExpired:
-        raise SlurmError("`%s` did not answer within %.0f s" % (" ".join(argv), timeout),
-                         hint="slurmctld may be down; `scontrol ping` tells")
-    if cp.returncode != 0:
-        raise SlurmError("`%s` failed (exit %d): %s" % (" ".join(argv), cp.returncode,
-                                                        (cp.stderr or cp.stdout or "").strip()),
-                         hint="the job needs --requeue (onbox sbatch asks for it) and JobRequeue allowed")
-    return cp
+    return SCONTROL.run(["scontrol", *args], timeout, runner=runner)
 
 
 def requeue(job_id: str, timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runner] = None) -> None:

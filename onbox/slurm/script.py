@@ -18,12 +18,12 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
 from onbox.config import parse_catchable_signal
 from onbox.errors import UnfitError, UsageError
+from onbox.toolrun import Runner, Says, Tool, stderr_tail
 
 DEFAULT_LEAD = 120  # seconds before the time limit; a final commit of a multi-GB checkpoint needs that much
 DEFAULT_SIGNAL = "USR1"  # the agent's default preempt_signal; USR2 where the trainer uses NCCL (it catches USR1)
@@ -212,17 +212,18 @@ def profile_defaults(profile_file: Optional[str] = None) -> Dict[str, Any]:
     return out
 
 
-def submit(script: str, workdir: Optional[str] = None, timeout: float = SUBMIT_TIMEOUT) -> str:
+def submit(script: str, workdir: Optional[str] = None, timeout: float = SUBMIT_TIMEOUT,
+           runner: Optional[Runner] = None) -> str:
     """`sbatch --parsable` the script on stdin; return the job id. Errors carry sbatch's stderr."""
     from onbox.slurm.job import SlurmError
 
-    try:
-        cp = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=timeout, cwd=workdir)
-    except FileNotFoundError:  # the box cannot submit at all: unfit (3), not a failed job
-        raise UnfitError("sbatch not found on PATH", hint="run this on a Slurm login node, or use --print")
-    except subprocess.TimeoutExpired:
-        raise SlurmError("sbatch did not answer within %.0f s" % timeout, hint="is slurmctld up? `scontrol ping`")
-    if cp.returncode != 0:
-        raise SlurmError("sbatch refused the job (exit %d): %s" % (cp.returncode, cp.stderr.strip()),
-                         hint="check the sbatch options; `onbox sbatch --print ...` shows the script")
+    sbatch = Tool("sbatch", SlurmError,
+                  # the box cannot submit at all: unfit (3), not a failed job
+                  missing=Says("sbatch not found on PATH", "run this on a Slurm login node, or use --print",
+                               error=UnfitError),
+                  timed_out=Says("sbatch did not answer within {timeout:.0f} s", "is slurmctld up? `scontrol ping`"),
+                  failed=Says("sbatch refused the job (exit {rc}): {stderr}",
+                              "check the sbatch options; `onbox sbatch --print ...` shows the script"),
+                  tail=stderr_tail())
+    cp = sbatch.run(["sbatch", "--parsable"], timeout, input=script, cwd=workdir, runner=runner)
     return cp.stdout.strip().split(";")[0]

@@ -34,7 +34,7 @@ class ProcTable(ProcessSeam):
     once the clock passes `at` (seconds after the child's spawn): forks, exits, a pid handed to a new process."""
 
     def __init__(self, clock: FakeClock, child_exit_at: float) -> None:
-        super().__init__(proc="/nonexistent", sleep=clock.sleep, monotonic=clock.monotonic)
+        super().__init__(proc="/nonexistent", clock=clock)
         self.clock = clock
         self.procs: Dict[int, Proc] = {}
         self.sent: List[Tuple[float, int, int]] = []  # (time, pid, signal) of every signal that was delivered

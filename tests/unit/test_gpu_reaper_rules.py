@@ -12,6 +12,7 @@ from onbox.gpu.holders import Holder, HolderScan, device_files
 from onbox.gpu.nvml import NvmlSeam
 from onbox.gpu.ownership import Attempt, AttemptIndex, attempts_of
 from onbox.gpu.reaper import Activity, Decision, decide, memory_settled, reap
+from onbox.proc import ProcessSeam, ProcInfo
 from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30
@@ -67,24 +68,31 @@ def test_no_nvml_means_cannot_tell_busy():
     assert (d.verdict, d.reason) == ("reap", "NVML not available: cannot tell whether it is busy")
 
 
-class ScriptedProcs:
+class ScriptedProcs(ProcessSeam):
     """A process table: pid -> start ticks; `dies_on` says which signal ends which pid; `stuck` ignores KILL."""
 
     def __init__(self, table, dies_on, stuck=(), denied=()):
+        super().__init__(proc="/nonexistent")
         self.table, self.dies_on, self.stuck, self.denied = dict(table), dict(dies_on), set(stuck), set(denied)
         self.sent = []
 
-    def start_ticks(self, pid):
-        return self.table.get(pid)
+    def info(self, pid):
+        ticks = self.table.get(pid)
+        return None if ticks is None else ProcInfo(pid=pid, ppid=1, pgid=pid, sid=pid, start_time=ticks, comm="x")
 
-    def kill(self, pid, sig):
-        if pid in self.denied:
-            raise PermissionError(1, "Operation not permitted")
-        if pid not in self.table:
-            raise ProcessLookupError(3, "No such process")
+    def command(self, pid):
+        return "x"
+
+    def reap_zombies(self, keep=()):
+        return []
+
+    def signal_pid(self, pid, sig):
+        if pid in self.denied or pid not in self.table:  # EPERM, ESRCH
+            return False
         self.sent.append((pid, sig))
         if pid not in self.stuck and (sig == signal.SIGKILL or self.dies_on.get(pid) == sig):
             del self.table[pid]
+        return True
 
 
 def test_reap_escalates_term_then_kill_and_reports_each_pid():
@@ -94,7 +102,7 @@ def test_reap_escalates_term_then_kill_and_reports_each_pid():
                           dies_on={1: signal.SIGTERM}, stuck={3}, denied={5})
     clock = FakeClock()
     log = []
-    reap(ds, term_timeout_s=2, kill_timeout_s=3, poll_s=0.5, ops=procs, clock=clock, record=log.append)
+    reap(ds, term_timeout_s=2, kill_timeout_s=3, poll_s=0.5, procs=procs, clock=clock, record=log.append)
     outcomes = {d.holder.pid: d.outcome for d in ds}
     assert outcomes[1] == "terminated by SIGTERM"
     assert outcomes[2] == "killed by SIGKILL (ignored SIGTERM)"

@@ -150,7 +150,7 @@ def test_proc_start_time_tells_a_recycled_pid_apart():
         assert seam.adopt(p.pid, st + 1) is None
         child = seam.adopt(p.pid, st)
         assert child is not None and not child.ours and child.sid == os.getsid(p.pid)
-        assert read_stat(p.pid)[1] == "sleep"
+        assert read_stat(p.pid).comm == "sleep"
     finally:
         p.kill()
         p.wait()

@@ -1,0 +1,156 @@
+"""The one way onbox and onboxctl run a tool (scontrol, sbatch, rclone, ssh, rsync), as submitit runs its commands
+through `CommandFunction`: a list argv, never a shell string; a timeout; output captured; and each way a call
+fails turned into the caller's domain error:
+
+  the tool is not installed (FileNotFoundError)   -> `Tool.missing`
+  it did not finish in time (TimeoutExpired)      -> `Tool.timed_out`
+  it exited non-zero (when the call is checked)   -> `Tool.failed`, carrying the tail of its stderr
+
+Each caller words its own messages and hints (a `Tool` per tool and caller, kept beside the code that calls it):
+the runner decides when an error is raised, never what it says.
+
+`runner` is the subprocess seam: anything called like `subprocess.run(argv, stdout=PIPE, stderr=PIPE, text=...,
+timeout=...)` that returns a CompletedProcess; tests pass a recorder. The default is `call`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+from typing import IO, Any, Callable, Mapping, Optional, Sequence, Type, Union
+
+from onbox.errors import JobFailed, OnboxError
+
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL
+Runner = Callable[..., "subprocess.CompletedProcess[Any]"]
+Stream = Union[int, IO[Any], None]
+
+
+def kill_group(proc: "subprocess.Popen[Any]") -> None:
+    """SIGKILL a child started with start_new_session=True and everything in its process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def call(argv: Sequence[str], *, timeout: Optional[float], input: Any = None, stdin: Stream = None,
+         stdout: Stream = PIPE, stderr: Stream = PIPE, cwd: Optional[str] = None,
+         env: Optional[Mapping[str, str]] = None, text: bool = False,
+         start_new_session: bool = False) -> "subprocess.CompletedProcess[Any]":
+    """subprocess.run, except that a tool started in a session of its own is killed with its whole process group at
+    the timeout (ssh's ProxyCommand, the ssh that rsync starts), and is not killed when the caller is interrupted
+    (Ctrl-C does not reach that session: what the tool does on the remote side runs to its end)."""
+    p = subprocess.Popen(list(argv), stdin=PIPE if input is not None else stdin, stdout=stdout, stderr=stderr,
+                         cwd=cwd, env=None if env is None else dict(env), text=text,
+                         start_new_session=start_new_session)
+    try:
+        out, err = p.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if start_new_session:
+            kill_group(p)
+        else:
+            p.kill()
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(p.args, timeout or 0.0, output=out, stderr=err)
+    except BaseException:
+        if not start_new_session:  # as subprocess.run: an interrupted caller leaves no tool behind
+            p.kill()
+            p.wait()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+class Says:
+    """How one kind of failure reads: a message and a hint, both str.format templates over the call's fields
+    ({name} the tool, {cmd} the argv joined, {timeout}, {rc}, {stderr} its tail, and whatever the call passes);
+    the error class when it is not the tool's own; extra keyword arguments for the error (e.g. errno_name)."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, error: Optional[Type[OnboxError]] = None,
+                 **extra: Any) -> None:
+        self.message = message
+        self.hint = hint
+        self.error = error
+        self.extra = extra
+
+
+def stderr_tail(chars: Optional[int] = None, lines: Optional[int] = None, sep: str = "\n", empty: str = "",
+         or_stdout: bool = False) -> Callable[[str, str], str]:
+    """What of (stderr, stdout) a failure message carries: stderr stripped (stdout when stderr is empty and
+    `or_stdout`), its last `lines` lines joined by `sep`, then its last `chars` characters; `empty` when none."""
+    def pick(err: str, out: str) -> str:
+        text = ((err or out) if or_stdout else err or "").strip()
+        if lines is not None:
+            text = sep.join(text.splitlines()[-lines:])
+        if chars is not None:
+            text = text[-chars:]
+        return text or empty
+    return pick
+
+
+NOT_INSTALLED = Says("{name} is not installed")
+TIMED_OUT = Says("`{cmd}` did not finish within {timeout:.0f} s")
+FAILED = Says("`{cmd}` failed (exit {rc}): {stderr}")
+LAST_600 = stderr_tail(chars=600)
+
+
+def _text(data: Any) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else (data or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One tool as one caller runs it: its name, the caller's domain error, and how each failure reads."""
+
+    name: str
+    error: Type[OnboxError] = JobFailed
+    missing: Says = NOT_INSTALLED
+    timed_out: Says = TIMED_OUT
+    failed: Says = FAILED
+    tail: Callable[[str, str], str] = LAST_600
+
+    def run(self, argv: Sequence[str], timeout: Optional[float], *, check: bool = True,
+            runner: Optional[Runner] = None, input: Any = None, stdin: Stream = None, stdout: Stream = PIPE,
+            stderr: Stream = PIPE, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+            binary: bool = False, new_session: bool = False, timed_out_rc: Optional[int] = None,
+            **fields: Any) -> "subprocess.CompletedProcess[Any]":
+        """Run argv; raise the missing / timed-out error, and with `check` the failed one. `binary`: bytes out.
+        `new_session`: the tool leads a session of its own (killed as a group, see `call`). `timed_out_rc`: a
+        timeout is no error but a CompletedProcess with this exit code and what the tool wrote until then.
+        `fields`: the caller's own template fields."""
+        argv = list(argv)
+        kw: dict = dict(stdout=stdout, stderr=stderr, text=not binary, timeout=timeout)
+        for key, value in (("input", input), ("stdin", stdin), ("cwd", cwd), ("env", env)):
+            if value is not None:
+                kw[key] = value
+        if new_session:
+            kw["start_new_session"] = True
+        try:
+            done = (runner or call)(argv, **kw)
+        except FileNotFoundError:
+            raise self._error(self.missing, argv, timeout=timeout, **fields)
+        except subprocess.TimeoutExpired as e:
+            if timed_out_rc is not None:
+                return subprocess.CompletedProcess(argv, timed_out_rc, e.output, e.stderr)
+            raise self._error(self.timed_out, argv, timeout=timeout, **fields)
+        if check:
+            self.check(done, **fields)
+        return done
+
+    def check(self, done: Any, **fields: Any) -> None:
+        """Raise the failed error when `done` (a CompletedProcess, or anything with returncode, stdout and stderr)
+        exited non-zero."""
+        if done.returncode != 0:
+            raise self.failure(done, **fields)
+
+    def failure(self, done: Any, **fields: Any) -> OnboxError:
+        """The failed error for a finished call (for callers that look at some exit codes themselves first)."""
+        return self._error(self.failed, list(getattr(done, "args", None) or getattr(done, "argv", [])),
+                           rc=done.returncode, stderr=self.tail(_text(done.stderr), _text(done.stdout)), **fields)
+
+    def _error(self, says: Says, argv: Sequence[str], **fields: Any) -> OnboxError:
+        values = dict(name=self.name, cmd=" ".join(map(str, argv)), **fields)
+        hint = says.hint.format(**values) if says.hint is not None else None
+        return (says.error or self.error)(says.message.format(**values), hint=hint, **says.extra)
