@@ -12,14 +12,16 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
+  retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
   index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
   runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
+  listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read
 
-May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun). Never the supervisor: hook.py implements the seam in
-onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
+May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun). Never the supervisor: hook.py
+implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations
 

@@ -1,6 +1,12 @@
 """Heartbeats: the schema (onbox.heartbeat/1), the on-disk spool, the sinks (tracker, file, ping URL, MLflow) and
 the TelemetryHook that collects a beat from onbox.telemetry and onbox.gpu on each tick.
 
+  schema.py       the heartbeat document, onbox.heartbeat/1 (heartbeat.schema.json documents it)
+  spool.py        the on-disk spool: written first, pushed in order, removed only on acknowledgement
+  sinks.py        the tracker (HTTP), a JSONL file, a ping URL; mlflow.py + mlflow_rest.py: the MLflow sink
+  collect.py      the box readings a beat carries (host, disks, GPUs), each a seam
+  hook.py         HeartbeatHook: the TelemetryHook the supervisor calls
+
 May import: the shared leaves, onbox.telemetry, onbox.gpu, onbox.slurm.job, onbox.multinode.role (a node's rank),
 the seam onbox.supervisor.hooks and onbox.supervisor.childenv (the job's secrets, kept out of the log tail).
 """

@@ -7,5 +7,10 @@ Two ways a run becomes a node of a group, one notion of a node's role (role.Node
 Node 0 alone commits checkpoints; the others restore what node 0 committed and never commit (hooks.py). On SSH
 boxes the agents tell each other about a preemption or a stop over small authenticated UDP notices (notices.py).
 
+  role.py         a node's role, and the node-group document an SSH group's agents start with
+  hooks.py        what a node's role changes in a run's hooks (who commits, where a node restores from)
+  notices.py      authenticated UDP notices between the agents of an SSH group
+  probe.py        `onbox node probe --json`: what onboxctl asks each box before it starts a group
+
 Imports: the leaves and onbox.config only (onbox.slurm and onbox.subsystems build on this package).
 """

@@ -2,6 +2,12 @@
 progress (metrics parsed from its output or ONBOX_METRICS_FILE), the tail of its output (logtail: bounded, secrets
 redacted) and the alert rules over them.
 
+  host.py         cgroup (v1, v2, hybrid) memory and CPU quota, disks and inodes, load average
+  metrics.py      step, loss, eval loss, lr, tokens/s from the job's output or ONBOX_METRICS_FILE
+  progress.py     the run's newest progress (progress.json) and the incremental metrics reader
+  logtail.py      the last lines of the job's output, bounded, secrets redacted
+  alerts.py       the alert rules: NaN/spikes, stall, disks, GPUs, OOM kills, sync failures, crash loops
+
 GPU readings live in onbox.gpu, beside the NVML seam they share with the reaper. May import: onbox.errors only;
 the supervisor, heartbeats and `onbox audit` read from here.
 """
