@@ -255,7 +255,7 @@ def logs(name: str, follow: bool, lines: int) -> int:
 def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
     from onbox.fsutil import read_json
-    from onbox.supervisor.loop import DEFAULT_GRACE
+    from onbox.supervisor.stop import DEFAULT_GRACE
     from onbox.untrusted import CONFIG_MAX_BYTES
 
     if grace is not None:

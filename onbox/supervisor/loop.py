@@ -28,10 +28,10 @@ from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, Pr
 from onbox.supervisor.records import RunRecords
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
-DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
 UNWRITABLE_HINT = ("free space on that filesystem (`df -h %s`, `df -i %s`: bytes and inodes, U7); the agent writes "
                    "the state and the events it holds as soon as the disk takes them")
 
@@ -70,10 +70,7 @@ class Supervisor:
         self.exit_status: Optional[ExitStatus] = None
         self.notice: Optional[PreemptionNotice] = None
         self.stopping_by_request = False
-        self.final_done = False
-        self.stopping_since = 0.0
-        self.escalated = False
-        self.killed = False
+        self.stop: Optional[ChildStop] = None  # the stop under way in STOPPING (stop.py)
         self.backoff_until = 0.0
         self.resume_from: Optional[str] = None
         self.oom_before: Optional[int] = None
@@ -362,8 +359,7 @@ class Supervisor:
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
     def _grace(self, lead: Optional[float]) -> float:
-        grace = self.cfg.grace if self.cfg.grace is not None else (lead if lead is not None else DEFAULT_GRACE)
-        return min(grace, lead) if lead is not None else grace
+        return grace_for(self.cfg.grace, lead)
 
     def _notice(self, notice: PreemptionNotice) -> None:
         if self.notice is not None:
@@ -572,32 +568,30 @@ class Supervisor:
     def _begin_stopping(self) -> None:
         assert self.notice is not None
         self._keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
-        self.stopping_since = self.clock.monotonic()
+        self.stop = ChildStop(self.clock.monotonic(), self.notice.deadline, self.cfg.sync_reserve)
         if self.child is not None and self.exit_status is None:
             self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
             self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=self.child.pgid)
         self.transition(RunState.STOPPING, reason="notice from %s" % self.notice.source)
 
     def _stopping(self, now: float) -> None:
-        assert self.notice is not None
-        deadline = self.notice.deadline
+        stop = self.stop
+        assert stop is not None
         if self.child is None or self.exit_status is not None:
             if self.child is not None:
                 self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
-            # When the reserve forced an early commit, the trainer may have saved since: commit again (the hook
-            # skips what is already committed).
-            self._final(deadline, again=self.escalated and now < deadline)
+            # When the reserve forced an early commit, the trainer may have saved since: commit again while time
+            # is left (the hook skips what is already committed).
+            if stop.exited(now):
+                self._final(stop.deadline)
             return self._end_stopping()
-        if now >= deadline:
-            if not self.killed:  # once: the loop comes back here every few ms until the exit is seen
-                self.killed = True
-                self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-                self.proc.signal_group(self.child.pgid, signal.SIGKILL)
-                self.emit("escalated", signal="SIGKILL")
-            return
-        if now >= deadline - self._reserve(deadline) and not self.escalated:
-            self.escalated = True
-            self._final(deadline)  # keep the reserve for the commit, whatever the child is doing
+        stage = stop.due(now)  # each stage once: the loop comes back here every few ms until the exit is seen
+        if stage == StopStage.KILLED:
+            self._log("deadline reached: KILL to process group %d" % self.child.pgid)
+            self.proc.signal_group(self.child.pgid, signal.SIGKILL)
+            self.emit("escalated", signal="SIGKILL")
+        elif stage == StopStage.RESERVE:
+            self._final(stop.deadline)  # keep the reserve for the commit, whatever the child is doing
             if self.checkpoint_signal != signal.SIGTERM:
                 self.proc.signal_group(self.child.pgid, signal.SIGTERM)
                 self.emit("escalated", signal="SIGTERM")
@@ -608,15 +602,7 @@ class Supervisor:
         checkpoint written just before the exit (or a commit still in flight) would never be committed."""
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
 
-    def _reserve(self, deadline: float) -> float:
-        """Seconds kept back for the final commit: sync_reserve, but never more than half the grace window, so a
-        short grace (Slurm KillWait 5 s, RunPod ~5 s) still gives the trainer time to save before the commit."""
-        return min(self.cfg.sync_reserve, max(0.0, (deadline - self.stopping_since) / 2.0))
-
-    def _final(self, deadline: float, again: bool = False) -> None:
-        if self.final_done and not again:
-            return
-        self.final_done = True
+    def _final(self, deadline: float) -> None:
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
         self.emit("final_checkpoint", summary=summary)
 

@@ -38,6 +38,7 @@ from onbox.config import RunConfig, check_env_entry, parse_signal
 from onbox.errors import UsageError
 from onbox.fsutil import json_safe
 from onbox.paths import valid_run_name
+from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 from onbox.telemetry.metrics import ALIASES, MetricsParser
 from onbox.telemetry.progress import MetricsFileTail
 
@@ -49,7 +50,6 @@ MAX_COUNT = 10 ** 15  # steps or tokens: a bound against typos, far beyond any r
 OPS: Dict[str, Callable[[float, float], bool]] = {"<": operator.lt, "<=": operator.le, ">": operator.gt,
                                                  ">=": operator.ge}
 CRITERION_RE = re.compile(r"^\s*([A-Za-z_][\w/.-]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-DEFAULT_GRACE = 30.0  # as the loop's: seconds from the phase-end signal to SIGKILL when --grace is unset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +241,8 @@ class Curriculum:
         self.values: Dict[str, Any] = {}  # the newest value of each metric seen in the current phase
         self.started_at: Optional[float] = None
         self.start_step: Optional[int] = None
-        self.ending = False  # the target was reached and the child asked to stop
+        self.stop: Optional[ChildStop] = None  # the target was reached and the child asked to stop (stop.py)
         self.status = "pending"  # of the current phase: pending, running, ending, then its end's (last phase)
-        self.end_deadline = 0.0
-        self.killed = False
         self.attempt_step: Optional[int] = None  # the step seen in the current attempt (targets use only it)
         if saved:
             self._load(saved)
@@ -269,14 +267,15 @@ class Curriculum:
         self.start_step = saved.get("start_step")
         self.status = str(saved.get("status") or "pending")
         if self.status == "ending":  # an agent that adopts the child it had asked to stop: a fresh grace to end
-            self.ending, self.end_deadline = True, self.clock.monotonic() + self.grace
+            now = self.clock.monotonic()
+            self.stop = ChildStop(now, now + self.grace)
 
     # ---- what the loop calls ----------------------------------------------------------------------------
     def attempt(self, command: List[str], resume_args: List[str], resume_from: Optional[str]
                 ) -> Tuple[List[str], List[str], Dict[str, str]]:
         """An attempt starts in the current phase: its command, resume args and ONBOX_PHASE* environment."""
         spec = self.spec
-        self.ending, self.killed, self.attempt_step, self.status = False, False, None, "running"
+        self.stop, self.attempt_step, self.status = None, None, "running"
         if self.metrics_tail is not None:  # this attempt's lines only: the file keeps every earlier phase's
             self._skip_metrics_file()
         if self.started_at is None:
@@ -317,30 +316,29 @@ class Curriculum:
         if self.metrics_tail is not None:
             for fields in self.metrics_tail.read_new():
                 self._absorb(fields)
-        if self.ending:
-            if not self.killed and now >= self.end_deadline:
-                self.killed = True
+        if self.stop is not None:  # a phase end keeps no reserve: its final commit follows the exit
+            if self.stop.due(now) == StopStage.KILLED:
                 self.emit("phase_end_escalated", phase=self.spec.name, signal="SIGKILL", grace=self.grace)
                 return signal.SIGKILL
             return None
         target = self.spec.target_step
         if target is None or self.attempt_step is None or self.attempt_step < target:
             return None
-        self.ending, self.end_deadline, self.status = True, now + self.grace, "ending"
+        self.stop, self.status = ChildStop(now, now + self.grace), "ending"
         self.emit("phase_target_reached", phase=self.spec.name, step=self.attempt_step, target_steps=target)
         return self.checkpoint_signal
 
     def after_exit(self, failed: bool) -> Optional[Verdict]:
         """The child ended. None when this is no end of the phase (it failed on its own: the restart policy
         decides, in the same phase); else how the phase ended and what comes next."""
-        if failed and not self.ending:
+        if failed and self.stop is None:
             return None
         spec, n = self.spec, len(self.specs)
         checks = [c.check(self.values) for c in spec.criteria]
         ok = all(c["ok"] for c in checks)
         step = self.attempt_step if self.attempt_step is not None else self.values.get("step")
         label = "phase %d/%d %r" % (self.index + 1, n, spec.name)
-        how = ("reached its target step %s (ended at step %s)" % (spec.target_step, step) if self.ending
+        how = ("reached its target step %s (ended at step %s)" % (spec.target_step, step) if self.stop is not None
                else "ended (its command exited 0 at step %s)" % step)
         record = {"name": spec.name, "started_at": self.started_at, "ended_at": self.clock.time(), "end_step": step,
                   "criteria": checks, "metrics": dict(self.values),
@@ -361,7 +359,7 @@ class Curriculum:
             self.status = "completed" if ok else "criteria_failed"
             return Verdict(spec.name, True, "%s %s: the curriculum is complete%s" % (label, how, failed_note))
         self.index += 1
-        self.values, self.started_at, self.start_step, self.ending, self.status = {}, None, step, False, "pending"
+        self.values, self.started_at, self.start_step, self.stop, self.status = {}, None, step, None, "pending"
         return Verdict(spec.name, True, "%s %s%s; starting phase %d/%d %r from its final checkpoint" % (
             label, how, failed_note, self.index + 1, n, self.spec.name), next_phase=self.index)
 
@@ -380,7 +378,7 @@ def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock
     """The run's Curriculum, or None for a run without [[phase]] tables."""
     if not cfg.phases:
         return None
-    grace = cfg.grace if cfg.grace is not None else DEFAULT_GRACE
     return Curriculum(parse_phases(cfg.phases), saved if isinstance(saved, dict) else None,
-                      parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace, clock, emit, metrics_file,
+                      parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace_for(cfg.grace, None), clock,
+                      emit, metrics_file,
                       tuple(cfg.metrics_regex))
