@@ -26,6 +26,7 @@ from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.records import RunRecords
+from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 from onbox.supervisor.stop import ChildStop, StopStage, grace_for
@@ -76,7 +77,7 @@ class Supervisor:
         self.oom_before: Optional[int] = None
         self.last_exit: Optional[Dict[str, Any]] = prev.get("last_exit")
         self.message = ""
-        self.streak: List[str] = []  # loop keys of consecutive failures
+        self.policy = RestartPolicy(cfg)  # what follows an exit (restarts.py)
         self._chld = False
         self.next_tick = 0.0
         self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
@@ -463,10 +464,7 @@ class Supervisor:
                     argv[0], getattr(e, "strerror", None) or e), "check the command and its path (PATH is the agent's)")
             record.update(ended_at=self.clock.time(), exit=result.to_dict())
             self.last_exit = result.to_dict()
-            self.message = result.message
-            self._final_at_end()
-            self.transition(RunState.FAILED, reason=result.message)
-            return
+            return self._end(RunState.FAILED, result.message)
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
                       start_time=self.child.start_time, boot_id=boot_id())
         if self.cfg.reap_orphans:
@@ -502,40 +500,15 @@ class Supervisor:
         verdict = self.phases.after_exit(result.failed) if self.phases is not None else None
         if verdict is not None:
             return self._phase_ended(verdict)
-        policy = self.cfg.restart
-        if not result.failed:
-            self.streak = []
-            if policy == "always":
-                return self._backoff(0.0, "restart=always after success")
-            self.message = ""
-            self._final_at_end()
-            return self.transition(RunState.DONE, reason=result.message)
-        started = self.attempts[-1].get("started_at") if self.attempts else None
-        seconds = self.clock.time() - started if isinstance(started, (int, float)) else float("inf")
-        if self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure, seconds):
-            self.streak = []  # the next attempt starts from an older checkpoint: not the same loop
-        self.streak.append(result.loop_key)
-        if policy == "never":
-            self.message = result.message
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=result.message)
-        same = 0
-        for key in reversed(self.streak):
-            if key != result.loop_key:
-                break
-            same += 1
-        if self.cfg.crash_loop_threshold and same >= self.cfg.crash_loop_threshold:
-            self.message = ("crash loop: the same failure (%s) %d times in a row; not restarting. %s%s"
-                            % (result.classification, same, result.message,
-                               (" — what to do: " + result.hint) if result.hint else ""))
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=self.message, classification=result.classification)
-        if self.restarts >= self.cfg.max_restarts:
-            self.message = "gave up after %d restart(s): %s" % (self.restarts, result.message)
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=self.message)
-        delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** (len(self.streak) - 1)))
-        self._backoff(delay, result.message)
+        fell_back = False
+        if result.failed:
+            started = self.attempts[-1].get("started_at") if self.attempts else None
+            seconds = self.clock.time() - started if isinstance(started, (int, float)) else float("inf")
+            fell_back = bool(self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure, seconds))
+        decision = self.policy.decide(result, self.restarts, fell_back)
+        if decision.state == RunState.BACKOFF:
+            return self._backoff(decision.delay, decision.reason)
+        self._end(decision.state, decision.message, decision.reason, **decision.fields)
 
     def _phase_tick(self, now: float) -> None:
         """A phase's target reached: ask the child to stop as for a preemption (SIGKILL a grace later)."""
@@ -548,15 +521,12 @@ class Supervisor:
 
     def _phase_ended(self, verdict: Verdict) -> None:
         """The next phase starts at once from this one's final checkpoint, committed first; or the run ends."""
-        self.streak = []
-        self.message = verdict.message
+        self.policy.reset()
         if verdict.next_phase is None:
-            self._final_at_end()
-            return self.transition(RunState.DONE if verdict.ok else RunState.FAILED, reason=verdict.message)
+            return self._end(RunState.DONE if verdict.ok else RunState.FAILED, verdict.message)
+        self.message = verdict.message
         self.save()  # the new phase is recorded before the commit: a relaunch resumes in it
-        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final,
-                             self.clock.monotonic() + self.cfg.final_sync_timeout)
-        self.emit("final_checkpoint", summary=summary, phase=verdict.ended)
+        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout, phase=verdict.ended)
         self.transition(RunState.STARTING, reason=verdict.message)
 
     def _backoff(self, delay: float, why: str) -> None:
@@ -596,15 +566,17 @@ class Supervisor:
                 self.proc.signal_group(self.child.pgid, signal.SIGTERM)
                 self.emit("escalated", signal="SIGTERM")
 
-    def _final_at_end(self) -> None:
-        """The run ends without a notice (done, or failed for good): the newest complete checkpoint must still
-        become durable. The periodic commit runs on an interval in a background thread; without this, the
-        checkpoint written just before the exit (or a commit still in flight) would never be committed."""
+    def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
+        """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
+        become durable. The periodic commit runs on an interval in a background thread; without this final one,
+        the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
+        self.message = message
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self.transition(state, reason=message if reason is None else reason, **fields)
 
-    def _final(self, deadline: float) -> None:
+    def _final(self, deadline: float, **fields: Any) -> None:
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
-        self.emit("final_checkpoint", summary=summary)
+        self.emit("final_checkpoint", summary=summary, **fields)
 
     def _end_stopping(self) -> None:
         if self.stopping_by_request:
