@@ -88,7 +88,7 @@ class Supervisor:
         self.notices = NoticePipe()
         self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
         self._summary_mark: Any = None
-        # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; None for a plain run
+        # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; a NoCurriculum for a plain run
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
@@ -140,7 +140,7 @@ class Supervisor:
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
             "degraded": self.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
             **self.notes.to_state(),
-            **({"phase": self.phases.to_state()} if self.phases is not None else {}),
+            **self.phases.state_fields(),
         }
 
     def save(self) -> None:
@@ -303,7 +303,7 @@ class Supervisor:
                 self._begin_stopping()
             elif self.exit_status is not None:
                 self._after_exit()
-            elif self.phases is not None:
+            else:
                 self._phase_tick(now)
         elif self.state == RunState.BACKOFF:
             if self.notice is not None:
@@ -401,8 +401,7 @@ class Supervisor:
 
     def _on_line(self, line: str) -> None:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        if self.phases is not None:
-            self.phases.on_output(line)
+        self.phases.on_output(line)
 
     def _tick(self) -> None:
         if self.tree is not None and self.child is not None and self.exit_status is None:
@@ -426,8 +425,8 @@ class Supervisor:
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
         n = len(self.attempts)
-        command, resume_args, phase_env = (self.cfg.command, self.cfg.resume_args, {}) if self.phases is None else \
-            self.phases.attempt(self.cfg.command, self.cfg.resume_args, self.resume_from)
+        command, resume_args, phase_env = self.phases.attempt(self.cfg.command, self.cfg.resume_args,
+                                                              self.resume_from)
         argv = child_argv(command, resume_args, self.resume_from)
         try:  # read now, every attempt: a relaunch and a rotated secret file get the current values
             secrets = secret_env(self.cfg.env_files, self.cfg.secrets)
@@ -497,7 +496,7 @@ class Supervisor:
 
     def _after_exit(self) -> None:
         result = self._finish_attempt()
-        verdict = self.phases.after_exit(result.failed) if self.phases is not None else None
+        verdict = self.phases.after_exit(result.failed)
         if verdict is not None:
             return self._phase_ended(verdict)
         fell_back = False
@@ -512,7 +511,7 @@ class Supervisor:
 
     def _phase_tick(self, now: float) -> None:
         """A phase's target reached: ask the child to stop as for a preemption (SIGKILL a grace later)."""
-        assert self.phases is not None and self.child is not None
+        assert self.child is not None
         sig = self.phases.signal_due(now)
         if sig is not None:
             self.proc.signal_group(self.child.pgid, sig)

@@ -363,6 +363,10 @@ class Curriculum:
         return Verdict(spec.name, True, "%s %s%s; starting phase %d/%d %r from its final checkpoint" % (
             label, how, failed_note, self.index + 1, n, self.spec.name), next_phase=self.index)
 
+    def state_fields(self) -> Dict[str, Any]:
+        """What the phase adds to state.json."""
+        return {"phase": self.to_state()}
+
     def to_state(self) -> Dict[str, Any]:
         """state.json's `phase`: what a relaunch resumes from, and what status and training_status.md show."""
         spec = self.spec
@@ -373,11 +377,31 @@ class Curriculum:
                 "names": [s.name for s in self.specs], "history": list(self.history)})
 
 
-def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],
-                   metrics_file: Optional[str] = None) -> Optional[Curriculum]:
-    """The run's Curriculum, or None for a run without [[phase]] tables."""
-    if not cfg.phases:
+class NoCurriculum:
+    """A run without [[phase]] tables: every attempt runs the run's own command, nothing ends a phase."""
+
+    def attempt(self, command: List[str], resume_args: List[str], resume_from: Optional[str]
+                ) -> Tuple[List[str], List[str], Dict[str, str]]:
+        return command, resume_args, {}
+
+    def on_output(self, line: str) -> None:
         return None
+
+    def signal_due(self, now: float) -> Optional[signal.Signals]:
+        return None
+
+    def after_exit(self, failed: bool) -> Optional[Verdict]:
+        return None
+
+    def state_fields(self) -> Dict[str, Any]:
+        return {}
+
+
+def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],
+                   metrics_file: Optional[str] = None) -> Curriculum | NoCurriculum:
+    """The run's Curriculum, or a NoCurriculum for a run without [[phase]] tables."""
+    if not cfg.phases:
+        return NoCurriculum()
     return Curriculum(parse_phases(cfg.phases), saved if isinstance(saved, dict) else None,
                       parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace_for(cfg.grace, None), clock,
                       emit, metrics_file,
