@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox import fsutil
@@ -21,20 +20,17 @@ from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
-from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
+from onbox.supervisor.notes import preempted_message, thread_death
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
-from onbox.supervisor.records import RunRecords
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import LogTailer, RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
-
-UNWRITABLE_HINT = ("free space on that filesystem (`df -h %s`, `df -i %s`: bytes and inodes, U7); the agent writes "
-                   "the state and the events it holds as soon as the disk takes them")
 
 
 class Supervisor:
@@ -58,7 +54,9 @@ class Supervisor:
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
-        self.records = RunRecords(rundir, self.clock.time)  # a full or failing run disk: held in memory
+        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.attempt_no)
+        self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
+        self._hook = self.journal.hook
         self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
         self._asked_stop: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (request_stop)
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
@@ -86,13 +84,12 @@ class Supervisor:
         self._agent_start = start_time(os.getpid())
         self.tailer = LogTailer(rundir.log_path, from_end=True)
         self.notices = NoticePipe()
-        self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
-        self._summary_mark: Any = None
         # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; a NoCurriculum for a plain run
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
-            emit=self.emit, attempt=lambda: self.attempt_no, write_failed=self._write_failed))
+            emit=self.emit, attempt=lambda: self.attempt_no, write_failed=self.journal.write_failed))
+        self.journal.telemetry = self.hooks.telemetry
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
         self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
@@ -115,15 +112,6 @@ class Supervisor:
     def attempt_no(self) -> int:
         return max(0, len(self.attempts) - 1)
 
-    def emit(self, event_type: str, **fields: Any) -> None:
-        ev = {"time": self.clock.time(), "type": event_type, "run": self.rd.name, "attempt": self.attempt_no}
-        ev.update(fields)
-        started = self.records.append_event(ev)  # held in memory while the disk refuses it
-        self._hook("telemetry.on_event", self.hooks.telemetry.on_event, ev)
-        self.notes.on_event(ev)
-        if started:
-            self._say_unwritable()
-
     def state_doc(self) -> Dict[str, Any]:
         cur = self.attempts[-1] if self.attempts else {}
         now_m, now_w = self.clock.monotonic(), self.clock.time()
@@ -138,95 +126,20 @@ class Supervisor:
             "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
-            "degraded": self.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
-            **self.notes.to_state(),
+            "degraded": self.journal.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
+            **self.journal.notes.to_state(),
             **self.phases.state_fields(),
         }
-
-    def save(self) -> None:
-        if self.records.write_state(self.state_doc()):
-            self._say_unwritable()
-
-    # ---- a run disk that refuses writes (records.py) -------------------------------------------------------
-    def _write_failed(self, what: str, error: OSError) -> None:
-        """A write into the run dir met a disk fault (also a hook's, through RunContext.write_failed)."""
-        if self.records.failed(what, error):
-            self._say_unwritable()
-
-    def _keep(self, what: str, write: Callable[..., Any], *args: Any) -> None:
-        """A write the supervision must outlive: a disk fault is recorded, any other error raised."""
-        try:
-            write(*args)
-        except OSError as e:
-            if fsutil.disk_fault(e) is None:
-                raise
-            self._write_failed(what, e)
-
-    def _say_unwritable(self) -> None:
-        fault = self.records.snapshot() or {}
-        self._log("cannot write %s (%s: %s): supervising on, the state is kept in memory and written once the disk "
-                  "takes it" % (fault.get("path"), fault.get("errno"), fault.get("error")))
-        self.emit("run_dir_unwritable", **{k: fault.get(k) for k in ("errno", "error", "what", "path")},
-                  hint=UNWRITABLE_HINT % (self.rd.path, self.rd.path))
-
-    def _recover(self) -> None:
-        """During a fault (each tick): the held events, then the state; once written, say that the fault is over."""
-        ended = self.records.recover(self.state_doc())
-        if ended is None:
-            return
-        took = max(0.0, self.clock.time() - float(ended["since"]))
-        self._log("the run directory takes writes again after %.1f s: the held state and events are written" % took)
-        self.emit("run_dir_writable", after_s=round(took, 3), errno=ended["errno"],
-                  dropped_events=ended["dropped_events"])
-        self.save()  # once more, without the warning
-
-    def _record_final_state(self) -> None:
-        """The run has ended but its final state is not on disk: the agent stays (holding the run's lock) and tries
-        again until final_sync_timeout passes or a TERM/INT asks it to go, so that freeing space in time records
-        how the run ended."""
-        if not self.records.degraded:
-            return
-        deadline = self.clock.monotonic() + self.cfg.final_sync_timeout
-        self._log("the run is %s but the run directory refuses writes: trying again for up to %.0f s"
-                  % (self.state.value, self.cfg.final_sync_timeout))
-        while True:
-            self._recover()
-            now = self.clock.monotonic()
-            if not self.records.degraded or now >= deadline or \
-                    {signal.SIGTERM, signal.SIGINT} & set(self.inbox.take()):
-                break
-            self.notices.drain()  # nothing acts on a late notice now; it must not keep the wait from blocking
-            self.waiter(min(deadline - now, max(0.1, min(1.0, self.cfg.tick_interval))))
-        if self.records.degraded:
-            self._log("gave up: the final state (%s) of run %s is not recorded, the run directory still refuses "
-                      "writes" % (self.state.value, self.rd.name))
 
     def transition(self, new: RunState, **fields: Any) -> None:
         check_transition(self.state, new)
         old, self.state = self.state, new
         self._log("%s -> %s%s" % (old.value, new.value, (" (%s)" % fields["reason"]) if "reason" in fields else ""))
-        self.save()
+        self.journal.save()
         self.emit("state", old=old.value, new=new.value, **fields)
         if self.on_ready is not None and (new == RunState.RUNNING or new.terminal):
             ready, self.on_ready = self.on_ready, None
             ready(self)
-
-    def _hook(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call a subsystem hook. A bug in a hook is recorded loudly but must not orphan the job."""
-        try:
-            return fn(*args)
-        except Exception as e:
-            if fsutil.disk_fault(e):  # a full or failing disk, not a bug: no traceback
-                assert isinstance(e, OSError)
-                if not e.filename or os.path.abspath(str(e.filename)).startswith(self.rd.path + os.sep):
-                    self._write_failed("hook %s" % what, e)
-                    return None
-                self._log("hook %s: %s" % (what, e))
-            else:
-                self._log("hook %s failed: %r\n%s" % (what, e, traceback.format_exc()))
-            if what != "telemetry.on_event":
-                self.emit("hook_error", hook=what, error=repr(e))
-            return None
 
     def _poller_died(self, error: BaseException) -> None:
         """The metadata poller's thread ended on an error: cloud preemption notices are off. Say so everywhere."""
@@ -235,18 +148,6 @@ class Supervisor:
             "onbox-metadata", "cloud preemption notices (%s metadata)" % self.cfg.notice_source, error, self.rd.name,
             os.getpid(), hint="signals (TERM, %s) still work; check --metadata-url and the metadata service"
             % self.cfg.preempt_signal))
-
-    def _refresh_summary(self) -> None:
-        """training_status.md again when a commit, a progress change or a warning made it stale (state changes
-        rewrite it through save())."""
-        status_due, state_due = self.notes.take()
-        mark = self.rd.side_fingerprint()
-        if state_due:
-            self.save()
-        elif (status_due or mark != self._summary_mark) and self.records.write_status(self.state_doc()):
-            self._say_unwritable()
-        if not self.records.degraded:  # else due again after the fault
-            self._summary_mark = mark
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
@@ -271,7 +172,7 @@ class Supervisor:
                                                  self.attempts[-1].get("marker") if self.attempts else None)
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
-                self.save()
+                self.journal.save()
                 self.emit("adopted", pid=adopt.pid, start_time=adopt.start_time)
                 if self.on_ready is not None:
                     ready, self.on_ready = self.on_ready, None
@@ -329,6 +230,12 @@ class Supervisor:
 
     def _select_wait(self, timeout: float) -> None:
         self.inbox.wait(timeout, [self.notices.read_fd])
+
+    def _idle(self, timeout: float) -> None:
+        """The wait for a disk to take the final state: nothing acts on a late notice now, but a notice left in
+        the pipe must not keep the wait from blocking."""
+        self.notices.drain()
+        self.waiter(timeout)
 
     def _observe(self) -> None:
         now_m, now_w = self.clock.monotonic(), self.clock.time()
@@ -408,10 +315,10 @@ class Supervisor:
             self.tree.poll()  # remember what the attempt forks while its parents still live (leftovers.py)
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
-        if self.records.degraded:
-            self._recover()
-        self._keep("output.log (rotation)", self._rotate_log)
-        self._refresh_summary()
+        if self.journal.records.degraded:
+            self.journal.recover()
+        self.journal.keep("output.log (rotation)", self._rotate_log)
+        self.journal.refresh_summary()
 
     def _rotate_log(self) -> None:
         if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
@@ -439,9 +346,9 @@ class Supervisor:
         marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
-                self._keep("PREEMPTED", os.unlink, stale)
+                self.journal.keep("PREEMPTED", os.unlink, stale)
         self.oom_before = self.oom_reader()
-        self._keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
+        self.journal.keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
             n, " ".join(argv), " (resuming from %s)" % self.resume_from if self.resume_from else ""))
         self.tailer.read_new()
         self.tailer.reset_tail()
@@ -478,7 +385,7 @@ class Supervisor:
         rec = self.attempts[-1]
         rec.update(ended_at=self.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
-        self._keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
+        self.journal.keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
         self.emit("exit", **result.to_dict())
         if self.cfg.reap_orphans:
             self._stop_leftovers(rec)
@@ -516,7 +423,7 @@ class Supervisor:
         if sig is not None:
             self.proc.signal_group(self.child.pgid, sig)
             self.emit("signal_forwarded", signal=sig.name, pgid=self.child.pgid, reason="phase end")
-            self.save()  # `ending` is on disk: an adopting agent keeps the deadline
+            self.journal.save()  # `ending` is on disk: an adopting agent keeps the deadline
 
     def _phase_ended(self, verdict: Verdict) -> None:
         """The next phase starts at once from this one's final checkpoint, committed first; or the run ends."""
@@ -524,7 +431,7 @@ class Supervisor:
         if verdict.next_phase is None:
             return self._end(RunState.DONE if verdict.ok else RunState.FAILED, verdict.message)
         self.message = verdict.message
-        self.save()  # the new phase is recorded before the commit: a relaunch resumes in it
+        self.journal.save()  # the new phase is recorded before the commit: a relaunch resumes in it
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout, phase=verdict.ended)
         self.transition(RunState.STARTING, reason=verdict.message)
 
@@ -536,7 +443,7 @@ class Supervisor:
 
     def _begin_stopping(self) -> None:
         assert self.notice is not None
-        self._keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
+        self.journal.keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
         self.stop = ChildStop(self.clock.monotonic(), self.notice.deadline, self.cfg.sync_reserve)
         if self.child is not None and self.exit_status is None:
             self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
@@ -580,7 +487,7 @@ class Supervisor:
     def _end_stopping(self) -> None:
         if self.stopping_by_request:
             try:
-                self._keep("stop.request", os.unlink, self.rd.stop_request)
+                self.journal.keep("stop.request", os.unlink, self.rd.stop_request)
             except FileNotFoundError:
                 pass
             self.message = "stopped on request"
@@ -602,8 +509,10 @@ class Supervisor:
                                  runner=self.slurm_runner, requeue_fn=self.requeue)
                 if self.state == RunState.PREEMPTED:
                     self.message = preempted_message(self.notice.source if self.notice else "?",
-                                                     self.notes.requeue, self.rd.name)
-            self.save()
+                                                     self.journal.notes.requeue, self.rd.name)
+            self.journal.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())
-            self._record_final_state()
+            self.journal.record_final_state(
+                self.state.value, self.cfg.final_sync_timeout, self.cfg.tick_interval,
+                lambda: bool({signal.SIGTERM, signal.SIGINT} & set(self.inbox.take())), self._idle)
