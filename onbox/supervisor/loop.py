@@ -13,20 +13,19 @@ from typing import Any, Callable, Dict, List, Optional
 
 from onbox import fsutil
 from onbox.clock import Clock, SystemClock
-from onbox.config import RunConfig, agent_only_vars, check_range, parse_signal
+from onbox.config import RunConfig, check_range, parse_signal
 from onbox.errors import UsageError
-from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id, set_child_subreaper
+from onbox.proc import Child, ProcessSeam, set_child_subreaper
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
-from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
+from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
-from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
 from onbox.supervisor.notes import preempted_message, thread_death
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
-from onbox.supervisor.rundir import LogTailer, RunDir
+from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 
@@ -49,31 +48,25 @@ class Supervisor:
         self.clock = clock or SystemClock()
         # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
         self.waiter = waiter or self._select_wait
-        self.oom_reader = oom_reader
         self.requeue = requeue  # None: onbox.slurm.job.requeue (`scontrol requeue`)
         self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
         self.environ = dict(os.environ if environ is None else environ)
         self._log: Callable[[str], None] = log or self._stderr_log
-        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.attempt_no)
+        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
         self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
         self._hook = self.journal.hook
-        self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
         self._asked_stop: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (request_stop)
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
-        self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
+        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir, oom_reader,
+                                        prev)
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
         self.state = RunState.STARTING
-        self.child: Optional[Child] = None
-        self.exit_status: Optional[ExitStatus] = None
         self.notice: Optional[PreemptionNotice] = None
         self.stopping_by_request = False
         self.stop: Optional[ChildStop] = None  # the stop under way in STOPPING (stop.py)
         self.backoff_until = 0.0
-        self.resume_from: Optional[str] = None
-        self.oom_before: Optional[int] = None
-        self.last_exit: Optional[Dict[str, Any]] = prev.get("last_exit")
         self.message = ""
         self.policy = RestartPolicy(cfg)  # what follows an exit (restarts.py)
         self._chld = False
@@ -82,13 +75,12 @@ class Supervisor:
         from onbox.proc import start_time
 
         self._agent_start = start_time(os.getpid())
-        self.tailer = LogTailer(rundir.log_path, from_end=True)
         self.notices = NoticePipe()
         # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; a NoCurriculum for a plain run
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
-            emit=self.emit, attempt=lambda: self.attempt_no, write_failed=self.journal.write_failed))
+            emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
         self.journal.telemetry = self.hooks.telemetry
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
@@ -109,21 +101,34 @@ class Supervisor:
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
-    def attempt_no(self) -> int:
-        return max(0, len(self.attempts) - 1)
+    def attempts(self) -> List[Dict[str, Any]]:
+        """state.json's `attempts` (the launcher's records)."""
+        return self.launcher.attempts
+
+    @attempts.setter
+    def attempts(self, records: List[Dict[str, Any]]) -> None:
+        self.launcher.attempts = records
+
+    @property
+    def child(self) -> Optional[Child]:
+        return self.launcher.child
+
+    @property
+    def last_exit(self) -> Optional[Dict[str, Any]]:
+        return self.launcher.last_exit
 
     def state_doc(self) -> Dict[str, Any]:
         cur = self.attempts[-1] if self.attempts else {}
         now_m, now_w = self.clock.monotonic(), self.clock.time()
         return {
-            "run": self.rd.name, "state": self.state.value, "attempt": self.attempt_no,
+            "run": self.rd.name, "state": self.state.value, "attempt": self.launcher.number,
             "child_pid": self.child.pid if self.child else None,
             "child_start_time": self.child.start_time if self.child else None,
             "agent_pid": os.getpid(), "agent_start_time": self._agent_start,
             "started_at": self.started_at, "updated_at": now_w,
             "restarts": self.restarts, "attempts": self.attempts, "last_exit": self.last_exit,
             "preemption": self.notice.to_dict(now_m, now_w) if self.notice else None,
-            "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
+            "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.launcher.resume_from,
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
             "degraded": self.journal.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
@@ -165,11 +170,7 @@ class Supervisor:
             if adopt is None:
                 self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
             else:
-                self.child = adopt
-                if self.cfg.reap_orphans:
-                    self.tree = AttemptProcesses(self.proc, ProcRef(adopt.pid, adopt.start_time)
-                                                 if adopt.start_time is not None else None,
-                                                 self.attempts[-1].get("marker") if self.attempts else None)
+                self.launcher.adopt(adopt)
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
                 self.journal.save()
@@ -202,7 +203,7 @@ class Supervisor:
         elif self.state == RunState.RUNNING:
             if self.notice is not None:
                 self._begin_stopping()
-            elif self.exit_status is not None:
+            elif self.launcher.exit_status is not None:
                 self._after_exit()
             else:
                 self._phase_tick(now)
@@ -256,12 +257,10 @@ class Supervisor:
         if self.notice is None and (self._asked_stop is not None or os.path.exists(self.rd.stop_request)):
             self._stop_request(now_m, now_w)
         self._read_output()
-        if self.child is not None and self.exit_status is None:
-            self.exit_status = self.proc.poll(self.child)
-            if self.exit_status is not None:
-                self._read_output()
-                for line in self.tailer.flush_partial():
-                    self._on_line(line)
+        if self.launcher.poll():  # the exit is seen now: the rest of its output first
+            self._read_output()
+            for line in self.launcher.tailer.flush_partial():
+                self._on_line(line)
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
@@ -303,7 +302,7 @@ class Supervisor:
                                       now_w, "onbox stop"))
 
     def _read_output(self) -> None:
-        for line in self.tailer.read_new():
+        for line in self.launcher.tailer.read_new():
             self._on_line(line)
 
     def _on_line(self, line: str) -> None:
@@ -311,8 +310,7 @@ class Supervisor:
         self.phases.on_output(line)
 
     def _tick(self) -> None:
-        if self.tree is not None and self.child is not None and self.exit_status is None:
-            self.tree.poll()  # remember what the attempt forks while its parents still live (leftovers.py)
+        self.launcher.watch()
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
         if self.journal.records.degraded:
@@ -326,91 +324,26 @@ class Supervisor:
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
-        earlier = [a["sid"] for a in self.attempts if a.get("sid")]
-        if self.attempts and self.cfg.reap_orphans:
-            self._stop_leftovers(self.attempts[-1])
+        earlier = self.launcher.sessions()
+        self.launcher.clear_last()
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
-        self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
-        n = len(self.attempts)
-        command, resume_args, phase_env = self.phases.attempt(self.cfg.command, self.cfg.resume_args,
-                                                              self.resume_from)
-        argv = child_argv(command, resume_args, self.resume_from)
-        try:  # read now, every attempt: a relaunch and a rotated secret file get the current values
-            secrets = secret_env(self.cfg.env_files, self.cfg.secrets)
-            start_error = None
-        except UsageError as e:
-            secrets, start_error = {}, e
-        env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
-                        self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores(),
-                        agent_only=agent_only_vars(self.cfg))
-        marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
-        for stale in (self.rd.preempt_file,):
-            if os.path.exists(stale):
-                self.journal.keep("PREEMPTED", os.unlink, stale)
-        self.oom_before = self.oom_reader()
-        self.journal.keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
-            n, " ".join(argv), " (resuming from %s)" % self.resume_from if self.resume_from else ""))
-        self.tailer.read_new()
-        self.tailer.reset_tail()
-        record: Dict[str, Any] = {"n": n, "pid": None, "sid": None, "pgid": None, "start_time": None,
-                                  "started_at": self.clock.time(), "ended_at": None, "exit": None,
-                                  "argv": argv, "resume_from": self.resume_from, "marker": marker}
-        self.attempts.append(record)
-        self.exit_status = None
-        try:
-            if start_error is not None:
-                raise start_error
-            self.child = self.proc.spawn(argv, env, self.cfg.workdir, self.rd.log_path)
-        except (OSError, ValueError, UsageError) as e:
-            if isinstance(e, UsageError):
-                result = cls.Classification(cls.FAILED, 127, None, "cannot start attempt %d: %s" % (n, e.message),
-                                            e.hint or "")
-            else:  # ValueError: Popen refuses an argument or variable it cannot pass (a NUL byte)
-                result = cls.Classification(cls.FAILED, 127, None, "cannot start %s: %s" % (
-                    argv[0], getattr(e, "strerror", None) or e), "check the command and its path (PATH is the agent's)")
-            record.update(ended_at=self.clock.time(), exit=result.to_dict())
-            self.last_exit = result.to_dict()
-            return self._end(RunState.FAILED, result.message)
-        record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
-                      start_time=self.child.start_time, boot_id=boot_id())
-        if self.cfg.reap_orphans:
-            self.tree = AttemptProcesses(self.proc, ProcRef(self.child.pid, self.child.start_time)
-                                         if self.child.start_time is not None else None, marker)
-        self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
-
-    def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
-        status = self.exit_status or ExitStatus()
-        result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
-                              preempted=preempted, stopped=stopped)
-        rec = self.attempts[-1]
-        rec.update(ended_at=self.clock.time(), exit=result.to_dict())
-        self.last_exit = result.to_dict()
-        self.journal.keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
-        self.emit("exit", **result.to_dict())
-        if self.cfg.reap_orphans:
-            self._stop_leftovers(rec)
-        self.child = None
-        self.exit_status = None
-        return result
-
-    def _stop_leftovers(self, attempt: Dict[str, Any]) -> None:
-        """Stop what an attempt left running: its session, and what left the session (its tracked tree and the
-        processes carrying its marker: leftovers.py). The current attempt's tracking is in memory; an earlier
-        agent's attempt is known by its record."""
-        tracked = self.tree if self.tree is not None else AttemptProcesses.of_attempt(self.proc, attempt)
-        self.tree = None
-        stop_attempt(self.proc, attempt, tracked, self.cfg.term_timeout, self._log, self.emit)
+        resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
+        command, resume_args, phase_env = self.phases.attempt(self.cfg.command, self.cfg.resume_args, resume_from)
+        failure = self.launcher.start(command, resume_args, phase_env, resume_from)
+        if failure is not None:
+            return self._end(RunState.FAILED, failure.message)
+        child = self.launcher.child
+        assert child is not None
+        self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (self.launcher.number, child.pid),
+                        pid=child.pid)
 
     def _after_exit(self) -> None:
-        result = self._finish_attempt()
+        result = self.launcher.finish()
         verdict = self.phases.after_exit(result.failed)
         if verdict is not None:
             return self._phase_ended(verdict)
-        fell_back = False
-        if result.failed:
-            started = self.attempts[-1].get("started_at") if self.attempts else None
-            seconds = self.clock.time() - started if isinstance(started, (int, float)) else float("inf")
-            fell_back = bool(self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure, seconds))
+        fell_back = result.failed and bool(self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure,
+                                                      self.launcher.seconds_run()))
         decision = self.policy.decide(result, self.restarts, fell_back)
         if decision.state == RunState.BACKOFF:
             return self._backoff(decision.delay, decision.reason)
@@ -418,11 +351,10 @@ class Supervisor:
 
     def _phase_tick(self, now: float) -> None:
         """A phase's target reached: ask the child to stop as for a preemption (SIGKILL a grace later)."""
-        assert self.child is not None
         sig = self.phases.signal_due(now)
         if sig is not None:
-            self.proc.signal_group(self.child.pgid, sig)
-            self.emit("signal_forwarded", signal=sig.name, pgid=self.child.pgid, reason="phase end")
+            pgid = self.launcher.signal(sig)
+            self.emit("signal_forwarded", signal=sig.name, pgid=pgid, reason="phase end")
             self.journal.save()  # `ending` is on disk: an adopting agent keeps the deadline
 
     def _phase_ended(self, verdict: Verdict) -> None:
@@ -445,17 +377,17 @@ class Supervisor:
         assert self.notice is not None
         self.journal.keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
         self.stop = ChildStop(self.clock.monotonic(), self.notice.deadline, self.cfg.sync_reserve)
-        if self.child is not None and self.exit_status is None:
-            self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
-            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=self.child.pgid)
+        if self.launcher.running:
+            pgid = self.launcher.signal(self.checkpoint_signal)
+            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=pgid)
         self.transition(RunState.STOPPING, reason="notice from %s" % self.notice.source)
 
     def _stopping(self, now: float) -> None:
         stop = self.stop
         assert stop is not None
-        if self.child is None or self.exit_status is not None:
-            if self.child is not None:
-                self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
+        if not self.launcher.running:
+            if self.launcher.child is not None:
+                self.launcher.finish(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
             # When the reserve forced an early commit, the trainer may have saved since: commit again while time
             # is left (the hook skips what is already committed).
             if stop.exited(now):
@@ -463,13 +395,14 @@ class Supervisor:
             return self._end_stopping()
         stage = stop.due(now)  # each stage once: the loop comes back here every few ms until the exit is seen
         if stage == StopStage.KILLED:
+            assert self.child is not None
             self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-            self.proc.signal_group(self.child.pgid, signal.SIGKILL)
+            self.launcher.signal(signal.SIGKILL)
             self.emit("escalated", signal="SIGKILL")
         elif stage == StopStage.RESERVE:
             self._final(stop.deadline)  # keep the reserve for the commit, whatever the child is doing
             if self.checkpoint_signal != signal.SIGTERM:
-                self.proc.signal_group(self.child.pgid, signal.SIGTERM)
+                self.launcher.signal(signal.SIGTERM)
                 self.emit("escalated", signal="SIGTERM")
 
     def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
