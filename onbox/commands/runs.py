@@ -377,7 +377,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
             cfg.notice_source = "none"
             sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks)
             if not written:
-                sup.request_stop(grace)
+                sup.intake.ask(grace)
             sup.run(adopt=child)
         finally:
             lock.release()

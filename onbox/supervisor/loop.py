@@ -11,10 +11,8 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import fsutil
 from onbox.clock import Clock, SystemClock
-from onbox.config import RunConfig, check_range, parse_signal
-from onbox.errors import UsageError
+from onbox.config import RunConfig, parse_signal
 from onbox.proc import Child, ProcessSeam, set_child_subreaper
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
@@ -27,7 +25,7 @@ from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, Pr
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
-from onbox.supervisor.stop import ChildStop, StopStage, grace_for
+from onbox.supervisor.stop import ChildStop, NoticeIntake, StopStage
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
 
@@ -55,7 +53,6 @@ class Supervisor:
         self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
         self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
         self._hook = self.journal.hook
-        self._asked_stop: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (request_stop)
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
         self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir, oom_reader,
@@ -63,8 +60,6 @@ class Supervisor:
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
         self.state = RunState.STARTING
-        self.notice: Optional[PreemptionNotice] = None
-        self.stopping_by_request = False
         self.stop: Optional[ChildStop] = None  # the stop under way in STOPPING (stop.py)
         self.backoff_until = 0.0
         self.message = ""
@@ -84,7 +79,10 @@ class Supervisor:
         self.journal.telemetry = self.hooks.telemetry
         self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
-        self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
+        sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
+        self.intake = NoticeIntake(cfg.grace, self.preempt_signal, sigterm_lead, rundir.stop_request, self.clock,
+                                   self.emit, self._log, lambda *notice: self._hook(
+                                       "nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
         self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
@@ -108,6 +106,10 @@ class Supervisor:
     @attempts.setter
     def attempts(self, records: List[Dict[str, Any]]) -> None:
         self.launcher.attempts = records
+
+    @property
+    def notice(self) -> Optional[PreemptionNotice]:
+        return self.intake.notice
 
     @property
     def child(self) -> Optional[Child]:
@@ -243,19 +245,10 @@ class Supervisor:
         signals = self.inbox.take()
         self._chld = self._chld or signal.SIGCHLD in signals
         for s in signals:
-            if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
-                lead = self.sigterm_lead if s == signal.SIGTERM else None
-                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(lead),
-                                              now_w))
-            elif s == STOP_SIGNAL:  # `onbox stop` when it could not write stop.request (a full disk)
-                self._log("stop asked by signal")
-                self.request_stop()
-            elif s != signal.SIGCHLD:
-                self._log("ignoring %s" % signal.Signals(s).name)
+            self.intake.on_signal(s, now_m, now_w)
         for lead, src, detail in self.notices.drain():
-            self._notice(PreemptionNotice(src, now_m + self._grace(lead), now_w, detail))
-        if self.notice is None and (self._asked_stop is not None or os.path.exists(self.rd.stop_request)):
-            self._stop_request(now_m, now_w)
+            self.intake.on_notice(lead, src, detail, now_m, now_w)
+        self.intake.check_request(now_m, now_w)
         self._read_output()
         if self.launcher.poll():  # the exit is seen now: the rest of its output first
             self._read_output()
@@ -264,42 +257,6 @@ class Supervisor:
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
-
-    def _grace(self, lead: Optional[float]) -> float:
-        return grace_for(self.cfg.grace, lead)
-
-    def _notice(self, notice: PreemptionNotice) -> None:
-        if self.notice is not None:
-            self.emit("notice_ignored", source=notice.source, reason="a stop is already under way")
-            return
-        self.notice = notice
-        self._log("preemption notice from %s %s" % (notice.source, notice.detail))
-        self.emit("preemption_notice", source=notice.source, detail=notice.detail,
-                  grace=round(notice.deadline - self.clock.monotonic(), 3))
-        # a multi-node group stops together: the other nodes' agents get the notice and its deadline
-        self._hook("nodes.on_notice", self.hooks.nodes.on_notice, notice.source, notice.detail,
-                   max(0.0, notice.deadline - self.clock.monotonic()))
-
-    def request_stop(self, grace: Optional[float] = None) -> None:
-        """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
-        self._asked_stop = {"grace": grace}
-
-    def _stop_request(self, now_m: float, now_w: float) -> None:
-        req: Any = self._asked_stop or {}
-        if os.path.exists(self.rd.stop_request):
-            try:
-                req = fsutil.read_json(self.rd.stop_request)
-            except (OSError, ValueError):
-                req = {}
-        grace = req.get("grace") if isinstance(req, dict) else None
-        try:
-            check_range("grace", grace)  # `onbox stop` checks it; a hand-written request may not be sane
-        except UsageError as e:
-            self.emit("stop_grace_ignored", grace=repr(grace), reason=e.message)
-            grace = None
-        self.stopping_by_request = True
-        self._notice(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else self._grace(None)),
-                                      now_w, "onbox stop"))
 
     def _read_output(self) -> None:
         for line in self.launcher.tailer.read_new():
@@ -387,7 +344,7 @@ class Supervisor:
         assert stop is not None
         if not self.launcher.running:
             if self.launcher.child is not None:
-                self.launcher.finish(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
+                self.launcher.finish(preempted=not self.intake.by_request, stopped=self.intake.by_request)
             # When the reserve forced an early commit, the trainer may have saved since: commit again while time
             # is left (the hook skips what is already committed).
             if stop.exited(now):
@@ -418,7 +375,7 @@ class Supervisor:
         self.emit("final_checkpoint", summary=summary, **fields)
 
     def _end_stopping(self) -> None:
-        if self.stopping_by_request:
+        if self.intake.by_request:
             try:
                 self.journal.keep("stop.request", os.unlink, self.rd.stop_request)
             except FileNotFoundError:

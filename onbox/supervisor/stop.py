@@ -7,11 +7,22 @@ else: it says which stage is due, the caller acts and says so in its own events 
 `escalated` for a notice, `phase_end_escalated` for a phase end). A notice's stop also keeps time back for the
 final commit (the reserve: the commit runs at deadline - reserve whatever the child is doing); a phase end commits
 after the exit and keeps none back.
+
+`NoticeIntake` turns what asks for a notice's stop into the run's one PreemptionNotice (preempt.py), its deadline
+set by the grace: the first wins, a later one is recorded as ignored.
 """
 from __future__ import annotations
 
 import enum
-from typing import Dict, List, Optional, Tuple
+import os
+import signal
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from onbox import fsutil
+from onbox.clock import Clock
+from onbox.config import check_range
+from onbox.errors import UsageError
+from onbox.supervisor.preempt import STOP_SIGNAL, PreemptionNotice
 
 DEFAULT_GRACE = 30.0  # seconds from notice (or phase end) to hard kill when neither --grace nor the profile says
 
@@ -94,3 +105,75 @@ class ChildStop:
                                % (self.stage.value, stage.value, self.stage.value, allowed))
         self.stages.append(stage)
         return stage
+
+
+class NoticeIntake:
+    """The run's one PreemptionNotice, from whatever asks first: a preemption signal (TERM, INT, the run's
+    preempt_signal; under Slurm TERM's lead is KillWait), a notice from the metadata poller or a peer node, or
+    `onbox stop` (its stop.request file; STOP_SIGNAL or `ask()` when the disk refused that file).
+    `tell_peers(source, detail, lead)`: a multi-node group stops together."""
+
+    def __init__(self, grace: Optional[float], preempt_signal: int, sigterm_lead: Optional[float], stop_request: str,
+                 clock: Clock, emit: Callable[..., None], log: Callable[[str], None],
+                 tell_peers: Callable[[str, str, float], Any]) -> None:
+        self.grace = grace  # --grace or the profile's; None: the notice's own lead, or DEFAULT_GRACE
+        self.preempt_signal = preempt_signal
+        self.sigterm_lead = sigterm_lead
+        self.stop_request = stop_request
+        self.clock = clock
+        self.emit = emit
+        self.log = log
+        self.tell_peers = tell_peers
+        self.notice: Optional[PreemptionNotice] = None
+        self.by_request = False  # the notice is `onbox stop`'s: the run ends STOPPED, not PREEMPTED
+        self._asked: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (ask)
+
+    def on_signal(self, signum: int, now_m: float, now_w: float) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
+            lead = self.sigterm_lead if signum == signal.SIGTERM else None
+            self._take(PreemptionNotice("signal:%s" % signal.Signals(signum).name,
+                                        now_m + grace_for(self.grace, lead), now_w))
+        elif signum == STOP_SIGNAL:  # `onbox stop` when it could not write stop.request (a full disk)
+            self.log("stop asked by signal")
+            self.ask()
+        elif signum != signal.SIGCHLD:
+            self.log("ignoring %s" % signal.Signals(signum).name)
+
+    def on_notice(self, lead: Optional[float], source: str, detail: str, now_m: float, now_w: float) -> None:
+        """A notice from the metadata poller or a peer node, `lead` seconds before the kill (None: unknown)."""
+        self._take(PreemptionNotice(source, now_m + grace_for(self.grace, lead), now_w, detail))
+
+    def ask(self, grace: Optional[float] = None) -> None:
+        """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
+        self._asked = {"grace": grace}
+
+    def check_request(self, now_m: float, now_w: float) -> None:
+        """`onbox stop`'s request, when one is there and no notice came first."""
+        if self.notice is not None or (self._asked is None and not os.path.exists(self.stop_request)):
+            return
+        req: Any = self._asked or {}
+        if os.path.exists(self.stop_request):
+            try:
+                req = fsutil.read_json(self.stop_request)
+            except (OSError, ValueError):
+                req = {}
+        grace = req.get("grace") if isinstance(req, dict) else None
+        try:
+            check_range("grace", grace)  # `onbox stop` checks it; a hand-written request may not be sane
+        except UsageError as e:
+            self.emit("stop_grace_ignored", grace=repr(grace), reason=e.message)
+            grace = None
+        self.by_request = True
+        self._take(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else grace_for(self.grace, None)),
+                                    now_w, "onbox stop"))
+
+    def _take(self, notice: PreemptionNotice) -> None:
+        if self.notice is not None:
+            self.emit("notice_ignored", source=notice.source, reason="a stop is already under way")
+            return
+        self.notice = notice
+        self.log("preemption notice from %s %s" % (notice.source, notice.detail))
+        self.emit("preemption_notice", source=notice.source, detail=notice.detail,
+                  grace=round(notice.deadline - self.clock.monotonic(), 3))
+        # a multi-node group stops together: the other nodes' agents get the notice and its deadline
+        self.tell_peers(notice.source, notice.detail, max(0.0, notice.deadline - self.clock.monotonic()))

@@ -1,5 +1,6 @@
 """The one stop procedure (onbox/supervisor/stop.py): the stages of a child's stop against a FakeClock, the grace
-a notice gets, and the same timeline driven by the loop for `onbox stop` through the fake process seam."""
+a notice gets, what asks for a stop (signals, notices, stop.request) becoming one notice, and the same timeline
+driven by the loop for `onbox stop` through the fake process seam."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,15 @@ import pytest
 from onbox import fsutil
 from onbox.clock import FakeClock
 from onbox.supervisor.loop import RunState
-from onbox.supervisor.stop import DEFAULT_GRACE, STOP_TRANSITIONS, ChildStop, StopStage, grace_for
+from onbox.supervisor.preempt import STOP_SIGNAL
+from onbox.supervisor.stop import (
+    DEFAULT_GRACE,
+    STOP_TRANSITIONS,
+    ChildStop,
+    NoticeIntake,
+    StopStage,
+    grace_for,
+)
 from tests.unit.test_supervisor_loop import dies_on, exits_after, make
 
 
@@ -97,6 +106,76 @@ def test_the_exit_before_any_stage_commits_once():
 ])
 def test_the_grace_is_the_configured_one_but_never_past_the_notices_lead(configured, lead, grace):
     assert grace_for(configured, lead) == grace
+
+
+class Intake:
+    """A NoticeIntake with a FakeClock, recording its events, log lines and what it tells the peers."""
+
+    def __init__(self, tmp_path, grace=None, sigterm_lead=None) -> None:
+        self.clock = FakeClock()
+        self.events, self.lines, self.peers = [], [], []
+        self.request = str(tmp_path / "stop.request")
+        self.intake = NoticeIntake(grace, signal.SIGUSR1, sigterm_lead, self.request, self.clock,
+                                   lambda kind, **f: self.events.append((kind, f)), self.lines.append,
+                                   lambda *notice: self.peers.append(notice))
+
+    def signal(self, signum: int) -> None:
+        self.intake.on_signal(signum, self.clock.monotonic(), self.clock.time())
+
+    def check(self) -> None:
+        self.intake.check_request(self.clock.monotonic(), self.clock.time())
+
+    def grace(self) -> float:
+        assert self.intake.notice is not None
+        return self.intake.notice.deadline - self.clock.monotonic()
+
+
+def test_the_first_notice_wins_and_a_later_one_is_recorded_as_ignored(tmp_path):
+    t = Intake(tmp_path, grace=12.0)
+    t.signal(signal.SIGUSR1)
+    t.intake.on_notice(120.0, "aws", "spot", t.clock.monotonic(), t.clock.time())
+    assert t.intake.notice is not None and t.intake.notice.source == "signal:SIGUSR1" and t.grace() == 12.0
+    assert [k for k, _ in t.events] == ["preemption_notice", "notice_ignored"]
+    assert t.events[1][1] == {"source": "aws", "reason": "a stop is already under way"}
+    assert t.peers == [("signal:SIGUSR1", "", 12.0)] and not t.intake.by_request
+
+
+def test_under_slurm_sigterm_gets_no_more_than_killwait(tmp_path):
+    t = Intake(tmp_path, grace=60.0, sigterm_lead=5.0)
+    t.signal(signal.SIGTERM)
+    assert t.grace() == 5.0
+
+
+def test_a_stop_request_is_a_notice_by_request_with_its_own_grace(tmp_path):
+    t = Intake(tmp_path, grace=12.0)
+    t.check()
+    assert t.intake.notice is None  # no request, no notice
+    fsutil.atomic_write_json(t.request, {"grace": 3})
+    t.check()
+    assert t.intake.by_request and t.intake.notice is not None and t.intake.notice.source == "stop"
+    assert t.grace() == 3.0
+
+
+def test_a_stop_request_with_an_insane_grace_falls_back_to_the_runs_grace_and_says_so(tmp_path):
+    t = Intake(tmp_path, grace=12.0)
+    fsutil.atomic_write_json(t.request, {"grace": -5})
+    t.check()
+    assert t.events[0][0] == "stop_grace_ignored" and t.events[0][1]["grace"] == "-5" and t.grace() == 12.0
+
+
+def test_the_stop_signal_asks_a_stop_without_a_request_file(tmp_path):
+    t = Intake(tmp_path)
+    t.signal(STOP_SIGNAL)
+    assert t.intake.notice is None  # asked: taken at the next check, like a request file
+    t.check()
+    assert t.intake.by_request and t.grace() == DEFAULT_GRACE and "stop asked by signal" in t.lines
+
+
+def test_other_signals_are_logged_and_ignored_and_sigchld_silently(tmp_path):
+    t = Intake(tmp_path)
+    t.signal(signal.SIGHUP)
+    t.signal(signal.SIGCHLD)
+    assert t.intake.notice is None and t.lines == ["ignoring SIGHUP"] and t.events == []
 
 
 def test_onbox_stop_goes_through_the_same_timeline_and_ends_stopped(tmp_path):
