@@ -6,6 +6,7 @@ metadata poller's pipe, so a signal is acted on within milliseconds while an idl
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -27,7 +28,22 @@ from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 from onbox.supervisor.stop import ChildStop, NoticeIntake, StopStage
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
+           "exit_code_for"]
+
+
+@dataclasses.dataclass
+class Seams:
+    """What the supervisor touches of the box besides the process seam and the clock; tests replace any part."""
+
+    environ: Optional[Dict[str, str]] = None  # the agent's environment; None: os.environ (copied)
+    oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count  # the host's oom_kill counter (exits.py)
+    log: Optional[Callable[[str], None]] = None  # agent.log lines; None: stderr
+    # how the loop blocks between steps; None: select() on the signal fd and the notice pipe. Tests with a
+    # FakeClock pass clock.sleep to move time instead.
+    waiter: Optional[Callable[[float], None]] = None
+    requeue: Optional[Callable[[str], bool]] = None  # Slurm only; None: `scontrol requeue` (onbox/slurm/job.py)
+    slurm_runner: Optional[Callable[..., Any]] = None  # Slurm only: runs scontrol; None: subprocess.run
 
 
 class Supervisor:
@@ -35,28 +51,22 @@ class Supervisor:
 
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = no_hooks,
-                 oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
-                 requeue: Optional[Callable[[str], bool]] = None, slurm_runner: Optional[Callable[..., Any]] = None,
-                 environ: Optional[Dict[str, str]] = None,
-                 log: Optional[Callable[[str], None]] = None,
-                 waiter: Optional[Callable[[float], None]] = None) -> None:
+                 seams: Optional[Seams] = None) -> None:
         self.cfg = cfg
         self.rd = rundir
         self.proc = proc or ProcessSeam()
         self.clock = clock or SystemClock()
-        # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
-        self.waiter = waiter or self._select_wait
-        self.requeue = requeue  # None: onbox.slurm.job.requeue (`scontrol requeue`)
-        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
-        self.environ = dict(os.environ if environ is None else environ)
-        self._log: Callable[[str], None] = log or self._stderr_log
+        self.seams = seams = seams or Seams()
+        self.waiter = seams.waiter or self._select_wait
+        self.environ = dict(os.environ if seams.environ is None else seams.environ)
+        self._log: Callable[[str], None] = seams.log or self._stderr_log
         self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
         self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
         self._hook = self.journal.hook
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
-        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir, oom_reader,
-                                        prev)
+        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
+                                        seams.oom_reader, prev)
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
         self.state = RunState.STARTING
@@ -77,15 +87,15 @@ class Supervisor:
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
         self.journal.telemetry = self.hooks.telemetry
-        self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+        preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
-        sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
-        self.intake = NoticeIntake(cfg.grace, self.preempt_signal, sigterm_lead, rundir.stop_request, self.clock,
+        sigterm_lead = slurm.sigterm_grace(self.environ, runner=seams.slurm_runner)
+        self.intake = NoticeIntake(cfg.grace, preempt_signal, sigterm_lead, rundir.stop_request, self.clock,
                                    self.emit, self._log, lambda *notice: self._hook(
                                        "nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
-        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
+        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, preempt_signal, signal.SIGUSR1,
                                   signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
 
@@ -396,7 +406,7 @@ class Supervisor:
             else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm/job.py)
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
-                                 runner=self.slurm_runner, requeue_fn=self.requeue)
+                                 runner=self.seams.slurm_runner, requeue_fn=self.seams.requeue)
                 if self.state == RunState.PREEMPTED:
                     self.message = preempted_message(self.notice.source if self.notice else "?",
                                                      self.journal.notes.requeue, self.rd.name)
