@@ -25,10 +25,11 @@ from onbox.supervisor.rundir import LogTailer, RunDir
 
 class AttemptLauncher:
     """Starts the run's attempts one at a time and keeps their records. `saved`: state.json as an earlier agent
-    left it (its attempts and last exit carry on)."""
+    left it (its attempts and last exit carry on). `on_line(line)`: each line of the child's output."""
 
     def __init__(self, cfg: RunConfig, rd: RunDir, proc: ProcessSeam, journal: RunJournal, environ: Dict[str, str],
-                 ckpt_dir: str, oom_reader: Callable[[], Optional[int]], saved: Dict[str, Any]) -> None:
+                 ckpt_dir: str, oom_reader: Callable[[], Optional[int]], saved: Dict[str, Any],
+                 on_line: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.rd = rd
         self.proc = proc
@@ -44,6 +45,7 @@ class AttemptLauncher:
         self.oom_before: Optional[int] = None
         self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
         self.tailer = LogTailer(rd.log_path, from_end=True)  # the child's output, as output.log has it
+        self.on_line = on_line
 
     @property
     def number(self) -> int:
@@ -122,13 +124,23 @@ class AttemptLauncher:
                                          if child.start_time is not None else None,
                                          self.attempts[-1].get("marker") if self.attempts else None)
 
-    def poll(self) -> bool:
-        """True when the child's exit is seen now."""
+    def read_output(self) -> None:
+        """Hand on what the child wrote since the last call."""
+        for line in self.tailer.read_new():
+            self.on_line(line)
+
+    def poll(self) -> None:
+        """Hand on the child's new output and see whether it ended (`exit_status`); once it did, the rest of its
+        output (a last line without a newline too) is handed on before anything acts on the exit."""
+        self.read_output()
         if not self.running:
-            return False
+            return
         assert self.child is not None
         self.exit_status = self.proc.poll(self.child)
-        return self.exit_status is not None
+        if self.exit_status is not None:
+            self.read_output()
+            for line in self.tailer.flush_partial():
+                self.on_line(line)
 
     def watch(self) -> None:
         """Each tick: remember what the attempt forks while its parents still live (leftovers.py)."""

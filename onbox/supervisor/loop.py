@@ -26,7 +26,7 @@ from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, Pr
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
-from onbox.supervisor.stop import ChildStop, NoticeIntake, StopStage
+from onbox.supervisor.stop import NoticeIntake, NoticeStop
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
            "exit_code_for"]
@@ -46,6 +46,15 @@ class Seams:
     slurm_runner: Optional[Callable[..., Any]] = None  # Slurm only: runs scontrol; None: subprocess.run
 
 
+def stderr_log(message: str) -> None:
+    """A line of agent.log (the detached agent's stderr)."""
+    try:
+        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+        sys.stderr.flush()
+    except OSError:  # agent.log on a full disk: the line is lost (or comes out later), never the agent
+        pass
+
+
 class Supervisor:
     """Supervises one run: attempts, restarts, preemption, stop. `run()` returns the terminal RunState."""
 
@@ -59,18 +68,18 @@ class Supervisor:
         self.seams = seams = seams or Seams()
         self.waiter = seams.waiter or self._select_wait
         self.environ = dict(os.environ if seams.environ is None else seams.environ)
-        self._log: Callable[[str], None] = seams.log or self._stderr_log
+        self._log: Callable[[str], None] = seams.log or stderr_log
         self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
         self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
         self._hook = self.journal.hook
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
         prev = rundir.read_state() or {}
         self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
-                                        seams.oom_reader, prev)
+                                        seams.oom_reader, prev, self._on_line)
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
         self.state = RunState.STARTING
-        self.stop: Optional[ChildStop] = None  # the stop under way in STOPPING (stop.py)
+        self.stop: Optional[NoticeStop] = None  # the stop under way in STOPPING (stop.py)
         self.backoff_until = 0.0
         self.message = ""
         self.policy = RestartPolicy(cfg)  # what follows an exit (restarts.py)
@@ -98,14 +107,6 @@ class Supervisor:
         self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, preempt_signal, signal.SIGUSR1,
                                   signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
-
-    @staticmethod
-    def _stderr_log(message: str) -> None:
-        try:
-            sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
-            sys.stderr.flush()
-        except OSError:  # agent.log on a full disk: the line is lost (or comes out later), never the agent
-            pass
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
@@ -212,20 +213,16 @@ class Supervisor:
         now = self.clock.monotonic()
         if self.state == RunState.STARTING:
             self._start_attempt()
+        elif self.state in (RunState.RUNNING, RunState.BACKOFF) and self.notice is not None:
+            self._begin_stopping()
+        elif self.state == RunState.RUNNING and self.launcher.exit_status is not None:
+            self._after_exit()
         elif self.state == RunState.RUNNING:
-            if self.notice is not None:
-                self._begin_stopping()
-            elif self.launcher.exit_status is not None:
-                self._after_exit()
-            else:
-                self._phase_tick(now)
-        elif self.state == RunState.BACKOFF:
-            if self.notice is not None:
-                self._begin_stopping()
-            elif now >= self.backoff_until:
-                self.transition(RunState.STARTING, reason="backoff over")
-        if self.state == RunState.STOPPING:
-            self._stopping(now)
+            self._phase_tick(now)
+        elif self.state == RunState.BACKOFF and now >= self.backoff_until:
+            self.transition(RunState.STARTING, reason="backoff over")
+        if self.state == RunState.STOPPING and self.stop is not None and self.stop.step(now):
+            self._end_stopping()
         if now >= self.next_tick and not self.state.terminal:
             self.next_tick = now + self.cfg.tick_interval
             self._tick()
@@ -259,18 +256,10 @@ class Supervisor:
         for lead, src, detail in self.notices.drain():
             self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
-        self._read_output()
-        if self.launcher.poll():  # the exit is seen now: the rest of its output first
-            self._read_output()
-            for line in self.launcher.tailer.flush_partial():
-                self._on_line(line)
+        self.launcher.poll()
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
-
-    def _read_output(self) -> None:
-        for line in self.launcher.tailer.read_new():
-            self._on_line(line)
 
     def _on_line(self, line: str) -> None:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
@@ -341,36 +330,13 @@ class Supervisor:
         self.transition(RunState.BACKOFF, reason=self.message, delay=delay)
 
     def _begin_stopping(self) -> None:
-        assert self.notice is not None
+        notice = self.notice
+        assert notice is not None
         self.journal.keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
-        self.stop = ChildStop(self.clock.monotonic(), self.notice.deadline, self.cfg.sync_reserve)
-        if self.launcher.running:
-            pgid = self.launcher.signal(self.checkpoint_signal)
-            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=pgid)
-        self.transition(RunState.STOPPING, reason="notice from %s" % self.notice.source)
-
-    def _stopping(self, now: float) -> None:
-        stop = self.stop
-        assert stop is not None
-        if not self.launcher.running:
-            if self.launcher.child is not None:
-                self.launcher.finish(preempted=not self.intake.by_request, stopped=self.intake.by_request)
-            # When the reserve forced an early commit, the trainer may have saved since: commit again while time
-            # is left (the hook skips what is already committed).
-            if stop.exited(now):
-                self._final(stop.deadline)
-            return self._end_stopping()
-        stage = stop.due(now)  # each stage once: the loop comes back here every few ms until the exit is seen
-        if stage == StopStage.KILLED:
-            assert self.child is not None
-            self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-            self.launcher.signal(signal.SIGKILL)
-            self.emit("escalated", signal="SIGKILL")
-        elif stage == StopStage.RESERVE:
-            self._final(stop.deadline)  # keep the reserve for the commit, whatever the child is doing
-            if self.checkpoint_signal != signal.SIGTERM:
-                self.launcher.signal(signal.SIGTERM)
-                self.emit("escalated", signal="SIGTERM")
+        self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(), self.cfg.sync_reserve,
+                               self.checkpoint_signal, self.launcher, self._final)
+        self.stop.begin()
+        self.transition(RunState.STOPPING, reason="notice from %s" % notice.source)
 
     def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
         """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
@@ -399,7 +365,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""
         try:
-            self._read_output()
+            self.launcher.read_output()
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)

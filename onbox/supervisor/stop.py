@@ -9,7 +9,8 @@ final commit (the reserve: the commit runs at deadline - reserve whatever the ch
 after the exit and keeps none back.
 
 `NoticeIntake` turns what asks for a notice's stop into the run's one PreemptionNotice (preempt.py), its deadline
-set by the grace: the first wins, a later one is recorded as ignored.
+set by the grace: the first wins, a later one is recorded as ignored. `NoticeStop` acts that notice's timeline out
+on the current attempt (the loop's STOPPING state); a phase end's acts are the curriculum's (phases.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from onbox import fsutil
 from onbox.clock import Clock
 from onbox.config import check_range
 from onbox.errors import UsageError
+from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.preempt import STOP_SIGNAL, PreemptionNotice
 
 DEFAULT_GRACE = 30.0  # seconds from notice (or phase end) to hard kill when neither --grace nor the profile says
@@ -177,3 +179,49 @@ class NoticeIntake:
                   grace=round(notice.deadline - self.clock.monotonic(), 3))
         # a multi-node group stops together: the other nodes' agents get the notice and its deadline
         self.tell_peers(notice.source, notice.detail, max(0.0, notice.deadline - self.clock.monotonic()))
+
+
+class NoticeStop:
+    """A notice's stop of the run, acted out on the current attempt: the checkpoint signal at once
+    (`signal_forwarded`); at the reserve mark the final commit, then TERM when the checkpoint signal was another
+    (`escalated`); KILL at the deadline (`escalated`). Once the child is gone (or when there was none: a stop
+    during a backoff) its exit is recorded (preempted, or stopped for `onbox stop`) and the final commit runs
+    again while time is left. `commit(deadline)`: the final commit."""
+
+    def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: float,
+                 checkpoint_signal: signal.Signals, launcher: AttemptLauncher, commit: Callable[[float], None]) -> None:
+        self.notice = notice
+        self.by_request = by_request
+        self.timeline = ChildStop(since, notice.deadline, reserve)
+        self.checkpoint_signal = checkpoint_signal
+        self.launcher = launcher
+        self.commit = commit
+        self.emit = launcher.journal.emit
+
+    def begin(self) -> None:
+        if self.launcher.running:
+            pgid = self.launcher.signal(self.checkpoint_signal)
+            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=pgid)
+
+    def step(self, now: float) -> bool:
+        """Act on what is due now; True once the child is gone and the stop is over."""
+        if not self.launcher.running:
+            if self.launcher.child is not None:
+                self.launcher.finish(preempted=not self.by_request, stopped=self.by_request)
+            # When the reserve forced an early commit, the trainer may have saved since: commit again while time
+            # is left (the hook skips what is already committed).
+            if self.timeline.exited(now):
+                self.commit(self.timeline.deadline)
+            return True
+        stage = self.timeline.due(now)  # each stage once: the loop comes back here every few ms until the exit
+        if stage == StopStage.KILLED:
+            assert self.launcher.child is not None
+            self.launcher.journal.log("deadline reached: KILL to process group %d" % self.launcher.child.pgid)
+            self.launcher.signal(signal.SIGKILL)
+            self.emit("escalated", signal="SIGKILL")
+        elif stage == StopStage.RESERVE:
+            self.commit(self.timeline.deadline)  # keep the reserve for the commit, whatever the child is doing
+            if self.checkpoint_signal != signal.SIGTERM:
+                self.launcher.signal(signal.SIGTERM)
+                self.emit("escalated", signal="SIGTERM")
+        return False
