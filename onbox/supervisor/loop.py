@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
-from onbox.proc import Child, ProcessSeam, set_child_subreaper
+from onbox.proc import Child, ProcessSeam, set_child_subreaper, start_time
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
@@ -63,50 +63,48 @@ class Supervisor:
                  seams: Optional[Seams] = None) -> None:
         self.cfg = cfg
         self.rd = rundir
+        self.seams = seams = seams or Seams()
         self.proc = proc or ProcessSeam()
         self.clock = clock or SystemClock()
-        self.seams = seams = seams or Seams()
         self.waiter = seams.waiter or self._select_wait
         self.environ = dict(os.environ if seams.environ is None else seams.environ)
         self._log: Callable[[str], None] = seams.log or stderr_log
-        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
-        self.emit = self.journal.emit  # events, and the subsystem hooks' calls, go through the journal
-        self._hook = self.journal.hook
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
-        prev = rundir.read_state() or {}
-        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
-                                        seams.oom_reader, prev, self._on_line)
+        prev = rundir.read_state() or {}  # an earlier agent's: its attempts, restarts and phase carry on
+        self.state = RunState.STARTING
+        self.message = ""
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
-        self.state = RunState.STARTING
-        self.stop: Optional[NoticeStop] = None  # the stop under way in STOPPING (stop.py)
         self.backoff_until = 0.0
-        self.message = ""
-        self.policy = RestartPolicy(cfg)  # what follows an exit (restarts.py)
-        self._chld = False
         self.next_tick = 0.0
-        self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
-        from onbox.proc import start_time
-
+        self._chld = False  # a SIGCHLD came: reap the orphans that ended
         self._agent_start = start_time(os.getpid())
-        self.notices = NoticePipe()
-        # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; a NoCurriculum for a plain run
+        self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
+        # the parts, each its own module: what the run says, its attempts, its phases, what follows an exit
+        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
+        self.emit, self._hook = self.journal.emit, self.journal.hook  # every event and hook call goes through it
+        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
+                                        seams.oom_reader, prev, self._on_line)
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
+        self.policy = RestartPolicy(cfg)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
         self.journal.telemetry = self.hooks.telemetry
+        # what asks the run to stop, and the stop under way in STOPPING (stop.py)
         preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
         sigterm_lead = slurm.sigterm_grace(self.environ, runner=seams.slurm_runner)
         self.intake = NoticeIntake(cfg.grace, preempt_signal, sigterm_lead, rundir.stop_request, self.clock,
                                    self.emit, self._log, lambda *notice: self._hook(
                                        "nodes.on_notice", self.hooks.nodes.on_notice, *notice))
+        self.stop: Optional[NoticeStop] = None
+        self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
         self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, preempt_signal, signal.SIGUSR1,
                                   signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
-        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
