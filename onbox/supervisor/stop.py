@@ -166,8 +166,8 @@ class NoticeIntake:
             self.emit("stop_grace_ignored", grace=repr(grace), reason=e.message)
             grace = None
         self.by_request = True
-        self._take(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else grace_for(self.grace, None)),
-                                    now_w, "onbox stop"))
+        seconds = float(grace) if grace is not None else grace_for(self.grace, None)
+        self._take(PreemptionNotice("stop", now_m + seconds, now_w, "onbox stop"))
 
     def _take(self, notice: PreemptionNotice) -> None:
         if self.notice is not None:
