@@ -1,5 +1,10 @@
 """The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
-PyTorch's elastic agent).
+PyTorch's elastic agent's `_invoke_run`).
+
+Each step observes (signals, notices, stop.request, the child's output and exit) and acts on the state: start an
+attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step a notice's stop
+(stop.py), end the run (`_end`: the final commit, then the transition). Events and state writes go through the
+journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
@@ -153,7 +158,12 @@ class Supervisor:
         self._log("%s -> %s%s" % (old.value, new.value, (" (%s)" % fields["reason"]) if "reason" in fields else ""))
         self.journal.save()
         self.emit("state", old=old.value, new=new.value, **fields)
-        if self.on_ready is not None and (new == RunState.RUNNING or new.terminal):
+        if new == RunState.RUNNING or new.terminal:
+            self._ready()
+
+    def _ready(self) -> None:
+        """Tell on_ready (the detaching parent: detach.py) once."""
+        if self.on_ready is not None:
             ready, self.on_ready = self.on_ready, None
             ready(self)
 
@@ -186,9 +196,7 @@ class Supervisor:
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
                 self.journal.save()
                 self.emit("adopted", pid=adopt.pid, start_time=adopt.start_time)
-                if self.on_ready is not None:
-                    ready, self.on_ready = self.on_ready, None
-                    ready(self)
+                self._ready()
             poller.start()
             self._hook("nodes.start", self.hooks.nodes.start, self.notices.put)  # peers' notices: like the poller's
             while not self.state.terminal:
@@ -336,18 +344,6 @@ class Supervisor:
         self.stop.begin()
         self.transition(RunState.STOPPING, reason="notice from %s" % notice.source)
 
-    def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
-        """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
-        become durable. The periodic commit runs on an interval in a background thread; without this final one,
-        the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
-        self.message = message
-        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
-        self.transition(state, reason=message if reason is None else reason, **fields)
-
-    def _final(self, deadline: float, **fields: Any) -> None:
-        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
-        self.emit("final_checkpoint", summary=summary, **fields)
-
     def _end_stopping(self) -> None:
         if self.intake.by_request:
             try:
@@ -359,6 +355,18 @@ class Supervisor:
         source = self.notice.source if self.notice else "?"
         self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
         self.transition(RunState.PREEMPTED, reason=source)
+
+    def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
+        """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
+        become durable. The periodic commit runs on an interval in a background thread; without this final one,
+        the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
+        self.message = message
+        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self.transition(state, reason=message if reason is None else reason, **fields)
+
+    def _final(self, deadline: float, **fields: Any) -> None:
+        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
+        self.emit("final_checkpoint", summary=summary, **fields)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""

@@ -3,6 +3,7 @@ a notice gets, what asks for a stop (signals, notices, stop.request) becoming on
 driven by the loop for `onbox stop` through the fake process seam."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -10,6 +11,7 @@ import pytest
 
 from onbox import fsutil
 from onbox.clock import FakeClock
+from onbox.proc import ExitStatus
 from onbox.supervisor.loop import RunState
 from onbox.supervisor.preempt import STOP_SIGNAL
 from onbox.supervisor.stop import (
@@ -210,3 +212,26 @@ def test_a_stop_during_a_backoff_commits_once_without_a_new_attempt(tmp_path):
     sup.waiter = sleep_and_stop
     assert sup.run() == RunState.STOPPED
     assert len(procs.spawned) == 1 and len(ckpts.finals) == 1 and procs.signals == []
+
+
+def test_a_phase_end_goes_through_the_same_timeline_without_a_reserve(tmp_path):
+    """A phase's target reached: the checkpoint signal; a child that ignores it is killed a grace later (no early
+    commit: the phase's final commit follows the exit), and the phase still ends."""
+    def steps_and_ignores_term(t: float, sigs):
+        if signal.SIGKILL in sigs:
+            return ExitStatus(signal=signal.SIGKILL)
+        with open(sup.rd.log_path, "a") as f:
+            f.write('{"step": %d}\n' % int(t))
+        return None
+
+    sup, procs, ckpts, _ = make(tmp_path, [steps_and_ignores_term], grace=7.0, sync_reserve=3.0,
+                                phases=[{"name": "only", "target_steps": 5}])
+    assert sup.run() == RunState.DONE
+    (t0, first), *rest = procs.signals
+    assert first == signal.SIGTERM and [(round(t - t0, 1), s) for t, s in rest] == [(7.0, signal.SIGKILL)]
+    assert len(ckpts.finals) == 1 and ckpts.finals[0][0] > t0 + 7.0
+    with open(sup.rd.events_path) as f:
+        events = [json.loads(line) for line in f]
+    kinds = [e["type"] for e in events if e["type"] in ("phase_end_escalated", "signal_forwarded")]
+    assert kinds == ["signal_forwarded", "phase_end_escalated", "signal_forwarded"]
+    assert [e.get("reason") for e in events if e["type"] == "signal_forwarded"] == ["phase end", "phase end"]
