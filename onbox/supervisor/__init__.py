@@ -4,8 +4,8 @@
   loop.py        Supervisor: the one loop, observe -> decide -> act; its Seams (the box, for tests to replace)
   attempts.py    the attempt launcher: argv and environment, spawn, record, exit classified, leftovers stopped
   restarts.py    the restart decision after an exit (RestartPolicy, pure): backoff, crash loop, restart budget
-  stop.py        the one stop procedure: StopStage and its timeline (notices, `onbox stop`, phase ends), the
-                 grace, what asks for a stop (NoticeIntake) and a notice's stop acted out (NoticeStop)
+  stop.py        the one stop procedure: StopStage, the timeline notices, `onbox stop` and phase ends share, the grace
+  notices.py     a notice's stop: what asks for it (NoticeIntake) and its timeline acted out on the attempt (NoticeStop)
   phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
   journal.py     what the run says: events, state.json, training_status.md, hook calls that cannot kill the loop
   records.py     those records on a run dir that refuses writes (held in memory, written once it takes them)

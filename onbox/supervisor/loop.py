@@ -3,7 +3,7 @@ PyTorch's elastic agent's `_invoke_run`).
 
 Each step observes (signals, notices, stop.request, the child's output and exit) and acts on the state: start an
 attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step a notice's stop
-(stop.py), end the run (`_end`: the final commit, then the transition). Events and state writes go through the
+(notices.py), end the run (`_end`: the final commit, then the transition). Events and state writes go through the
 journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
@@ -26,12 +26,12 @@ from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.notes import preempted_message, thread_death
+from onbox.supervisor.notices import NoticeIntake, NoticeStop
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
-from onbox.supervisor.stop import NoticeIntake, NoticeStop
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
            "exit_code_for"]
@@ -96,7 +96,7 @@ class Supervisor:
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
         self.journal.telemetry = self.hooks.telemetry
-        # what asks the run to stop, and the stop under way in STOPPING (stop.py)
+        # what asks the run to stop, and the stop under way in STOPPING (notices.py)
         preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.

@@ -1,6 +1,6 @@
-"""The one stop procedure (onbox/supervisor/stop.py): the stages of a child's stop against a FakeClock, the grace
-a notice gets, what asks for a stop (signals, notices, stop.request) becoming one notice, and the same timeline
-driven by the loop for `onbox stop` through the fake process seam."""
+"""The one stop procedure (onbox/supervisor/stop.py): the stages of a child's stop against a FakeClock and the
+grace a notice gets; what asks for a stop (signals, notices, stop.request) becoming one notice (notices.py); the
+same timeline driven by the loop for `onbox stop`, a backoff and a phase end through the fake process seam."""
 from __future__ import annotations
 
 import json
@@ -13,15 +13,9 @@ from onbox import fsutil
 from onbox.clock import FakeClock
 from onbox.proc import ExitStatus
 from onbox.supervisor.loop import RunState
+from onbox.supervisor.notices import NoticeIntake
 from onbox.supervisor.preempt import STOP_SIGNAL
-from onbox.supervisor.stop import (
-    DEFAULT_GRACE,
-    STOP_TRANSITIONS,
-    ChildStop,
-    NoticeIntake,
-    StopStage,
-    grace_for,
-)
+from onbox.supervisor.stop import DEFAULT_GRACE, STOP_TRANSITIONS, ChildStop, StopStage, grace_for
 from tests.unit.test_supervisor_loop import dies_on, exits_after, make
 
 
