@@ -25,10 +25,10 @@ from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
-from onbox.supervisor.notes import preempted_message, thread_death
+from onbox.supervisor.notes import preempted_message
 from onbox.supervisor.notices import NoticeIntake, NoticeStop
 from onbox.supervisor.phases import Verdict, curriculum_for
-from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
+from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
@@ -97,18 +97,16 @@ class Supervisor:
             emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
         self.journal.telemetry = self.hooks.telemetry
         # what asks the run to stop, and the stop under way in STOPPING (notices.py)
-        preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
-        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
         sigterm_lead = slurm.sigterm_grace(self.environ, runner=seams.slurm_runner)
-        self.intake = NoticeIntake(cfg.grace, preempt_signal, sigterm_lead, rundir.stop_request, self.clock,
-                                   self.emit, self._log, lambda *notice: self._hook(
-                                       "nodes.on_notice", self.hooks.nodes.on_notice, *notice))
+        self.intake = NoticeIntake(cfg, rundir, sigterm_lead, self.clock, self.emit, self._log, lambda *notice:
+                                   self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
+        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         self.stop: Optional[NoticeStop] = None
         self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
-        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, preempt_signal, signal.SIGUSR1,
+        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.intake.preempt_signal, signal.SIGUSR1,
                                   signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
 
     # ---- records -------------------------------------------------------------------------------------------
@@ -167,14 +165,6 @@ class Supervisor:
             ready, self.on_ready = self.on_ready, None
             ready(self)
 
-    def _poller_died(self, error: BaseException) -> None:
-        """The metadata poller's thread ended on an error: cloud preemption notices are off. Say so everywhere."""
-        self._log("the metadata poller died: %r; cloud preemption notices are OFF" % (error,))
-        self.emit("thread_died", **thread_death(
-            "onbox-metadata", "cloud preemption notices (%s metadata)" % self.cfg.notice_source, error, self.rd.name,
-            os.getpid(), hint="signals (TERM, %s) still work; check --metadata-url and the metadata service"
-            % self.cfg.preempt_signal))
-
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
 
@@ -183,9 +173,7 @@ class Supervisor:
         """Supervise until a terminal state. `adopt`: a live child of an earlier (dead) agent."""
         self.inbox.install()
         was_subreaper = set_child_subreaper()  # orphans of the job reparent to us: we reap them, see them go
-        poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
-                                lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log,
-                                on_death=self._poller_died)
+        poller = self.intake.poller(self.notices.put)
         try:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             if adopt is None:

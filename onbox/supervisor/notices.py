@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from onbox import fsutil
 from onbox.clock import Clock
-from onbox.config import check_range
+from onbox.config import RunConfig, check_range, parse_signal
 from onbox.errors import UsageError
 from onbox.supervisor.attempts import AttemptLauncher
-from onbox.supervisor.preempt import STOP_SIGNAL, PreemptionNotice
+from onbox.supervisor.notes import thread_death
+from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, PreemptionNotice
+from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 
 
@@ -26,13 +28,15 @@ class NoticeIntake:
     `onbox stop` (its stop.request file; STOP_SIGNAL or `ask()` when the disk refused that file).
     `tell_peers(source, detail, lead)`: a multi-node group stops together."""
 
-    def __init__(self, grace: Optional[float], preempt_signal: int, sigterm_lead: Optional[float], stop_request: str,
-                 clock: Clock, emit: Callable[..., None], log: Callable[[str], None],
+    def __init__(self, cfg: RunConfig, rd: RunDir, sigterm_lead: Optional[float], clock: Clock,
+                 emit: Callable[..., None], log: Callable[[str], None],
                  tell_peers: Callable[[str, str, float], Any]) -> None:
-        self.grace = grace  # --grace or the profile's; None: the notice's own lead, or DEFAULT_GRACE
-        self.preempt_signal = preempt_signal
+        self.cfg = cfg
+        self.run = rd.name
+        self.grace = cfg.grace  # --grace or the profile's; None: the notice's own lead, or DEFAULT_GRACE
+        self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
         self.sigterm_lead = sigterm_lead
-        self.stop_request = stop_request
+        self.stop_request = rd.stop_request
         self.clock = clock
         self.emit = emit
         self.log = log
@@ -40,6 +44,21 @@ class NoticeIntake:
         self.notice: Optional[PreemptionNotice] = None
         self.by_request = False  # the notice is `onbox stop`'s: the run ends STOPPED, not PREEMPTED
         self._asked: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (ask)
+
+    def poller(self, put: Callable[[Tuple[Optional[float], str, str]], None]) -> MetadataPoller:
+        """The cloud metadata poller (a thread; `start()` it): its notices go to `put`, and should it die, that
+        is said everywhere."""
+        return MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
+                              lambda lead, src, detail: put((lead, src, detail)), log=self.log,
+                              on_death=self._poller_died)
+
+    def _poller_died(self, error: BaseException) -> None:
+        """The metadata poller's thread ended on an error: cloud preemption notices are off. Say so everywhere."""
+        self.log("the metadata poller died: %r; cloud preemption notices are OFF" % (error,))
+        self.emit("thread_died", **thread_death(
+            "onbox-metadata", "cloud preemption notices (%s metadata)" % self.cfg.notice_source, error, self.run,
+            os.getpid(), hint="signals (TERM, %s) still work; check --metadata-url and the metadata service"
+            % self.cfg.preempt_signal))
 
     def on_signal(self, signum: int, now_m: float, now_w: float) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):

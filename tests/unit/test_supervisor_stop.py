@@ -11,10 +11,12 @@ import pytest
 
 from onbox import fsutil
 from onbox.clock import FakeClock
+from onbox.config import RunConfig
 from onbox.proc import ExitStatus
 from onbox.supervisor.loop import RunState
 from onbox.supervisor.notices import NoticeIntake
 from onbox.supervisor.preempt import STOP_SIGNAL
+from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.stop import DEFAULT_GRACE, STOP_TRANSITIONS, ChildStop, StopStage, grace_for
 from tests.unit.test_supervisor_loop import dies_on, exits_after, make
 
@@ -110,10 +112,12 @@ class Intake:
     def __init__(self, tmp_path, grace=None, sigterm_lead=None) -> None:
         self.clock = FakeClock()
         self.events, self.lines, self.peers = [], [], []
-        self.request = str(tmp_path / "stop.request")
-        self.intake = NoticeIntake(grace, signal.SIGUSR1, sigterm_lead, self.request, self.clock,
-                                   lambda kind, **f: self.events.append((kind, f)), self.lines.append,
-                                   lambda *notice: self.peers.append(notice))
+        rd = RunDir(str(tmp_path / "run"))
+        self.request = rd.stop_request
+        cfg = RunConfig(name="run", command=["train"], grace=grace, preempt_signal="USR1").validate()
+        self.intake = NoticeIntake(cfg, rd, sigterm_lead, self.clock, lambda kind, **f: self.events.append((kind, f)),
+                                   self.lines.append, lambda *notice: self.peers.append(notice))
+        os.makedirs(rd.path)
 
     def signal(self, signum: int) -> None:
         self.intake.on_signal(signum, self.clock.monotonic(), self.clock.time())
@@ -165,6 +169,14 @@ def test_the_stop_signal_asks_a_stop_without_a_request_file(tmp_path):
     assert t.intake.notice is None  # asked: taken at the next check, like a request file
     t.check()
     assert t.intake.by_request and t.grace() == DEFAULT_GRACE and "stop asked by signal" in t.lines
+
+
+def test_a_dead_metadata_poller_is_said_everywhere(tmp_path):
+    t = Intake(tmp_path)
+    t.intake._poller_died(RuntimeError("boom"))
+    assert t.lines == ["the metadata poller died: RuntimeError('boom'); cloud preemption notices are OFF"]
+    kind, fields = t.events[0]
+    assert kind == "thread_died" and fields["thread"] == "onbox-metadata" and "USR1" in fields["hint"]
 
 
 def test_other_signals_are_logged_and_ignored_and_sigchld_silently(tmp_path):
