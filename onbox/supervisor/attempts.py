@@ -147,6 +147,11 @@ class AttemptLauncher:
         if self.tree is not None and self.running:
             self.tree.poll()
 
+    def rotate_log(self) -> None:
+        """output.log past log_max_bytes: rotated (the tailer follows it)."""
+        if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
+            self.journal.emit("log_rotated")
+
     def signal(self, sig: signal.Signals) -> int:
         """`sig` to the child's process group; returns the group."""
         assert self.child is not None

@@ -265,12 +265,8 @@ class Supervisor:
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
         if self.journal.records.degraded:
             self.journal.recover()
-        self.journal.keep("output.log (rotation)", self._rotate_log)
+        self.journal.keep("output.log (rotation)", self.launcher.rotate_log)
         self.journal.refresh_summary()
-
-    def _rotate_log(self) -> None:
-        if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
-            self.emit("log_rotated")
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
@@ -334,10 +330,6 @@ class Supervisor:
 
     def _end_stopping(self) -> None:
         if self.intake.by_request:
-            try:
-                self.journal.keep("stop.request", os.unlink, self.rd.stop_request)
-            except FileNotFoundError:
-                pass
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
         source = self.notice.source if self.notice else "?"

@@ -115,8 +115,8 @@ class NoticeStop:
     """A notice's stop of the run, acted out on the current attempt: the checkpoint signal at once
     (`signal_forwarded`); at the reserve mark the final commit, then TERM when the checkpoint signal was another
     (`escalated`); KILL at the deadline (`escalated`). Once the child is gone (or when there was none: a stop
-    during a backoff) its exit is recorded (preempted, or stopped for `onbox stop`) and the final commit runs
-    again while time is left. `commit(deadline)`: the final commit."""
+    during a backoff) its exit is recorded (preempted, or stopped for `onbox stop`, whose stop.request then goes)
+    and the final commit runs again while time is left. `commit(deadline)`: the final commit."""
 
     def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: float,
                  checkpoint_signal: signal.Signals, launcher: AttemptLauncher, commit: Callable[[float], None]) -> None:
@@ -142,6 +142,11 @@ class NoticeStop:
             # is left (the hook skips what is already committed).
             if self.timeline.exited(now):
                 self.commit(self.timeline.deadline)
+            if self.by_request:  # `onbox stop` is answered: its request goes
+                try:
+                    self.launcher.journal.keep("stop.request", os.unlink, self.launcher.rd.stop_request)
+                except FileNotFoundError:
+                    pass
             return True
         stage = self.timeline.due(now)  # each stage once: the loop comes back here every few ms until the exit
         if stage == StopStage.KILLED:
