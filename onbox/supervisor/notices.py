@@ -120,7 +120,6 @@ class NoticeStop:
 
     def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: float,
                  checkpoint_signal: signal.Signals, launcher: AttemptLauncher, commit: Callable[[float], None]) -> None:
-        self.notice = notice
         self.by_request = by_request
         self.timeline = ChildStop(since, notice.deadline, reserve)
         self.checkpoint_signal = checkpoint_signal
