@@ -260,7 +260,7 @@ def logs(name: str, follow: bool, lines: int) -> int:
 def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
     from onbox.fsutil import read_json
-    from onbox.supervisor.loop import DEFAULT_GRACE
+    from onbox.supervisor.stop import DEFAULT_GRACE
     from onbox.untrusted import CONFIG_MAX_BYTES
 
     if grace is not None:
@@ -344,7 +344,6 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
     ended); 1 when the wait ran out: the stop request stays in place and the agent still stops the run (`onbox
     status NAME`); 2 for bad input, an unknown run or a corrupt state.json.
     """
-    from onbox import fsutil
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
 
@@ -367,23 +366,8 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
             return 0
         try:
             from onbox import subsystems
-            from onbox.config import RunConfig
-            from onbox.supervisor.loop import Supervisor
-            from onbox.untrusted import CONFIG_MAX_BYTES
 
-            try:
-                cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, CONFIG_MAX_BYTES, "config"),
-                                          "config.json").validate()
-            except (OSError, ValueError, UsageError) as e:
-                _drop_stop_request(rd, written)
-                raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (
-                    name, getattr(e, "message", e)), hint="fix %s, or stop the child yourself: `kill -TERM -%d` "
-                                                          "(its process group)" % (rd.config_path, child.pgid))
-            cfg.notice_source = "none"
-            sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks)
-            if not written:
-                sup.request_stop(grace)
-            sup.run(adopt=child)
+            detach.stop_without_agent(rd, child, subsystems.make_hooks, grace, written)
         finally:
             lock.release()
     else:

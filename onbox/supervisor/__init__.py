@@ -1,13 +1,25 @@
 """The run lifecycle: everything between `onbox run` and the exit code.
 
-  state.py     RunState (a str Enum), its legal transitions and exit codes
-  loop.py      Supervisor: the one loop, observe -> decide -> act
-  hooks.py     the seams the loop drives (checkpoints, telemetry, reaper): interfaces and no-op implementations
-  exits.py     what a child's exit means (OOM, NCCL, CUDA, signal) and what to do about it
-  preempt.py   signals and cloud metadata notices -> one PreemptionNotice
-  childenv.py  the child's argv and environment
-  rundir.py    the run directory's files and their writers
-  detach.py    daemonize, the per-run lock, re-adopting a live child
+  state.py       RunState (a str Enum), its legal transitions and exit codes
+  loop.py        Supervisor: the one loop, observe -> decide -> act; its Seams (the box, for tests to replace)
+  attempts.py    the attempt launcher: argv and environment, spawn, record, exit classified, leftovers stopped
+  restarts.py    the restart decision after an exit (RestartPolicy, pure): backoff, crash loop, restart budget
+  stop.py        the one stop procedure: StopStage, the timeline notices, `onbox stop` and phase ends share, the grace
+  notices.py     a notice's stop: what asks for it (NoticeIntake) and its timeline acted out on the attempt (NoticeStop)
+  phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
+  phasespec.py   the [[phase]] tables checked into PhaseSpecs and their criteria
+  journal.py     what the run says: events, state.json, training_status.md, hook calls that cannot kill the loop
+  records.py     those records on a run dir that refuses writes (held in memory, written once it takes them)
+  notes.py       what the supervisor learns from events and must show (warnings, the requeue outcome)
+  runsummary.py  training_status.md, rendered from state.json's document
+  hooks.py       the seams the loop drives (checkpoints, telemetry, reaper, nodes): interfaces, no-op versions
+  exits.py       what a child's exit means (OOM, NCCL, CUDA, signal) and what to do about it
+  leftovers.py   what an attempt left running (its tree, its marker) and how it is stopped
+  preempt.py     signals and cloud metadata notices -> one PreemptionNotice
+  childenv.py    the child's argv and environment
+  container.py   training in a container: the docker client as the supervised child
+  rundir.py      the run directory's files and their writers
+  detach.py      daemonize, the per-run lock, re-adopting a live child, stopping one whose agent is gone
 
 May import: the shared leaves (errors, clock, paths, fsutil, proc, config, tomlread), onbox.telemetry (host
 readings for exit classification) and onbox.slurm.job (requeue, KillWait). Never a subsystem that plugs into the

@@ -1,4 +1,5 @@
-"""Daemonize the agent, hold the per-run lock, find a live child to re-adopt after an agent restart.
+"""Daemonize the agent, hold the per-run lock, find a live child to re-adopt after an agent restart, and stop a
+live child whose agent is gone (`onbox stop`).
 
 Why a double fork (U1-U4, U18): `ssh box 'onbox run -- ...'` must come back at once and the job must outlive the
 SSH session. The first child calls setsid() (no controlling terminal, no SIGHUP when the session ends), the
@@ -13,12 +14,17 @@ import json
 import os
 import select
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from onbox import fsutil, untrusted
+from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
 from onbox.supervisor.rundir import RunDir
+
+if TYPE_CHECKING:
+    from onbox.supervisor.hooks import Hooks, RunContext
+    from onbox.supervisor.state import RunState
 
 TERMINAL = ("done", "failed", "preempted", "stopped")
 
@@ -98,6 +104,35 @@ def live_child(rd: RunDir, proc: ProcessSeam) -> Optional[Child]:
     if not state or state.get("state") in TERMINAL or not state.get("child_pid"):
         return None
     return proc.adopt(int(state["child_pid"]), state.get("child_start_time"))
+
+
+def stop_without_agent(rd: RunDir, child: Child, hooks_factory: Callable[["RunContext"], "Hooks"],
+                       grace: Optional[float], request_written: bool) -> "RunState":
+    """`onbox stop` for a run whose agent is gone while its child lives: this process adopts the child and stops it
+    through the supervisor loop (checkpoint signal, grace, final commit), as the agent would have. The caller holds
+    the run's lock. `request_written`: stop.request is in place; else the stop is asked with `grace` directly (the
+    disk refused the file). A config.json that cannot supervise the stop is a UsageError, and the request goes."""
+    from onbox.supervisor.loop import (
+        Supervisor,  # the loop is for this rare case only: `onbox status` stays light
+    )
+
+    try:
+        cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, untrusted.CONFIG_MAX_BYTES, "config"),
+                                  "config.json").validate()
+    except (OSError, ValueError, UsageError) as e:
+        if request_written:
+            try:
+                os.unlink(rd.stop_request)
+            except FileNotFoundError:
+                pass
+        raise UsageError("run %s has no agent, and its config.json cannot supervise the stop: %s" % (
+            rd.name, getattr(e, "message", e)), hint="fix %s, or stop the child yourself: `kill -TERM -%d` "
+                                                     "(its process group)" % (rd.config_path, child.pgid))
+    cfg.notice_source = "none"
+    sup = Supervisor(cfg, rd, hooks_factory=hooks_factory)
+    if not request_written:
+        sup.intake.ask(grace)
+    return sup.run(adopt=child)
 
 
 def daemonize(agent: Callable[[Callable[[Dict[str, Any]], None]], int], log_path: str,

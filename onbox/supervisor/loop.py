@@ -1,39 +1,63 @@
 """The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
-PyTorch's elastic agent).
+PyTorch's elastic agent's `_invoke_run`).
+
+Each step observes (signals, notices, stop.request, the child's output and exit) and acts on the state: start an
+attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step a notice's stop
+(notices.py), end the run (`_end`: the final commit, then the transition). Events and state writes go through the
+journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
-import traceback
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import fsutil
 from onbox.clock import Clock, SystemClock
-from onbox.config import RunConfig, agent_only_vars, check_range, parse_signal
-from onbox.errors import UsageError
-from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id, set_child_subreaper
+from onbox.config import RunConfig, parse_signal
+from onbox.proc import Child, ProcessSeam, set_child_subreaper, start_time
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
-from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
+from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
-from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
-from onbox.supervisor.notes import RunNotes, preempted_message, thread_death
+from onbox.supervisor.journal import RunJournal
+from onbox.supervisor.notes import preempted_message
+from onbox.supervisor.notices import NoticeIntake, NoticeStop
 from onbox.supervisor.phases import Verdict, curriculum_for
-from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, NoticePipe, PreemptionNotice, SignalInbox
-from onbox.supervisor.records import RunRecords
-from onbox.supervisor.rundir import LogTailer, RunDir
+from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, SignalInbox
+from onbox.supervisor.restarts import RestartPolicy
+from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Supervisor", "check_transition", "exit_code_for"]
+__all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
+           "exit_code_for"]
 
-DEFAULT_GRACE = 30.0  # seconds from notice to hard kill when neither --grace nor the profile says
-UNWRITABLE_HINT = ("free space on that filesystem (`df -h %s`, `df -i %s`: bytes and inodes, U7); the agent writes "
-                   "the state and the events it holds as soon as the disk takes them")
+
+@dataclasses.dataclass
+class Seams:
+    """What the supervisor touches of the box besides the process seam and the clock; tests replace any part."""
+
+    environ: Optional[Dict[str, str]] = None  # the agent's environment; None: os.environ (copied)
+    oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count  # the host's oom_kill counter (exits.py)
+    log: Optional[Callable[[str], None]] = None  # agent.log lines; None: stderr
+    # how the loop blocks between steps; None: select() on the signal fd and the notice pipe. Tests with a
+    # FakeClock pass clock.sleep to move time instead.
+    waiter: Optional[Callable[[float], None]] = None
+    requeue: Optional[Callable[[str], bool]] = None  # Slurm only; None: `scontrol requeue` (onbox/slurm/job.py)
+    slurm_runner: Optional[Callable[..., Any]] = None  # Slurm only: runs scontrol; None: subprocess.run
+
+
+def stderr_log(message: str) -> None:
+    """A line of agent.log (the detached agent's stderr)."""
+    try:
+        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+        sys.stderr.flush()
+    except OSError:  # agent.log on a full disk: the line is lost (or comes out later), never the agent
+        pass
 
 
 class Supervisor:
@@ -41,214 +65,105 @@ class Supervisor:
 
     def __init__(self, cfg: RunConfig, rundir: RunDir, proc: Optional[ProcessSeam] = None,
                  clock: Optional[Clock] = None, hooks_factory: Callable[[RunContext], Hooks] = no_hooks,
-                 oom_reader: Callable[[], Optional[int]] = cls.oom_kill_count,
-                 requeue: Optional[Callable[[str], bool]] = None, slurm_runner: Optional[Callable[..., Any]] = None,
-                 environ: Optional[Dict[str, str]] = None,
-                 log: Optional[Callable[[str], None]] = None,
-                 waiter: Optional[Callable[[float], None]] = None) -> None:
+                 seams: Optional[Seams] = None) -> None:
         self.cfg = cfg
         self.rd = rundir
+        self.seams = seams = seams or Seams()
         self.proc = proc or ProcessSeam()
         self.clock = clock or SystemClock()
-        # how the loop blocks between steps; tests with a FakeClock pass clock.sleep to move time instead
-        self.waiter = waiter or self._select_wait
-        self.oom_reader = oom_reader
-        self.requeue = requeue  # None: onbox.slurm.job.requeue (`scontrol requeue`)
-        self.slurm_runner = slurm_runner  # the scontrol seam (onbox/slurm/job.py); None: subprocess.run
-        self.environ = dict(os.environ if environ is None else environ)
-        self._log: Callable[[str], None] = log or self._stderr_log
-        self.records = RunRecords(rundir, self.clock.time)  # a full or failing run disk: held in memory
-        self.tree: Optional[AttemptProcesses] = None  # the current attempt's processes (leftovers.py)
-        self._asked_stop: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (request_stop)
+        self.waiter = seams.waiter or self._select_wait
+        self.environ = dict(os.environ if seams.environ is None else seams.environ)
+        self._log: Callable[[str], None] = seams.log or stderr_log
         self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
-        prev = rundir.read_state() or {}
-        self.attempts: List[Dict[str, Any]] = list(prev.get("attempts") or [])
+        prev = rundir.read_state() or {}  # an earlier agent's: its attempts, restarts and phase carry on
+        self.state = RunState.STARTING
+        self.message = ""
         self.restarts = int(prev.get("restarts") or 0)
         self.started_at = prev.get("started_at") or self.clock.time()
-        self.state = RunState.STARTING
-        self.child: Optional[Child] = None
-        self.exit_status: Optional[ExitStatus] = None
-        self.notice: Optional[PreemptionNotice] = None
-        self.stopping_by_request = False
-        self.final_done = False
-        self.stopping_since = 0.0
-        self.escalated = False
-        self.killed = False
         self.backoff_until = 0.0
-        self.resume_from: Optional[str] = None
-        self.oom_before: Optional[int] = None
-        self.last_exit: Optional[Dict[str, Any]] = prev.get("last_exit")
-        self.message = ""
-        self.streak: List[str] = []  # loop keys of consecutive failures
-        self._chld = False
         self.next_tick = 0.0
-        self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
-        from onbox.proc import start_time
-
+        self._chld = False  # a SIGCHLD came: reap the orphans that ended
         self._agent_start = start_time(os.getpid())
-        self.tailer = LogTailer(rundir.log_path, from_end=True)
-        self.notices = NoticePipe()
-        self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
-        self._summary_mark: Any = None
-        # the run file's [[phase]] tables (phases.py): a thin layer the loop consults; None for a plain run
+        self.on_ready: Optional[Callable[["Supervisor"], None]] = None  # once RUNNING or terminal (detach.py)
+        # the parts, each its own module: what the run says, its attempts, its phases, what follows an exit
+        self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
+        self.emit, self._hook = self.journal.emit, self.journal.hook  # every event and hook call goes through it
+        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
+                                        seams.oom_reader, prev, self._on_line)
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
+        self.policy = RestartPolicy(cfg)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
-            emit=self.emit, attempt=lambda: self.attempt_no, write_failed=self._write_failed))
-        self.preempt_signal = parse_signal(cfg.preempt_signal, "preempt_signal")
+            emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
+        self.journal.telemetry = self.hooks.telemetry
+        # what asks the run to stop, and the stop under way in STOPPING (notices.py)
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
-        self.sigterm_lead = slurm.sigterm_grace(self.environ, runner=slurm_runner)
+        sigterm_lead = slurm.sigterm_grace(self.environ, runner=seams.slurm_runner)
+        self.intake = NoticeIntake(cfg, rundir, sigterm_lead, self.clock, self.emit, self._log, lambda *notice:
+                                   self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
+        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
+        self.stop: Optional[NoticeStop] = None
+        self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
-        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.preempt_signal, signal.SIGUSR1,
+        self.inbox = SignalInbox({signal.SIGTERM, signal.SIGINT, self.intake.preempt_signal, signal.SIGUSR1,
                                   signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD, STOP_SIGNAL})
-        self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
-
-    @staticmethod
-    def _stderr_log(message: str) -> None:
-        try:
-            sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
-            sys.stderr.flush()
-        except OSError:  # agent.log on a full disk: the line is lost (or comes out later), never the agent
-            pass
 
     # ---- records -------------------------------------------------------------------------------------------
     @property
-    def attempt_no(self) -> int:
-        return max(0, len(self.attempts) - 1)
+    def attempts(self) -> List[Dict[str, Any]]:
+        """state.json's `attempts` (the launcher's records)."""
+        return self.launcher.attempts
 
-    def emit(self, event_type: str, **fields: Any) -> None:
-        ev = {"time": self.clock.time(), "type": event_type, "run": self.rd.name, "attempt": self.attempt_no}
-        ev.update(fields)
-        started = self.records.append_event(ev)  # held in memory while the disk refuses it
-        self._hook("telemetry.on_event", self.hooks.telemetry.on_event, ev)
-        self.notes.on_event(ev)
-        if started:
-            self._say_unwritable()
+    @attempts.setter
+    def attempts(self, records: List[Dict[str, Any]]) -> None:
+        self.launcher.attempts = records
+
+    @property
+    def notice(self) -> Optional[PreemptionNotice]:
+        return self.intake.notice
+
+    @property
+    def child(self) -> Optional[Child]:
+        return self.launcher.child
+
+    @property
+    def last_exit(self) -> Optional[Dict[str, Any]]:
+        return self.launcher.last_exit
 
     def state_doc(self) -> Dict[str, Any]:
         cur = self.attempts[-1] if self.attempts else {}
         now_m, now_w = self.clock.monotonic(), self.clock.time()
         return {
-            "run": self.rd.name, "state": self.state.value, "attempt": self.attempt_no,
+            "run": self.rd.name, "state": self.state.value, "attempt": self.launcher.number,
             "child_pid": self.child.pid if self.child else None,
             "child_start_time": self.child.start_time if self.child else None,
             "agent_pid": os.getpid(), "agent_start_time": self._agent_start,
             "started_at": self.started_at, "updated_at": now_w,
             "restarts": self.restarts, "attempts": self.attempts, "last_exit": self.last_exit,
             "preemption": self.notice.to_dict(now_m, now_w) if self.notice else None,
-            "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.resume_from,
+            "ckpt_dir": self.ckpt_dir, "run_dir": self.rd.path, "resume_from": self.launcher.resume_from,
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
-            "degraded": self.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
-            **self.notes.to_state(),
-            **({"phase": self.phases.to_state()} if self.phases is not None else {}),
+            "degraded": self.journal.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
+            **self.journal.notes.to_state(),
+            **self.phases.state_fields(),
         }
-
-    def save(self) -> None:
-        if self.records.write_state(self.state_doc()):
-            self._say_unwritable()
-
-    # ---- a run disk that refuses writes (records.py) -------------------------------------------------------
-    def _write_failed(self, what: str, error: OSError) -> None:
-        """A write into the run dir met a disk fault (also a hook's, through RunContext.write_failed)."""
-        if self.records.failed(what, error):
-            self._say_unwritable()
-
-    def _keep(self, what: str, write: Callable[..., Any], *args: Any) -> None:
-        """A write the supervision must outlive: a disk fault is recorded, any other error raised."""
-        try:
-            write(*args)
-        except OSError as e:
-            if fsutil.disk_fault(e) is None:
-                raise
-            self._write_failed(what, e)
-
-    def _say_unwritable(self) -> None:
-        fault = self.records.snapshot() or {}
-        self._log("cannot write %s (%s: %s): supervising on, the state is kept in memory and written once the disk "
-                  "takes it" % (fault.get("path"), fault.get("errno"), fault.get("error")))
-        self.emit("run_dir_unwritable", **{k: fault.get(k) for k in ("errno", "error", "what", "path")},
-                  hint=UNWRITABLE_HINT % (self.rd.path, self.rd.path))
-
-    def _recover(self) -> None:
-        """During a fault (each tick): the held events, then the state; once written, say that the fault is over."""
-        ended = self.records.recover(self.state_doc())
-        if ended is None:
-            return
-        took = max(0.0, self.clock.time() - float(ended["since"]))
-        self._log("the run directory takes writes again after %.1f s: the held state and events are written" % took)
-        self.emit("run_dir_writable", after_s=round(took, 3), errno=ended["errno"],
-                  dropped_events=ended["dropped_events"])
-        self.save()  # once more, without the warning
-
-    def _record_final_state(self) -> None:
-        """The run has ended but its final state is not on disk: the agent stays (holding the run's lock) and tries
-        again until final_sync_timeout passes or a TERM/INT asks it to go, so that freeing space in time records
-        how the run ended."""
-        if not self.records.degraded:
-            return
-        deadline = self.clock.monotonic() + self.cfg.final_sync_timeout
-        self._log("the run is %s but the run directory refuses writes: trying again for up to %.0f s"
-                  % (self.state.value, self.cfg.final_sync_timeout))
-        while True:
-            self._recover()
-            now = self.clock.monotonic()
-            if not self.records.degraded or now >= deadline or \
-                    {signal.SIGTERM, signal.SIGINT} & set(self.inbox.take()):
-                break
-            self.notices.drain()  # nothing acts on a late notice now; it must not keep the wait from blocking
-            self.waiter(min(deadline - now, max(0.1, min(1.0, self.cfg.tick_interval))))
-        if self.records.degraded:
-            self._log("gave up: the final state (%s) of run %s is not recorded, the run directory still refuses "
-                      "writes" % (self.state.value, self.rd.name))
 
     def transition(self, new: RunState, **fields: Any) -> None:
         check_transition(self.state, new)
         old, self.state = self.state, new
         self._log("%s -> %s%s" % (old.value, new.value, (" (%s)" % fields["reason"]) if "reason" in fields else ""))
-        self.save()
+        self.journal.save()
         self.emit("state", old=old.value, new=new.value, **fields)
-        if self.on_ready is not None and (new == RunState.RUNNING or new.terminal):
+        if new == RunState.RUNNING or new.terminal:
+            self._ready()
+
+    def _ready(self) -> None:
+        """Tell on_ready (the detaching parent: detach.py) once."""
+        if self.on_ready is not None:
             ready, self.on_ready = self.on_ready, None
             ready(self)
-
-    def _hook(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call a subsystem hook. A bug in a hook is recorded loudly but must not orphan the job."""
-        try:
-            return fn(*args)
-        except Exception as e:
-            if fsutil.disk_fault(e):  # a full or failing disk, not a bug: no traceback
-                assert isinstance(e, OSError)
-                if not e.filename or os.path.abspath(str(e.filename)).startswith(self.rd.path + os.sep):
-                    self._write_failed("hook %s" % what, e)
-                    return None
-                self._log("hook %s: %s" % (what, e))
-            else:
-                self._log("hook %s failed: %r\n%s" % (what, e, traceback.format_exc()))
-            if what != "telemetry.on_event":
-                self.emit("hook_error", hook=what, error=repr(e))
-            return None
-
-    def _poller_died(self, error: BaseException) -> None:
-        """The metadata poller's thread ended on an error: cloud preemption notices are off. Say so everywhere."""
-        self._log("the metadata poller died: %r; cloud preemption notices are OFF" % (error,))
-        self.emit("thread_died", **thread_death(
-            "onbox-metadata", "cloud preemption notices (%s metadata)" % self.cfg.notice_source, error, self.rd.name,
-            os.getpid(), hint="signals (TERM, %s) still work; check --metadata-url and the metadata service"
-            % self.cfg.preempt_signal))
-
-    def _refresh_summary(self) -> None:
-        """training_status.md again when a commit, a progress change or a warning made it stale (state changes
-        rewrite it through save())."""
-        status_due, state_due = self.notes.take()
-        mark = self.rd.side_fingerprint()
-        if state_due:
-            self.save()
-        elif (status_due or mark != self._summary_mark) and self.records.write_status(self.state_doc()):
-            self._say_unwritable()
-        if not self.records.degraded:  # else due again after the fault
-            self._summary_mark = mark
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.inbox.record(signum, frame)  # what the real handler does (tests call it to inject a signal)
@@ -258,26 +173,18 @@ class Supervisor:
         """Supervise until a terminal state. `adopt`: a live child of an earlier (dead) agent."""
         self.inbox.install()
         was_subreaper = set_child_subreaper()  # orphans of the job reparent to us: we reap them, see them go
-        poller = MetadataPoller(self.cfg.notice_source, self.cfg.metadata_url, self.cfg.notice_interval,
-                                lambda lead, src, detail: self.notices.put((lead, src, detail)), log=self._log,
-                                on_death=self._poller_died)
+        poller = self.intake.poller(self.notices.put)
         try:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             if adopt is None:
                 self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
             else:
-                self.child = adopt
-                if self.cfg.reap_orphans:
-                    self.tree = AttemptProcesses(self.proc, ProcRef(adopt.pid, adopt.start_time)
-                                                 if adopt.start_time is not None else None,
-                                                 self.attempts[-1].get("marker") if self.attempts else None)
+                self.launcher.adopt(adopt)
                 self.state = RunState.RUNNING
                 self.message = "adopted the live child %d after an agent restart" % adopt.pid
-                self.save()
+                self.journal.save()
                 self.emit("adopted", pid=adopt.pid, start_time=adopt.start_time)
-                if self.on_ready is not None:
-                    ready, self.on_ready = self.on_ready, None
-                    ready(self)
+                self._ready()
             poller.start()
             self._hook("nodes.start", self.hooks.nodes.start, self.notices.put)  # peers' notices: like the poller's
             while not self.state.terminal:
@@ -300,20 +207,16 @@ class Supervisor:
         now = self.clock.monotonic()
         if self.state == RunState.STARTING:
             self._start_attempt()
+        elif self.state in (RunState.RUNNING, RunState.BACKOFF) and self.notice is not None:
+            self._begin_stopping()
+        elif self.state == RunState.RUNNING and self.launcher.exit_status is not None:
+            self._after_exit()
         elif self.state == RunState.RUNNING:
-            if self.notice is not None:
-                self._begin_stopping()
-            elif self.exit_status is not None:
-                self._after_exit()
-            elif self.phases is not None:
-                self._phase_tick(now)
-        elif self.state == RunState.BACKOFF:
-            if self.notice is not None:
-                self._begin_stopping()
-            elif now >= self.backoff_until:
-                self.transition(RunState.STARTING, reason="backoff over")
-        if self.state == RunState.STOPPING:
-            self._stopping(now)
+            self._phase_tick(now)
+        elif self.state == RunState.BACKOFF and now >= self.backoff_until:
+            self.transition(RunState.STARTING, reason="backoff over")
+        if self.state == RunState.STOPPING and self.stop is not None and self.stop.step(now):
+            self._end_stopping()
         if now >= self.next_tick and not self.state.terminal:
             self.next_tick = now + self.cfg.tick_interval
             self._tick()
@@ -332,235 +235,82 @@ class Supervisor:
     def _select_wait(self, timeout: float) -> None:
         self.inbox.wait(timeout, [self.notices.read_fd])
 
+    def _idle(self, timeout: float) -> None:
+        """The wait for a disk to take the final state: nothing acts on a late notice now, but a notice left in
+        the pipe must not keep the wait from blocking."""
+        self.notices.drain()
+        self.waiter(timeout)
+
     def _observe(self) -> None:
         now_m, now_w = self.clock.monotonic(), self.clock.time()
         signals = self.inbox.take()
         self._chld = self._chld or signal.SIGCHLD in signals
         for s in signals:
-            if s in (signal.SIGTERM, signal.SIGINT, self.preempt_signal):
-                lead = self.sigterm_lead if s == signal.SIGTERM else None
-                self._notice(PreemptionNotice("signal:%s" % signal.Signals(s).name, now_m + self._grace(lead),
-                                              now_w))
-            elif s == STOP_SIGNAL:  # `onbox stop` when it could not write stop.request (a full disk)
-                self._log("stop asked by signal")
-                self.request_stop()
-            elif s != signal.SIGCHLD:
-                self._log("ignoring %s" % signal.Signals(s).name)
+            self.intake.on_signal(s, now_m, now_w)
         for lead, src, detail in self.notices.drain():
-            self._notice(PreemptionNotice(src, now_m + self._grace(lead), now_w, detail))
-        if self.notice is None and (self._asked_stop is not None or os.path.exists(self.rd.stop_request)):
-            self._stop_request(now_m, now_w)
-        self._read_output()
-        if self.child is not None and self.exit_status is None:
-            self.exit_status = self.proc.poll(self.child)
-            if self.exit_status is not None:
-                self._read_output()
-                for line in self.tailer.flush_partial():
-                    self._on_line(line)
+            self.intake.on_notice(lead, src, detail, now_m, now_w)
+        self.intake.check_request(now_m, now_w)
+        self.launcher.poll()
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
-    def _grace(self, lead: Optional[float]) -> float:
-        grace = self.cfg.grace if self.cfg.grace is not None else (lead if lead is not None else DEFAULT_GRACE)
-        return min(grace, lead) if lead is not None else grace
-
-    def _notice(self, notice: PreemptionNotice) -> None:
-        if self.notice is not None:
-            self.emit("notice_ignored", source=notice.source, reason="a stop is already under way")
-            return
-        self.notice = notice
-        self._log("preemption notice from %s %s" % (notice.source, notice.detail))
-        self.emit("preemption_notice", source=notice.source, detail=notice.detail,
-                  grace=round(notice.deadline - self.clock.monotonic(), 3))
-        # a multi-node group stops together: the other nodes' agents get the notice and its deadline
-        self._hook("nodes.on_notice", self.hooks.nodes.on_notice, notice.source, notice.detail,
-                   max(0.0, notice.deadline - self.clock.monotonic()))
-
-    def request_stop(self, grace: Optional[float] = None) -> None:
-        """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
-        self._asked_stop = {"grace": grace}
-
-    def _stop_request(self, now_m: float, now_w: float) -> None:
-        req: Any = self._asked_stop or {}
-        if os.path.exists(self.rd.stop_request):
-            try:
-                req = fsutil.read_json(self.rd.stop_request)
-            except (OSError, ValueError):
-                req = {}
-        grace = req.get("grace") if isinstance(req, dict) else None
-        try:
-            check_range("grace", grace)  # `onbox stop` checks it; a hand-written request may not be sane
-        except UsageError as e:
-            self.emit("stop_grace_ignored", grace=repr(grace), reason=e.message)
-            grace = None
-        self.stopping_by_request = True
-        self._notice(PreemptionNotice("stop", now_m + (float(grace) if grace is not None else self._grace(None)),
-                                      now_w, "onbox stop"))
-
-    def _read_output(self) -> None:
-        for line in self.tailer.read_new():
-            self._on_line(line)
-
     def _on_line(self, line: str) -> None:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        if self.phases is not None:
-            self.phases.on_output(line)
+        self.phases.on_output(line)
 
     def _tick(self) -> None:
-        if self.tree is not None and self.child is not None and self.exit_status is None:
-            self.tree.poll()  # remember what the attempt forks while its parents still live (leftovers.py)
+        self.launcher.watch()
         self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
-        if self.records.degraded:
-            self._recover()
-        self._keep("output.log (rotation)", self._rotate_log)
-        self._refresh_summary()
-
-    def _rotate_log(self) -> None:
-        if self.rd.rotate_log(self.cfg.log_max_bytes, self.cfg.log_backups):
-            self.emit("log_rotated")
+        if self.journal.records.degraded:
+            self.journal.recover()
+        self.journal.keep("output.log (rotation)", self.launcher.rotate_log)
+        self.journal.refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:
-        earlier = [a["sid"] for a in self.attempts if a.get("sid")]
-        if self.attempts and self.cfg.reap_orphans:
-            self._stop_leftovers(self.attempts[-1])
+        earlier = self.launcher.sessions()
+        self.launcher.clear_last()
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
-        self.resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
-        n = len(self.attempts)
-        command, resume_args, phase_env = (self.cfg.command, self.cfg.resume_args, {}) if self.phases is None else \
-            self.phases.attempt(self.cfg.command, self.cfg.resume_args, self.resume_from)
-        argv = child_argv(command, resume_args, self.resume_from)
-        try:  # read now, every attempt: a relaunch and a rotated secret file get the current values
-            secrets = secret_env(self.cfg.env_files, self.cfg.secrets)
-            start_error = None
-        except UsageError as e:
-            secrets, start_error = {}, e
-        env = child_env(self.environ, self.rd.name, self.ckpt_dir, self.resume_from, n, self.rd.metrics_file,
-                        self.rd.preempt_file, {**self.cfg.env, **phase_env, **secrets}, cpu_quota_cores(),
-                        agent_only=agent_only_vars(self.cfg))
-        marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
-        for stale in (self.rd.preempt_file,):
-            if os.path.exists(stale):
-                self._keep("PREEMPTED", os.unlink, stale)
-        self.oom_before = self.oom_reader()
-        self._keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
-            n, " ".join(argv), " (resuming from %s)" % self.resume_from if self.resume_from else ""))
-        self.tailer.read_new()
-        self.tailer.reset_tail()
-        record: Dict[str, Any] = {"n": n, "pid": None, "sid": None, "pgid": None, "start_time": None,
-                                  "started_at": self.clock.time(), "ended_at": None, "exit": None,
-                                  "argv": argv, "resume_from": self.resume_from, "marker": marker}
-        self.attempts.append(record)
-        self.exit_status = None
-        try:
-            if start_error is not None:
-                raise start_error
-            self.child = self.proc.spawn(argv, env, self.cfg.workdir, self.rd.log_path)
-        except (OSError, ValueError, UsageError) as e:
-            if isinstance(e, UsageError):
-                result = cls.Classification(cls.FAILED, 127, None, "cannot start attempt %d: %s" % (n, e.message),
-                                            e.hint or "")
-            else:  # ValueError: Popen refuses an argument or variable it cannot pass (a NUL byte)
-                result = cls.Classification(cls.FAILED, 127, None, "cannot start %s: %s" % (
-                    argv[0], getattr(e, "strerror", None) or e), "check the command and its path (PATH is the agent's)")
-            record.update(ended_at=self.clock.time(), exit=result.to_dict())
-            self.last_exit = result.to_dict()
-            self.message = result.message
-            self._final_at_end()
-            self.transition(RunState.FAILED, reason=result.message)
-            return
-        record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
-                      start_time=self.child.start_time, boot_id=boot_id())
-        if self.cfg.reap_orphans:
-            self.tree = AttemptProcesses(self.proc, ProcRef(self.child.pid, self.child.start_time)
-                                         if self.child.start_time is not None else None, marker)
-        self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (n, self.child.pid), pid=self.child.pid)
-
-    def _finish_attempt(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
-        status = self.exit_status or ExitStatus()
-        result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
-                              preempted=preempted, stopped=stopped)
-        rec = self.attempts[-1]
-        rec.update(ended_at=self.clock.time(), exit=result.to_dict())
-        self.last_exit = result.to_dict()
-        self._keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
-        self.emit("exit", **result.to_dict())
-        if self.cfg.reap_orphans:
-            self._stop_leftovers(rec)
-        self.child = None
-        self.exit_status = None
-        return result
-
-    def _stop_leftovers(self, attempt: Dict[str, Any]) -> None:
-        """Stop what an attempt left running: its session, and what left the session (its tracked tree and the
-        processes carrying its marker: leftovers.py). The current attempt's tracking is in memory; an earlier
-        agent's attempt is known by its record."""
-        tracked = self.tree if self.tree is not None else AttemptProcesses.of_attempt(self.proc, attempt)
-        self.tree = None
-        stop_attempt(self.proc, attempt, tracked, self.cfg.term_timeout, self._log, self.emit)
+        resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
+        command, resume_args, phase_env = self.phases.attempt(self.cfg.command, self.cfg.resume_args, resume_from)
+        failure = self.launcher.start(command, resume_args, phase_env, resume_from)
+        if failure is not None:
+            return self._end(RunState.FAILED, failure.message)
+        child = self.launcher.child
+        assert child is not None
+        self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (self.launcher.number, child.pid),
+                        pid=child.pid)
 
     def _after_exit(self) -> None:
-        result = self._finish_attempt()
-        verdict = self.phases.after_exit(result.failed) if self.phases is not None else None
+        result = self.launcher.finish()
+        verdict = self.phases.after_exit(result.failed)
         if verdict is not None:
             return self._phase_ended(verdict)
-        policy = self.cfg.restart
-        if not result.failed:
-            self.streak = []
-            if policy == "always":
-                return self._backoff(0.0, "restart=always after success")
-            self.message = ""
-            self._final_at_end()
-            return self.transition(RunState.DONE, reason=result.message)
-        started = self.attempts[-1].get("started_at") if self.attempts else None
-        seconds = self.clock.time() - started if isinstance(started, (int, float)) else float("inf")
-        if self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure, seconds):
-            self.streak = []  # the next attempt starts from an older checkpoint: not the same loop
-        self.streak.append(result.loop_key)
-        if policy == "never":
-            self.message = result.message
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=result.message)
-        same = 0
-        for key in reversed(self.streak):
-            if key != result.loop_key:
-                break
-            same += 1
-        if self.cfg.crash_loop_threshold and same >= self.cfg.crash_loop_threshold:
-            self.message = ("crash loop: the same failure (%s) %d times in a row; not restarting. %s%s"
-                            % (result.classification, same, result.message,
-                               (" — what to do: " + result.hint) if result.hint else ""))
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=self.message, classification=result.classification)
-        if self.restarts >= self.cfg.max_restarts:
-            self.message = "gave up after %d restart(s): %s" % (self.restarts, result.message)
-            self._final_at_end()
-            return self.transition(RunState.FAILED, reason=self.message)
-        delay = min(self.cfg.backoff_max, self.cfg.backoff_initial * (2 ** (len(self.streak) - 1)))
-        self._backoff(delay, result.message)
+        fell_back = result.failed and bool(self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure,
+                                                      self.launcher.seconds_run()))
+        decision = self.policy.decide(result, self.restarts, fell_back)
+        if decision.state == RunState.BACKOFF:
+            return self._backoff(decision.delay, decision.reason)
+        self._end(decision.state, decision.message, decision.reason, **decision.fields)
 
     def _phase_tick(self, now: float) -> None:
         """A phase's target reached: ask the child to stop as for a preemption (SIGKILL a grace later)."""
-        assert self.phases is not None and self.child is not None
         sig = self.phases.signal_due(now)
         if sig is not None:
-            self.proc.signal_group(self.child.pgid, sig)
-            self.emit("signal_forwarded", signal=sig.name, pgid=self.child.pgid, reason="phase end")
-            self.save()  # `ending` is on disk: an adopting agent keeps the deadline
+            pgid = self.launcher.signal(sig)
+            self.emit("signal_forwarded", signal=sig.name, pgid=pgid, reason="phase end")
+            self.journal.save()  # `ending` is on disk: an adopting agent keeps the deadline
 
     def _phase_ended(self, verdict: Verdict) -> None:
         """The next phase starts at once from this one's final checkpoint, committed first; or the run ends."""
-        self.streak = []
-        self.message = verdict.message
+        self.policy.reset()
         if verdict.next_phase is None:
-            self._final_at_end()
-            return self.transition(RunState.DONE if verdict.ok else RunState.FAILED, reason=verdict.message)
-        self.save()  # the new phase is recorded before the commit: a relaunch resumes in it
-        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final,
-                             self.clock.monotonic() + self.cfg.final_sync_timeout)
-        self.emit("final_checkpoint", summary=summary, phase=verdict.ended)
+            return self._end(RunState.DONE if verdict.ok else RunState.FAILED, verdict.message)
+        self.message = verdict.message
+        self.journal.save()  # the new phase is recorded before the commit: a relaunch resumes in it
+        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout, phase=verdict.ended)
         self.transition(RunState.STARTING, reason=verdict.message)
 
     def _backoff(self, delay: float, why: str) -> None:
@@ -570,83 +320,51 @@ class Supervisor:
         self.transition(RunState.BACKOFF, reason=self.message, delay=delay)
 
     def _begin_stopping(self) -> None:
-        assert self.notice is not None
-        self._keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
-        self.stopping_since = self.clock.monotonic()
-        if self.child is not None and self.exit_status is None:
-            self.proc.signal_group(self.child.pgid, self.checkpoint_signal)
-            self.emit("signal_forwarded", signal=self.checkpoint_signal.name, pgid=self.child.pgid)
-        self.transition(RunState.STOPPING, reason="notice from %s" % self.notice.source)
-
-    def _stopping(self, now: float) -> None:
-        assert self.notice is not None
-        deadline = self.notice.deadline
-        if self.child is None or self.exit_status is not None:
-            if self.child is not None:
-                self._finish_attempt(preempted=not self.stopping_by_request, stopped=self.stopping_by_request)
-            # When the reserve forced an early commit, the trainer may have saved since: commit again (the hook
-            # skips what is already committed).
-            self._final(deadline, again=self.escalated and now < deadline)
-            return self._end_stopping()
-        if now >= deadline:
-            if not self.killed:  # once: the loop comes back here every few ms until the exit is seen
-                self.killed = True
-                self._log("deadline reached: KILL to process group %d" % self.child.pgid)
-                self.proc.signal_group(self.child.pgid, signal.SIGKILL)
-                self.emit("escalated", signal="SIGKILL")
-            return
-        if now >= deadline - self._reserve(deadline) and not self.escalated:
-            self.escalated = True
-            self._final(deadline)  # keep the reserve for the commit, whatever the child is doing
-            if self.checkpoint_signal != signal.SIGTERM:
-                self.proc.signal_group(self.child.pgid, signal.SIGTERM)
-                self.emit("escalated", signal="SIGTERM")
-
-    def _final_at_end(self) -> None:
-        """The run ends without a notice (done, or failed for good): the newest complete checkpoint must still
-        become durable. The periodic commit runs on an interval in a background thread; without this, the
-        checkpoint written just before the exit (or a commit still in flight) would never be committed."""
-        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
-
-    def _reserve(self, deadline: float) -> float:
-        """Seconds kept back for the final commit: sync_reserve, but never more than half the grace window, so a
-        short grace (Slurm KillWait 5 s, RunPod ~5 s) still gives the trainer time to save before the commit."""
-        return min(self.cfg.sync_reserve, max(0.0, (deadline - self.stopping_since) / 2.0))
-
-    def _final(self, deadline: float, again: bool = False) -> None:
-        if self.final_done and not again:
-            return
-        self.final_done = True
-        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
-        self.emit("final_checkpoint", summary=summary)
+        notice = self.notice
+        assert notice is not None
+        self.journal.keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
+        self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(), self.cfg.sync_reserve,
+                               self.checkpoint_signal, self.launcher, self._final)
+        self.stop.begin()
+        self.transition(RunState.STOPPING, reason="notice from %s" % notice.source)
 
     def _end_stopping(self) -> None:
-        if self.stopping_by_request:
-            try:
-                self._keep("stop.request", os.unlink, self.rd.stop_request)
-            except FileNotFoundError:
-                pass
+        if self.intake.by_request:
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
         source = self.notice.source if self.notice else "?"
         self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
         self.transition(RunState.PREEMPTED, reason=source)
 
+    def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
+        """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
+        become durable. The periodic commit runs on an interval in a background thread; without this final one,
+        the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
+        self.message = message
+        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self.transition(state, reason=message if reason is None else reason, **fields)
+
+    def _final(self, deadline: float, **fields: Any) -> None:
+        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
+        self.emit("final_checkpoint", summary=summary, **fields)
+
     def _shutdown(self) -> None:
         """Always runs (finally): flush output, final state, telemetry close."""
         try:
-            self._read_output()
+            self.launcher.read_output()
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)
             else:  # under Slurm: requeue after the Slurm signal, or say why not (onbox/slurm/job.py)
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
-                                 runner=self.slurm_runner, requeue_fn=self.requeue)
+                                 runner=self.seams.slurm_runner, requeue_fn=self.seams.requeue)
                 if self.state == RunState.PREEMPTED:
                     self.message = preempted_message(self.notice.source if self.notice else "?",
-                                                     self.notes.requeue, self.rd.name)
-            self.save()
+                                                     self.journal.notes.requeue, self.rd.name)
+            self.journal.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())
-            self._record_final_state()
+            self.journal.record_final_state(
+                self.state.value, self.cfg.final_sync_timeout, self.cfg.tick_interval,
+                lambda: bool({signal.SIGTERM, signal.SIGINT} & set(self.inbox.take())), self._idle)

@@ -1,4 +1,5 @@
-"""Multi-phase curricula: a run file's `[[phase]]` tables, run one after another by the one supervisor loop.
+"""Multi-phase curricula: a run file's `[[phase]]` tables (checked in phasespec.py), run one after another by the
+one supervisor loop.
 
     [[phase]]
     name = "broad"                      # letters, digits, '.', '_', '-'
@@ -26,191 +27,20 @@ resumes inside it. Every phase but the last needs a target; the last one may run
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 import os
-import re
 import signal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.clock import Clock
-from onbox.config import RunConfig, check_env_entry, parse_signal
+from onbox.config import RunConfig, parse_signal
 from onbox.errors import UsageError
 from onbox.fsutil import json_safe
-from onbox.paths import valid_run_name
-from onbox.telemetry.metrics import ALIASES, MetricsParser
+from onbox.supervisor.phasespec import PhaseSpec, parse_phases
+from onbox.supervisor.stop import ChildStop, StopStage, grace_for
+from onbox.telemetry.metrics import MetricsParser
 from onbox.telemetry.progress import MetricsFileTail
 
-KEYS = ("name", "command", "args", "resume_args", "target_steps", "target_tokens", "tokens_per_step", "lr",
-        "min_lr", "lr_schedule", "warmup_steps", "env", "criteria", "on_fail")
-ON_FAIL = ("fail", "continue")
-MAX_PHASES = 100
-MAX_COUNT = 10 ** 15  # steps or tokens: a bound against typos, far beyond any real run
-OPS: Dict[str, Callable[[float, float], bool]] = {"<": operator.lt, "<=": operator.le, ">": operator.gt,
-                                                 ">=": operator.ge}
-CRITERION_RE = re.compile(r"^\s*([A-Za-z_][\w/.-]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-DEFAULT_GRACE = 30.0  # as the loop's: seconds from the phase-end signal to SIGKILL when --grace is unset
-
-
-@dataclasses.dataclass(frozen=True)
-class Criterion:
-    metric: str  # the canonical field (eval_loss for "val_loss")
-    op: str
-    value: float
-    text: str  # as written
-
-    def check(self, values: Mapping[str, Any]) -> Dict[str, Any]:
-        """{criterion, value, ok, why}: the newest value of the metric against the bound."""
-        seen = values.get(self.metric)
-        if not isinstance(seen, (int, float)) or isinstance(seen, bool) or not math.isfinite(seen):
-            return {"criterion": self.text, "value": seen, "ok": False,
-                    "why": "%s was %s" % (self.metric, "never reported in this phase" if seen is None else seen)}
-        ok = OPS[self.op](float(seen), self.value)
-        return {"criterion": self.text, "value": seen, "ok": ok,
-                "why": "%s %s %s %g" % (self.metric, _num(seen), self.op if ok else "is not " + self.op, self.value)}
-
-
-@dataclasses.dataclass(frozen=True)
-class PhaseSpec:
-    """One [[phase]] table, checked."""
-
-    name: str
-    command: Optional[List[str]] = None
-    args: Tuple[str, ...] = ()
-    resume_args: Optional[List[str]] = None
-    target_steps: Optional[int] = None
-    target_tokens: Optional[int] = None
-    tokens_per_step: Optional[int] = None
-    lr: Optional[float] = None
-    min_lr: Optional[float] = None
-    lr_schedule: Optional[str] = None
-    warmup_steps: Optional[int] = None
-    env: Tuple[Tuple[str, str], ...] = ()
-    criteria: Tuple[Criterion, ...] = ()
-    on_fail: str = "fail"
-
-    @property
-    def target_step(self) -> Optional[int]:
-        """The step that ends the phase: target_steps, or target_tokens / tokens_per_step rounded up."""
-        if self.target_steps is not None:
-            return self.target_steps
-        if self.target_tokens is not None and self.tokens_per_step:
-            return -(-self.target_tokens // self.tokens_per_step)
-        return None
-
-    def child_env(self, index: int, count: int, start_step: Optional[int]) -> Dict[str, str]:
-        """ONBOX_PHASE* for the command (the LR policy included: the trainer applies it), then the phase's env."""
-        out = {"ONBOX_PHASE": self.name, "ONBOX_PHASE_INDEX": str(index), "ONBOX_PHASE_COUNT": str(count),
-               "ONBOX_PHASE_START_STEP": str(start_step or 0)}
-        for var, value in (("TARGET_STEPS", self.target_step), ("TARGET_TOKENS", self.target_tokens),
-                           ("LR", self.lr), ("MIN_LR", self.min_lr), ("LR_SCHEDULE", self.lr_schedule),
-                           ("WARMUP_STEPS", self.warmup_steps)):
-            if value is not None:
-                out["ONBOX_PHASE_" + var] = _num(value)
-        out.update(dict(self.env))
-        return out
-
-
-def _num(v: Any) -> str:
-    """3e-4 -> '0.0003', 2000.0 -> '2000' (what a trainer's float() or int() reads)."""
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-
-def parse_phases(tables: List[Dict[str, Any]]) -> List[PhaseSpec]:
-    """The run's [[phase]] tables as PhaseSpecs; a UsageError (exit 2) naming the phase, the key and the problem."""
-    if len(tables) > MAX_PHASES:
-        raise UsageError("%d [[phase]] tables: at most %d" % (len(tables), MAX_PHASES))
-    specs = [_parse_one(i, t) for i, t in enumerate(tables)]
-    seen = set()
-    for i, spec in enumerate(specs):
-        if spec.name in seen:
-            raise UsageError("[[phase]] %d: the name %r is used twice" % (i + 1, spec.name),
-                             hint="each phase needs its own name (events, status and ONBOX_PHASE use it)")
-        seen.add(spec.name)
-        if spec.target_step is None and i < len(specs) - 1:
-            raise UsageError("[[phase]] %r has no target" % spec.name,
-                             hint="give target_steps (or target_tokens with tokens_per_step); only the last phase "
-                                  "may run until its command exits 0")
-    return specs
-
-
-def _parse_one(i: int, t: Any) -> PhaseSpec:
-    where = "[[phase]] %d" % (i + 1)
-    if not isinstance(t, dict):
-        raise UsageError("%s is not a table" % where)
-    name = t.get("name")
-    if not isinstance(name, str) or not valid_run_name(name):
-        raise UsageError("%s needs a name of letters, digits, '.', '_' and '-', not %r" % (where, name))
-    where = "[[phase]] %r" % name
-    unknown = sorted(set(t) - set(KEYS))
-    if unknown:
-        raise UsageError("%s: unknown key %r" % (where, unknown[0]), hint="phase keys: %s" % ", ".join(KEYS))
-    if "command" in t and "args" in t:
-        raise UsageError("%s has both command and args" % where,
-                         hint="command replaces the run's command; args are appended to it: give one")
-    f: Dict[str, Any] = {"name": name, "on_fail": t.get("on_fail", "fail")}
-    for key in ("command", "resume_args", "args"):
-        if key in t:
-            words = t[key]
-            if not isinstance(words, list) or not all(isinstance(w, str) and "\0" not in w for w in words) or (
-                    key == "command" and not words):
-                raise UsageError("%s: %s must be a %slist of strings" % (where, key, "non-empty " if key == "command"
-                                                                        else ""))
-            f[key] = list(words) if key != "args" else tuple(words)
-    for key in ("target_steps", "target_tokens", "tokens_per_step", "warmup_steps"):
-        if key in t:
-            f[key] = _count(where, key, t[key], low=0 if key == "warmup_steps" else 1)
-    for key in ("lr", "min_lr"):
-        if key in t:
-            v = t[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 100:
-                raise UsageError("%s: %s must be a number from 0 to 100, not %r" % (where, key, v))
-            f[key] = float(v)
-    if "lr_schedule" in t:
-        if not isinstance(t["lr_schedule"], str) or not re.match(r"^[A-Za-z0-9_.:-]{1,64}$", t["lr_schedule"]):
-            raise UsageError("%s: lr_schedule must be a short name (cosine, linear, constant, wsd, ...), not %r"
-                             % (where, t["lr_schedule"]))
-        f["lr_schedule"] = t["lr_schedule"]
-    if "target_steps" in f and "target_tokens" in f:
-        raise UsageError("%s has both target_steps and target_tokens" % where, hint="give one target")
-    if "target_tokens" in f and "tokens_per_step" not in f:
-        raise UsageError("%s: target_tokens needs tokens_per_step" % where,
-                         hint="onbox reads steps from the trainer's output: tokens_per_step (global batch x "
-                              "sequence length) converts the token target into a step")
-    env = t.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise UsageError("%s: env must be a table of KEY = \"value\"" % where)
-    for key, value in env.items():
-        check_env_entry(key, value, "%s env" % where)
-    f["env"] = tuple(sorted(env.items()))
-    crit = t.get("criteria", [])
-    crit = [crit] if isinstance(crit, str) else crit
-    if not isinstance(crit, list) or not all(isinstance(c, str) for c in crit):
-        raise UsageError("%s: criteria must be a string or a list of strings like \"eval_loss < 2.5\"" % where)
-    f["criteria"] = tuple(parse_criterion(where, c) for c in crit)
-    if f["on_fail"] not in ON_FAIL:
-        raise UsageError("%s: on_fail must be one of %s, not %r" % (where, "|".join(ON_FAIL), f["on_fail"]))
-    return PhaseSpec(**f)
-
-
-def _count(where: str, key: str, v: Any, low: int) -> int:
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        v = int(v)  # 4e10 in TOML is a float
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_COUNT:
-        raise UsageError("%s: %s must be a whole number from %d to 10^15, not %r" % (where, key, low, v))
-    return v
-
-
-def parse_criterion(where: str, text: str) -> Criterion:
-    m = CRITERION_RE.match(text)
-    if not m:
-        raise UsageError("%s: criterion %r is not METRIC OP NUMBER" % (where, text),
-                         hint="e.g. \"eval_loss < 2.5\"; OP is one of < <= > >=")
-    metric = ALIASES.get(m.group(1).lower())
-    if metric is None or metric == "step":
-        raise UsageError("%s: criterion %r names no metric onbox reads" % (where, text),
-                         hint="use loss, eval_loss (val_loss), lr, tokens_per_s, samples_per_s or epoch")
-    return Criterion(metric, m.group(2), float(m.group(3)), text.strip())
+__all__ = ["Curriculum", "NoCurriculum", "PhaseSpec", "Verdict", "curriculum_for", "parse_phases"]
 
 
 @dataclasses.dataclass
@@ -241,10 +71,8 @@ class Curriculum:
         self.values: Dict[str, Any] = {}  # the newest value of each metric seen in the current phase
         self.started_at: Optional[float] = None
         self.start_step: Optional[int] = None
-        self.ending = False  # the target was reached and the child asked to stop
+        self.stop: Optional[ChildStop] = None  # the target was reached and the child asked to stop (stop.py)
         self.status = "pending"  # of the current phase: pending, running, ending, then its end's (last phase)
-        self.end_deadline = 0.0
-        self.killed = False
         self.attempt_step: Optional[int] = None  # the step seen in the current attempt (targets use only it)
         if saved:
             self._load(saved)
@@ -269,14 +97,15 @@ class Curriculum:
         self.start_step = saved.get("start_step")
         self.status = str(saved.get("status") or "pending")
         if self.status == "ending":  # an agent that adopts the child it had asked to stop: a fresh grace to end
-            self.ending, self.end_deadline = True, self.clock.monotonic() + self.grace
+            now = self.clock.monotonic()
+            self.stop = ChildStop(now, now + self.grace)
 
     # ---- what the loop calls ----------------------------------------------------------------------------
     def attempt(self, command: List[str], resume_args: List[str], resume_from: Optional[str]
                 ) -> Tuple[List[str], List[str], Dict[str, str]]:
         """An attempt starts in the current phase: its command, resume args and ONBOX_PHASE* environment."""
         spec = self.spec
-        self.ending, self.killed, self.attempt_step, self.status = False, False, None, "running"
+        self.stop, self.attempt_step, self.status = None, None, "running"
         if self.metrics_tail is not None:  # this attempt's lines only: the file keeps every earlier phase's
             self._skip_metrics_file()
         if self.started_at is None:
@@ -317,30 +146,29 @@ class Curriculum:
         if self.metrics_tail is not None:
             for fields in self.metrics_tail.read_new():
                 self._absorb(fields)
-        if self.ending:
-            if not self.killed and now >= self.end_deadline:
-                self.killed = True
+        if self.stop is not None:  # a phase end keeps no reserve: its final commit follows the exit
+            if self.stop.due(now) == StopStage.KILLED:
                 self.emit("phase_end_escalated", phase=self.spec.name, signal="SIGKILL", grace=self.grace)
                 return signal.SIGKILL
             return None
         target = self.spec.target_step
         if target is None or self.attempt_step is None or self.attempt_step < target:
             return None
-        self.ending, self.end_deadline, self.status = True, now + self.grace, "ending"
+        self.stop, self.status = ChildStop(now, now + self.grace), "ending"
         self.emit("phase_target_reached", phase=self.spec.name, step=self.attempt_step, target_steps=target)
         return self.checkpoint_signal
 
     def after_exit(self, failed: bool) -> Optional[Verdict]:
         """The child ended. None when this is no end of the phase (it failed on its own: the restart policy
         decides, in the same phase); else how the phase ended and what comes next."""
-        if failed and not self.ending:
+        if failed and self.stop is None:
             return None
         spec, n = self.spec, len(self.specs)
         checks = [c.check(self.values) for c in spec.criteria]
         ok = all(c["ok"] for c in checks)
         step = self.attempt_step if self.attempt_step is not None else self.values.get("step")
         label = "phase %d/%d %r" % (self.index + 1, n, spec.name)
-        how = ("reached its target step %s (ended at step %s)" % (spec.target_step, step) if self.ending
+        how = ("reached its target step %s (ended at step %s)" % (spec.target_step, step) if self.stop is not None
                else "ended (its command exited 0 at step %s)" % step)
         record = {"name": spec.name, "started_at": self.started_at, "ended_at": self.clock.time(), "end_step": step,
                   "criteria": checks, "metrics": dict(self.values),
@@ -361,9 +189,13 @@ class Curriculum:
             self.status = "completed" if ok else "criteria_failed"
             return Verdict(spec.name, True, "%s %s: the curriculum is complete%s" % (label, how, failed_note))
         self.index += 1
-        self.values, self.started_at, self.start_step, self.ending, self.status = {}, None, step, False, "pending"
+        self.values, self.started_at, self.start_step, self.stop, self.status = {}, None, step, None, "pending"
         return Verdict(spec.name, True, "%s %s%s; starting phase %d/%d %r from its final checkpoint" % (
             label, how, failed_note, self.index + 1, n, self.spec.name), next_phase=self.index)
+
+    def state_fields(self) -> Dict[str, Any]:
+        """What the phase adds to state.json."""
+        return {"phase": self.to_state()}
 
     def to_state(self) -> Dict[str, Any]:
         """state.json's `phase`: what a relaunch resumes from, and what status and training_status.md show."""
@@ -375,12 +207,32 @@ class Curriculum:
                 "names": [s.name for s in self.specs], "history": list(self.history)})
 
 
-def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],
-                   metrics_file: Optional[str] = None) -> Optional[Curriculum]:
-    """The run's Curriculum, or None for a run without [[phase]] tables."""
-    if not cfg.phases:
+class NoCurriculum:
+    """A run without [[phase]] tables: every attempt runs the run's own command, nothing ends a phase."""
+
+    def attempt(self, command: List[str], resume_args: List[str], resume_from: Optional[str]
+                ) -> Tuple[List[str], List[str], Dict[str, str]]:
+        return command, resume_args, {}
+
+    def on_output(self, line: str) -> None:
         return None
-    grace = cfg.grace if cfg.grace is not None else DEFAULT_GRACE
+
+    def signal_due(self, now: float) -> Optional[signal.Signals]:
+        return None
+
+    def after_exit(self, failed: bool) -> Optional[Verdict]:
+        return None
+
+    def state_fields(self) -> Dict[str, Any]:
+        return {}
+
+
+def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],
+                   metrics_file: Optional[str] = None) -> Curriculum | NoCurriculum:
+    """The run's Curriculum, or a NoCurriculum for a run without [[phase]] tables."""
+    if not cfg.phases:
+        return NoCurriculum()
     return Curriculum(parse_phases(cfg.phases), saved if isinstance(saved, dict) else None,
-                      parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace, clock, emit, metrics_file,
+                      parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace_for(cfg.grace, None), clock,
+                      emit, metrics_file,
                       tuple(cfg.metrics_regex))

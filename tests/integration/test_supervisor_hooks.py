@@ -18,7 +18,7 @@ from onbox.config import RunConfig
 from onbox.fsutil import atomic_write
 from onbox.proc import set_child_subreaper
 from onbox.supervisor.hooks import Hooks
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
 
 pytestmark = pytest.mark.integration
@@ -74,8 +74,8 @@ def _supervisor(tmp_path, command, resume=None, environ=None, **cfg_fields):
     rd.write_config(cfg.to_dict())
     requeued: List[str] = []
     sup = Supervisor(cfg, rd, hooks_factory=lambda ctx: Hooks(rec, rec, rec),
-                     requeue=lambda job: requeued.append(job) or True,
-                     environ=dict(os.environ, **(environ or {})), log=lambda m: None)
+                     seams=Seams(requeue=lambda job: requeued.append(job) or True,
+                                 environ=dict(os.environ, **(environ or {})), log=lambda m: None))
     return sup, rec, requeued
 
 

@@ -13,7 +13,7 @@ from onbox.config import RunConfig
 from onbox.proc import Child, ExitStatus, ProcessSeam, ProcInfo, ProcRef
 from onbox.supervisor.hooks import Hooks, NoCheckpoints, NoReaper, NoTelemetry
 from onbox.supervisor.leftovers import MARKER_VAR
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
 
 CHILD = 1000
@@ -131,7 +131,7 @@ def make(tmp_path, table: ProcTable, clock: FakeClock, **fields) -> Supervisor:
     os.makedirs(rd.path, exist_ok=True)
     return Supervisor(cfg, rd, proc=table, clock=clock,  # type: ignore[arg-type]
                       hooks_factory=lambda ctx: Hooks(NoCheckpoints(), NoTelemetry(), NoReaper()),
-                      oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep)
+                      seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
 
 
 def test_what_left_the_session_is_stopped_at_the_end_whether_the_tree_poll_or_the_marker_found_it(tmp_path):

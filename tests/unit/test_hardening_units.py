@@ -18,7 +18,7 @@ from onbox.heartbeat.spool import Spool
 from onbox.proc import Child, ExitStatus, Stopped
 from onbox.slurm.script import time_limit_seconds
 from onbox.supervisor.hooks import Hooks, NoCheckpoints, NoReaper, NoTelemetry
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.preempt import MetadataPoller
 from onbox.supervisor.rundir import RunDir
 from onbox.telemetry.alerts import AlertEngine
@@ -180,8 +180,8 @@ def _preempted_summary(tmp_path, environ, requeue=None):
     cfg = RunConfig(name="job", command=["train"], notice_source="none", tick_interval=1.0).validate()
     sup = Supervisor(cfg, rd, proc=OneChild(), clock=clock,  # type: ignore[arg-type]
                      hooks_factory=lambda ctx: Hooks(NoCheckpoints(), NoTelemetry(), NoReaper()),
-                     oom_reader=lambda: None, environ=environ, log=lambda m: None, requeue=requeue,
-                     slurm_runner=lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError()))
+                     seams=Seams(oom_reader=lambda: None, environ=environ, log=lambda m: None, requeue=requeue,
+                                 slurm_runner=lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError())))
 
     def sleep_then_warn(seconds):
         clock.sleep(seconds)
@@ -215,7 +215,7 @@ def test_a_commit_rewrites_the_summary_without_a_state_change(tmp_path):
     cfg = RunConfig(name="job", command=["train"], notice_source="none", tick_interval=1.0).validate()
     sup = Supervisor(cfg, rd, proc=OneChild(), clock=clock,  # type: ignore[arg-type]
                      hooks_factory=lambda ctx: Hooks(NoCheckpoints(), NoTelemetry(), NoReaper()),
-                     oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep)
+                     seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
     sup._start_attempt()
     summary = rd.file("training_status.md")
     assert "no checkpoint yet" in read(summary)

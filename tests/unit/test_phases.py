@@ -15,7 +15,7 @@ from onbox.config import RunConfig, resolve
 from onbox.errors import UsageError
 from onbox.proc import ExitStatus
 from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.phases import Curriculum, parse_phases
 from onbox.supervisor.rundir import RunDir
 from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs
@@ -214,7 +214,7 @@ def test_the_loop_advances_phases_commits_each_phase_and_fails_on_criteria(tmp_p
                     max_restarts=0).validate()
     sup = Supervisor(cfg, rd, proc=procs, clock=clock,  # type: ignore[arg-type]
                      hooks_factory=lambda ctx: Hooks(ckpts, NoTelemetry(), NoReaper()),
-                     oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep)
+                     seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
     assert sup.run() == RunState.FAILED
     assert [argv for _, argv in procs.spawned] == [["train"], ["train", "--hq"]]
     assert [s for _, s in procs.signals] == [signal.SIGTERM, signal.SIGTERM]

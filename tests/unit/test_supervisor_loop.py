@@ -11,7 +11,7 @@ from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.proc import Child, ExitStatus, ProcInfo, ProcRef, Stopped
 from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
 
 # An attempt's script: given (seconds since spawn, signals received so far) -> an ExitStatus once it has ended.
@@ -102,7 +102,7 @@ def make(tmp_path, scripts: List[Script], **fields):
     os.makedirs(rd.path)
     sup = Supervisor(cfg, rd, proc=procs, clock=clock,  # type: ignore[arg-type]
                      hooks_factory=lambda ctx: Hooks(ckpts, NoTelemetry(), NoReaper()),
-                     oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep)
+                     seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
     return sup, procs, ckpts, clock
 
 

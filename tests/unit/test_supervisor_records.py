@@ -17,7 +17,7 @@ from onbox.heartbeat.spool import SeqCounter, Spool
 from onbox.proc import ExitStatus
 from onbox.supervisor import records
 from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
-from onbox.supervisor.loop import RunState, Supervisor
+from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.preempt import STOP_SIGNAL
 from onbox.supervisor.records import RunRecords
 from onbox.supervisor.rundir import RunDir
@@ -64,7 +64,7 @@ def make(tmp_path, scripts, full: Tuple[float, float], err: int = errno.ENOSPC, 
     lines: List[str] = []
     sup = Supervisor(cfg, rd, proc=procs, clock=clock,  # type: ignore[arg-type]
                      hooks_factory=lambda ctx: Hooks(ckpts, NoTelemetry(), NoReaper()),
-                     oom_reader=lambda: None, environ={}, log=lines.append, waiter=clock.sleep)
+                     seams=Seams(oom_reader=lambda: None, environ={}, log=lines.append, waiter=clock.sleep))
     return sup, procs, ckpts, clock, lines
 
 
