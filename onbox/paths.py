@@ -1,7 +1,7 @@
 """Where onbox keeps its state on a box. One place, so every command agrees.
 
 $ONBOX_HOME (default ~/.onbox, or /tmp/onbox-<uid> when $HOME is unwritable)
-  runs/<run>/        one directory a run (mode 0700): state.json, events.jsonl, config.json, output.log, ...
+  runs/<run>/        one directory a run (mode 0700): its files are named in the table below, and nowhere else
   secrets/<NAME>     secrets for `onbox run --secret NAME` (`onboxctl secrets push` writes ~/.onbox/secrets/)
 
 A run's default name is made here too (`default_run_name`), by the one rule `onbox run` and `onboxctl run` share.
@@ -12,6 +12,28 @@ import os
 import re
 import time
 from typing import Optional, Sequence
+
+# ---- the files of a run directory, named here only: whoever reads or writes one joins its name to the run dir ---
+CONFIG_FILE = "config.json"  # `onbox run`: the resolved RunConfig, the exact re-launch record
+STATE_FILE = "state.json"  # the supervisor (atomic): state, attempts, last exit, warnings, phase
+EVENTS_FILE = "events.jsonl"  # the supervisor's journal: one lifecycle event a line, append-only
+SUMMARY_FILE = "training_status.md"  # the supervisor: the summary a person reads
+PROGRESS_FILE = "progress.json"  # the trainer's newest progress: step, loss, eval_loss, lr, tokens/s, ..., time
+CHECKPOINT_STATUS_FILE = "checkpoint_status.json"  # the checkpoint hook: newest checkpoints, last sync, warnings
+OUTPUT_LOG = "output.log"  # the child's stdout and stderr (rotated: output.log.1, .2, ...)
+AGENT_LOG = "agent.log"  # the detached agent's own stderr
+LOCK_FILE = "lock"  # flock(2) held by the run's live agent
+COMMIT_LOCK_FILE = "checkpoints.lock"  # flock(2) of whoever commits the run's checkpoints on this box
+STOP_REQUEST = "stop.request"  # `onbox stop`: the agent stops the run at its next step
+PREEMPT_FILE = "PREEMPTED"  # ONBOX_PREEMPT_FILE: exists once a preemption is under way
+METRICS_FILE = "metrics.jsonl"  # ONBOX_METRICS_FILE: JSON lines the trainer may append
+CHECKPOINTS_DIR = "checkpoints"  # ONBOX_CKPT_DIR when the run names none
+CONTAINERS_DIR = "containers"  # a container job: the cidfile docker writes for each attempt (<n>.cid)
+HEARTBEATS_DIR = "heartbeats"  # the heartbeat hook's: its spools, sequence counter and read positions
+HEARTBEAT_SPOOL_DIR = os.path.join(HEARTBEATS_DIR, "spool-%s")  # % sink name: the beats not yet acknowledged
+HEARTBEAT_SEQ_FILE = os.path.join(HEARTBEATS_DIR, "seq.json")  # the next heartbeat's seq
+METRICS_POSITION_FILE = os.path.join(HEARTBEATS_DIR, "metrics_position.json")  # METRICS_FILE read up to here
+MLFLOW_RUN_FILE = os.path.join(HEARTBEATS_DIR, "mlflow.json")  # the MLflow run the beats go to
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # what `onboxctl secrets push` accepts

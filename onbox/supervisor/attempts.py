@@ -13,6 +13,7 @@ import os
 import signal
 from typing import Any, Callable, Dict, List, Optional
 
+from onbox import paths
 from onbox.config import RunConfig, agent_only_vars
 from onbox.errors import UsageError
 from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id
@@ -84,9 +85,9 @@ class AttemptLauncher:
         marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
-                self.journal.keep("PREEMPTED", os.unlink, stale)
+                self.journal.keep(paths.PREEMPT_FILE, os.unlink, stale)
         self.oom_before = self.oom_reader()
-        self.journal.keep("output.log", self.rd.log_line, "attempt %d: %s%s" % (
+        self.journal.keep(paths.OUTPUT_LOG, self.rd.log_line, "attempt %d: %s%s" % (
             n, " ".join(argv), " (resuming from %s)" % resume_from if resume_from else ""))
         self.tailer.read_new()
         self.tailer.reset_tail()
@@ -171,7 +172,7 @@ class AttemptLauncher:
         rec = self.attempts[-1]
         rec.update(ended_at=self.journal.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
-        self.journal.keep("output.log", self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
+        self.journal.keep(paths.OUTPUT_LOG, self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
         self.journal.emit("exit", **result.to_dict())
         if self.cfg.reap_orphans:
             self._stop_leftovers(rec)

@@ -34,13 +34,12 @@ import signal
 import subprocess
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from onbox import untrusted
+from onbox import paths, untrusted
 from onbox.config import CONTRACT_VARS
 from onbox.errors import UsageError
 from onbox.proc import ProcRef, Stopped
 
 DOCKER_TIMEOUT = 30.0  # seconds a docker CLI call may take beyond its own stop time
-CONTAINERS_DIR = "containers"
 CIDFILE_MAX_BYTES = 4096  # docker writes one 64-hex-digit id
 # `docker run` options that take no value: everything else takes one (or carries it after '=')
 BOOL_LONG = {"--rm", "--init", "--detach", "--interactive", "--tty", "--privileged", "--publish-all", "--read-only",
@@ -58,7 +57,7 @@ def container_name(run: str, attempt: int) -> str:
 
 
 def cidfile_path(run_dir: str, attempt: int) -> str:
-    return os.path.join(run_dir, CONTAINERS_DIR, "%d.cid" % attempt)
+    return os.path.join(run_dir, paths.CONTAINERS_DIR, "%d.cid" % attempt)
 
 
 def is_client_command(command: Sequence[str]) -> bool:
@@ -197,7 +196,7 @@ class ContainerSeam:
         """The attempt's container: its name, else the id in the newest cidfile (also after an agent restart)."""
         if self.current:
             return self.current
-        files = sorted(glob.glob(os.path.join(self.run_dir, CONTAINERS_DIR, "*.cid")),
+        files = sorted(glob.glob(os.path.join(self.run_dir, paths.CONTAINERS_DIR, "*.cid")),
                        key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
         for path in reversed(files):
             try:  # bounded, regular files only: a FIFO in the run dir must not hang the agent's stop path

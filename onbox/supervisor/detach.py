@@ -16,7 +16,7 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from onbox import fsutil, untrusted
+from onbox import fsutil, paths, untrusted
 from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
@@ -118,7 +118,7 @@ def stop_without_agent(rd: RunDir, child: Child, hooks_factory: Callable[["RunCo
 
     try:
         cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, untrusted.CONFIG_MAX_BYTES, "config"),
-                                  "config.json").validate()
+                                  paths.CONFIG_FILE).validate()
     except (OSError, ValueError, UsageError) as e:
         if request_written:
             try:

@@ -17,6 +17,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
+from onbox import paths
 from onbox.clock import Clock, SystemClock
 from onbox.config import RunConfig, parse_signal
 from onbox.proc import Child, ProcessSeam, set_child_subreaper, start_time
@@ -74,7 +75,7 @@ class Supervisor:
         self.waiter = seams.waiter or self._select_wait
         self.environ = dict(os.environ if seams.environ is None else seams.environ)
         self._log: Callable[[str], None] = seams.log or stderr_log
-        self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file("checkpoints"))
+        self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file(paths.CHECKPOINTS_DIR))
         prev = rundir.read_state() or {}  # an earlier agent's: its attempts, restarts and phase carry on
         self.state = RunState.STARTING
         self.message = ""
@@ -265,7 +266,7 @@ class Supervisor:
         self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
         if self.journal.records.degraded:
             self.journal.recover()
-        self.journal.keep("output.log (rotation)", self.launcher.rotate_log)
+        self.journal.keep(paths.OUTPUT_LOG + " (rotation)", self.launcher.rotate_log)
         self.journal.refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class Supervisor:
     def _begin_stopping(self) -> None:
         notice = self.notice
         assert notice is not None
-        self.journal.keep("PREEMPTED", lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
+        self.journal.keep(paths.PREEMPT_FILE, lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
         self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(), self.cfg.sync_reserve,
                                self.checkpoint_signal, self.launcher, self._final)
         self.stop.begin()

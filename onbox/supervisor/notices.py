@@ -11,7 +11,7 @@ import os
 import signal
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.clock import Clock
 from onbox.config import RunConfig, check_range, parse_signal
 from onbox.errors import UsageError
@@ -143,7 +143,7 @@ class NoticeStop:
                 self.commit(self.timeline.deadline)
             if self.by_request:  # `onbox stop` is answered: its request goes
                 try:
-                    self.launcher.journal.keep("stop.request", os.unlink, self.launcher.rd.stop_request)
+                    self.launcher.journal.keep(paths.STOP_REQUEST, os.unlink, self.launcher.rd.stop_request)
                 except FileNotFoundError:
                     pass
             return True

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any, Deque, Dict, Optional
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.errors import UnfitError
 from onbox.supervisor.rundir import RunDir
 
@@ -71,7 +71,7 @@ class RunRecords:
                 except OSError as e:
                     if fsutil.disk_fault(e) is None:
                         raise
-                    started = self._failed("events.jsonl", e)
+                    started = self._failed(paths.EVENTS_FILE, e)
             else:
                 started = False
             self._held.append(event)
@@ -92,7 +92,7 @@ class RunRecords:
             except OSError as e:
                 if fsutil.disk_fault(e) is None:
                     raise
-                return self._failed("state.json", e)
+                return self._failed(paths.STATE_FILE, e)
 
     def write_status(self, doc: Dict[str, Any]) -> bool:
         """training_status.md alone (a progress or checkpoint change). True when this starts a fault."""
@@ -105,7 +105,7 @@ class RunRecords:
             except OSError as e:
                 if fsutil.disk_fault(e) is None:
                     raise
-                return self._failed("training_status.md", e)
+                return self._failed(paths.SUMMARY_FILE, e)
 
     def recover(self, doc: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """During a fault: append the held events in order, then write `doc`. Returns what the fault was (with

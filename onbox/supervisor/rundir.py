@@ -31,7 +31,7 @@ import stat
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from onbox import fsutil, untrusted
+from onbox import fsutil, paths, untrusted
 from onbox.supervisor.runsummary import render_status
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
@@ -49,35 +49,35 @@ class RunDir:
 
     @property
     def state_path(self) -> str:
-        return self.file("state.json")
+        return self.file(paths.STATE_FILE)
 
     @property
     def events_path(self) -> str:
-        return self.file("events.jsonl")
+        return self.file(paths.EVENTS_FILE)
 
     @property
     def log_path(self) -> str:
-        return self.file("output.log")
+        return self.file(paths.OUTPUT_LOG)
 
     @property
     def config_path(self) -> str:
-        return self.file("config.json")
+        return self.file(paths.CONFIG_FILE)
 
     @property
     def preempt_file(self) -> str:
-        return self.file("PREEMPTED")
+        return self.file(paths.PREEMPT_FILE)
 
     @property
     def metrics_file(self) -> str:
-        return self.file("metrics.jsonl")
+        return self.file(paths.METRICS_FILE)
 
     @property
     def stop_request(self) -> str:
-        return self.file("stop.request")
+        return self.file(paths.STOP_REQUEST)
 
     @property
     def lock_path(self) -> str:
-        return self.file("lock")
+        return self.file(paths.LOCK_FILE)
 
     def exists(self) -> bool:
         return os.path.isfile(self.config_path)
@@ -89,8 +89,8 @@ class RunDir:
         fsutil.make_private_dir(os.path.dirname(self.path))
         fsutil.make_private_dir(self.path)
         for dirpath, dirnames, filenames in os.walk(self.path):
-            if dirpath == self.path and "checkpoints" in dirnames:
-                dirnames.remove("checkpoints")
+            if dirpath == self.path and paths.CHECKPOINTS_DIR in dirnames:
+                dirnames.remove(paths.CHECKPOINTS_DIR)
             for name in dirnames + filenames:
                 path = os.path.join(dirpath, name)
                 st = os.lstat(path)
@@ -118,7 +118,7 @@ class RunDir:
         except OSError as e:
             return None, "cannot read it: %s" % (e.strerror or e)
         try:
-            doc = untrusted.loads_json(raw, "state.json")
+            doc = untrusted.loads_json(raw, paths.STATE_FILE)
         except untrusted.UntrustedInput as e:
             return None, "it " + e.reason
         except ValueError as e:  # UnicodeDecodeError included
@@ -136,8 +136,9 @@ class RunDir:
 
     def write_status(self, state: Dict[str, Any]) -> None:
         """training_status.md from `state` and what the subsystems recorded beside it, now."""
-        fsutil.atomic_write(self.file("training_status.md"), render_status(
-            state, self.side_doc("checkpoint_status.json"), self._disk_risks(state), self.side_doc("progress.json")))
+        fsutil.atomic_write(self.file(paths.SUMMARY_FILE), render_status(
+            state, self.side_doc(paths.CHECKPOINT_STATUS_FILE), self._disk_risks(state),
+            self.side_doc(paths.PROGRESS_FILE)))
 
     def side_doc(self, name: str) -> Dict[str, Any]:
         """A subsystem's JSON file beside state.json (checkpoint_status.json, progress.json), or {}."""
