@@ -20,7 +20,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
   listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read
 
-May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun). Never the supervisor: hook.py
+May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun, paths). Never the supervisor: hook.py
 implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.checkpoints import formats, layouts, stepread
 
 CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
@@ -281,7 +281,7 @@ class BoundedScan:
 def read_progress(run_dir: str) -> Dict[str, Any]:
     """progress.json (the heartbeat's newest metrics), or {} when absent or unreadable."""
     try:
-        doc = fsutil.read_json(os.path.join(run_dir, "progress.json"))
+        doc = fsutil.read_json(os.path.join(run_dir, paths.PROGRESS_FILE))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
 from onbox.checkpoints.detect import (
@@ -43,7 +43,6 @@ from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
 from onbox.proc import boot_id
 
-STATUS_FILE = "checkpoint_status.json"
 STATUS_SCHEMA = "onbox.checkpoint_status/1"
 DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
@@ -51,7 +50,7 @@ FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet
 RESCAN_S = 1.0
 NO_CHECKPOINT_INTERVALS = 5  # sync intervals with an empty checkpoint dir before it is worth a warning
 SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint still inside its quiet period
-LOG_FILES = ("output.log", "events.jsonl")  # copied to <durable>/<run>/logs/<box>/ after each commit
+LOG_FILES = (paths.OUTPUT_LOG, paths.EVENTS_FILE)  # copied to <durable>/<run>/logs/<box>/ after each commit
 
 
 def summary(r: CommitResult) -> Dict[str, Any]:
@@ -74,7 +73,7 @@ class CheckpointCommitHook(ResumeMixin):
             target = make_target(self.cfg.durable, ctx.name)
         self.target = target
         self.committer = CheckpointCommitter(target, ctx.name, self.clock, ctx.emit) if target else None
-        self.status_path = os.path.join(ctx.run_dir, STATUS_FILE)
+        self.status_path = os.path.join(ctx.run_dir, paths.CHECKPOINT_STATUS_FILE)
         self._status_lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self.status = self._load_status()
@@ -324,7 +323,7 @@ class CheckpointCommitHook(ResumeMixin):
         relaunch) never replaces what an earlier one left there."""
         assert self.target is not None
         names = [n for n in LOG_FILES if os.path.isfile(os.path.join(self.ctx.run_dir, n))]
-        names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^output\.log\.\d+$", n))
+        names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^%s\.\d+$" % re.escape(paths.OUTPUT_LOG), n))
         for name in names:
             try:
                 self.target.put_log(os.path.join(self.ctx.run_dir, name), "%s/%s" % (self.box_logs, name))

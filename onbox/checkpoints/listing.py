@@ -14,7 +14,7 @@ import hashlib
 import os
 from typing import Any, Dict, List, Optional
 
-from onbox import fsutil, untrusted
+from onbox import fsutil, paths, untrusted
 from onbox.checkpoints import INDEX, MANIFEST, manifest
 
 SCHEMA = "onbox.checkpoints/1"
@@ -26,7 +26,7 @@ def trainer_alive(run_dir: str) -> bool:
     from onbox.proc import is_alive
 
     try:
-        state = fsutil.read_json(os.path.join(run_dir, "state.json"))
+        state = fsutil.read_json(os.path.join(run_dir, paths.STATE_FILE))
     except (OSError, ValueError):
         return False
     if not isinstance(state, dict) or not isinstance(state.get("child_pid"), int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
 from onbox.checkpoints.index import make_check
@@ -251,7 +251,7 @@ class ResumeMixin:
 
     def _run_state(self) -> Dict[str, Any]:
         try:
-            doc = fsutil.read_json(os.path.join(self.ctx.run_dir, "state.json"))
+            doc = fsutil.read_json(os.path.join(self.ctx.run_dir, paths.STATE_FILE))
         except (OSError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}

@@ -12,7 +12,8 @@ import os
 import time
 from typing import Iterator, Optional
 
-LOCK_FILE = "checkpoints.lock"
+from onbox import paths
+
 POLL_S = 0.05
 
 
@@ -20,7 +21,7 @@ POLL_S = 0.05
 def commit_lock(run_dir: str, timeout: Optional[float] = None) -> Iterator[None]:
     """Hold the run's commit lock. `timeout` None: wait as long as it takes; else TimeoutError after that many
     seconds (a commit of a large checkpoint can hold it for minutes)."""
-    fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(os.path.join(run_dir, paths.COMMIT_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         if timeout is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -32,7 +33,7 @@ def commit_lock(run_dir: str, timeout: Optional[float] = None) -> Iterator[None]
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise TimeoutError("%s is held by another commit" % os.path.join(run_dir, LOCK_FILE))
+                        raise TimeoutError("%s is held by another commit" % os.path.join(run_dir, paths.COMMIT_LOCK_FILE))
                     time.sleep(POLL_S)
         yield
     finally:

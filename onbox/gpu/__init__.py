@@ -8,6 +8,6 @@ for processes holding GPU memory, who owns them, and the reaper that frees memor
   ownership.py  which run and attempt a holder belongs to
   reaper.py     decide and kill (TERM, then KILL) what earlier attempts left; the ReapHook
 
-May import: the shared leaves (errors, clock, fsutil, proc, toolrun). Never the supervisor, heartbeats or checkpoints: the
+May import: the shared leaves (errors, clock, fsutil, proc, toolrun, paths). Never the supervisor, heartbeats or checkpoints: the
 reaper plugs into the supervisor through onbox.supervisor.hooks, wired by onbox.subsystems.
 """

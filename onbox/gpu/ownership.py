@@ -18,7 +18,7 @@ import glob
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from onbox import fsutil, untrusted
+from onbox import fsutil, paths, untrusted
 from onbox.gpu.holders import Holder, ScanResult
 from onbox.proc import environ_of, is_alive, read_stat
 from onbox.untrusted import CONFIG_MAX_BYTES
@@ -67,7 +67,7 @@ class AttemptIndex:
     @classmethod
     def load(cls, runs_dir: str) -> "AttemptIndex":
         out: List[Attempt] = []
-        for path in sorted(glob.glob(os.path.join(runs_dir, "*", "state.json"))):
+        for path in sorted(glob.glob(os.path.join(runs_dir, "*", paths.STATE_FILE))):
             try:  # bounded, regular files only: a run dir's state.json is nobody's to make /dev/zero or a FIFO
                 doc = fsutil.read_json(path, CONFIG_MAX_BYTES, "state file")
             except (OSError, ValueError):
@@ -105,7 +105,7 @@ class AttemptIndex:
 def container_ids(run_dir: str) -> Dict[int, str]:
     """attempt number -> container id, from the cidfiles docker wrote for a container job's attempts."""
     out: Dict[int, str] = {}
-    for path in glob.glob(os.path.join(run_dir, "containers", "*.cid")):
+    for path in glob.glob(os.path.join(run_dir, paths.CONTAINERS_DIR, "*.cid")):
         stem = os.path.basename(path)[:-len(".cid")]
         try:  # bounded, regular files only: a FIFO named *.cid must not hang the holder scan
             cid = untrusted.read_text(path, 4096, "cidfile").strip()

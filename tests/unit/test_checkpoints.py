@@ -12,13 +12,14 @@ from onbox import fsutil
 from onbox.checkpoints import MANIFEST, DurableFull, SyncFailed, formats
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, durable_name, scan
-from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.retention import select_keep
 from onbox.checkpoints.targets import make_target
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
+from onbox.paths import CHECKPOINT_STATUS_FILE
 from onbox.subsystems import make_hooks
 from onbox.supervisor.hooks import RunContext
 from tests.checkpoint_files import (
@@ -262,7 +263,7 @@ def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
     hook.join_worker(None)
     [ev] = ctx.emit.of("checkpoint_committed")
     assert ev["checkpoint"] == "ckpt.pt.step-7"
-    st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    st = fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
     assert st["latest_local"]["name"] == "ckpt.pt" and st["latest_durable"]["name"] == "ckpt.pt.step-7"
     assert st["verified"] is True and st["last_sync"]["ok"] is True
     with open(tmp_path / "durable" / "r1" / "logs" / hook.box_logs / "output.log") as f:
@@ -281,7 +282,7 @@ def test_hook_failure_is_recorded_not_raised(tmp_path):
     hook.periodic()
     hook.join_worker(None)
     assert ctx.emit.of("sync_failed")
-    st = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    st = fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
     assert st["last_sync"]["ok"] is False and st["last_sync"]["error"]
     assert "synced" not in json.dumps(ctx.emit.events)  # U33
 
@@ -599,10 +600,10 @@ def test_listing_checkpoints_writes_nothing(tmp_path, onbox_home):
     run = onbox_home / "runs" / "r1"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"name": "r1", "command": ["x"], "ckpt_dir": str(ck)}))
-    (run / STATUS_FILE).write_text('{"last_sync": {"ok": true}}')
+    (run / CHECKPOINT_STATUS_FILE).write_text('{"last_sync": {"ok": true}}')
     r = CliRunner().invoke(checkpoints, ["r1"])
     assert r.exit_code == 0, r.output
-    assert (run / STATUS_FILE).read_text() == '{"last_sync": {"ok": true}}'
+    assert (run / CHECKPOINT_STATUS_FILE).read_text() == '{"last_sync": {"ok": true}}'
 
 
 def test_listing_says_what_is_true_after_the_trainer_died(tmp_path, onbox_home):

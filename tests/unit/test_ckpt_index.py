@@ -15,12 +15,12 @@ from onbox import fsutil
 from onbox.checkpoints import INDEX_SCHEMA, INDEX_SCHEMA_V1
 from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.index import MAX_CHECKS, record_verification
-from onbox.checkpoints.runlock import LOCK_FILE
 from onbox.checkpoints.verify import verify_path
 from onbox.cli import cli
 from onbox.clock import FakeClock
 from onbox.commands.clikit import run_cli
 from onbox.config import RunConfig
+from onbox.paths import COMMIT_LOCK_FILE
 from onbox.supervisor.hooks import RunContext
 from tests.checkpoint_files import flip_byte, write_torch_zip
 from tests.polling import wait_for
@@ -155,7 +155,7 @@ def test_recording_waits_for_the_commit_lock_another_process_holds(onbox_home, t
     commit_steps(ctx, [10])
     run_root = str(tmp_path / "durable" / "r1")
     rows = verify_path(run_root).checkpoints
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, os.path.join(ctx.run_dir, LOCK_FILE)],
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, os.path.join(ctx.run_dir, COMMIT_LOCK_FILE)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -9,9 +9,10 @@ import os
 import pytest
 
 from onbox import fsutil
-from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.restore import ASIDE_DIR
 from onbox.checkpoints.verify import verify_path
+from onbox.paths import CHECKPOINT_STATUS_FILE
 from tests.unit.test_checkpoints import make_ctx
 
 torch = pytest.importorskip("torch")
@@ -72,7 +73,7 @@ def test_a_torn_in_place_ckpt_is_replaced_by_the_verified_copy_where_the_trainer
     assert len(kept) == (0 if damage == "missing" else 1)  # the torn one is kept, never deleted
     if kept:
         assert kept[0].startswith("ckpt.pt.") and ctx.emit.of("checkpoint_set_aside")[0]["path"] == ckpt
-    status = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    status = fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
     assert status["resume_from"] == {"path": ckpt, "source": "durable", "name": "ckpt.pt.step-116"}
 
 
@@ -235,13 +236,13 @@ def test_an_empty_checkpoint_dir_is_worth_one_warning_after_five_sync_intervals(
     hook.periodic()
     [ev] = ctx.emit.of("no_checkpoint_yet")  # once
     assert ev["ckpt_dir"] == ctx.ckpt_dir and ev["seconds"] >= 50.0
-    status = fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))
+    status = fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
     assert status["warning"].startswith("no checkpoint in %s after " % ctx.ckpt_dir)
     save_nanogpt(os.path.join(ctx.ckpt_dir, "step_00001.pt"), 1)  # the trainer found the dir: warning gone
     ctx.clock.advance(10.0)
     hook.periodic()
     hook.join_worker(None)
-    assert fsutil.read_json(os.path.join(ctx.run_dir, STATUS_FILE))["warning"] is None
+    assert fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))["warning"] is None
 
 
 def test_the_step_label_is_what_the_checkpoint_records_not_what_the_log_says(tmp_path):

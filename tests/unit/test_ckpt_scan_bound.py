@@ -12,8 +12,9 @@ import pytest
 
 from onbox.checkpoints import detect
 from onbox.checkpoints.detect import BoundedScan, CheckpointDirTooLarge, ScanBound, scan, walk_files
-from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.config import RunConfig
+from onbox.paths import CHECKPOINT_STATUS_FILE
 from tests.checkpoint_files import write_torch_zip
 from tests.unit.test_checkpoints import make_ctx
 
@@ -137,7 +138,7 @@ def test_the_hook_says_it_once_and_restore_and_final_carry_on(tmp_path):
     said = ctx.emit.of("checkpoint_dir_too_large")
     assert len(said) == 1 and said[0]["bound"] == "entries" and "implausibly large" in said[0]["error"]
     assert not ctx.emit.of("checkpoint_scan_failed")
-    status = pathlib.Path(ctx.run_dir, STATUS_FILE)
+    status = pathlib.Path(ctx.run_dir, CHECKPOINT_STATUS_FILE)
     assert "implausibly large" in status.read_text()
     assert hook.final(ctx.clock.monotonic() + 30) is None
     assert ctx.emit.of("final_sync_none")[-1]["reason"] == "no complete checkpoint"

@@ -15,11 +15,12 @@ from typing import Any, Dict
 import pytest
 
 from onbox.checkpoints import manifest
-from onbox.checkpoints.hook import STATUS_FILE, CheckpointCommitHook
+from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.restore import restore_newest
 from onbox.checkpoints.verify import verify_path
 from onbox.errors import UsageError
+from onbox.paths import CHECKPOINT_STATUS_FILE
 from onbox.supervisor.notes import RunNotes
 from tests.unit.test_checkpoints import Recorder
 from tests.unit.test_ckpt_index import commit_steps, ctx_in_home, index_of
@@ -189,7 +190,7 @@ def test_when_every_durable_checkpoint_is_refused_the_start_from_scratch_is_an_a
     [ev] = box2.emit.of("resume_from_scratch")
     assert "none of the 2 checkpoint(s) on durable storage could be restored" in ev["why"]
     assert [r["name"] for r in ev["rejected"]] == ["step_00020.pt", "step_00010.pt"]
-    status = json.loads((onbox_home / "runs" / "r1" / STATUS_FILE).read_text())
+    status = json.loads((onbox_home / "runs" / "r1" / CHECKPOINT_STATUS_FILE).read_text())
     assert status["from_scratch"]["why"] == ev["why"]
     notes = RunNotes()
     notes.on_event(dict(ev, type="resume_from_scratch", time=1.0))
