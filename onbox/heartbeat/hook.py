@@ -19,6 +19,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
+from onbox import paths
 from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
@@ -39,10 +40,6 @@ log = logging.getLogger("onbox.heartbeat")
 
 ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "crashloop", "succeeded", "exited"}
 FAILED_STATES = {"failed", "crash_loop", "crashloop"}
-METRICS_FILE = "metrics.jsonl"
-METRICS_POSITION_FILE = "metrics_position.json"  # in heartbeats/: where the metrics file was read up to
-PROGRESS_FILE = "progress.json"
-CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 
 
 def box_name() -> str:
@@ -88,10 +85,9 @@ class HeartbeatHook:
         self.box = box_name()
         self.slurm = heartbeat_fields(os.environ)
         self.node = recorded_role(cfg.node_group)  # this box's rank in a multi-node group over SSH
-        hb_dir = os.path.join(ctx.run_dir, "heartbeats")
-        os.makedirs(hb_dir, mode=0o700, exist_ok=True)
-        self.seq = SeqCounter(os.path.join(hb_dir, "seq.json"), first=int(self.clock.time() * 1000))
-        self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, METRICS_FILE))
+        os.makedirs(os.path.join(ctx.run_dir, paths.HEARTBEATS_DIR), mode=0o700, exist_ok=True)
+        self.seq = SeqCounter(os.path.join(ctx.run_dir, paths.HEARTBEAT_SEQ_FILE), first=int(self.clock.time() * 1000))
+        self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, paths.METRICS_FILE))
         if sinks is None:
             sinks = []
             if cfg.tracker:
@@ -106,7 +102,7 @@ class HeartbeatHook:
         # The metrics file's read position is saved at each beat: a restarted agent or a relaunch reads on from
         # there instead of sending the file's records again (MLflow would draw them twice).
         self.points: Optional[PointLog] = PointLog() if any(getattr(s, "wants_points", False) for s in sinks) else None
-        self._position_path = os.path.join(hb_dir, METRICS_POSITION_FILE)
+        self._position_path = os.path.join(ctx.run_dir, paths.METRICS_POSITION_FILE)
         self._position_saved: Any = None
         if self.points is not None:
             try:
@@ -116,10 +112,10 @@ class HeartbeatHook:
         # One spool and one sender thread per sink: a sink that is down queues only its own beats, the others go on.
         self.senders: List[Sender] = []
         for sink in sinks:
-            spool = Spool(os.path.join(hb_dir, "spool-" + sink.name), max_entries=spool_max)
+            spool = Spool(self._spool_dir(sink.name), max_entries=spool_max)
             sender = Sender(sink, spool, batch_size=batch_size,
                             backoff=backoff or Backoff(base=min(1.0, max(self.interval, 0.01)), cap=60.0),
-                            on_death=self._sender_died(sink.name), on_health=self._sink_health(sink, hb_dir))
+                            on_death=self._sender_died(sink.name), on_health=self._sink_health(sink))
             sender.start()
             self.senders.append(sender)
         if ping is None and cfg.ping_url:
@@ -184,7 +180,7 @@ class HeartbeatHook:
                 reason = "alert"
             elif mono >= self._next_beat:
                 reason = "interval"
-        if write_progress and not self._written(PROGRESS_FILE, progress_doc):
+        if write_progress and not self._written(paths.PROGRESS_FILE, progress_doc):
             with self._lock:
                 self._progress_dirty = True  # written at a later tick, once the disk takes it
         if reason is None:
@@ -208,7 +204,7 @@ class HeartbeatHook:
             sender.stop(timeout=max(0.1, min(1.0, deadline - self.clock.monotonic())))
         if self._ping_thread is not None:
             self._ping_thread.join(max(0.0, deadline - self.clock.monotonic()))
-        self._written(PROGRESS_FILE, self.progress.to_dict())
+        self._written(paths.PROGRESS_FILE, self.progress.to_dict())
 
     # -- a run disk that refuses writes
     def _fault(self, what: str) -> Optional[Callable[[OSError], None]]:
@@ -236,17 +232,20 @@ class HeartbeatHook:
 
             self.ctx.emit("thread_died", **thread_death(
                 "onbox-heartbeat-%s" % sink_name, "heartbeats to %s" % sink_name, error, self.ctx.name, os.getpid(),
-                hint="the beats stay spooled in %s" % os.path.join(self.ctx.run_dir, "heartbeats")))
+                hint="the beats stay spooled in %s" % os.path.join(self.ctx.run_dir, paths.HEARTBEATS_DIR)))
         return died
 
-    def _sink_health(self, sink: Any, hb_dir: str) -> Any:
+    def _spool_dir(self, sink_name: str) -> str:
+        return os.path.join(self.ctx.run_dir, paths.HEARTBEAT_SPOOL_DIR % sink_name)
+
+    def _sink_health(self, sink: Any) -> Any:
         def health(ok: bool, error: Optional[str]) -> None:
             if ok:
                 self.ctx.emit("heartbeat_sink_up", sink=sink.name)
                 return
             self.ctx.emit("heartbeat_sink_down", sink=sink.name, error=error,
                           hint=getattr(sink, "down_hint", None) or "the run goes on; its beats wait in %s and are "
-                          "sent, in order, when %s answers" % (os.path.join(hb_dir, "spool-" + sink.name), sink.name))
+                          "sent, in order, when %s answers" % (self._spool_dir(sink.name), sink.name))
         return health
 
     def _metrics_hint(self, mono: float) -> None:
@@ -336,7 +335,7 @@ class HeartbeatHook:
             "run": self.ctx.name,
             "box": self.box,
             "attempt": attempt if isinstance(attempt, int) else self.ctx.attempt(),
-            "seq": self.seq.next(on_fault=self._fault("heartbeats/seq.json")),
+            "seq": self.seq.next(on_fault=self._fault(paths.HEARTBEAT_SEQ_FILE)),
             "time": wall,
             "reason": reason,
             "interval_s": self.interval,
@@ -363,12 +362,11 @@ class HeartbeatHook:
         for sender in self.senders:
             shape = getattr(sender.sink, "spool_doc", None)  # a sink may keep less (and the points) in its spool
             sender.spool.put(doc["seq"], shape(doc, points, points_dropped) if shape else doc,
-                             on_fault=self._fault("heartbeats/spool-%s" % sender.sink.name))
+                             on_fault=self._fault(paths.HEARTBEAT_SPOOL_DIR % sender.sink.name))
             sender.notify()
         if self.points is not None:  # every record read so far is in a spooled beat now
             position = self.metrics_tail.position()
-            if position != self._position_saved and self._written(
-                    os.path.relpath(self._position_path, self.ctx.run_dir), position):
+            if position != self._position_saved and self._written(paths.METRICS_POSITION_FILE, position):
                 self._position_saved = position
         self._send_ping(reason, st, alerts)
         return doc
@@ -389,7 +387,7 @@ class HeartbeatHook:
 
     def _checkpoint_status(self) -> Optional[Dict[str, Any]]:
         try:
-            data = read_json(os.path.join(self.ctx.run_dir, CHECKPOINT_STATUS_FILE))
+            data = read_json(os.path.join(self.ctx.run_dir, paths.CHECKPOINT_STATUS_FILE))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

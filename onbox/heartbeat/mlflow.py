@@ -30,6 +30,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from onbox import paths
 from onbox.fsutil import atomic_write_json, read_json
 from onbox.heartbeat.mlflow_rest import MlflowError, MlflowRest, auth_header
 from onbox.heartbeat.sinks import Rejected, SinkError
@@ -332,7 +333,7 @@ def sink_for(cfg: Any, run_name: str, run_dir: str, box: str, timeout: float,
     params = {"command": shlex.join(cfg.command), "profile": cfg.profile, "box": box, "durable": cfg.durable,
               "restart": cfg.restart}
     return MlflowSink(cfg.mlflow, cfg.mlflow_experiment, run_name, params,
-                      os.path.join(run_dir, "heartbeats", "mlflow.json"), cfg.mlflow_token_file, timeout, emit=emit)
+                      os.path.join(run_dir, paths.MLFLOW_RUN_FILE), cfg.mlflow_token_file, timeout, emit=emit)
 
 
 def preflight(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> None:

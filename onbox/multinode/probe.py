@@ -51,7 +51,7 @@ def run_liveness(name: Optional[str]) -> Optional[Dict[str, Any]]:
     if not name or not paths.valid_run_name(name):
         return None
     try:
-        doc = fsutil.read_json(os.path.join(paths.run_dir(name), "state.json"))
+        doc = fsutil.read_json(os.path.join(paths.run_dir(name), paths.STATE_FILE))
     except (OSError, ValueError):
         return {"name": name, "exists": os.path.isdir(paths.run_dir(name)), "state": None, "agent_alive": False}
     if not isinstance(doc, dict):
