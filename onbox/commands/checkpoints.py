@@ -25,7 +25,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
         raise UsageError("invalid run name %r" % name)
     run_dir = paths.run_dir(name)
     cfg = RunConfig(name=name)
-    cfg_path = os.path.join(run_dir, "config.json")
+    cfg_path = os.path.join(run_dir, paths.CONFIG_FILE)
     if os.path.exists(cfg_path):
         try:
             cfg = RunConfig.from_dict(fsutil.read_json(cfg_path, CONFIG_MAX_BYTES, "config"), source=cfg_path)
@@ -40,13 +40,13 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
         cfg.ckpt_dir = ckpt_dir
     if create:
         os.makedirs(run_dir, exist_ok=True)
-    events = os.path.join(run_dir, "events.jsonl")
+    events = os.path.join(run_dir, paths.EVENTS_FILE)
     clock = SystemClock()
 
     def emit(event_type: str, **fields: Any) -> None:
         fsutil.append_jsonl(events, dict(fields, type=event_type, time=clock.time(), source="onbox-cli"))
 
-    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or os.path.join(run_dir, "checkpoints"),
+    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or os.path.join(run_dir, paths.CHECKPOINTS_DIR),
                       config=cfg, clock=clock, emit=emit, attempt=lambda: 0)
 
 

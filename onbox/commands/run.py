@@ -189,7 +189,7 @@ def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bo
     if not cfg.ckpt_dir:
         click.echo("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
                    "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
-                   % os.path.join(paths.run_dir(cfg.name), "checkpoints"), err=True)
+                   % os.path.join(paths.run_dir(cfg.name), paths.CHECKPOINTS_DIR), err=True)
     rd = RunDir(paths.run_dir(cfg.name))
     if group is not None:  # from stdin: stored only now that nothing refused the launch
         from onbox.multinode.role import save_group
@@ -204,9 +204,10 @@ RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: anot
 def _refuse_a_different_run_under_the_same_name(cfg: Any, run_dir: str) -> None:
     """A different command (or checkpoint dir, or durable target) under the name of an existing run would
     continue that run and be handed its checkpoint: refused (exit 2) unless --resume says it is meant."""
+    from onbox import paths
     from onbox.fsutil import read_json
 
-    path = os.path.join(run_dir, "config.json")
+    path = os.path.join(run_dir, paths.CONFIG_FILE)
     try:
         saved = read_json(path)
     except FileNotFoundError:
@@ -255,7 +256,7 @@ def adopt(name: str, foreground: bool, as_json: bool) -> int:
     if not rd.exists():
         raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
     try:
-        cfg = RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
+        cfg = RunConfig.from_dict(read_json(rd.config_path), paths.CONFIG_FILE).validate()
     except (OSError, ValueError) as e:
         raise UsageError("cannot read %s: %s" % (rd.config_path, e))
     except UsageError as e:
@@ -356,7 +357,7 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
             return agent(lambda info: _report(info, as_json) if info.get("adopted") else None)
         finally:
             lock.release()
-    ok, info = detach.daemonize(agent, rd.file("agent.log"))
+    ok, info = detach.daemonize(agent, rd.file(paths.AGENT_LOG))
     lock.release()
     if not ok:
         click.echo("onbox: run %s failed to start: %s" % (rd.name, info.get("error")), err=True)
@@ -369,12 +370,13 @@ def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool
 
 def _container_seam(cfg: Any, rd: Any) -> Any:
     """The process seam of a container job (onbox/supervisor/container.py), None for any other run."""
+    from onbox import paths
     from onbox.supervisor.container import seam_for
 
     def log(message: str) -> None:
         sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
 
-    return seam_for(cfg, rd, os.path.abspath(cfg.ckpt_dir or rd.file("checkpoints")), os.environ, log)
+    return seam_for(cfg, rd, os.path.abspath(cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)), os.environ, log)
 
 
 def cli_layer(flags: Dict[str, Any]) -> Dict[str, Any]:
@@ -414,7 +416,7 @@ def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[D
     name = cli.get("name")
     if "command" in cli or run_file or not name or not paths.valid_run_name(name):
         return None
-    path = os.path.join(paths.run_dir(name), "config.json")
+    path = os.path.join(paths.run_dir(name), paths.CONFIG_FILE)
     if not os.path.exists(path):  # not isfile: a record that is a FIFO or /dev/zero is refused, not "no record"
         return None
     try:
@@ -427,11 +429,12 @@ def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[D
 
 
 def _saved_config(rd: Any, fallback: Any) -> Any:
+    from onbox import paths
     from onbox.config import RunConfig
     from onbox.fsutil import read_json
 
     try:
-        return RunConfig.from_dict(read_json(rd.config_path), "config.json").validate()
+        return RunConfig.from_dict(read_json(rd.config_path), paths.CONFIG_FILE).validate()
     except (OSError, ValueError, UsageError):
         return fallback
 

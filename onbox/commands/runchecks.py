@@ -24,9 +24,9 @@ CKPT_DIR_HINT = ("give --ckpt-dir the directory your trainer saves its checkpoin
 def resolve_relaunch(cli: Dict[str, Any], saved: Dict[str, Any], run_dir: str) -> Any:
     """`onbox run --name X` alone: X's config.json below the flags. A value the record holds that is no longer
     accepted (an older onbox took `--preempt-signal KILL`) is refused naming the record and the way out."""
-    from onbox import config
+    from onbox import config, paths
 
-    path = os.path.join(run_dir, "config.json")
+    path = os.path.join(run_dir, paths.CONFIG_FILE)
     try:
         return config.resolve(cli, profile_defaults=saved, defaults_source="the re-launch record %s" % path)
     except UsageError as e:
@@ -68,7 +68,7 @@ def ckpt_dir_problem(ckpt_dir: str, run_dir: str) -> Optional[str]:
         return "is the root of the filesystem%s: onbox would scan every file of the machine as a possible " \
                "checkpoint, and restore into it" % shown
     home = paths.onbox_home()
-    if is_under(ckpt_dir, home) and real != os.path.realpath(os.path.join(run_dir, "checkpoints")):
+    if is_under(ckpt_dir, home) and real != os.path.realpath(os.path.join(run_dir, paths.CHECKPOINTS_DIR)):
         return "is inside ONBOX_HOME (%s)%s, where onbox keeps its own state: run dirs and the heartbeat spool " \
                "would be committed as checkpoints" % (home, shown)
     if is_under(home, ckpt_dir):

@@ -55,6 +55,7 @@ def corrupt_hint(rd: Any) -> str:
 
 
 def _summary(rd: Any) -> Dict[str, Any]:
+    from onbox import paths
     from onbox.proc import ProcessSeam
     from onbox.supervisor.detach import TERMINAL, agent_alive, lock_holder
 
@@ -79,8 +80,8 @@ def _summary(rd: Any) -> Dict[str, Any]:
     if records:
         state["records_problem"] = records
     # what the subsystems recorded beside state.json (hooks.RunContext): newest metrics and checkpoints
-    for key, filename in (("progress", "progress.json"), ("checkpoint", "checkpoint_status.json"),
-                          ("mlflow", os.path.join("heartbeats", "mlflow.json"))):
+    for key, filename in (("progress", paths.PROGRESS_FILE), ("checkpoint", paths.CHECKPOINT_STATUS_FILE),
+                          ("mlflow", paths.MLFLOW_RUN_FILE)):
         state[key] = _read_doc(rd.file(filename))
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
@@ -158,7 +159,7 @@ def _all_runs() -> List[Any]:
         return []  # nothing has run here yet
     except OSError as e:
         raise UsageError("cannot list %s: %s" % (root, e.strerror or e), hint="check ONBOX_HOME and its permissions")
-    return [RunDir(os.path.join(root, n)) for n in names if os.path.isfile(os.path.join(root, n, "config.json"))]
+    return [RunDir(os.path.join(root, n)) for n in names if os.path.isfile(os.path.join(root, n, paths.CONFIG_FILE))]
 
 
 @click.command()
