@@ -4,7 +4,8 @@ redacted) and the alert rules over them.
 
   host.py         cgroup (v1, v2, hybrid) memory and CPU quota, disks and inodes, load average
   metrics.py      step, loss, eval loss, lr, tokens/s from the job's output or ONBOX_METRICS_FILE
-  progress.py     the run's newest progress (progress.json) and the incremental metrics reader
+  progress.py     the ProgressFeed: the trainer's progress parsed once, its newest values (progress.json), the
+                  incremental metrics file reader
   logtail.py      the last lines of the job's output, bounded, secrets redacted
   alerts.py       the alert rules: NaN/spikes, stall, disks, GPUs, OOM kills, sync failures, crash loops
 

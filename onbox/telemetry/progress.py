@@ -1,13 +1,14 @@
-"""The run's newest progress (progress.json, the heartbeat's progress section) and the incremental reader of
-ONBOX_METRICS_FILE (`<run dir>/metrics.jsonl`)."""
+"""The trainer's progress, parsed once: the ProgressFeed the supervisor loop fills from the child's output and
+ONBOX_METRICS_FILE (`<run dir>/metrics.jsonl`), its newest values (Progress: progress.json, the heartbeat's progress
+section), the incremental reader of that file and the metric records the curve-drawing sinks take."""
 from __future__ import annotations
 
 import collections
 import math
 import os
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple
 
-from onbox.telemetry.metrics import FIELDS, Fields, parse_json_line
+from onbox.telemetry.metrics import FIELDS, Fields, MetricsParser, canonical, parse_json_line
 
 
 class MetricsFileTail:
@@ -95,9 +96,14 @@ class PointLog:
 class Progress:
     """The newest value of each field, when it last changed, and when the step last advanced."""
 
-    def __init__(self) -> None:
-        self.values: Dict[str, float] = {}
+    def __init__(self, saved: Optional[Dict[str, Any]] = None) -> None:
+        """`saved`: a to_dict() document (progress.json) to go on from; its step has not advanced here."""
+        saved = saved or {}
+        self.values: Dict[str, float] = canonical(saved.items())
+        at = saved.get("time")
         self.updated_at: Optional[float] = None  # wall time of the newest metric
+        if isinstance(at, (int, float)) and not isinstance(at, bool):
+            self.updated_at = float(at)
         self.step_advanced_mono: Optional[float] = None
 
     def update(self, fields: Fields, wall: float, mono: float) -> None:
@@ -119,3 +125,58 @@ def _json_number(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     return v
+
+
+class Clock(Protocol):
+    """onbox.clock's Clock, by its shape (telemetry imports nothing of onbox but its errors)."""
+
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+
+class ProgressFeed:
+    """The trainer's progress, parsed once. The supervisor loop fills it with each line of the child's output
+    (`on_output`) and each record the trainer appends to ONBOX_METRICS_FILE (`read_metrics_file`), and hands every
+    record it returns to the telemetry hook and the curriculum; the feed keeps the newest value of each field for
+    every other reader (`progress`, `snapshot()`: the heartbeat's beats, the checkpoint hook's step fallback,
+    progress.json). Before, the heartbeat and the curriculum each parsed the output and tailed the file.
+
+    `saved` (progress.json as an earlier agent left it) is where it starts: a relaunch knows the run's last step
+    before the trainer reports again. The loop's thread only.
+    """
+
+    def __init__(self, metrics_file: str, metrics_regex: Iterable[str], clock: Clock,
+                 saved: Optional[Dict[str, Any]] = None) -> None:
+        self.parser = MetricsParser(metrics_regex)  # a bad --metrics-regex is refused here (UsageError)
+        self.metrics_file = MetricsFileTail(metrics_file)
+        self.clock = clock
+        self.progress = Progress(saved)
+        self.records = 0  # records taken so far: a reader that keeps the count it saw knows when there is news
+
+    def on_output(self, line: str) -> Optional[Fields]:
+        """The fields in one line of the child's output (taken), or None."""
+        fields = self.parser.parse(line)
+        if fields:
+            self._take(fields)
+        return fields
+
+    def read_metrics_file(self) -> Iterator[Fields]:
+        """The records appended to ONBOX_METRICS_FILE since the last call, every one of them (an attempt's records
+        are all heard before the next attempt starts: the curriculum counts none of them there). Each is taken as
+        it is handed on: the newest values a reader sees then are those of that record."""
+        while True:
+            before = self.metrics_file.offset
+            for fields in self.metrics_file.read_new():
+                self._take(fields)
+                yield fields
+            if self.metrics_file.offset - before < self.metrics_file.max_bytes:  # not a full read: the end
+                return
+
+    def snapshot(self) -> Dict[str, Any]:
+        """progress.json's document: every field, null when unknown, and the wall time of the newest record."""
+        return self.progress.to_dict()
+
+    def _take(self, fields: Fields) -> None:
+        self.progress.update(fields, self.clock.time(), self.clock.monotonic())
+        self.records += 1
