@@ -278,17 +278,21 @@ class BoundedScan:
         return found
 
 
-def read_progress(run_dir: str) -> Dict[str, Any]:
-    """progress.json (the heartbeat's newest metrics), or {} when absent or unreadable."""
+def read_progress(ctx: Any) -> Dict[str, Any]:
+    """The trainer's newest progress (progress.json's document) for the hook built on `ctx` (a RunContext): inside a
+    supervisor its progress feed; outside one (`onbox sync`, `onbox checkpoints`) progress.json as the agent last
+    wrote it, or {} when absent or unreadable."""
+    if ctx.progress is not None:
+        return ctx.progress.snapshot()
     try:
-        doc = fsutil.read_json(os.path.join(run_dir, paths.PROGRESS_FILE))
+        doc = fsutil.read_json(os.path.join(ctx.run_dir, paths.PROGRESS_FILE))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
 
 class ProgressHistory:
-    """The steps the trainer reported and when (progress.json's `time`, wall clock), so that a checkpoint whose
+    """The steps the trainer reported and when (read_progress's `time`, wall clock), so that a checkpoint whose
     format and name carry no step is labelled with the last step reported BEFORE its file was written, not
     with whatever step the trainer reached by the time onbox looked."""
 

@@ -8,7 +8,8 @@ final(d)    on preemption/stop, and when the run ends (done, or failed for good)
             checkpoint whose commit can finish before the monotonic deadline `d` by measured throughput (after
             the commit in flight, if any); says so when none can.
 
-State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat.
+State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat. The step fallback reads the
+trainer's progress from RunContext.progress (detect.read_progress).
 Events (ctx.emit; ALSO CALLED FROM THE COMMIT THREAD: the CheckpointHook protocol has no close() to flush a queue
 at exit, so queued events could be lost; the recorder's append is one O_APPEND write, and telemetry.on_event must
 be thread-safe): checkpoint_committed, sync_failed, durable_full,
@@ -129,7 +130,7 @@ class CheckpointCommitHook(ResumeMixin):
                 self._update_status(warning=str(e))
             found = []
         cands = self.tracker.update(found, self.clock.monotonic(), self.clock.time(),
-                                    read_progress(self.ctx.run_dir), settle=settle)
+                                    read_progress(self.ctx), settle=settle)
         self.cands = cands
         self._watch_unreadable(cands)
         complete = [c for c in cands if c.complete]

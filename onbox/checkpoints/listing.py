@@ -60,7 +60,7 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     except CheckpointDirTooLarge as too_large:
         found, problem = [], str(too_large)
     cands = CompletionTracker(ctx.config.settle_seconds if writing else 0.0).update(
-        found, ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx.run_dir))
+        found, ctx.clock.monotonic(), ctx.clock.time(), read_progress(ctx))
     local: List[Dict[str, Any]] = [{"name": c.name, "path": c.path, "step": c.step, "bytes": c.bytes,
                                     "complete": c.complete, "reason": c.reason, "format": c.format,
                                     "complete_by": c.complete_by} for c in cands]

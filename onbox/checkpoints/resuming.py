@@ -156,7 +156,7 @@ class ResumeMixin:
         r = self.resumed
         if r is None or seconds > self.cfg.restore_probation:
             return False
-        progress = read_progress(self.ctx.run_dir)
+        progress = read_progress(self.ctx)
         step, at = progress.get("step"), progress.get("time")
         if (isinstance(step, int) and isinstance(r["step"], int) and isinstance(at, (int, float))
                 and at >= r["at"] and step > r["step"]):

@@ -1,12 +1,14 @@
 """HeartbeatHook: the TelemetryHook the supervisor calls (onbox/supervisor/hooks.py).
 
-- on_output(line): parse metrics from the child's output; feed the loss to the alert engine; keep the line in
-  the log tail each beat carries (bounded, secrets redacted: onbox/telemetry/logtail.py).
+- on_output(line): keep the line in the log tail each beat carries (bounded, secrets redacted:
+  onbox/telemetry/logtail.py); it tells the stall alert that the child is not silent.
+- on_progress(fields): a record of the run's progress feed (RunContext.progress: parsed once, by the supervisor
+  loop, from the output and ONBOX_METRICS_FILE): its loss to the alert engine, all of it to the sinks that draw
+  curves. Each beat carries the feed's newest values.
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
-- tick(state): tail ONBOX_METRICS_FILE, write progress.json when progress changed, send a beat when one is due
-  (every `heartbeat_interval`, on a state change or event, on a new alert); once the child has printed for
-  `metrics_hint_minutes` without a metric recognised, emit `metrics_unrecognised` with the flag to use (and
-  `metrics_recognised` when one finally is).
+- tick(state): send a beat when one is due (every `heartbeat_interval`, on a state change or event, on a new
+  alert); once the child has printed for `metrics_hint_minutes` without a metric recognised, emit
+  `metrics_unrecognised` with the flag to use (and `metrics_recognised` when one finally is).
 - close(state): the final beat, then flush the spools within a short bound.
 
 Nothing here blocks on the network: beats are spooled (fsynced) and pushed by one sender thread per sink.
@@ -30,8 +32,7 @@ from onbox.slurm.job import heartbeat_fields
 from onbox.supervisor.childenv import secret_values
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
 from onbox.telemetry.logtail import LogTail
-from onbox.telemetry.metrics import MetricsParser
-from onbox.telemetry.progress import MetricsFileTail, PointLog, Progress
+from onbox.telemetry.progress import PointLog, ProgressFeed
 
 if TYPE_CHECKING:
     from onbox.supervisor.hooks import RunContext
@@ -70,24 +71,24 @@ class HeartbeatHook:
     def __init__(self, ctx: "RunContext", readers: Optional[BoxReaders] = None, sinks: Optional[List[Any]] = None,
                  ping: Optional[PingSink] = None, alert_settings: Optional[AlertSettings] = None,
                  request_timeout: float = 10.0, close_timeout: float = 5.0, backoff: Optional[Backoff] = None,
-                 progress_write_interval: float = 1.0, spool_max: int = 20000, batch_size: int = 100) -> None:
+                 spool_max: int = 20000, batch_size: int = 100) -> None:
         cfg = ctx.config
         self.ctx = ctx
         self.clock = ctx.clock
         self.interval = float(cfg.heartbeat_interval)
         self.close_timeout = close_timeout
-        self.progress_write_interval = progress_write_interval
         self.readers = readers or default_readers()
-        self.parser = MetricsParser(cfg.metrics_regex)
+        # the run's progress: the supervisor's feed; a hook built outside one has a feed of its own, which whoever
+        # drives the hook fills as the loop does (feed.on_output / read_metrics_file, then on_progress)
+        self.feed = ctx.progress if ctx.progress is not None else ProgressFeed(
+            os.path.join(ctx.run_dir, paths.METRICS_FILE), cfg.metrics_regex, ctx.clock)
         self.alerts = AlertEngine(alert_settings or AlertSettings(
             stall_seconds=cfg.stall_minutes * 60.0, crash_loop_threshold=cfg.crash_loop_threshold))
-        self.progress = Progress()
         self.box = box_name()
         self.slurm = heartbeat_fields(os.environ)
         self.node = recorded_role(cfg.node_group)  # this box's rank in a multi-node group over SSH
         os.makedirs(os.path.join(ctx.run_dir, paths.HEARTBEATS_DIR), mode=0o700, exist_ok=True)
         self.seq = SeqCounter(os.path.join(ctx.run_dir, paths.HEARTBEAT_SEQ_FILE), first=int(self.clock.time() * 1000))
-        self.metrics_tail = MetricsFileTail(os.path.join(ctx.run_dir, paths.METRICS_FILE))
         if sinks is None:
             sinks = []
             if cfg.tracker:
@@ -100,13 +101,14 @@ class HeartbeatHook:
                 sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, emit=ctx.emit))
         # Sinks that draw curves (MLflow) get every metric record, not only the newest: spooled with the next beat.
         # The metrics file's read position is saved at each beat: a restarted agent or a relaunch reads on from
-        # there instead of sending the file's records again (MLflow would draw them twice).
+        # there instead of sending the file's records again (MLflow would draw them twice). The feed has read
+        # nothing yet: the loop fills it once the hooks are built.
         self.points: Optional[PointLog] = PointLog() if any(getattr(s, "wants_points", False) for s in sinks) else None
         self._position_path = os.path.join(ctx.run_dir, paths.METRICS_POSITION_FILE)
         self._position_saved: Any = None
         if self.points is not None:
             try:
-                self.metrics_tail.resume(read_json(self._position_path))
+                self.feed.metrics_file.resume(read_json(self._position_path))
             except (OSError, ValueError):
                 pass
         # One spool and one sender thread per sink: a sink that is down queues only its own beats, the others go on.
@@ -130,8 +132,6 @@ class HeartbeatHook:
         self._last_state: Optional[str] = None
         self._last_alert_codes: Set[str] = set()
         self._stream_alert = False
-        self._progress_dirty = False
-        self._progress_written_mono = -1e18
         self._closed = False
         self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
         self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg))
@@ -139,20 +139,33 @@ class HeartbeatHook:
         self._first_output_mono: Optional[float] = None
         self._output_lines = 0
         self._hinted = False  # metrics_unrecognised was emitted (once a supervision)
+        self._heard = False  # a progress record came (in this supervision)
         self._recognised_pending = False
 
     # -- TelemetryHook
     def on_output(self, line: str) -> None:
-        mono, wall = self.clock.monotonic(), self.clock.time()
-        fields = self.parser.parse(line)
+        mono = self.clock.monotonic()
         self.log_tail.add(line)
         with self._lock:
             self._last_output_mono = mono
             self._output_lines += 1
             if self._first_output_mono is None:
                 self._first_output_mono = mono
-            if fields:
-                self._apply(fields, wall, mono)
+
+    def on_progress(self, fields: Dict[str, float]) -> None:
+        """A record the feed has taken: its newest values (the step, the record's time) include it already."""
+        progress = self.feed.progress
+        step = progress.values.get("step")
+        wall = self.clock.time() if progress.updated_at is None else progress.updated_at
+        with self._lock:
+            if self._hinted and not self._heard:
+                self._recognised_pending = True
+            self._heard = True
+            if self.points is not None:
+                self.points.add(fields, step, wall)
+            loss = fields.get("loss")
+            if loss is not None and self.alerts.observe_loss(float(loss), None if step is None else int(step)) is not None:
+                self._stream_alert = True
 
     def on_event(self, event: Dict[str, Any]) -> None:
         with self._lock:
@@ -162,14 +175,8 @@ class HeartbeatHook:
         if self._closed:
             return
         mono = self.clock.monotonic()
-        self._absorb_metrics_file()
         self._metrics_hint(mono)
         with self._lock:
-            write_progress = self._progress_dirty and mono - self._progress_written_mono >= self.progress_write_interval
-            if write_progress:
-                self._progress_dirty = False
-                self._progress_written_mono = mono
-            progress_doc = self.progress.to_dict()
             st = str(state.get("state", ""))
             reason = None
             if self._next_beat is None:
@@ -180,9 +187,6 @@ class HeartbeatHook:
                 reason = "alert"
             elif mono >= self._next_beat:
                 reason = "interval"
-        if write_progress and not self._written(paths.PROGRESS_FILE, progress_doc):
-            with self._lock:
-                self._progress_dirty = True  # written at a later tick, once the disk takes it
         if reason is None:
             # condition alerts (stall, disks, ...) are evaluated at beats; a stall is checked every tick
             if self._quiet_seconds(mono) is not None and self._stall_suspected(state, mono):
@@ -194,7 +198,6 @@ class HeartbeatHook:
     def close(self, state: Dict[str, Any]) -> None:
         if self._closed:
             return
-        self._absorb_metrics_file()
         self.beat(state, "final")
         self._closed = True
         deadline = self.clock.monotonic() + self.close_timeout
@@ -204,7 +207,6 @@ class HeartbeatHook:
             sender.stop(timeout=max(0.1, min(1.0, deadline - self.clock.monotonic())))
         if self._ping_thread is not None:
             self._ping_thread.join(max(0.0, deadline - self.clock.monotonic()))
-        self._written(paths.PROGRESS_FILE, self.progress.to_dict())
 
     # -- a run disk that refuses writes
     def _fault(self, what: str) -> Optional[Callable[[OSError], None]]:
@@ -253,7 +255,7 @@ class HeartbeatHook:
         when one is, so the warning goes). Emitted outside the lock: emit() calls back into on_event."""
         with self._lock:
             recognised, self._recognised_pending = self._recognised_pending, False
-            due = (not self._hinted and self.hint_seconds > 0 and self.progress.updated_at is None
+            due = (not self._hinted and self.hint_seconds > 0 and not self._heard
                    and self._first_output_mono is not None and mono - self._first_output_mono >= self.hint_seconds)
             if due:
                 self._hinted = True
@@ -270,27 +272,8 @@ class HeartbeatHook:
                                "eval_loss, lr, tokens_per_s, samples_per_s, epoch), or have the trainer append JSON "
                                "lines to $ONBOX_METRICS_FILE")
 
-    def _absorb_metrics_file(self) -> None:
-        records = self.metrics_tail.read_new()
-        mono, wall = self.clock.monotonic(), self.clock.time()
-        with self._lock:
-            for fields in records:
-                self._apply(fields, wall, mono)
-
-    def _apply(self, fields: Dict[str, float], wall: float, mono: float) -> None:
-        if self._hinted and self.progress.updated_at is None:
-            self._recognised_pending = True
-        self.progress.update(fields, wall, mono)
-        if self.points is not None:
-            self.points.add(fields, self.progress.values.get("step"), wall)
-        self._progress_dirty = True
-        loss = fields.get("loss")
-        step = self.progress.values.get("step")
-        if loss is not None and self.alerts.observe_loss(float(loss), None if step is None else int(step)) is not None:
-            self._stream_alert = True
-
     def _quiet_seconds(self, mono: float) -> Optional[float]:
-        marks = [m for m in (self._last_output_mono, self.progress.step_advanced_mono) if m is not None]
+        marks = [m for m in (self._last_output_mono, self.feed.progress.step_advanced_mono) if m is not None]
         return mono - max([*marks, self._started_mono])
 
     def _stall_suspected(self, state: Dict[str, Any], mono: float) -> bool:
@@ -323,7 +306,7 @@ class HeartbeatHook:
             self._event_pending = False
             self._last_state = st
             self._next_beat = mono + self.interval
-            progress = self.progress.to_dict()
+            progress = self.feed.snapshot()
             points, points_dropped = self.points.take() if self.points is not None else ([], 0)
             last_output_age = None if self._last_output_mono is None else round(mono - self._last_output_mono, 3)
         attempt = state.get("attempt")
@@ -365,7 +348,7 @@ class HeartbeatHook:
                              on_fault=self._fault(paths.HEARTBEAT_SPOOL_DIR % sender.sink.name))
             sender.notify()
         if self.points is not None:  # every record read so far is in a spooled beat now
-            position = self.metrics_tail.position()
+            position = self.feed.metrics_file.position()
             if position != self._position_saved and self._written(paths.METRICS_POSITION_FILE, position):
                 self._position_saved = position
         self._send_ping(reason, st, alerts)

@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol,
 if TYPE_CHECKING:
     from onbox.clock import Clock
     from onbox.config import RunConfig
+    from onbox.telemetry.progress import ProgressFeed
 
 
 @dataclasses.dataclass
 class RunContext:
     """What every hook is constructed with. The supervisor owns it.
 
-    Files in run_dir that hooks share (each written atomically by its owner, read by anyone):
+    Files in run_dir that hooks share (each written atomically by its owner, read by anyone; named in onbox.paths):
       state.json              supervisor: run, state, attempt, child_pid, attempts[{n, pid, sid, pgid, ...}], last_exit
       events.jsonl            supervisor's recorder (hooks write through `emit`)
-      progress.json           heartbeat/metrics: newest step, loss, eval_loss, lr, tokens_per_s, samples_per_s, time
+      progress.json           supervisor: the progress feed's newest step, loss, eval_loss, lr, tokens_per_s, ..., time
       checkpoint_status.json  checkpoints: latest_local, latest_durable, verified, last_sync {ok, error, at}
+    Inside the supervisor a hook reads the trainer's progress from `progress`, not from progress.json.
     """
 
     name: str
@@ -36,6 +38,9 @@ class RunContext:
     # read-only). A hook that reports it carries on; the supervisor says so once and retries its own records.
     # None (a hook built outside a supervisor): the error is raised as before.
     write_failed: Optional[Callable[[str, OSError], None]] = None
+    # the trainer's progress, parsed once by the loop (onbox.telemetry.progress). None (a hook built outside a
+    # supervisor: `onbox sync`, `onbox checkpoints`): progress.json is all there is to know.
+    progress: Optional["ProgressFeed"] = None
 
 
 class CheckpointHook(Protocol):
@@ -60,6 +65,10 @@ class CheckpointHook(Protocol):
 class TelemetryHook(Protocol):
     def on_output(self, line: str) -> None:
         """Each line of the child's output (already decoded, without the newline)."""
+
+    def on_progress(self, fields: Dict[str, float]) -> None:
+        """Each record of the trainer's progress, in order, once RunContext.progress has taken it: the canonical
+        fields (step, loss, ...) of a line of its output or of ONBOX_METRICS_FILE."""
 
     def on_event(self, event: Dict[str, Any]) -> None:
         """Each lifecycle event the supervisor records (state changes, exits, restarts, preemption)."""
@@ -107,6 +116,9 @@ class NoCheckpoints:
 
 class NoTelemetry:
     def on_output(self, line: str) -> None:
+        return None
+
+    def on_progress(self, fields: Dict[str, float]) -> None:
         return None
 
     def on_event(self, event: Dict[str, Any]) -> None:

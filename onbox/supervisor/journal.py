@@ -1,7 +1,9 @@
-"""What the run says (its events, state.json, training_status.md), kept up on a run dir that refuses writes.
+"""What the run says (its events, state.json, training_status.md, progress.json), kept up on a run dir that refuses
+writes.
 
 Every event goes to events.jsonl, the telemetry hook and the run's notes (notes.py); state.json and
-training_status.md are rebuilt from the supervisor's state document at each write. All of it is written through
+training_status.md are rebuilt from the supervisor's state document at each write, progress.json from the progress
+feed when it has news; training_status.md is rewritten when what it shows changed. All of it is written through
 RunRecords (records.py), which holds it in memory while the disk refuses it; the journal says when such a fault
 starts and ends (`run_dir_unwritable`, `run_dir_writable`) and retries at each tick. The subsystem hooks are called
 through it too: a bug in a hook is said loudly (a traceback in agent.log, a `hook_error` event) but never ends the
@@ -13,12 +15,15 @@ import os
 import traceback
 from typing import Any, Callable, Dict
 
-from onbox import fsutil
+from onbox import fsutil, paths
 from onbox.clock import Clock
 from onbox.supervisor.hooks import NoTelemetry, TelemetryHook
 from onbox.supervisor.notes import RunNotes
 from onbox.supervisor.records import RunRecords
 from onbox.supervisor.rundir import RunDir
+from onbox.telemetry.progress import ProgressFeed
+
+PROGRESS_WRITE_S = 1.0  # progress.json at most once a second: a trainer may report hundreds of steps a second
 
 UNWRITABLE_HINT = ("free space on that filesystem (`df -h %s`, `df -i %s`: bytes and inodes, U7); the agent writes "
                    "the state and the events it holds as soon as the disk takes them")
@@ -38,6 +43,7 @@ class RunJournal:
         self.records = RunRecords(rd, clock.time)  # a full or failing run disk: held in memory
         self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
         self.telemetry: TelemetryHook = NoTelemetry()  # the run's, once the hooks are built
+        self._progress_written = (0, float("-inf"))  # (the feed's record count, monotonic time) of the last write
         self._summary_mark: Any = None
 
     def emit(self, event_type: str, **fields: Any) -> None:
@@ -124,6 +130,23 @@ class RunJournal:
         if self.records.degraded:
             self.log("gave up: the final state (%s) of run %s is not recorded, the run directory still refuses "
                      "writes" % (state, self.rd.name))
+
+    def record_progress(self, feed: ProgressFeed, final: bool = False) -> None:
+        """progress.json, the feed's newest values, when it took records since the last write, at most every
+        PROGRESS_WRITE_S; `final` (the supervision ends): now. The summary shows it: due again. While the run dir
+        refuses writes only the final one is tried (the news waits for the disk)."""
+        records, at = self._progress_written
+        now = self.clock.monotonic()
+        if not final and (self.records.degraded or feed.records == records or now - at < PROGRESS_WRITE_S):
+            return
+        try:
+            fsutil.atomic_write_json(self.rd.file(paths.PROGRESS_FILE), feed.snapshot())
+        except OSError as e:
+            if fsutil.disk_fault(e) is None:
+                raise
+            return self.write_failed(paths.PROGRESS_FILE, e)
+        self._progress_written = (feed.records, now)
+        self.notes.summary_due()
 
     def refresh_summary(self) -> None:
         """training_status.md again when a commit, a progress change or a warning made it stale (state changes

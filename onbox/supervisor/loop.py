@@ -1,10 +1,12 @@
 """The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
 PyTorch's elastic agent's `_invoke_run`).
 
-Each step observes (signals, notices, stop.request, the child's output and exit) and acts on the state: start an
-attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step a notice's stop
-(notices.py), end the run (`_end`: the final commit, then the transition). Events and state writes go through the
-journal (journal.py); shutdown happens in `finally`.
+Each step observes (signals, notices, stop.request, the child's output and exit, the trainer's progress) and acts on
+the state: start an attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step
+a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). The trainer's progress is
+parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read through RunContext; each record
+goes to the telemetry hook and the curriculum. Events, state and progress writes go through the journal
+(journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
@@ -33,6 +35,7 @@ from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, 
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.telemetry.progress import ProgressFeed
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
            "exit_code_for"]
@@ -91,11 +94,16 @@ class Supervisor:
         self.emit, self._hook = self.journal.emit, self.journal.hook  # every event and hook call goes through it
         self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
                                         seams.oom_reader, prev, self._on_line)
-        self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit, rundir.metrics_file)
+        # the trainer's progress, parsed once (the only MetricsParser and metrics file reader of the run), going on
+        # from what an earlier agent recorded
+        self.progress = ProgressFeed(rundir.metrics_file, cfg.metrics_regex, self.clock,
+                                     saved=rundir.side_doc(paths.PROGRESS_FILE))
+        self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit)
         self.policy = RestartPolicy(cfg)
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
-            emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed))
+            emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed,
+            progress=self.progress))
         self.journal.telemetry = self.hooks.telemetry
         # what asks the run to stop, and the stop under way in STOPPING (notices.py)
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.
@@ -251,14 +259,26 @@ class Supervisor:
         for lead, src, detail in self.notices.drain():
             self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
-        self.launcher.poll()
+        self.launcher.poll()  # the output: each line to _on_line
+        for fields in self.progress.read_metrics_file():
+            self._heard(fields)
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
     def _on_line(self, line: str) -> None:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        self.phases.on_output(line)
+        fields = self.progress.on_output(line)
+        if fields:
+            self._heard(fields)
+
+    def _heard(self, fields: Dict[str, float]) -> None:
+        """A record of the trainer's progress, taken by the feed: to the telemetry hook, and to the curriculum while
+        an attempt is under way (ONBOX_METRICS_FILE keeps every earlier attempt's and phase's records: the feed has
+        read all of them before the next attempt starts)."""
+        self._hook("telemetry.on_progress", self.hooks.telemetry.on_progress, fields)
+        if self.launcher.child is not None:
+            self.phases.on_progress(fields)
 
     def _tick(self) -> None:
         self.launcher.watch()
@@ -267,6 +287,7 @@ class Supervisor:
         if self.journal.records.degraded:
             self.journal.recover()
         self.journal.keep(paths.OUTPUT_LOG + " (rotation)", self.launcher.rotate_log)
+        self.journal.record_progress(self.progress)
         self.journal.refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
@@ -353,6 +374,9 @@ class Supervisor:
         """Always runs (finally): flush output, final state, telemetry close."""
         try:
             self.launcher.read_output()
+            for fields in self.progress.read_metrics_file():
+                self._heard(fields)
+            self.journal.record_progress(self.progress, final=True)
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (
                     self.state.value, self.rd.name)

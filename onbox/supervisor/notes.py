@@ -98,6 +98,12 @@ class RunNotes:
             elif kind in SUMMARY_EVENTS:
                 self._status_due = True
 
+    def summary_due(self) -> None:
+        """What training_status.md shows changed without an event (a hook's file beside state.json, progress.json):
+        due at the next tick. From any thread (RunContext.summary_due)."""
+        with self._lock:
+            self._status_due = True
+
     def take(self) -> Tuple[bool, bool]:
         """(training_status.md is due, state.json is due) since the last take."""
         with self._lock:

@@ -14,7 +14,8 @@ one supervisor loop.
     on_fail = "fail"                    # or "continue": record the failed criteria and go on
 
 What onbox can honestly do, and does: it reads the step (and the metrics) from the trainer's own output and
-ONBOX_METRICS_FILE, as the heartbeat does. When the phase's target is reached it asks the child to stop as for a
+ONBOX_METRICS_FILE, the records of the run's one progress feed (onbox/telemetry/progress.py) that the loop hands on
+while an attempt is under way (`on_progress`). When the phase's target is reached it asks the child to stop as for a
 preemption (the checkpoint signal to its process group; SIGKILL after the grace), or the command ends the phase
 itself by exiting 0. Then the criteria are checked on the newest value of each metric seen in the phase; the
 phase's final checkpoint is committed, and the next phase's command starts from it (ONBOX_RESUME_FROM, {ckpt} in
@@ -27,7 +28,6 @@ resumes inside it. Every phase but the last needs a target; the last one may run
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -37,8 +37,6 @@ from onbox.errors import UsageError
 from onbox.fsutil import json_safe
 from onbox.supervisor.phasespec import PhaseSpec, parse_phases
 from onbox.supervisor.stop import ChildStop, StopStage, grace_for
-from onbox.telemetry.metrics import MetricsParser
-from onbox.telemetry.progress import MetricsFileTail
 
 __all__ = ["Curriculum", "NoCurriculum", "PhaseSpec", "Verdict", "curriculum_for", "parse_phases"]
 
@@ -57,15 +55,12 @@ class Curriculum:
     """The phase layer the loop calls: which command an attempt runs, when to stop it, what its end means."""
 
     def __init__(self, specs: List[PhaseSpec], saved: Optional[Dict[str, Any]], checkpoint_signal: signal.Signals,
-                 grace: float, clock: Clock, emit: Callable[..., None], metrics_file: Optional[str] = None,
-                 metrics_regex: Tuple[str, ...] = ()) -> None:
+                 grace: float, clock: Clock, emit: Callable[..., None]) -> None:
         self.specs = specs
         self.checkpoint_signal = checkpoint_signal
         self.grace = grace
         self.clock = clock
         self.emit = emit
-        self.parser = MetricsParser(metrics_regex)
-        self.metrics_tail = MetricsFileTail(metrics_file) if metrics_file else None
         self.index = 0
         self.history: List[Dict[str, Any]] = []  # the phases that ended, in order
         self.values: Dict[str, Any] = {}  # the newest value of each metric seen in the current phase
@@ -106,8 +101,6 @@ class Curriculum:
         """An attempt starts in the current phase: its command, resume args and ONBOX_PHASE* environment."""
         spec = self.spec
         self.stop, self.attempt_step, self.status = None, None, "running"
-        if self.metrics_tail is not None:  # this attempt's lines only: the file keeps every earlier phase's
-            self._skip_metrics_file()
         if self.started_at is None:
             self.started_at = self.clock.time()
             self.emit("phase_started", phase=spec.name, index=self.index, count=len(self.specs),
@@ -118,24 +111,8 @@ class Curriculum:
         resume = list(spec.resume_args) if spec.resume_args is not None else list(resume_args)
         return argv, resume, spec.child_env(self.index, len(self.specs), self.start_step)
 
-    def _skip_metrics_file(self) -> None:
-        assert self.metrics_tail is not None
-        try:
-            size = os.path.getsize(self.metrics_tail.path)
-        except OSError:
-            return
-        while self.metrics_tail.offset < size:  # read_new() takes at most 1 MiB a call
-            before = self.metrics_tail.offset
-            self.metrics_tail.read_new()
-            if self.metrics_tail.offset == before:
-                break
-
-    def on_output(self, line: str) -> None:
-        found = self.parser.parse(line)
-        if found:
-            self._absorb(found)
-
-    def _absorb(self, fields: Mapping[str, Any]) -> None:
+    def on_progress(self, fields: Mapping[str, Any]) -> None:
+        """A record of the trainer's progress in the attempt under way (the loop's feed has parsed it)."""
         self.values.update(fields)
         if isinstance(fields.get("step"), (int, float)):
             self.attempt_step = int(fields["step"])
@@ -143,9 +120,6 @@ class Curriculum:
     def signal_due(self, now: float) -> Optional[signal.Signals]:
         """The signal to send the running child now: the checkpoint signal once its step reached the phase's
         target, SIGKILL when it is still there a grace later; else None."""
-        if self.metrics_tail is not None:
-            for fields in self.metrics_tail.read_new():
-                self._absorb(fields)
         if self.stop is not None:  # a phase end keeps no reserve: its final commit follows the exit
             if self.stop.due(now) == StopStage.KILLED:
                 self.emit("phase_end_escalated", phase=self.spec.name, signal="SIGKILL", grace=self.grace)
@@ -214,7 +188,7 @@ class NoCurriculum:
                 ) -> Tuple[List[str], List[str], Dict[str, str]]:
         return command, resume_args, {}
 
-    def on_output(self, line: str) -> None:
+    def on_progress(self, fields: Mapping[str, Any]) -> None:
         return None
 
     def signal_due(self, now: float) -> Optional[signal.Signals]:
@@ -227,12 +201,11 @@ class NoCurriculum:
         return {}
 
 
-def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock, emit: Callable[..., None],
-                   metrics_file: Optional[str] = None) -> Curriculum | NoCurriculum:
+def curriculum_for(cfg: RunConfig, saved: Optional[Dict[str, Any]], clock: Clock,
+                   emit: Callable[..., None]) -> Curriculum | NoCurriculum:
     """The run's Curriculum, or a NoCurriculum for a run without [[phase]] tables."""
     if not cfg.phases:
         return NoCurriculum()
     return Curriculum(parse_phases(cfg.phases), saved if isinstance(saved, dict) else None,
                       parse_signal(cfg.checkpoint_signal, "checkpoint_signal"), grace_for(cfg.grace, None), clock,
-                      emit, metrics_file,
-                      tuple(cfg.metrics_regex))
+                      emit)

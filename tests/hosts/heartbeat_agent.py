@@ -1,5 +1,6 @@
 """A stand-in agent process for heartbeat tests: a real process loop driving HeartbeatHook as the supervisor
-does (on_output per line, tick every few ms, close at the end), pushing to a real tracker.
+does (on_output per line, its record parsed once by the run's progress feed and handed to on_progress, tick every
+few ms, progress.json from the feed twice a second, close at the end), pushing to a real tracker.
 
     python -m tests.hosts.heartbeat_agent --run-dir D --tracker URL --token-file F --interval 0.05 --stop-file S
 
@@ -50,14 +51,21 @@ def main(argv=None) -> int:
                          backoff=Backoff(base=0.02, cap=args.backoff_cap))
     state = {"run": args.name, "state": "running", "attempt": 0, "child_pid": os.getpid(), "restarts": 0,
              "attempts": [], "last_exit": None}
-    step, max_tick = 0, 0.0
+    step, max_tick, progress_due = 0, 0.0, 0.0
     end = time.monotonic() + args.max_seconds
     while not os.path.exists(args.stop_file) and time.monotonic() < end:
         step += 1
         t0 = time.monotonic()
-        hook.on_output("iter %d: loss %.4f, time 5.00ms, mfu 1.00%%" % (step, 3.0 / (1 + step * 1e-3)))
+        line = "iter %d: loss %.4f, time 5.00ms, mfu 1.00%%" % (step, 3.0 / (1 + step * 1e-3))
+        hook.on_output(line)  # what the supervisor loop does with a line: the run's feed parses it once
+        fields = hook.feed.on_output(line)
+        if fields:
+            hook.on_progress(fields)
         hook.tick(state)
         max_tick = max(max_tick, time.monotonic() - t0)
+        if time.monotonic() >= progress_due:  # the loop's record of the feed: how far the job got
+            atomic_write_json(os.path.join(args.run_dir, "progress.json"), hook.feed.snapshot())
+            progress_due = time.monotonic() + 0.5
         time.sleep(args.tick)
     state["state"] = "done"
     hook.close(state)

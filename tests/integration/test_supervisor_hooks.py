@@ -1,6 +1,6 @@
 """The contract with the subsystems (runhooks.py), checked on the real loop in this process with real children:
 restore before each attempt (ONBOX_RESUME_FROM + resume args), periodic and tick every tick, every output line,
-every event, the reaper before each attempt with the earlier session ids, final(deadline) on preemption, close,
+every progress record (parsed once by the loop's feed), every event, the reaper before each attempt with the earlier session ids, final(deadline) on preemption, close,
 and the Slurm requeue call."""
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class Recorder:
         self.resume = resume
         self.calls: List[tuple] = []
         self.lines: List[str] = []
+        self.records: List[Dict[str, float]] = []
         self.events: List[Dict[str, Any]] = []
 
     def restore(self) -> Optional[str]:
@@ -51,6 +52,9 @@ class Recorder:
 
     def on_output(self, line: str) -> None:
         self.lines.append(line)
+
+    def on_progress(self, fields: Dict[str, float]) -> None:
+        self.records.append(dict(fields))
 
     def on_event(self, event: Dict[str, Any]) -> None:
         self.events.append(event)
@@ -83,6 +87,7 @@ def test_restart_cycle_drives_every_hook(tmp_path):
     probe = tmp_path / "argv.jsonl"
     code = ("import json, os, sys; open(%r, 'a').write(json.dumps([sys.argv[1:], os.environ['ONBOX_RESUME_FROM'], "
             "os.environ['ONBOX_RESTART_COUNT']]) + '\\n'); print('out-line', os.environ['ONBOX_RESTART_COUNT']); "
+            "print('step', os.environ['ONBOX_RESTART_COUNT'], 'loss 0.5'); "
             "sys.exit(0 if os.environ['ONBOX_RESTART_COUNT'] == '1' else 1)" % str(probe))
     sup, rec, _ = _supervisor(tmp_path, [PY, "-c", code], resume="/ck/step-5",
                               resume_args=["--init_from=resume", "--ckpt={ckpt}"], final_sync_timeout=42.0)
@@ -104,6 +109,7 @@ def test_restart_cycle_drives_every_hook(tmp_path):
     assert len(finals) == 1 and finals[0][0] > last_restore
     assert t_end + 42.0 - 5.0 <= finals[0][1] <= t_end + 42.0
     assert "out-line 0" in rec.lines and "out-line 1" in rec.lines
+    assert rec.records == [{"step": 0, "loss": 0.5}, {"step": 1, "loss": 0.5}]
     types = [e["type"] for e in rec.events]
     assert types.count("exit") == 2 and "state" in types
 

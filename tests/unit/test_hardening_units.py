@@ -205,8 +205,9 @@ def test_after_a_preemption_the_summary_says_who_brings_the_run_back(tmp_path):
 
 
 def test_a_commit_rewrites_the_summary_without_a_state_change(tmp_path):
-    """A checkpoint commit (checkpoint_status.json, its event) or new progress refreshes training_status.md at the
-    next tick, from any thread: the summary used to say "no checkpoint yet" for a whole run."""
+    """A checkpoint commit (checkpoint_status.json, its event) or new progress (progress.json, written by the loop
+    from its feed) refreshes training_status.md at the next tick, from any thread: the summary used to say "no
+    checkpoint yet" for a whole run."""
     from onbox import fsutil
 
     clock = FakeClock()
@@ -229,6 +230,10 @@ def test_a_commit_rewrites_the_summary_without_a_state_change(tmp_path):
     text = read(summary)
     assert "newest checkpoint: step-40 (step 40)" in text and "no checkpoint yet" not in text
     assert "- state: **running**" in text
-    fsutil.atomic_write_json(rd.file("progress.json"), {"step": 41, "loss": 1.5, "time": time.time()})
+    with open(rd.metrics_file, "a") as f:
+        f.write('{"step": 41, "loss": 1.5}\n')
+    clock.advance(1.0)
+    sup._observe()
     sup._tick()
     assert "progress: step 41, loss 1.5" in read(summary)
+    assert fsutil.read_json(rd.file("progress.json"))["step"] == 41

@@ -22,7 +22,8 @@ from onbox.supervisor.childenv import child_env
 from onbox.supervisor.hooks import RunContext
 from onbox.supervisor.notes import RunNotes
 from onbox.telemetry.alerts import AlertEngine
-from onbox.telemetry.progress import MetricsFileTail, PointLog
+from onbox.telemetry.progress import MetricsFileTail, PointLog, ProgressFeed
+from tests.unit.test_heartbeat_hook import observe
 
 
 def beat(**kw):
@@ -106,8 +107,10 @@ class PointsSink:
 def hook_with(tmp_path, sink):
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
+    clock = FakeClock()
     ctx = RunContext(name="r", run_dir=str(run_dir), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
-                     clock=FakeClock(), emit=lambda *a, **k: None, attempt=lambda: 0)
+                     clock=clock, emit=lambda *a, **k: None, attempt=lambda: 0,
+                     progress=ProgressFeed(str(run_dir / "metrics.jsonl"), (), clock))
     readers = BoxReaders(gpu=lambda: {"available": False, "gpus": []}, host=lambda: {}, disks=lambda p: [])
     return HeartbeatHook(ctx, readers=readers, sinks=[sink], close_timeout=5.0), run_dir
 
@@ -117,7 +120,7 @@ def test_points_go_with_the_next_beat_and_a_restarted_agent_reads_the_metrics_fi
     sink = PointsSink()
     hook, run_dir = hook_with(tmp_path, sink)
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 2}\n')
-    hook.on_output("step 3 loss 1.5")
+    observe(hook, "step 3 loss 1.5")
     hook.tick(state)
     hook.close(state)
     first = sink.got[0]
@@ -126,6 +129,7 @@ def test_points_go_with_the_next_beat_and_a_restarted_agent_reads_the_metrics_fi
         f.write('{"step": 4, "loss": 1}\n')
     sink2 = PointsSink()
     hook2, _ = hook_with(tmp_path, sink2)  # the agent again: only the new record
+    observe(hook2)
     hook2.tick(state)
     hook2.close(state)
     assert [p[1] for b in sink2.got for p in b["points"]] == [4]

@@ -18,6 +18,7 @@ from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
 from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.phases import Curriculum, parse_phases
 from onbox.supervisor.rundir import RunDir
+from onbox.telemetry.metrics import MetricsParser
 from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs
 
 BROAD = {"name": "broad", "target_steps": 100, "args": ["--data", "web"], "lr": 3e-4, "lr_schedule": "cosine",
@@ -67,6 +68,12 @@ def test_a_run_file_with_phase_tables_resolves_into_the_run_config(tmp_path):
         resolve({}, environ={}, run_file=str(rf))
 
 
+def hear(cur, line):
+    """What the loop hands the curriculum while an attempt runs: the record in one line of output, as the run's
+    progress feed parses it."""
+    cur.on_progress(MetricsParser().parse(line))
+
+
 def make(saved=None, grace=30.0, tables=(BROAD, CURATED, ANNEAL)):
     clock = FakeClock()
     events: List[dict] = []
@@ -91,9 +98,9 @@ def test_each_phase_gets_its_command_args_lr_policy_and_env():
 def test_the_target_sends_the_checkpoint_signal_once_then_sigkill_a_grace_later():
     cur, clock, events = make(grace=20.0)
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 99, "loss": 3.0}')
+    hear(cur, '{"step": 99, "loss": 3.0}')
     assert cur.signal_due(clock.monotonic()) is None
-    cur.on_output("iter 100: loss 2.9000, time 10.0ms, mfu 40.0%")  # any format the heartbeat reads
+    hear(cur, "iter 100: loss 2.9000, time 10.0ms, mfu 40.0%")  # any format the heartbeat reads
     assert cur.signal_due(clock.monotonic()) == signal.SIGUSR2
     assert events[-1] == {"type": "phase_target_reached", "phase": "broad", "step": 100, "target_steps": 100}
     clock.advance(19.9)
@@ -106,9 +113,9 @@ def test_the_target_sends_the_checkpoint_signal_once_then_sigkill_a_grace_later(
 def test_criteria_that_hold_advance_and_the_next_phase_starts_where_this_one_ended():
     cur, _, events = make()
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 100, "eval_loss": 2.1}')
+    hear(cur, '{"step": 100, "eval_loss": 2.1}')
     cur.signal_due(0.0)
-    cur.on_output('{"step": 101, "loss": 2.0}')
+    hear(cur, '{"step": 101, "loss": 2.0}')
     v = cur.after_exit(failed=True)  # killed by the signal it was sent: still the end of the phase
     assert v is not None and v.ok and v.next_phase == 1 and "starting phase 2/3 'curated'" in v.message
     assert cur.history[0]["criteria"] == [{"criterion": "eval_loss < 2.5", "value": 2.1, "ok": True,
@@ -122,7 +129,7 @@ def test_criteria_that_hold_advance_and_the_next_phase_starts_where_this_one_end
 def test_failed_criteria_end_the_run_unless_on_fail_continue():
     cur, _, events = make()
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 100, "eval_loss": 2.7}')
+    hear(cur, '{"step": 100, "eval_loss": 2.7}')
     cur.signal_due(0.0)
     v = cur.after_exit(failed=False)
     assert v is not None and not v.ok and v.next_phase is None
@@ -140,7 +147,7 @@ def test_failed_criteria_end_the_run_unless_on_fail_continue():
 def test_a_diverged_metric_never_satisfies_a_criterion_and_stays_valid_json():
     cur, _, _ = make()
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 100, "eval_loss": NaN}')
+    hear(cur, '{"step": 100, "eval_loss": NaN}')
     cur.signal_due(0.0)
     saved = json.loads(json.dumps(cur.to_state(), allow_nan=False))  # strict JSON: no NaN literal
     assert saved["metrics"]["eval_loss"] == "NaN"
@@ -151,25 +158,25 @@ def test_a_diverged_metric_never_satisfies_a_criterion_and_stays_valid_json():
 def test_a_crash_inside_a_phase_is_left_to_the_restart_policy():
     cur, _, _ = make()
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 40}')
+    hear(cur, '{"step": 40}')
     assert cur.after_exit(failed=True) is None and cur.index == 0
 
 
 def test_the_state_a_relaunch_resumes_from_and_a_phase_that_no_longer_exists():
     cur, _, events = make()
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 100, "eval_loss": 2.0}')
+    hear(cur, '{"step": 100, "eval_loss": 2.0}')
     cur.signal_due(0.0)
     cur.after_exit(failed=False)
     cur.attempt(["t"], [], "/c/step_100")
-    cur.on_output('{"step": 120, "eval_loss": 1.9}')
+    hear(cur, '{"step": 120, "eval_loss": 1.9}')
     saved = json.loads(json.dumps(cur.to_state()))  # through state.json
     again, _, events = make(saved=saved)
     _, _, env = again.attempt(["t"], [], "/c/step_120")
     assert env["ONBOX_PHASE"] == "curated" and env["ONBOX_PHASE_START_STEP"] == "100"
     assert events == [{"type": "phase_resumed", "phase": "curated", "index": 1, "resume_from": "/c/step_120"}]
     assert again.values["eval_loss"] == 1.9 and [h["name"] for h in again.history] == ["broad"]
-    again.on_output('{"step": 121}')
+    hear(again, '{"step": 121}')
     assert again.signal_due(0.0) is None  # only steps seen in this attempt count toward the target
     with pytest.raises(UsageError, match="phase 'curated', which its \\[\\[phase\\]\\] tables no longer have"):
         make(saved=saved, tables=(BROAD, ANNEAL))
@@ -178,7 +185,7 @@ def test_the_state_a_relaunch_resumes_from_and_a_phase_that_no_longer_exists():
 def test_an_agent_adopting_a_child_asked_to_stop_ends_the_phase_when_it_exits():
     cur, clock, _ = make(grace=5.0)
     cur.attempt(["t"], [], None)
-    cur.on_output('{"step": 100, "eval_loss": 2.0}')
+    hear(cur, '{"step": 100, "eval_loss": 2.0}')
     assert cur.signal_due(clock.monotonic()) == signal.SIGUSR2
     adopting, clock2, _ = make(saved=json.loads(json.dumps(cur.to_state())), grace=5.0)  # no attempt(): adopted
     clock2.advance(5.0)
@@ -189,14 +196,15 @@ def test_an_agent_adopting_a_child_asked_to_stop_ends_the_phase_when_it_exits():
 
 # ---- the loop driving it: scripted processes whose output goes to the real output.log ------------------------
 
-def trainer(rd: RunDir, steps_per_s: float, eval_loss: float):
-    """A scripted child: prints one JSON step line per 1/steps_per_s seconds; exits 0 on the checkpoint signal."""
+def trainer(rd: RunDir, steps_per_s: float, eval_loss: float, path: Optional[str] = None):
+    """A scripted child: prints one JSON step line per 1/steps_per_s seconds (or appends it to `path`, its
+    ONBOX_METRICS_FILE); exits 0 on the checkpoint signal."""
     printed: List[int] = []
 
     def script(t: float, sigs: List[int]) -> Optional[ExitStatus]:
         while len(printed) < int(t * steps_per_s):
             printed.append(len(printed) + 1)
-            with open(rd.log_path, "a") as f:
+            with open(path or rd.log_path, "a") as f:
                 f.write(json.dumps({"step": len(printed), "eval_loss": eval_loss}) + "\n")
         return ExitStatus(code=0) if signal.SIGTERM in sigs else None
     return script
@@ -231,16 +239,25 @@ def test_the_loop_advances_phases_commits_each_phase_and_fails_on_criteria(tmp_p
     assert "- phase: 2/2 two" in status and "- one: completed at step" in status and "- two: failed" in status
 
 
-def test_only_this_attempts_lines_of_the_metrics_file_count(tmp_path):
-    """ONBOX_METRICS_FILE keeps every earlier phase's lines (more than one read's worth here): a new attempt
-    starts reading at its end, so phase 1's step 500 does not end phase 2 at once."""
-    path = tmp_path / "metrics.jsonl"
-    path.write_text(('{"step": 500, "eval_loss": 9.0, "note": "%s"}\n' % ("x" * 2000)) * 600)  # 1.2 MB > one read
+def test_only_the_attempts_own_records_of_the_metrics_file_count(tmp_path):
+    """ONBOX_METRICS_FILE keeps every earlier attempt's and phase's records (more than one read's worth here): the
+    run's feed has read them all before an attempt starts and the curriculum hears only the attempt's own, so an
+    earlier run's step 500 neither ends a phase at once nor decides its criteria."""
     clock = FakeClock()
-    cur = Curriculum(parse_phases([BROAD, ANNEAL]), None, signal.SIGTERM, 30.0, clock, lambda kind, **f: None,
-                     metrics_file=str(path))
-    cur.attempt(["t"], [], None)
-    assert cur.signal_due(clock.monotonic()) is None and "eval_loss" not in cur.values
-    with open(path, "a") as f:
-        f.write('{"step": 100, "eval_loss": 2.0}\n')
-    assert cur.signal_due(clock.monotonic()) == signal.SIGTERM and cur.values["eval_loss"] == 2.0
+    rd = RunDir(str(tmp_path / "cur"))
+    os.makedirs(rd.path)
+    with open(rd.metrics_file, "w") as f:
+        f.write(('{"step": 500, "eval_loss": 9.0, "note": "%s"}\n' % ("x" * 2000)) * 600)  # 1.2 MB > one read
+    procs = FakeProcs(clock, [trainer(rd, 1.0, 2.0, rd.metrics_file), trainer(rd, 1.0, 2.0, rd.metrics_file)])
+    phases = [{"name": "one", "target_steps": 5, "criteria": "eval_loss < 2.5"},
+              {"name": "two", "target_steps": 8, "criteria": "eval_loss < 2.5"}]
+    cfg = RunConfig(name="cur", command=["train"], notice_source="none", tick_interval=1.0, phases=phases,
+                    max_restarts=0).validate()
+    sup = Supervisor(cfg, rd, proc=procs, clock=clock,  # type: ignore[arg-type]
+                     hooks_factory=lambda ctx: Hooks(Checkpoints(clock), NoTelemetry(), NoReaper()),
+                     seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
+    assert sup.run() == RunState.DONE, sup.message
+    with open(rd.events_path) as f:
+        events = [e for e in map(json.loads, f) if e["type"].startswith("phase_")]
+    assert [(e["phase"], e["step"]) for e in events if e["type"] == "phase_target_reached"] == [("one", 5), ("two", 8)]
+    assert [e["metrics"]["eval_loss"] for e in events if e["type"] == "phase_completed"] == [2.0, 2.0]
