@@ -8,8 +8,9 @@ final(d)    on preemption/stop, and when the run ends (done, or failed for good)
             checkpoint whose commit can finish before the monotonic deadline `d` by measured throughput (after
             the commit in flight, if any); says so when none can.
 
-State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat. The step fallback reads the
-trainer's progress from RunContext.progress (detect.read_progress).
+State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat and shown in training_status.md
+(each rewrite tells the supervisor through RunContext.summary_due). The step fallback reads the trainer's progress
+from RunContext.progress (detect.read_progress).
 Events (ctx.emit; ALSO CALLED FROM THE COMMIT THREAD: the CheckpointHook protocol has no close() to flush a queue
 at exit, so queued events could be lost; the recorder's append is one O_APPEND write, and telemetry.on_event must
 be thread-safe): checkpoint_committed, sync_failed, durable_full,
@@ -118,6 +119,9 @@ class CheckpointCommitHook(ResumeMixin):
                 fsutil.atomic_write_json(self.status_path, self.status)
             except OSError as e:  # a full local disk must not kill the supervisor loop
                 self.ctx.emit("checkpoint_status_unwritable", error=str(e))
+                return
+        if self.ctx.summary_due is not None:  # training_status.md shows this file
+            self.ctx.summary_due()
 
     # -- scanning ----------------------------------------------------------------------------------------------
     def scan_now(self, settle: Optional[float] = None) -> List[Candidate]:

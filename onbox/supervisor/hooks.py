@@ -41,6 +41,9 @@ class RunContext:
     # the trainer's progress, parsed once by the loop (onbox.telemetry.progress). None (a hook built outside a
     # supervisor: `onbox sync`, `onbox checkpoints`): progress.json is all there is to know.
     progress: Optional["ProgressFeed"] = None
+    # summary_due(): a hook rewrote its file beside state.json (checkpoint_status.json), which training_status.md
+    # shows: the loop rewrites the summary at its next tick. From any thread; None outside a supervisor.
+    summary_due: Optional[Callable[[], None]] = None
 
 
 class CheckpointHook(Protocol):

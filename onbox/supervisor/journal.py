@@ -44,7 +44,6 @@ class RunJournal:
         self.notes = RunNotes()  # warnings, requeue outcome, summary refreshes: learned from events, any thread
         self.telemetry: TelemetryHook = NoTelemetry()  # the run's, once the hooks are built
         self._progress_written = (0, float("-inf"))  # (the feed's record count, monotonic time) of the last write
-        self._summary_mark: Any = None
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One event (from any thread)."""
@@ -149,13 +148,10 @@ class RunJournal:
         self.notes.summary_due()
 
     def refresh_summary(self) -> None:
-        """training_status.md again when a commit, a progress change or a warning made it stale (state changes
-        rewrite it through save())."""
+        """training_status.md again when what it shows changed without a state change: a commit, new progress, a
+        hook's file beside state.json, a warning (state changes rewrite it through save())."""
         status_due, state_due = self.notes.take()
-        mark = self.rd.side_fingerprint()
         if state_due:
             self.save()
-        elif (status_due or mark != self._summary_mark) and self.records.write_status(self.state_doc()):
+        elif status_due and self.records.write_status(self.state_doc()):
             self._say_unwritable()
-        if not self.records.degraded:  # else due again after the fault
-            self._summary_mark = mark

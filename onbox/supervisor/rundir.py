@@ -148,17 +148,6 @@ class RunDir:
             return {}
         return doc if isinstance(doc, dict) else {}
 
-    def side_fingerprint(self) -> Tuple[Any, ...]:
-        """Changes when checkpoint_status.json or progress.json is rewritten: the summary is due again."""
-        out: List[Any] = []
-        for name in ("checkpoint_status.json", "progress.json"):
-            try:
-                st = os.stat(self.file(name))
-                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-            except OSError:
-                out.append(None)
-        return tuple(out)
-
     def _disk_risks(self, state: Dict[str, Any]) -> List[str]:
         """U6/U7: a checkpoint disk low on bytes or inodes kills torch.save mid-run."""
         ckpt = state.get("ckpt_dir")

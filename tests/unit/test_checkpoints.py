@@ -274,6 +274,25 @@ def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
     assert len(ctx.emit.of("checkpoint_committed")) == 1  # unchanged: nothing new to commit
 
 
+def test_each_status_write_tells_the_supervisor_that_its_summary_is_due(tmp_path):
+    """training_status.md shows checkpoint_status.json: each rewrite calls RunContext.summary_due (from the commit
+    thread too), instead of the loop polling the file's mtime; a write the disk refused calls nothing."""
+    ctx = make_ctx(tmp_path)
+    seen: List[Dict[str, Any]] = []
+    ctx.summary_due = lambda: seen.append(fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE)))
+    hook = CheckpointCommitHook(ctx)
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_3.pt"))
+    hook.periodic()
+    hook.join_worker(None)
+    assert seen[0]["latest_local"]["name"] == "step_3.pt" and seen[0]["last_sync"] is None  # the scan: no event
+    assert seen[-1]["last_sync"]["ok"] is True  # the commit thread's write
+    os.unlink(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
+    os.mkdir(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))  # no file can be written there
+    calls = len(seen)
+    hook._update_status(warning="x")
+    assert len(seen) == calls and ctx.emit.of("checkpoint_status_unwritable")
+
+
 def test_hook_failure_is_recorded_not_raised(tmp_path):
     ctx = make_ctx(tmp_path, settle_seconds=0.0)
     (tmp_path / "durable").write_text("a file where the durable dir should be")

@@ -205,17 +205,19 @@ def test_after_a_preemption_the_summary_says_who_brings_the_run_back(tmp_path):
 
 
 def test_a_commit_rewrites_the_summary_without_a_state_change(tmp_path):
-    """A checkpoint commit (checkpoint_status.json, its event) or new progress (progress.json, written by the loop
-    from its feed) refreshes training_status.md at the next tick, from any thread: the summary used to say "no
-    checkpoint yet" for a whole run."""
+    """A checkpoint commit (checkpoint_status.json, its event), a hook's rewrite of its file (RunContext.summary_due)
+    or new progress (progress.json, written by the loop from its feed) refreshes training_status.md at the next
+    tick, from any thread: the summary used to say "no checkpoint yet" for a whole run."""
     from onbox import fsutil
 
     clock = FakeClock()
     rd = RunDir(str(tmp_path / "job"))
     os.makedirs(rd.path)
     cfg = RunConfig(name="job", command=["train"], notice_source="none", tick_interval=1.0).validate()
+    contexts = []
     sup = Supervisor(cfg, rd, proc=OneChild(), clock=clock,  # type: ignore[arg-type]
-                     hooks_factory=lambda ctx: Hooks(NoCheckpoints(), NoTelemetry(), NoReaper()),
+                     hooks_factory=lambda ctx: contexts.append(ctx) or Hooks(NoCheckpoints(), NoTelemetry(),
+                                                                             NoReaper()),
                      seams=Seams(oom_reader=lambda: None, environ={}, log=lambda m: None, waiter=clock.sleep))
     sup._start_attempt()
     summary = rd.file("training_status.md")
@@ -230,6 +232,13 @@ def test_a_commit_rewrites_the_summary_without_a_state_change(tmp_path):
     text = read(summary)
     assert "newest checkpoint: step-40 (step 40)" in text and "no checkpoint yet" not in text
     assert "- state: **running**" in text
+    fsutil.atomic_write_json(rd.file("checkpoint_status.json"), {  # a scan found a newer one: no event
+        "latest_durable": None, "latest_local": {"name": "step-45", "step": 45}, "verified": False})
+    worker = threading.Thread(target=contexts[0].summary_due)
+    worker.start()
+    worker.join()
+    sup._tick()
+    assert "newest checkpoint: step-45 (step 45)" in read(summary)
     with open(rd.metrics_file, "a") as f:
         f.write('{"step": 41, "loss": 1.5}\n')
     clock.advance(1.0)
