@@ -1,8 +1,8 @@
 """training_status.md: what a person reading the run directory should know now, and nothing that is not true.
 
 It is rendered from state.json's document plus what the subsystems record beside it (checkpoint_status.json,
-progress.json), and rewritten on every state change, every commit and every progress change (the supervisor's
-tick watches those files). Each line states a fact, and `next:` says what happens next or what to do: after a
+progress.json), and rewritten on every state change, every commit and every progress change (the journal writes
+progress.json itself; the checkpoint hook says when it rewrote its file: RunContext.summary_due). Each line states a fact, and `next:` says what happens next or what to do: after a
 preemption nothing restarts a run unless a scheduler requeues it, so the summary says who will.
 """
 from __future__ import annotations
