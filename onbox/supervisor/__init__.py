@@ -8,7 +8,8 @@
   notices.py     a notice's stop: what asks for it (NoticeIntake) and its timeline acted out on the attempt (NoticeStop)
   phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
   phasespec.py   the [[phase]] tables checked into PhaseSpecs and their criteria
-  journal.py     what the run says: events, state.json, training_status.md, hook calls that cannot kill the loop
+  journal.py     what the run says: events, state.json, training_status.md, progress.json, hook calls that cannot
+                 kill the loop
   records.py     those records on a run dir that refuses writes (held in memory, written once it takes them)
   notes.py       what the supervisor learns from events and must show (warnings, the requeue outcome)
   runsummary.py  training_status.md, rendered from state.json's document
