@@ -134,9 +134,9 @@ class RunJournal:
         """progress.json, the feed's newest values, when it took records since the last write, at most every
         PROGRESS_WRITE_S; `final` (the supervision ends): now. The summary shows it: due again. While the run dir
         refuses writes only the final one is tried (the news waits for the disk)."""
-        records, at = self._progress_written
+        taken, at = self._progress_written
         now = self.clock.monotonic()
-        if not final and (self.records.degraded or feed.records == records or now - at < PROGRESS_WRITE_S):
+        if not final and (self.records.degraded or feed.records_taken == taken or now - at < PROGRESS_WRITE_S):
             return
         try:
             fsutil.atomic_write_json(self.rd.file(paths.PROGRESS_FILE), feed.snapshot())
@@ -144,7 +144,7 @@ class RunJournal:
             if fsutil.disk_fault(e) is None:
                 raise
             return self.write_failed(paths.PROGRESS_FILE, e)
-        self._progress_written = (feed.records, now)
+        self._progress_written = (feed.records_taken, now)
         self.notes.summary_due()
 
     def refresh_summary(self) -> None:

@@ -261,7 +261,7 @@ class Supervisor:
         self.intake.check_request(now_m, now_w)
         self.launcher.poll()  # the output: each line to _on_line
         for fields in self.progress.read_metrics_file():
-            self._heard(fields)
+            self._on_progress(fields)
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
@@ -270,9 +270,9 @@ class Supervisor:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
         fields = self.progress.on_output(line)
         if fields:
-            self._heard(fields)
+            self._on_progress(fields)
 
-    def _heard(self, fields: Dict[str, float]) -> None:
+    def _on_progress(self, fields: Dict[str, float]) -> None:
         """A record of the trainer's progress, taken by the feed: to the telemetry hook, and to the curriculum while
         an attempt is under way (ONBOX_METRICS_FILE keeps every earlier attempt's and phase's records: the feed has
         read all of them before the next attempt starts)."""
@@ -371,11 +371,11 @@ class Supervisor:
         self.emit("final_checkpoint", summary=summary, **fields)
 
     def _shutdown(self) -> None:
-        """Always runs (finally): flush output, final state, telemetry close."""
+        """Always runs (finally): flush the output and the progress, final state, telemetry close."""
         try:
             self.launcher.read_output()
             for fields in self.progress.read_metrics_file():
-                self._heard(fields)
+                self._on_progress(fields)
             self.journal.record_progress(self.progress, final=True)
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (

@@ -140,7 +140,7 @@ class ProgressFeed:
     (`on_output`) and each record the trainer appends to ONBOX_METRICS_FILE (`read_metrics_file`), and hands every
     record it returns to the telemetry hook and the curriculum; the feed keeps the newest value of each field for
     every other reader (`progress`, `snapshot()`: the heartbeat's beats, the checkpoint hook's step fallback,
-    progress.json). Before, the heartbeat and the curriculum each parsed the output and tailed the file.
+    progress.json).
 
     `saved` (progress.json as an earlier agent left it) is where it starts: a relaunch knows the run's last step
     before the trainer reports again. The loop's thread only.
@@ -152,7 +152,7 @@ class ProgressFeed:
         self.metrics_file = MetricsFileTail(metrics_file)
         self.clock = clock
         self.progress = Progress(saved)
-        self.records = 0  # records taken so far: a reader that keeps the count it saw knows when there is news
+        self.records_taken = 0  # a reader that keeps the count it saw knows when there is news
 
     def on_output(self, line: str) -> Optional[Fields]:
         """The fields in one line of the child's output (taken), or None."""
@@ -179,4 +179,4 @@ class ProgressFeed:
 
     def _take(self, fields: Fields) -> None:
         self.progress.update(fields, self.clock.time(), self.clock.monotonic())
-        self.records += 1
+        self.records_taken += 1

@@ -24,13 +24,13 @@ from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs, Script
 def test_the_feed_parses_each_line_once_and_keeps_the_newest_value_of_each_field(tmp_path):
     clock = FakeClock()
     feed = ProgressFeed(str(tmp_path / "metrics.jsonl"), (), clock)
-    assert feed.on_output("loading the data") is None and feed.records == 0
+    assert feed.on_output("loading the data") is None and feed.records_taken == 0
     assert feed.on_output("iter 10: loss 3.2118, time 20.21ms, mfu 18.44%") == {
         "step": 10, "loss": 3.2118, "steps_per_s": 1000.0 / 20.21}
     clock.advance(5)
     feed.on_output("{'eval_loss': nan, 'epoch': 0.5}")
     snap = feed.snapshot()
-    assert feed.records == 2 and snap["step"] == 10 and snap["loss"] == 3.2118 and snap["eval_loss"] == "NaN"
+    assert feed.records_taken == 2 and snap["step"] == 10 and snap["loss"] == 3.2118 and snap["eval_loss"] == "NaN"
     assert snap["time"] == clock.time() and json.loads(json.dumps(snap, allow_nan=False)) == snap
 
 
@@ -41,14 +41,14 @@ def test_metrics_file_records_are_read_past_one_reads_worth_each_taken_as_it_is_
     feed = ProgressFeed(str(path), (), FakeClock())
     seen = [(fields["step"], feed.progress.values["step"]) for fields in feed.read_metrics_file()]
     assert seen == [(i, i) for i in range(600)]  # 1.2 MB: more than one read; the newest values as of each
-    assert list(feed.read_metrics_file()) == [] and feed.records == 600
+    assert list(feed.read_metrics_file()) == [] and feed.records_taken == 600
 
 
 def test_a_feed_goes_on_from_the_progress_an_earlier_agent_recorded(tmp_path):
     saved = {"step": 41, "loss": "NaN", "eval_loss": None, "time": 1234.5, "schema": "ignored"}
     feed = ProgressFeed(str(tmp_path / "metrics.jsonl"), (), FakeClock(), saved=saved)
     assert feed.snapshot()["step"] == 41 and feed.snapshot()["loss"] == "NaN" and feed.snapshot()["time"] == 1234.5
-    assert feed.records == 0 and feed.progress.step_advanced_mono is None  # nothing new heard yet
+    assert feed.records_taken == 0 and feed.progress.step_advanced_mono is None  # nothing new heard yet
 
 
 class Heard:
@@ -116,7 +116,7 @@ def test_the_loop_hands_each_record_of_the_output_and_the_metrics_file_to_the_te
     printed = [r for r in heard.records if "loss" in r]
     appended = [r for r in heard.records if "eval_loss" in r]
     assert [r["step"] for r in printed] == [r["step"] for r in appended] == list(range(1, 7))
-    assert len(heard.records) == 12 and sup.progress.records == 12
+    assert len(heard.records) == 12 and sup.progress.records_taken == 12
     assert "step 6 loss 1.7" in heard.lines
     final = fsutil.read_json(rd.file("progress.json"))  # written at the end, whatever the time since the last
     assert (final["step"], final["loss"], final["eval_loss"]) == (6, 1.7, 20.0 / 6)
@@ -138,4 +138,4 @@ def test_progress_json_is_written_at_most_once_a_second_and_a_relaunch_goes_on_f
     assert writes[-1] == 60 and len(writes) <= 3.0 / PROGRESS_WRITE_S + 2  # 60 steps, 120 records: a few writes
     relaunch, _, ctx = supervise(tmp_path, [], Heard())
     assert read_progress(ctx)["step"] == 60  # before the trainer reports again: a stepless checkpoint's step
-    assert relaunch.progress.records == 0
+    assert relaunch.progress.records_taken == 0
