@@ -45,14 +45,7 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
     if not cfg.command:
         raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
     cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
-    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed (`~`
-    # was expanded where the configuration was read)
-    for key in ("ckpt_dir", "tracker_token_file", "heartbeat_file", "mlflow_token_file"):
-        if getattr(cfg, key):
-            setattr(cfg, key, os.path.abspath(getattr(cfg, key)))
-    if cfg.durable and not is_remote(cfg.durable):
-        cfg.durable = os.path.abspath(cfg.durable)
-    cfg.env_files = [os.path.abspath(p) for p in cfg.env_files]
+    _make_paths_absolute(cfg)
     checks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
     if not os.path.isdir(cfg.workdir):
         raise UsageError("working directory does not exist: %s" % cfg.workdir)
@@ -70,7 +63,8 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
     checks.check_runs_dir(paths.runs_dir())
     if saved is None and not resume_existing:
         checks.check_same_run(cfg, rd)
-    preflight(cfg, dict(environ))  # before anything is created or detached: the user sees the error, not a daemon's log
+    # before anything is created or detached: the user sees the error, not a daemon's log
+    preflight(cfg, dict(environ))
     warnings = checks.warnings(cli.get("env") or {}, cfg)
     if group is not None:  # from stdin: stored only now that nothing refused the launch
         from onbox.multinode.role import save_group
@@ -120,13 +114,24 @@ def cli_layer(values: Mapping[str, Any]) -> Dict[str, Any]:
     return cli
 
 
+def _make_paths_absolute(cfg: RunConfig) -> None:
+    """The detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed (`~`
+    was expanded where the configuration was read)."""
+    for key in ("ckpt_dir", "tracker_token_file", "heartbeat_file", "mlflow_token_file"):
+        if getattr(cfg, key):
+            setattr(cfg, key, os.path.abspath(getattr(cfg, key)))
+    if cfg.durable and not is_remote(cfg.durable):
+        cfg.durable = os.path.abspath(cfg.durable)
+    cfg.env_files = [os.path.abspath(p) for p in cfg.env_files]
+
+
 def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:
     """The saved config.json of run --name when no command and no run file were given, else None."""
     name = cli.get("name")
     if "command" in cli or run_file or not name or not paths.valid_run_name(name):
         return None
     rd = RunDir(paths.run_dir(name))
-    if not os.path.exists(rd.config_path):  # not isfile: a record that is a FIFO or /dev/zero is refused, not "no record"
+    if not os.path.exists(rd.config_path):  # not isfile: a FIFO or /dev/zero is refused, not "no record"
         return None
     try:
         return rd.load_config()
