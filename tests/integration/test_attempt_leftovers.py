@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from onbox.proc import is_alive
-from tests.integration.supervisor_helpers import Started, events, onbox, state
+from tests.integration.supervisor_helpers import events, onbox, state
+from tests.processes import Started
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, kill_test_processes, onbox
+from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, onbox
 from tests.polling import wait_for
+from tests.processes import kill_test_processes
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable

@@ -14,18 +14,12 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import events, kill_if_alive, kill_test_processes, onbox, state
+from tests.integration.supervisor_helpers import events, kill_if_alive, onbox, state
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
 SLEEPER = "import time\nfor _ in range(6000): time.sleep(0.01)"
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def run_dir(home, name):

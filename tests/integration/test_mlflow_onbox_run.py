@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import env_for, onbox, state
 from tests.polling import wait_for
+from tests.processes import kill_test_processes, pid_alive
 
 pytestmark = pytest.mark.integration
 

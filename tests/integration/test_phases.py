@@ -14,7 +14,6 @@ from tests.integration.supervisor_helpers import (
     env_for,
     events,
     kill_if_alive,
-    kill_test_processes,
     onbox,
     state,
 )
@@ -50,12 +49,6 @@ target_steps = 49
 args = ["--eval-loss", "3.0"]
 criteria = ["eval_loss < 1.0"]
 """
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def _records(path):

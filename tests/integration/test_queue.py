@@ -18,18 +18,13 @@ from onbox.queue.runner import QueueRunner
 from onbox.queue.slots import agent_argv, gpu_slots
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
-from tests.integration.supervisor_helpers import FAST, env_for, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import FAST, env_for, onbox, state
 from tests.polling import wait_for
+from tests.processes import pid_alive
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
 TRAINER = [PY, "-m", "tests.integration.phase_trainer", "--interval", "0.01"]
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def q(home, *args, **kw):

@@ -14,19 +14,13 @@ from tests.integration.supervisor_helpers import (
     env_for,
     events,
     kill_if_alive,
-    kill_test_processes,
     state,
 )
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
 
-
-@pytest.fixture
-def supervisor_cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 # A trainer that checkpoints on SIGTERM: writes a marker naming the signal, then exits 0.
 TRAINER = textwrap.dedent("""
