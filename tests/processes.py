@@ -87,15 +87,19 @@ def kill_exact(pid: int, start: int, sig: int = signal.SIGKILL) -> bool:
 
 
 class Started:
-    """Processes a test started, each remembered by pid AND start time when first seen: the end signals exactly
+    """Processes a test started, each remembered by pid AND start time when first seen: `stop` signals exactly
     those (never a pid that another process got since, never a session or group).
 
-    As a context manager it is "start, wait, signal, collect, kill in finally": on the way out, pass or fail, it
-    adds every process under `home` (when given), SIGKILLs each remembered process still running, and reaps the
-    children it started itself (`popen`, `adopt`)."""
+    "Start, wait, signal, collect, kill in finally" as a context manager (or call `stop` in a `finally`):
+        with Started() as started:
+            agent = started.popen([...onbox run --foreground...], ...)
+            wait_for(...); agent.send_signal(...); out, err = agent.communicate(timeout=...)
+    On the way out, pass or fail, it SIGKILLs each remembered process still running, with `home` also every
+    process under that ONBOX_HOME (looking again for `settle` s for late ones), and reaps its own children."""
 
-    def __init__(self, home: Any = None) -> None:
+    def __init__(self, home: Any = None, settle: float = 0.5) -> None:
         self.home = home
+        self.settle = settle
         self.refs: List[Tuple[int, int]] = []
         self.children: List[subprocess.Popen] = []
 
@@ -120,28 +124,31 @@ class Started:
             self.add(pid, start)
 
     def kill(self) -> None:
+        """SIGKILL each remembered process that still runs."""
         for pid, start in self.refs:
             kill_exact(pid, start)
+
+    def stop(self) -> None:
+        """The end: kill what still runs (with `home`, also what lives under it), then reap the children."""
+        deadline = time.monotonic() + (self.settle if self.home is not None else 0.0)
+        while True:
+            if self.home is not None:
+                self.add_home(self.home)
+            self.kill()
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for child in self.children:
+            child.wait(timeout=10)
 
     def __enter__(self) -> "Started":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.home is not None:
-            self.add_home(self.home)
-        self.kill()
-        for child in self.children:
-            child.wait(timeout=10)
+        self.stop()
 
 
 def kill_test_processes(home: Any, settle: float = 0.5) -> None:
-    """SIGKILL (by pid and start time) what this test started under its ONBOX_HOME; look again after `settle` for
+    """SIGKILL (by pid and start time) what this test started under its ONBOX_HOME; look again for `settle` s for
     late ones."""
-    deadline = time.monotonic() + settle
-    while True:
-        found = Started()
-        found.add_home(home)
-        found.kill()
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
+    Started(home, settle).stop()

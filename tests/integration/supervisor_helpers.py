@@ -9,7 +9,6 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from tests.conftest import subprocess_env
-from tests.processes import pid_alive
 
 # Every time knob shrunk to milliseconds (RunConfig fields through ONBOX_* variables).
 FAST = {
@@ -51,10 +50,3 @@ def events(home: Any, name: str) -> List[Dict[str, Any]]:
     except OSError:
         return []
 
-
-def kill_if_alive(pid: Optional[int], sig: int = 9) -> None:
-    if pid and pid_alive(pid):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass

@@ -404,7 +404,8 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
     import textwrap
 
     from tests.integration.supervisor_helpers import events as run_events
-    from tests.integration.supervisor_helpers import kill_if_alive, onbox
+    from tests.integration.supervisor_helpers import onbox
+    from tests.processes import Started
 
     dev = os.path.join(os.path.dirname(gpu_devices), "nvidia0")
     pidfile, verdict = tmp_path / "worker.pid", tmp_path / "verdict"
@@ -429,7 +430,7 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
             st = "gone"
         open(verdict, "w").write("gone" if st in ("Z", "X", "gone") else st)
     """ % (dev, str(pidfile), str(verdict)))
-    try:
+    with Started(onbox_home):  # the end (a failed test too) stops the worker: it carries this ONBOX_HOME
         r = onbox(onbox_home, "run", "--foreground", "--name", "gpuorph", "--", sys.executable, "-c", script,
                   env_extra={"ONBOX_GPU_DEVICES": gpu_devices, "ONBOX_REAP_WAIT": "1"})
         assert r.returncode == 0, r.stderr
@@ -439,9 +440,6 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
         [stopped] = [e for e in evs if e["type"] == "attempt_leftovers_stopped"]
         assert worker in stopped["pids"] and stopped["survived"] == []
         assert [e for e in evs if e["type"] == "reap_signal"] == []
-    finally:
-        if pidfile.exists():
-            kill_if_alive(int(pidfile.read_text()))
 
 
 @pytest.mark.root

@@ -14,12 +14,11 @@ from tests.conftest import REPO_ROOT
 from tests.integration.supervisor_helpers import (
     FAST,
     events,
-    kill_if_alive,
     onbox,
     state,
 )
 from tests.polling import wait_for
-from tests.processes import pid_alive
+from tests.processes import Started, pid_alive
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -64,15 +63,13 @@ def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, 
     # connection is gone: nothing of the session lingers after the test
     remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; cat" % (
         REPO_ROOT, env, PY, PY, _sq(LOOPER), flag)
-    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        ssh = started.popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
         wait_for(lambda: _child_up(onbox_home, "viassh"), timeout=60, what="the job started over ssh")
         first = state(onbox_home, "viassh")
         ssh.kill()  # kill -9 the ssh client: the session is torn down under the job
         ssh.wait(timeout=10)
-    finally:
-        kill_if_alive(ssh.pid)
     # sshd closes the session (its `sleep` gets SIGHUP); poll that the job is still running meanwhile
     wait_for(lambda: not any(_sessions_of_sshd(sshd.pid)), timeout=20, what="sshd session gone")
     assert pid_alive(first["child_pid"]) and pid_alive(first["agent_pid"])
