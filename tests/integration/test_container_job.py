@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.polling import wait_for
-from tests.processes import Started
+from tests.processes import Started, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -71,14 +71,6 @@ def output(home, run):
     return out
 
 
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def committed(durable, run):
     d = os.path.join(durable, run, "checkpoints")
     out = []
@@ -100,11 +92,11 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
         wait_for(lambda: any(x.get("step", -1) >= 2 for x in output(onbox_home, "c1")), 30, "the trainer to run")
         wait_for(lambda: committed(durable, "c1"), 20, "a commit")
         start = next(x for x in output(onbox_home, "c1") if x.get("event") == "start")
-        assert alive(start["pid"])
+        assert pid_alive(start["pid"])
         agent.send_signal(signal.SIGTERM)  # the preemption
         _out, err = agent.communicate(timeout=60)
     assert agent.returncode == 75, err.decode()[-2000:]
-    assert not alive(start["pid"])  # the trainer inside the container is gone
+    assert not pid_alive(start["pid"])  # the trainer inside the container is gone
     stopped = [x for x in output(onbox_home, "c1") if x.get("event") == "stopped"]
     assert stopped and committed(durable, "c1")[-1] == stopped[0]["step"]  # TERM reached it; its save committed
     # what the container saw: the contract variables and the secret by name, never the agent's environment
@@ -148,7 +140,7 @@ def test_a_container_that_ignores_term_is_killed_through_the_daemon_at_the_deadl
         agent.send_signal(signal.SIGTERM)
         _out, err = agent.communicate(timeout=60)
     assert agent.returncode == 75, err.decode()[-2000:]
-    wait_for(lambda: not alive(pid), 10, "the container's process to be gone")
+    wait_for(lambda: not pid_alive(pid), 10, "the container's process to be gone")
     if mode == "--docker":
         ref = "onbox-c2-0"
     else:
