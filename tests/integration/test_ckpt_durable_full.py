@@ -2,7 +2,6 @@
 committed checkpoint intact, the source intact, the training loop (the hook) undisturbed, never "synced" (U33)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -21,24 +20,9 @@ from tests.checkpoint_files import write_torch_zip
 from tests.conftest import subprocess_env
 from tests.fakes.recorders import EventRecorder
 from tests.fakes.run_context import run_context
+from tests.hosts.tmpfs import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
-
-
-@contextlib.contextmanager
-def tmpfs(path, **opts):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    os.makedirs(path, exist_ok=True)
-    spec = ",".join("%s=%s" % kv for kv in opts.items())
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", spec, "tmpfs", str(path)], capture_output=True, text=True,
-                          timeout=30)
-    if proc.returncode != 0:
-        pytest.skip("cannot mount tmpfs here: %s" % proc.stderr.strip())
-    try:
-        yield str(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], timeout=30, check=False)
 
 
 class BlindTarget(LocalPathTarget):

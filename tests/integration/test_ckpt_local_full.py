@@ -10,7 +10,7 @@ from onbox.checkpoints import hashcopy
 from onbox.checkpoints.hook import CheckpointCommitHook
 from tests.checkpoint_files import write_torch_zip
 from tests.fakes.run_context import run_context
-from tests.integration.test_ckpt_durable_full import tmpfs
+from tests.hosts.tmpfs import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from onbox.proc import is_alive, start_time
+from tests.hosts.tmpfs import tmpfs
 from tests.integration.supervisor_helpers import env_for, events, onbox, state
-from tests.integration.test_ckpt_durable_full import tmpfs
 from tests.polling import wait_for
 from tests.processes import Started
 
