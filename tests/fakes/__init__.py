@@ -3,4 +3,5 @@
 - nvml: a fake `pynvml` module.
 - recorders: EventRecorder (the `emit` seam) and RunnerRecorder (a runner seam, subprocess.run's signature).
 - run_context: `run_context(tmp_path, **cfg)`, the one builder of a hand-made RunContext.
+- supervisor: the supervisor loop's seams by script: FakeProcs (exits_after, dies_on) and Checkpoints.
 """
