@@ -27,7 +27,7 @@ from onbox.gpu.reaper import ReaperHook, decide_all
 from onbox.subsystems import make_hooks
 from onbox.supervisor.hooks import RunContext
 from tests.conftest import subprocess_env
-from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.fakes.nvml import BrokenCount, FakeGpu, FakeNvml, FakeProcess
 from tests.polling import wait_for
 from tests.processes import Started, pid_alive
 
@@ -346,8 +346,6 @@ def test_busy_foreign_holder_is_kept_idle_one_is_a_candidate(onbox_home, gpu_dev
 
 
 def test_scan_stands_when_nvml_fails(gpu_devices, spawn_holder):
-    from tests.unit.test_gpu_readings import BrokenCount
-
     h = spawn_holder(files=("nvidia0",))
     scan = scan_with(BrokenCount([FakeGpu()]), gpu_devices)
     got = next(x for x in scan.holders if x.pid == h.pid)
