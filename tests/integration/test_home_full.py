@@ -13,9 +13,10 @@ import textwrap
 import pytest
 
 from onbox.proc import is_alive, start_time
-from tests.integration.supervisor_helpers import Started, env_for, events, onbox, state
-from tests.integration.test_ckpt_durable_full import tmpfs
+from tests.hosts.tmpfs import tmpfs
+from tests.integration.supervisor_helpers import env_for, events, onbox, state
 from tests.polling import wait_for
+from tests.processes import Started
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -91,9 +92,9 @@ def beat_alert_codes(path):
 
 @pytest.mark.root
 def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppable(tmp_path):
-    started = Started()
     beats = tmp_path / "beats.jsonl"  # on another disk, like a durable dir
     with tmpfs(tmp_path / "home", size="8m") as home:
+        started = Started(home)
         try:
             r = onbox(home, "run", "--name", "x", "--ckpt-dir", str(tmp_path / "ck"), "--heartbeat-file",
                       str(beats), "--heartbeat-interval", "0.1", "--json", "--", PY, "-c", QUIET)
@@ -141,8 +142,7 @@ def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppab
                 log = f.read()
             assert "Traceback" not in log and "cannot write" in log
         finally:
-            started.add_home(home)
-            started.kill()
+            started.stop()
 
 
 @pytest.mark.root
@@ -170,8 +170,8 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
     (the new agent cannot record itself in state.json: status and stop find it by the run's lock)."""
     import signal
 
-    started = Started()
     with tmpfs(tmp_path / "home", size="8m") as home:
+        started = Started(home)
         try:
             r = onbox(home, "run", "--name", "x", "--ckpt-dir", str(tmp_path / "ck"), "--json", "--", PY, "-c",
                       QUIET)
@@ -203,5 +203,4 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
             assert stop.returncode == 0 and out.splitlines()[-1] == "x: stopped", err
             assert "Traceback" not in err and state(home, "x")["state"] == "stopped"
         finally:
-            started.add_home(home)
-            started.kill()
+            started.stop()

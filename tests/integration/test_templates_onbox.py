@@ -22,8 +22,9 @@ import pytest
 
 from onbox import templates
 from tests.conftest import REPO_ROOT
-from tests.integration.supervisor_helpers import FAST, events, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import FAST, events, onbox, state
 from tests.polling import wait_for
+from tests.processes import pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("cleanup")]
 torch = pytest.importorskip("torch")
@@ -47,12 +48,6 @@ TEMPLATES = {
                 "--train.micro_batch_size=2", "--threads=1"], (0.0004, 100000, 0.00004)),
 }
 LOG_EVERY = 5
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def load_kit(tpl):

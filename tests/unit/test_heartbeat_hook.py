@@ -8,13 +8,12 @@ import jsonschema
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.schema import load_schema, validate
 from onbox.heartbeat.sinks import FileSink
 from onbox.subsystems import make_hooks
-from onbox.supervisor.hooks import RunContext
+from tests.fakes.run_context import run_context
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "heartbeat", "heartbeat.json")
 
@@ -30,12 +29,9 @@ DISKS = [{"role": "run", "path": "/runs", "free_bytes": 100 * 2**30, "total_byte
 
 
 def make(tmp_path, clock, **cfg):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
     cfg.setdefault("heartbeat_interval", 30.0)
-    config = RunConfig(name="exp1", **cfg)
-    ctx = RunContext(name="exp1", run_dir=str(run_dir), ckpt_dir=str(tmp_path / "ckpt"), config=config,
-                     clock=clock, emit=lambda *a, **k: None, attempt=lambda: 0)
+    ctx = run_context(tmp_path, name="exp1", clock=clock, durable=None, **cfg)
+    run_dir = tmp_path / "run"
     readers = BoxReaders(gpu=lambda: GPUS, host=lambda: HOST, disks=lambda paths: DISKS)
     out = tmp_path / "beats.jsonl"
     hook = HeartbeatHook(ctx, readers=readers, sinks=[FileSink(str(out))], close_timeout=10.0)
@@ -154,8 +150,7 @@ def test_validate_rejects(bad):
 
 
 def test_make_hooks_plugs_the_heartbeat_in(tmp_path):
-    ctx = RunContext(name="r", run_dir=str(tmp_path), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
-                     clock=FakeClock(), emit=lambda *a, **k: None, attempt=lambda: 0)
+    ctx = run_context(tmp_path, name="r", durable=None)
     assert isinstance(make_hooks(ctx).telemetry, HeartbeatHook)
 
 

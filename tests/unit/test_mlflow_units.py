@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from onbox.clock import FakeClock
 from onbox.config import RunConfig, agent_only_vars, resolve
 from onbox.errors import UsageError
 from onbox.heartbeat.collect import BoxReaders
@@ -19,10 +18,10 @@ from onbox.heartbeat.mlflow_rest import auth_header
 from onbox.heartbeat.sinks import Backoff, Sender, SinkError
 from onbox.heartbeat.spool import Spool
 from onbox.supervisor.childenv import child_env
-from onbox.supervisor.hooks import RunContext
 from onbox.supervisor.notes import RunNotes
 from onbox.telemetry.alerts import AlertEngine
 from onbox.telemetry.progress import MetricsFileTail, PointLog
+from tests.fakes.run_context import run_context
 
 
 def beat(**kw):
@@ -104,10 +103,8 @@ class PointsSink:
 
 
 def hook_with(tmp_path, sink):
+    ctx = run_context(tmp_path, name="r", durable=None)
     run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
-    ctx = RunContext(name="r", run_dir=str(run_dir), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
-                     clock=FakeClock(), emit=lambda *a, **k: None, attempt=lambda: 0)
     readers = BoxReaders(gpu=lambda: {"available": False, "gpus": []}, host=lambda: {}, disks=lambda p: [])
     return HeartbeatHook(ctx, readers=readers, sinks=[sink], close_timeout=5.0), run_dir
 
