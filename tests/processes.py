@@ -86,6 +86,16 @@ def kill_exact(pid: int, start: int, sig: int = signal.SIGKILL) -> bool:
             os.close(fd)
 
 
+def signal_own(home: Any, pid: int, sig: int, start: Optional[int] = None) -> None:
+    """Send `sig` to `pid`, read from a state file, only as this test's own process: one whose environment
+    carries ONBOX_HOME=<home> (the test's unique tmp dir), at the start time it has now, or at `start` when the
+    state file recorded one. Never a pid that another process got; fails the test when it is not ours."""
+    found = dict(_with_home(home)).get(pid)
+    assert found is not None, "pid %d is no process of this test (none with ONBOX_HOME=%s)" % (pid, home)
+    assert start is None or found == start, "pid %d started at %s, not at the recorded %s" % (pid, found, start)
+    assert kill_exact(pid, found, sig), "pid %d ended before the signal" % pid
+
+
 class Started:
     """Processes a test started, each remembered by pid AND start time when first seen: `stop` signals exactly
     those (never a pid that another process got since, never a session or group).

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.supervisor_helpers import events, onbox, state
 from tests.polling import wait_for
-from tests.processes import Started
+from tests.processes import Started, signal_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
@@ -235,7 +235,7 @@ def test_the_summary_follows_commits_and_progress_and_tells_the_truth_after_a_pr
     assert [e["new"] for e in events(onbox_home, "ck") if e["type"] == "state"] == ["running"]  # no state change
 
     agent = state(onbox_home, "ck")["agent_pid"]
-    os.kill(agent, signal.SIGUSR1)  # the scheduler's warning, to the agent this test started
+    signal_own(onbox_home, agent, signal.SIGUSR1)  # the scheduler's warning, to the agent this test started
     wait_for(lambda: state(onbox_home, "ck").get("state") == "preempted", 20, "the preemption")
     wait_for(lambda: "relaunch with" in state(onbox_home, "ck").get("message", ""), 10, "the final message")
     text = md.read_text()

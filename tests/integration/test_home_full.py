@@ -16,7 +16,7 @@ from onbox.proc import is_alive, start_time
 from tests.hosts.tmpfs import tmpfs
 from tests.integration.supervisor_helpers import env_for, events, onbox, state
 from tests.polling import wait_for
-from tests.processes import Started
+from tests.processes import Started, kill_exact
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -168,7 +168,6 @@ def test_the_run_lock_still_tells_a_live_agent_on_a_home_remounted_read_only(tmp
 def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_stopped(tmp_path):
     """A dead agent's child must not stay unsupervised because the disk is full: `onbox run --name x` adopts it
     (the new agent cannot record itself in state.json: status and stop find it by the run's lock)."""
-    import signal
 
     with tmpfs(tmp_path / "home", size="8m") as home:
         started = Started(home)
@@ -180,7 +179,7 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
             old_agent, child = (info["agent_pid"], start_time(info["agent_pid"])), (info["pid"], start_time(info["pid"]))
             started.add(*old_agent)
             started.add(*child)
-            os.kill(old_agent[0], signal.SIGKILL)  # this test's own agent, still the process it started
+            assert kill_exact(*old_agent)  # this test's own agent, by pid and start time
             wait_for(lambda: not is_alive(*old_agent), what="the first agent gone")
             fill(home)
             r = onbox(home, "run", "--name", "x")

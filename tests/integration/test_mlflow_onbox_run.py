@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.supervisor_helpers import env_for, onbox, state
 from tests.polling import wait_for
-from tests.processes import Started, kill_test_processes, pid_alive
+from tests.processes import Started, kill_test_processes, pid_alive, signal_own
 
 pytestmark = pytest.mark.integration
 
@@ -152,7 +152,7 @@ def test_agent_killed_mid_beat_relaunch_and_replacement_box_share_one_run(mlflow
         # it wrote the cursor down would be the documented window: that request sent again)
         wait_for(lambda: 500 < cursor()[1] < 3000, timeout=30, what="the cursor in the middle of the burst's beat")
         agent, child = state(home, "mlr")["agent_pid"], state(home, "mlr")["child_pid"]
-        os.kill(agent, signal.SIGKILL)
+        signal_own(home, agent, signal.SIGKILL)
         wait_for(lambda: not pid_alive(agent), what="the agent gone")
         assert pid_alive(child)
         r = onbox(home, "adopt", "mlr")

@@ -20,7 +20,7 @@ from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.integration.supervisor_helpers import FAST, env_for, onbox, state
 from tests.polling import wait_for
-from tests.processes import Started, pid_alive
+from tests.processes import Started, pid_alive, signal_own
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
@@ -80,7 +80,7 @@ def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path
     assert {n: e.state for n, e in now.items()} == {
         "first": "done", "second": "running", "third": "pending", "extra": "pending", "dropped": "removed"}
     assert {now["extra"].id, now["dropped"].id} == {4, 5}  # two adds at once: two ids, nothing lost
-    os.kill(runner, signal.SIGTERM)
+    signal_own(onbox_home, runner, signal.SIGTERM)
     wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
     doc = json.loads(q(onbox_home, "ls", "--json").stdout)
     assert doc["runner"]["state"] == "preempted" and doc["runner"]["exit"] == 75
@@ -114,7 +114,7 @@ def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_sta
     runner = json.loads(q(onbox_home, "run", "--parallel", "2", "--json").stdout)["runner_pid"]
     wait_for(lambda: all("\n{\"step\": 2," in _output(onbox_home, n) for n in holds), timeout=30,
              what="both entries at step 2")
-    os.kill(runner, signal.SIGKILL)  # no chance to record anything
+    signal_own(onbox_home, runner, signal.SIGKILL)  # no chance to record anything
     wait_for(lambda: not pid_alive(runner), what="the runner gone")
     agents = {n: entries(onbox_home)[n].agent_pid for n in holds}
     holds["early"].unlink()
@@ -231,7 +231,7 @@ def test_an_entry_whose_agent_refuses_on_resume_fails_and_is_not_restarted_forev
     assert cli(capsys, "queue", "add", "--name", "lost", "--", str(script))[0] == 0
     runner = json.loads(q(onbox_home, "run", "--json").stdout)["runner_pid"]
     wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "lost"), timeout=30, what="the entry at step 2")
-    os.kill(runner, signal.SIGTERM)
+    signal_own(onbox_home, runner, signal.SIGTERM)
     wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
     assert state(onbox_home, "lost")["state"] == "preempted"
     os.chmod(script, 0o644)
@@ -255,8 +255,7 @@ def test_an_entry_preempted_on_its_own_stops_the_queue_and_is_resumed_first(onbo
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "solo"), timeout=30, what="the entry at step 2")
         agent = entries(onbox_home)["solo"]
-        assert agent.agent_pid and start_time(agent.agent_pid) == agent.agent_start  # that very agent
-        os.kill(agent.agent_pid, signal.SIGTERM)
+        signal_own(onbox_home, agent.agent_pid, signal.SIGTERM, start=agent.agent_start)  # that very agent
         _out, err = runner.communicate(timeout=60)
     assert runner.returncode == 75, err
     now = entries(onbox_home)

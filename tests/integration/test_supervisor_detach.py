@@ -18,7 +18,7 @@ from tests.integration.supervisor_helpers import (
     state,
 )
 from tests.polling import wait_for
-from tests.processes import Started, pid_alive
+from tests.processes import Started, pid_alive, signal_own
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -113,7 +113,7 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     # a second launch of the same run while it lives is refused
     again = onbox(onbox_home, "run", "--name", "adopt", "--", PY, "-c", LOOPER, str(flag))
     assert again.returncode == 2 and "already running" in again.stderr
-    os.kill(info["agent_pid"], signal.SIGKILL)
+    signal_own(onbox_home, info["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not pid_alive(info["agent_pid"]), what="agent gone")
     assert pid_alive(info["pid"])  # the child outlives its agent
     st = onbox(onbox_home, "status", "adopt", "--json")
@@ -156,7 +156,7 @@ def test_stop_of_an_orphaned_child_without_agent(onbox_home, tmp_path, cleanup):
     r = onbox(onbox_home, "run", "--name", "orphstop", "--json", "--", PY, "-c", LOOPER, str(flag))
     info = json.loads(r.stdout)
     wait_for(lambda: _child_up(onbox_home, "orphstop"), what="child up")
-    os.kill(info["agent_pid"], signal.SIGKILL)
+    signal_own(onbox_home, info["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not pid_alive(info["agent_pid"]), what="agent gone")
     r2 = onbox(onbox_home, "stop", "orphstop", "--grace", "2")
     assert r2.returncode == 0, r2.stderr

@@ -16,7 +16,7 @@ from tests.integration.supervisor_helpers import (
     state,
 )
 from tests.polling import wait_for
-from tests.processes import Started
+from tests.processes import Started, signal_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
@@ -110,7 +110,7 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
         wait_for(lambda: _children_of(host_agent) and not _zombie_children(host_agent)
                  and len(_children_of(host_agent)) == 1, timeout=20, what="orphans reaped by PID 1")
         assert child > 1
-        os.kill(host_agent, signal.SIGTERM)
+        signal_own(onbox_home, host_agent, signal.SIGTERM)
         _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
         assert marker.read_text().startswith("got %d" % signal.SIGTERM)

@@ -24,7 +24,7 @@ from onbox import templates
 from tests.conftest import REPO_ROOT
 from tests.integration.supervisor_helpers import FAST, events, onbox, state
 from tests.polling import wait_for
-from tests.processes import pid_alive
+from tests.processes import signal_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("cleanup")]
 torch = pytest.importorskip("torch")
@@ -126,8 +126,7 @@ def test_template_preempted_then_resumed_under_onbox(kind, onbox_home, tmp_path)
     wait_for(lambda: [e for e in events(onbox_home, kind) if e["type"] == "checkpoint_committed"], timeout=120,
              what="the first committed checkpoint")
     agent = state(onbox_home, kind)["agent_pid"]
-    assert pid_alive(agent)
-    os.kill(agent, signal.SIGTERM)
+    signal_own(onbox_home, agent, signal.SIGTERM)
     wait_for(lambda: state(onbox_home, kind).get("state") == "preempted", timeout=90, what="state preempted")
     first = output_lines(onbox_home, kind)
     [stopped] = [d for d in first if d.get("event") == "stopped"]
