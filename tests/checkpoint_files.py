@@ -1,13 +1,16 @@
 """Checkpoint-shaped files for tests, without torch: a torch-style zip (stored members under archive/, with the
-data.pkl and version records torch.load requires, like torch.save writes) and a safetensors file. Tests of the
-format checks themselves use real torch.save files (tests/unit/test_ckpt_formats.py)."""
+data.pkl and version records torch.load requires, like torch.save writes) and a safetensors file; and the
+complete candidates the detector finds among them (`complete_cands`). Tests of the format checks themselves use
+real torch.save files (tests/unit/test_ckpt_formats.py)."""
 from __future__ import annotations
 
 import json
 import os
 import struct
 import zipfile
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
+
+from onbox.checkpoints.detect import CompletionTracker, scan
 
 
 def torch_zip_bytes(payload: bytes = b"\x01" * 4096, members: int = 2, obj: Optional[Dict] = None) -> bytes:
@@ -62,3 +65,9 @@ def flip_byte(path: str, offset: int) -> None:
 def truncate(path: str, keep: int) -> None:
     with open(path, "r+b") as f:
         f.truncate(keep)
+
+
+def complete_cands(ckpt_dir: str, settle: float = 0.0, progress: Any = None) -> list:
+    """The candidates in `ckpt_dir` that the detector takes for complete after one look, `settle` s of quiet."""
+    tr = CompletionTracker(settle)
+    return [c for c in tr.update(scan(ckpt_dir), 0.0, 0.0, progress) if c.complete]

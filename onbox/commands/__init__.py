@@ -4,7 +4,7 @@ clikit.py is what both CLIs (onbox and onboxctl) share: the lazy command group, 
 to a message, a hint and an exit code, and the JSON printer. This package is the only place in onbox that imports
 click; nothing outside it (and onbox/cli.py) imports it.
 
-  run.py          `onbox run`, `onbox adopt`; runchecks.py: what run checks and says before anything is created
+  run.py          `onbox run`, `onbox adopt` and the run options `queue add` shares (the launch: onbox.launch)
   runs.py         `onbox status`, `ls`, `logs`, `stop`
   checkpoints.py  `onbox sync`, `onbox checkpoints`, `onbox verify`
   queue.py        `onbox queue add|ls|rm|run`

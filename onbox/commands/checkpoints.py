@@ -19,20 +19,20 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
     from onbox.supervisor.hooks import RunContext
-    from onbox.untrusted import CONFIG_MAX_BYTES
+    from onbox.supervisor.rundir import RunDir
 
     if not paths.valid_run_name(name):
         raise UsageError("invalid run name %r" % name)
     run_dir = paths.run_dir(name)
+    rd = RunDir(run_dir)
     cfg = RunConfig(name=name)
-    cfg_path = os.path.join(run_dir, paths.CONFIG_FILE)
-    if os.path.exists(cfg_path):
+    if os.path.exists(rd.config_path):
         try:
-            cfg = RunConfig.from_dict(fsutil.read_json(cfg_path, CONFIG_MAX_BYTES, "config"), source=cfg_path)
-        except ValueError as e:
-            raise UsageError("unreadable %s: %s" % (cfg_path, e))
+            cfg = RunConfig.from_dict(rd.load_config(), source=rd.config_path)
+        except (ValueError, TypeError) as e:
+            raise UsageError("unreadable %s: %s" % (rd.config_path, e))
     elif durable is None or ckpt_dir is None:
-        raise UsageError("no run %r on this box (no %s)" % (name, cfg_path),
+        raise UsageError("no run %r on this box (no %s)" % (name, rd.config_path),
                          hint="see `onbox ls`, or give both --durable and --ckpt-dir")
     if durable:
         cfg.durable = durable
@@ -40,13 +40,13 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
         cfg.ckpt_dir = ckpt_dir
     if create:
         os.makedirs(run_dir, exist_ok=True)
-    events = os.path.join(run_dir, paths.EVENTS_FILE)
+    events = rd.events_path
     clock = SystemClock()
 
     def emit(event_type: str, **fields: Any) -> None:
         fsutil.append_jsonl(events, dict(fields, type=event_type, time=clock.time(), source="onbox-cli"))
 
-    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or os.path.join(run_dir, paths.CHECKPOINTS_DIR),
+    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR),
                       config=cfg, clock=clock, emit=emit, attempt=lambda: 0)
 
 

@@ -1,8 +1,8 @@
 """`onbox queue add|ls|rm|run`: the box's run queue (onbox/queue/). Thin commands over the journal and the runner.
 
 An entry is checked exactly as `onbox run` checks a run (the same options, the same resolution and pre-flight:
-onbox.commands.run.prepare_run) and queued with its resolved configuration, so a bad entry is refused now (exit
-2, nothing written), not at 3 a.m. when its turn comes.
+onbox.launch.plan.prepare) and queued with its resolved configuration, so a bad entry is refused now (exit 2,
+nothing written), not at 3 a.m. when its turn comes.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.commands.run import UNPROCESSED, _options
+from onbox.commands.run import run_options
 from onbox.errors import ExitCode, UsageError
 
 NAME_WIDTH = 28
@@ -47,7 +47,7 @@ def _journal() -> Any:
 
 
 def _peek_run_file(run_file: Optional[str]) -> Tuple[Optional[str], List[str]]:
-    """The run file's [run] name and command, best effort (prepare_run reports a broken file properly)."""
+    """The run file's [run] name and command, best effort (prepare() reports a broken file properly)."""
     if not run_file:
         return None, []
     from onbox.tomlread import load_toml
@@ -63,8 +63,8 @@ def _peek_run_file(run_file: Optional[str]) -> Tuple[Optional[str], List[str]]:
 
 
 @queue.command("add", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
-@_options
-@click.argument("command", nargs=-1, type=UNPROCESSED)
+@run_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
         **flags: Any) -> int:
     """Queue a run of CMD: `onbox queue add [OPTIONS] -- CMD [ARGS...]` (the options of `onbox run`).
@@ -75,7 +75,8 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     on bad input, 3 on an unfit box: nothing is queued then.
     """
     from onbox import paths
-    from onbox.commands.run import prepare_run
+    from onbox.commands.run import say_warnings
+    from onbox.launch.plan import prepare
     from onbox.queue.journal import REMOVED
     from onbox.subsystems import preflight
 
@@ -92,7 +93,9 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         with journal.locked(exclusive=False):
             _, next_id = journal.read()
         flags["name"] = "q%d-%s" % (next_id, base)
-    cfg, _rd = prepare_run(list(command), run_file, False, flags)
+    plan = prepare(flags, list(command), run_file)
+    say_warnings(plan.warnings)
+    cfg = plan.cfg
     with journal.locked():
         entries, next_id = journal.read()
         if not user_named and cfg.name != "q%d-%s" % (next_id, base):  # another add took that id meanwhile

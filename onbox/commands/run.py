@@ -1,18 +1,16 @@
-"""`onbox run` and `onbox adopt`: thin commands over detach.py and supervisor.py."""
+"""`onbox run` and `onbox adopt`: thin commands over onbox.launch (prepare, then start). The option table of
+`onbox run` is here, once: `onbox queue add` takes the same options, `onbox sbatch` checks them."""
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import click
 
 from onbox.commands.clikit import echo_json
-from onbox.config import RANGES, is_remote
-from onbox.errors import OnboxError, UnfitError, UsageError
+from onbox.config import RANGES
 
-UNPROCESSED = click.UNPROCESSED
+if TYPE_CHECKING:
+    from onbox.launch.plan import LaunchPlan
 
 
 def _r(key: str) -> str:
@@ -21,7 +19,8 @@ def _r(key: str) -> str:
     return "-".join(str(int(x)) if float(x).is_integer() else str(x) for x in (low, high))
 
 
-def _options(f: Any) -> Any:
+def run_options(f: Any) -> Any:
+    """The options of `onbox run`, for `onbox run` and `onbox queue add`."""
     opts = [
         click.option("--name", help="Run name (default: <program>-<UTC time>, as onboxctl run names it)."),
         click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
@@ -109,8 +108,8 @@ def _options(f: Any) -> Any:
 
 
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
-@_options
-@click.argument("command", nargs=-1, type=UNPROCESSED)
+@run_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
         **flags: Any) -> int:
     """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
@@ -131,107 +130,11 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
     2 bad input (nothing is created), 3 the box is unfit.
     """
-    cfg, rd = prepare_run(command, run_file, resume_existing, flags)
-    return _launch(cfg, rd, foreground, as_json, adopt_only=False)
+    from onbox.launch.plan import prepare
 
-
-def prepare_run(command: List[str], run_file: Optional[str], resume_existing: bool,
-                flags: Dict[str, Any]) -> Tuple[Any, Any]:
-    """(RunConfig, RunDir) of the run `onbox run` would start, resolved and checked in the foreground (exit 2, 3)
-    with its warnings said; creates nothing. `onbox queue add` checks each entry with it."""
-    from onbox import paths
-    from onbox.commands import runchecks
-    from onbox.subsystems import preflight
-    from onbox.supervisor.rundir import RunDir
-
-    cli = cli_layer(flags)
-    if command:
-        cli["command"] = list(command)
-    saved = _relaunch_record(cli, run_file)
-    if saved is not None:  # `onbox run --name X` alone: X again, exactly as recorded (flags still override)
-        cfg = runchecks.resolve_relaunch(cli, saved, paths.run_dir(cli["name"]))
-    else:
-        cfg = _resolve_with_profile(cli, run_file)
-    if not cfg.command:
-        raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
-    cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
-    # the detached agent runs from "/": relative paths must mean what they meant where `onbox run` was typed (`~`
-    # was expanded where the configuration was read)
-    for key in ("ckpt_dir", "tracker_token_file", "heartbeat_file", "mlflow_token_file"):
-        if getattr(cfg, key):
-            setattr(cfg, key, os.path.abspath(getattr(cfg, key)))
-    if cfg.durable and not is_remote(cfg.durable):
-        cfg.durable = os.path.abspath(cfg.durable)
-    cfg.env_files = [os.path.abspath(p) for p in cfg.env_files]
-    runchecks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
-    if not os.path.isdir(cfg.workdir):
-        raise UsageError("working directory does not exist: %s" % cfg.workdir)
-    runchecks.check_container(cfg)
-    # with --docker the command runs inside the image: the host needs docker, not the command
-    _check_executable("docker" if cfg.docker_image else cfg.command[0], cfg.workdir, {**os.environ, **cfg.env})
-    from onbox.supervisor.phases import parse_phases
-
-    for phase in parse_phases(cfg.phases):  # [[phase]] tables: checked here, not in a detached agent's log
-        if phase.command and not cfg.docker_image:
-            _check_executable(phase.command[0], cfg.workdir, {**os.environ, **cfg.env, **dict(phase.env)})
-    from onbox.slurm.job import default_run_name
-
-    # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
-    cfg.name = cfg.name or default_run_name(os.environ) or paths.default_run_name(cfg.command)
-    runchecks.check_paths(cfg, paths.run_dir(cfg.name))
-    group = runchecks.node_group(cfg)
-    _check_runs_dir(paths.runs_dir())
-    if saved is None and not resume_existing:
-        _refuse_a_different_run_under_the_same_name(cfg, paths.run_dir(cfg.name))
-    preflight(cfg)  # before anything is created or detached: the user sees the error, not a daemon's log
-    for line in runchecks.warnings(cli.get("env") or {}, cfg):
-        click.echo("onbox: warning: %s" % line, err=True)
-    if not cfg.ckpt_dir:
-        click.echo("onbox: warning: no --ckpt-dir: onbox commits and restores only what the trainer writes to "
-                   "$ONBOX_CKPT_DIR (%s); point the trainer there, or give --ckpt-dir its output dir"
-                   % os.path.join(paths.run_dir(cfg.name), paths.CHECKPOINTS_DIR), err=True)
-    rd = RunDir(paths.run_dir(cfg.name))
-    if group is not None:  # from stdin: stored only now that nothing refused the launch
-        from onbox.multinode.role import save_group
-
-        cfg.node_group = save_group(group, cfg.name)
-    return cfg, rd
-
-
-RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
-
-
-def _refuse_a_different_run_under_the_same_name(cfg: Any, run_dir: str) -> None:
-    """A different command (or checkpoint dir, or durable target) under the name of an existing run would
-    continue that run and be handed its checkpoint: refused (exit 2) unless --resume says it is meant."""
-    from onbox import paths
-    from onbox.fsutil import read_json
-
-    path = os.path.join(run_dir, paths.CONFIG_FILE)
-    try:
-        saved = read_json(path)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as e:
-        raise UsageError("cannot read the record of the existing run %s: %s" % (path, e),
-                         hint="give the new run another --name, or move %s away" % run_dir)
-    if not isinstance(saved, dict):
-        raise UsageError("the record of the existing run %s is not a JSON object" % path,
-                         hint="give the new run another --name, or move %s away" % run_dir)
-    differ = [k for k in RECORDED if (saved.get(k) or None) != (getattr(cfg, k) or None)]
-    if differ:
-        was = "; ".join("%s was %s" % (k, _shown(saved.get(k))) for k in differ)
-        raise UsageError("run %s already exists with another %s (%s)" % (cfg.name, " and ".join(differ), was),
-                         hint="give this run a new --name, or pass --resume to continue %s (and its "
-                              "checkpoints) with the new settings on purpose" % cfg.name)
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, list):
-        import shlex
-
-        return shlex.join(str(v) for v in value)
-    return str(value) if value else "unset"
+    plan = prepare(flags, command, run_file, resume_existing)
+    say_warnings(plan.warnings)
+    return _start(plan, foreground, as_json)
 
 
 @click.command()
@@ -240,216 +143,34 @@ def _shown(value: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def adopt(name: str, foreground: bool, as_json: bool) -> int:
     """Re-adopt run NAME whose child outlived its agent (PID and start time must both match)."""
-    from onbox import paths
-    from onbox.config import RunConfig
-    from onbox.fsutil import read_json
-    from onbox.subsystems import preflight
-    from onbox.supervisor.rundir import RunDir
+    from onbox.launch.plan import prepare_adopt
 
-    if not paths.valid_run_name(name):
-        raise UsageError("invalid run name %r" % name, hint="`onbox ls` lists runs")
-    problem = paths.home_problem()
-    if problem:
-        raise UsageError("ONBOX_HOME %s is unusable: %s" % (paths.onbox_home(), problem),
-                         hint="point ONBOX_HOME at a directory (unset, it is ~/.onbox)")
-    rd = RunDir(paths.run_dir(name))
-    if not rd.exists():
-        raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
-    try:
-        cfg = RunConfig.from_dict(read_json(rd.config_path), paths.CONFIG_FILE).validate()
-    except (OSError, ValueError) as e:
-        raise UsageError("cannot read %s: %s" % (rd.config_path, e))
-    except UsageError as e:
-        raise UsageError("run %s's config.json: %s" % (name, e.message),
-                         hint="fix %s, or relaunch with the option given on the command line (`onbox run --name "
-                              "%s --OPTION VALUE` overrides the record)" % (rd.config_path, name))
-    preflight(cfg)
-    return _launch(cfg, rd, foreground, as_json, adopt_only=True)
+    return _start(prepare_adopt(name), foreground, as_json)
 
 
-def _launch(cfg: Any, rd: Any, foreground: bool, as_json: bool, adopt_only: bool) -> int:
-    from onbox import fsutil, paths
-    from onbox.proc import ProcessSeam
-    from onbox.supervisor import detach, records
-
-    runs_created = not os.path.isdir(os.path.dirname(rd.path))
-    created = not os.path.isdir(rd.path)
-    lock_existed = os.path.exists(rd.lock_path)
-
-    def undo() -> None:  # a refused start leaves nothing behind
-        if created:
-            shutil.rmtree(rd.path, ignore_errors=True)
-        elif not lock_existed and os.path.exists(rd.lock_path):
-            os.unlink(rd.lock_path)
-        if runs_created:
-            try:
-                os.rmdir(os.path.dirname(rd.path))
-            except OSError:
-                pass
-
-    # A full (or read-only) ONBOX_HOME refuses a new run up front; a live child is adopted all the same: a
-    # supervised child on a full disk (the agent holds its records in memory) beats an unsupervised one.
-    space = fsutil.space_problem(paths.onbox_home())
-    if space and detach.live_child(rd, ProcessSeam()) is None:
-        raise records.home_problem_error(paths.onbox_home(), space, rd.name)
-    try:
-        if not os.path.isdir(os.path.dirname(rd.path)):
-            fsutil.make_private_dir(os.path.dirname(rd.path))
-        os.makedirs(rd.path, mode=fsutil.PRIVATE_DIR, exist_ok=True)
-        lock = detach.lock_or_explain(rd)
-    except UsageError:
-        raise
-    except OSError as e:
-        undo()
-        raise records.home_fault_error(paths.onbox_home(), e, rd.name) or UsageError(
-            "cannot create the run directory %s: %s" % (rd.path, e.strerror or e),
-            hint="set ONBOX_HOME to a writable directory")
-    child = detach.live_child(rd, ProcessSeam())
-    if adopt_only and child is None:
-        lock.release()
-        if not lock_existed:  # a refusal leaves nothing behind
-            os.unlink(rd.lock_path)
-        raise UsageError("run %s has no live child to adopt" % rd.name,
-                         hint="start it again with `onbox run --name %s -- CMD`" % rd.name)
-    rd.make_private()  # 0700 and 0600, also for a run an older agent left 0755/0644
-    if child is not None and not adopt_only:
-        cfg = _saved_config(rd, cfg)  # the live child runs the recorded configuration, not this command line
-    if child is None:
-        try:
-            rd.write_config(cfg.to_dict())  # the exact re-launch record
-            if os.path.exists(rd.stop_request):  # a stop meant for an earlier agent must not end this launch
-                os.unlink(rd.stop_request)
-        except OSError as e:  # the disk filled since the check above
-            refusal = records.home_fault_error(paths.onbox_home(), e, rd.name)
-            if refusal is None:
-                raise
-            lock.release()
-            undo()
-            raise refusal
-    lock.write_owner(os.getpid())
-
-    def agent(ready: Any) -> int:
-        from onbox import subsystems
-        from onbox.supervisor.loop import Supervisor, exit_code_for
-
-        lock.write_owner(os.getpid())
-        try:
-            try:
-                # builds the hooks; preflight() caught what it could in the foreground
-                sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks, proc=_container_seam(cfg, rd))
-            except OSError as oe:
-                raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
-        except OnboxError as e:
-            if created:  # a refused launch leaves nothing behind
-                shutil.rmtree(rd.path, ignore_errors=True)
-            ready({"ok": False, "run": rd.name, "error": e.message, "hint": e.hint, "exit": int(e.exit_code)})
-            if foreground:
-                raise
-            return int(e.exit_code)
-        sup.on_ready = lambda s: ready({"ok": s.state.value == "running", "run": rd.name, "run_dir": rd.path,
-                                        "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
-                                        "state": s.state.value, "adopted": child is not None,
-                                        "error": s.message if s.state.value != "running" else None})
-        return exit_code_for(sup.run(adopt=child))
-
-    if foreground:
-        try:
-            return agent(lambda info: _report(info, as_json) if info.get("adopted") else None)
-        finally:
-            lock.release()
-    ok, info = detach.daemonize(agent, rd.file(paths.AGENT_LOG))
-    lock.release()
-    if not ok:
-        click.echo("onbox: run %s failed to start: %s" % (rd.name, info.get("error")), err=True)
-        if info.get("hint"):
-            click.echo("hint: %s" % info["hint"], err=True)
-        return int(info.get("exit") or 1)
-    _report(info, as_json)
-    return 0
+def say_warnings(lines: List[str]) -> None:
+    """What prepare() found worth a warning, on stderr, before the run starts."""
+    for line in lines:
+        click.echo("onbox: warning: %s" % line, err=True)
 
 
-def _container_seam(cfg: Any, rd: Any) -> Any:
-    """The process seam of a container job (onbox/supervisor/container.py), None for any other run."""
-    from onbox import paths
-    from onbox.supervisor.container import seam_for
+def _start(plan: "LaunchPlan", foreground: bool, as_json: bool) -> int:
+    """start(plan), saying what the agent reported: a detached start, or a child adopted in the foreground (a run
+    started in the foreground speaks through its output log and exit code)."""
+    from onbox.launch.start import start
 
-    def log(message: str) -> None:
-        sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
+    def ready(info: Dict[str, Any]) -> None:
+        if foreground:
+            if info.get("adopted"):
+                _report(info, as_json)
+        elif info.get("ok"):
+            _report(info, as_json)
+        else:
+            click.echo("onbox: run %s failed to start: %s" % (plan.rd.name, info.get("error")), err=True)
+            if info.get("hint"):
+                click.echo("hint: %s" % info["hint"], err=True)
 
-    return seam_for(cfg, rd, os.path.abspath(cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)), os.environ, log)
-
-
-def cli_layer(flags: Dict[str, Any]) -> Dict[str, Any]:
-    """The command-line layer of the RunConfig from `onbox run`'s option values (only those given)."""
-    from onbox import paths
-
-    cli: Dict[str, Any] = {k: v for k, v in flags.items() if v is not None and v != ()}
-    if "name" in cli and not paths.valid_run_name(cli["name"]):
-        raise UsageError("invalid run name %r" % cli["name"],
-                         hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
-    if "env" in cli:
-        cli["env"] = _parse_env(cli["env"])
-    for key in ("resume_args", "env_files", "secrets", "metrics_regex", "docker_args"):
-        if key in cli:
-            cli[key] = list(cli[key])
-    if "keep_best" in cli:
-        cli.update(_parse_keep_best(cli.pop("keep_best")))
-    return cli
-
-
-def check_run_options(args: List[str]) -> None:
-    """`onbox run` options given to another command (`onbox sbatch` passes them through): parsed and their
-    values validated now, not on a node after the queue wait. Files they name are not read here."""
-    from onbox.config import RunConfig
-
-    ctx = run.make_context("onbox run", [*args, "--", "true"])
-    flags = {k: v for k, v in ctx.params.items()
-             if k not in ("command", "run_file", "foreground", "as_json", "resume_existing")}
-    RunConfig.from_dict(cli_layer(flags), "the run options").validate()
-
-
-def _relaunch_record(cli: Dict[str, Any], run_file: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The saved config.json of run --name when no command and no run file were given, else None."""
-    from onbox import paths, untrusted
-    from onbox.fsutil import read_json
-
-    name = cli.get("name")
-    if "command" in cli or run_file or not name or not paths.valid_run_name(name):
-        return None
-    path = os.path.join(paths.run_dir(name), paths.CONFIG_FILE)
-    if not os.path.exists(path):  # not isfile: a record that is a FIFO or /dev/zero is refused, not "no record"
-        return None
-    try:
-        saved = read_json(path)
-    except (OSError, ValueError) as e:
-        raise UsageError("cannot read the re-launch record %s: %s" % (path, untrusted.reason(e)))
-    if not isinstance(saved, dict):
-        raise UsageError("the re-launch record %s is not a JSON object" % path)
-    return saved
-
-
-def _saved_config(rd: Any, fallback: Any) -> Any:
-    from onbox import paths
-    from onbox.config import RunConfig
-    from onbox.fsutil import read_json
-
-    try:
-        return RunConfig.from_dict(read_json(rd.config_path), paths.CONFIG_FILE).validate()
-    except (OSError, ValueError, UsageError):
-        return fallback
-
-
-def _resolve_with_profile(cli: Dict[str, Any], run_file: Optional[str]) -> Any:
-    """CLI > env > run file > profile > defaults. The profile's name itself may come from any layer above it,
-    so resolve once to learn it, then again with its defaults (the one call site of Profile.run_defaults())."""
-    from onbox import config
-    from onbox.platform import profiles
-
-    first = config.resolve(cli, run_file=run_file)
-    profile, _why = profiles.select(first.profile)
-    cfg = config.resolve(cli, run_file=run_file, profile_defaults=profile.run_defaults())
-    cfg.profile = profile.name
-    return cfg
+    return start(plan, foreground, ready)
 
 
 def _report(info: Dict[str, Any], as_json: bool) -> None:
@@ -460,46 +181,13 @@ def _report(info: Dict[str, Any], as_json: bool) -> None:
                                     info.get("pid")))
 
 
-def _parse_env(items: List[str]) -> Dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError("--env needs KEY=VAL, not %r" % item)
-        out[key] = value
-    return out
+def check_run_options(args: List[str]) -> None:
+    """`onbox run` options given to another command (`onbox sbatch` passes them through): parsed and their
+    values validated now, not on a node after the queue wait. Files they name are not read here."""
+    from onbox.config import RunConfig
+    from onbox.launch.plan import cli_layer
 
-
-def _parse_keep_best(value: str) -> Dict[str, str]:
-    """`--keep-best eval_loss:min` -> keep_best_metric and keep_best_mode (the mode is optional)."""
-    metric, sep, mode = value.rpartition(":")
-    if not sep:
-        return {"keep_best_metric": value}
-    if not metric or mode not in ("min", "max"):
-        raise UsageError("--keep-best needs METRIC or METRIC:min or METRIC:max, not %r" % value)
-    return {"keep_best_metric": metric, "keep_best_mode": mode}
-
-
-def _check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
-    if os.sep in exe:
-        path = exe if os.path.isabs(exe) else os.path.join(workdir, exe)
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise UsageError("cannot run %s: no such executable file (missing, or not chmod +x)" % exe,
-                             hint="check the path (relative paths are from %s)" % workdir)
-        return
-    if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
-        raise UsageError("cannot run %s: not found on PATH" % exe,
-                         hint="give the full path, or fix PATH (the agent uses this shell's PATH)")
-
-
-def _check_runs_dir(runs: str) -> None:
-    """Refuse early (exit 2, nothing created) when the runs directory cannot be created or written."""
-    from onbox.fsutil import is_writable_dir, nearest_existing
-
-    probe = nearest_existing(runs)
-
-    if not os.path.isdir(probe) or not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
-        raise UsageError("the runs directory %s is not writable (%s)" % (runs, probe),
-                         hint="set ONBOX_HOME to a writable directory")
-    if sys.platform != "linux":  # pragma: no cover
-        raise UsageError("onbox runs jobs on Linux only")
+    ctx = run.make_context("onbox run", [*args, "--", "true"])
+    flags = {k: v for k, v in ctx.params.items()
+             if k not in ("command", "run_file", "foreground", "as_json", "resume_existing")}
+    RunConfig.from_dict(cli_layer(flags), "the run options").validate()

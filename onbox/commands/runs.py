@@ -260,15 +260,13 @@ def logs(name: str, follow: bool, lines: int) -> int:
 
 def _effective_grace(rd: Any, grace: Optional[float]) -> float:
     """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
-    from onbox.fsutil import read_json
     from onbox.supervisor.stop import DEFAULT_GRACE
-    from onbox.untrusted import CONFIG_MAX_BYTES
 
     if grace is not None:
         return grace
     try:
-        configured = float(read_json(rd.config_path, CONFIG_MAX_BYTES, "config").get("grace"))
-    except (OSError, ValueError, AttributeError, TypeError):
+        configured = float(rd.load_config().get("grace"))
+    except (OSError, ValueError, TypeError):
         configured = None
     if configured is None or not math.isfinite(configured) or configured < 0:
         return DEFAULT_GRACE

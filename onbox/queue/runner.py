@@ -225,18 +225,18 @@ class QueueRunner:
 
     def _prepare_run_dir(self, rd: RunDir, e: Entry) -> Optional[str]:
         """The entry's config.json (its re-launch record) in its run dir, unless the dir holds another run."""
-        from onbox.fsutil import read_json
-        from onbox.untrusted import CONFIG_MAX_BYTES
-
+        saved: Optional[Dict[str, Any]]
         try:
-            saved = read_json(rd.config_path, CONFIG_MAX_BYTES, "config")
+            saved = rd.load_config()
         except FileNotFoundError:
             rd.make_private()
             rd.write_config(e.config)
             return None
         except (OSError, ValueError) as err:
             return "cannot read %s: %s" % (rd.config_path, err)
-        if not isinstance(saved, dict) or any((saved.get(k) or None) != (e.config.get(k) or None) for k in SAME_RUN):
+        except TypeError:  # JSON, but no run's record
+            saved = None
+        if saved is None or any((saved.get(k) or None) != (e.config.get(k) or None) for k in SAME_RUN):
             return ("the run %s exists and is another run (its command, checkpoint dir or durable target differ); "
                     "queue this entry under another --name" % e.name)
         return None  # started before (a preemption, or a runner that died): the agent resumes it

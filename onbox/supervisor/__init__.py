@@ -19,7 +19,7 @@
   preempt.py     signals and cloud metadata notices -> one PreemptionNotice
   childenv.py    the child's argv and environment
   container.py   training in a container: the docker client as the supervised child
-  rundir.py      the run directory's files and their writers
+  rundir.py      the run directory's files, their writers, and the one reader of config.json
   detach.py      daemonize, the per-run lock, re-adopting a live child, stopping one whose agent is gone
 
 May import: the shared leaves (errors, clock, paths, fsutil, proc, config, tomlread), onbox.telemetry (host

@@ -117,9 +117,8 @@ def stop_without_agent(rd: RunDir, child: Child, hooks_factory: Callable[["RunCo
     )
 
     try:
-        cfg = RunConfig.from_dict(fsutil.read_json(rd.config_path, untrusted.CONFIG_MAX_BYTES, "config"),
-                                  paths.CONFIG_FILE).validate()
-    except (OSError, ValueError, UsageError) as e:
+        cfg = RunConfig.from_dict(rd.load_config(), paths.CONFIG_FILE).validate()
+    except (OSError, ValueError, TypeError, UsageError) as e:
         if request_written:
             try:
                 os.unlink(rd.stop_request)

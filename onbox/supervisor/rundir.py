@@ -169,6 +169,18 @@ class RunDir:
     def append_event(self, event: Dict[str, Any]) -> None:
         fsutil.append_jsonl(self.events_path, event)
 
+    def load_config(self) -> Dict[str, Any]:
+        """config.json, the run's re-launch record: the one reader of it (`run`, `adopt`, `stop`, `sync`, the
+        queue). A regular file only, at most untrusted.CONFIG_MAX_BYTES, nested at most untrusted.MAX_DEPTH: a
+        record that is a FIFO or /dev/zero is refused, never waited on or read without end. Raises
+        FileNotFoundError when the run has none, another OSError when it cannot be read, ValueError (an
+        UntrustedInput for a refusal) when it is not JSON, TypeError when its JSON is not an object; each
+        caller words the refusal for its own command."""
+        doc = fsutil.read_json(self.config_path, untrusted.CONFIG_MAX_BYTES, "config")
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+        return doc
+
     def write_config(self, config: Dict[str, Any]) -> None:
         fsutil.atomic_write_json(self.config_path, config)
 

@@ -118,20 +118,12 @@ def bench_delivery(server: Any, tmp: str) -> None:
         ", ".join("%.2f" % x for x in client_s)))
 
 
-def say(hook: Any, line: str) -> None:
-    """What the supervisor loop does with a line of the child's output: the hook sees it, the run's progress feed
-    parses it once, the hook hears the record."""
-    hook.on_output(line)
-    fields = hook.feed.on_output(line)
-    if fields:
-        hook.on_progress(fields)
-
-
 def bench_agent_cpu(server: Any, tmp: str) -> None:
     from onbox.clock import SystemClock
     from onbox.config import RunConfig
     from onbox.heartbeat.collect import BoxReaders
     from onbox.heartbeat.hook import HeartbeatHook
+    from tests.fakes.supervisor import loop_step
     from tests.hosts.tracker import TrackerProcess
 
     tr = TrackerProcess(os.path.join(tmp, "tracker"))
@@ -155,13 +147,13 @@ def bench_agent_cpu(server: Any, tmp: str) -> None:
             state = {"run": cfg.name, "state": "running", "attempt": 0, "child_pid": os.getpid(), "restarts": 0,
                      "attempts": [], "last_exit": None}
             for i in range(20):  # warm up: connections, the MLflow run, first-time code paths
-                say(hook, "step %d loss %.4f lr 3e-4" % (i, 2.0 / (1 + i)))
+                loop_step(hook, "step %d loss %.4f lr 3e-4" % (i, 2.0 / (1 + i)))
                 hook.beat(state, "interval")
             for s in hook.senders:
                 s.flush(60)
             c0, w0 = time.process_time(), time.perf_counter()
             for i in range(CPU_BEATS):
-                say(hook, "step %d loss %.4f lr 3e-4" % (100 + i, 1.0 / (1 + i)))
+                loop_step(hook, "step %d loss %.4f lr 3e-4" % (100 + i, 1.0 / (1 + i)))
                 hook.beat(state, "interval")
                 time.sleep(0.002)  # beats come one at a time, as in a run (each is sent on its own)
             for s in hook.senders:

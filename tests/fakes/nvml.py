@@ -295,3 +295,11 @@ class FakeNvml:
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self._check()
         event_set.freed = True
+
+
+class BrokenCount(FakeNvml):
+    """A driver whose nvmlDeviceGetCount fails after init (a kernel module and library of different versions)."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check()
+        raise _real.NVMLError(_real.NVML_ERROR_LIB_RM_VERSION_MISMATCH)

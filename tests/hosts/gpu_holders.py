@@ -3,7 +3,7 @@
 `gpu_devices` makes tmp files nvidia0, nvidia1, nvidiactl, nvidia-uvm and returns their glob (the holder scan's
 device pattern is a parameter). `spawn_holder(...)` starts a process holding some of them (optionally forking
 workers, in a new session, as another uid, or in a new PID namespace via `unshare`); the fixture kills exactly the
-PIDs it started (parents and workers) at teardown.
+processes it started (parents and workers, by pid and start time) at teardown.
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import dataclasses
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 from typing import List, Optional
 
 import pytest
+
+from tests.processes import Started, start_ticks
 
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_holder_proc.py")
 
@@ -28,24 +29,6 @@ class Spawned:
     workers: List[int]
     sid: int  # its session id, read while it was alive
     start_ticks: int  # /proc/<pid>/stat field 22, what the supervisor records as an attempt's start_time
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (a zombie's files are already closed)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            st = f.read()
-    except OSError:
-        return False
-    return st[st.rfind(")") + 2] not in "ZX"
-
-
-def start_ticks(pid: int) -> int:
-    with open("/proc/%d/stat" % pid) as f:
-        st = f.read()
-    return int(st[st.rfind(")") + 2:].split()[19])
-
-
 
 
 @pytest.fixture
@@ -62,6 +45,7 @@ def gpu_devices(tmp_path):
 @pytest.fixture
 def spawn_holder(gpu_devices):
     started: List[Spawned] = []
+    ours = Started()  # every holder process by pid and start time, for the teardown
     dev_dir = os.path.dirname(gpu_devices)
 
     def spawn(files=("nvidia0", "nvidiactl", "nvidia-uvm"), workers: int = 0, ignore_term: int = 0,
@@ -81,19 +65,17 @@ def spawn_holder(gpu_devices):
             p.wait(timeout=10)
             raise AssertionError("holder did not start (exit %s)" % p.returncode)
         doc = json.loads(line)
-        s = Spawned(popen=p, pid=doc["pid"], workers=doc["workers"], sid=os.getsid(doc["pid"]),
-                    start_ticks=start_ticks(doc["pid"]))
+        ticks = start_ticks(doc["pid"])
+        assert ticks is not None, "holder %d gone at once" % doc["pid"]
+        s = Spawned(popen=p, pid=doc["pid"], workers=doc["workers"], sid=os.getsid(doc["pid"]), start_ticks=ticks)
         started.append(s)
+        for pid in [s.pid, *s.workers, p.pid]:
+            ours.add(pid)
         return s
 
     yield spawn
+    ours.kill()
     for s in started:
-        for pid in [s.pid, *s.workers, s.popen.pid]:
-            if alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
         try:
             s.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:

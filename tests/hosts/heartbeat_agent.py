@@ -22,6 +22,7 @@ from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.sinks import Backoff
 from onbox.supervisor.hooks import RunContext
+from tests.fakes.supervisor import loop_step
 
 
 def main(argv=None) -> int:
@@ -56,11 +57,7 @@ def main(argv=None) -> int:
     while not os.path.exists(args.stop_file) and time.monotonic() < end:
         step += 1
         t0 = time.monotonic()
-        line = "iter %d: loss %.4f, time 5.00ms, mfu 1.00%%" % (step, 3.0 / (1 + step * 1e-3))
-        hook.on_output(line)  # what the supervisor loop does with a line: the run's feed parses it once
-        fields = hook.feed.on_output(line)
-        if fields:
-            hook.on_progress(fields)
+        loop_step(hook, "iter %d: loss %.4f, time 5.00ms, mfu 1.00%%" % (step, 3.0 / (1 + step * 1e-3)))
         hook.tick(state)
         max_tick = max(max_tick, time.monotonic() - t0)
         if time.monotonic() >= progress_due:  # the loop's record of the feed: how far the job got

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from onbox.proc import is_alive
-from tests.integration.supervisor_helpers import Started, events, onbox, state
+from tests.integration.supervisor_helpers import events, onbox, state
+from tests.processes import Started
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -39,8 +40,7 @@ DOUBLE_FORK = textwrap.dedent("""
 
 def test_a_double_forked_setsid_grandchild_is_stopped_when_the_run_ends_done(onbox_home, tmp_path):
     pidfile = tmp_path / "grandchild"
-    started = Started()
-    try:
+    with Started(onbox_home) as started:
         r = onbox(onbox_home, "run", "--foreground", "--name", "lo", "--", PY, "-c", DOUBLE_FORK, str(pidfile))
         pid, start = (int(x) for x in pidfile.read_text().split())
         started.add(pid, start)
@@ -52,6 +52,3 @@ def test_a_double_forked_setsid_grandchild_is_stopped_when_the_run_ends_done(onb
         assert stopped[0]["commands"][stopped[0]["pids"].index(pid)] == "sleep 301"
         steps = [e for e in events(onbox_home, "lo") if e["type"] == "attempt_leftovers_signal"]
         assert steps and steps[0]["signal"] == "SIGTERM" and pid in steps[0]["pids"]
-    finally:
-        started.add_home(onbox_home)
-        started.kill()

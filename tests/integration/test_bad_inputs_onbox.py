@@ -20,7 +20,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 import pytest
 
 from tests.conftest import subprocess_env
-from tests.integration.supervisor_helpers import FAST, kill_test_processes, pids_with_home
+from tests.integration.supervisor_helpers import FAST
+from tests.processes import kill_test_processes, pids_with_home
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

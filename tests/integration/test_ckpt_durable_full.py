@@ -2,7 +2,6 @@
 committed checkpoint intact, the source intact, the training loop (the hook) undisturbed, never "synced" (U33)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -19,25 +18,11 @@ from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_torch_zip
 from tests.conftest import subprocess_env
-from tests.unit.test_checkpoints import Recorder, make_ctx
+from tests.fakes.recorders import EventRecorder
+from tests.fakes.run_context import run_context
+from tests.hosts.tmpfs import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
-
-
-@contextlib.contextmanager
-def tmpfs(path, **opts):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    os.makedirs(path, exist_ok=True)
-    spec = ",".join("%s=%s" % kv for kv in opts.items())
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", spec, "tmpfs", str(path)], capture_output=True, text=True,
-                          timeout=30)
-    if proc.returncode != 0:
-        pytest.skip("cannot mount tmpfs here: %s" % proc.stderr.strip())
-    try:
-        yield str(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], timeout=30, check=False)
 
 
 class BlindTarget(LocalPathTarget):
@@ -55,7 +40,7 @@ def test_bytes_full_preflight_and_enospc_mid_copy(tmp_path):
     src = str(tmp_path / "ck")
     with tmpfs(tmp_path / "dur", size="2m", nr_inodes=1000) as dur:
         write_torch_zip(os.path.join(src, "step_1.pt"), payload=b"\x01" * 100_000)
-        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), EventRecorder())
         assert com.commit(newest(src)).status == "committed"
         big = write_torch_zip(os.path.join(src, "step_2.pt"), payload=os.urandom(1_500_000))
         src_hash = hashcopy.hash_file(big)
@@ -69,7 +54,7 @@ def test_bytes_full_preflight_and_enospc_mid_copy(tmp_path):
         [full] = [e for e in events if e["type"] == "durable_full"]
         assert full["need_bytes"] > full["free_bytes"] > 0
         # a target that cannot see free space: ENOSPC in the middle of the copy, staging cleaned
-        blind = CheckpointCommitter(BlindTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        blind = CheckpointCommitter(BlindTarget(dur, "r1"), "r1", SystemClock(), EventRecorder())
         with pytest.raises(SyncFailed) as ei:
             blind.commit(newest(src))
         assert ei.value.errno_name == "ENOSPC"
@@ -83,18 +68,18 @@ def test_inodes_exhausted(tmp_path):
     src = str(tmp_path / "ck")
     with tmpfs(tmp_path / "dur", size="64m", nr_inodes=40) as dur:
         write_torch_zip(os.path.join(src, "step_1.pt"))
-        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), EventRecorder())
         assert com.commit(newest(src)).status == "committed"
         for i in range(40):
             write_torch_zip(os.path.join(src, "checkpoint-2", "shard-%02d.pt" % i))
-        emit = Recorder()
+        emit = EventRecorder()
         com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), emit)
         with pytest.raises(DurableFull) as ei:
             com.commit(newest(src))
         assert "inodes free" in str(ei.value)
         [ev] = emit.of("durable_full")
         assert ev["need_inodes"] > ev["free_inodes"] >= 0
-        blind = CheckpointCommitter(BlindTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        blind = CheckpointCommitter(BlindTarget(dur, "r1"), "r1", SystemClock(), EventRecorder())
         with pytest.raises(SyncFailed) as ei:
             blind.commit(newest(src))
         assert ei.value.errno_name == "ENOSPC"  # tmpfs reports inode exhaustion as ENOSPC (U7)
@@ -105,7 +90,7 @@ def test_inodes_exhausted(tmp_path):
 
 def test_hook_keeps_the_loop_running_when_durable_is_full(tmp_path):
     with tmpfs(tmp_path / "dur", size="1m") as dur:
-        ctx = make_ctx(tmp_path, durable=dur, settle_seconds=0.0)
+        ctx = run_context(tmp_path, durable=dur, settle_seconds=0.0)
         hook = CheckpointCommitHook(ctx)
         write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"), payload=os.urandom(2_000_000))
         hook.periodic()  # returns at once; the commit runs (and fails) in the background
@@ -119,11 +104,11 @@ def test_read_only_durable_fails_loudly(tmp_path):
     src = str(tmp_path / "ck")
     with tmpfs(tmp_path / "dur", size="8m") as dur:
         write_torch_zip(os.path.join(src, "step_1.pt"))
-        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder())
+        com = CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), EventRecorder())
         assert com.commit(newest(src)).status == "committed"
         subprocess.run(["mount", "-o", "remount,ro", dur], check=True, timeout=30)
         write_torch_zip(os.path.join(src, "step_2.pt"))
         with pytest.raises(SyncFailed) as ei:
-            CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), Recorder()).commit(newest(src))
+            CheckpointCommitter(LocalPathTarget(dur, "r1"), "r1", SystemClock(), EventRecorder()).commit(newest(src))
         assert ei.value.errno_name == "EROFS" and "read-only" in (ei.value.hint or "")
         assert verify_path(os.path.join(dur, "r1", "checkpoints", "step_1.pt")).ok

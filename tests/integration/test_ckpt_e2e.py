@@ -89,20 +89,17 @@ def test_preemption_commits_the_checkpoint_saved_on_the_signal(tmp_path):
 
     from tests.integration.supervisor_helpers import env_for
     from tests.polling import wait_for
+    from tests.processes import Started
 
     home, durable = tmp_path / "home", str(tmp_path / "durable")
     env = env_for(home, ONBOX_SETTLE_SECONDS="30", ONBOX_SYNC_INTERVAL="3600")
-    p = subprocess.Popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "pre", "--grace", "20",
-                          "--durable", durable, "--", sys.executable, "-c", ON_TERM], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    try:
+    with Started() as started:
+        p = started.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "pre", "--grace", "20",
+                           "--durable", durable, "--", sys.executable, "-c", ON_TERM], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         wait_for(lambda: "child-up" in _read(home / "runs" / "pre" / "output.log"), timeout=30, what="child up")
         p.send_signal(signal.SIGTERM)
         _out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 75, err
     [final] = [e for e in events(home, "pre") if e["type"] == "final_checkpoint"]
     assert final["summary"]["name"] == "step_2.pt" and final["summary"]["status"] == "committed"

@@ -14,7 +14,7 @@ from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import flip_byte, truncate, write_torch_zip
 from tests.conftest import subprocess_env
-from tests.unit.test_checkpoints import make_ctx
+from tests.fakes.run_context import run_context
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ print("done", flush=True)
 
 
 def test_in_place_rewrite_is_never_committed_torn(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, sync_interval=0.0, keep_last=100)
+    ctx = run_context(tmp_path, settle_seconds=0.0, sync_interval=0.0, keep_last=100)
     ctx.clock = SystemClock()
     hook = CheckpointCommitHook(ctx)
     ckpt = os.path.join(ctx.ckpt_dir, "ckpt.pt")

@@ -9,8 +9,8 @@ import pytest
 from onbox.checkpoints import hashcopy
 from onbox.checkpoints.hook import CheckpointCommitHook
 from tests.checkpoint_files import write_torch_zip
-from tests.integration.test_ckpt_durable_full import tmpfs
-from tests.unit.test_checkpoints import make_ctx
+from tests.fakes.run_context import run_context
+from tests.hosts.tmpfs import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.root]
 def test_pruning_a_local_copy_the_trainer_already_deleted_is_no_error(tmp_path):
     """Lightning's save_top_k deletes an old .ckpt while onbox commits the newest one: the prune that follows the
     commit finds it gone. The commit stands and the rest of the prune and the log copy still happen."""
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, prune_local=True)
+    ctx = run_context(tmp_path, settle_seconds=0.0, prune_local=True)
     with tmpfs(ctx.ckpt_dir, size="1m"):
         hook = CheckpointCommitHook(ctx)
         for step, size in ((1, 150_000), (2, 150_000)):

@@ -19,7 +19,8 @@ from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
 from tests.conftest import subprocess_env
-from tests.unit.test_checkpoints import Recorder, make_ctx
+from tests.fakes.recorders import EventRecorder
+from tests.fakes.run_context import run_context
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def newest(root):
 
 
 def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
-    ctx = make_ctx(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0, sync_interval=0.0)
+    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0, sync_interval=0.0)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-10", "model.pt"), payload=os.urandom(300_000))
     write_safetensors(os.path.join(ctx.ckpt_dir, "checkpoint-10", "sub", "ema.safetensors"))
     hook = CheckpointCommitHook(ctx)
@@ -41,7 +42,7 @@ def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
     assert verify_path(served).ok  # what landed on the server, checked byte by byte
     assert os.path.exists(os.path.join(rclone_sftp.durable_root, "r1", "checkpoints_index.json"))
     # a replacement box with an empty checkpoint dir
-    box2 = make_ctx(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
+    box2 = run_context(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
     path = CheckpointCommitHook(box2).restore()
     assert path == os.path.join(box2.ckpt_dir, "checkpoint-10")
     rep = verify_path(path)  # the local copy has no manifest (it is not a committed checkpoint): files check out
@@ -67,7 +68,7 @@ def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
     target = RcloneTarget(rclone_sftp.remote, "r1")
-    CheckpointCommitter(target, "r1", SystemClock(), Recorder()).commit(newest(src))
+    CheckpointCommitter(target, "r1", SystemClock(), EventRecorder()).commit(newest(src))
     write_torch_zip(os.path.join(src, "checkpoint-2", "model.pt"), payload=os.urandom(6_000_000))
     proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_sftp.remote, src], env=subprocess_env(),
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -91,11 +92,11 @@ def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_
         proc.wait(timeout=30)
     assert os.path.isdir(partial_dir) and not os.path.exists(os.path.join(partial_dir, MANIFEST))
     # readers ignore it: no manifest, not in the index
-    reader = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), Recorder())
+    reader = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert [e["name"] for e in reader.committed()] == ["checkpoint-1"]
     assert reader.target.read_manifest("checkpoint-2") is None
     # the next run cleans the leftover and finishes the commit
-    emit = Recorder()
+    emit = EventRecorder()
     nxt = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), emit)
     r = nxt.commit(newest(src))
     assert r.status == "committed" and r.name == "checkpoint-2"
@@ -108,7 +109,7 @@ def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
     rclone_sftp.stop()
-    ctx = make_ctx(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0)
+    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0)
     os.rmdir(ctx.ckpt_dir)
     os.symlink(src, ctx.ckpt_dir)
     hook = CheckpointCommitHook(ctx)
@@ -128,7 +129,7 @@ def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path
             f.write(b"theirs")
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-9", "model.pt"))
-    com = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), Recorder())
+    com = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert com.commit(newest(src)).status == "committed"
     write_torch_zip(os.path.join(src, "checkpoint-7", "model.pt"))
     cand = next(c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.name == "checkpoint-7")

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, events, kill_if_alive, kill_test_processes, onbox
+from tests.integration.supervisor_helpers import env_for, events, onbox
 from tests.polling import wait_for
+from tests.processes import Started
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
@@ -54,16 +55,17 @@ CASES = {"entries": (wide, {"ONBOX_SCAN_MAX_ENTRIES": "200"}, "more than 200 ent
 
 
 @pytest.mark.parametrize("bound", sorted(CASES))
-def test_a_too_large_checkpoint_dir_is_said_and_sigterm_still_stops_the_run_promptly(tmp_path, onbox_home, bound):
+def test_a_too_large_checkpoint_dir_is_said_and_sigterm_still_stops_the_run_promptly(tmp_path, onbox_home, bound,
+                                                                                     cleanup):
     ck = tmp_path / "ck"
     build, knobs, why = CASES[bound][0], CASES[bound][1], CASES[bound][2].replace("%s", str(ck))
     build(ck)
-    p = subprocess.Popen([PY, "-m", "onbox", "run", "--foreground", "--name", "big", "--ckpt-dir", str(ck),
-                          "--grace", "20", "--", PY, "-c", TRAINER],
-                         env=env_for(onbox_home, **knobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL)
     log = onbox_home / "runs" / "big" / "output.log"
-    try:
+    with Started() as started:
+        p = started.popen([PY, "-m", "onbox", "run", "--foreground", "--name", "big", "--ckpt-dir", str(ck),
+                           "--grace", "20", "--", PY, "-c", TRAINER],
+                          env=env_for(onbox_home, **knobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL)
         wait_for(lambda: log.exists() and "child-up" in log.read_text(), what="the trainer running")
         said = wait_for(lambda: [e for e in events(onbox_home, "big") if e["type"] == "checkpoint_dir_too_large"],
                         what="the checkpoint_dir_too_large event")
@@ -76,9 +78,6 @@ def test_a_too_large_checkpoint_dir_is_said_and_sigterm_still_stops_the_run_prom
         p.send_signal(signal.SIGTERM)  # the agent this test started, by its PID
         _out, err = p.communicate(timeout=60)
         took = time.monotonic() - sent
-    finally:
-        kill_if_alive(p.pid)
-        kill_test_processes(onbox_home)
     assert p.returncode == 75, err
     assert took < 10, "the agent took %.1f s to stop on SIGTERM" % took
     assert "child-got-term" in log.read_text()

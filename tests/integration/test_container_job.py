@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.polling import wait_for
+from tests.processes import Started, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -70,14 +71,6 @@ def output(home, run):
     return out
 
 
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def committed(durable, run):
     d = os.path.join(durable, run, "checkpoints")
     out = []
@@ -94,20 +87,16 @@ def test_a_preempted_container_job_stops_inside_commits_exits_75_and_resumes(fak
     argv = [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "c1", "--docker", IMAGE, "--ckpt-dir", ck,
             "--durable", durable, "--grace", "20", "--secret", "HF_TOKEN", "--restart", "never",
             "--", sys.executable, TRAINER, "--steps", "10"]
-    agent = subprocess.Popen(argv, env=fake_docker, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with Started() as started:
+        agent = started.popen(argv, env=fake_docker, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         wait_for(lambda: any(x.get("step", -1) >= 2 for x in output(onbox_home, "c1")), 30, "the trainer to run")
         wait_for(lambda: committed(durable, "c1"), 20, "a commit")
         start = next(x for x in output(onbox_home, "c1") if x.get("event") == "start")
-        assert alive(start["pid"])
+        assert pid_alive(start["pid"])
         agent.send_signal(signal.SIGTERM)  # the preemption
         _out, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
     assert agent.returncode == 75, err.decode()[-2000:]
-    assert not alive(start["pid"])  # the trainer inside the container is gone
+    assert not pid_alive(start["pid"])  # the trainer inside the container is gone
     stopped = [x for x in output(onbox_home, "c1") if x.get("event") == "stopped"]
     assert stopped and committed(durable, "c1")[-1] == stopped[0]["step"]  # TERM reached it; its save committed
     # what the container saw: the contract variables and the secret by name, never the agent's environment
@@ -143,19 +132,15 @@ def test_a_container_that_ignores_term_is_killed_through_the_daemon_at_the_deadl
         how = ["--", "docker", "run", "--rm", "--init", "-e", "ONBOX_CKPT_DIR", IMAGE, *job]
     argv = [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "c2", "--grace", "1.5", "--restart",
             "never", *how]
-    agent = subprocess.Popen(argv, env=dict(fake_docker, ONBOX_SYNC_RESERVE="0.3"), cwd=str(tmp_path),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with Started() as started:
+        agent = started.popen(argv, env=dict(fake_docker, ONBOX_SYNC_RESERVE="0.3"), cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         wait_for(lambda: any(x.get("step", -1) >= 1 for x in output(onbox_home, "c2")), 30, "the trainer to run")
         pid = next(x for x in output(onbox_home, "c2") if x.get("event") == "start")["pid"]
         agent.send_signal(signal.SIGTERM)
         _out, err = agent.communicate(timeout=60)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
     assert agent.returncode == 75, err.decode()[-2000:]
-    wait_for(lambda: not alive(pid), 10, "the container's process to be gone")
+    wait_for(lambda: not pid_alive(pid), 10, "the container's process to be gone")
     if mode == "--docker":
         ref = "onbox-c2-0"
     else:
@@ -181,18 +166,14 @@ def test_with_the_machines_docker_daemon(tmp_path, onbox_home):
     env = subprocess_env({"ONBOX_HOME": str(onbox_home), "ONBOX_NOTICE_SOURCE": "none", "ONBOX_TICK_INTERVAL": "0.05",
                           "CUDA_VISIBLE_DEVICES": ""})  # no GPU asked: the daemon may have no NVIDIA runtime
     shutil.copy(TRAINER, tmp_path / "t.py")
-    agent = subprocess.Popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "real", "--docker",
-                              image, "--shm-size", "64m", "--grace", "20", "--restart", "never", "--workdir",
-                              str(tmp_path), "--", "python3", str(tmp_path / "t.py"), "--steps", "200"],
-                             env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with Started() as started:
+        agent = started.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "real", "--docker",
+                               image, "--shm-size", "64m", "--grace", "20", "--restart", "never", "--workdir",
+                               str(tmp_path), "--", "python3", str(tmp_path / "t.py"), "--steps", "200"],
+                              env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         wait_for(lambda: any(x.get("step", -1) >= 2 for x in output(onbox_home, "real")), 120, "the container to run")
         agent.send_signal(signal.SIGTERM)
         _out, err = agent.communicate(timeout=90)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
     assert agent.returncode == 75, err.decode()[-2000:]
     assert [x for x in output(onbox_home, "real") if x.get("event") == "stopped"]  # TERM reached the trainer
     ps = subprocess.run([docker, "ps", "-q", "--filter", "name=onbox-real-"], capture_output=True, text=True,

@@ -20,8 +20,9 @@ import sys
 import pytest
 
 from tests.hosts.tracker import TrackerProcess
-from tests.integration.supervisor_helpers import env_for, kill_if_alive, state
+from tests.integration.supervisor_helpers import env_for, state
 from tests.polling import wait_for
+from tests.processes import Started
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +113,7 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
     page.on("pageerror", lambda e: problems.append("pageerror: %s" % e))
     page.on("console", lambda m: problems.append("console %s: %s" % (m.type, m.text)) if m.type == "error" else None)
     page.on("request", lambda r: urls.append(r.url))
-    proc = None
+    started = Started(home)  # the end (a failed test too) stops the agent and the job it started
     try:
         # -- login: a wrong token is refused, the right one sets the cookie, the token is in no URL
         page.goto(tracker.url + "/")
@@ -135,7 +136,7 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         env = env_for(home, ONBOX_TRACKER=tracker.url, ONBOX_TRACKER_TOKEN_FILE=tracker.token_file,
                       ONBOX_HEARTBEAT_INTERVAL="0.05", ONBOX_BOX="gpu-test")
         with open(tmp_path / "onbox.log", "wb") as log:
-            proc = subprocess.Popen(
+            proc = started.popen(
                 [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "dash", "--restart", "never",
                  "--secret", "WANDB_API_KEY", "--",
                  sys.executable, str(tmp_path / "train.py"), tracker.url, tracker.token_file, "dash", str(record),
@@ -170,10 +171,10 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         page.screenshot(path=str(tmp_path / "dashboard-run-live.png"), full_page=True)
 
         # -- the agent dies (SIGKILL, no final beat): the open page marks the run SILENT
-        child = state(home, "dash").get("child_pid")
+        started.add(state(home, "dash").get("child_pid"))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
-        kill_if_alive(child)
+        started.kill()  # and the job it ran
         wait_for(lambda: page.query_selector("#run-state .mark-SILENT"), 30, "SILENT on the run page")
         assert page.get_attribute("#run-state", "data-liveness") == "silent"
         page.screenshot(path=str(tmp_path / "dashboard-run.png"), full_page=True)
@@ -192,11 +193,7 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
                     stored += f.read()
         assert b"WANDB_API_KEY=[secret]" in stored and secret.encode() not in stored  # nor in what the tracker keeps
     finally:
-        if proc is not None and proc.poll() is None:
-            kill_if_alive(state(home, "dash").get("child_pid"))
-            proc.kill()
-            proc.wait(10)
-        kill_if_alive(state(home, "dash").get("child_pid"))
+        started.stop()
         tracker.stop()
 
 

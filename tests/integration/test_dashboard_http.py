@@ -11,7 +11,6 @@ import pytest
 import requests
 
 from tests.hosts.tracker import TrackerProcess
-from tests.integration.test_tracker_tls import cert  # noqa: F401 (a fixture: a self-signed certificate)
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +157,7 @@ def test_a_pulls_record_nested_100000_deep_degrades_the_pull_column_not_the_over
         t.stop()
 
 
-def test_over_tls_the_cookie_is_secure(tmp_path, cert):  # noqa: F811 (the fixture imported above)
+def test_over_tls_the_cookie_is_secure(tmp_path, cert):
     crt, key = cert
     t = TrackerProcess(str(tmp_path / "tracker"), extra_args=["--tls-cert", crt, "--tls-key", key]).start()
     url = "https://127.0.0.1:%d" % t.port

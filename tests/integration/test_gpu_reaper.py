@@ -27,9 +27,9 @@ from onbox.gpu.reaper import ReaperHook, decide_all
 from onbox.subsystems import make_hooks
 from onbox.supervisor.hooks import RunContext
 from tests.conftest import subprocess_env
-from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.hosts.gpu_holders import alive
+from tests.fakes.nvml import BrokenCount, FakeGpu, FakeNvml, FakeProcess
 from tests.polling import wait_for
+from tests.processes import Started, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def make_ctx(home, run, devices, events, reap_wait=1.0):
 
 def test_scan_finds_orphaned_workers_and_names_our_earlier_attempt(onbox_home, gpu_devices, spawn_holder):
     trainer, sid, t0 = orphaned_trainer(spawn_holder)
-    assert not alive(trainer.pid) and all(alive(w) for w in trainer.workers)
+    assert not pid_alive(trainer.pid) and all(pid_alive(w) for w in trainer.workers)
     write_state(onbox_home, "train", [(trainer, t0)])
 
     scan = HolderScan(gpu_devices, seam=NO_DRIVER).scan()
@@ -97,8 +97,8 @@ def test_hook_reaps_orphans_before_restart_and_spares_current_and_foreign(onbox_
 
     hook.before_attempt([sid])
 
-    assert not any(alive(w) for w in trainer.workers)
-    assert alive(current.pid) and all(alive(w) for w in current.workers) and alive(foreign.pid)
+    assert not any(pid_alive(w) for w in trainer.workers)
+    assert pid_alive(current.pid) and all(pid_alive(w) for w in current.workers) and pid_alive(foreign.pid)
     sent = sorted((e["signal"], e["pid"]) for e in events if e["event"] == "reap_signal")
     assert [s for s, _ in sent].count("SIGTERM") == 3 and [s for s, _ in sent].count("SIGKILL") == 1
     assert {p for _, p in sent} == set(trainer.workers)
@@ -120,7 +120,7 @@ def test_hook_is_off_when_reap_orphans_is_false(onbox_home, gpu_devices, spawn_h
     ctx = make_ctx(onbox_home, "train", gpu_devices, events)
     ctx.config.reap_orphans = False
     ReaperHook(ctx, seam=NO_DRIVER).before_attempt([sid])
-    assert alive(trainer.workers[0]) and events == []
+    assert pid_alive(trainer.workers[0]) and events == []
 
 
 def test_make_hooks_plugs_the_reaper_in(onbox_home, gpu_devices):
@@ -142,13 +142,13 @@ def test_cli_dry_run_reports_foreign_holder_and_touches_nothing(onbox_home, gpu_
     d = next(x for x in doc["decisions"] if x["pid"] == foreign.pid)
     assert (d["owner"], d["verdict"], d["outcome"]) == ("foreign", "reap", None)
     assert d["gpus"] == [1] and d["sid"] == foreign.pid
-    assert doc["forced"] is False and alive(foreign.pid)
+    assert doc["forced"] is False and pid_alive(foreign.pid)
     assert not os.path.exists(onbox_home / "reap.jsonl")
     # the human table says the same
     env = subprocess_env({"ONBOX_HOME": str(onbox_home), "ONBOX_GPU_DEVICES": gpu_devices})
     out = subprocess.run([*onbox_argv, "reap", "--min-age", "0"], env=env, capture_output=True, text=True,
                          timeout=60).stdout
-    assert str(foreign.pid) in out and "dry run" in out and alive(foreign.pid)
+    assert str(foreign.pid) in out and "dry run" in out and pid_alive(foreign.pid)
 
 
 def test_cli_force_kills_foreign_and_orphans_never_the_current_attempt(onbox_home, gpu_devices, spawn_holder,
@@ -164,11 +164,11 @@ def test_cli_force_kills_foreign_and_orphans_never_the_current_attempt(onbox_hom
     by_pid = {d["pid"]: d for d in doc["decisions"]}
     for pid in [current.pid, *current.workers]:
         assert by_pid[pid]["owner"] == "current" and by_pid[pid]["verdict"] == "keep"
-        assert by_pid[pid]["outcome"] == "not touched: " + by_pid[pid]["reason"] and alive(pid)
+        assert by_pid[pid]["outcome"] == "not touched: " + by_pid[pid]["reason"] and pid_alive(pid)
     for pid in trainer.workers:
         assert by_pid[pid]["owner"] == "earlier" and by_pid[pid]["outcome"] == "terminated by SIGTERM"
     assert by_pid[foreign.pid]["outcome"] == "terminated by SIGTERM"
-    wait_for(lambda: not alive(foreign.pid) and not any(alive(w) for w in trainer.workers), what="reaped")
+    wait_for(lambda: not pid_alive(foreign.pid) and not any(pid_alive(w) for w in trainer.workers), what="reaped")
 
 
 def test_cli_force_respects_min_age(onbox_home, gpu_devices, spawn_holder, onbox_argv):
@@ -176,7 +176,7 @@ def test_cli_force_respects_min_age(onbox_home, gpu_devices, spawn_holder, onbox
     rc, doc, _err = run_reap(onbox_argv, onbox_home, gpu_devices, "--force", "--min-age", "3600")
     d = next(x for x in doc["decisions"] if x["pid"] == foreign.pid)
     assert rc == 0 and d["verdict"] == "keep" and "younger than the minimum age" in d["reason"]
-    assert alive(foreign.pid)
+    assert pid_alive(foreign.pid)
 
 
 @pytest.mark.root
@@ -186,11 +186,11 @@ def test_other_users_process_needs_all_users(onbox_home, gpu_devices, spawn_hold
     rc, doc, err = run_reap(onbox_argv, onbox_home, gpu_devices, "--force", "--min-age", "0")
     assert rc == 0, err
     d = next(x for x in doc["decisions"] if x["pid"] == nobody.pid)
-    assert d["verdict"] == "keep" and d["reason"].endswith("needs --all-users") and alive(nobody.pid)
+    assert d["verdict"] == "keep" and d["reason"].endswith("needs --all-users") and pid_alive(nobody.pid)
     rc, doc, _err = run_reap(onbox_argv, onbox_home, gpu_devices, "--force", "--all-users", "--min-age", "0")
     d = next(x for x in doc["decisions"] if x["pid"] == nobody.pid)
     assert rc == 0 and d["outcome"] == "terminated by SIGTERM"
-    wait_for(lambda: not alive(nobody.pid), what="nobody's holder gone")
+    wait_for(lambda: not pid_alive(nobody.pid), what="nobody's holder gone")
 
 
 @pytest.mark.root
@@ -203,7 +203,7 @@ def test_holder_in_another_pid_namespace_is_reported_not_killed(onbox_home, gpu_
     d = next(x for x in doc["decisions"] if x["pid"] == boxed.pid)
     assert d["other_pid_ns"] is True and d["ns_pids"] == [boxed.pid, 1]
     assert d["verdict"] == "keep" and "another container" in d["reason"] and "restart that container" in d["reason"]
-    assert d["outcome"] == "not touched: " + d["reason"] and alive(boxed.pid)
+    assert d["outcome"] == "not touched: " + d["reason"] and pid_alive(boxed.pid)
 
 
 def test_all_users_without_root_is_a_usage_error(monkeypatch, onbox_home, gpu_devices):
@@ -342,12 +342,10 @@ def test_busy_foreign_holder_is_kept_idle_one_is_a_candidate(onbox_home, gpu_dev
         "keep", "busy: NVML saw it using the GPU in the last sample")
     assert (by_pid[idle.pid].verdict, by_pid[idle.pid].reason) == (
         "reap", "idle: no GPU activity of it in the last sample")
-    assert alive(busy.pid) and alive(idle.pid)  # a survey never acts
+    assert pid_alive(busy.pid) and pid_alive(idle.pid)  # a survey never acts
 
 
 def test_scan_stands_when_nvml_fails(gpu_devices, spawn_holder):
-    from tests.unit.test_gpu_readings import BrokenCount
-
     h = spawn_holder(files=("nvidia0",))
     scan = scan_with(BrokenCount([FakeGpu()]), gpu_devices)
     got = next(x for x in scan.holders if x.pid == h.pid)
@@ -358,7 +356,7 @@ class LiveDriver(FakeNvml):
     """NVML over real processes: a listed process counts (and holds its memory) only while it is alive."""
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h):
-        return [p for p in self._gpu(h).processes if alive(p.pid)]
+        return [p for p in self._gpu(h).processes if pid_alive(p.pid)]
 
     def nvmlDeviceGetMemoryInfo(self, h):
         h.memory_used = sum(p.usedGpuMemory for p in self.nvmlDeviceGetComputeRunningProcesses_v3(h))
@@ -376,7 +374,7 @@ def test_hook_waits_for_memory_to_come_back(onbox_home, gpu_devices, spawn_holde
                term_timeout_s=5, memory_poll_s=0.01).before_attempt([sid])
     done = next(e for e in events if e["event"] == "reaped")
     assert done["memory"]["released"] is True and done["memory"]["gpus"] == {0: 1 << 30}
-    assert alive(current.pid) and not any(alive(w) for w in trainer.workers)
+    assert pid_alive(current.pid) and not any(pid_alive(w) for w in trainer.workers)
 
 
 def test_holder_that_left_the_session_is_ours_by_its_environment(onbox_home, gpu_devices, spawn_holder):
@@ -391,7 +389,7 @@ def test_holder_that_left_the_session_is_ours_by_its_environment(onbox_home, gpu
     events: list = []
     ReaperHook(make_ctx(onbox_home, "train", gpu_devices, events), seam=NO_DRIVER,
                term_timeout_s=5).before_attempt([leader.sid])
-    assert not alive(escaped.pid) and alive(stranger.pid)
+    assert not pid_alive(escaped.pid) and pid_alive(stranger.pid)
     [sent] = [e for e in events if e["event"] == "reap_signal"]
     assert (sent["pid"], sent["of_run"], sent["of_attempt"], sent["signal"]) == (escaped.pid, "train", 0, "SIGTERM")
 
@@ -404,7 +402,7 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
     import textwrap
 
     from tests.integration.supervisor_helpers import events as run_events
-    from tests.integration.supervisor_helpers import kill_if_alive, onbox
+    from tests.integration.supervisor_helpers import onbox
 
     dev = os.path.join(os.path.dirname(gpu_devices), "nvidia0")
     pidfile, verdict = tmp_path / "worker.pid", tmp_path / "verdict"
@@ -429,7 +427,7 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
             st = "gone"
         open(verdict, "w").write("gone" if st in ("Z", "X", "gone") else st)
     """ % (dev, str(pidfile), str(verdict)))
-    try:
+    with Started(onbox_home):  # the end (a failed test too) stops the worker: it carries this ONBOX_HOME
         r = onbox(onbox_home, "run", "--foreground", "--name", "gpuorph", "--", sys.executable, "-c", script,
                   env_extra={"ONBOX_GPU_DEVICES": gpu_devices, "ONBOX_REAP_WAIT": "1"})
         assert r.returncode == 0, r.stderr
@@ -439,9 +437,6 @@ def test_real_onbox_run_stops_a_worker_that_escaped_the_attempt_session(onbox_ho
         [stopped] = [e for e in evs if e["type"] == "attempt_leftovers_stopped"]
         assert worker in stopped["pids"] and stopped["survived"] == []
         assert [e for e in evs if e["type"] == "reap_signal"] == []
-    finally:
-        if pidfile.exists():
-            kill_if_alive(int(pidfile.read_text()))
 
 
 @pytest.mark.root

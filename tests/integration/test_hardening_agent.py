@@ -14,18 +14,13 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import events, kill_if_alive, kill_test_processes, onbox, state
+from tests.integration.supervisor_helpers import events, onbox, state
 from tests.polling import wait_for
+from tests.processes import Started, signal_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
 SLEEPER = "import time\nfor _ in range(6000): time.sleep(0.01)"
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def run_dir(home, name):
@@ -139,23 +134,20 @@ def test_status_prints_every_run_and_names_the_corrupt_one_with_the_way_out(onbo
 def test_stop_that_times_out_exits_1_and_leaves_the_request(onbox_home, tmp_path):
     d = write_run(onbox_home, "stuck", {}, json.dumps({"run": "stuck", "state": "running", "attempt": 0}))
     # an "agent" that holds the run's lock and never acts on the request
-    holder = subprocess.Popen([PY, "-c", textwrap.dedent("""
-        import fcntl, os, sys, time
-        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        print("locked", flush=True)
-        time.sleep(60)
-    """), str(d / "lock")], stdout=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        holder = started.popen([PY, "-c", textwrap.dedent("""
+            import fcntl, os, sys, time
+            fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            print("locked", flush=True)
+            time.sleep(60)
+        """), str(d / "lock")], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "locked"
         r = onbox(onbox_home, "stop", "stuck", "--wait", "0.5")
         assert r.returncode == 1, (r.returncode, r.stderr)
         first, hint = r.stderr.splitlines()[:2]
         assert first == "onbox: run stuck did not stop within 0.5 s" and "stop request stays" in hint
         assert (d / "stop.request").exists()
-    finally:
-        kill_if_alive(holder.pid)
-        holder.wait(timeout=10)
     with open(d / "lock") as f:  # the lock is free again: the holder is gone
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -243,7 +235,7 @@ def test_the_summary_follows_commits_and_progress_and_tells_the_truth_after_a_pr
     assert [e["new"] for e in events(onbox_home, "ck") if e["type"] == "state"] == ["running"]  # no state change
 
     agent = state(onbox_home, "ck")["agent_pid"]
-    os.kill(agent, signal.SIGUSR1)  # the scheduler's warning, to the agent this test started
+    signal_own(onbox_home, agent, signal.SIGUSR1)  # the scheduler's warning, to the agent this test started
     wait_for(lambda: state(onbox_home, "ck").get("state") == "preempted", 20, "the preemption")
     wait_for(lambda: "relaunch with" in state(onbox_home, "ck").get("message", ""), 10, "the final message")
     text = md.read_text()

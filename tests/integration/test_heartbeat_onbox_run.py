@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, kill_if_alive, state
+from tests.integration.supervisor_helpers import env_for
 from tests.polling import wait_for
+from tests.processes import Started
 
 TRAIN = r'''
 import json, os, sys, time
@@ -38,11 +39,11 @@ def test_onbox_run_heartbeats_survive_a_tracker_restart(tracker, tmp_path):
     run_dir = home / "runs" / "hbrun"
     env = env_for(home, ONBOX_TRACKER=tracker.url, ONBOX_TRACKER_TOKEN_FILE=tracker.token_file,
                   ONBOX_HEARTBEAT_INTERVAL="0.1")
-    with open(tmp_path / "onbox.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "hbrun",
-                                 "--restart", "never", "--", sys.executable, str(script), str(finish)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
+    with Started(home) as started:  # the end (a failed test too) stops the agent and the job it started
+        with open(tmp_path / "onbox.log", "wb") as log:
+            proc = started.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "hbrun",
+                                  "--restart", "never", "--", sys.executable, str(script), str(finish)],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_for(lambda: len(tracker.all_heartbeats("hbrun")) >= 5, timeout=60, what="beats from onbox run")
         tracker.kill()
         spool = run_dir / "heartbeats" / "spool-tracker"
@@ -52,11 +53,6 @@ def test_onbox_run_heartbeats_survive_a_tracker_restart(tracker, tmp_path):
         wait_for(lambda: not any(n[0].isdigit() for n in os.listdir(spool)), timeout=60, what="the backlog drained")
         finish.write_text("")
         assert proc.wait(90) == 0, (tmp_path / "onbox.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:  # a failed test: stop the agent and the job it started, by PID
-            kill_if_alive(state(home, "hbrun").get("child_pid"))
-            proc.kill()
-            proc.wait(10)
     counter = json.loads((run_dir / "heartbeats" / "seq.json").read_text())
     first, n = counter["first_seq"], counter["next_seq"] - counter["first_seq"]
     beats = wait_for(lambda: (lambda b: b if len(b) >= n else None)(tracker.all_heartbeats("hbrun")), timeout=30,
@@ -87,12 +83,13 @@ def test_onbox_run_in_a_partitioned_box(netns_host, tmp_path):
     finish = tmp_path / "finish"
     run_dir = home / "runs" / "hbnet"
     env = env_for(home, ONBOX_TRACKER=tr.url, ONBOX_TRACKER_TOKEN_FILE=tr.token_file, ONBOX_HEARTBEAT_INTERVAL="0.1")
-    proc = None
+    started = Started(home)  # the end (a failed test too) stops the agent and the job it started
     try:
         with open(tmp_path / "onbox.log", "wb") as log:
-            proc = netns_host.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "hbnet",
-                                     "--restart", "never", "--", sys.executable, str(script), str(finish)],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = started.adopt(netns_host.popen(
+                [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "hbnet", "--restart", "never", "--",
+                 sys.executable, str(script), str(finish)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         wait_for(lambda: len(tr.all_heartbeats("hbnet")) >= 5, timeout=60, what="beats from the box")
         netns_host.cut()
         at_cut = len(tr.all_heartbeats("hbnet"))
@@ -121,8 +118,5 @@ def test_onbox_run_in_a_partitioned_box(netns_host, tmp_path):
         assert [b["seq"] for b in beats] == list(range(first, first + n))
         assert beats[-1]["state"] == "done"
     finally:
-        if proc is not None and proc.poll() is None:  # a failed test: stop the agent and its job, by PID
-            kill_if_alive(state(home, "hbnet").get("child_pid"))
-            proc.kill()
-            proc.wait(10)
+        started.stop()
         tr.stop()

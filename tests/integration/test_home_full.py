@@ -13,9 +13,10 @@ import textwrap
 import pytest
 
 from onbox.proc import is_alive, start_time
-from tests.integration.supervisor_helpers import Started, env_for, events, onbox, state
-from tests.integration.test_ckpt_durable_full import tmpfs
+from tests.hosts.tmpfs import tmpfs
+from tests.integration.supervisor_helpers import env_for, events, onbox, state
 from tests.polling import wait_for
+from tests.processes import Started, kill_exact
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -91,9 +92,9 @@ def beat_alert_codes(path):
 
 @pytest.mark.root
 def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppable(tmp_path):
-    started = Started()
     beats = tmp_path / "beats.jsonl"  # on another disk, like a durable dir
     with tmpfs(tmp_path / "home", size="8m") as home:
+        started = Started(home)
         try:
             r = onbox(home, "run", "--name", "x", "--ckpt-dir", str(tmp_path / "ck"), "--heartbeat-file",
                       str(beats), "--heartbeat-interval", "0.1", "--json", "--", PY, "-c", QUIET)
@@ -141,8 +142,7 @@ def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppab
                 log = f.read()
             assert "Traceback" not in log and "cannot write" in log
         finally:
-            started.add_home(home)
-            started.kill()
+            started.stop()
 
 
 @pytest.mark.root
@@ -168,10 +168,9 @@ def test_the_run_lock_still_tells_a_live_agent_on_a_home_remounted_read_only(tmp
 def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_stopped(tmp_path):
     """A dead agent's child must not stay unsupervised because the disk is full: `onbox run --name x` adopts it
     (the new agent cannot record itself in state.json: status and stop find it by the run's lock)."""
-    import signal
 
-    started = Started()
     with tmpfs(tmp_path / "home", size="8m") as home:
+        started = Started(home)
         try:
             r = onbox(home, "run", "--name", "x", "--ckpt-dir", str(tmp_path / "ck"), "--json", "--", PY, "-c",
                       QUIET)
@@ -180,7 +179,7 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
             old_agent, child = (info["agent_pid"], start_time(info["agent_pid"])), (info["pid"], start_time(info["pid"]))
             started.add(*old_agent)
             started.add(*child)
-            os.kill(old_agent[0], signal.SIGKILL)  # this test's own agent, still the process it started
+            assert kill_exact(*old_agent)  # this test's own agent, by pid and start time
             wait_for(lambda: not is_alive(*old_agent), what="the first agent gone")
             fill(home)
             r = onbox(home, "run", "--name", "x")
@@ -203,5 +202,4 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
             assert stop.returncode == 0 and out.splitlines()[-1] == "x: stopped", err
             assert "Traceback" not in err and state(home, "x")["state"] == "stopped"
         finally:
-            started.add_home(home)
-            started.kill()
+            started.stop()

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import env_for, onbox, state
 from tests.polling import wait_for
+from tests.processes import Started, kill_test_processes, pid_alive, signal_own
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +60,9 @@ def test_partition_every_printed_metric_once_and_the_tracker_undisturbed(mlflow,
             "--heartbeat-interval", "0.2", "--mlflow", mlflow.relay.url, "--mlflow-experiment", mlflow.experiment,
             "--tracker", tracker.url, "--tracker-token-file", tracker.token_file,
             "--", sys.executable, str(script), str(finish), str(truth)]
-    with open(tmp_path / "onbox.log", "wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
+    with Started(home) as started:  # the end (a failed test too) stops the agent and the job it started
+        with open(tmp_path / "onbox.log", "wb") as log:
+            proc = started.popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait_for(lambda: len(mlflow.relay.metrics_sent(key="loss")) >= 20, timeout=60, what="metrics in MLflow")
         mlflow.relay.cut()
         at_cut = len(tracker.all_heartbeats("mlrun"))
@@ -83,11 +84,6 @@ def test_partition_every_printed_metric_once_and_the_tracker_undisturbed(mlflow,
         finish.write_text("")
         assert proc.wait(60) == 0, (tmp_path / "onbox.log").read_text()[-3000:]
         status = onbox(home, "status", "mlrun").stdout
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        kill_test_processes(home)
     printed = json.loads(truth.read_text())
     assert printed["token_seen"] is False  # U34: the agent's MLflow token is not the child's
     [run] = mlflow.runs()
@@ -156,7 +152,7 @@ def test_agent_killed_mid_beat_relaunch_and_replacement_box_share_one_run(mlflow
         # it wrote the cursor down would be the documented window: that request sent again)
         wait_for(lambda: 500 < cursor()[1] < 3000, timeout=30, what="the cursor in the middle of the burst's beat")
         agent, child = state(home, "mlr")["agent_pid"], state(home, "mlr")["child_pid"]
-        os.kill(agent, signal.SIGKILL)
+        signal_own(home, agent, signal.SIGKILL)
         wait_for(lambda: not pid_alive(agent), what="the agent gone")
         assert pid_alive(child)
         r = onbox(home, "adopt", "mlr")

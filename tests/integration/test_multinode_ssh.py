@@ -22,6 +22,7 @@ from onbox.proc import start_time
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import BridgeNet, close_masters
 from tests.polling import wait_for
+from tests.processes import kill_exact
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 torch = pytest.importorskip("torch")
@@ -116,8 +117,7 @@ def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(n
 
         # a preemption of node 1 (SIGTERM to its agent), by the agent's PID and start time
         st1 = _state(boxes[1], RUN + ".node1")
-        assert start_time(st1["agent_pid"]) == st1["agent_start_time"]  # that very agent, not a recycled PID
-        os.kill(st1["agent_pid"], signal.SIGTERM)
+        assert kill_exact(st1["agent_pid"], st1["agent_start_time"], signal.SIGTERM)  # that very agent
         wait_for(lambda: _state(boxes[0], RUN).get("state") == "preempted"
                  and _state(boxes[1], RUN + ".node1").get("state") == "preempted", 60, "both nodes preempted")
         ev0 = _events(boxes[0], RUN)

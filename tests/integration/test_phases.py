@@ -13,12 +13,11 @@ import pytest
 from tests.integration.supervisor_helpers import (
     env_for,
     events,
-    kill_if_alive,
-    kill_test_processes,
     onbox,
     state,
 )
 from tests.polling import wait_for
+from tests.processes import Started
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
@@ -52,12 +51,6 @@ criteria = ["eval_loss < 1.0"]
 """
 
 
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
-
-
 def _records(path):
     try:
         with open(path) as f:
@@ -81,15 +74,13 @@ def test_a_curriculum_is_preempted_in_phase_two_and_resumes_inside_it(onbox_home
     rf.write_text(RUN_FILE % {"py": PY})
     record = tmp_path / "record.jsonl"
     extra = {"PHASE_RECORD": str(record)}
-    agent = subprocess.Popen([PY, "-m", "onbox", "run", "--foreground", "-f", str(rf)], env=env_for(onbox_home, **extra),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    try:
+    with Started() as started:
+        agent = started.popen([PY, "-m", "onbox", "run", "--foreground", "-f", str(rf)], env=env_for(onbox_home, **extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         wait_for(lambda: state(onbox_home, "curr").get("phase", {}).get("name") == "curated"
                  and _step(onbox_home) >= 12, timeout=30, what="phase 2 past step 12")
         agent.send_signal(signal.SIGTERM)
         _out, err = agent.communicate(timeout=60)
-    finally:
-        kill_if_alive(agent.pid)
     assert agent.returncode == 75, err
     doc = state(onbox_home, "curr")
     assert doc["state"] == "preempted" and doc["phase"]["name"] == "curated" and doc["phase"]["index"] == 1

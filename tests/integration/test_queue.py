@@ -18,18 +18,13 @@ from onbox.queue.runner import QueueRunner
 from onbox.queue.slots import agent_argv, gpu_slots
 from tests.conftest import subprocess_env
 from tests.fakes.nvml import FakeGpu, FakeNvml
-from tests.integration.supervisor_helpers import FAST, env_for, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import FAST, env_for, onbox, state
 from tests.polling import wait_for
+from tests.processes import Started, pid_alive, signal_own
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
 TRAINER = [PY, "-m", "tests.integration.phase_trainer", "--interval", "0.01"]
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def q(home, *args, **kw):
@@ -85,7 +80,7 @@ def test_a_preempted_queue_continues_at_the_entry_it_was_on(onbox_home, tmp_path
     assert {n: e.state for n, e in now.items()} == {
         "first": "done", "second": "running", "third": "pending", "extra": "pending", "dropped": "removed"}
     assert {now["extra"].id, now["dropped"].id} == {4, 5}  # two adds at once: two ids, nothing lost
-    os.kill(runner, signal.SIGTERM)
+    signal_own(onbox_home, runner, signal.SIGTERM)
     wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
     doc = json.loads(q(onbox_home, "ls", "--json").stdout)
     assert doc["runner"]["state"] == "preempted" and doc["runner"]["exit"] == 75
@@ -119,22 +114,19 @@ def test_a_killed_runner_leaves_its_agents_running_and_the_next_runner_never_sta
     runner = json.loads(q(onbox_home, "run", "--parallel", "2", "--json").stdout)["runner_pid"]
     wait_for(lambda: all("\n{\"step\": 2," in _output(onbox_home, n) for n in holds), timeout=30,
              what="both entries at step 2")
-    os.kill(runner, signal.SIGKILL)  # no chance to record anything
+    signal_own(onbox_home, runner, signal.SIGKILL)  # no chance to record anything
     wait_for(lambda: not pid_alive(runner), what="the runner gone")
     agents = {n: entries(onbox_home)[n].agent_pid for n in holds}
     holds["early"].unlink()
     wait_for(lambda: not pid_alive(agents["early"]), timeout=30, what="the early entry to finish unwatched")
     assert ls_state(onbox_home, capsys) == {"early": ("running", False), "late": ("running", True)}
-    again = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        again = started.popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: _runner_watches(onbox_home, again.pid, "late"), timeout=30,
                  what="the new runner to watch the live agent")
         holds["late"].unlink()
         _out, err = again.communicate(timeout=60)
-    finally:
-        if again.poll() is None:
-            again.kill()
     assert again.returncode == 0, err
     assert "entry 1 early ended while no runner watched it: done" in err
     assert "watching the live agent of late again (pid %d)" % agents["late"] in err
@@ -239,7 +231,7 @@ def test_an_entry_whose_agent_refuses_on_resume_fails_and_is_not_restarted_forev
     assert cli(capsys, "queue", "add", "--name", "lost", "--", str(script))[0] == 0
     runner = json.loads(q(onbox_home, "run", "--json").stdout)["runner_pid"]
     wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "lost"), timeout=30, what="the entry at step 2")
-    os.kill(runner, signal.SIGTERM)
+    signal_own(onbox_home, runner, signal.SIGTERM)
     wait_for(lambda: not pid_alive(runner), timeout=60, what="the runner to stop")
     assert state(onbox_home, "lost")["state"] == "preempted"
     os.chmod(script, 0o644)
@@ -258,18 +250,13 @@ def test_an_entry_preempted_on_its_own_stops_the_queue_and_is_resumed_first(onbo
     assert cli(capsys, "queue", "add", "--name", "solo", "--",
                *TRAINER, "--steps", "20", "--hold", str(hold), "--hold-at", "2")[0] == 0
     assert cli(capsys, "queue", "add", "--name", "next", "--", *TRAINER, "--steps", "2")[0] == 0
-    runner = subprocess.Popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        runner = started.popen([PY, "-m", "onbox", "queue", "run", "--foreground"], env=env_for(onbox_home),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: "\n{\"step\": 2," in _output(onbox_home, "solo"), timeout=30, what="the entry at step 2")
         agent = entries(onbox_home)["solo"]
-        assert agent.agent_pid and start_time(agent.agent_pid) == agent.agent_start  # that very agent
-        os.kill(agent.agent_pid, signal.SIGTERM)
+        signal_own(onbox_home, agent.agent_pid, signal.SIGTERM, start=agent.agent_start)  # that very agent
         _out, err = runner.communicate(timeout=60)
-    finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait()
     assert runner.returncode == 75, err
     now = entries(onbox_home)
     assert (now["solo"].state, now["solo"].launches, now["next"].state) == ("preempted", 1, "pending"), err

@@ -9,19 +9,18 @@ import sys
 
 import pytest
 
-from tests.integration.supervisor_helpers import env_for, kill_test_processes
+from tests.integration.supervisor_helpers import env_for
 
 pytestmark = [pytest.mark.integration]
 PY = sys.executable
 
 
 @pytest.fixture
-def sandbox(tmp_path, onbox_home):
+def sandbox(tmp_path, onbox_home, cleanup):
     me, work = tmp_path / "me", tmp_path / "work"
     me.mkdir()
     work.mkdir()
     yield tmp_path, me, work
-    kill_test_processes(onbox_home)
 
 
 SOURCES = {  # where `~/durable` (and `~/ck`) are given: (argv options, environment, files under the tmp dir)

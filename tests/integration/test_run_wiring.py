@@ -10,20 +10,15 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import kill_test_processes, onbox, pids_with_home, state
+from tests.integration.supervisor_helpers import onbox, state
 from tests.polling import wait_for
+from tests.processes import pids_with_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
 
 ENV_PROBE = ("import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w')); "
              "print('iter 1: loss 2.5000, time 10.00ms, mfu 1.00%')")
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def test_tracker_flags_authenticate_while_the_child_never_sees_the_token(onbox_home, tmp_path, tracker):

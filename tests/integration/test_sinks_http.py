@@ -9,11 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.sinks import PingSink, SinkError, TrackerSink
-from onbox.supervisor.hooks import RunContext
+from tests.fakes.run_context import run_context
 
 
 class Recorder:
@@ -57,9 +56,8 @@ def recorder():
 @pytest.mark.integration
 def test_ping_start_success_fail(recorder, tmp_path):
     clock = FakeClock()
-    cfg = RunConfig(name="p1", heartbeat_interval=30.0, ping_url=recorder.url + "/ping/abc")
-    ctx = RunContext(name="p1", run_dir=str(tmp_path), ckpt_dir=str(tmp_path), config=cfg, clock=clock,
-                     emit=lambda *a, **k: None, attempt=lambda: 0)
+    ctx = run_context(tmp_path, name="p1", clock=clock, durable=None, heartbeat_interval=30.0,
+                      ping_url=recorder.url + "/ping/abc")
     hook = HeartbeatHook(ctx, readers=BoxReaders(gpu=lambda: {"available": False}, host=lambda: {}), sinks=[])
     state = {"state": "running", "attempt": 0}
     hook.tick(state)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.polling import wait_for
+from tests.processes import pid_alive
 
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "slurm_trainer.py")
 pytestmark = [pytest.mark.integration]
@@ -149,14 +150,6 @@ def test_a_crash_of_its_own_is_not_requeued_and_the_log_says_why(slurm_cluster, 
     assert job.state().get("state") == "failed"
 
 
-def _alive(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
-
-
 def test_scancel_leaves_no_process_of_the_job_even_reparented_workers(slurm_cluster, tmp_path):
     pids_file = str(tmp_path / "workers.pids")
     job = submit(slurm_cluster, tmp_path, ["--steps", "100000", "--interval", "0.1", "--workers", "2"],
@@ -164,7 +157,7 @@ def test_scancel_leaves_no_process_of_the_job_even_reparented_workers(slurm_clus
     job.wait_output(r"^workers started: ")
     workers = [int(x) for x in _read(pids_file).split()]
     trainer = int(re.search(r"^trainer pid (\d+)", job.output(), re.M).group(1))
-    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    assert len(workers) == 2 and all(pid_alive(p) for p in workers)
     # Reparented away from the trainer: to the agent, which makes itself a child subreaper so that linuxproc (which
     # follows parent links) still sees them and the agent can kill the attempt's session; without a subreaper they
     # would go to init and escape `scancel`.
@@ -173,8 +166,8 @@ def test_scancel_leaves_no_process_of_the_job_even_reparented_workers(slurm_clus
             assert int(f.read().rsplit(")", 1)[1].split()[1]) != trainer
     slurm_cluster.run(["scancel", job.id])
     slurm_cluster.wait_job(job.id, ("CANCELLED",), timeout=30)
-    wait_for(lambda: not any(_alive(p) for p in [trainer, *workers]), 30,
-             "every process of the job to be gone: %s" % [p for p in [trainer, *workers] if _alive(p)])
+    wait_for(lambda: not any(pid_alive(p) for p in [trainer, *workers]), 30,
+             "every process of the job to be gone: %s" % [p for p in [trainer, *workers] if pid_alive(p)])
     info = slurm_cluster.job(job.id)
     assert info["Restarts"] == "0"  # a scancel is not a preemption: not requeued
 

@@ -14,13 +14,11 @@ from tests.conftest import REPO_ROOT
 from tests.integration.supervisor_helpers import (
     FAST,
     events,
-    kill_if_alive,
-    kill_test_processes,
     onbox,
-    pid_alive,
     state,
 )
 from tests.polling import wait_for
+from tests.processes import Started, pid_alive, signal_own
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -37,13 +35,6 @@ LOOPER = textwrap.dedent("""
             sys.exit(code)
         time.sleep(0.01)
 """)
-
-
-@pytest.fixture
-def run_cleanup(onbox_home):
-    """Kill (by PID) every agent and child this test left alive, whatever the test did."""
-    yield
-    kill_test_processes(onbox_home)
 
 
 def _set_flag(flag, code):
@@ -65,22 +56,20 @@ def _child_up(home, name, attempt=0):
     return printed and doc.get("state") == "running" and doc.get("attempt") == attempt and bool(doc.get("child_pid"))
 
 
-def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, sshd, run_cleanup):
+def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, sshd, cleanup):
     flag = tmp_path / "flag"
     env = " ".join("%s=%s" % kv for kv in {**FAST, "ONBOX_HOME": str(onbox_home), "PYTHONPATH": REPO_ROOT}.items())
     # `cat` holds the session open like an interactive login would, and ends by itself (EOF) once the
     # connection is gone: nothing of the session lingers after the test
     remote = "cd %s && env %s %s -m onbox run --name viassh -- %s -c %s %s; cat" % (
         REPO_ROOT, env, PY, PY, _sq(LOOPER), flag)
-    ssh = subprocess.Popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        ssh = started.popen(sshd.ssh_argv(remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
         wait_for(lambda: _child_up(onbox_home, "viassh"), timeout=60, what="the job started over ssh")
         first = state(onbox_home, "viassh")
         ssh.kill()  # kill -9 the ssh client: the session is torn down under the job
         ssh.wait(timeout=10)
-    finally:
-        kill_if_alive(ssh.pid)
     # sshd closes the session (its `sleep` gets SIGHUP); poll that the job is still running meanwhile
     wait_for(lambda: not any(_sessions_of_sshd(sshd.pid)), timeout=20, what="sshd session gone")
     assert pid_alive(first["child_pid"]) and pid_alive(first["agent_pid"])
@@ -94,7 +83,7 @@ def test_job_survives_its_ssh_session_killed_with_sigkill(onbox_home, tmp_path, 
     assert state(onbox_home, "viassh")["state"] == "stopped"
 
 
-def test_plain_ssh_launch_returns_at_once(onbox_home, tmp_path, sshd, run_cleanup):
+def test_plain_ssh_launch_returns_at_once(onbox_home, tmp_path, sshd, cleanup):
     env = " ".join("%s=%s" % kv for kv in {**FAST, "ONBOX_HOME": str(onbox_home), "PYTHONPATH": REPO_ROOT}.items())
     remote = "cd %s && env %s %s -m onbox run --name quick -- sleep 30" % (REPO_ROOT, env, PY)
     r = subprocess.run(sshd.ssh_argv(remote), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -115,7 +104,7 @@ def _sq(text):
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tmp_path, run_cleanup):
+def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tmp_path, cleanup):
     flag = tmp_path / "flag"
     r = onbox(onbox_home, "run", "--name", "adopt", "--json", "--", PY, "-c", LOOPER, str(flag))
     assert r.returncode == 0, r.stderr
@@ -124,7 +113,7 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     # a second launch of the same run while it lives is refused
     again = onbox(onbox_home, "run", "--name", "adopt", "--", PY, "-c", LOOPER, str(flag))
     assert again.returncode == 2 and "already running" in again.stderr
-    os.kill(info["agent_pid"], signal.SIGKILL)
+    signal_own(onbox_home, info["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not pid_alive(info["agent_pid"]), what="agent gone")
     assert pid_alive(info["pid"])  # the child outlives its agent
     st = onbox(onbox_home, "status", "adopt", "--json")
@@ -144,7 +133,7 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     assert r3.returncode == 0 and json.loads(r3.stdout)["state"] == "stopped"
 
 
-def test_recycled_pid_is_not_adopted(onbox_home, tmp_path, run_cleanup):
+def test_recycled_pid_is_not_adopted(onbox_home, tmp_path, cleanup):
     r = onbox(onbox_home, "run", "--foreground", "--name", "recyc", "--", PY, "-c", "pass")
     assert r.returncode == 0
     bystander = subprocess.Popen(["sleep", "30"])
@@ -162,12 +151,12 @@ def test_recycled_pid_is_not_adopted(onbox_home, tmp_path, run_cleanup):
         bystander.wait(timeout=10)
 
 
-def test_stop_of_an_orphaned_child_without_agent(onbox_home, tmp_path, run_cleanup):
+def test_stop_of_an_orphaned_child_without_agent(onbox_home, tmp_path, cleanup):
     flag = tmp_path / "flag"
     r = onbox(onbox_home, "run", "--name", "orphstop", "--json", "--", PY, "-c", LOOPER, str(flag))
     info = json.loads(r.stdout)
     wait_for(lambda: _child_up(onbox_home, "orphstop"), what="child up")
-    os.kill(info["agent_pid"], signal.SIGKILL)
+    signal_own(onbox_home, info["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not pid_alive(info["agent_pid"]), what="agent gone")
     r2 = onbox(onbox_home, "stop", "orphstop", "--grace", "2")
     assert r2.returncode == 0, r2.stderr
@@ -175,7 +164,7 @@ def test_stop_of_an_orphaned_child_without_agent(onbox_home, tmp_path, run_clean
     assert state(onbox_home, "orphstop")["state"] == "stopped"
 
 
-def test_logs_and_ls(onbox_home, run_cleanup):
+def test_logs_and_ls(onbox_home, cleanup):
     r = onbox(onbox_home, "run", "--foreground", "--name", "lg", "--", PY, "-c",
               "print('\\n'.join('line %d' % i for i in range(10)))")
     assert r.returncode == 0
@@ -195,14 +184,14 @@ def test_logs_and_ls(onbox_home, run_cleanup):
     (("--preempt-signal", "NOPE", "--", "true"), "unknown signal"),
     (("--env", "NOEQUALS", "--", "true"), "KEY=VAL"),
 ])
-def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message, run_cleanup):
+def test_bad_input_exits_2_and_creates_nothing(onbox_home, args, message, cleanup):
     r = onbox(onbox_home, "run", "--name", "bad", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (onbox_home / "runs").exists()
 
 
-def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, run_cleanup):
+def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, cleanup):
     bad = tmp_path / "run.toml"
     bad.write_text("[run\nrestart = \n")
     r = onbox(onbox_home, "run", "-f", str(bad), "--", "true")
@@ -218,7 +207,7 @@ def test_malformed_run_file_and_unwritable_home(onbox_home, tmp_path, run_cleanu
     assert r.returncode == 2 and "not writable" in r.stderr
 
 
-def test_profile_defaults_sit_below_the_command_line(onbox_home, run_cleanup):
+def test_profile_defaults_sit_below_the_command_line(onbox_home, cleanup):
     r = onbox(onbox_home, "run", "--foreground", "--profile", "runpod", "--name", "prof", "--", "true")
     assert r.returncode == 0, r.stderr
     cfg = json.loads((onbox_home / "runs" / "prof" / "config.json").read_text())
@@ -231,7 +220,7 @@ def test_profile_defaults_sit_below_the_command_line(onbox_home, run_cleanup):
     assert bad.returncode == 2 and not (onbox_home / "runs" / "prof3").exists()
 
 
-def test_run_by_name_alone_relaunches_from_the_record(onbox_home, tmp_path, run_cleanup):
+def test_run_by_name_alone_relaunches_from_the_record(onbox_home, tmp_path, cleanup):
     script = "import os; print('count', os.environ['ONBOX_RESTART_COUNT'], os.environ['FOO'])"
     r = onbox(onbox_home, "run", "--foreground", "--name", "again", "--env", "FOO=1", "--", PY, "-c", script)
     assert r.returncode == 0, r.stderr

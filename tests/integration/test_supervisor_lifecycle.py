@@ -8,16 +8,11 @@ import textwrap
 
 import pytest
 
-from tests.integration.supervisor_helpers import events, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import events, onbox, state
+from tests.processes import pid_alive
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
-
-
-@pytest.fixture
-def supervisor_cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def test_detached_run_returns_at_once_and_the_child_sees_the_contract(onbox_home, tmp_path):

@@ -13,20 +13,14 @@ import pytest
 from tests.integration.supervisor_helpers import (
     env_for,
     events,
-    kill_if_alive,
-    kill_test_processes,
     state,
 )
 from tests.polling import wait_for
+from tests.processes import Started, signal_own
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("supervisor_cleanup")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cleanup")]
 PY = sys.executable
 
-
-@pytest.fixture
-def supervisor_cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 # A trainer that checkpoints on SIGTERM: writes a marker naming the signal, then exits 0.
 TRAINER = textwrap.dedent("""
@@ -43,11 +37,11 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def _start_foreground(home, name, marker, *opts, env_extra=None, argv_prefix=()):
+def _start_foreground(started, home, name, marker, *opts, env_extra=None, argv_prefix=()):
     argv = [*argv_prefix, PY, "-m", "onbox", "run", "--foreground", "--name", name, *opts, "--",
             PY, "-c", TRAINER, str(marker)]
-    return subprocess.Popen(argv, env=env_for(home, **(env_extra or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    return started.popen(argv, env=env_for(home, **(env_extra or {})), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
 def _running(home, name):
@@ -65,8 +59,8 @@ def _child_ready(home, name):
 @pytest.mark.parametrize("sig", ["TERM", "USR1", "INT"])
 def test_signal_to_the_agent_becomes_checkpoint_then_exit_75(onbox_home, tmp_path, sig):
     marker = tmp_path / "marker"
-    p = _start_foreground(onbox_home, "pre", marker, "--grace", "20")
-    try:
+    with Started() as started:
+        p = _start_foreground(started, onbox_home, "pre", marker, "--grace", "20")
         wait_for(lambda: _running(onbox_home, "pre"), what="child running")
         p.send_signal(getattr(signal, "SIG" + sig))
         _out, err = p.communicate(timeout=30)
@@ -77,18 +71,15 @@ def test_signal_to_the_agent_becomes_checkpoint_then_exit_75(onbox_home, tmp_pat
         assert doc["last_exit"]["classification"] == "preempted"
         types = [e["type"] for e in events(onbox_home, "pre")]
         assert types.index("preemption_notice") < types.index("signal_forwarded") < types.index("final_checkpoint")
-    finally:
-        kill_if_alive(p.pid)
-        p.wait(timeout=10)
 
 
 def test_child_ignoring_the_checkpoint_signal_is_killed_at_the_deadline(onbox_home, tmp_path):
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child-' + 'up', flush=True); " \
                "time.sleep(60)"
-    p = subprocess.Popen([PY, "-m", "onbox", "run", "--foreground", "--name", "stub", "--grace", "0.5", "--",
-                          PY, "-c", stubborn], env=env_for(onbox_home), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        p = started.popen([PY, "-m", "onbox", "run", "--foreground", "--name", "stub", "--grace", "0.5", "--",
+                           PY, "-c", stubborn], env=env_for(onbox_home), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
         wait_for(lambda: _running(onbox_home, "stub"), what="child running")
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
@@ -97,9 +88,6 @@ def test_child_ignoring_the_checkpoint_signal_is_killed_at_the_deadline(onbox_ho
         assert doc["last_exit"]["signal"] == signal.SIGKILL
         kills = [e for e in events(onbox_home, "stub") if e["type"] == "escalated" and e["signal"] == "SIGKILL"]
         assert len(kills) == 1
-    finally:
-        kill_if_alive(p.pid)
-        p.wait(timeout=10)
 
 
 @pytest.mark.root
@@ -111,8 +99,8 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
     argv = ["unshare", "--pid", "--fork", "--mount-proc", PY, "-m", "onbox", "run", "--foreground", "--name",
             "pid1", "--grace", "20", "--", "sh", "-c", '(sleep 0.2 &); (sleep 0.3 &); exec "$@"', "sh",
             PY, "-c", TRAINER, str(marker)]
-    p = subprocess.Popen(argv, env=env_for(onbox_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Started() as started:
+        p = started.popen(argv, env=env_for(onbox_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: _running(onbox_home, "pid1"), what="child running")
         agent = state(onbox_home, "pid1")["agent_pid"]
         assert agent == 1  # the agent sees itself as PID 1 in the new namespace
@@ -122,14 +110,11 @@ def test_agent_as_pid1_forwards_sigterm_reaps_and_exits_75(onbox_home, tmp_path)
         wait_for(lambda: _children_of(host_agent) and not _zombie_children(host_agent)
                  and len(_children_of(host_agent)) == 1, timeout=20, what="orphans reaped by PID 1")
         assert child > 1
-        os.kill(host_agent, signal.SIGTERM)
+        signal_own(onbox_home, host_agent, signal.SIGTERM)
         _out, err = p.communicate(timeout=30)
         assert p.returncode == 75, err
         assert marker.read_text().startswith("got %d" % signal.SIGTERM)
         assert state(onbox_home, "pid1")["state"] == "preempted"
-    finally:
-        kill_if_alive(p.pid)
-        p.wait(timeout=10)
 
 
 def _zombie_children(pid):
@@ -157,9 +142,9 @@ def test_cloud_notice_from_the_metadata_service_triggers_the_preemption_path(onb
                                                                                metadata_server, provider):
     metadata_server.provider = provider
     marker = tmp_path / "marker"
-    p = _start_foreground(onbox_home, "cloud", marker, "--notice-source", "auto",
-                          "--metadata-url", metadata_server.url)
-    try:
+    with Started() as started:
+        p = _start_foreground(started, onbox_home, "cloud", marker, "--notice-source", "auto",
+                              "--metadata-url", metadata_server.url)
         wait_for(lambda: _running(onbox_home, "cloud"), what="child running")
         wait_for(lambda: len(metadata_server.requests) >= 4, what="the agent polling the metadata service")
         metadata_server.preempt(lead=30)
@@ -175,9 +160,6 @@ def test_cloud_notice_from_the_metadata_service_triggers_the_preemption_path(onb
             puts = [r for r in metadata_server.requests if r[0] == "PUT"]
             assert len(puts) < len(gets)  # the token is reused, not fetched before every poll
             assert gets and all(r[2].get("x-aws-ec2-metadata-token", "").startswith("tok-") for r in gets)
-    finally:
-        kill_if_alive(p.pid)
-        p.wait(timeout=10)
 
 
 def test_a_metadata_answer_nested_100000_deep_is_said_once_and_a_later_real_notice_still_preempts(
@@ -188,9 +170,9 @@ def test_a_metadata_answer_nested_100000_deep_is_said_once_and_a_later_real_noti
     metadata_server.provider = "azure"  # Azure's answer IS the notice list: an unreadable one holds no notice
     metadata_server.answer = b"[" * 100_000 + b"]" * 100_000
     marker = tmp_path / "marker"
-    p = _start_foreground(onbox_home, "deep", marker, "--notice-source", "azure",
-                          "--metadata-url", metadata_server.url)
-    try:
+    with Started() as started:
+        p = _start_foreground(started, onbox_home, "deep", marker, "--notice-source", "azure",
+                              "--metadata-url", metadata_server.url)
         wait_for(lambda: _running(onbox_home, "deep"), what="child running")
         seen = len(metadata_server.requests)
         wait_for(lambda: len(metadata_server.requests) >= seen + 10, what="the poller asking on after deep answers")
@@ -203,9 +185,6 @@ def test_a_metadata_answer_nested_100000_deep_is_said_once_and_a_later_real_noti
         assert err.count("azure scheduled events answer unreadable: it nests more than 64 levels deep") == 1, err
         assert "RecursionError" not in err and "poller died" not in err, err
         assert not [e for e in events(onbox_home, "deep") if e["type"] == "thread_died"]
-    finally:
-        kill_if_alive(p.pid)
-        p.wait(timeout=10)
 
 
 def test_absent_metadata_service_costs_nothing(onbox_home):

@@ -22,8 +22,9 @@ import pytest
 
 from onbox import templates
 from tests.conftest import REPO_ROOT
-from tests.integration.supervisor_helpers import FAST, events, kill_test_processes, onbox, pid_alive, state
+from tests.integration.supervisor_helpers import FAST, events, onbox, state
 from tests.polling import wait_for
+from tests.processes import signal_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("cleanup")]
 torch = pytest.importorskip("torch")
@@ -47,12 +48,6 @@ TEMPLATES = {
                 "--train.micro_batch_size=2", "--threads=1"], (0.0004, 100000, 0.00004)),
 }
 LOG_EVERY = 5
-
-
-@pytest.fixture
-def cleanup(onbox_home):
-    yield
-    kill_test_processes(onbox_home)
 
 
 def load_kit(tpl):
@@ -131,8 +126,7 @@ def test_template_preempted_then_resumed_under_onbox(kind, onbox_home, tmp_path)
     wait_for(lambda: [e for e in events(onbox_home, kind) if e["type"] == "checkpoint_committed"], timeout=120,
              what="the first committed checkpoint")
     agent = state(onbox_home, kind)["agent_pid"]
-    assert pid_alive(agent)
-    os.kill(agent, signal.SIGTERM)
+    signal_own(onbox_home, agent, signal.SIGTERM)
     wait_for(lambda: state(onbox_home, kind).get("state") == "preempted", timeout=90, what="state preempted")
     first = output_lines(onbox_home, kind)
     [stopped] = [d for d in first if d.get("event") == "stopped"]

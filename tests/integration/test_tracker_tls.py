@@ -22,18 +22,6 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def cert(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl missing")
-    key, crt = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", key, "-out", crt, "-days", "2", "-subj", "/CN=onbox-test-tracker",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True,
-                   timeout=60)
-    return crt, key
-
-
 def test_agent_delivers_over_https_only_when_it_trusts_the_certificate(tmp_path, cert):
     crt, key = cert
     t = TrackerProcess(str(tmp_path / "tracker"), extra_args=["--tls-cert", crt, "--tls-key", key]).start()

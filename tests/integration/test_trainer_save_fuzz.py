@@ -32,9 +32,8 @@ import pytest
 from onbox import fsutil
 from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.verify import verify_path
-from onbox.clock import FakeClock
-from onbox.config import RunConfig
 from onbox.supervisor.hooks import RunContext
+from tests.fakes.run_context import run_context
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch")
@@ -44,22 +43,11 @@ from tests.trainers import crashpoints, patterns, resume  # noqa: E402  (needs t
 SEED = 20261123
 
 
-class Events:
-    def __init__(self) -> None:
-        self.log: List[Tuple[str, Dict[str, Any]]] = []
-
-    def __call__(self, event_type: str, **fields: Any) -> None:
-        self.log.append((event_type, fields))
-
-
 def box(root: str, durable: str) -> RunContext:
-    run_dir, ckpt = os.path.join(root, "run"), os.path.join(root, "ck")
-    os.makedirs(run_dir)
-    os.makedirs(ckpt)
-    fsutil.atomic_write_json(os.path.join(run_dir, "state.json"), {"started_at": 0.0})
-    cfg = RunConfig(name="fz", ckpt_dir=ckpt, durable=durable, sync_interval=0.0, settle_seconds=10.0)
-    return RunContext(name="fz", run_dir=run_dir, ckpt_dir=ckpt, config=cfg, clock=FakeClock(), emit=Events(),
-                      attempt=lambda: 0)
+    ctx = run_context(root, name="fz", ckpt_dir=os.path.join(root, "ck"), durable=durable, sync_interval=0.0,
+                      settle_seconds=10.0)
+    fsutil.atomic_write_json(os.path.join(ctx.run_dir, "state.json"), {"started_at": 0.0})
+    return ctx
 
 
 class Kind:
@@ -159,7 +147,7 @@ def trial(kind: Kind, root: str, kill: Callable[[Callable[..., Any], str], int])
     hook = CheckpointCommitHook(ctx)
     hook.periodic()
     hook.join_worker(None)
-    assert committed_dirs(durable), [e for e in ctx.emit.log if e[0] == "sync_failed"]
+    assert committed_dirs(durable), [e for e in ctx.emit.events if e[0] == "sync_failed"]
     kill(kind.save, ctx.ckpt_dir)
     where = kind.landed(ctx.ckpt_dir)
     seen = check_trial(kind, ctx, durable, os.path.join(root, "after"))
@@ -273,15 +261,15 @@ def test_kill_nanogpt_while_it_rewrites_ckpt_in_place_and_the_agent_commits(scra
         while kill_after is None or time.monotonic() < kill_after:
             ctx.clock.advance(1.1)  # the hook rescans at most once a (fake) second
             hook.periodic()
-            if kill_after is None and any(t == "checkpoint_committed" for t, _ in ctx.emit.log):
+            if kill_after is None and any(t == "checkpoint_committed" for t, _ in ctx.emit.events):
                 kill_after = time.monotonic() + rng.uniform(0.0, 0.2)
             assert time.monotonic() < first_commit_by, "no commit in 10 s of an in-place trainer"
             time.sleep(0.002)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         hook.join_worker(None)
-        commits += sum(1 for t, _ in ctx.emit.log if t == "checkpoint_committed")
-        aborted += sum(1 for t, _ in ctx.emit.log if t == "checkpoint_commit_aborted")
+        commits += sum(1 for t, _ in ctx.emit.events if t == "checkpoint_committed")
+        aborted += sum(1 for t, _ in ctx.emit.events if t == "checkpoint_commit_aborted")
         for d in committed_dirs(durable):
             m = fsutil.read_json(os.path.join(d, "MANIFEST.json"))
             r = kind.check(os.path.join(d, "ckpt.pt"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -23,6 +22,7 @@ from onbox.paths import CHECKPOINT_STATUS_FILE
 from onbox.subsystems import make_hooks
 from onbox.supervisor.hooks import RunContext
 from tests.checkpoint_files import (
+    complete_cands,
     flip_byte,
     safetensors_bytes,
     torch_zip_bytes,
@@ -30,35 +30,8 @@ from tests.checkpoint_files import (
     write_safetensors,
     write_torch_zip,
 )
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: List[Tuple[str, Dict[str, Any]]] = []
-
-    def __call__(self, event_type: str, **fields: Any) -> None:
-        self.events.append((event_type, fields))
-
-    def of(self, event_type: str) -> List[Dict[str, Any]]:
-        return [f for t, f in self.events if t == event_type]
-
-
-def make_ctx(tmp_path, **cfg: Any) -> RunContext:
-    run_dir = tmp_path / "run"
-    ckpt = tmp_path / "ckpt"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    config = RunConfig(name="r1", ckpt_dir=str(ckpt), durable=str(tmp_path / "durable"), sync_interval=5.0,
-                       settle_seconds=3.0)
-    for k, v in cfg.items():
-        setattr(config, k, v)
-    return RunContext(name="r1", run_dir=str(run_dir), ckpt_dir=str(ckpt), config=config, clock=FakeClock(),
-                      emit=Recorder(), attempt=lambda: 0)
-
-
-def complete_cands(ckpt_dir: str, settle: float = 0.0, progress: Any = None) -> list:
-    tr = CompletionTracker(settle)
-    return [c for c in tr.update(scan(ckpt_dir), 0.0, 0.0, progress) if c.complete]
+from tests.fakes.recorders import EventRecorder
+from tests.fakes.run_context import run_context
 
 
 # -- formats ----------------------------------------------------------------------------------------------------
@@ -152,7 +125,7 @@ def test_commit_manifest_index_and_idempotence(tmp_path):
     d = tmp_path / "ck"
     write_torch_zip(str(d / "checkpoint-100" / "model.pt"))
     write_safetensors(str(d / "checkpoint-100" / "sub" / "opt.safetensors"))
-    emit = Recorder()
+    emit = EventRecorder()
     target = LocalPathTarget(str(tmp_path / "dur"), "r1")
     com = CheckpointCommitter(target, "r1", FakeClock(), emit)
     [cand] = complete_cands(str(d), progress={"step": 100, "loss": 2.0})
@@ -172,7 +145,7 @@ def test_commit_manifest_index_and_idempotence(tmp_path):
 def test_same_name_new_content_gets_new_durable_name(tmp_path):
     d = tmp_path / "ck"
     p = write_torch_zip(str(d / "step_5.pt"))
-    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), EventRecorder())
     assert com.commit(complete_cands(str(d))[0]).name == "step_5.pt"
     os.utime(p, ns=(1, 1))  # same bytes, new mtime (e.g. restored): recognised by hash, not re-committed
     assert com.commit(complete_cands(str(d))[0]).status == "already"
@@ -193,7 +166,7 @@ def test_retention_rules():
 
 def test_commit_applies_retention(tmp_path):
     d = tmp_path / "ck"
-    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), EventRecorder())
     for s in (100, 200, 300, 400):
         write_torch_zip(str(d / ("step_%d.pt" % s)))
         newest = complete_cands(str(d))[-1]
@@ -212,7 +185,7 @@ def test_preflight_refuses_when_target_reports_too_little(tmp_path):
             return fsutil.FreeSpace(path=self.ckpts, free_bytes=10**9, total_bytes=10**10, free_inodes=3,
                                     total_inodes=1000)
 
-    emit = Recorder()
+    emit = EventRecorder()
     com = CheckpointCommitter(Tiny(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), emit)
     with pytest.raises(DurableFull) as ei:
         com.commit(complete_cands(str(d))[0])
@@ -225,7 +198,7 @@ def test_unwritable_durable_fails_loudly(tmp_path):
     write_torch_zip(str(d / "step_1.pt"))
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("")
-    com = CheckpointCommitter(LocalPathTarget(str(blocker), "r1"), "r1", FakeClock(), Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(blocker), "r1"), "r1", FakeClock(), EventRecorder())
     with pytest.raises(SyncFailed):
         com.commit(complete_cands(str(d))[0])
 
@@ -235,7 +208,7 @@ def test_verify_committed_catches_flip_and_truncation(tmp_path):
     d = tmp_path / "ck"
     write_torch_zip(str(d / "checkpoint-1" / "a.pt"))
     (d / "checkpoint-1" / "cfg.json").write_text('{"x": 1}')
-    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), EventRecorder())
     com.commit(complete_cands(str(d))[0])
     cdir = tmp_path / "dur" / "r1" / "checkpoints" / "checkpoint-1"
     flip_byte(str(cdir / "cfg.json"), 2)
@@ -249,11 +222,11 @@ def test_verify_committed_catches_flip_and_truncation(tmp_path):
 
 # -- the hook -------------------------------------------------------------------------------------------------------
 def test_make_hooks_uses_the_commit_hook(tmp_path):
-    assert isinstance(make_hooks(make_ctx(tmp_path)).checkpoints, CheckpointCommitHook)
+    assert isinstance(make_hooks(run_context(tmp_path)).checkpoints, CheckpointCommitHook)
 
 
 def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 7, "loss": 3.0, "time": 0.0})
     with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
         f.write("iter 7: loss 3.0\n")
@@ -277,8 +250,8 @@ def test_hook_periodic_commits_a_whole_zip_at_once_and_writes_status(tmp_path):
 def test_each_status_write_tells_the_supervisor_that_its_summary_is_due(tmp_path):
     """training_status.md shows checkpoint_status.json: each rewrite calls RunContext.summary_due (from the commit
     thread too), instead of the loop polling the file's mtime; a write the disk refused calls nothing."""
-    ctx = make_ctx(tmp_path)
-    seen: List[Dict[str, Any]] = []
+    ctx = run_context(tmp_path)
+    seen = []
     ctx.summary_due = lambda: seen.append(fsutil.read_json(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE)))
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_3.pt"))
@@ -294,7 +267,7 @@ def test_each_status_write_tells_the_supervisor_that_its_summary_is_due(tmp_path
 
 
 def test_hook_failure_is_recorded_not_raised(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     (tmp_path / "durable").write_text("a file where the durable dir should be")
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_3.pt"))
@@ -307,7 +280,7 @@ def test_hook_failure_is_recorded_not_raised(tmp_path):
 
 
 def test_final_respects_deadline(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_9.pt"), payload=b"\x00" * (4 << 20))
     hook.throughput = 1024.0  # measured: 1 KiB/s, so 8 MiB cannot finish in 10 s
@@ -321,7 +294,7 @@ def test_final_respects_deadline(tmp_path):
 
 
 def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     hook = CheckpointCommitHook(ctx)
     for s in (1, 2):
         write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-%d" % s, "model.pt"), payload=bytes([s]) * 4096)
@@ -331,7 +304,7 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
         ctx.clock.advance(2)
     assert len(ctx.emit.of("checkpoint_committed")) == 2
     # a replacement box: empty checkpoint dir
-    fresh = make_ctx(tmp_path / "box2", settle_seconds=0.0, durable=str(tmp_path / "durable"))
+    fresh = run_context(tmp_path / "box2", settle_seconds=0.0, durable=str(tmp_path / "durable"))
     path = CheckpointCommitHook(fresh).restore()
     assert path == os.path.join(fresh.ckpt_dir, "checkpoint-2")
     rep = verify_path(path)  # a local copy has no manifest (not a committed checkpoint): its files check out
@@ -339,7 +312,7 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
     assert fresh.emit.of("checkpoint_restored")[0]["checkpoint"] == "checkpoint-2"
     # corrupt the newest on durable storage: the next fresh box falls back to checkpoint-1 and says so
     flip_byte(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-2" / "model.pt"), 300)
-    box3 = make_ctx(tmp_path / "box3", settle_seconds=0.0, durable=str(tmp_path / "durable"))
+    box3 = run_context(tmp_path / "box3", settle_seconds=0.0, durable=str(tmp_path / "durable"))
     h3 = CheckpointCommitHook(box3)
     assert h3.restore() == os.path.join(box3.ckpt_dir, "checkpoint-1")
     assert box3.emit.of("restore_verify_failed")[0]["checkpoint"] == "checkpoint-2"
@@ -348,11 +321,11 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
 
 
 def test_restore_without_durable_returns_newest_local(tmp_path):
-    ctx = make_ctx(tmp_path, durable=None, settle_seconds=0.0)
+    ctx = run_context(tmp_path, durable=None, settle_seconds=0.0)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_10.pt"))
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_20.pt"))
     assert CheckpointCommitHook(ctx).restore() == os.path.join(ctx.ckpt_dir, "step_20.pt")
-    assert CheckpointCommitHook(make_ctx(tmp_path / "e", durable=None)).restore() is None
+    assert CheckpointCommitHook(run_context(tmp_path / "e", durable=None)).restore() is None
 
 
 def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_committed(tmp_path):
@@ -360,7 +333,7 @@ def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_commit
     durable side is consistent and the index current), then the next attempt resumes from the newest."""
     import threading
 
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=30.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0, final_sync_timeout=30.0)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
     cand = [c for c in hook.scan_now() if c.complete][-1]
@@ -383,7 +356,7 @@ def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_commit
 def test_restore_does_not_wait_forever_for_a_hung_commit(tmp_path):
     import threading
 
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, final_sync_timeout=0.05)
+    ctx = run_context(tmp_path, settle_seconds=0.0, final_sync_timeout=0.05)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
     release = threading.Event()
@@ -397,7 +370,7 @@ def test_restore_does_not_wait_forever_for_a_hung_commit(tmp_path):
 
 
 def test_prune_local_never_the_newest(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, prune_local=True)
+    ctx = run_context(tmp_path, settle_seconds=0.0, prune_local=True)
     hook = CheckpointCommitHook(ctx)
     for s in (1, 2, 3):
         write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % s))
@@ -416,7 +389,7 @@ def test_make_target_kinds(tmp_path):
 
 
 def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    ctx = run_context(tmp_path, settle_seconds=30.0)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
     (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
@@ -436,7 +409,7 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
 def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_allows(tmp_path):
     """At the end of a run (or a long grace) the checkpoint the trainer wrote last is the one to commit, even when
     its files carry no integrity structure and it is still inside its (short, final) quiet period."""
-    ctx = make_ctx(tmp_path, settle_seconds=30.0)
+    ctx = run_context(tmp_path, settle_seconds=30.0)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
     os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
@@ -449,7 +422,7 @@ def test_final_waits_out_the_quiet_period_of_the_newest_checkpoint_when_time_all
 def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
     import threading
 
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     hook = CheckpointCommitHook(ctx)
     release = threading.Event()
     hook._worker = threading.Thread(target=release.wait, daemon=True)  # a periodic commit that takes long
@@ -464,7 +437,7 @@ def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
 
 def test_verify_a_whole_durable_run_dir(tmp_path):
     d = tmp_path / "ck"
-    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), EventRecorder())
     for s in (1, 2):
         write_torch_zip(str(d / ("step_%d.pt" % s)))
         com.commit(complete_cands(str(d))[-1])
@@ -525,7 +498,7 @@ def test_retention_never_deletes_the_checkpoint_it_just_committed_when_steps_wen
     # checkpoint the moment it was committed, every time, so durable storage never held the live run's progress
     clock = FakeClock()
     d = tmp_path / "ck"
-    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", clock, Recorder())
+    com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", clock, EventRecorder())
     for s in (3000, 4000, 5000, 100, 200):
         clock.advance(60.0)
         write_torch_zip(str(d / ("step_%d.pt" % s)))
@@ -554,7 +527,7 @@ def test_a_checkpoint_dir_overlapping_the_durable_run_dir_is_refused_before_anyt
         preflight(cfg, environ={})
     assert "overlap" in e.value.message
     ctx = RunContext(name="myrun", run_dir=str(tmp_path / "rd"), ckpt_dir=str(ckpt), config=cfg, clock=FakeClock(),
-                     emit=Recorder(), attempt=lambda: 0)
+                     emit=EventRecorder(), attempt=lambda: 0)
     os.makedirs(ctx.run_dir)
     with pytest.raises(UsageError):
         CheckpointCommitHook(ctx)
@@ -578,7 +551,7 @@ def test_a_users_own_manifest_less_dirs_on_durable_storage_are_never_deleted_or_
     for n in ("checkpoint-100", "step_200.pt"):
         (theirs / n).mkdir(parents=True)
         (theirs / n / "weights.bin").write_bytes(b"theirs")
-    rec = Recorder()
+    rec = EventRecorder()
     com = CheckpointCommitter(LocalPathTarget(str(dur), "r1"), "r1", FakeClock(), rec)
     write_torch_zip(str(d / "step_300.pt"))
     assert com.commit(complete_cands(str(d))[-1]).status == "committed"

@@ -11,8 +11,9 @@ from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.clock import FakeClock
-from tests.checkpoint_files import write_torch_zip
-from tests.unit.test_checkpoints import Recorder, complete_cands, make_ctx
+from tests.checkpoint_files import complete_cands, write_torch_zip
+from tests.fakes.recorders import EventRecorder
+from tests.fakes.run_context import run_context
 
 
 def test_a_checkpoint_the_trainer_deletes_while_it_is_copied_is_dropped_not_a_sync_failure(tmp_path):
@@ -22,7 +23,7 @@ def test_a_checkpoint_the_trainer_deletes_while_it_is_copied_is_dropped_not_a_sy
     d = tmp_path / "ck"
     for rel in ("a.pt", "b.pt", "c.pt"):
         write_torch_zip(str(d / "checkpoint-100" / rel), payload=b"\x01" * 65536)
-    emit = Recorder()
+    emit = EventRecorder()
     com = CheckpointCommitter(LocalPathTarget(str(tmp_path / "dur"), "r1"), "r1", FakeClock(), emit)
     [cand] = complete_cands(str(d))
     seen = []
@@ -44,7 +45,7 @@ def test_a_checkpoint_the_trainer_deletes_while_it_is_copied_is_dropped_not_a_sy
 
 
 def test_the_hook_retries_at_once_after_the_source_vanished_and_never_reports_a_failed_sync(tmp_path):
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     hook = CheckpointCommitHook(ctx)
     old = os.path.join(ctx.ckpt_dir, "checkpoint-100")
     write_torch_zip(os.path.join(old, "model.pt"), payload=b"\x01" * 65536)
@@ -82,7 +83,7 @@ def test_a_retention_failure_after_a_commit_is_said_and_the_commit_stands(tmp_pa
         def remove(self, name: str) -> None:
             raise OSError(errno.EIO, "Input/output error", name)
 
-    ctx = make_ctx(tmp_path, settle_seconds=0.0, keep_last=1)
+    ctx = run_context(tmp_path, settle_seconds=0.0, keep_last=1)
     assert isinstance(make_target(ctx.config.durable, "r1"), LocalPathTarget)
     hook = CheckpointCommitHook(ctx, target=DyingMount(ctx.config.durable, "r1"))
     with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:

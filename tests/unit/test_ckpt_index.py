@@ -17,25 +17,16 @@ from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.index import MAX_CHECKS, record_verification
 from onbox.checkpoints.verify import verify_path
 from onbox.cli import cli
-from onbox.clock import FakeClock
 from onbox.commands.clikit import run_cli
-from onbox.config import RunConfig
 from onbox.paths import COMMIT_LOCK_FILE
-from onbox.supervisor.hooks import RunContext
 from tests.checkpoint_files import flip_byte, write_torch_zip
+from tests.fakes.run_context import run_context
 from tests.polling import wait_for
-from tests.unit.test_checkpoints import Recorder
 
 
 def ctx_in_home(onbox_home, tmp_path, ckpt="ckpt"):
     """A run context whose run dir is where `onbox` looks for run r1 ($ONBOX_HOME/runs/r1)."""
-    run_dir = onbox_home / "runs" / "r1"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (tmp_path / ckpt).mkdir(exist_ok=True)
-    cfg = RunConfig(name="r1", ckpt_dir=str(tmp_path / ckpt), durable=str(tmp_path / "durable"), sync_interval=5.0,
-                    settle_seconds=3.0)
-    return RunContext(name="r1", run_dir=str(run_dir), ckpt_dir=str(tmp_path / ckpt), config=cfg,
-                      clock=FakeClock(), emit=Recorder(), attempt=lambda: 0)
+    return run_context(tmp_path, run_dir=onbox_home / "runs" / "r1", ckpt_dir=tmp_path / ckpt)
 
 
 def commit_steps(ctx, steps):

@@ -13,7 +13,7 @@ from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.restore import ASIDE_DIR
 from onbox.checkpoints.verify import verify_path
 from onbox.paths import CHECKPOINT_STATUS_FILE
-from tests.unit.test_checkpoints import make_ctx
+from tests.fakes.run_context import run_context
 
 torch = pytest.importorskip("torch")
 
@@ -49,7 +49,7 @@ def run_started(ctx, at: float = 0.0) -> None:
 @pytest.mark.parametrize("damage", ["empty", "truncated", "missing"])
 def test_a_torn_in_place_ckpt_is_replaced_by_the_verified_copy_where_the_trainer_reads(tmp_path, damage):
     """nanoGPT reads exactly out_dir/ckpt.pt: a restore into any other path leaves it reading the torn file."""
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     run_started(ctx)
     fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"), {"step": 116, "time": 0.0})
     hook = CheckpointCommitHook(ctx)
@@ -78,7 +78,7 @@ def test_a_torn_in_place_ckpt_is_replaced_by_the_verified_copy_where_the_trainer
 
 
 def test_an_intact_local_copy_is_used_as_it_is(tmp_path):
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     run_started(ctx)
     hook = CheckpointCommitHook(ctx)
     ckpt = os.path.join(ctx.ckpt_dir, "step_00005.pt")
@@ -108,7 +108,7 @@ def test_a_half_saved_hf_checkpoint_is_never_committed_and_is_kept_aside_before_
     checkpoint-60/ without trainer_state.json; it was committed when quiet, restored, and both boxes crash-looped
     on FileNotFoundError while the complete checkpoint-40 sat in durable storage."""
     pytest.importorskip("safetensors")
-    ctx = make_ctx(tmp_path, settle_seconds=0.0)
+    ctx = run_context(tmp_path, settle_seconds=0.0)
     run_started(ctx)
     hook = CheckpointCommitHook(ctx)
     write_hf(os.path.join(ctx.ckpt_dir, "checkpoint-40"), 40)
@@ -127,7 +127,7 @@ def test_a_half_saved_hf_checkpoint_is_never_committed_and_is_kept_aside_before_
     assert sorted(os.listdir(ctx.ckpt_dir)) == [ASIDE_DIR, "checkpoint-40"]
     assert aside(ctx.ckpt_dir)[0].startswith("checkpoint-60.")
     # a replacement box (empty dir) gets checkpoint-40 too, verified
-    box2 = make_ctx(tmp_path / "box2", durable=str(tmp_path / "durable"))
+    box2 = run_context(tmp_path / "box2", durable=str(tmp_path / "durable"))
     p2 = CheckpointCommitHook(box2).restore()
     assert p2 == os.path.join(box2.ckpt_dir, "checkpoint-40")
     assert verify_path(str(tmp_path / "durable" / "r1" / "checkpoints" / "checkpoint-40")).ok
@@ -139,7 +139,7 @@ def test_a_half_saved_hf_checkpoint_is_never_committed_and_is_kept_aside_before_
 
 
 def test_a_users_own_older_files_are_never_moved(tmp_path):
-    ctx = make_ctx(tmp_path, durable=None)
+    ctx = run_context(tmp_path, durable=None)
     run_started(ctx, at=4102444800.0)  # the run started after these files were written (2100-01-01)
     write_hf(os.path.join(ctx.ckpt_dir, "checkpoint-60"), 60, state=False)
     assert CheckpointCommitHook(ctx).restore() is None
@@ -155,7 +155,7 @@ def three_commits(ctx) -> CheckpointCommitHook:
 
 
 def test_a_checkpoint_an_attempt_crashes_on_is_quarantined_and_the_next_attempt_falls_back(tmp_path):
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     run_started(ctx)
     three_commits(ctx)
     hook = CheckpointCommitHook(ctx)
@@ -184,7 +184,7 @@ def test_a_checkpoint_an_attempt_crashes_on_is_quarantined_and_the_next_attempt_
 
 @pytest.mark.parametrize("how", ["advanced", "late"])
 def test_a_failure_after_getting_past_the_checkpoint_or_after_the_probation_quarantines_nothing(tmp_path, how):
-    ctx = make_ctx(tmp_path, restore_probation=600.0)
+    ctx = run_context(tmp_path, restore_probation=600.0)
     run_started(ctx)
     three_commits(ctx)
     hook = CheckpointCommitHook(ctx)
@@ -202,13 +202,13 @@ def test_a_failure_after_getting_past_the_checkpoint_or_after_the_probation_quar
 def test_a_replacement_box_never_replaces_the_first_boxs_logs(tmp_path):
     """Observed: a replacement box's first commit replaced <durable>/<run>/logs/output.log; none of the first
     box's lines remained. Each box (and agent launch) gets its own folder under logs/."""
-    first = make_ctx(tmp_path / "box1", durable=str(tmp_path / "durable"))
+    first = run_context(tmp_path / "box1", durable=str(tmp_path / "durable"))
     with open(os.path.join(first.run_dir, "output.log"), "w") as f:
         f.write("first box: iter 1\n")
     save_nanogpt(os.path.join(first.ckpt_dir, "step_00001.pt"), 1)
     h1 = CheckpointCommitHook(first)
     commit_now(h1)
-    second = make_ctx(tmp_path / "box2", durable=str(tmp_path / "durable"))
+    second = run_context(tmp_path / "box2", durable=str(tmp_path / "durable"))
     second.clock.advance(3600)  # launched an hour later
     with open(os.path.join(second.run_dir, "output.log"), "w") as f:
         f.write("second box: iter 2\n")
@@ -225,7 +225,7 @@ def test_a_replacement_box_never_replaces_the_first_boxs_logs(tmp_path):
 
 
 def test_an_empty_checkpoint_dir_is_worth_one_warning_after_five_sync_intervals(tmp_path):
-    ctx = make_ctx(tmp_path, sync_interval=10.0)
+    ctx = run_context(tmp_path, sync_interval=10.0)
     hook = CheckpointCommitHook(ctx)
     for _ in range(5):  # 0, 10, ..., 40 s: not yet
         hook.periodic()
@@ -249,7 +249,7 @@ def test_the_step_label_is_what_the_checkpoint_records_not_what_the_log_says(tmp
     """Observed: 12 of 17 nanoGPT commits mislabelled (`ckpt.pt.step-58` held iter 60, the final `step-396`
     held 400, one came out `ckpt.pt.t-1795412750`). nanoGPT's log runs ahead of its save, and a name carries
     no step: the label comes from iter_num inside the file, and the manifest says so."""
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     hook = CheckpointCommitHook(ctx)
     ckpt = os.path.join(ctx.ckpt_dir, "ckpt.pt")
     for iter_num, logged in ((60, 58), (400, 396), (460, None)):
@@ -280,7 +280,7 @@ def test_a_quarantine_does_not_wait_forever_for_a_hung_commit(tmp_path):
 
     from tests.polling import wait_for
 
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     run_started(ctx)
     three_commits(ctx)
     hook = CheckpointCommitHook(ctx)
@@ -315,7 +315,7 @@ def test_a_local_checkpoint_committed_during_the_attempt_that_crashed_on_it_is_q
     """The attempt resumed from step 20, saved by the trainer but not committed yet; while it ran, the periodic
     commit sent step 20 to durable storage, then the attempt crashed on it. The fallback must not fetch that same
     checkpoint back from durable storage (one more attempt crashing on it): it is quarantined there as well."""
-    ctx = make_ctx(tmp_path)
+    ctx = run_context(tmp_path)
     run_started(ctx)
     three_commits(ctx)
     hook = CheckpointCommitHook(ctx)

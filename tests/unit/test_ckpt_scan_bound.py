@@ -16,7 +16,7 @@ from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.config import RunConfig
 from onbox.paths import CHECKPOINT_STATUS_FILE
 from tests.checkpoint_files import write_torch_zip
-from tests.unit.test_checkpoints import make_ctx
+from tests.fakes.run_context import run_context
 
 
 def old_walk_files(top: str) -> List[str]:
@@ -127,7 +127,7 @@ def test_a_dir_found_too_large_is_said_once_and_not_walked_again_until_the_retry
 
 
 def test_the_hook_says_it_once_and_restore_and_final_carry_on(tmp_path):
-    ctx = make_ctx(tmp_path, scan_max_entries=5, sync_interval=0.0)
+    ctx = run_context(tmp_path, scan_max_entries=5, sync_interval=0.0)
     for i in range(10):
         write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % i))
     hook = CheckpointCommitHook(ctx)

@@ -22,7 +22,7 @@ from onbox.checkpoints.verify import verify_path
 from onbox.errors import UsageError
 from onbox.paths import CHECKPOINT_STATUS_FILE
 from onbox.supervisor.notes import RunNotes
-from tests.unit.test_checkpoints import Recorder
+from tests.fakes.recorders import EventRecorder
 from tests.unit.test_ckpt_index import commit_steps, ctx_in_home, index_of
 
 
@@ -294,7 +294,7 @@ def test_what_onbox_writes_passes_its_own_check(onbox_home, tmp_path):
 
 def test_restore_newest_never_follows_a_name_that_is_a_path(tmp_path):
     target = LocalPathTarget(str(tmp_path / "durable"), "r1")
-    res = restore_newest(target, ["../../etc", "a/b", ""], str(tmp_path / "ck"), Recorder())
+    res = restore_newest(target, ["../../etc", "a/b", ""], str(tmp_path / "ck"), EventRecorder())
     assert res.path is None and res.rejected == []
 
 

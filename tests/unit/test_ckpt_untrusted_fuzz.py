@@ -22,7 +22,7 @@ from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.restore import restore_newest
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import FakeClock
-from tests.unit.test_checkpoints import Recorder
+from tests.fakes.recorders import EventRecorder
 
 FINE = b"fine\n"
 FINE_SHA = hashlib.sha256(FINE).hexdigest()
@@ -117,7 +117,7 @@ def test_no_manifest_makes_restore_or_verify_write_outside_raise_or_restore_unch
         target = durable_with(root, raw)
         ckpt = os.path.join(root, "box2", "ckpt")
         before = snapshot(root, skip=os.path.realpath(ckpt))
-        emit = Recorder()
+        emit = EventRecorder()
         res = restore_newest(target, target.list_names(), ckpt, emit)
         event("restored" if res.path else "refused")
         assert snapshot(root, skip=os.path.realpath(ckpt)) == before
@@ -156,11 +156,11 @@ def test_no_index_document_breaks_the_committer_or_retention(doc):
         target = durable_with(root, good.replace("step_00010.pt", "step_00020.pt"))
         with open(os.path.join(root, "durable", "r1", "checkpoints_index.json"), "w") as f:
             json.dump(doc, f)
-        committer = CheckpointCommitter(target, "r1", FakeClock(), Recorder())
+        committer = CheckpointCommitter(target, "r1", FakeClock(), EventRecorder())
         entries = committer.committed()
         assert [e["name"] for e in entries] == ["step_00020.pt"]
         assert all(manifest.entry_problem(e) is None for e in entries)
         retention.select_keep(entries, keep_last=1, best_metric="loss", every_steps=5)
         res = restore_newest(target, [e["name"] for e in reversed(entries)], os.path.join(root, "box2", "ckpt"),
-                             Recorder())
+                             EventRecorder())
         assert res.path is not None and os.path.basename(res.path) == "step_00020.pt"

@@ -8,7 +8,7 @@ from onbox.clock import FakeClock
 from onbox.gpu.nvml import NA, NvmlSeam, clock_event_reasons, running_processes
 from onbox.gpu.readings import GpuMonitor, decode_throttle, gpu_readings, inventory
 from onbox.gpu.xid import parse_kernel_log, pci_key
-from tests.fakes.nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.fakes.nvml import BrokenCount, FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30
 
@@ -197,12 +197,6 @@ def test_pinned_by_nobody_visible_anywhere():
     assert g["verdict"] == "pinned" and "neither NVML nor this box's processes" in g["verdict_reason"]
     busy = FakeNvml([FakeGpu(memory_used=30 * GiB, util_gpu=80, processes=[])])
     assert monitor(busy).readings(holders={})["gpus"][0]["verdict"] == "healthy"
-
-
-class BrokenCount(FakeNvml):
-    def nvmlDeviceGetCount(self):
-        self._check()
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
 
 
 def test_nvml_failure_reads_as_not_available_with_the_reason():

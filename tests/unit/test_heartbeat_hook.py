@@ -8,14 +8,13 @@ import jsonschema
 import pytest
 
 from onbox.clock import FakeClock
-from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.heartbeat.schema import load_schema, validate
 from onbox.heartbeat.sinks import FileSink
 from onbox.subsystems import make_hooks
-from onbox.supervisor.hooks import RunContext
-from onbox.telemetry.progress import ProgressFeed
+from tests.fakes.run_context import run_context
+from tests.fakes.supervisor import loop_step
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "heartbeat", "heartbeat.json")
 
@@ -31,30 +30,13 @@ DISKS = [{"role": "run", "path": "/runs", "free_bytes": 100 * 2**30, "total_byte
 
 
 def make(tmp_path, clock, **cfg):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
     cfg.setdefault("heartbeat_interval", 30.0)
-    config = RunConfig(name="exp1", **cfg)
-    ctx = RunContext(name="exp1", run_dir=str(run_dir), ckpt_dir=str(tmp_path / "ckpt"), config=config,
-                     clock=clock, emit=lambda *a, **k: None, attempt=lambda: 0,
-                     progress=ProgressFeed(str(run_dir / "metrics.jsonl"), config.metrics_regex, clock))
+    ctx = run_context(tmp_path, name="exp1", clock=clock, durable=None, **cfg)
+    run_dir = tmp_path / "run"
     readers = BoxReaders(gpu=lambda: GPUS, host=lambda: HOST, disks=lambda paths: DISKS)
     out = tmp_path / "beats.jsonl"
     hook = HeartbeatHook(ctx, readers=readers, sinks=[FileSink(str(out))], close_timeout=10.0)
     return hook, run_dir, out
-
-
-def observe(hook, *lines):
-    """What a step of the supervisor loop hands the heartbeat: each new line of the child's output (to the hook, and
-    parsed once by the run's progress feed), then the records appended to ONBOX_METRICS_FILE; each record the feed
-    takes goes to the hook's on_progress."""
-    for line in lines:
-        hook.on_output(line)
-        fields = hook.feed.on_output(line)
-        if fields:
-            hook.on_progress(fields)
-    for fields in hook.feed.read_metrics_file():
-        hook.on_progress(fields)
 
 
 def beats(path):
@@ -86,12 +68,12 @@ def test_beats_on_start_interval_state_change_and_alert(tmp_path, monkeypatch):
     hook, _run_dir, out = make(tmp_path, clock)
     hook.tick(STATE)  # start
     clock.advance(10)
-    observe(hook, "iter 10: loss 3.2118, time 20.21ms, mfu 18.44%")
+    loop_step(hook, "iter 10: loss 3.2118, time 20.21ms, mfu 18.44%")
     hook.tick(STATE)  # nothing due
     clock.advance(21)
     hook.tick(STATE)  # interval
     hook.tick(dict(STATE, state="backoff"))  # state change
-    observe(hook, "iter 11: loss nan, time 20.21ms, mfu 18.44%")
+    loop_step(hook, "iter 11: loss nan, time 20.21ms, mfu 18.44%")
     hook.tick(dict(STATE, state="backoff"))  # new alert
     got = wait_beats(out, 4)
     assert [b["reason"] for b in got] == ["start", "interval", "event", "alert"]
@@ -114,7 +96,7 @@ def test_metrics_file_and_checkpoint_status_are_read(tmp_path):
     (run_dir / "checkpoint_status.json").write_text(json.dumps(
         {"latest_local": "step-5", "latest_durable": "step-5", "verified": True,
          "last_sync": {"ok": False, "error": "No space left on device", "at": 1.0}}))
-    observe(hook)
+    loop_step(hook)
     hook.tick(STATE)
     hook.close(STATE)
     first = beats(out)[0]
@@ -140,7 +122,7 @@ def test_golden_heartbeat_matches_schema_file(tmp_path, monkeypatch):
     monkeypatch.setenv("ONBOX_BOX", "box-a")
     clock = FakeClock()
     hook, _run_dir, _out = make(tmp_path, clock)
-    observe(hook, "{'loss': 2.25, 'grad_norm': 1.0, 'learning_rate': 3e-05, 'epoch': 0.5}",
+    loop_step(hook, "{'loss': 2.25, 'grad_norm': 1.0, 'learning_rate': 3e-05, 'epoch': 0.5}",
             " 36%|███▋      | 500/1377 [01:04<01:46,  8.23it/s]")
     doc = hook.beat(dict(STATE, child_pid=None, attempts=[{"n": 0}]), "interval")
     hook.close(STATE)
@@ -169,8 +151,7 @@ def test_validate_rejects(bad):
 
 
 def test_make_hooks_plugs_the_heartbeat_in(tmp_path):
-    ctx = RunContext(name="r", run_dir=str(tmp_path), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
-                     clock=FakeClock(), emit=lambda *a, **k: None, attempt=lambda: 0)
+    ctx = run_context(tmp_path, name="r", durable=None)
     assert isinstance(make_hooks(ctx).telemetry, HeartbeatHook)
 
 
@@ -179,7 +160,7 @@ def test_stall_beat_while_child_lives(tmp_path):
     hook, _, out = make(tmp_path, clock, stall_minutes=1.0, heartbeat_interval=300.0)
     live = dict(STATE, child_pid=os.getpid())
     hook.tick(live)
-    observe(hook, "iter 1: loss 2.0, time 5.00ms, mfu 1.00%")
+    loop_step(hook, "iter 1: loss 2.0, time 5.00ms, mfu 1.00%")
     clock.advance(59)
     hook.tick(live)
     clock.advance(2)

@@ -42,6 +42,9 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.subsystems": LEAVES | {"onbox.config", "onbox.checkpoints", "onbox.heartbeat", "onbox.gpu",
                                   "onbox.slurm", "onbox.supervisor", "onbox.multinode"},
     "onbox.queue": LEAVES | {"onbox.config", "onbox.supervisor", "onbox.gpu"},
+    # a launch wires the supervisor and the subsystems together, as the commands did: only they import it
+    "onbox.launch": LEAVES | {"onbox.config", "onbox.supervisor", "onbox.subsystems", "onbox.platform",
+                              "onbox.multinode", "onbox.slurm"},
     "onbox.examples": set(),
     "onbox.templates": LEAVES,  # its data files (the templates) import nothing of onbox
 }

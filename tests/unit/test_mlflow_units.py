@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from onbox.clock import FakeClock
 from onbox.config import RunConfig, agent_only_vars, resolve
 from onbox.errors import UsageError
 from onbox.heartbeat.collect import BoxReaders
@@ -19,11 +18,11 @@ from onbox.heartbeat.mlflow_rest import auth_header
 from onbox.heartbeat.sinks import Backoff, Sender, SinkError
 from onbox.heartbeat.spool import Spool
 from onbox.supervisor.childenv import child_env
-from onbox.supervisor.hooks import RunContext
 from onbox.supervisor.notes import RunNotes
 from onbox.telemetry.alerts import AlertEngine
-from onbox.telemetry.progress import MetricsFileTail, PointLog, ProgressFeed
-from tests.unit.test_heartbeat_hook import observe
+from onbox.telemetry.progress import MetricsFileTail, PointLog
+from tests.fakes.run_context import run_context
+from tests.fakes.supervisor import loop_step
 
 
 def beat(**kw):
@@ -105,12 +104,8 @@ class PointsSink:
 
 
 def hook_with(tmp_path, sink):
+    ctx = run_context(tmp_path, name="r", durable=None)
     run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
-    clock = FakeClock()
-    ctx = RunContext(name="r", run_dir=str(run_dir), ckpt_dir=str(tmp_path), config=RunConfig(name="r"),
-                     clock=clock, emit=lambda *a, **k: None, attempt=lambda: 0,
-                     progress=ProgressFeed(str(run_dir / "metrics.jsonl"), (), clock))
     readers = BoxReaders(gpu=lambda: {"available": False, "gpus": []}, host=lambda: {}, disks=lambda p: [])
     return HeartbeatHook(ctx, readers=readers, sinks=[sink], close_timeout=5.0), run_dir
 
@@ -120,7 +115,7 @@ def test_points_go_with_the_next_beat_and_a_restarted_agent_reads_the_metrics_fi
     sink = PointsSink()
     hook, run_dir = hook_with(tmp_path, sink)
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 3}\n{"step": 2, "loss": 2}\n')
-    observe(hook, "step 3 loss 1.5")
+    loop_step(hook, "step 3 loss 1.5")
     hook.tick(state)
     hook.close(state)
     first = sink.got[0]
@@ -129,7 +124,7 @@ def test_points_go_with_the_next_beat_and_a_restarted_agent_reads_the_metrics_fi
         f.write('{"step": 4, "loss": 1}\n')
     sink2 = PointsSink()
     hook2, _ = hook_with(tmp_path, sink2)  # the agent again: only the new record
-    observe(hook2)
+    loop_step(hook2)
     hook2.tick(state)
     hook2.close(state)
     assert [p[1] for b in sink2.got for p in b["points"]] == [4]

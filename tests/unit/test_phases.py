@@ -19,7 +19,7 @@ from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.phases import Curriculum, parse_phases
 from onbox.supervisor.rundir import RunDir
 from onbox.telemetry.metrics import MetricsParser
-from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs
+from tests.fakes.supervisor import Checkpoints, FakeProcs
 
 BROAD = {"name": "broad", "target_steps": 100, "args": ["--data", "web"], "lr": 3e-4, "lr_schedule": "cosine",
          "warmup_steps": 10, "criteria": ["eval_loss < 2.5"]}

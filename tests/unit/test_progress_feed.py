@@ -12,13 +12,15 @@ from onbox import fsutil
 from onbox.checkpoints.detect import read_progress
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
+from onbox.heartbeat.collect import BoxReaders
+from onbox.heartbeat.hook import HeartbeatHook
 from onbox.proc import ExitStatus
 from onbox.supervisor.hooks import Hooks, NoReaper, RunContext
 from onbox.supervisor.journal import PROGRESS_WRITE_S
 from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
 from onbox.telemetry.progress import ProgressFeed
-from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs, Script
+from tests.fakes.supervisor import Checkpoints, FakeProcs, Script
 
 
 def test_the_feed_parses_each_line_once_and_keeps_the_newest_value_of_each_field(tmp_path):
@@ -112,6 +114,8 @@ def test_the_loop_hands_each_record_of_the_output_and_the_metrics_file_to_the_te
     heard = Heard()
     sup, rd, ctx = supervise(tmp_path, [reporting(RunDir(str(tmp_path / "fed")), 2, 3.0)], heard)
     assert ctx.progress is sup.progress  # the hooks read the loop's one feed
+    beats = HeartbeatHook(ctx, readers=BoxReaders(gpu=lambda: {}, host=lambda: {}, disks=lambda p: []), sinks=[])
+    assert beats.feed is sup.progress
     assert sup.run() == RunState.DONE
     printed = [r for r in heard.records if "loss" in r]
     appended = [r for r in heard.records if "eval_loss" in r]

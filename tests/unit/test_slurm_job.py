@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from onbox.slurm.job import SlurmError, SlurmJob, heartbeat_fields, kill_wait, requeue, requeue_decision
+from tests.fakes.recorders import RunnerRecorder
 
 
 def test_outside_slurm_there_is_no_job():
@@ -47,20 +48,8 @@ def test_garbage_numbers_fall_back_to_defaults():
     assert job is not None and job.restart_count == 0 and job.node_id == 0
 
 
-class Recorder:
-    def __init__(self, rc=0, stdout="", stderr="", exc=None):
-        self.calls = []
-        self.rc, self.stdout, self.stderr, self.exc = rc, stdout, stderr, exc
-
-    def __call__(self, argv, **kw):
-        self.calls.append((argv, kw))
-        if self.exc:
-            raise self.exc
-        return subprocess.CompletedProcess(argv, self.rc, self.stdout, self.stderr)
-
-
 def test_requeue_is_a_list_argv_with_a_timeout():
-    r = Recorder()
+    r = RunnerRecorder()
     requeue("123", timeout=7, runner=r)
     argv, kw = r.calls[0]
     assert argv == ["scontrol", "requeue", "123"] and kw["timeout"] == 7
@@ -68,18 +57,18 @@ def test_requeue_is_a_list_argv_with_a_timeout():
 
 def test_requeue_failure_carries_stderr():
     with pytest.raises(SlurmError, match="Job is not requeueable"):
-        requeue("123", runner=Recorder(rc=1, stderr="scontrol: error: Job is not requeueable"))
+        requeue("123", runner=RunnerRecorder(rc=1, stderr="scontrol: error: Job is not requeueable"))
     with pytest.raises(SlurmError, match="did not answer"):
-        requeue("123", runner=Recorder(exc=subprocess.TimeoutExpired(["scontrol"], 1)))
+        requeue("123", runner=RunnerRecorder(exc=subprocess.TimeoutExpired(["scontrol"], 1)))
     with pytest.raises(SlurmError, match="not found"):
-        requeue("123", runner=Recorder(exc=FileNotFoundError("scontrol")))
+        requeue("123", runner=RunnerRecorder(exc=FileNotFoundError("scontrol")))
     with pytest.raises(SlurmError, match="not a Slurm job id"):
-        requeue("1; rm -rf /", runner=Recorder())
+        requeue("1; rm -rf /", runner=RunnerRecorder())
 
 
 def test_kill_wait_parsed_from_show_config():
-    assert kill_wait(runner=Recorder(stdout="JobRequeue = 1\nKillWait                = 30 sec\n")) == 30.0
-    assert kill_wait(runner=Recorder(rc=1, stderr="down")) is None
+    assert kill_wait(runner=RunnerRecorder(stdout="JobRequeue = 1\nKillWait                = 30 sec\n")) == 30.0
+    assert kill_wait(runner=RunnerRecorder(rc=1, stderr="down")) is None
 
 
 JOB = SlurmJob(job_id="9", restart_count=1)
@@ -120,18 +109,18 @@ def test_on_run_end_requeues_after_the_slurm_signal_and_says_why_otherwise():
     def emit(kind, **f):
         events.append((kind, f))
 
-    r = Recorder()
+    r = RunnerRecorder()
     assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, emit, runner=r) is True
     assert r.calls[0][0] == ["scontrol", "requeue", "77"] and events[-1][0] == "requeue" and events[-1][1]["ok"]
     assert on_run_end("failed", None, "USR1", None, env, logs.append, emit, runner=r) is False
     assert "not requeued" in logs[-1] and events[-1][0] == "requeue_skipped" and len(r.calls) == 1
-    bad = Recorder(rc=1, stderr="Invalid job id specified")
+    bad = RunnerRecorder(rc=1, stderr="Invalid job id specified")
     assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, env, logs.append, emit, runner=bad) is False
     assert "requeue FAILED" in logs[-1] and "Invalid job id" in logs[-1]
     assert on_run_end("preempted", "signal:SIGUSR1", "USR1", None, {}, logs.append, emit, runner=r) is None
     assert default_run_name(env) == "slurm-77" and default_run_name({}) is None
     assert sigterm_grace({}, runner=r) is None
-    assert sigterm_grace(env, runner=Recorder(stdout="KillWait = 5 sec\n")) == 5.0
+    assert sigterm_grace(env, runner=RunnerRecorder(stdout="KillWait = 5 sec\n")) == 5.0
 
 
 def test_non_primary_nodes_restore_but_never_commit():

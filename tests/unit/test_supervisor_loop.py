@@ -5,92 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional
 
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
-from onbox.proc import Child, ExitStatus, ProcInfo, ProcRef, Stopped
+from onbox.proc import ExitStatus
 from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry
 from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
-
-# An attempt's script: given (seconds since spawn, signals received so far) -> an ExitStatus once it has ended.
-Script = Callable[[float, List[int]], Optional[ExitStatus]]
-
-
-def exits_after(seconds: float, code: int) -> Script:
-    return lambda t, sigs: ExitStatus(code=code) if t >= seconds else None
-
-
-def dies_on(sig: int) -> Script:
-    return lambda t, sigs: ExitStatus(signal=sig) if sig in sigs else None
-
-
-class FakeProcs:
-    """The ProcessSeam surface the supervisor uses, answering from scripts; records every signal with its time."""
-
-    def __init__(self, clock: FakeClock, scripts: List[Script]) -> None:
-        self.clock = clock
-        self.scripts = list(scripts)
-        self.spawned: List[Tuple[float, List[str]]] = []
-        self.signals: List[Tuple[float, int]] = []
-        self._current: Optional[Tuple[Child, Script, float, List[int]]] = None
-
-    def spawn(self, argv, env, cwd, log_path) -> Child:
-        script = self.scripts.pop(0)
-        pid = 1000 + len(self.spawned)
-        self.spawned.append((self.clock.monotonic(), list(argv)))
-        child = Child(pid=pid, sid=pid, pgid=pid, start_time=pid)
-        self._current = (child, script, self.clock.monotonic(), [])
-        return child
-
-    def poll(self, child: Child) -> Optional[ExitStatus]:
-        assert self._current is not None and self._current[0].pid == child.pid
-        _, script, t0, sigs = self._current
-        return script(self.clock.monotonic() - t0, sigs)
-
-    def signal_group(self, pgid: int, sig: int) -> bool:
-        self.signals.append((self.clock.monotonic(), int(sig)))
-        if self._current is not None:
-            self._current[3].append(int(sig))
-        return True
-
-    def kill_session(self, sid, timeout, log=None, leader_start=None, also=None, on_step=None) -> Stopped:
-        return Stopped()
-
-    def descendants(self, root: ProcRef) -> List[ProcInfo]:
-        return []
-
-    def marked(self, name: str, value: str) -> List[ProcInfo]:
-        return []
-
-    def start_time_of(self, pid: int) -> Optional[int]:
-        return None
-
-    def reap_zombies(self, keep=()) -> List[int]:
-        return []
-
-
-class Checkpoints:
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.finals: List[Tuple[float, float]] = []  # (called at, deadline)
-        self.fallbacks: List[bool] = []  # what after_failure answers, one per failed attempt (then False)
-        self.failures: List[float] = []  # the attempt lengths it was told
-
-    def restore(self):
-        return None
-
-    def after_failure(self, seconds: float) -> bool:
-        self.failures.append(seconds)
-        return self.fallbacks.pop(0) if self.fallbacks else False
-
-    def periodic(self) -> None:
-        return None
-
-    def final(self, deadline: float):
-        self.finals.append((self.clock.monotonic(), deadline))
-        return None
+from tests.fakes.supervisor import Checkpoints, FakeProcs, Script, dies_on, exits_after
 
 
 def make(tmp_path, scripts: List[Script], **fields):

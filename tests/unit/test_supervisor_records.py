@@ -21,7 +21,7 @@ from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.preempt import STOP_SIGNAL
 from onbox.supervisor.records import RunRecords
 from onbox.supervisor.rundir import RunDir
-from tests.unit.test_supervisor_loop import Checkpoints, FakeProcs, exits_after
+from tests.fakes.supervisor import Checkpoints, FakeProcs, exits_after
 
 
 class FillableRunDir(RunDir):

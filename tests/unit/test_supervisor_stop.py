@@ -18,7 +18,8 @@ from onbox.supervisor.notices import NoticeIntake
 from onbox.supervisor.preempt import STOP_SIGNAL
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.stop import DEFAULT_GRACE, STOP_TRANSITIONS, ChildStop, StopStage, grace_for
-from tests.unit.test_supervisor_loop import dies_on, exits_after, make
+from tests.fakes.supervisor import dies_on, exits_after
+from tests.unit.test_supervisor_loop import make
 
 
 def stages_until(stop: ChildStop, clock: FakeClock, until: float, step: float = 0.5):

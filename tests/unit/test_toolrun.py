@@ -12,20 +12,7 @@ import pytest
 from onbox.errors import ExitCode, JobFailed, UnfitError
 from onbox.proc import is_alive
 from onbox.toolrun import Says, Tool, call, stderr_tail
-
-
-class Recorder:
-    """A runner seam: records each call, returns a scripted CompletedProcess or raises a scripted exception."""
-
-    def __init__(self, rc=0, stdout="", stderr="", exc=None):
-        self.calls = []
-        self.rc, self.stdout, self.stderr, self.exc = rc, stdout, stderr, exc
-
-    def __call__(self, argv, **kw):
-        self.calls.append((argv, kw))
-        if self.exc:
-            raise self.exc
-        return subprocess.CompletedProcess(argv, self.rc, self.stdout, self.stderr)
+from tests.fakes.recorders import RunnerRecorder
 
 
 class Refused(JobFailed):
@@ -42,7 +29,7 @@ TOOL = Tool("frob", Refused,
 
 
 def test_a_call_is_a_list_argv_with_a_timeout_and_captured_text():
-    r = Recorder(stdout="ok\n")
+    r = RunnerRecorder(stdout="ok\n")
     done = TOOL.run(("frob", "x"), 7, runner=r, op="x", where="w")
     (argv, kw), = r.calls
     assert argv == ["frob", "x"] and kw == {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
@@ -52,21 +39,21 @@ def test_a_call_is_a_list_argv_with_a_timeout_and_captured_text():
 
 def test_each_failure_is_the_callers_error_in_the_callers_words():
     with pytest.raises(UnfitError) as missing:
-        TOOL.run(["frob"], 1, runner=Recorder(exc=FileNotFoundError("frob")), op="x", where="w")
+        TOOL.run(["frob"], 1, runner=RunnerRecorder(exc=FileNotFoundError("frob")), op="x", where="w")
     assert (missing.value.message, missing.value.hint) == ("frob is missing", "install frob")
     with pytest.raises(Refused) as hung:
-        TOOL.run(["frob"], 2.5, runner=Recorder(exc=subprocess.TimeoutExpired(["frob"], 2.5)), op="x", where="net")
+        TOOL.run(["frob"], 2.5, runner=RunnerRecorder(exc=subprocess.TimeoutExpired(["frob"], 2.5)), op="x", where="net")
     assert (hung.value.message, hung.value.hint, hung.value.code) == ("frob x hung 2.5 s", "check net", "ETIMEDOUT")
     with pytest.raises(Refused) as failed:
-        TOOL.run(["frob"], 1, runner=Recorder(rc=4, stderr="a\nb\n  c  \n"), op="y", where="w")
+        TOOL.run(["frob"], 1, runner=RunnerRecorder(rc=4, stderr="a\nb\n  c  \n"), op="y", where="w")
     assert (failed.value.message, failed.value.hint, failed.value.code) == (
         "frob y failed (exit 4): b |   c", None, "EIO")  # only the tail of stderr, as the tool says
 
 
 def test_an_unchecked_call_returns_the_exit_code_and_a_timeout_can_read_as_one():
-    assert TOOL.run(["frob"], 1, check=False, runner=Recorder(rc=3)).returncode == 3
+    assert TOOL.run(["frob"], 1, check=False, runner=RunnerRecorder(rc=3)).returncode == 3
     partial = subprocess.TimeoutExpired(["frob"], 1, output=b"half", stderr=b"")
-    done = TOOL.run(["frob"], 1, runner=Recorder(exc=partial), timed_out_rc=255)
+    done = TOOL.run(["frob"], 1, runner=RunnerRecorder(exc=partial), timed_out_rc=255)
     assert (done.returncode, done.stdout) == (255, b"half")
 
 
@@ -114,30 +101,30 @@ def test_callers_keep_their_own_words():
     from onbox.slurm.job import SlurmError
     from onbox.slurm.script import submit
 
-    t = RcloneTarget("remote:bucket", "r1", runner=Recorder(rc=5, stderr="x\nERROR : a\nERROR : b\nERROR : c\n"))
+    t = RcloneTarget("remote:bucket", "r1", runner=RunnerRecorder(rc=5, stderr="x\nERROR : a\nERROR : b\nERROR : c\n"))
     with pytest.raises(SyncFailed) as e:
         t.write_index({})
     assert e.value.message == "rclone copyto failed (exit 5) for remote:bucket/r1: ERROR : a | ERROR : b | ERROR : c"
     assert e.value.errno_name == "EIO" and "previous committed checkpoint is intact" in (e.value.hint or "")
-    t = RcloneTarget("remote:bucket", "r1", runner=Recorder(exc=subprocess.TimeoutExpired(["rclone"], 60)))
+    t = RcloneTarget("remote:bucket", "r1", runner=RunnerRecorder(exc=subprocess.TimeoutExpired(["rclone"], 60)))
     with pytest.raises(SyncFailed, match=r"^rclone lsjson timed out after 60 s \(remote:bucket/r1\)$") as e:
         t.list_names()
     assert e.value.errno_name == "ETIMEDOUT"
-    t = RcloneTarget("remote:bucket", "r1", runner=Recorder(exc=FileNotFoundError("rclone")))
+    t = RcloneTarget("remote:bucket", "r1", runner=RunnerRecorder(exc=FileNotFoundError("rclone")))
     with pytest.raises(SyncFailed, match=r"^rclone is not installed on this box$"):
         t.list_names()
 
     with pytest.raises(UnfitError, match=r"^sbatch not found on PATH$"):  # exit 3: this box cannot submit
-        submit("#!/bin/bash\n", runner=Recorder(exc=FileNotFoundError("sbatch")))
+        submit("#!/bin/bash\n", runner=RunnerRecorder(exc=FileNotFoundError("sbatch")))
     with pytest.raises(SlurmError, match=r"^sbatch refused the job \(exit 1\): sbatch: error: no partition$"):
-        submit("#!/bin/bash\n", runner=Recorder(rc=1, stderr="sbatch: error: no partition\n"))
-    r = Recorder(stdout="4242;cluster\n")
+        submit("#!/bin/bash\n", runner=RunnerRecorder(rc=1, stderr="sbatch: error: no partition\n"))
+    r = RunnerRecorder(stdout="4242;cluster\n")
     assert submit("#!/bin/bash\n", workdir="/tmp", timeout=9, runner=r) == "4242"
     assert r.calls[0][1]["input"] == "#!/bin/bash\n" and r.calls[0][1]["cwd"] == "/tmp"
 
     with pytest.raises(RemoteCommandFailed, match=r"^launch on gpu1 exited 3: \(no output\)$"):
         SSH.check(subprocess.CompletedProcess(["ssh"], 3, b"", b"  \n"), what="launch", box="gpu1")
     with pytest.raises(RemoteTimeout, match=r"^launch on gpu1 did not finish within 5 s$"):
-        SSH.run(["ssh"], 5, runner=Recorder(exc=subprocess.TimeoutExpired(["ssh"], 5)), what="launch", box="gpu1")
+        SSH.run(["ssh"], 5, runner=RunnerRecorder(exc=subprocess.TimeoutExpired(["ssh"], 5)), what="launch", box="gpu1")
     with pytest.raises(UnfitError, match=r"^ssh is not installed on this machine$"):
-        SSH.run(["ssh"], 5, runner=Recorder(exc=FileNotFoundError("ssh")), what="launch", box="gpu1")
+        SSH.run(["ssh"], 5, runner=RunnerRecorder(exc=FileNotFoundError("ssh")), what="launch", box="gpu1")

@@ -1,14 +1,17 @@
 """What `onbox run` checks and says in the foreground, before anything is created or detached, beyond
-RunConfig.validate: the child's secrets can be read, the paths it was given are places onbox may scan and write, a
-re-launch record's bad value is named as such, and the warnings a careless setup deserves (a secret on the command
-line, a token file others can read)."""
+RunConfig.validate: the child's secrets can be read, its program can be run, the paths it was given are places
+onbox may scan and write, the name is not another run's, and the warnings a careless setup deserves (a secret on
+the command line, a token file others can read, no checkpoint dir)."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 from typing import Any, Dict, List, Optional
 
 from onbox.errors import UsageError
+from onbox.supervisor.rundir import RunDir
 
 # Names that usually hold credentials (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...).
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
@@ -19,19 +22,6 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib
                "/run", "/sbin", "/sys", "/usr", "/var")
 CKPT_DIR_HINT = ("give --ckpt-dir the directory your trainer saves its checkpoints in (e.g. /workspace/ckpt), or "
                  "leave it out: the run then has <run dir>/checkpoints, which the trainer finds in $ONBOX_CKPT_DIR")
-
-
-def resolve_relaunch(cli: Dict[str, Any], saved: Dict[str, Any], run_dir: str) -> Any:
-    """`onbox run --name X` alone: X's config.json below the flags. A value the record holds that is no longer
-    accepted (an older onbox took `--preempt-signal KILL`) is refused naming the record and the way out."""
-    from onbox import config, paths
-
-    path = os.path.join(run_dir, paths.CONFIG_FILE)
-    try:
-        return config.resolve(cli, profile_defaults=saved, defaults_source="the re-launch record %s" % path)
-    except UsageError as e:
-        raise UsageError(e.message, hint="%sthe re-launch record %s may hold it: the same option on the command line "
-                                         "overrides the record" % ((e.hint + "; ") if e.hint else "", path))
 
 
 def check_paths(cfg: Any, run_dir: str) -> None:
@@ -98,6 +88,64 @@ def written_file_problem(path: str) -> Optional[str]:
     return None
 
 
+def check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
+    """The program the run starts exists and may be executed (a relative path is from `workdir`, a bare name is
+    looked up on the PATH of `env`)."""
+    if os.sep in exe:
+        path = exe if os.path.isabs(exe) else os.path.join(workdir, exe)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError("cannot run %s: no such executable file (missing, or not chmod +x)" % exe,
+                             hint="check the path (relative paths are from %s)" % workdir)
+        return
+    if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+        raise UsageError("cannot run %s: not found on PATH" % exe,
+                         hint="give the full path, or fix PATH (the agent uses this shell's PATH)")
+
+
+def check_runs_dir(runs: str) -> None:
+    """Refuse early (exit 2, nothing created) when the runs directory cannot be created or written."""
+    from onbox.fsutil import is_writable_dir, nearest_existing
+
+    probe = nearest_existing(runs)
+
+    if not os.path.isdir(probe) or not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
+        raise UsageError("the runs directory %s is not writable (%s)" % (runs, probe),
+                         hint="set ONBOX_HOME to a writable directory")
+    if sys.platform != "linux":  # pragma: no cover
+        raise UsageError("onbox runs jobs on Linux only")
+
+
+RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
+
+
+def check_same_run(cfg: Any, rd: RunDir) -> None:
+    """A different command (or checkpoint dir, or durable target) under the name of an existing run would
+    continue that run and be handed its checkpoint: refused (exit 2) unless --resume says it is meant."""
+    hint = "give the new run another --name, or move %s away" % rd.path
+    try:
+        saved = rd.load_config()
+    except FileNotFoundError:
+        return
+    except TypeError:
+        raise UsageError("the record of the existing run %s is not a JSON object" % rd.config_path, hint=hint)
+    except (OSError, ValueError) as e:
+        raise UsageError("cannot read the record of the existing run %s: %s" % (rd.config_path, e), hint=hint)
+    differ = [k for k in RECORDED if (saved.get(k) or None) != (getattr(cfg, k) or None)]
+    if differ:
+        was = "; ".join("%s was %s" % (k, _shown(saved.get(k))) for k in differ)
+        raise UsageError("run %s already exists with another %s (%s)" % (cfg.name, " and ".join(differ), was),
+                         hint="give this run a new --name, or pass --resume to continue %s (and its "
+                              "checkpoints) with the new settings on purpose" % cfg.name)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        import shlex
+
+        return shlex.join(str(v) for v in value)
+    return str(value) if value else "unset"
+
+
 def check_child_secrets(cfg: Any) -> None:
     """Every --env-file and --secret readable and well-formed now; the values are read and dropped (the agent
     reads them again when each attempt starts, so they never travel in argv or config.json)."""
@@ -107,7 +155,8 @@ def check_child_secrets(cfg: Any) -> None:
 
 
 def warnings(cli_env: Dict[str, str], cfg: Any) -> List[str]:
-    """One line each, for stderr: setups that work but leak (U34)."""
+    """One line each, for stderr: setups that work but leak (U34), and a run without --ckpt-dir (onbox then
+    commits only what the trainer writes where $ONBOX_CKPT_DIR points)."""
     from onbox import fsutil, paths
     from onbox.config import parse_secret_spec
 
@@ -127,14 +176,16 @@ def warnings(cli_env: Dict[str, str], cfg: Any) -> List[str]:
         if mode is not None:
             out.append("%s %s is readable by %s (mode %04o): `chmod 600 %s`" % (
                 what, path, "everyone" if mode & 0o004 else "its group", mode, path))
+    if not cfg.ckpt_dir:
+        out.append("no --ckpt-dir: onbox commits and restores only what the trainer writes to $ONBOX_CKPT_DIR (%s); "
+                   "point the trainer there, or give --ckpt-dir its output dir"
+                   % os.path.join(paths.run_dir(cfg.name), paths.CHECKPOINTS_DIR))
     return out
 
 
 def node_group(cfg: Any) -> Any:
     """`--node-group PATH|-`: the group (from stdin with `-`, then returned to be stored), its rendezvous put into
     the job's environment (NNODES, NODE_RANK, MASTER_ADDR/PORT, torchrun's PET_*)."""
-    import sys
-
     from onbox.multinode.role import MAX_DOC_BYTES, child_vars, load_group, read_group_stream
     from onbox.subsystems import node_preflight
 
