@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from controller.ssh import Target, check_ssh_word
 from onbox import untrusted
+from onbox.environment import Environment
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write, nearest_existing
 
@@ -37,11 +38,12 @@ def config_dir() -> str:
     """$ONBOX_CONFIG_DIR, else $XDG_CONFIG_HOME/onbox, else ~/.config/onbox. It need not exist yet (the first
     write makes it), but when it, or the nearest part of it that exists, is not a directory, every command that
     uses it is refused here: `box ls` must not say "no boxes yet" of an inventory it could never read."""
-    env = os.environ.get("ONBOX_CONFIG_DIR")
+    environment = Environment.read()
+    env = environment.config_dir
     if env:
         path, source = os.path.abspath(os.path.expanduser(env)), "ONBOX_CONFIG_DIR=%s" % env
     else:
-        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        xdg = environment.xdg_config_home or os.path.join(os.path.expanduser("~"), ".config")
         path, source = os.path.join(xdg, "onbox"), "the onboxctl config dir %s" % os.path.join(xdg, "onbox")
     probe = nearest_existing(path, exists=os.path.lexists)
     if not os.path.isdir(probe):

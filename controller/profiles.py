@@ -10,13 +10,15 @@ import glob
 import os
 from typing import Any, Dict, List, Optional
 
+from onbox.environment import Environment
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PROFILE = "generic-ssh"
 
 
 def _dirs() -> List[str]:
     out = []
-    env = os.environ.get("ONBOX_PROFILES_DIR")
+    env = Environment.read().profiles_dir
     if env:
         out.append(env)
     out += [os.path.join(REPO, "profiles"), os.path.join(REPO, "onbox", "profiles")]

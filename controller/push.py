@@ -21,6 +21,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from controller.boxes import Box
 from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link, unreachable
+from onbox.environment import Environment
 from onbox.errors import JobFailed, UsageError
 from onbox.toolrun import Says, Tool
 
@@ -63,7 +64,7 @@ def sha256_file(path: str) -> str:
 
 def default_pyz() -> str:
     """dist/onbox.pyz of this checkout, or $ONBOX_PYZ."""
-    env = os.environ.get("ONBOX_PYZ")
+    env = Environment.read().pyz
     if env:
         return env
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

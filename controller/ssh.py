@@ -23,6 +23,7 @@ import tempfile
 import threading
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from onbox.environment import Environment
 from onbox.errors import JobFailed, UnfitError, UsageError
 from onbox.toolrun import Says, Tool, stderr_tail
 from onbox.toolrun import kill_group as kill_group  # where push and pull find it
@@ -125,7 +126,7 @@ def check_ssh_word(what: str, value: str) -> str:
 
 def default_control_dir() -> str:
     """A short private directory for ControlPath sockets (unix socket paths are limited to ~104 bytes)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    base = Environment.read().xdg_runtime_dir or tempfile.gettempdir()
     return os.path.join(base, "onboxctl-ssh-%d" % os.getuid())
 
 
@@ -311,17 +312,17 @@ def unreachable(target: Target, detail: str) -> BoxUnreachable:
 def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> SshSettings:
     """SshSettings with ONBOX_SSH_CONNECT_TIMEOUT / ONBOX_SSH_ALIVE_INTERVAL / ONBOX_SSH_ALIVE_COUNT /
     ONBOX_SSH_COMMAND_TIMEOUT / ONBOX_SSH_CONTROL_DIR / ONBOX_SSH_MULTIPLEX=0 applied."""
-    env = os.environ if environ is None else environ
+    env = Environment.read(environ).ssh
     fields: Dict[str, Any] = {}
     for key, conv in (("connect_timeout", int), ("alive_interval", int), ("alive_count", int),
                       ("command_timeout", float), ("control_dir", str)):
-        raw = env.get("ONBOX_SSH_" + key.upper())
+        raw = env.get(key)
         if raw:
             try:
                 fields[key] = conv(raw)
             except ValueError:
                 raise UsageError("ONBOX_SSH_%s must be a number, not %r" % (key.upper(), raw))
-    if env.get("ONBOX_SSH_MULTIPLEX", "1") in ("0", "no", "false"):
+    if env.get("multiplex", "1") in ("0", "no", "false"):
         fields["multiplex"] = False
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return SshSettings(**fields)

@@ -11,6 +11,7 @@ import os
 from typing import Any, Dict, Optional
 
 from controller.boxes import config_dir
+from onbox.environment import Environment
 from onbox.errors import UsageError
 
 KEYS = {"tracker": str, "tracker_token_file": str}
@@ -59,16 +60,18 @@ def tracker_url(flag: Optional[str]) -> Optional[str]:
     """The tracker to read: --tracker, else $ONBOX_TRACKER, else config.toml's `tracker`; checked."""
     if flag is not None:
         return check_tracker_url(flag, "--tracker")
-    if os.environ.get("ONBOX_TRACKER"):
-        return check_tracker_url(os.environ["ONBOX_TRACKER"], "ONBOX_TRACKER")
+    env = Environment.read()
+    if env.tracker:
+        return check_tracker_url(env.tracker, "ONBOX_TRACKER")
     url = load().get("tracker")
     return check_tracker_url(url, "tracker in %s" % path()) if url else None
 
 
 def tracker_token(flag_file: Optional[str]) -> Optional[str]:
     """The bearer token: --tracker-token-file, ONBOX_TRACKER_TOKEN, then the config's tracker_token_file."""
-    if not flag_file and os.environ.get("ONBOX_TRACKER_TOKEN"):
-        return os.environ["ONBOX_TRACKER_TOKEN"].strip()
+    token = Environment.read().tracker_token
+    if not flag_file and token:
+        return token.strip()
     p = flag_file or load().get("tracker_token_file")
     if not p:
         return None

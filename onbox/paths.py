@@ -40,7 +40,9 @@ SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # what `onbox
 
 
 def onbox_home() -> str:
-    env = os.environ.get("ONBOX_HOME")
+    from onbox.environment import Environment
+
+    env = Environment.read().home
     if env:
         return os.path.abspath(os.path.expanduser(env))
     home = os.path.expanduser("~")

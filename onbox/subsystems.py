@@ -74,7 +74,8 @@ def make_hooks(ctx: RunContext) -> Hooks:
     if ctx.config.node_group:
         return _group_hooks(ctx, HeartbeatHook(ctx), ReaperHook(ctx))
     # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm/job.py).
-    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ, ctx.emit)
+    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ if ctx.environ is None
+                                           else ctx.environ, ctx.emit)
     return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
 
 

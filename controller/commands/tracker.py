@@ -8,6 +8,7 @@ from typing import Optional
 import click
 
 from controller.commands.params import Seconds
+from onbox.environment import Environment
 from onbox.errors import UsageError
 from onbox.paths import onbox_home
 
@@ -45,8 +46,9 @@ def resolve_token(token_file: Optional[str], db: str) -> str:
     """--token-file, else $ONBOX_TRACKER_TOKEN, else a generated token kept beside the database (mode 0600)."""
     if token_file:
         return read_token_file(token_file)
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV]
+    token = Environment.read().tracker_token
+    if token:
+        return token
     path = os.path.join(os.path.dirname(os.path.abspath(db)), "tracker.token")
     if os.path.exists(path):
         token = read_token_file(path)

@@ -245,7 +245,7 @@ def run(parallel: Optional[int], per_gpu: bool, notice_source: str, metadata_url
         raise UsageError("--parallel and --per-gpu exclude each other", hint="--per-gpu runs one entry per GPU")
     if metadata_url and config.url_problem(metadata_url):
         raise UsageError("--metadata-url %r: %s" % (metadata_url, config.url_problem(metadata_url)))
-    raw_tick = os.environ.get("ONBOX_TICK_INTERVAL") or "0.5"
+    raw_tick = config.env_overrides(os.environ).get("tick_interval") or "0.5"
     try:
         tick = float(raw_tick)
     except ValueError:

@@ -19,9 +19,10 @@ import logging
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from onbox import paths
+from onbox.environment import Environment
 from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
 from onbox.heartbeat.schema import SCHEMA
@@ -43,8 +44,9 @@ ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "crashlo
 FAILED_STATES = {"failed", "crash_loop", "crashloop"}
 
 
-def box_name() -> str:
-    return os.environ.get("ONBOX_BOX") or socket.gethostname() or "box"
+def box_name(environ: Optional[Mapping[str, str]] = None) -> str:
+    """ONBOX_BOX (the name onboxctl knows the box by), else the hostname."""
+    return Environment.read(environ).box or socket.gethostname() or "box"
 
 
 def phase_fields(phase: Any) -> Optional[Dict[str, Any]]:
@@ -84,8 +86,8 @@ class HeartbeatHook:
             os.path.join(ctx.run_dir, paths.METRICS_FILE), cfg.metrics_regex, ctx.clock)
         self.alerts = AlertEngine(alert_settings or AlertSettings(
             stall_seconds=cfg.stall_minutes * 60.0, crash_loop_threshold=cfg.crash_loop_threshold))
-        self.box = box_name()
-        self.slurm = heartbeat_fields(os.environ)
+        self.box = box_name(ctx.environ)
+        self.slurm = heartbeat_fields(os.environ if ctx.environ is None else ctx.environ)
         self.node = recorded_role(cfg.node_group)  # this box's rank in a multi-node group over SSH
         os.makedirs(os.path.join(ctx.run_dir, paths.HEARTBEATS_DIR), mode=0o700, exist_ok=True)
         self.seq = SeqCounter(os.path.join(ctx.run_dir, paths.HEARTBEAT_SEQ_FILE), first=int(self.clock.time() * 1000))
@@ -134,7 +136,7 @@ class HeartbeatHook:
         self._stream_alert = False
         self._closed = False
         self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
-        self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg))
+        self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg, ctx.environ))
         self._secrets_attempt: Any = ctx.attempt()  # read just above: the next attempt reads them again
         self._first_output_mono: Optional[float] = None
         self._output_lines = 0
@@ -312,7 +314,7 @@ class HeartbeatHook:
         attempt = state.get("attempt")
         if attempt != self._secrets_attempt:  # an attempt re-reads its secrets (a rotated file): redact the new ones
             self._secrets_attempt = attempt
-            self.log_tail.set_secrets(secret_values(self.ctx.config))
+            self.log_tail.set_secrets(secret_values(self.ctx.config, self.ctx.environ))
         doc: Dict[str, Any] = {
             "schema": SCHEMA,
             "run": self.ctx.name,

@@ -172,14 +172,15 @@ def secret_env(env_files: List[str], secrets: List[str]) -> Dict[str, str]:
     return out
 
 
-def secret_values(cfg: Any) -> List[str]:
+def secret_values(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """Every secret value the agent can know, to keep out of the log tail it sends (U34): the job's --secret and
     --env-file values, the tracker and MLflow token files, the agent-only variables of its environment. A secret
     that cannot be read is skipped here: the attempt that needs it says why."""
     from onbox.config import agent_only_vars, parse_secret_spec
     from onbox.errors import UsageError
 
-    values: List[str] = [os.environ.get(var, "") for var in agent_only_vars(cfg)]
+    env = os.environ if environ is None else environ  # the agent's environment, as the Supervisor was given it
+    values: List[str] = [env.get(var, "") for var in agent_only_vars(cfg)]
     for path in [cfg.tracker_token_file, cfg.mlflow_token_file]:
         if path:
             try:

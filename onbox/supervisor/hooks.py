@@ -7,7 +7,7 @@ a no-op implementation so the supervisor runs without them (`no_hooks`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     from onbox.clock import Clock
@@ -44,6 +44,8 @@ class RunContext:
     # summary_due(): a hook rewrote its file beside state.json (checkpoint_status.json), which training_status.md
     # shows: the loop rewrites the summary at its next tick. From any thread; None outside a supervisor.
     summary_due: Optional[Callable[[], None]] = None
+    # the agent's environment, as the Supervisor was given it (the box's name, Slurm's variables); None: os.environ
+    environ: Optional[Mapping[str, str]] = None
 
 
 class CheckpointHook(Protocol):

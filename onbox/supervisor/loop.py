@@ -103,7 +103,7 @@ class Supervisor:
         self.hooks: Hooks = hooks_factory(RunContext(
             name=rundir.name, run_dir=rundir.path, ckpt_dir=self.ckpt_dir, config=cfg, clock=self.clock,
             emit=self.emit, attempt=lambda: self.launcher.number, write_failed=self.journal.write_failed,
-            progress=self.progress, summary_due=self.journal.notes.summary_due))
+            progress=self.progress, summary_due=self.journal.notes.summary_due, environ=self.environ))
         self.journal.telemetry = self.hooks.telemetry
         # what asks the run to stop, and the stop under way in STOPPING (notices.py)
         # Under Slurm a SIGTERM (time limit, scancel) is followed by SIGKILL after KillWait: its real grace.

@@ -19,11 +19,13 @@ from tests.conftest import REPO_ROOT
 
 # What each part of onbox may import (besides itself). A top-level module counts as its own part.
 LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread",
+          "onbox.environment",
           "onbox.untrusted", "onbox.toolrun"}
 CONTRACT: Dict[str, Set[str]] = {
     "onbox.errors": set(),
     "onbox.clock": set(),
-    "onbox.paths": set(),
+    "onbox.environment": set(),
+    "onbox.paths": {"onbox.environment"},
     "onbox.proc": {"onbox.clock"},  # the escalation's deadlines run on the clock seam
     "onbox.toolrun": {"onbox.errors"},  # every tool call: its failures become the caller's domain error
     "onbox.untrusted": set(),
