@@ -1,6 +1,10 @@
 """One typed RunConfig. Precedence: CLI flags > ONBOX_* environment > run file (TOML) > profile > defaults.
 
 The resolved config is saved in the run directory as config.json: the exact re-launch record.
+
+Past 400 lines on purpose: every knob's type, range and coercion sits beside the one table of fields, so a flag,
+an ONBOX_* variable, a run file, a profile and a saved config.json are checked by the same lines and say the same
+message; split by layer, the same knob would be checked in two places and drift.
 """
 from __future__ import annotations
 

@@ -13,6 +13,9 @@ reader of /proc/<pid>/stat (`read_stat`).
 
 The supervisor and the reaper receive a `ProcessSeam`; tests pass a fake (a subclass over a scripted process
 table, with a FakeClock). Everything here is Linux /proc based: onbox runs on Linux boxes only.
+
+Past 400 lines on purpose: the seam, the stat reader and the escalation share `ProcRef` and the start-time check
+made right before each signal; kept in one module, that check has one implementation.
 """
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ A read never fails on one bad row: a row whose document does not parse as strict
 beat holding 1e400 as `Infinity`), is not an object, or whose columns are not what this store writes, is skipped,
 counted (`skipped_rows`) and logged once. The database, its WAL and SHM are created 0600 (they hold every run's
 hosts, paths and errors); an existing one with wider permissions is narrowed.
+
+Past 400 lines on purpose: every statement that touches the database sits behind its one writer connection and
+its schema migrations, so no other module opens SQLite.
 """
 from __future__ import annotations
 

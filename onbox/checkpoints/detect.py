@@ -14,6 +14,10 @@ every file passes its format's structural checks (formats.py: a torn file is nev
 A directory of a known layout is never completed by quiescence: a Trainer killed mid-save leaves a quiet dir
 without trainer_state.json that no trainer can resume from.
 
+Past 400 lines on purpose: the bounded walk, the candidates and the completion rules read one fingerprint
+(relative path, size, mtime, inode) and must agree on it; the format and layout rules themselves live in
+formats.py and layouts.py.
+
 A scan is bounded (ScanBound: entries listed, directory levels, seconds): a checkpoint dir past them is not one
 (`--ckpt-dir /`, a dataset dir). It stops there with CheckpointDirTooLarge, so that an agent pointed at the wrong
 directory neither reads the whole disk nor stops answering signals while it does; BoundedScan remembers such a dir
