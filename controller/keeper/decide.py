@@ -55,6 +55,7 @@ class Observation:
     durable_step: Optional[int] = None
     durable_at: Optional[float] = None
     lease: Optional[Dict[str, Any]] = None
+    resumed_step: Optional[int] = None  # the step of the checkpoint the newest attempt resumed from
     error: Optional[str] = None  # why ssh failed
 
 

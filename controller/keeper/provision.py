@@ -55,7 +55,7 @@ def run_provision(argv: List[str], timeout: float, env: Dict[str, str], pool: st
         full_env = dict(os.environ, **env)
         try:
             done = PROVISION.run(argv, timeout, check=False, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 env=full_env, binary=True, new_session=True, cmd=cmd)
+                                 env=full_env, binary=True, new_session=True)
         except PermissionError:
             raise ProvisionFailed("the provision command %s cannot be started: it is not executable" % cmd,
                                   hint="chmod +x it, or give the interpreter: --provision 'bash %s'" % cmd)

@@ -78,7 +78,7 @@ class Recovery:
     provisioned: List[str] = dataclasses.field(default_factory=list)
     needs_push: bool = True
     take_over: bool = False  # launched with `onbox run --take-over` (the old holder was declared lost)
-    resume_step: Optional[int] = None  # the newest durable step known when it was detected
+    resume_step: Optional[int] = None  # the step it resumed from (its agent's word; before that, the newest known)
     first_step: Optional[int] = None
     error: Optional[str] = None
 

@@ -243,6 +243,8 @@ class Recoverer:
             return
         cur.phases["first_new_step"] = self.clock.time()
         cur.first_step = step
+        if observed[0].resumed_step is not None:  # what the agent restored, not what the keeper saw last
+            cur.resume_step = observed[0].resumed_step
         took = cur.phases["first_new_step"] - cur.phases.get("detected", cur.phases["relaunched"])
         self.emit(keep, "first_new_step", "trains again on %s: step %d%s, %.1f s after it was detected" % (
             ", ".join(cur.to_boxes), step, " (resumed after durable step %d)" % cur.resume_step

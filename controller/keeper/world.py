@@ -42,12 +42,18 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
     attempts = doc.get("attempts") if isinstance(doc.get("attempts"), list) else []
     started = attempts[-1].get("started_at") if attempts and isinstance(attempts[-1], dict) else None
     state = doc.get("state") if isinstance(doc.get("state"), str) else None
+    lease = _obj(doc.get("lease"))
+    resumed = _int(lease.get("resumed_step"))
+    if resumed is None and isinstance(doc.get("resume_from"), str):
+        from onbox.checkpoints.detect import step_from_name
+
+        resumed = step_from_name(os.path.basename(doc["resume_from"]))
     return Observation(
         box, run, reached=True, known=True, state=state, agent_alive=doc.get("agent_alive") is True,
         fenced=state == "fenced" or last_exit.get("classification") == "fenced",
         step=_int(progress.get("step")), step_time=_num(progress.get("time")), attempt_started=_num(started),
         durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
-        lease=doc.get("lease") if isinstance(doc.get("lease"), dict) else None)
+        lease=lease or None, resumed_step=resumed)
 
 
 def beats_from_tracker(doc: Any) -> Dict[str, Beats]:
@@ -128,9 +134,11 @@ class World:
         except OnboxError as e:
             return e.message
         if not isinstance(doc, dict) or doc.get("schema") != AUDIT_SCHEMA:
-            return "`onbox audit` printed no audit (exit %d)" % res.returncode
+            said = [ln.strip() for ln in (res.err_text or res.text).splitlines() if ln.strip()]
+            return "`onbox audit` refused (exit %d): %s" % (res.returncode, said[-1][:300] if said else "no output")
         if res.returncode != 0 or doc.get("fit") is not True:
-            fails = [c for c in doc.get("checks") or [] if isinstance(c, dict) and c.get("verdict") == "FAIL"]
+            fails = [c for c in doc.get("checks") or []
+                     if isinstance(c, dict) and str(c.get("verdict")).lower() == "fail"]
             first = fails[0] if fails else {}
             return "fails `onbox audit`: %s" % (first.get("summary") or "unfit (exit %d)" % res.returncode)
         return None
