@@ -43,7 +43,7 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
     2 a record could not be read (said in one line; that run is left alone).
     """
     from controller import userconfig
-    from controller.boxes import Inventory, config_dir
+    from controller.boxes import Inventory
     from controller.keeper.loop import Keeper, KeeperLock, PassReport
     from controller.keeper.records import RecordStore
     from controller.keeper.world import World
@@ -60,7 +60,7 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
                          hint="`onboxctl run ... --recover pool:NAME` records a run for the keeper")
     url = userconfig.tracker_url(tracker)
     token = userconfig.tracker_token(tracker_token_file)
-    lock = KeeperLock(config_dir()).acquire()
+    lock = KeeperLock(store.root).acquire(create=not once)
 
     def say(ev: Dict[str, Any]) -> None:
         if ev.get("kind") == "record_problem" and once and not as_json:

@@ -12,7 +12,7 @@ A pass over one run:
     WAIT                      said once; a person decides (the box's records are unreadable)
   and an open recovery whose run trained a new step is closed (first_new_step).
 
-One keeper per config dir: `keeper.lock` (flock) is held while it runs; a second one is refused. A keeper on
+One keeper per config dir: a flock on its runs/ directory is held while it runs; a second one is refused. A keeper on
 another machine is not excluded by it: the agents' leases are (a launch under a live lease is refused).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from controller.keeper.decide import Beats, Observation, Verdict, judge
 from controller.keeper.policy import LaunchRecord
@@ -212,32 +212,30 @@ def summary(rec: LaunchRecord, keep: RunKeep) -> Dict[str, Any]:
 
 
 class KeeperLock:
-    """`$ONBOX_CONFIG_DIR/keeper.lock`, held (flock) for the keeper's life: one keeper per config dir."""
+    """One keeper per config dir: an exclusive flock on its `runs/` directory (held open for the keeper's life; no
+    lock file is written, and a killed keeper's lock goes with its process)."""
 
-    def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, "keeper.lock")
-        self.f: Optional[IO[str]] = None
+    def __init__(self, runs_dir: str) -> None:
+        self.path = runs_dir
+        self.fd: Optional[int] = None
 
-    def acquire(self) -> "KeeperLock":
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        f = open(self.path, "a+")  # noqa: SIM115 - held open (and locked) for the keeper's life
+    def acquire(self, create: bool = True) -> "KeeperLock":
+        if create:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+        elif not os.path.isdir(self.path):
+            return self  # no runs recorded: nothing to keep, nothing to exclude
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            f.seek(0)
-            holder = f.read().strip()[:40]
-            f.close()
-            raise UsageError("another `onboxctl keep` holds %s%s" % (self.path, " (pid %s)" % holder if holder else ""),
-                             hint="one keeper per config dir: stop the other one, or give this one its own "
-                                  "ONBOX_CONFIG_DIR")
-        f.seek(0)
-        f.truncate()
-        f.write("%d\n" % os.getpid())
-        f.flush()
-        self.f = f
+            os.close(fd)
+            raise UsageError("another `onboxctl keep` is watching the runs in %s" % self.path,
+                             hint="one keeper per config dir: stop the other one (systemctl stop onbox-keep), or give "
+                                  "this one its own ONBOX_CONFIG_DIR")
+        self.fd = fd
         return self
 
     def release(self) -> None:
-        if self.f is not None:
-            self.f.close()
-            self.f = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -435,8 +435,12 @@ def test_records_round_trip_and_refuse_hand_edits(store):
 
 
 def test_one_keeper_per_config_dir(tmp_path):
-    first = KeeperLock(str(tmp_path)).acquire()
-    with pytest.raises(UsageError, match="another `onboxctl keep` holds"):
-        KeeperLock(str(tmp_path)).acquire()
+    runs = str(tmp_path / "runs")
+    KeeperLock(runs).acquire(create=False).release()  # nothing recorded: nothing to lock, nothing made
+    assert not os.path.exists(runs)
+    first = KeeperLock(runs).acquire()
+    with pytest.raises(UsageError, match="another `onboxctl keep` is watching the runs in"):
+        KeeperLock(runs).acquire()
     first.release()
-    KeeperLock(str(tmp_path)).acquire().release()
+    KeeperLock(runs).acquire().release()
+    assert os.listdir(runs) == []  # no lock file left behind
