@@ -134,8 +134,8 @@ class World:
         except OnboxError as e:
             return e.message
         if not isinstance(doc, dict) or doc.get("schema") != AUDIT_SCHEMA:
-            said = [ln.strip() for ln in (res.err_text or res.text).splitlines() if ln.strip()]
-            return "`onbox audit` refused (exit %d): %s" % (res.returncode, said[-1][:300] if said else "no output")
+            lines = [ln.strip() for ln in (res.err_text or res.text).splitlines() if ln.strip()]
+            return "`onbox audit` refused (exit %d): %s" % (res.returncode, lines[-1][:300] if lines else "no output")
         if res.returncode != 0 or doc.get("fit") is not True:
             fails = [c for c in doc.get("checks") or []
                      if isinstance(c, dict) and str(c.get("verdict")).lower() == "fail"]
