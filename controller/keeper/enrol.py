@@ -96,6 +96,7 @@ def enrol(store: RecordStore, policy: RecoveryPolicy, run: str, boxes: List[str]
     if old is not None:
         old.close_current()
         keep.recoveries, keep.history, keep.events = old.recoveries, old.history, old.events
+        keep.event_seq, keep.published = old.event_seq, old.published
     keep.event(now, "launched", "launched by `onboxctl run` on %s; kept by `onboxctl keep` (pool %s)" % (
         ", ".join(boxes), policy.pool), boxes=list(boxes), recovery=None)
     store.save_keep(keep, now)

@@ -59,6 +59,7 @@ class Keeper:
         self.only = set(runs or [])
         self._report: Optional[PassReport] = None
         self._said_problems: Set[str] = set()
+        self._publish_problem: Optional[str] = None
         self.recoverer = Recoverer(world, self.clock, self._save, self._emit)
 
     # -- records and events ----------------------------------------------------------------------------------
@@ -98,6 +99,7 @@ class Keeper:
         for rec, keep in active:
             before = keep.state
             self._one(rec, keep, beats, _in_use(loaded, rec.run))
+            self._publish(rec, keep)
             if keep.state.final and keep.state != KeepState.ENDED and before != keep.state:
                 report.failed.append(rec.run)
         report.runs = [summary(rec, keep) for rec, keep in loaded]
@@ -146,6 +148,20 @@ class Keeper:
         if keep.state == KeepState.RECOVERING:
             while self.recoverer.advance(rec, keep, in_use):
                 pass
+
+    def _publish(self, rec: LaunchRecord, keep: RunKeep) -> None:
+        """The run's new events to the tracker, when there is one; what it did not take is sent again next pass."""
+        new = [e for e in keep.events if isinstance(e.get("n"), int) and e["n"] > keep.published]
+        if not new or not (self.world.tracker or rec.tracker):
+            return
+        problem = self.world.publish(rec, new)
+        if problem is None:
+            keep.published = max(e["n"] for e in new)
+            self._save(keep)
+        elif problem != self._publish_problem:
+            self._publish_problem = problem
+            self.say({"time": round(self.clock.time(), 3), "kind": "tracker_problem",
+                      "text": "events not sent to the tracker (kept in recovery.json, sent later): %s" % problem})
 
     def _remember(self, keep: RunKeep, observed: List[Observation], seen: List[Beats]) -> None:
         """The newest step and durable checkpoint known (from the box, else the beats): work at risk and the

@@ -102,6 +102,8 @@ class RunKeep:
     events: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     message: Optional[str] = None  # why the state is what it is, for `onboxctl status`
     updated_at: float = 0.0
+    event_seq: int = 0  # the number of the newest event (`n`; only grows)
+    published: int = 0  # the newest event a tracker acknowledged (`n`)
 
     def move(self, new: KeepState, message: Optional[str] = None) -> None:
         if new != self.state:
@@ -115,7 +117,8 @@ class RunKeep:
             self.message = message
 
     def event(self, now: float, kind: str, text: str, **fields: Any) -> Dict[str, Any]:
-        ev = dict(fields, time=round(now, 3), run=self.run, kind=kind, text=text)
+        self.event_seq += 1
+        ev = dict(fields, time=round(now, 3), run=self.run, kind=kind, text=text, n=self.event_seq)
         self.events.append(ev)
         del self.events[:-MAX_EVENTS]
         return ev
@@ -197,7 +200,15 @@ def keep_from_dict(doc: Any, where: str) -> RunKeep:
         history=[recovery_from_dict(h, where + " history") for h in doc.get("history", [])],
         events=[e for e in doc.get("events", []) if isinstance(e, dict)],
         message=doc.get("message") if isinstance(doc.get("message"), str) else None,
-        updated_at=_time(doc.get("updated_at"), where, "updated_at") or 0.0)
+        updated_at=_time(doc.get("updated_at"), where, "updated_at") or 0.0,
+        event_seq=_count(doc.get("event_seq", 0), where, "event_seq"),
+        published=_count(doc.get("published", 0), where, "published"))
+
+
+def _count(v: Any, where: str, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError("%s: %s must be a whole number >= 0" % (where, key))
+    return v
 
 
 def _time(v: Any, where: str, key: str) -> Optional[float]:

@@ -143,6 +143,31 @@ class World:
             return "fails `onbox audit`: %s" % (first.get("summary") or "unfit (exit %d)" % res.returncode)
         return None
 
+    def publish(self, rec: LaunchRecord, events: List[Dict[str, Any]]) -> Optional[str]:
+        """The events to the tracker (`POST /api/v1/events`, controller/tracker/API.md); None when stored, else
+        why not (they stay in recovery.json and are sent again on a later pass)."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        url = self.tracker or rec.tracker
+        if not url:
+            return "no tracker"
+        body = json.dumps({"events": [dict(e, source="keeper") for e in events]}).encode("utf-8")
+        req = urllib.request.Request(url.rstrip("/") + "/api/v1/events", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=10.0) as r:
+                r.read(65536)
+        except urllib.error.HTTPError as e:
+            return "the tracker at %s answered HTTP %d%s" % (url, e.code, " (an older tracker without events?)"
+                                                             if e.code in (404, 405) else "")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            return "cannot reach the tracker at %s: %s" % (url, getattr(e, "reason", e))
+        return None
+
     # -- acting ----------------------------------------------------------------------------------------------
     def provision(self, rec: LaunchRecord, key: str, node: int) -> Box:
         assert rec.policy.provision

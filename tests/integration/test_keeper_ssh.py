@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -200,43 +201,62 @@ def _recovered(rig: Rig) -> Optional[Dict[str, Any]]:
 
 
 def test_a_box_that_dies_is_recovered_on_a_spare_and_resumes_at_the_newest_durable_step(netns_boxes, rig):
+    from tests.hosts.tracker import TrackerProcess
+
     b0, s0 = netns_boxes(2)
-    rig.add("b0", b0)
-    rig.add("s0", s0, pool="p")  # no onbox.pyz there yet: the keeper pushes it
-    rig.ctl("push", "b0", "--pyz", rig.pyz)
-    rig.launch("b0")
-    wait_for(lambda: len(rig.committed()) >= 2, 60, "two durable commits on b0")
-    r = rig.ctl("keep", "--once", "--json")  # healthy: nothing to do
-    assert json.loads(r.stdout.splitlines()[-1])["runs"][0]["state"] == "watching"
+    tracker = TrackerProcess(str(rig.tmp / "tracker"), host=b0.netns.host_addr).start()  # the boxes reach it
+    rig.env["ONBOX_TRACKER_TOKEN"] = tracker.token  # keep's; its URL is the run's own --tracker
 
-    rig.kill_box("b0")
-    t_dead = time.time()
-    newest = max(rig.committed())
-    rig.keeper()
-    rec = wait_for(lambda: _recovered(rig), 90, "the run to train again on the spare", 0.3)
-    took = time.time() - t_dead
+    def tracker_get(path):
+        req = urllib.request.Request(tracker.url + path, headers={"Authorization": "Bearer " + tracker.token})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
 
-    starts = rig.starts()
-    assert [(s["box"], s["start"]) for s in starts] == [("b0", 0), ("s0", newest)], starts  # one launch, resumed
-    assert rig.committed()[-1] >= newest
-    assert rec["boxes"] == ["s0"] and rec["recoveries"] == 1 and rec["state"] == "watching"
-    last = rec["history"][-1]
-    assert list(last["phases"]) and all(p in last["phases"] for p in (
-        "detected", "declared_lost", "box_chosen", "pushed", "relaunched", "first_new_step"))
-    times = [last["phases"][p] for p in ("detected", "declared_lost", "box_chosen", "pushed", "relaunched",
-                                         "first_new_step")]
-    assert times == sorted(times) and last["kind"] == "elsewhere" and last["take_over"] is True
-    assert last["resume_step"] == newest and last["first_step"] > newest
-    assert rig.pass_took_over()  # the keeper launched with --take-over
-    wait_for(lambda: rig.state("s0").get("state") == "running", 30, "the spare's run running")
-    # status (over ssh, the spare only: b0 is gone) shows where it lives now and its work at risk
-    doc = json.loads(rig.ctl("status", "--box", "s0", "--json").stdout)
-    row = next(x for x in doc["runs"] if x["run"] == RUN)
-    assert row["box"] == "s0" and row["keeper"]["recoveries"] == 1 and row["at_risk"]["bound"] == 3600.0
-    kept = next(k for k in doc["keeper"] if k["run"] == RUN)
-    assert [e["kind"] for e in kept["events"]][-6:] == ["detected", "declared_lost", "box_chosen", "pushed",
-                                                        "relaunched", "first_new_step"]
-    print("box death to the first new step on the spare: %.1f s (lost-after 3 s, heartbeat 1 s)" % took)
+    try:
+        rig.add("b0", b0)
+        rig.add("s0", s0, pool="p")  # no onbox.pyz there yet: the keeper pushes it
+        rig.ctl("push", "b0", "--pyz", rig.pyz)
+        rig.launch("b0", "--tracker", tracker.url, "--tracker-token-file", tracker.token_file)
+        wait_for(lambda: len(rig.committed()) >= 2, 60, "two durable commits on b0")
+        r = rig.ctl("keep", "--once", "--json")  # healthy: nothing to do
+        assert json.loads(r.stdout.splitlines()[-1])["runs"][0]["state"] == "watching"
+
+        rig.kill_box("b0")
+        t_dead = time.time()
+        newest = max(rig.committed())
+        rig.keeper()
+        rec = wait_for(lambda: _recovered(rig), 90, "the run to train again on the spare", 0.3)
+        took = time.time() - t_dead
+
+        starts = rig.starts()
+        assert [(s["box"], s["start"]) for s in starts] == [("b0", 0), ("s0", newest)], starts  # one launch
+        assert rig.committed()[-1] >= newest
+        assert rec["boxes"] == ["s0"] and rec["recoveries"] == 1 and rec["state"] == "watching"
+        last = rec["history"][-1]
+        phases = ("detected", "declared_lost", "box_chosen", "pushed", "relaunched", "first_new_step")
+        times = [last["phases"][p] for p in phases]
+        assert times == sorted(times) and last["kind"] == "elsewhere" and last["take_over"] is True
+        assert last["resume_step"] == newest and last["first_step"] > newest
+        assert "its beats are late" in last["reason"] or "its beats are silent" in last["reason"], last["reason"]
+        assert rig.pass_took_over()  # the keeper launched with --take-over
+        wait_for(lambda: rig.state("s0").get("state") == "running", 30, "the spare's run running")
+        # the beats go on under the same run, from the spare now; every decision is in the tracker with its time
+        boxes = wait_for(lambda: (lambda b: b if "s0" in b else None)(
+            [x["box"] for x in tracker_get("/api/v1/runs/%s/heartbeats?after=-1&limit=1000" % RUN)["heartbeats"]]),
+            30, "beats from the spare")
+        assert boxes[0] == "b0" and boxes[-1] == "s0"
+        kinds = wait_for(lambda: (lambda k: k if "first_new_step" in k else None)(
+            [e["kind"] for e in tracker_get("/api/v1/runs/%s/events" % RUN)["events"]]), 30, "the events")
+        assert [k for k in kinds if k in phases] == list(phases)
+        # status (over ssh, the spare only: b0 is gone) shows where it lives now and its work at risk
+        doc = json.loads(rig.ctl("status", "--box", "s0", "--json").stdout)
+        row = next(x for x in doc["runs"] if x["run"] == RUN)
+        assert row["box"] == "s0" and row["keeper"]["recoveries"] == 1 and row["at_risk"]["bound"] == 3600.0
+        kept = next(k for k in doc["keeper"] if k["run"] == RUN)
+        assert [e["kind"] for e in kept["events"]][-6:] == list(phases)
+        print("box death to the first new step on the spare: %.1f s (lost-after 3 s, heartbeat 1 s)" % took)
+    finally:
+        tracker.stop()
 
 
 def test_preempted_with_the_box_up_is_relaunched_there_and_the_spare_is_not_used(netns_boxes, rig):

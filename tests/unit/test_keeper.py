@@ -444,3 +444,23 @@ def test_one_keeper_per_config_dir(tmp_path):
     first.release()
     KeeperLock(runs).acquire().release()
     assert os.listdir(runs) == []  # no lock file left behind
+
+
+def test_events_go_to_the_tracker_once_and_a_refusal_is_said_once_and_retried(store):
+    clock = FakeClock()
+    record(store)
+    world = FakeWorld(clock, {"gpu1": [ended("preempted")]}, INV)
+    world.tracker = "http://127.0.0.1:8787"
+    world.publish = mock.Mock(side_effect=["cannot reach the tracker: refused", "cannot reach the tracker: refused",
+                                           None, None])
+    k = keeper(store, world, clock)
+    k.tick()  # relaunched on the same box (detected, box_chosen, pushed, relaunched), the tracker down
+    k.tick()  # down again: not said twice
+    assert [e["kind"] for e in k.events].count("tracker_problem") == 1
+    sent = [e["n"] for e in world.publish.call_args.args[1]]
+    assert sent == [1, 2, 3, 4]
+    k.tick()  # up: the backlog goes, and is not sent again
+    assert store.load("gpt")[1].published == 4
+    world.answers["gpu1"] = [alive(step=3, t=99.0, started=90.0)]
+    k.tick()
+    assert [e["kind"] for e in world.publish.call_args.args[1]] == ["first_new_step"]
