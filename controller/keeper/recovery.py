@@ -191,6 +191,13 @@ class Recoverer:
         if not obs.reached and cur.kind == "elsewhere":
             return self._box_failed(rec, keep, cur, cur.to_boxes[0], "chosen box %s stopped answering: %s"
                                     % (cur.to_boxes[0], obs.error))
+        if not obs.reached:  # the box went away before its relaunch: watch it, and recover elsewhere once lost
+            self.emit(keep, "box_failed", "%s stopped answering before the relaunch (%s): watching it; it is "
+                                          "recovered elsewhere once lost" % (cur.to_boxes[0], obs.error))
+            keep.close_current()
+            keep.move(KeepState.WATCHING, "%s stopped answering before its relaunch" % cur.from_boxes[0])
+            self.save(keep)
+            return False
         cur.launch_started_at = now
         self.save(keep)  # the intent, before the act
         boxes = [self.world.box(n) for n in cur.to_boxes]

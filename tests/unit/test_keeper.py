@@ -231,6 +231,20 @@ def test_preempted_with_the_box_up_is_relaunched_there_and_no_spare_is_looked_at
     assert kinds(k) == ["detected", "box_chosen", "pushed", "relaunched", "first_new_step"]
 
 
+def test_a_preempted_box_that_goes_away_before_its_relaunch_is_recovered_elsewhere_once_lost(store):
+    clock = FakeClock()
+    record(store)  # lost after 15 s
+    world = FakeWorld(clock, {"gpu1": [ended("preempted"), down()]}, INV, spares={"spare-a": None})
+    k = keeper(store, world, clock)
+    for _ in range(6):
+        k.tick()
+        clock.advance(5)
+    assert world.launch.call_count == 1 and [b.name for b in world.launch.call_args.args[1]] == ["spare-a"]
+    _, keep = store.load("gpt")
+    assert keep.boxes == ["spare-a"] and keep.recoveries == 1 and keep.history[0].kind == "same_box"
+    assert "box_failed" in kinds(k) and "relaunched" not in keep.history[0].phases
+
+
 def test_a_run_that_ended_is_left_alone(store):
     clock = FakeClock()
     record(store)
