@@ -43,11 +43,12 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
     started = attempts[-1].get("started_at") if attempts and isinstance(attempts[-1], dict) else None
     state = doc.get("state") if isinstance(doc.get("state"), str) else None
     lease = _obj(doc.get("lease"))
-    resumed = _int(lease.get("resumed_step"))
-    if resumed is None and isinstance(doc.get("resume_from"), str):
-        from onbox.checkpoints.detect import step_from_name
+    resumed = None
+    for name in (lease.get("resumed_from"), doc.get("resume_from")):  # the lease's checkpoint, else the local path
+        if resumed is None and isinstance(name, str) and name:
+            from onbox.checkpoints.detect import step_from_name
 
-        resumed = step_from_name(os.path.basename(doc["resume_from"]))
+            resumed = step_from_name(os.path.basename(name))
     return Observation(
         box, run, reached=True, known=True, state=state, agent_alive=doc.get("agent_alive") is True,
         fenced=state == "fenced" or last_exit.get("classification") == "fenced",

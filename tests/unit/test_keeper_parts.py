@@ -172,8 +172,8 @@ def test_a_boxs_status_document_as_an_observation():
     fenced = observation_from_status("gpu1", "gpt", status_doc(state="failed", agent_alive=False,
                                                                last_exit={"classification": "fenced"}), 0, "")
     assert fenced.fenced
-    leased = observation_from_status("gpu1", "gpt", status_doc(lease={"epoch": 3, "holder": "gpu1",
-                                                                      "resumed_step": 95}), 0, "")
+    leased = observation_from_status("gpu1", "gpt", status_doc(lease={"epoch": 3, "holder": "gpu1-3fa2b1c4-9d0e1f2a",
+                                                                      "resumed_from": "step_000095.ckpt"}), 0, "")
     assert leased.lease["epoch"] == 3 and leased.resumed_step == 95
     assert not observation_from_status("gpu1", "gpt", None, 2, "onbox: no run named gpt in /root/.onbox/runs").known
     gone = "python3: can't open file '/root/.onbox/onbox.pyz': [Errno 2] No such file or directory"
