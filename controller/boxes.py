@@ -14,6 +14,7 @@ User, ProxyJump, IdentityFile) and the agent decide how to reach it.
     user = "root"
     profile = "runpod"
     identity = "~/.ssh/id_ed25519"
+    pool = "a100"                 # a spare of pool a100: `onboxctl keep` may recover a run onto it
     options = ["StrictHostKeyChecking=accept-new"]
 """
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Box:
     identity: Optional[str] = None
     python: str = "python3"  # the box's interpreter that runs onbox.pyz (AutoDL: /root/miniconda3/bin/python)
     options: List[str] = dataclasses.field(default_factory=list)
+    pool: Optional[str] = None  # the pool this box serves as a spare of (`run --recover pool:P`, controller/keeper)
     in_inventory: bool = True
 
     def target(self) -> Target:
@@ -81,6 +83,14 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not BOX_NAME_RE.fullmatch(name):
         raise UsageError("invalid box name %r" % name, hint="use letters, digits, '.', '_' and '-' (at most 64)")
     return name
+
+
+def check_pool(pool: str, where: str = "") -> str:
+    """A pool name: the rule of box names (it becomes a word in `--recover pool:P` and in the inventory)."""
+    if not isinstance(pool, str) or not BOX_NAME_RE.fullmatch(pool):
+        raise UsageError("%sinvalid pool name %r" % (where + ": " if where else "", pool),
+                         hint="use letters, digits, '.', '_' and '-' (at most 64), e.g. --pool a100")
+    return pool
 
 
 def check_box_fields(host: str, user: Optional[str], python: str = "python3", where: str = "") -> None:
@@ -212,11 +222,13 @@ def box_from_entry(name: str, entry: Any, source: str) -> Box:
                          hint="known keys: %s" % ", ".join(sorted(known)))
     if not isinstance(entry.get("host"), str) or not entry["host"]:
         raise UsageError("box inventory %s: box %r needs a host" % (source, name))
-    for key in ("user", "profile", "identity", "python"):
+    for key in ("user", "profile", "identity", "python", "pool"):
         if entry.get(key) is not None and not isinstance(entry[key], str):
             raise UsageError("box inventory %s: box %r: %s must be a string, not %r" % (source, name, key, entry[key]))
     check_box_fields(entry["host"], entry.get("user"), entry.get("python", "python3"),
                      where="box inventory %s: box %r" % (source, name))
+    if entry.get("pool") is not None:
+        check_pool(entry["pool"], where="box inventory %s: box %r" % (source, name))
     port = entry.get("port")
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         raise UsageError("box inventory %s: box %r: port must be 1-65535, not %r" % (source, name, port))
@@ -224,7 +236,8 @@ def box_from_entry(name: str, entry: Any, source: str) -> Box:
     if not isinstance(options, list) or not all(isinstance(o, str) and OPTION_RE.fullmatch(o) for o in options):
         raise UsageError("box inventory %s: box %r: options must be a list of \"Key=Value\"" % (source, name))
     return Box(name=name, host=entry["host"], port=port, user=entry.get("user"), profile=entry.get("profile"),
-               identity=entry.get("identity"), python=entry.get("python", "python3"), options=list(options))
+               identity=entry.get("identity"), python=entry.get("python", "python3"), options=list(options),
+               pool=entry.get("pool"))
 
 
 def _toml_value(v: Any) -> str:

@@ -21,6 +21,7 @@ COMMANDS = {
     "down": (C + "teardown", "down", "Teardown gate: refuses until every run's newest checkpoint is pulled and verified."),
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),
     "tunnel": (C + "tunnel", "tunnel", "Re-open (or close) the ssh tunnels that carry boxes' heartbeats home."),
+    "keep": (C + "keep", "keep", "Watch runs launched with --recover and bring them back without you."),
 }
 
 

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Dict, Iterable, List, Optional
 
+from controller.keeper.atrisk import AtRisk, work_at_risk
 from onbox import untrusted
 from onbox.errors import UnfitError, UsageError
 
@@ -41,6 +42,11 @@ class RunRow:
     alerts: List[str] = dataclasses.field(default_factory=list)
     source: str = "tracker"
     phase: Optional[str] = None  # "2/3 finetune": where a [[phase]] curriculum stands (None for a plain run)
+    step_time: Optional[float] = None  # when the newest step was seen (the box's clock)
+    durable_step: Optional[int] = None  # the newest durable checkpoint's step: the recovery point
+    durable_at: Optional[float] = None  # when it was committed (the box's clock)
+    at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/keeper/atrisk.py): seconds, steps, bound, alert
+    keeper: Optional[Dict[str, Any]] = None  # `onboxctl keep`'s word on the run (state, recoveries, where it lives)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,6 +104,12 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
     alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
     step = _num(dig(beat, "progress.step", "step"))
     attempt = _num(dig(beat, "attempt"))
+    durable = dig(beat, "checkpoint.latest_durable")
+    durable_step = _num(durable.get("step")) if isinstance(durable, dict) else None
+    durable_at = _num(durable.get("committed_at")) if isinstance(durable, dict) else None
+    step_time = _num(dig(beat, "progress.time")) or t
+    risk = work_at_risk(int(step) if step is not None else None, step_time,
+                        int(durable_step) if durable_step is not None else None, durable_at)
     return RunRow(
         box=str(box or beat.get("box") or "?"),
         run=str(run or beat.get("run") or "?"),
@@ -115,6 +127,7 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         alerts=[str(dig(a, "code", "kind") or a) for a in alerts],
         source=source,
         phase=_phase_label(beat.get("phase")),
+        step_time=step_time, durable_step=risk.durable_step, durable_at=durable_at, at_risk=risk.to_dict(),
     )
 
 
@@ -221,9 +234,34 @@ def fmt_num(v: Optional[float], digits: int = 4) -> str:
     return ("%%.%dg" % digits) % v
 
 
+def at_risk_label(r: RunRow) -> str:
+    if not r.at_risk:
+        return "-"
+    risk = AtRisk(r.at_risk.get("seconds"), r.at_risk.get("steps"), r.at_risk.get("durable_step"),
+                  r.at_risk.get("bound"))
+    return risk.label() + (" !" if risk.alert else "")
+
+
+def keeper_label(r: RunRow) -> str:
+    """`watching 1x`, `RECOVERING 2x (pushed)`, `failed_no_resource`, `moved to spare1`: the KEEP column."""
+    k = r.keeper
+    if not k:
+        return "-"
+    if k.get("moved_to"):
+        return "moved to %s" % ",".join(k["moved_to"])
+    state = str(k.get("state"))
+    text = "%s %dx" % (state.upper() if state == "recovering" else state, int(k.get("recoveries") or 0))
+    return text + (" (%s)" % k["phase"] if state == "recovering" and k.get("phase") else "")
+
+
 def render_table(rows: Iterable[RunRow]) -> str:
-    """The status table: one line a run; heartbeat age with LATE/SILENT marked; alerts at the end of the line."""
-    head = ("BOX", "RUN", "STATE", "ATT", "STEP", "LOSS", "TOK/S", "GPU%", "GPU MEM", "DURABLE CKPT", "BEAT")
+    """The status table: one line a run; heartbeat age with LATE/SILENT marked; alerts at the end of the line.
+    AT RISK is time/steps since the newest durable checkpoint (`!` past the run's --max-at-risk); KEEP is there
+    when `onboxctl keep` watches a run."""
+    rows = list(rows)
+    kept = any(r.keeper for r in rows)
+    head: tuple = ("BOX", "RUN", "STATE", "ATT", "STEP", "LOSS", "TOK/S", "GPU%", "GPU MEM", "DURABLE CKPT",
+                   "AT RISK") + (("KEEP",) if kept else ()) + ("BEAT",)
     lines = [head]
     for r in rows:
         mem = "-" if r.gpu_mem_used is None else "%s/%s" % (fmt_bytes(r.gpu_mem_used), fmt_bytes(r.gpu_mem_total))
@@ -235,7 +273,8 @@ def render_table(rows: Iterable[RunRow]) -> str:
         lines.append((r.box, r.run, state, "-" if r.attempt is None else str(r.attempt),
                       "-" if r.step is None else str(r.step), fmt_num(r.loss), fmt_num(r.tokens_per_s, 3),
                       "-" if r.gpu_util is None else "%.0f" % r.gpu_util, mem, r.checkpoint or "-",
-                      beat + ("  ! " + ",".join(r.alerts) if r.alerts else "")))
+                      at_risk_label(r)) + ((keeper_label(r),) if kept else ()) + (
+                      beat + ("  ! " + ",".join(r.alerts) if r.alerts else ""),))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     out = []
     for line in lines:

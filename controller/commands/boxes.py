@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 
 import click
 
-from controller.boxes import OPTION_RE, Box, Inventory, check_box_fields, check_name
+from controller.boxes import OPTION_RE, Box, Inventory, check_box_fields, check_name, check_pool
 from onbox.commands.clikit import echo_json
 from onbox.errors import UsageError
 
@@ -28,12 +28,16 @@ def box() -> None:
 @click.option("--identity", default=None, help="Private key file for this box.")
 @click.option("--python", "python", default="python3", show_default=True, help="The box's python that runs onbox.pyz.")
 @click.option("--ssh-option", "options", multiple=True, metavar="KEY=VALUE", help="Extra ssh -o option (repeatable).")
+@click.option("--pool", default=None, help="A spare of this pool: `onboxctl keep` may recover a run launched with "
+                                            "`--recover pool:POOL` onto it (when it is healthy and idle).")
 @click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
 def add(name: str, host: str, port: Optional[int], user: Optional[str], profile: Optional[str],
-        identity: Optional[str], python: str, options: Tuple[str, ...], replace: bool) -> None:
+        identity: Optional[str], python: str, options: Tuple[str, ...], pool: Optional[str], replace: bool) -> None:
     """Add box NAME to the inventory."""
     check_name(name)
     check_box_fields(host, user, python)
+    if pool is not None:
+        check_pool(pool)
     for opt in options:
         if not OPTION_RE.fullmatch(opt):
             raise UsageError("--ssh-option must look like Key=Value, not %r" % opt)
@@ -44,8 +48,8 @@ def add(name: str, host: str, port: Optional[int], user: Optional[str], profile:
         _check_profile(profile)
     inv = Inventory()
     inv.add(Box(name=name, host=host, port=port, user=user, profile=profile, identity=identity, python=python,
-                options=list(options)), replace=replace)
-    click.echo("added box %s (%s) to %s" % (name, host, inv.path()))
+                options=list(options), pool=pool), replace=replace)
+    click.echo("added box %s (%s%s) to %s" % (name, host, ", pool %s" % pool if pool else "", inv.path()))
 
 
 @box.command("ls")
@@ -59,9 +63,9 @@ def ls(as_json: bool) -> None:
     if not boxes:
         click.echo("no boxes yet: add one with `onboxctl box add NAME --host HOST`")
         return
-    rows = [("NAME", "HOST", "PORT", "USER", "PROFILE")]
+    rows = [("NAME", "HOST", "PORT", "USER", "PROFILE", "POOL")]
     for n, b in sorted(boxes.items()):
-        rows.append((n, b.host, str(b.port or "-"), b.user or "-", b.profile or "-"))
+        rows.append((n, b.host, str(b.port or "-"), b.user or "-", b.profile or "-", b.pool or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

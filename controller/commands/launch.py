@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from controller.boxes import Inventory
-from controller.commands.params import Seconds
+from controller.commands.params import Duration, Seconds
 from controller.launch import check_name, launch_many, read_fanout
 from controller.ssh import Ssh, settings_from_env
 from controller.userconfig import check_tracker_url
@@ -90,13 +90,38 @@ def _forward(flag: str, value: Any) -> List[str]:
                                                    "(default: picked from the boxes' own addresses).")
 @click.option("--timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
               help="Seconds each launch may take.")
+@click.option("--recover", default=None, metavar="pool:NAME",
+              help="`onboxctl keep` brings the run back without you: relaunched on its box after a preemption, or "
+                   "on a healthy idle spare of pool NAME (else a box --provision brings up) once its box is lost. "
+                   "Needs --durable.")
+@click.option("--provision", default=None, metavar="CMD",
+              help="With --recover: your command that rents a box and prints one JSON line {host, port, user, name} "
+                   "(README.md, \"Leave it running\").")
+@click.option("--lost-after", type=Duration(), default=None, metavar="DUR",
+              help="With --recover: how long the box must fail ssh probes, with its beats late, before it is lost "
+                   "(default: 3 heartbeat intervals, at least 5s).")
+@click.option("--max-recoveries", type=click.IntRange(0, 1000000), default=None,
+              help="With --recover: recoveries before the keeper gives up (default 10).")
+@click.option("--max-at-risk", type=Duration(), default=None, metavar="DUR",
+              help="Alert in `onboxctl status` when the training since the newest durable checkpoint passes this "
+                   "(e.g. 30m). With --recover.")
+@click.option("--backoff", type=Duration(), default=None, metavar="DUR",
+              help="With --recover: the wait after a failed try to find a box or to launch; doubles (default 30s).")
+@click.option("--recover-tries", type=click.IntRange(1, 1000), default=None,
+              help="With --recover: tries to find a box (or to launch) before the run ends failed_no_resource "
+                   "(default 3).")
+@click.option("--provision-timeout", type=Duration(), default=None, metavar="DUR",
+              help="With --provision: how long the command may take (default 10m).")
+@click.option("--code", "code", type=click.Path(file_okay=False), default=None,
+              help="With --recover: the local code dir the keeper pushes to a replacement box (as `onboxctl push "
+                   "--code`).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
         workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
         tracker: Optional[str], tunnel: Optional[bool], tracker_token_file: Optional[str],
         heartbeat_interval: Optional[float], sync_interval: Optional[float], settings: Tuple[str, ...],
-        as_nodes: bool, master_addr: Optional[str], **opts: Any) -> None:
+        as_nodes: bool, master_addr: Optional[str], recover: Optional[str], **opts: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
     Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
@@ -104,8 +129,12 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     With --nodes the boxes run one job together: onboxctl run gpu1 gpu2 --nodes --name big --durable remote:ckpt
     -- torchrun --nproc-per-node=8 train.py. The same line again (or without `-- CMD`: from the recorded runs)
     relaunches the whole group, resuming from node 0's newest committed checkpoint.
+
+    With --recover pool:NAME the run is recorded for `onboxctl keep` (README.md, "Leave it running").
     """
     cmd: List[str] = ctx.meta.get("cmd", [])
+    keep_opts = {k: opts.pop(k) for k in ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff",
+                                          "recover_tries", "provision_timeout", "code")}
     if as_nodes:
         _check_nodes(boxes, fanout, name, cmd, opts, settings, onbox_args)
     elif master_addr is not None:
@@ -148,13 +177,34 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         forwarded += _forward("--" + key.replace("_", "-"), value)
     forwarded += list(onbox_args)
     inv = Inventory()
+    policy = None
+    recorded = dict(opts, **keep_opts)
+    recorded["durable"] = opts.get("durable") or onbox_env.get("ONBOX_DURABLE")
+    if recover is not None or any(v is not None for v in keep_opts.values()):
+        from controller.keeper.enrol import check_recovery
+
+        policy = check_recovery(recover, recorded, cmd if as_nodes else list(planned[0][1]), recorded["durable"],
+                                inv.load())
+
+    def enrol(run_name: str, run_boxes: List[str], run_cmd: List[str]) -> None:
+        if policy is None:
+            return
+        from controller.keeper.enrol import enrol as write_records
+        from controller.keeper.records import RecordStore
+
+        write_records(RecordStore(), policy, run_name, run_boxes, run_cmd, as_nodes, forwarded, onbox_env, workdir,
+                      recorded, tracker, tunnel_to is not None, timeout)
+
     if as_nodes:
         from controller.nodes import launch_group
 
+        group = check_name(name or default_run_name(cmd))
         results = launch_group(Ssh(settings_from_env()), [inv.resolve(b) for b in boxes], cmd,
-                               check_name(name or default_run_name(cmd)), forwarded, workdir=workdir,
+                               group, forwarded, workdir=workdir,
                                parallel=parallel, timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to,
                                master_addr=master_addr)
+        if all(r.ok for r in results):
+            enrol(group, list(boxes), cmd)
         _report(ctx, results, as_json)
         return
     jobs = []
@@ -165,6 +215,9 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         jobs.append((inv.resolve(box_name), box_cmd, run_name))
     results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
                           timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to)
+    for (box_name, box_cmd), res in zip(planned, results):
+        if res.ok:
+            enrol(res.name, [box_name], box_cmd)
     _report(ctx, results, as_json)
 
 

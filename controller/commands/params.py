@@ -29,3 +29,20 @@ class Seconds(click.ParamType):
             self.fail("%r is not a number of seconds %s %g and <= %g" % (
                 value, ">" if self.open_lo else ">=", self.lo, self.hi), param, ctx)
         return v
+
+
+class Duration(click.ParamType):
+    """A duration: 45, 90s, 30m, 2h, 1d, 500ms (controller/keeper/policy.py); anything else is exit 2."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
+        if isinstance(value, float):
+            return value
+        from controller.keeper.policy import parse_duration
+        from onbox.errors import UsageError
+
+        try:
+            return parse_duration(value, "")
+        except UsageError:
+            self.fail("%r is not a duration (45, 90s, 30m, 2h, 1d)" % (value,), param, ctx)

@@ -11,7 +11,7 @@ import click
 from controller import userconfig
 from controller.agent import ask, refusal
 from controller.boxes import Box, Inventory
-from controller.commands.params import Seconds
+from controller.commands.params import Duration, Seconds
 from controller.launch import check_name
 from controller.push import REMOTE_PYZ
 from controller.runview import (
@@ -88,13 +88,20 @@ def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
 @click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True)
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
+@click.option("--max-at-risk", type=Duration(), default=None, metavar="DUR",
+              help="Alert (at_risk) on a run whose training since its newest durable checkpoint passes this (a run "
+                   "launched with its own --max-at-risk keeps that one).")
 @click.option("--json", "as_json", is_flag=True)
 def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
-           interval: float, count: Optional[int], as_json: bool) -> None:
-    """Every run of every box: state, attempt, step, loss, tokens/s, GPU, newest durable checkpoint, heartbeat age.
+           interval: float, count: Optional[int], max_at_risk: Optional[float], as_json: bool) -> None:
+    """Every run of every box: state, attempt, step, loss, tokens/s, GPU, newest durable checkpoint, work at risk
+    (time/steps since it), heartbeat age; for runs `onboxctl keep` watches, its state (RECOVERING), the number of
+    recoveries and where the run lives now.
 
     Reads the tracker; without one, asks each box in the inventory over ssh.
     """
+    from controller.keeper.view import apply_keeper
+
     url = userconfig.tracker_url(tracker)
     token = userconfig.tracker_token(tracker_token_file) if url else None
     ssh = Ssh(settings_from_env(connect_timeout=10))
@@ -102,10 +109,11 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     tty = sys.stdout.isatty()
     while True:
         rows, problems = collect(url, token, boxes, ssh)
-        notes = tunnel_notes(ssh, boxes) if url else []
+        rows, kept, record_problems = apply_keeper(rows, default_bound=max_at_risk)
+        notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems
         if as_json:
             echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
-                       "problems": problems, "notes": notes})
+                       "problems": problems, "notes": notes, "keeper": kept})
         else:
             text = render_table(rows) + "".join("! %s\n" % p for p in problems) + "".join("note: %s\n" % x
                                                                                          for x in notes)

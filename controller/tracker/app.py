@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from controller.tracker.answers import BadRequest, int_param
+from controller.tracker.events import MAX_EVENTS, add_events, check_event, ensure_table, run_events
 from controller.tracker.session import Auth
 from controller.tracker.store import Store
 from onbox.heartbeat.schema import RUN_RE, loads_strict, validate_and_dump
@@ -98,6 +99,7 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
 
     auth = Auth(token, public_read=public_read, now=store.now)
     writer = GroupCommitter(store)
+    ensure_table(store)
 
     def require(request: Request, write: bool) -> None:
         # a write takes the bearer header only, never the dashboard's cookie (no cross-site request can send it)
@@ -153,6 +155,42 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             raise BadRequest(503 if isinstance(e, sqlite3.OperationalError) else 400,
                              "the tracker could not store these heartbeats: %s" % e)
         return JSONResponse({"accepted": accepted, "duplicates": duplicates})
+
+    async def post_events(request: Request) -> JSONResponse:
+        require(request, write=True)
+        body = await read_body(request)
+        try:
+            data = loads_strict(body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise BadRequest(400, "body is not valid JSON: %s" % str(e)[:200])
+        if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+            raise BadRequest(400, 'body must be {"events": [...]}')
+        events = data["events"]
+        if len(events) > MAX_EVENTS:
+            raise BadRequest(400, "at most %d events per request" % MAX_EVENTS)
+        texts = []
+        for i, ev in enumerate(events):
+            errors, text = check_event(ev)
+            if errors:
+                raise BadRequest(400, "events[%d]: %s" % (i, "; ".join(errors[:5])), index=i)
+            texts.append(text)
+        try:
+            accepted, duplicates = await asyncio.get_running_loop().run_in_executor(None, add_events, store, events,
+                                                                                   texts)
+        except sqlite3.Error as e:
+            log.error("onbox tracker: storing %d event(s) failed: %r", len(events), e)
+            raise BadRequest(503, "the tracker could not store these events: %s" % e)
+        return JSONResponse({"accepted": accepted, "duplicates": duplicates})
+
+    async def get_run_events(request: Request) -> JSONResponse:
+        require(request, write=False)
+        run = request.path_params["run"]
+        if not RUN_RE.fullmatch(run):
+            raise BadRequest(400, "bad run name")
+        after = int_param(request, "after", 0, 0, 2**62)
+        limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
+        events, skipped, nxt = run_events(store, run, after=after, limit=limit)
+        return JSONResponse({"run": run, "events": events, "next_after": nxt, "skipped_rows": skipped})
 
     async def list_runs(request: Request) -> JSONResponse:
         require(request, write=False)
@@ -214,6 +252,8 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             Route("/api/v1/heartbeats", post_heartbeats, methods=["POST"]),
             Route("/api/v1/runs", list_runs, methods=["GET"]),
             Route("/api/v1/runs/{run}/heartbeats", run_heartbeats, methods=["GET"]),
+            Route("/api/v1/events", post_events, methods=["POST"]),
+            Route("/api/v1/runs/{run}/events", get_run_events, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             *dashboard_routes(store, auth, require, pulls_record),
         ],

@@ -12,6 +12,8 @@ Tables:
   runs(run, box, attempt, seq, time, received, interval_s, state)
         the newest beat of each run (by seq, which only grows over a run's attempts and boxes; its document
         stays in `beats`, never thinned) and when the tracker last heard from the run.
+  events(id, run, time, kind, source, doc)
+        what happened to a run that no beat says (the keeper's decisions): controller/tracker/events.py.
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
@@ -26,6 +28,7 @@ its schema migrations, so no other module opens SQLite.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -36,7 +39,7 @@ import sqlite3
 import stat
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from controller.tracker.columns import ADDED_BEATS_COLUMNS, POINTS_INDEX, durable_name, gpu_numbers
 from onbox.errors import UnfitError, UsageError
@@ -304,6 +307,20 @@ class Store:
                 raise
             self._heads.update(heads)  # only once committed
         return results
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Cursor]:
+        """A write of another table (controller/tracker/events.py) on the one writer connection: committed, or
+        rolled back on any error."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
 
     def runs(self) -> List[Dict[str, Any]]:
         return self.runs_checked()[0]

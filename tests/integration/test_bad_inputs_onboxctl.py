@@ -9,6 +9,7 @@ made the ssh control directory there, or failed on the closed port 9 its box poi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
@@ -271,6 +272,76 @@ ROWS += [  # issue 19: remaining readers
 ]
 
 
+# issue 21: keep
+POOL = {"cfg/boxes.toml": BOX + 'pool = "p"\n'}  # box b, a spare of pool p (behind a closed port)
+RECOVER = "run b --durable /d --recover"
+
+
+def launch_record(**policy):
+    """A launch record of run kp on box b (what `onboxctl run --recover` writes); `provision` names a script in the
+    row's dir (the callable gets the record's path, and finds the row's dir from it)."""
+    def write(path):
+        root = path[:path.index("/cfg/")]
+        p = dict(pool="p", provision=None, lost_after=0, max_recoveries=10, max_at_risk=None, backoff=0.1,
+                 backoff_max=1, tries=1, provision_timeout=1)
+        p.update({k: (os.path.join(root, v) if k == "provision" and isinstance(v, str) else v) for k, v in
+                  policy.items()})
+        if isinstance(p["provision"], str):
+            p["provision"] = [p["provision"]]
+        doc = {"schema": "onboxctl.launch/1", "run": "kp", "boxes": ["b"], "command": ["python", "t.py"], "policy": p,
+               "onbox_args": ["--durable", "/d"], "onbox_env": {}, "durable": "/d", "heartbeat_interval": 1.0,
+               "timeout": 5.0, "created": 0}
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    return write
+
+
+def script(text):
+    def write(path):
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + text + "\n")
+        os.chmod(path, 0o755)
+    return write
+
+
+KP = "cfg/runs/kp/launch.json"
+ROWS += [
+    R("keep-pool-unknown", RECOVER + " pool:nosuch -- true", 2, "unknown pool 'nosuch'", files=POOL),
+    R("keep-pool-spec", RECOVER + " a100 -- true", 2, "expected pool:NAME", files=POOL),
+    R("keep-pool-name", RECOVER + " pool:a! -- true", 2, "invalid pool name", files=POOL),
+    R("keep-no-durable", "run b --recover pool:p -- true", 2, "--recover needs --durable", files=POOL),
+    R("keep-alone", "run b --lost-after 3s -- true", 2, "--lost-after goes with --recover", files=POOL),
+    R("keep-lost-after", RECOVER + " pool:p --lost-after soon -- true", 2, "is not a duration", files=POOL),
+    R("keep-at-risk-neg", RECOVER + " pool:p --max-at-risk -5m -- true", 2, "is not a duration", files=POOL),
+    R("keep-provision-missing", RECOVER + " pool:p --provision /nonexistent/new-box.sh -- true", 2, "no such file",
+      files=POOL),
+    R("keep-provision-not-exec", RECOVER + " pool:p --provision TMP/fan -- true", 2, "is not executable",
+      files=dict(POOL, fan="#!/bin/sh\n")),
+    R("keep-provision-quote", [*RECOVER.split(), "pool:p", "--provision", "'new-box", "--", "true"], 2,
+      "No closing quotation", files=POOL),
+    R("keep-provision-path", RECOVER + " pool:p --provision no-such-command-xyz -- true", 2, "no such command on PATH",
+      files=POOL),
+    R("keep-code", RECOVER + " pool:p --code /nonexistent/code -- true", 2, "--code /nonexistent/code is not a dir",
+      files=POOL),
+    R("keep-box-pool", ["box", "add", "x", "--host", "h", "--pool", "a b"], 2, "invalid pool name"),
+    R("keep-inv-pool", "box ls", 2, "pool must be a string", files={"cfg/boxes.toml": BOX + "pool = 5\n"}),
+    R("keep-run-unknown", "keep --once --run nosuch", 2, "no launch record for run nosuch"),
+    R("keep-interval", "keep --interval 0", 2, "not a number of seconds"),
+    R("keep-launch-garbage", "keep --once", 2, "launch record", files={KP: "{not json", **BOXES}),
+    R("keep-launch-deep", "keep --once", 2, "nests more than 64 levels",
+      files={KP: "[" * 100000 + "]" * 100000, **BOXES}),
+    R("keep-launch-fifo", "keep --once", 2, "FIFO", files={KP: fifo, **BOXES}),
+    R("keep-launch-field", "keep --once", 2, "max_recoveries is 'many'",
+      files={KP: launch_record(max_recoveries="many"), **BOXES}),
+    R("keep-recovery-garbage", "keep --once", 2, "is not a recovery record",
+      files={KP: launch_record(), "cfg/runs/kp/recovery.json": '{"state": "watching"}', **BOXES}),
+    R("keep-recovery-state", "keep --once", 2, "state 'sleeping' is not one of",
+      files={KP: launch_record(), "cfg/runs/kp/recovery.json": '{"schema": "onboxctl.recovery/1", "run": "kp", '
+             '"state": "sleeping", "boxes": ["b"], "recoveries": 0}', **BOXES}),
+    R("keep-runs-file", "keep --once", 2, "is not a directory", files={"cfg/runs": "x"}),
+    R("keep-status-record", "status --max-at-risk 1x", 2, "is not a duration"),
+]
+
 def snapshot(root):
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -317,3 +388,60 @@ def test_bad_input_is_one_clear_line(tmp_path, row):
     assert len(lines) == 1, err  # one message line (a hint may follow)
     assert row.says in err, err
     assert snapshot(root) == before, "something was written"
+
+
+# issue 21: keep (rows that act: a lost box, no spare, a provision command that fails one way each). Each ends the run
+# failed_no_resource: exit 1, one line; the reason on stdout; nothing launched, nothing deleted, and nothing written
+# but the run's recovery record (and the ssh control dir its probe made).
+class KeepRow(NamedTuple):
+    id: str
+    files: Dict[str, object]
+    says: str
+
+
+KEEP_ROWS = [
+    KeepRow("keep-provision-garbage", {KP: launch_record(provision="prov"), "prov": script("echo 'Welcome!'"),
+                                       **BOXES}, "printed 'Welcome!' as its last line, not a JSON object"),
+    KeepRow("keep-provision-exit", {KP: launch_record(provision="prov"), "prov": script("echo 'no gpus' >&2; exit 7"),
+                                    **BOXES}, "exited 7: no gpus"),
+    KeepRow("keep-provision-hangs", {KP: launch_record(provision="prov"), "prov": script("exec sleep 30"), **BOXES},
+            "did not print a box within 1 s"),
+    KeepRow("keep-provision-bad-box", {KP: launch_record(provision="prov"),
+                                       "prov": script('echo \'{"host": "-oProxyCommand=x", "name": "n"}\''), **BOXES},
+            "must not start with '-'"),
+    KeepRow("keep-provision-vanished", {KP: launch_record(provision="prov"), **BOXES},
+            "cannot be started: it is not there"),
+    KeepRow("keep-spare-down", {KP: launch_record(), "cfg/boxes.toml": BOX + '[boxes.s]\nhost = "127.0.0.1"\nport = 9\n'
+                                'pool = "p"\n'}, "spare s: cannot reach box s"),
+]
+
+
+@pytest.mark.parametrize("row", KEEP_ROWS, ids=[r.id for r in KEEP_ROWS])
+def test_keep_that_cannot_recover_says_so_in_one_line_and_launches_nothing(tmp_path, row):
+    root = str(tmp_path / "w")
+    os.makedirs(os.path.join(root, "cfg"))
+    for rel, content in row.files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if callable(content):
+            content(path)
+        else:
+            with open(path, "w") as f:
+                f.write(str(content))
+    env = subprocess_env({"ONBOX_CONFIG_DIR": os.path.join(root, "cfg"), "HOME": os.path.join(root, "home"),
+                          "ONBOX_HOME": os.path.join(root, "onbox"), "ONBOX_SSH_CONTROL_DIR": os.path.join(root, "cm"),
+                          "ONBOX_SSH_CONNECT_TIMEOUT": "2", "XDG_CONFIG_HOME": root})
+    before = snapshot(root)
+    r = subprocess.run([PY, "-m", "controller", "keep", "--once"], env=env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("onboxctl: ")]
+    assert lines == ["onboxctl: 1 run(s) could not be recovered: kp"], r.stderr
+    assert row.says in r.stdout, r.stdout
+    after = snapshot(root)
+    assert set(before) <= set(after), "something was deleted"
+    changed = {k for k in after if after[k] != before.get(k)}
+    assert {k for k in changed if not k.startswith("cm")} == {"cfg/runs/kp/recovery.json"}, changed
+    with open(os.path.join(root, "cfg", "runs", "kp", "recovery.json")) as f:
+        rec = json.load(f)
+    assert rec["state"] == "failed_no_resource" and rec["recoveries"] == 0 and not rec["history"]

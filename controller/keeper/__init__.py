@@ -1,0 +1,15 @@
+"""The keeper: `onboxctl keep` watches the runs launched with `--recover pool:P` and brings them back without a
+person: relaunched on the same box after a preemption, or recovered on a spare of the pool (or a box the user's
+provision command brings up) once its box is lost. It never tears anything down. May import controller's other
+modules and onbox's leaves; nothing else in controller imports it but the commands and status.
+
+Modules:
+  policy.py     the recovery policy and the launch record `onboxctl run --recover` writes; durations
+  records.py    the per-run files (launch.json, recovery.json), the keeper's states and a recovery's phases
+  decide.py     the judgement of one run from what was observed (a pure function; its table is the docstring)
+  provision.py  the user's provision command: run, bounded, its one JSON line checked
+  world.py      the seam to boxes, the tracker and the inventory (ssh + `onbox ... --json` only)
+  recovery.py   one recovery, phase by phase, each decision written before it is acted on
+  loop.py       the keeper's one loop (a pass over every run), its lock, and the per-run summary
+  atrisk.py     work at risk: time and steps since the newest durable checkpoint
+"""

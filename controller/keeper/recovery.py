@@ -1,0 +1,281 @@
+"""One recovery, phase by phase, each decision written to recovery.json before it is acted on.
+
+    detected -> declared_lost (elsewhere only) -> box_chosen -> pushed -> relaunched -> first_new_step
+
+`advance()` does the next step of the run's open recovery and returns; the keeper calls it again on its next pass
+(or at once when a step finished). What makes it safe to kill the keeper anywhere and start it again:
+- box_chosen is recorded before anything is pushed to the box, a provisioned box is in the inventory (in the run's
+  pool) before anything else is done with it;
+- `launch_started_at` is recorded BEFORE `onbox run` is called. Before launching (again), the chosen box is asked
+  whether it already runs the run: then the recovery is marked relaunched and nothing is launched. While a launch
+  of an earlier keeper may still be in flight (less than the launch timeout ago) it is waited for, never repeated;
+  and `onbox run` itself refuses a second agent under a live name, so even then two agents never run.
+- a recovery elsewhere launches with `--take-over` (the old box was declared lost; its agent, if it still runs
+  behind a partition, is fenced by the newer lease); a relaunch on the same box does not (its agent is gone).
+Nothing is ever torn down: a box provisioned for a recovery that then fails stays in the inventory, and says so.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set
+
+from controller.keeper.decide import Observation, first_new_step
+from controller.keeper.policy import LaunchRecord
+from controller.keeper.records import KeepState, Recovery, RunKeep
+from onbox.clock import Clock
+from onbox.errors import OnboxError
+
+if TYPE_CHECKING:
+    from controller.keeper.world import World
+
+LAUNCH_GRACE = 30.0  # seconds beyond the launch timeout that an earlier keeper's launch may still land in
+
+Emit = Callable[[RunKeep, str, str], None]  # (record, kind, text) -> the event is recorded and told
+
+
+class Recoverer:
+    """Advances open recoveries. `world`: controller/keeper/world.World or a test's scripted one."""
+
+    def __init__(self, world: "World", clock: Clock, save: Callable[[RunKeep], None], emit: Emit) -> None:
+        self.world = world
+        self.clock = clock
+        self.save = save
+        self.emit = emit
+
+    # -- starting --------------------------------------------------------------------------------------------
+    def start(self, rec: LaunchRecord, keep: RunKeep, kind: str, reason: str, needs_push: bool = False) -> None:
+        """Open a recovery (same_box or elsewhere), or end the run's watch when it has had its max."""
+        now = self.clock.time()
+        if keep.recoveries >= rec.policy.max_recoveries:
+            keep.move(KeepState.FAILED_MAX_RECOVERIES, "needed a recovery after %d (--max-recoveries %d): %s" % (
+                keep.recoveries, rec.policy.max_recoveries, reason))
+            self.emit(keep, "failed_max_recoveries", keep.message or "")
+            self.save(keep)
+            return
+        keep.close_current()
+        ids = [r.id for r in keep.history]
+        cur = Recovery(id=max(ids) + 1 if ids else 1, kind=kind, reason=reason, from_boxes=list(keep.boxes),
+                       phases={"detected": keep.suspect_since if keep.suspect_since is not None else now},
+                       resume_step=keep.last_seen.get("durable_step"))
+        if kind == "same_box":
+            cur.to_boxes = list(keep.boxes)
+            cur.phases["box_chosen"] = now
+            cur.needs_push = needs_push
+        else:
+            cur.phases["declared_lost"] = now
+            cur.take_over = True
+        keep.current = cur
+        keep.move(KeepState.RECOVERING, "recovery %d: %s" % (cur.id, reason))
+        self.emit(keep, "detected", reason)
+        if kind == "elsewhere":
+            self.emit(keep, "declared_lost", "declared %s lost: recovering on a spare of pool %s%s" % (
+                ", ".join(cur.from_boxes), rec.policy.pool, " or a provisioned box" if rec.policy.provision else ""))
+        else:
+            self.emit(keep, "box_chosen", "relaunching on the same box %s" % ", ".join(cur.to_boxes))
+        self.save(keep)
+
+    # -- advancing -------------------------------------------------------------------------------------------
+    def advance(self, rec: LaunchRecord, keep: RunKeep, in_use: Set[str]) -> bool:
+        """One step of the open recovery; True when it moved (the caller may call again at once)."""
+        cur = keep.current
+        if keep.state != KeepState.RECOVERING or cur is None:
+            return False
+        now = self.clock.time()
+        if cur.next_try_at is not None and now < cur.next_try_at:
+            return False
+        if "box_chosen" not in cur.phases:
+            return self._choose(rec, keep, cur, in_use)
+        if "pushed" not in cur.phases:
+            return self._push(rec, keep, cur)
+        if "relaunched" not in cur.phases:
+            return self._relaunch(rec, keep, cur)
+        return False
+
+    def _choose(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, in_use: Set[str]) -> bool:
+        chosen = self._acquire(rec, keep, cur, in_use)
+        now = self.clock.time()
+        if chosen:
+            cur.to_boxes, cur.next_try_at = chosen, None
+            cur.phases["box_chosen"] = now
+            self.emit(keep, "box_chosen", "chose %s for %s" % (", ".join(chosen), rec.run))
+            self.save(keep)
+            return True
+        cur.tries += 1
+        pool = "no healthy spare in pool %s%s" % (rec.policy.pool, " and no box from the provision command"
+                                                   if rec.policy.provision else " (and no --provision)")
+        if cur.tries >= rec.policy.tries:
+            cur.error = "%s after %d tries" % (pool, cur.tries)
+            keep.move(KeepState.FAILED_NO_RESOURCE, "%s: %s; nothing was launched, the run's checkpoints in "
+                                                    "durable storage are untouched" % (rec.run, cur.error))
+            self.emit(keep, "failed_no_resource", keep.message or "")
+        else:
+            cur.next_try_at = now + rec.policy.backoff_s(cur.tries)
+            self.emit(keep, "no_box", "%s (try %d of %d); next try in %.0f s" % (
+                pool, cur.tries, rec.policy.tries, cur.next_try_at - now))
+        self.save(keep)
+        return False
+
+    def _acquire(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, in_use: Set[str]) -> List[str]:
+        """Boxes for every node: healthy idle spares of the pool first (by name), then provisioned ones."""
+        need = len(cur.from_boxes)
+        skip = set(in_use) | set(cur.from_boxes) | set(cur.rejected)
+        pool = sorted(n for n, b in self.world.boxes().items()
+                      if b.pool == rec.policy.pool and n not in skip)
+        chosen: List[str] = []
+        for name in pool:
+            if len(chosen) == need:
+                break
+            problem = self.world.spare_problem(name, rec)
+            if problem:
+                self.emit(keep, "spare_skipped", "spare %s: %s" % (name, problem))
+            else:
+                chosen.append(name)
+        while len(chosen) < need and rec.policy.provision:
+            node = len(chosen)
+            key = "%s-r%d-n%d" % (rec.run, cur.id, node)
+            try:
+                box = self.world.provision(rec, key, node)
+                self.world.add_box(box)
+            except OnboxError as e:
+                self.emit(keep, "provision_failed", e.message)
+                break
+            cur.provisioned.append(box.name)
+            self.emit(keep, "provisioned", "the provision command brought up %s (%s), added to the inventory in pool "
+                                           "%s" % (box.name, box.host, rec.policy.pool))
+            self.save(keep)
+            problem = self.world.spare_problem(box.name, rec)
+            if problem:
+                cur.rejected.append(box.name)
+                self.emit(keep, "provision_failed", "provisioned box %s cannot take the run: %s (it stays in the "
+                                                    "inventory: the keeper never tears a box down)" % (box.name, problem))
+                break
+            chosen.append(box.name)
+        return chosen if len(chosen) == need else []
+
+    def _push(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
+        if cur.needs_push:
+            for name in cur.to_boxes:
+                try:
+                    self.world.push(self.world.box(name), rec)
+                except OnboxError as e:
+                    return self._box_failed(rec, keep, cur, name, "push to %s failed: %s" % (name, e.message))
+        cur.phases["pushed"] = self.clock.time()
+        self.emit(keep, "pushed", ("pushed onbox.pyz%s to %s" % (" and %s" % rec.code if rec.code else "",
+                                                                   ", ".join(cur.to_boxes))) if cur.needs_push
+                  else "nothing to push: %s has the run" % ", ".join(cur.to_boxes))
+        self.save(keep)
+        return True
+
+    def _box_failed(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, name: str, why: str) -> bool:
+        """A chosen box failed before the launch: elsewhere, choose again without it; on the same box, retry
+        later (the box is watched as usual: if it stays down it is declared lost)."""
+        self.emit(keep, "box_failed", why)
+        if cur.kind == "elsewhere":
+            cur.rejected.append(name)
+            cur.to_boxes = []
+            cur.phases.pop("box_chosen", None)
+            self.save(keep)
+            return True
+        return self._launch_failed(rec, keep, cur, why)
+
+    def _relaunch(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
+        now = self.clock.time()
+        run0 = rec.node_runs()[0]
+        obs = self.world.observe(cur.to_boxes[0], run0)
+        if obs.reached and obs.known and obs.agent_alive:
+            self.emit(keep, "relaunched", "%s already runs %s (an earlier launch landed): not launched again"
+                      % (cur.to_boxes[0], run0))
+            return self._relaunched(rec, keep, cur)
+        waited = None if cur.launch_started_at is None else now - cur.launch_started_at
+        if waited is not None and waited < rec.timeout + LAUNCH_GRACE:
+            return False  # an earlier keeper's launch may still be in flight: wait for it, never launch twice
+        if not obs.reached and cur.kind == "elsewhere":
+            return self._box_failed(rec, keep, cur, cur.to_boxes[0], "chosen box %s stopped answering: %s"
+                                    % (cur.to_boxes[0], obs.error))
+        if not obs.reached:  # the box went away before its relaunch: watch it, and recover elsewhere once lost
+            self.emit(keep, "box_failed", "%s stopped answering before the relaunch (%s): watching it; it is "
+                                          "recovered elsewhere once lost" % (cur.to_boxes[0], obs.error))
+            keep.close_current()
+            keep.move(KeepState.WATCHING, "%s stopped answering before its relaunch" % cur.from_boxes[0])
+            self.save(keep)
+            return False
+        cur.launch_started_at = now
+        self.save(keep)  # the intent, before the act
+        boxes = [self.world.box(n) for n in cur.to_boxes]
+        try:
+            results = self.world.launch(rec, boxes, take_over=cur.take_over)
+        except OnboxError as e:
+            return self._launch_failed(rec, keep, cur, "launch on %s failed: %s" % (", ".join(cur.to_boxes), e.message))
+        bad = [r for r in results if not r.ok]
+        if bad:
+            return self._launch_failed(rec, keep, cur, "launch on %s failed: %s%s" % (
+                bad[0].box, bad[0].error, " (hint: %s)" % bad[0].hint if bad[0].hint else ""))
+        self.emit(keep, "relaunched", "relaunched %s on %s%s" % (rec.run, ", ".join(cur.to_boxes),
+                                                                 " with --take-over" if cur.take_over else ""))
+        return self._relaunched(rec, keep, cur)
+
+    def _relaunched(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
+        cur.phases["relaunched"] = self.clock.time()
+        cur.next_try_at = None
+        keep.boxes = list(cur.to_boxes)
+        keep.recoveries += 1
+        keep.suspect_since = None
+        keep.move(KeepState.WATCHING, "recovery %d: relaunched on %s, waiting for its first new step"
+                  % (cur.id, ", ".join(cur.to_boxes)))
+        self.save(keep)
+        return False
+
+    def _launch_failed(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, why: str) -> bool:
+        now = self.clock.time()
+        cur.launch_failures += 1
+        cur.launch_started_at = None  # the call returned: nothing of ours is in flight
+        if cur.launch_failures >= rec.policy.tries:
+            cur.error = why
+            keep.move(KeepState.FAILED_LAUNCH, "%s: %d launches failed, the last: %s" % (rec.run, cur.launch_failures,
+                                                                                     why))
+            self.emit(keep, "failed_launch", keep.message or "")
+        else:
+            cur.next_try_at = now + rec.policy.backoff_s(cur.launch_failures)
+            self.emit(keep, "launch_failed", "%s; next try in %.0f s" % (why, cur.next_try_at - now))
+        self.save(keep)
+        return False
+
+    # -- after the relaunch ----------------------------------------------------------------------------------
+    def note_first_step(self, keep: RunKeep, observed: Sequence[Observation]) -> None:
+        """Close the open recovery once the relaunched run trained a step."""
+        cur = keep.current
+        if cur is None or "relaunched" not in cur.phases or "first_new_step" in cur.phases or not observed:
+            return
+        step = first_new_step(observed[0])
+        if step is None:
+            return
+        cur.phases["first_new_step"] = self.clock.time()
+        cur.first_step = step
+        if observed[0].resumed_step is not None:  # what the agent restored, not what the keeper saw last
+            cur.resume_step = observed[0].resumed_step
+        took = cur.phases["first_new_step"] - cur.phases.get("detected", cur.phases["relaunched"])
+        self.emit(keep, "first_new_step", "trains again on %s: step %d%s, %.1f s after it was detected" % (
+            ", ".join(cur.to_boxes), step, " (resumed after durable step %d)" % cur.resume_step
+            if cur.resume_step is not None else "", took))
+        keep.message = "recovery %d done: %s" % (cur.id, ", ".join("%s %.1fs" % (p, t - cur.phases["detected"])
+                                                                  for p, t in split(cur).items()))
+        keep.close_current()
+        self.save(keep)
+
+
+def split(cur: Recovery) -> Dict[str, float]:
+    """Each phase's time, in the order of the phases (the benchmark's detect / decide / push / restore split)."""
+    from controller.keeper.records import PHASES
+
+    return {p: cur.phases[p] for p in PHASES if p in cur.phases}
+
+
+def open_phase(cur: Optional[Recovery]) -> Optional[str]:
+    """The next phase the open recovery waits for (None when none is open)."""
+    from controller.keeper.records import PHASES
+
+    if cur is None:
+        return None
+    for p in PHASES:
+        if p not in cur.phases and not (p == "declared_lost" and cur.kind == "same_box"):
+            return p
+    return None

@@ -1,0 +1,231 @@
+"""What the keeper does to the world, behind one seam (`World`): ask a box about a run, ask the tracker about the
+beats, check a spare, run the provision command, push, launch. The keeper (loop.py, recovery.py) gets a World;
+tests pass a scripted one (tests/unit/test_keeper.py), as the elastic agent's tests script their observations.
+
+Every remote call is an `onbox ... --json` command over ssh (controller/agent.py), never a script; an ssh that
+does not reach the box (BoxUnreachable, or no answer within the probe timeout) is an observation, never an error.
+Any other failure (no ssh client here, a bug) is raised: it must never read as "every box is lost".
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from controller.agent import ask
+from controller.boxes import Box, Inventory
+from controller.keeper.decide import Beats, Observation
+from controller.keeper.policy import LaunchRecord
+from controller.keeper.provision import run_provision
+from controller.launch import LaunchResult
+from controller.ssh import BoxUnreachable, RemoteTimeout, Ssh
+from onbox.errors import OnboxError
+
+STATUS_SCHEMA = "onbox.status/1"
+AUDIT_SCHEMA = "onbox.audit/1"
+
+
+def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) -> Observation:
+    """An Observation from `onbox status RUN --json`'s document (or its refusal): see decide.Observation."""
+    if rc == 2 and "no run named" in said:
+        return Observation(box, run, reached=True, known=False)
+    if "onbox.pyz" in said and ("can't open file" in said or "No such file" in said):
+        return Observation(box, run, reached=True, known=False)  # the box was reset: no agent at all
+    if not isinstance(doc, dict) or doc.get("schema") != STATUS_SCHEMA:
+        line = said.strip().splitlines()[-1][:300] if said.strip() else "exit %d, no status document" % rc
+        return Observation(box, run, reached=True, known=True, problem="its agent did not say: %s" % line)
+    if doc.get("state") == "corrupt":
+        return Observation(box, run, reached=True, known=True, problem=str(doc.get("corrupt") or "state corrupt"))
+    last_exit = _obj(doc.get("last_exit"))
+    progress = _obj(doc.get("progress"))
+    ckpt = _obj(doc.get("checkpoint"))
+    durable = _obj(ckpt.get("latest_durable"))
+    attempts = doc.get("attempts") if isinstance(doc.get("attempts"), list) else []
+    started = attempts[-1].get("started_at") if attempts and isinstance(attempts[-1], dict) else None
+    state = doc.get("state") if isinstance(doc.get("state"), str) else None
+    lease = _obj(doc.get("lease"))
+    resumed = None
+    for name in (lease.get("resumed_from"), doc.get("resume_from")):  # the lease's checkpoint, else the local path
+        if resumed is None and isinstance(name, str) and name:
+            from onbox.checkpoints.detect import step_from_name
+
+            resumed = step_from_name(os.path.basename(name))
+    return Observation(
+        box, run, reached=True, known=True, state=state, agent_alive=doc.get("agent_alive") is True,
+        fenced=state == "fenced" or last_exit.get("classification") == "fenced",
+        step=_int(progress.get("step")), step_time=_num(progress.get("time")), attempt_started=_num(started),
+        durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
+        lease=lease or None, resumed_step=resumed)
+
+
+def beats_from_tracker(doc: Any) -> Dict[str, Beats]:
+    """Each run's Beats from `GET /api/v1/runs`."""
+    out: Dict[str, Beats] = {}
+    entries = doc.get("runs") if isinstance(doc, dict) else None
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or not isinstance(e.get("run"), str):
+            continue
+        latest = _obj(e.get("latest"))
+        progress = _obj(latest.get("progress"))
+        ckpt = _obj(latest.get("checkpoint"))
+        durable = _obj(ckpt.get("latest_durable"))
+        out[e["run"]] = Beats(liveness=str(e.get("liveness") or "unknown"), state=_str(e.get("state")),
+                              step=_int(progress.get("step")), durable_step=_int(durable.get("step")),
+                              durable_at=_num(durable.get("committed_at")), box=_str(e.get("box")))
+    return out
+
+
+class World:
+    """The real one: ssh, the tracker, the provision command, the inventory."""
+
+    def __init__(self, ssh: Ssh, inventory: Inventory, probe_timeout: float = 20.0,
+                 tracker: Optional[str] = None, token: Optional[str] = None) -> None:
+        self.ssh = ssh
+        self.inv = inventory
+        self.probe_timeout = probe_timeout
+        self.tracker = tracker
+        self.token = token
+
+    # -- looking ---------------------------------------------------------------------------------------------
+    def box(self, name: str) -> Box:
+        return self.inv.resolve(name)
+
+    def boxes(self) -> Dict[str, Box]:
+        return self.inv.load()
+
+    def observe(self, box_name: str, run: str) -> Observation:
+        try:
+            box = self.box(box_name)
+            doc, res, _what = ask(self.ssh, box, ["status", run, "--json"], timeout=self.probe_timeout)
+        except (BoxUnreachable, RemoteTimeout) as e:
+            return Observation(box_name, run, reached=False, error=e.message)
+        return observation_from_status(box_name, run, doc, res.returncode, res.err_text or res.text)
+
+    def beats(self, runs: Sequence[LaunchRecord]) -> Dict[str, Beats]:
+        """The tracker's view of every run (one request per tracker); {} without a tracker or when it is down
+        (the keeper then decides on ssh alone, and says so)."""
+        from controller.runview import fetch_tracker_runs
+
+        urls = {self.tracker} if self.tracker else {r.tracker for r in runs if r.tracker}
+        out: Dict[str, Beats] = {}
+        for url in sorted(u for u in urls if u):
+            try:
+                out.update(beats_from_tracker(fetch_tracker_runs(url, self.token, timeout=10.0)))
+            except OnboxError:
+                continue
+        return out
+
+    def spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
+        """Why box `name` cannot take the run now (None: healthy and idle): it must answer ssh, pass `onbox audit`
+        for the run's durable and checkpoint dirs, and run no live agent. Its pyz is pushed first when missing."""
+        try:
+            box = self.box(name)
+            doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
+            said = res.err_text or res.text
+            if "can't open file" in said and "onbox.pyz" in said:
+                self.push(box, rec, code=False)
+                doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
+            if not isinstance(doc, list):
+                return "its agent did not list its runs (exit %d)" % res.returncode
+            live = [str(d.get("run")) for d in doc if isinstance(d, dict) and d.get("agent_alive")]
+            if live:
+                return "runs a live agent (%s)" % ", ".join(live[:3])
+            args = ["audit", "--json"] + (["--durable", rec.durable] if rec.durable else []) + (
+                ["--ckpt-dir", rec.ckpt_dir] if rec.ckpt_dir else [])
+            doc, res, _ = ask(self.ssh, box, args, timeout=max(self.probe_timeout, 60.0))
+        except OnboxError as e:
+            return e.message
+        if not isinstance(doc, dict) or doc.get("schema") != AUDIT_SCHEMA:
+            lines = [ln.strip() for ln in (res.err_text or res.text).splitlines() if ln.strip()]
+            return "`onbox audit` refused (exit %d): %s" % (res.returncode, lines[-1][:300] if lines else "no output")
+        if res.returncode != 0 or doc.get("fit") is not True:
+            fails = [c for c in doc.get("checks") or []
+                     if isinstance(c, dict) and str(c.get("verdict")).lower() == "fail"]
+            first = fails[0] if fails else {}
+            return "fails `onbox audit`: %s" % (first.get("summary") or "unfit (exit %d)" % res.returncode)
+        return None
+
+    def publish(self, rec: LaunchRecord, events: List[Dict[str, Any]]) -> Optional[str]:
+        """The events to the tracker (`POST /api/v1/events`, controller/tracker/API.md); None when stored, else
+        why not (they stay in recovery.json and are sent again on a later pass)."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        url = self.tracker or rec.tracker
+        if not url:
+            return "no tracker"
+        body = json.dumps({"events": [dict(e, source="keeper") for e in events]}).encode("utf-8")
+        req = urllib.request.Request(url.rstrip("/") + "/api/v1/events", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=10.0) as r:
+                r.read(65536)
+        except urllib.error.HTTPError as e:
+            return "the tracker at %s answered HTTP %d%s" % (url, e.code, " (an older tracker without events?)"
+                                                             if e.code in (404, 405) else "")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            return "cannot reach the tracker at %s: %s" % (url, getattr(e, "reason", e))
+        return None
+
+    # -- acting ----------------------------------------------------------------------------------------------
+    def provision(self, rec: LaunchRecord, key: str, node: int) -> Box:
+        assert rec.policy.provision
+        env = {"ONBOX_RUN": rec.run, "ONBOX_POOL": rec.policy.pool, "ONBOX_NODE": str(node),
+               "ONBOX_PROVISION_KEY": key}
+        return run_provision(rec.policy.provision, rec.policy.provision_timeout, env, rec.policy.pool)
+
+    def add_box(self, box: Box) -> None:
+        """Into the inventory; a name already there for the same host and port is kept (a script that found its
+        box again), one for another host is refused."""
+        have = self.inv.load().get(box.name)
+        if have is not None:
+            if (have.host, have.port) == (box.host, box.port):
+                return
+            from controller.keeper.provision import ProvisionFailed
+
+            raise ProvisionFailed("the provision command printed box %s (%s), but the inventory already has %s for "
+                                  "%s" % (box.name, box.host, box.name, have.host),
+                                  hint="let the script name its boxes uniquely (e.g. after ONBOX_PROVISION_KEY)")
+        self.inv.add(box)
+
+    def push(self, box: Box, rec: LaunchRecord, code: bool = True) -> None:
+        from controller.push import default_pyz, push
+
+        pyz = rec.pyz or default_pyz()
+        if not os.path.isfile(pyz):
+            from onbox.errors import UsageError
+
+            raise UsageError("no onbox.pyz to push to %s at %s" % (box.name, pyz),
+                             hint="build it (`make zipapp`) or set ONBOX_PYZ for the keeper")
+        push(self.ssh, box, pyz, code_dir=rec.code if code else None)
+
+    def launch(self, rec: LaunchRecord, boxes: Sequence[Box], take_over: bool) -> List[LaunchResult]:
+        """`onbox run` of the recorded run on `boxes` (node 0 first for a group), as `onboxctl run` did."""
+        from controller.launch import launch
+        from controller.nodes import launch_group
+
+        args = list(rec.onbox_args) + (["--take-over"] if take_over else [])
+        tunnel_to = rec.tracker if rec.tunnel else None
+        if rec.nodes:
+            return launch_group(self.ssh, list(boxes), rec.command, rec.run, args, workdir=rec.workdir,
+                                timeout=rec.timeout, onbox_env=rec.onbox_env, tunnel_to=tunnel_to)
+        return [launch(self.ssh, boxes[0], rec.command, rec.run, args, rec.workdir, rec.timeout, rec.onbox_env,
+                       tunnel_to)]
+
+
+def _obj(v: Any) -> Dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> Optional[str]:
+    return v if isinstance(v, str) else None
