@@ -39,8 +39,14 @@ class ResumeMixin:
     _update_status: Callable[..., None]
     _durable_entry: Callable[[Optional[str]], Optional[Dict[str, Any]]]
     _locked: Callable[[], ContextManager[None]]
+    in_lineage: Callable[[Dict[str, Any]], bool]
     scan_now: Callable[..., List[Candidate]]
     join_worker: Callable[[Optional[float]], None]
+    # provided by HolderMixin (holding.py): the run's lineage
+    restorable: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]
+    local_counts: Callable[[], bool]
+    set_aside_foreign: Callable[[Optional[str], Optional[int], Optional[float]], None]
+    note_resumed: Callable[[Optional[str]], None]
 
     def restore(self) -> Optional[str]:
         # a restart waits for the commit the previous attempt left in flight (bounded: a hung mount must not
@@ -48,7 +54,9 @@ class ResumeMixin:
         self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
         # no child runs before an attempt: nothing is being written, so no quiet period (torn files still fail)
         local = self.scan_now(settle=0.0)
-        newest_local = local[-1] if local else None
+        # a local checkpoint newer than the durable ones is this lineage's only if this box held the run last
+        local_ok = self.local_counts()
+        newest_local = local[-1] if local and local_ok else None
         self.resumed = None
         if self._worker is not None and self._worker.is_alive():
             self.ctx.emit("restore_durable_skipped", reason="a commit still runs after %.0f s"
@@ -58,7 +66,7 @@ class ResumeMixin:
             try:
                 with self._locked():
                     self.committer.start()
-                    entries = self.committer.committed()
+                    entries = self.restorable(self.committer.committed())  # this lease's lineage only
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
@@ -71,6 +79,10 @@ class ResumeMixin:
                 self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
             if (res is None or not res.path) and newest_local is None:
                 self._say_from_scratch(res)
+            if not local_ok:
+                self.set_aside_foreign(res.path if res is not None else None, res.step if res is not None else None,
+                                       res.created if res is not None else None)
+            self.note_resumed(res.name if res is not None and res.path else None)
             if res is not None and res.path:
                 self._set_aside_torn(res.step, res.created, keep=res.path)
                 self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
@@ -220,7 +232,7 @@ class ResumeMixin:
         if self.committer is not None:
             try:
                 found += [((e.get("step") if isinstance(e.get("step"), int) else -1), e.get("created") or 0.0,
-                           e["name"]) for e in self.committer.committed()
+                           e["name"]) for e in self.committer.committed() if self.in_lineage(e)
                           if e["name"] != r["name"] and older(e.get("step"), e.get("created") or 0.0)]
             except (SyncFailed, OSError):
                 pass
