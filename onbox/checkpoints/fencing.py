@@ -22,7 +22,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox.checkpoints import SyncFailed
+from onbox.checkpoints import SyncFailed, hashcopy
 from onbox.checkpoints.durable import LEASES_DIR, DurableTarget
 from onbox.checkpoints.leases import (
     BadLease,
@@ -208,6 +208,7 @@ class RunLease:
         mine = LeaseFile("", max(f.epoch for f in files) + 1 if files else 1, new_holder(box))
         mine = mine._replace(name=lease_name(mine.epoch, mine.holder))
         doc = document(run, mine, host, pid, start_time, now, ttl, base)
+        hashcopy.fault_point("before-lease")  # tests hold two launches here to make them tie
         store.write(mine, doc)
         winner = fencing_lease(store.files(), mine.epoch, mine.holder)
         if winner is not None:  # another launch took the run at the same moment and won: stand back, write nothing
@@ -217,6 +218,7 @@ class RunLease:
                                                             winner.epoch),
                                hint="nothing was written for this launch but its own lease file; `onbox status %s` "
                                     "on that box shows the run" % run)
+        hashcopy.fault_point("after-lease")  # tests hold a new holder here, before its first write
         lineage = Lineage(mine.epoch, mine.holder, base, local_ok=prev is None or box_of(prev.holder) == box)
         lease = cls(store, mine, doc, lineage, clock, ttl, check_every)
         taken = {"epoch": mine.epoch, "holder": mine.holder, "host": host, "ttl": ttl, "durable": store.url,

@@ -31,7 +31,8 @@ PAUSE_MAX_S = 120.0
 
 def pause_from_env(spec: Optional[str]) -> Optional[Callable[[str], None]]:
     """TEST ONLY (never set it on a real run): `ONBOX_TEST_PAUSE_AT=LABEL:N:GATE` makes the agent stop at the N-th
-    time it passes the fault point LABEL (e.g. before-manifest, which comes right after the lease check), create
+    time it passes the fault point LABEL (before-manifest comes right after a commit's lease check, before-lease
+    right before a launch writes its lease, after-lease right after it took it, before its first write), create
     GATE.waiting and wait until GATE exists (at most 120 s): a real-process test holds an agent inside the race
     window between its lease check and its manifest write. Anything malformed is ignored."""
     import time

@@ -215,7 +215,7 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
         self.join_worker(deadline)
         if self.committer is None:
             return None
-        if self.fenced():
+        if self.fenced():  # the commit in flight (waited for above) ended refused, or as a race-window orphan
             self.ctx.emit("final_sync_none", reason="fenced: a newer lease holds the run")
             return None
         if self._worker is not None and self._worker.is_alive():  # never block past the deadline on its lock

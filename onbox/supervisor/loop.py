@@ -370,11 +370,15 @@ class Supervisor:
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
         self._look_for_fence(self.clock.monotonic(), self.clock.time())
         if self.fence is not None:  # the final commit found a newer lease: the run is another box's now
-            return self._end_fenced()
+            return self._end_fenced(final_done=True)
         self.transition(state, reason=message if reason is None else reason, **fields)
 
-    def _end_fenced(self) -> None:
-        """FENCED: exit 1, last_exit says fenced (also when no child was running to be stopped)."""
+    def _end_fenced(self, final_done: bool = False) -> None:
+        """FENCED: exit 1, last_exit says fenced (also when no child was running to be stopped). The commit in
+        flight is waited for (bounded): it ends refused at its next lease check, or its manifest was written
+        before (a race-window orphan the new holder quarantines); the hook commits nothing new."""
+        if not final_done:
+            self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
         if (self.launcher.last_exit or {}).get("classification") != "fenced":
             self.launcher.record_fence(self.fence or {})
         self.message = "fenced: %s" % (self.launcher.last_exit or {}).get("hint")
@@ -382,8 +386,6 @@ class Supervisor:
                         newer_holder=(self.fence or {}).get("newer_holder"))
 
     def _final(self, deadline: float, **fields: Any) -> None:
-        if self.fence is not None:
-            return  # nothing is committed after a fence (the hook would refuse it)
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
         self.emit("final_checkpoint", summary=summary, **fields)
 
