@@ -269,8 +269,8 @@ class Supervisor:
             self._log("fenced: lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
                                                                     fence.get("newer_holder")))
             self.intake.on_fence(self.fence, now_m, now_w)
-            if self.stop is not None:  # a stop already under way (a preemption): it ends fenced all the same
-                self.stop.fence = self.fence
+            if self.stop is not None:  # a stop already under way (a preemption): it ends fenced, sooner
+                self.stop.fenced(self.fence, now_m + self.intake.fence_grace())
             self.journal.save()
 
     def _on_line(self, line: str) -> None:

@@ -77,14 +77,17 @@ class NoticeIntake:
         """A notice from the metadata poller or a peer node, `lead` seconds before the kill (None: unknown)."""
         self._take(PreemptionNotice(source, now_m + grace_for(self.grace, lead), now_w, detail))
 
+    def fence_grace(self) -> float:
+        """A fence's stop: the grace, at most half a sync interval."""
+        return grace_for(self.grace, max(0.0, self.cfg.sync_interval / 2.0))
+
     def on_fence(self, fence: Dict[str, Any], now_m: float, now_w: float) -> None:
         """A newer lease holds the run (`fence`: the fenced event's fields): its trainer works for nothing, so it
         stops within half a sync interval (the fence was seen within the other half), and nothing is committed."""
         if self.fence is not None:
             return
         self.fence = fence
-        lead = max(0.0, self.cfg.sync_interval / 2.0)
-        self._take(PreemptionNotice("fenced", now_m + grace_for(self.grace, lead), now_w,
+        self._take(PreemptionNotice("fenced", now_m + self.fence_grace(), now_w,
                                     "lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
                                                                             fence.get("newer_holder"))))
 
@@ -142,6 +145,12 @@ class NoticeStop:
         self.commit = commit
         self.emit = launcher.journal.emit
         self.fence: Optional[Dict[str, Any]] = None
+
+    def fenced(self, fence: Dict[str, Any], deadline: float) -> None:
+        """A fence arrived while this stop was under way: it ends fenced, and no later than `deadline` (the
+        trainer's checkpoint is of no use now)."""
+        self.fence = fence
+        self.timeline.deadline = min(self.timeline.deadline, deadline)
 
     def begin(self) -> None:
         if self.launcher.running:
