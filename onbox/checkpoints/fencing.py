@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from onbox.checkpoints import SyncFailed, hashcopy
 from onbox.checkpoints.durable import LEASES_DIR, DurableTarget
 from onbox.checkpoints.leases import (
+    MAX_EPOCH,
     BadLease,
     Committed,
     LeaseFile,
@@ -175,9 +176,12 @@ class RunLease:
         files = store.files()
         prev = holder_of_run(files)
         prev_doc: Optional[Dict[str, Any]] = None
+        if prev is not None and prev.epoch >= MAX_EPOCH:
+            raise LeaseRefused("run %s's newest lease %s/%s has the last epoch there is" % (run, store.url, prev.name),
+                               hint="someone wrote it by hand: move the run's leases/ aside, or use another --name")
         if prev is not None:
             try:
-                prev_doc = store.read(prev)
+                prev_doc = _read_settled(store, prev, clock)
             except BadLease as e:
                 if not take_over:
                     raise LeaseRefused("the lease that holds run %s cannot be read: %s" % (run, e),
@@ -367,6 +371,19 @@ class RunLease:
             return
         self._say("lease_released", epoch=self.epoch, holder=self.holder)
         self._changed()
+
+
+def _read_settled(store: LeaseStore, f: LeaseFile, clock: Any, tries: int = 3, pause: float = 0.3) -> Dict[str, Any]:
+    """The lease's document; a read that fails its checks is tried again a moment later before it counts (an
+    upload on some remotes is not atomic: a renewal may be caught half-written)."""
+    for attempt in range(tries):
+        try:
+            return store.read(f)
+        except BadLease:
+            if attempt == tries - 1:
+                raise
+            clock.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def _older_winners(store: LeaseStore, files: List[LeaseFile], prev: LeaseFile) -> List[Tuple[LeaseFile, Any]]:
