@@ -105,3 +105,12 @@ def test_a_fenced_slurm_job_is_never_requeued():
     job = SlurmJob(job_id="42")
     ok, why = requeue_decision(job, "fenced", "SIGUSR1", "USR1")
     assert not ok and "fenced" in why
+
+
+def test_a_fenced_node_0_tells_its_peers_to_stop_as_any_stop_does(tmp_path):
+    sup, _procs, _ckpts, _clock = fenced_run(tmp_path, [dies_on(signal.SIGTERM)], at=2.0)
+    told = []
+    sup.intake.tell_peers = lambda source, detail, lead: told.append((source, detail, lead))
+    assert sup.run() == RunState.FENCED
+    [(source, detail, lead)] = told
+    assert source == "fenced" and "gpu2-bbbb-2222" in detail and 0 < lead <= 2.0

@@ -335,3 +335,12 @@ def test_a_corrupt_newer_lease_still_fences(tmp_path):
     with pytest.raises(Fenced) as e:
         lease.check("the index")
     assert e.value.info["newer_holder"] == "x" and e.value.info["host"] is None
+
+
+def test_a_lease_at_the_last_epoch_refuses_instead_of_making_an_invisible_one(tmp_path):
+    d = leases_dir(tmp_path)
+    os.makedirs(d)
+    with open(os.path.join(d, lf(9_999_999_999, "x").name), "w") as f:
+        f.write("{}")
+    with pytest.raises(LeaseRefused, match="last epoch"):
+        Box(tmp_path, FakeClock()).take(take_over=True)
