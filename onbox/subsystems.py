@@ -92,10 +92,12 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
     from onbox.checkpoints.targets import make_target
     from onbox.clock import SystemClock
     from onbox.errors import UnfitError
+    from onbox.slurm.job import SlurmJob
 
     if not commits(cfg):
         return None
     assert cfg.durable
+    job = SlurmJob.from_env(os.environ)
     clock = clock or SystemClock()
     target = make_target(cfg.durable, run)
     reader = CheckpointCommitter(target, run, clock, lambda *a, **k: None)
@@ -103,7 +105,8 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
     for attempt in range(3):
         try:
             return RunLease.take(target, run, ttl, take_over, clock, reader.committed,
-                                 default_check_every(ttl, cfg.sync_interval))
+                                 default_check_every(ttl, cfg.sync_interval),
+                                 slurm_job=job.job_id if job is not None else None)
         except (SyncFailed, OSError) as e:
             if attempt == 2:
                 raise UnfitError("cannot take run %s's lease on %s: %s" % (run, target.url, e),

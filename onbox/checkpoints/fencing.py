@@ -159,9 +159,12 @@ class RunLease:
     def take(cls, target: DurableTarget, run: str, ttl: float, take_over: bool, clock: Any,
              committed: Callable[[], List[Dict[str, Any]]], check_every: float, host: Optional[str] = None,
              box: Optional[str] = None, pid: Optional[int] = None, start_time: Optional[int] = None,
-             alive: Optional[Callable[[int, Optional[int]], bool]] = None) -> "RunLease":
+             alive: Optional[Callable[[int, Optional[int]], bool]] = None,
+             slurm_job: Optional[str] = None) -> "RunLease":
         """Take run `run` (see the module docstring). `committed()`: the committed checkpoints' index entries.
-        `alive(pid, start_time)`: whether a process of this box runs (the same box's earlier agent)."""
+        `alive(pid, start_time)`: whether a process of this box runs (the same box's earlier agent). `slurm_job`:
+        the Slurm job this agent runs in: a live lease of an earlier incarnation of the same job (a requeue, on
+        any node) does not block, as Slurm never runs two at once."""
         from onbox.proc import is_alive
         from onbox.proc import start_time as start_time_of
 
@@ -190,7 +193,8 @@ class RunLease:
                 pending.append(("lease_unreadable", {"lease": prev.name, "problem": str(e), "durable": store.url}))
             if prev_doc is not None and is_live(prev_doc, now, ttl):
                 agent = prev_doc.get("agent") or {}
-                mine_dead = box_of(prev.holder) == box and not alive(agent["pid"], agent.get("start_time"))
+                mine_dead = (box_of(prev.holder) == box and not alive(agent["pid"], agent.get("start_time"))) or (
+                    slurm_job is not None and prev_doc.get("slurm_job") == slurm_job)
                 if not mine_dead and not take_over:
                     raise LeaseRefused(
                         "run %s is held by another agent: %s on %s (lease epoch %d), renewed %s (it stays live "
@@ -211,7 +215,7 @@ class RunLease:
         base = base_for(prev, prev_doc, older, ckpts)
         mine = LeaseFile("", max(f.epoch for f in files) + 1 if files else 1, new_holder(box))
         mine = mine._replace(name=lease_name(mine.epoch, mine.holder))
-        doc = document(run, mine, host, pid, start_time, now, ttl, base)
+        doc = document(run, mine, host, pid, start_time, now, ttl, base, slurm_job=slurm_job)
         hashcopy.fault_point("before-lease")  # tests hold two launches here to make them tie
         store.write(mine, doc)
         winner = fencing_lease(store.files(), mine.epoch, mine.holder)

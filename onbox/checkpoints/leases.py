@@ -108,11 +108,12 @@ def box_of(holder: str) -> str:
 
 
 def document(run: str, f: LeaseFile, host: str, pid: int, start_time: Optional[int], now: float, ttl: float,
-             base: List[str], resumed_from: Optional[str] = None) -> Dict[str, Any]:
-    """The lease a holder writes when it takes the run."""
+             base: List[str], resumed_from: Optional[str] = None, slurm_job: Optional[str] = None) -> Dict[str, Any]:
+    """The lease a holder writes when it takes the run. `slurm_job`: the Slurm job it runs in (Slurm runs one
+    incarnation of a job at a time: a requeued job's earlier agent is gone, wherever it ran)."""
     return {"schema": LEASE_SCHEMA, "run": run, "epoch": f.epoch, "holder": f.holder, "host": host,
             "agent": {"pid": pid, "start_time": start_time}, "taken_at": now, "renewed_at": now, "ttl": ttl,
-            "base": list(base), "resumed_from": resumed_from, "released_at": None}
+            "base": list(base), "resumed_from": resumed_from, "released_at": None, "slurm_job": slurm_job}
 
 
 def _count(v: Any) -> bool:
@@ -162,6 +163,9 @@ def problem(doc: Any, f: LeaseFile, run: str) -> Optional[str]:
         why = untrusted.name_problem(name)
         if why:
             return "base[%d] %r: %s" % (i, name, why)
+    job = doc.get("slurm_job")
+    if job is not None and not (isinstance(job, str) and re.fullmatch(r"[0-9]{1,20}(_[0-9]{1,20})?", job)):
+        return "slurm_job %r is not a Slurm job id" % (job,)
     resumed = doc.get("resumed_from")
     if resumed is not None and untrusted.name_problem(resumed):
         return "resumed_from %r: %s" % (resumed, untrusted.name_problem(resumed))

@@ -344,3 +344,15 @@ def test_a_lease_at_the_last_epoch_refuses_instead_of_making_an_invisible_one(tm
         f.write("{}")
     with pytest.raises(LeaseRefused, match="last epoch"):
         Box(tmp_path, FakeClock()).take(take_over=True)
+
+
+def test_a_requeued_slurm_job_is_not_blocked_by_its_own_earlier_incarnation(tmp_path):
+    """Slurm runs one incarnation of a job at a time: a live lease of the same job, from another node after a node
+    failure, belongs to an agent that is gone."""
+    clock = FakeClock()
+    first = Box(tmp_path, clock, box=OTHER)
+    RunLease.take(first.target, "r", TTL, False, clock, lambda: [], 1.0, box=OTHER, slurm_job="4242")
+    with pytest.raises(LeaseRefused):
+        RunLease.take(first.target, "r", TTL, False, clock, lambda: [], 1.0, box=BOX, slurm_job="4243")
+    again = RunLease.take(first.target, "r", TTL, False, clock, lambda: [], 1.0, box=BOX, slurm_job="4242")
+    assert again.epoch == 2 and again.doc["slurm_job"] == "4242"
