@@ -90,8 +90,9 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
             lease = subsystems.take_lease(cfg, rd.name, plan.take_over)
             try:
                 # builds the hooks; preflight() caught what it could in the foreground
-                sup = Supervisor(cfg, rd, hooks_factory=functools.partial(subsystems.make_hooks, lease=lease),
-                                 proc=_container_seam(cfg, rd))
+                hooks = subsystems.make_hooks if lease is None else functools.partial(subsystems.make_hooks,
+                                                                                      lease=lease)
+                sup = Supervisor(cfg, rd, hooks_factory=hooks, proc=_container_seam(cfg, rd))
             except OSError as oe:
                 raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
         except OnboxError as e:

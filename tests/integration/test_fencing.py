@@ -349,6 +349,10 @@ def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_sftp):
     [fenced] = a1.events("fenced")
     assert fenced["newer_holder"] == lease2["holder"]
     assert not [e for e in a1.events("checkpoint_committed") if e["time"] > fenced["time"]]
+    [gone] = a1.events("exit")
+    assert gone["classification"] == "fenced" and gone["time"] - lease2["taken_at"] <= SYNC + 1.5
+    print("\nfencing on rclone sftp: takeover -> old trainer gone %.2f s (sync interval %.1f s)" % (
+        gone["time"] - lease2["taken_at"], SYNC))
     wait_for(lambda: a2.trainers(), timeout=30, what="agent 2's trainer")
     assert os.path.basename(a2.trainers()[0]["resume"]) == lease2["resumed_from"]
     _wait_commits(a2, 1)
