@@ -9,6 +9,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
+from onbox.checkpoints.fencing import Fenced
 from onbox.checkpoints.index import make_check
 from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
 
@@ -47,6 +48,7 @@ class ResumeMixin:
     local_counts: Callable[[], bool]
     set_aside_foreign: Callable[[Optional[str], Optional[int], Optional[float]], None]
     note_resumed: Callable[[Optional[str]], None]
+    said_fenced: Callable[..., None]
 
     def restore(self) -> Optional[str]:
         # a restart waits for the commit the previous attempt left in flight (bounded: a hung mount must not
@@ -72,6 +74,9 @@ class ResumeMixin:
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
                     self._record_restore_checks(res)
                     self._quarantine_unusable(res.unusable)
+            except Fenced as e:  # a newer lease holds the run: no attempt starts here (the supervisor ends it)
+                self.said_fenced(e)
+                return None
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
                 res = None
@@ -232,8 +237,9 @@ class ResumeMixin:
         if self.committer is not None:
             try:
                 found += [((e.get("step") if isinstance(e.get("step"), int) else -1), e.get("created") or 0.0,
-                           e["name"]) for e in self.committer.committed() if self.in_lineage(e)
-                          if e["name"] != r["name"] and older(e.get("step"), e.get("created") or 0.0)]
+                           e["name"]) for e in self.committer.committed()
+                          if self.in_lineage(e) and e["name"] != r["name"]
+                          and older(e.get("step"), e.get("created") or 0.0)]
             except (SyncFailed, OSError):
                 pass
         found += [(*order_key(c), c.name) for c in self.cands
