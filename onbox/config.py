@@ -50,11 +50,13 @@ MARKER_VARS: Dict[str, str] = {
 PHASE_VAR = "ONBOX_PHASE"
 
 MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
+LEASE_TTL_FLOOR = 60.0  # seconds: lease_ttl defaults to max(this, 3 x sync_interval)
 # Every number a run takes, finite and inside these bounds (inclusive); README and `onbox run --help` say the same.
 # A value beyond them is a typo or a unit mix-up (ms for s), never a setting: `inf` made every heartbeat
 # unsendable, `nan` made `onbox stop` give up at once and skip the final commit.
 RANGES: Dict[str, Tuple[float, float, str]] = {
     "sync_interval": (0.0, WEEK, "seconds"),
+    "lease_ttl": (1.0, WEEK, "seconds"),  # unset: max(60 s, 3 x sync_interval) (RunConfig.effective_lease_ttl)
     "settle_seconds": (0.0, DAY, "seconds"),
     "backoff_initial": (0.0, DAY, "seconds"),
     "backoff_max": (0.0, WEEK, "seconds"),
@@ -83,7 +85,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
 }
 # The `onbox run` flag of each field that has one (messages name what the user typed).
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
-    "name", "profile", "ckpt_dir", "durable", "sync_interval", "settle_seconds", "keep_last", "prune_local",
+    "name", "profile", "ckpt_dir", "durable", "sync_interval", "lease_ttl", "settle_seconds", "keep_last", "prune_local",
     "final_sync_timeout", "restore_probation", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
     "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex", "mlflow", "mlflow_experiment", "mlflow_token_file")}
@@ -111,6 +113,9 @@ class RunConfig:
     ckpt_dir: Optional[str] = None  # local fast disk the trainer writes to; default <run dir>/checkpoints
     durable: Optional[str] = None  # a mounted path, or an rclone remote "remote:path"
     sync_interval: float = 60.0  # seconds between looks for a new complete checkpoint to commit
+    # seconds the run's lease on durable storage stays live after a renewal (renewed every third of it; another
+    # launch is refused while it is live). None: max(60 s, 3 x sync_interval). onbox/checkpoints/fencing.py
+    lease_ttl: Optional[float] = None
     settle_seconds: float = 10.0  # a checkpoint untouched this long (and format-valid) is complete
     keep_last: int = 3
     keep_best_metric: Optional[str] = None
@@ -178,6 +183,13 @@ class RunConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def effective_lease_ttl(self) -> float:
+        """lease_ttl, or its default: max(60 s, 3 sync intervals) -- a holder renews at a third of it, and a
+        fenced one is stopped within a sync interval."""
+        if self.lease_ttl is not None:
+            return float(self.lease_ttl)
+        return max(LEASE_TTL_FLOOR, 3.0 * self.sync_interval)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "RunConfig":

@@ -64,25 +64,87 @@ def node_preflight(group: Any) -> None:
                                   "(`onboxctl run ... --nodes`): it picks free ports")
 
 
-def make_hooks(ctx: RunContext) -> Hooks:
-    """The real subsystems for a run: checkpoint commits, heartbeats, the GPU reaper, the node group's peers."""
-    from onbox.checkpoints.hook import CheckpointCommitHook
+def commits(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> bool:
+    """This agent commits its run's checkpoints: a run with --durable, on node 0 of a group (SSH or Slurm) or
+    alone. Only such an agent takes the run's lease."""
+    from onbox.slurm.job import SlurmJob
+
+    if not cfg.durable:
+        return False
+    if cfg.node_group:
+        from onbox.multinode.role import load_group
+
+        return bool(load_group(cfg.node_group).role.primary)
+    job = SlurmJob.from_env(os.environ if environ is None else environ)
+    return job is None or job.is_primary
+
+
+def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> Any:
+    """The run's lease on its durable storage (onbox/checkpoints/fencing.py), taken once per agent launch before
+    the supervisor starts; None for an agent that does not commit. Refusals: LeaseRefused (exit 2: another agent
+    holds the run, its lease cannot be read, another launch won the epoch), UnfitError (exit 3: the durable
+    storage cannot be reached, after a few tries)."""
+    import time
+
+    from onbox.checkpoints import SyncFailed
+    from onbox.checkpoints.commit import CheckpointCommitter
+    from onbox.checkpoints.fencing import RunLease, default_check_every
+    from onbox.checkpoints.targets import make_target
+    from onbox.clock import SystemClock
+    from onbox.errors import UnfitError
+    from onbox.slurm.job import SlurmJob
+
+    if not commits(cfg):
+        return None
+    assert cfg.durable
+    job = SlurmJob.from_env(os.environ)
+    clock = clock or SystemClock()
+    target = make_target(cfg.durable, run)
+    reader = CheckpointCommitter(target, run, clock, lambda *a, **k: None)
+    ttl = cfg.effective_lease_ttl()
+    for attempt in range(3):
+        try:
+            return RunLease.take(target, run, ttl, take_over, clock, reader.committed,
+                                 default_check_every(ttl, cfg.sync_interval),
+                                 slurm_job=job.job_id if job is not None else None)
+        except (SyncFailed, OSError) as e:
+            if attempt == 2:
+                raise UnfitError("cannot take run %s's lease on %s: %s" % (run, target.url, e),
+                                 hint="the durable storage must be reachable when a run starts (every write checks "
+                                      "the lease); check the mount or the remote, then launch again")
+            time.sleep(1.0 + 2.0 * attempt)
+    return None
+
+
+def make_hooks(ctx: RunContext, lease: Any = None) -> Hooks:
+    """The real subsystems for a run: checkpoint commits, heartbeats, the GPU reaper, the node group's peers.
+    `lease`: the run's lease the agent took (take_lease); its renewals start here."""
     from onbox.gpu.reaper import ReaperHook
     from onbox.heartbeat.hook import HeartbeatHook
     from onbox.slurm.job import checkpoint_hook_for_node
 
     if ctx.config.node_group:
-        return _group_hooks(ctx, HeartbeatHook(ctx), ReaperHook(ctx))
+        return _group_hooks(ctx, HeartbeatHook(ctx), ReaperHook(ctx), lease)
     # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm/job.py).
-    checkpoints = checkpoint_hook_for_node(CheckpointCommitHook(ctx), os.environ if ctx.environ is None
+    checkpoints = checkpoint_hook_for_node(_commit_hook(ctx, lease), os.environ if ctx.environ is None
                                            else ctx.environ, ctx.emit)
     return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
 
 
-def _group_hooks(ctx: RunContext, telemetry: object, reaper: object) -> Hooks:
+def _commit_hook(ctx: RunContext, lease: Any) -> Any:
+    """The checkpoint hook that commits; the lease's events, status and renewal thread start with it."""
+    from onbox.checkpoints.hook import CheckpointCommitHook
+
+    hook = CheckpointCommitHook(ctx, lease=lease)
+    if lease is not None:
+        lease.attach(ctx.emit, hook.lease_changed)
+        lease.start()
+    return hook
+
+
+def _group_hooks(ctx: RunContext, telemetry: object, reaper: object, lease: Any) -> Hooks:
     """A node of an SSH group (onbox/multinode/hooks.py): node 0 commits and says what every node resumes from;
     the others fetch exactly that, read-only; every agent hears of the others' notices."""
-    from onbox.checkpoints.hook import CheckpointCommitHook
     from onbox.multinode import hooks as mn
     from onbox.multinode.role import load_group
     from onbox.supervisor.rundir import RunDir
@@ -94,7 +156,7 @@ def _group_hooks(ctx: RunContext, telemetry: object, reaper: object) -> Hooks:
     nodes = mn.GroupNotices(group, RunDir(ctx.run_dir).stop_request, ctx.emit, point)
     checkpoints: object
     if group.role.primary:
-        checkpoints = mn.GroupPrimary(CheckpointCommitHook(ctx), point, ctx.clock, cfg.final_sync_timeout)
+        checkpoints = mn.GroupPrimary(_commit_hook(ctx, lease), point, ctx.clock, cfg.final_sync_timeout)
     else:
         restore = mn.GroupRestore(group, cfg.durable, ctx.ckpt_dir, ctx.emit, lambda: nodes.channel,
                                   wait_s=cfg.final_sync_timeout + mn.ASK_TIMEOUT_EXTRA, abort=nodes.stopping.is_set)

@@ -15,6 +15,9 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
   index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
   runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
+  leases.py     run leases, pure: file names, the lease document and its checks, who holds a run, lineage
+  fencing.py    the lease an agent holds: take, the check before every write, renewals, release; PassiveLease
+  holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls

@@ -6,6 +6,11 @@ atomic-write recipe, LAST (the commit point) -> checkpoints_index.json (atomic) 
 Idempotent: a checkpoint already committed (same source fingerprint, or same hashes) is skipped. Leftovers of an
 interrupted commit (staging dirs, manifest-less dirs that
 carry durable.PARTIAL_MARKER) are removed when the committer starts; a manifest-less dir without it is not ours.
+
+Fencing (fencing.py): `guard(what)` runs before every write to durable storage -- the cleanup of leftovers, the
+payload, the manifest (right before it: the commit point), the index, each retention removal, a quarantine --
+and raises (fencing.Fenced) when a newer lease holds the run. Each manifest records the lease it was committed
+under (`stamp()`: epoch and holder); retention counts only the checkpoints `in_lineage` says are this holder's.
 """
 from __future__ import annotations
 
@@ -58,8 +63,13 @@ def _fp_list(fp: Any) -> List[List[Any]]:
 class CheckpointCommitter:
     def __init__(self, target: DurableTarget, run: str, clock: Any, emit: Callable[..., None],
                  hash_name: str = hashcopy.HASH_NAME, margin_bytes: int = 64 * MiB, margin_fraction: float = 0.02,
-                 margin_inodes: int = 16) -> None:
+                 margin_inodes: int = 16, guard: Optional[Callable[[str], None]] = None,
+                 stamp: Optional[Callable[[], Optional[Dict[str, Any]]]] = None,
+                 in_lineage: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
         self.target = target
+        self.guard: Callable[[str], None] = guard or (lambda what: None)
+        self.stamp = stamp or (lambda: None)
+        self.in_lineage = in_lineage
         self.run = run
         self.clock = clock
         self.emit = emit
@@ -75,6 +85,7 @@ class CheckpointCommitter:
         """Clean what an interrupted commit left behind (once per committer)."""
         if self._started:
             return
+        self.guard("the cleanup of interrupted commits")
         removed = self.target.clean_leftovers()
         if removed:
             self.emit("checkpoint_leftovers_cleaned", durable=self.target.url, removed=removed)
@@ -188,6 +199,7 @@ class CheckpointCommitter:
         self.preflight(cand)
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
+        self.guard("the payload of %s" % name)
         try:
             hashes = self.target.put_payload(name, cand.root, cand.files, self.hash_name)
         except (SyncFailed, OSError) as e:
@@ -199,17 +211,20 @@ class CheckpointCommitter:
         short = ["%s: %s of %d bytes" % (rel, hashes.get(rel, (None,))[0], size)
                  for rel, size, _m, _i in cand.fingerprint if hashes.get(rel, (None,))[0] != size]
         if short and fingerprint_of_safe(cand) == cand.fingerprint:
+            self.guard("the removal of the short copy of %s" % name)
             self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
             raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
                              hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
         problem = None if fingerprint_of_safe(cand) != cand.fingerprint else self._whole_after_copy(cand)
         if problem is not None or fingerprint_of_safe(cand) != cand.fingerprint:
             # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
+            self.guard("the removal of the torn copy of %s" % name)
             self.target.remove(name)
             self.emit("checkpoint_commit_aborted", checkpoint=name, reason=problem or "source changed while copying")
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
         doc = self._manifest(name, cand, hashes)
+        self.guard("the manifest of %s" % name)  # the last look before the commit point
         hashcopy.fault_point("before-manifest")
         self.target.put_manifest(name, doc)  # the commit point
         hashcopy.fault_point("after-manifest")
@@ -243,6 +258,7 @@ class CheckpointCommitter:
             "digest": checkpoint_digest(files, self.hash_name), "metrics": cand.metrics,
             "format": cand.format, "complete_by": cand.complete_by, "complete_reason": cand.reason,
             "source": {"host": socket.gethostname(), "path": cand.path, "fingerprint": _fp_list(cand.fingerprint)},
+            **(self.stamp() or {}),  # the lease it is committed under: epoch, holder (lineage, fencing.py)
         }
 
     # -- index and retention ---------------------------------------------------------------------------------------
@@ -255,11 +271,13 @@ class CheckpointCommitter:
                "checkpoints": sorted(entries, key=retention.entry_order)}
         if self._quarantined:
             doc["quarantined"] = self._quarantined
+        self.guard("the index")
         self.target.write_index(doc)
 
     def record_checks(self, checks: Dict[str, Dict[str, Any]]) -> List[str]:
         """Record re-checks (a restore's, `onbox verify`'s) of committed checkpoints in the index; the caller holds
         the run's commit lock. See index.record_checks."""
+        self.guard("the index")
         return record_checks(self.target, checks, self.clock.time())
 
     def quarantine(self, name: str, reason: str) -> str:
@@ -267,6 +285,7 @@ class CheckpointCommitter:
         it in the index; returns where it went."""
         entries = self.committed()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.clock.time()))
+        self.guard("the quarantine of %s" % name)
         dest = self.target.quarantine(name, stamp)
         # the whole entry (step, metrics, verification) goes along, so the index still says what it was
         was = next((e for e in entries if e["name"] == name), {"name": name})
@@ -276,14 +295,17 @@ class CheckpointCommitter:
 
     def apply_retention(self, keep_last: int, best_metric: Optional[str] = None, best_mode: str = "min",
                         every_steps: Optional[int] = None) -> List[str]:
-        """Delete committed checkpoints outside the keep set; the newest verified one always stays."""
+        """Delete committed checkpoints outside the keep set; the newest verified one always stays. Only this
+        holder's lineage counts (`in_lineage`): what lies outside it is never retired here (it is quarantined)."""
         entries = self.committed()
-        keep = retention.select_keep(entries, keep_last, best_metric, best_mode, every_steps)
-        doomed = [e["name"] for e in entries if e["name"] not in keep]
+        pool = [e for e in entries if self.in_lineage is None or self.in_lineage(e)]
+        keep = retention.select_keep(pool, keep_last, best_metric, best_mode, every_steps)
+        doomed = [e["name"] for e in pool if e["name"] not in keep]
         if not doomed:
             return []
-        self.write_index([e for e in entries if e["name"] in keep])  # index first: it never lists a deleted one
+        self.write_index([e for e in entries if e["name"] not in doomed])  # index first: never lists a deleted one
         for n in doomed:
+            self.guard("the retirement of %s" % n)
             self.target.remove(n)
         self.emit("checkpoints_retired", durable=self.target.url, removed=doomed)
         return doomed

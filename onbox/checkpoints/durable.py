@@ -7,7 +7,9 @@ Layout, under the target's base:
   <run>/checkpoints/<ckpt-name>/MANIFEST.json  written LAST: the commit point
   <run>/checkpoints_index.json                 every committed checkpoint
   <run>/logs/
-  <run>/quarantine/<ckpt-name>.<time>/        a checkpoint a resumed attempt crashed on (kept, never read)
+  <run>/quarantine/<ckpt-name>.<time>/        a checkpoint a resumed attempt crashed on, or a fenced orphan
+                                               (kept, never read)
+  <run>/leases/<epoch:010d>.<holder>.json      one per agent launch that took the run (leases.py, fencing.py)
 A checkpoint dir without a MANIFEST.json does not exist for any reader.
 """
 from __future__ import annotations
@@ -22,7 +24,9 @@ STAGING_PREFIX = ".onbox-tmp-"
 # manifest-less dir WITH it is an interrupted commit of ours (cleaned at the next start); one WITHOUT it is
 # somebody else's (the user's own checkpoints under <durable>/<run>/checkpoints/) and is never deleted.
 PARTIAL_MARKER = ".onbox-partial"
-QUARANTINE_DIR = "quarantine"  # <run>/quarantine/: checkpoints a resumed attempt crashed on
+QUARANTINE_DIR = "quarantine"  # <run>/quarantine/: checkpoints a resumed attempt crashed on, fenced orphans
+LEASES_DIR = "leases"  # <run>/leases/: the run's leases, one file per agent launch that took it (never deleted)
+LEASE_MAX_BYTES = 4 * 1024 * 1024  # a lease names its base checkpoints: ~16,000 names of 250 bytes
 
 
 def foreign_entry(url: str, name: str) -> SyncFailed:
@@ -75,3 +79,13 @@ class DurableTarget(Protocol):
     def put_log(self, local_path: str, name: str) -> None:
         """Copy a run log to <run>/logs/<name> (name may hold a subdir), replacing that file's previous copy
         atomically where possible."""
+
+    def list_leases(self) -> List[str]:
+        """The file names under <run>/leases/ (every one: the caller keeps those that are lease names)."""
+
+    def read_lease(self, name: str) -> bytes:
+        """The bytes of <run>/leases/<name>, refused (untrusted.UntrustedInput) past LEASE_MAX_BYTES or when it is
+        no regular file; FileNotFoundError when it is gone."""
+
+    def put_lease(self, name: str, doc: Dict[str, Any]) -> None:
+        """Write <run>/leases/<name>: the atomic-write recipe on a mounted path, an upload on a remote."""

@@ -7,6 +7,8 @@ periodic()  every loop tick, cheap: rescans at most once a second, and when sync
 final(d)    on preemption/stop, and when the run ends (done, or failed for good): commits the newest complete
             checkpoint whose commit can finish before the monotonic deadline `d` by measured throughput (after
             the commit in flight, if any); says so when none can.
+fenced()    the run's lease (holding.py, fencing.py): once a newer lease holds the run, nothing more is written and
+            the supervisor stops the run.
 
 State for others: <run_dir>/checkpoint_status.json (atomic), read by the heartbeat and shown in training_status.md
 (each rewrite tells the supervisor through RunContext.summary_due). The step fallback reads the trainer's progress
@@ -39,6 +41,8 @@ from onbox.checkpoints.detect import (
     read_progress,
 )
 from onbox.checkpoints.durable import DurableTarget
+from onbox.checkpoints.fencing import Fenced
+from onbox.checkpoints.holding import HolderMixin
 from onbox.checkpoints.resuming import ResumeMixin
 from onbox.checkpoints.runlock import commit_lock
 from onbox.checkpoints.targets import make_target, overlap_problem
@@ -60,8 +64,9 @@ def summary(r: CommitResult) -> Dict[str, Any]:
             "digest": r.digest, "durable": r.url}
 
 
-class CheckpointCommitHook(ResumeMixin):
-    def __init__(self, ctx: Any, target: Optional[DurableTarget] = None) -> None:
+class CheckpointCommitHook(ResumeMixin, HolderMixin):
+    def __init__(self, ctx: Any, target: Optional[DurableTarget] = None, lease: Any = None) -> None:
+        """`lease`: the agent's fencing.RunLease; None for any other committer (a passive lease, holding.py)."""
         self.ctx = ctx
         self.cfg = ctx.config
         self.clock = ctx.clock
@@ -74,11 +79,13 @@ class CheckpointCommitHook(ResumeMixin):
                 raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
             target = make_target(self.cfg.durable, ctx.name)
         self.target = target
-        self.committer = CheckpointCommitter(target, ctx.name, self.clock, ctx.emit) if target else None
         self.status_path = os.path.join(ctx.run_dir, paths.CHECKPOINT_STATUS_FILE)
         self._status_lock = threading.Lock()
         self._commit_lock = threading.Lock()
         self.status = self._load_status()
+        self._init_lease(target, lease)
+        self.committer = CheckpointCommitter(target, ctx.name, self.clock, ctx.emit, guard=self.lease_guard,
+                                             stamp=self.lease_stamp, in_lineage=self.in_lineage) if target else None
         self.throughput = float(self.status.get("throughput_bytes_per_s") or DEFAULT_THROUGHPUT)
         self._last_scan = float("-inf")
         self._last_sync = float("-inf")
@@ -147,6 +154,8 @@ class CheckpointCommitHook(ResumeMixin):
 
     # -- the protocol --------------------------------------------------------------------------------------------
     def periodic(self) -> None:
+        if self.fenced():
+            return  # nothing more is written; the supervisor stops the run
         now = self.clock.monotonic()
         if now - self._last_scan < min(RESCAN_S, self.cfg.sync_interval):
             return
@@ -209,6 +218,9 @@ class CheckpointCommitHook(ResumeMixin):
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         self.join_worker(deadline)
         if self.committer is None:
+            return None
+        if self.fenced():  # the commit in flight (waited for above) ended refused, or as a race-window orphan
+            self.ctx.emit("final_sync_none", reason="fenced: a newer lease holds the run")
             return None
         if self._worker is not None and self._worker.is_alive():  # never block past the deadline on its lock
             self.ctx.emit("final_sync_none", reason="the periodic commit still runs at the deadline")
@@ -289,6 +301,9 @@ class CheckpointCommitHook(ResumeMixin):
             at = self.clock.time()
             try:
                 r = self.committer.commit(cand)
+            except Fenced as e:  # the lease said so (the `fenced` event); nothing more is written from here
+                self.said_fenced(e, cand.name)
+                return None
             except SyncFailed as e:
                 fields = dict(e.details)
                 fields.update(checkpoint=cand.name, error=e.message, errno=e.errno_name,
@@ -309,8 +324,11 @@ class CheckpointCommitHook(ResumeMixin):
             if r.status == "committed" and r.bytes >= 16 * 1024 * 1024:
                 self.throughput = 0.5 * self.throughput + 0.5 * (r.bytes / r.seconds)
             try:  # the commit stands whatever retention meets: an error here is said, never the commit undone
+                self.sweep_orphans()  # an old holder's race-window commit, seen since: to quarantine/
                 self.committer.apply_retention(self.cfg.keep_last, self.cfg.keep_best_metric,
                                                self.cfg.keep_best_mode, self.cfg.keep_every_steps)
+            except Fenced as e:
+                self.said_fenced(e, r.name)
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("retention_failed", checkpoint=r.name, error=getattr(e, "message", None) or str(e),
                               hint="older checkpoints stay on durable storage until a later commit retires them")
@@ -327,6 +345,10 @@ class CheckpointCommitHook(ResumeMixin):
         into <durable>/<run>/logs/<box>/: one folder per box and agent launch, so a replacement box (or a
         relaunch) never replaces what an earlier one left there."""
         assert self.target is not None
+        try:
+            self.lease_guard("the run's logs")
+        except (SyncFailed, OSError):
+            return  # fenced (said), or the leases cannot be listed: the logs wait for the next commit
         names = [n for n in LOG_FILES if os.path.isfile(os.path.join(self.ctx.run_dir, n))]
         names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^%s\.\d+$" % re.escape(paths.OUTPUT_LOG), n))
         for name in names:

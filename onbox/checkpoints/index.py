@@ -44,7 +44,9 @@ def entry_from_manifest(m: Dict[str, Any]) -> Dict[str, Any]:
             "verification": {"state": "verified", "committed": {"at": created, "digest": m.get("digest"),
                                                                 "hash": m.get("hash"), "checked": COMMIT_CHECK},
                              "checks": []},
-            "source_fingerprint": (m.get("source") or {}).get("fingerprint")}
+            "source_fingerprint": (m.get("source") or {}).get("fingerprint"),
+            # the lease it was committed under (fencing.py): whose lineage it belongs to; None without leases
+            "epoch": m.get("epoch"), "holder": m.get("holder")}
 
 
 def upgrade_entry(e: Dict[str, Any]) -> Dict[str, Any]:

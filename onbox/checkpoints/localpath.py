@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from onbox import fsutil, untrusted
 from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, sync_failed_from_oserror
 from onbox.checkpoints.durable import (
+    LEASE_MAX_BYTES,
+    LEASES_DIR,
     PARTIAL_MARKER,
     QUARANTINE_DIR,
     STAGING_PREFIX,
@@ -206,6 +208,31 @@ class LocalPathTarget:
             except OSError:
                 pass
             raise sync_failed_from_oserror(logs, e)
+
+    def list_leases(self) -> List[str]:
+        try:
+            return sorted(os.listdir(os.path.join(self.run_root, LEASES_DIR)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise sync_failed_from_oserror(os.path.join(self.run_root, LEASES_DIR), e)
+
+    def read_lease(self, name: str) -> bytes:
+        path = os.path.join(self.run_root, LEASES_DIR, name)
+        try:
+            return untrusted.read_bytes(path, LEASE_MAX_BYTES, "lease file")
+        except (FileNotFoundError, untrusted.UntrustedInput, IsADirectoryError):
+            raise
+        except OSError as e:
+            raise sync_failed_from_oserror(path, e)
+
+    def put_lease(self, name: str, doc: Dict[str, Any]) -> None:
+        leases = os.path.join(self.run_root, LEASES_DIR)
+        try:
+            os.makedirs(leases, exist_ok=True)
+            fsutil.atomic_write_json(os.path.join(leases, name), doc)
+        except OSError as e:
+            raise sync_failed_from_oserror(leases, e)
 
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         from onbox.checkpoints.verify import check_manifest_files

@@ -105,6 +105,9 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
         return "digest %r is not a string" % (doc["digest"],)
     if doc.get("metrics") is not None and not isinstance(doc["metrics"], dict):
         return "metrics is not an object"
+    why = lease_problem(doc)
+    if why:
+        return why
     source = doc.get("source")
     if source is not None and not isinstance(source, dict):
         return "source is not an object"
@@ -162,4 +165,17 @@ def entry_problem(e: Any) -> Optional[str]:
             return "%s %r is not a string" % (key, e[key])
     if e.get("verification") is not None and not isinstance(e["verification"], dict):
         return "verification is not an object"
+    return lease_problem(e)
+
+
+def lease_problem(doc: Dict[str, Any]) -> Optional[str]:
+    """The lease a checkpoint was committed under (fencing.py), optional: `epoch` a whole number, `holder` a
+    holder's name (both absent or null for one committed without leases)."""
+    from onbox.checkpoints.leases import HOLDER_RE
+
+    epoch, holder = doc.get("epoch"), doc.get("holder")
+    if epoch is not None and not _count(epoch):
+        return "epoch %r is not a whole non-negative number" % (epoch,)
+    if holder is not None and not (isinstance(holder, str) and HOLDER_RE.match(holder)):
+        return "holder %r is not a lease holder's name" % (holder,)
     return None

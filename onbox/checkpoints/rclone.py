@@ -13,7 +13,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from onbox import fsutil, untrusted
 from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest
-from onbox.checkpoints.durable import PARTIAL_MARKER, QUARANTINE_DIR, FileHashes, foreign_entry
+from onbox.checkpoints.durable import (
+    LEASE_MAX_BYTES,
+    LEASES_DIR,
+    PARTIAL_MARKER,
+    QUARANTINE_DIR,
+    FileHashes,
+    foreign_entry,
+)
 from onbox.toolrun import Says, Tool, call, stderr_tail
 
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
@@ -177,6 +184,25 @@ class RcloneTarget:
 
     def put_log(self, local_path: str, name: str) -> None:
         self._rc(["copyto", local_path, "%s/logs/%s" % (self.run_root, name)], nbytes=os.path.getsize(local_path))
+
+    def list_leases(self) -> List[str]:
+        entries = self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), "--files-only")
+        return sorted(str(e.get("Name")) for e in entries or [] if isinstance(e, dict))
+
+    def read_lease(self, name: str) -> bytes:
+        path = "%s/%s/%s" % (self.run_root, LEASES_DIR, name)
+        proc = self._rc(["cat", "--count", str(LEASE_MAX_BYTES + 1), path], check=False, binary=True)
+        if proc.returncode != 0:
+            if not self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), "--files-only", "--include", "/" + name):
+                raise FileNotFoundError(path)
+            self._rc(["cat", "--count", str(LEASE_MAX_BYTES + 1), path], binary=True)  # raise with its message
+        if len(proc.stdout) > LEASE_MAX_BYTES:
+            reason = "is too large (more than %s)" % untrusted.human(LEASE_MAX_BYTES)
+            raise untrusted.UntrustedInput("lease file %s %s" % (path, reason), reason)
+        return bytes(proc.stdout)
+
+    def put_lease(self, name: str, doc: Dict[str, Any]) -> None:
+        self._put_json("%s/%s/%s" % (self.run_root, LEASES_DIR, name), doc)
 
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         """Sizes on the remote against the manifest (a full hash check happens on restore, locally)."""

@@ -9,6 +9,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
+from onbox.checkpoints.fencing import Fenced
 from onbox.checkpoints.index import make_check
 from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
 
@@ -39,8 +40,15 @@ class ResumeMixin:
     _update_status: Callable[..., None]
     _durable_entry: Callable[[Optional[str]], Optional[Dict[str, Any]]]
     _locked: Callable[[], ContextManager[None]]
+    in_lineage: Callable[[Dict[str, Any]], bool]
     scan_now: Callable[..., List[Candidate]]
     join_worker: Callable[[Optional[float]], None]
+    # provided by HolderMixin (holding.py): the run's lineage
+    restorable: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]
+    local_counts: Callable[[], bool]
+    set_aside_foreign: Callable[[Optional[str], Optional[int], Optional[float]], None]
+    note_resumed: Callable[[Optional[str]], None]
+    said_fenced: Callable[..., None]
 
     def restore(self) -> Optional[str]:
         # a restart waits for the commit the previous attempt left in flight (bounded: a hung mount must not
@@ -48,7 +56,9 @@ class ResumeMixin:
         self.join_worker(self.clock.monotonic() + self.cfg.final_sync_timeout)
         # no child runs before an attempt: nothing is being written, so no quiet period (torn files still fail)
         local = self.scan_now(settle=0.0)
-        newest_local = local[-1] if local else None
+        # a local checkpoint newer than the durable ones is this lineage's only if this box held the run last
+        local_ok = self.local_counts()
+        newest_local = local[-1] if local and local_ok else None
         self.resumed = None
         if self._worker is not None and self._worker.is_alive():
             self.ctx.emit("restore_durable_skipped", reason="a commit still runs after %.0f s"
@@ -58,12 +68,15 @@ class ResumeMixin:
             try:
                 with self._locked():
                     self.committer.start()
-                    entries = self.committer.committed()
+                    entries = self.restorable(self.committer.committed())  # this lease's lineage only
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
                     self._record_restore_checks(res)
                     self._quarantine_unusable(res.unusable)
+            except Fenced as e:  # a newer lease holds the run: no attempt starts here (the supervisor ends it)
+                self.said_fenced(e)
+                return None
             except (SyncFailed, OSError) as e:
                 self.ctx.emit("restore_failed", error=str(e), durable=self.target.url if self.target else None)
                 res = None
@@ -71,6 +84,10 @@ class ResumeMixin:
                 self._update_status(restore_rejected=[{"name": n, "problem": p} for n, p in res.rejected])
             if (res is None or not res.path) and newest_local is None:
                 self._say_from_scratch(res)
+            if not local_ok:
+                self.set_aside_foreign(res.path if res is not None else None, res.step if res is not None else None,
+                                       res.created if res is not None else None)
+            self.note_resumed(res.name if res is not None and res.path else None)
             if res is not None and res.path:
                 self._set_aside_torn(res.step, res.created, keep=res.path)
                 self._update_status(latest_durable=self._durable_entry(res.name), verified=True,
@@ -221,7 +238,8 @@ class ResumeMixin:
             try:
                 found += [((e.get("step") if isinstance(e.get("step"), int) else -1), e.get("created") or 0.0,
                            e["name"]) for e in self.committer.committed()
-                          if e["name"] != r["name"] and older(e.get("step"), e.get("created") or 0.0)]
+                          if self.in_lineage(e) and e["name"] != r["name"]
+                          and older(e.get("step"), e.get("created") or 0.0)]
             except (SyncFailed, OSError):
                 pass
         found += [(*order_key(c), c.name) for c in self.cands

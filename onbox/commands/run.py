@@ -30,6 +30,9 @@ def run_options(f: Any) -> Any:
         click.option("--durable", help="Durable target: a mounted path or an rclone remote:path."),
         click.option("--sync-interval", type=float, help="Seconds between commits of a new complete checkpoint "
                      "(%s, default 60)." % _r("sync_interval")),
+        click.option("--lease-ttl", type=float, help="Seconds the run's lease on durable storage stays live after "
+                     "a renewal: while it is, another launch of the run is refused (%s; default max(60, 3 x "
+                     "--sync-interval))." % _r("lease_ttl")),
         click.option("--settle-seconds", type=float, help="A checkpoint untouched this long (and format-valid) "
                      "counts as complete (%s s, default 10)." % _r("settle_seconds")),
         click.option("--keep-last", type=int, help="Committed checkpoints kept newest-first (%s, default 3)."
@@ -109,9 +112,12 @@ def run_options(f: Any) -> Any:
 
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @run_options
+@click.option("--take-over", "take_over", is_flag=True,
+              help="Supersede the live lease another agent holds on the run's --durable (its box was declared "
+                   "lost: `onboxctl keep` passes it): that agent writes nothing more and stops. Needs --durable.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
-        **flags: Any) -> int:
+        take_over: bool, **flags: Any) -> int:
     """Start a supervised run of CMD: `onbox run [OPTIONS] -- CMD [ARGS...]`.
 
     Detaches by default and returns once the child runs, printing the run name, its directory and the PID.
@@ -127,12 +133,19 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     1-10^8, scan_max_depth 1-1000, scan_max_seconds 0.001-3600 (one scan of the checkpoint dir; defaults 500000,
     32, 5)). Booleans are true/false, never numbers.
 
-    Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed, 75 preempted),
-    2 bad input (nothing is created), 3 the box is unfit.
+    With --durable the agent takes the run's lease there first (`<durable>/<run>/leases/`): while another agent's
+    lease is live the launch is refused (exit 2, naming it) unless --take-over; an agent that finds a newer lease
+    writes nothing more, stops its trainer and ends `fenced` (exit 1).
+
+    Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed or fenced, 75
+    preempted), 2 bad input (nothing is created) or another agent holds the run, 3 the box is unfit.
     """
     from onbox.launch.plan import prepare
 
-    plan = prepare(flags, command, run_file, resume_existing)
+    if take_over:
+        click.echo("onbox: warning: --take-over: a live lease another agent holds on the durable storage is "
+                   "superseded; that agent stops at its next check", err=True)
+    plan = prepare(flags, command, run_file, resume_existing, take_over=take_over)
     say_warnings(plan.warnings)
     return _start(plan, foreground, as_json)
 
@@ -189,5 +202,5 @@ def check_run_options(args: List[str]) -> None:
 
     ctx = run.make_context("onbox run", [*args, "--", "true"])
     flags = {k: v for k, v in ctx.params.items()
-             if k not in ("command", "run_file", "foreground", "as_json", "resume_existing")}
+             if k not in ("command", "run_file", "foreground", "as_json", "resume_existing", "take_over")}
     RunConfig.from_dict(cli_layer(flags), "the run options").validate()

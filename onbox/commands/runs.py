@@ -83,6 +83,9 @@ def _summary(rd: Any) -> Dict[str, Any]:
     for key, filename in (("progress", paths.PROGRESS_FILE), ("checkpoint", paths.CHECKPOINT_STATUS_FILE),
                           ("mlflow", paths.MLFLOW_RUN_FILE)):
         state[key] = _read_doc(rd.file(filename))
+    # the run's lease on durable storage (onbox/checkpoints/fencing.py): {epoch, holder, renewed_at, ...}
+    lease = (state.get("checkpoint") or {}).get("lease")
+    state["lease"] = lease if isinstance(lease, dict) else None
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
         state["note"] = "the agent is not running: `onbox adopt %s` re-attaches to a live child" % rd.name
         if records:
@@ -147,6 +150,22 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
     return line
 
 
+def _lease_line(lease: Any, fenced: Any) -> Optional[str]:
+    """The run's lease in words: held (epoch, holder, renewed how long ago), or FENCED by whom."""
+    fence = fenced if isinstance(fenced, dict) else (lease or {}).get("fenced") if isinstance(lease, dict) else None
+    if isinstance(fence, dict):
+        return "FENCED: lease epoch %s of %s%s holds the run now (this agent had epoch %s)" % (
+            fence.get("newer_epoch"), fence.get("newer_holder"),
+            " on %s" % fence["host"] if fence.get("host") else "", fence.get("epoch"))
+    if not isinstance(lease, dict):
+        return None
+    renewed = lease.get("renewed_at")
+    ago = " %.0f s ago" % max(0.0, time.time() - renewed) if isinstance(renewed, (int, float)) else ""
+    return "epoch %s held by %s, renewed%s%s" % (lease.get("epoch"), lease.get("holder"), ago,
+                                                 " (ttl %.0f s)" % lease["ttl"] if isinstance(lease.get("ttl"),
+                                                                                              (int, float)) else "")
+
+
 def _all_runs() -> List[Any]:
     from onbox import paths
     from onbox.supervisor.rundir import RunDir
@@ -195,6 +214,7 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
             doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid") or "-",
             "alive" if doc.get("agent_alive") else "not running"))
         for label, line in (("progress", _progress_line(doc.get("progress"))),
+                            ("lease", _lease_line(doc.get("lease"), doc.get("fenced"))),
                             ("phase", phase_line(doc["phase"]) if isinstance(doc.get("phase"), dict) else None),
                             ("checkpoint", _checkpoint_line(doc.get("checkpoint"))),
                             ("mlflow", (doc.get("mlflow") or {}).get("run_url"))):

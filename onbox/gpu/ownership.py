@@ -24,7 +24,7 @@ from onbox.proc import environ_of, is_alive, read_stat
 from onbox.untrusted import CONFIG_MAX_BYTES
 
 # Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
-TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped"})
+TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped", "fenced"})
 START_SLACK_S = 5.0  # wall-clock slack for the recycled-session guard when only `started_at` is known
 
 

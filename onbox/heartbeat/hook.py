@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("onbox.heartbeat")
 
-ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "crashloop", "succeeded", "exited"}
+ENDED_STATES = {"done", "failed", "stopped", "preempted", "fenced", "crash_loop", "crashloop", "succeeded", "exited"}
 FAILED_STATES = {"failed", "crash_loop", "crashloop"}
 
 
@@ -332,6 +332,8 @@ class HeartbeatHook:
             "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm/job.py); None outside
             "progress": progress,
             "checkpoint": checkpoint,
+            # the run's lease on durable storage (onbox/checkpoints/fencing.py): epoch, holder, renewed_at, fenced
+            "lease": (checkpoint or {}).get("lease") if isinstance((checkpoint or {}).get("lease"), dict) else None,
             "gpus": gpus,
             "host": host,
             "disks": disks,

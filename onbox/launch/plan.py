@@ -22,13 +22,18 @@ class LaunchPlan:
     rd: RunDir
     warnings: List[str] = dataclasses.field(default_factory=list)  # one line each, to say before it starts
     adopt_only: bool = False  # `onbox adopt`: take over the live child, never start one
+    # --take-over: this launch supersedes a live lease another agent holds on the durable storage (that box was
+    # declared lost); for this launch only, never recorded (a relaunch must not inherit it)
+    take_over: bool = False
 
 
 def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[str] = None,
-            resume_existing: bool = False, environ: Optional[Mapping[str, str]] = None) -> LaunchPlan:
+            resume_existing: bool = False, environ: Optional[Mapping[str, str]] = None,
+            take_over: bool = False) -> LaunchPlan:
     """The run of `command` that `onbox run` would start with its option `values` (None or () where not given):
     CLI > ONBOX_* > run file > profile > defaults, or `--name X` alone: X's re-launch record below the flags.
-    `resume_existing` (--resume): a different command under an existing run's name is meant."""
+    `resume_existing` (--resume): a different command under an existing run's name is meant. `take_over`
+    (--take-over): supersede another agent's live lease on the durable storage."""
     from onbox.slurm.job import default_run_name
     from onbox.subsystems import preflight
     from onbox.supervisor.phases import parse_phases
@@ -63,6 +68,10 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
     checks.check_runs_dir(paths.runs_dir())
     if saved is None and not resume_existing:
         checks.check_same_run(cfg, rd)
+    if take_over and not cfg.durable:
+        raise UsageError("--take-over supersedes the lease another agent holds on the run's durable storage, and "
+                         "run %s has no --durable" % cfg.name,
+                         hint="give the run's --durable (leases live there), or drop --take-over")
     # before anything is created or detached: the user sees the error, not a daemon's log
     preflight(cfg, dict(environ))
     warnings = checks.warnings(cli.get("env") or {}, cfg)
@@ -70,7 +79,7 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
         from onbox.multinode.role import save_group
 
         cfg.node_group = save_group(group, cfg.name)
-    return LaunchPlan(cfg, rd, warnings)
+    return LaunchPlan(cfg, rd, warnings, take_over=take_over)
 
 
 def prepare_adopt(name: str) -> LaunchPlan:

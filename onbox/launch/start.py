@@ -3,6 +3,7 @@
 is still alive is re-adopted, never launched twice; a refused start leaves nothing behind."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -80,18 +81,25 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
 
     def agent(ready: Callable[[Dict[str, Any]], None]) -> int:
         from onbox import subsystems
-        from onbox.supervisor.loop import Supervisor, exit_code_for
+        from onbox.supervisor.loop import RunState, Supervisor, exit_code_for
 
         lock.write_owner(os.getpid())
+        lease = None
         try:
+            # the run's lease on durable storage, by this process (the agent) before anything restores or commits
+            lease = subsystems.take_lease(cfg, rd.name, plan.take_over)
             try:
                 # builds the hooks; preflight() caught what it could in the foreground
-                sup = Supervisor(cfg, rd, hooks_factory=subsystems.make_hooks, proc=_container_seam(cfg, rd))
+                hooks = subsystems.make_hooks if lease is None else functools.partial(subsystems.make_hooks,
+                                                                                      lease=lease)
+                sup = Supervisor(cfg, rd, hooks_factory=hooks, proc=_container_seam(cfg, rd))
             except OSError as oe:
                 raise UnfitError("run %s cannot start: %s" % (rd.name, oe), hint="check the permissions of %s" % rd.path)
         except OnboxError as e:
-            if created:  # a refused launch leaves nothing behind
-                shutil.rmtree(rd.path, ignore_errors=True)
+            if lease is not None:
+                lease.close(release=True)  # taken, then the start failed: nothing ran under it
+            if created:  # a refused launch leaves nothing behind (the runs dir too, when it made that)
+                undo()
             ready({"ok": False, "run": rd.name, "error": e.message, "hint": e.hint, "exit": int(e.exit_code)})
             if foreground:
                 raise
@@ -100,7 +108,11 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
                                         "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
                                         "state": s.state.value, "adopted": child is not None,
                                         "error": s.message if s.state.value != "running" else None})
-        return exit_code_for(sup.run(adopt=child))
+        try:
+            return exit_code_for(sup.run(adopt=child))
+        finally:
+            if lease is not None:  # released only when the run ended for good here (an adoptable child keeps it)
+                lease.close(release=sup.state.terminal and sup.state != RunState.FENCED)
 
     if foreground:
         try:

@@ -58,6 +58,9 @@ class PrimaryOnlyCommits:
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         return None
 
+    def fenced(self) -> Optional[Dict[str, Any]]:
+        return None  # only node 0 holds the run's lease; a fenced node 0 stops the group
+
 
 def for_role(inner: Any, role: Optional[NodeRole], emit: Optional[Emit] = None) -> Any:
     """`inner` on the primary (and outside any group); a restore-only wrapper on the other nodes."""
@@ -109,6 +112,9 @@ class GroupPrimary:
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         return self.inner.final(deadline)  # type: ignore[no-any-return]
+
+    def fenced(self) -> Optional[Dict[str, Any]]:
+        return self.inner.fenced()  # type: ignore[no-any-return]
 
 
 class GroupRestore:

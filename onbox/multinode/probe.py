@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from onbox import fsutil, paths
 
 SCHEMA = "onbox.node_probe/1"
-TERMINAL = ("done", "failed", "preempted", "stopped")
+TERMINAL = ("done", "failed", "preempted", "stopped", "fenced")  # RunState's terminal values
 
 
 def addresses() -> List[Dict[str, Any]]:

@@ -181,7 +181,8 @@ class QueueRunner:
         """Its agent ended while no runner watched: a run that finished (done, failed, stopped) is recorded as
         such, never started again; one that was preempted or cut short is started again (it resumes)."""
         doc = RunDir(os.path.join(self.runs_dir, e.name)).read_state() or {}
-        state = {"done": DONE, "failed": FAILED, "stopped": STOPPED}.get(str(doc.get("state")))
+        # fenced: another box holds the run now; starting it here again would only be refused by that lease
+        state = {"done": DONE, "failed": FAILED, "stopped": STOPPED, "fenced": FAILED}.get(str(doc.get("state")))
         if state is None:
             return False
         self.journal.set_state(e, state, message=str(doc.get("message") or ""))

@@ -172,6 +172,8 @@ def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optio
         return False, "node %d is not the primary; node 0 requeues the job" % job.node_id
     if outcome in ("done", "succeeded", "stopped"):
         return False, "the run ended as %s: not requeued" % outcome
+    if outcome == "fenced":  # another agent holds the run's lease: a requeued job would be a second writer
+        return False, "the run was fenced (a newer lease holds it elsewhere): never requeued"
     if outcome != "preempted":
         return False, ("the run ended as %s for its own reasons, not a preemption: not requeued "
                        "(a crash loop is not a preemption)" % outcome)

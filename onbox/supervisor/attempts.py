@@ -164,11 +164,13 @@ class AttemptLauncher:
         started = self.attempts[-1].get("started_at") if self.attempts else None
         return self.journal.clock.time() - started if isinstance(started, (int, float)) else float("inf")
 
-    def finish(self, preempted: bool = False, stopped: bool = False) -> cls.Classification:
-        """The child has ended (or a stop gave up on it): classify and record its exit, stop what it left."""
+    def finish(self, preempted: bool = False, stopped: bool = False,
+               fenced: Optional[Dict[str, Any]] = None) -> cls.Classification:
+        """The child has ended (or a stop gave up on it): classify and record its exit, stop what it left.
+        `fenced`: the stop was a fence's (the fenced event's fields)."""
         status = self.exit_status or ExitStatus()
         result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
-                              preempted=preempted, stopped=stopped)
+                              preempted=preempted, stopped=stopped, fenced=fenced)
         rec = self.attempts[-1]
         rec.update(ended_at=self.journal.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
@@ -179,6 +181,11 @@ class AttemptLauncher:
         self.child = None
         self.exit_status = None
         return result
+
+    def record_fence(self, fence: Dict[str, Any]) -> None:
+        """A fence while no child runs (a backoff, or before an attempt): the run's last exit says so."""
+        self.last_exit = cls.fenced_exit(None, fence).to_dict()
+        self.journal.emit("exit", **self.last_exit)
 
     def _stop_leftovers(self, attempt: Dict[str, Any]) -> None:
         """Stop what an attempt left running: its session, and what left the session (its tracked tree and the

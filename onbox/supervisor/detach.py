@@ -21,12 +21,13 @@ from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
 from onbox.supervisor.rundir import RunDir
+from onbox.supervisor.state import TERMINAL_VALUES
 
 if TYPE_CHECKING:
     from onbox.supervisor.hooks import Hooks, RunContext
     from onbox.supervisor.state import RunState
 
-TERMINAL = ("done", "failed", "preempted", "stopped")
+TERMINAL = TERMINAL_VALUES  # done, failed, preempted, stopped, fenced
 
 
 class RunLock:

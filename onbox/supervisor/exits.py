@@ -22,6 +22,7 @@ DISK_FULL = "disk_full"
 GPU_ERROR = "gpu_error"
 PREEMPTED = "preempted"
 STOPPED = "stopped"
+FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
 UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
 
 # U10: CUDA OOM is not host OOM; the fit-it ladder is the fix.
@@ -66,7 +67,7 @@ class Classification:
 
     @property
     def failed(self) -> bool:
-        return self.classification not in (SUCCESS, PREEMPTED, STOPPED)
+        return self.classification not in (SUCCESS, PREEMPTED, STOPPED, FENCED)
 
     @property
     def loop_key(self) -> str:
@@ -93,10 +94,27 @@ def oom_kill_count(root: str = "/", pid: str = "self") -> Optional[int]:
     return read_cgroup(root=root, pid=pid).oom_kill
 
 
+def fenced_exit(status: Optional[ExitStatus], fence: Dict[str, Any]) -> Classification:
+    """The exit of a run a newer lease took over (`fence`: the fenced event's fields); `status` None: no child
+    was running (a backoff, or before the attempt started)."""
+    where = fence.get("newer_holder") or "?"
+    if fence.get("host"):
+        where = "%s (%s)" % (where, fence["host"])
+    what = "the child was stopped (%s)" % describe_status(status) if status is not None else "no child was running"
+    return Classification(FENCED, status.code if status else None, status.signal if status else None,
+                          "fenced: lease epoch %s of %s holds the run now (this agent's was epoch %s); %s" % (
+                              fence.get("newer_epoch"), where, fence.get("epoch"), what),
+                          "the run continues on %s; nothing to do on this box" % where)
+
+
 def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optional[int] = None,
-             oom_after: Optional[int] = None, preempted: bool = False, stopped: bool = False) -> Classification:
-    """Turn an exit status plus evidence into a Classification with a message and a hint."""
+             oom_after: Optional[int] = None, preempted: bool = False, stopped: bool = False,
+             fenced: Optional[Dict[str, Any]] = None) -> Classification:
+    """Turn an exit status plus evidence into a Classification with a message and a hint. `fenced`: the stop was
+    a fence's (its event's fields)."""
     code, sig = status.code, status.signal
+    if fenced is not None:
+        return fenced_exit(status, fenced)
     if preempted:
         return Classification(PREEMPTED, code, sig, "preempted: checkpoint requested, child ended (%s)"
                               % describe_status(status),

@@ -66,6 +66,11 @@ class CheckpointHook(Protocol):
         checkpoint that can finish before `deadline` (a monotonic time). Returns a summary (name, step, durable
         path) or None when nothing was committed."""
 
+    def fenced(self) -> Optional[Dict[str, Any]]:
+        """Asked every loop step, cheap: None while this agent holds the run's lease; once a newer lease holds it
+        (for good), what the `fenced` event said: {epoch, newer_epoch, newer_holder, host, ...}. The supervisor
+        then stops the run and ends FENCED; the hook writes nothing more to durable storage."""
+
 
 class TelemetryHook(Protocol):
     def on_output(self, line: str) -> None:
@@ -116,6 +121,9 @@ class NoCheckpoints:
         return None
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        return None
+
+    def fenced(self) -> Optional[Dict[str, Any]]:
         return None
 
 

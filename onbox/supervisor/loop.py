@@ -1,12 +1,13 @@
 """The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
 PyTorch's elastic agent's `_invoke_run`).
 
-Each step observes (signals, notices, stop.request, the child's output and exit, the trainer's progress) and acts on
-the state: start an attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or step
-a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). The trainer's progress is
-parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read through RunContext; each record
-goes to the telemetry hook and the curriculum. Events, state and progress writes go through the journal
-(journal.py); shutdown happens in `finally`.
+Each step observes (signals, notices, stop.request, a fence, the child's output and exit, the trainer's progress) and
+acts on the state: start an attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or
+step a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). A fence (the
+checkpoint hook's `fenced()`: a newer lease holds the run on durable storage) is a stop like a notice's and ends
+FENCED. The trainer's progress is parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read
+through RunContext; each record goes to the telemetry hook and the curriculum. Events, state and progress writes go
+through the journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
@@ -112,6 +113,7 @@ class Supervisor:
                                    self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         self.stop: Optional[NoticeStop] = None
+        self.fence: Optional[Dict[str, Any]] = None  # a newer lease holds the run (the fenced event's fields)
         self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
@@ -155,6 +157,7 @@ class Supervisor:
             "message": self.message, "log": self.rd.log_path, "current_sid": cur.get("sid") if self.child else None,
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
             "degraded": self.journal.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
+            "fenced": self.fence,
             **self.journal.notes.to_state(),
             **self.phases.state_fields(),
         }
@@ -259,12 +262,27 @@ class Supervisor:
         for lead, src, detail in self.notices.drain():
             self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
+        self._look_for_fence(now_m, now_w)
         self.launcher.poll()  # the output: each line to _on_line
         for fields in self.progress.read_metrics_file():
             self._on_progress(fields)
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
+
+    def _look_for_fence(self, now_m: float, now_w: float) -> None:
+        """The checkpoint hook's answer (cheap: its lease thread and every write look at durable storage): once a
+        newer lease holds the run, the run stops and ends FENCED."""
+        fenced = getattr(self.hooks.checkpoints, "fenced", None)  # a hook without it (a test double) never fences
+        fence = self._hook("checkpoints.fenced", fenced) if self.fence is None and fenced is not None else None
+        if fence:
+            self.fence = dict(fence)
+            self._log("fenced: lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
+                                                                    fence.get("newer_holder")))
+            self.intake.on_fence(self.fence, now_m, now_w)
+            if self.stop is not None:  # a stop already under way (a preemption): it ends fenced, sooner
+                self.stop.fenced(self.fence, now_m + self.intake.fence_grace())
+            self.journal.save()
 
     def _on_line(self, line: str) -> None:
         self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
@@ -296,6 +314,9 @@ class Supervisor:
         self.launcher.clear_last()
         self._hook("reaper.before_attempt", self.hooks.reaper.before_attempt, earlier)
         resume_from = self._hook("checkpoints.restore", self.hooks.checkpoints.restore) or None
+        self._look_for_fence(self.clock.monotonic(), self.clock.time())
+        if self.fence is not None:  # the restore found a newer lease: no attempt starts
+            return self._end(RunState.FENCED, "fenced")
         command, resume_args, phase_env = self.phases.attempt(self.cfg.command, self.cfg.resume_args, resume_from)
         failure = self.launcher.start(command, resume_args, phase_env, resume_from)
         if failure is not None:
@@ -345,12 +366,17 @@ class Supervisor:
         notice = self.notice
         assert notice is not None
         self.journal.keep(paths.PREEMPT_FILE, lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
-        self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(), self.cfg.sync_reserve,
+        # a fence's stop keeps no reserve: nothing is committed after a fence
+        self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(),
+                               None if self.fence is not None else self.cfg.sync_reserve,
                                self.checkpoint_signal, self.launcher, self._final)
+        self.stop.fence = self.fence
         self.stop.begin()
         self.transition(RunState.STOPPING, reason="notice from %s" % notice.source)
 
     def _end_stopping(self) -> None:
+        if self.fence is not None:
+            return self._end_fenced()
         if self.intake.by_request:
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
@@ -364,7 +390,22 @@ class Supervisor:
         the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
         self.message = message
         self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self._look_for_fence(self.clock.monotonic(), self.clock.time())
+        if self.fence is not None:  # the final commit found a newer lease: the run is another box's now
+            return self._end_fenced(final_done=True)
         self.transition(state, reason=message if reason is None else reason, **fields)
+
+    def _end_fenced(self, final_done: bool = False) -> None:
+        """FENCED: exit 1, last_exit says fenced (also when no child was running to be stopped). The commit in
+        flight is waited for (bounded): it ends refused at its next lease check, or its manifest was written
+        before (a race-window orphan the new holder quarantines); the hook commits nothing new."""
+        if not final_done:
+            self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        if (self.launcher.last_exit or {}).get("classification") != "fenced":
+            self.launcher.record_fence(self.fence or {})
+        self.message = "fenced: %s" % (self.launcher.last_exit or {}).get("hint")
+        self.transition(RunState.FENCED, reason="fenced", newer_epoch=(self.fence or {}).get("newer_epoch"),
+                        newer_holder=(self.fence or {}).get("newer_holder"))
 
     def _final(self, deadline: float, **fields: Any) -> None:
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)

@@ -1,8 +1,9 @@
 """A notice's stop, from what asks for it to the child gone.
 
-`NoticeIntake` turns what asks the run to stop (a preemption signal, a cloud or peer notice, `onbox stop`) into
-the run's one PreemptionNotice (preempt.py), its deadline set by the grace (stop.py): the first wins, a later one
-is recorded as ignored. `NoticeStop` acts that notice's timeline (stop.ChildStop) out on the current attempt
+`NoticeIntake` turns what asks the run to stop (a preemption signal, a cloud or peer notice, `onbox stop`, a fence:
+a newer lease on durable storage) into the run's one PreemptionNotice (preempt.py), its deadline set by the grace
+(stop.py): the first wins, a later one is recorded as ignored (a fence is remembered all the same: the run then
+ends FENCED, whatever stop was under way). `NoticeStop` acts that notice's timeline (stop.ChildStop) out on the current attempt
 while the loop is in STOPPING.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class NoticeIntake:
         self.tell_peers = tell_peers
         self.notice: Optional[PreemptionNotice] = None
         self.by_request = False  # the notice is `onbox stop`'s: the run ends STOPPED, not PREEMPTED
+        self.fence: Optional[Dict[str, Any]] = None  # a newer lease holds the run: it ends FENCED
         self._asked: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (ask)
 
     def poller(self, put: Callable[[Tuple[Optional[float], str, str]], None]) -> MetadataPoller:
@@ -74,6 +76,20 @@ class NoticeIntake:
     def on_notice(self, lead: Optional[float], source: str, detail: str, now_m: float, now_w: float) -> None:
         """A notice from the metadata poller or a peer node, `lead` seconds before the kill (None: unknown)."""
         self._take(PreemptionNotice(source, now_m + grace_for(self.grace, lead), now_w, detail))
+
+    def fence_grace(self) -> float:
+        """A fence's stop: the grace, at most half a sync interval."""
+        return grace_for(self.grace, max(0.0, self.cfg.sync_interval / 2.0))
+
+    def on_fence(self, fence: Dict[str, Any], now_m: float, now_w: float) -> None:
+        """A newer lease holds the run (`fence`: the fenced event's fields): its trainer works for nothing, so it
+        stops within half a sync interval (the fence was seen within the other half), and nothing is committed."""
+        if self.fence is not None:
+            return
+        self.fence = fence
+        self._take(PreemptionNotice("fenced", now_m + self.fence_grace(), now_w,
+                                    "lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
+                                                                            fence.get("newer_holder"))))
 
     def ask(self, grace: Optional[float] = None) -> None:
         """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
@@ -116,9 +132,11 @@ class NoticeStop:
     (`signal_forwarded`); at the reserve mark the final commit, then TERM when the checkpoint signal was another
     (`escalated`); KILL at the deadline (`escalated`). Once the child is gone (or when there was none: a stop
     during a backoff) its exit is recorded (preempted, or stopped for `onbox stop`, whose stop.request then goes)
-    and the final commit runs again while time is left. `commit(deadline)`: the final commit."""
+    and the final commit runs again while time is left. `commit(deadline)`: the final commit. `fence`: set once a
+    newer lease holds the run (the loop sets it, also during another stop): the exit is recorded as fenced and
+    nothing is committed."""
 
-    def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: float,
+    def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: Optional[float],
                  checkpoint_signal: signal.Signals, launcher: AttemptLauncher, commit: Callable[[float], None]) -> None:
         self.by_request = by_request
         self.timeline = ChildStop(since, notice.deadline, reserve)
@@ -126,6 +144,13 @@ class NoticeStop:
         self.launcher = launcher
         self.commit = commit
         self.emit = launcher.journal.emit
+        self.fence: Optional[Dict[str, Any]] = None
+
+    def fenced(self, fence: Dict[str, Any], deadline: float) -> None:
+        """A fence arrived while this stop was under way: it ends fenced, and no later than `deadline` (the
+        trainer's checkpoint is of no use now)."""
+        self.fence = fence
+        self.timeline.deadline = min(self.timeline.deadline, deadline)
 
     def begin(self) -> None:
         if self.launcher.running:
@@ -136,10 +161,10 @@ class NoticeStop:
         """Act on what is due now; True once the child is gone and the stop is over."""
         if not self.launcher.running:
             if self.launcher.child is not None:
-                self.launcher.finish(preempted=not self.by_request, stopped=self.by_request)
+                self.launcher.finish(preempted=not self.by_request, stopped=self.by_request, fenced=self.fence)
             # When the reserve forced an early commit, the trainer may have saved since: commit again while time
             # is left (the hook skips what is already committed).
-            if self.timeline.exited(now):
+            if self.timeline.exited(now) and self.fence is None:
                 self.commit(self.timeline.deadline)
             if self.by_request:  # `onbox stop` is answered: its request goes
                 try:

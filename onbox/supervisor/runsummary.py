@@ -19,6 +19,7 @@ STATE_MEANING = {
     "failed": "failed; not restarting",
     "preempted": "stopped for a preemption, after its final commit",
     "stopped": "stopped on request",
+    "fenced": "stopped: another agent took the run over (a newer lease on durable storage)",
 }
 LIVE = ("starting", "running", "backoff", "stopping")
 
@@ -48,6 +49,8 @@ def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None
         return "fix the cause (the last exit below), then relaunch with %s" % relaunch
     if st == "stopped":
         return "relaunch with %s when you want it back: %s" % (relaunch, resumes)
+    if st == "fenced":
+        return (state.get("last_exit") or {}).get("hint") or "nothing on this box: the run continues elsewhere"
     if st == "preempted":
         requeue = state.get("requeue") or {}
         if requeue.get("ok"):

@@ -8,12 +8,18 @@ class RunState(str, enum.Enum):
     """The run's lifecycle. Transitions (anything else raises IllegalTransition):
 
     STARTING  -> RUNNING (the attempt's child was spawned) | FAILED (it could not be started)
+                 | FENCED (a newer lease holds the run: no attempt starts)
     RUNNING   -> BACKOFF (it exited and the policy restarts it) | DONE | FAILED | STOPPING (a notice or stop)
                  | STARTING (a phase of a [[phase]] curriculum ended: the next phase's attempt starts at once, from
                    the ended phase's final checkpoint; not a restart, no backoff; phases.py)
+                 | FENCED (the child had ended, and the final commit found a newer lease: nothing left to stop)
     BACKOFF   -> STARTING (the backoff elapsed) | STOPPING (a notice or stop while waiting)
     STOPPING  -> PREEMPTED (notice handled: checkpoint committed, exit 75) | STOPPED (`onbox stop`)
-    DONE, FAILED, PREEMPTED, STOPPED are terminal. A supervisor starts in STARTING, or RUNNING when it adopts.
+                 | FENCED (a newer lease holds the run: its trainer stopped, nothing committed, exit 1)
+    DONE, FAILED, PREEMPTED, STOPPED, FENCED are terminal. A supervisor starts in STARTING, or RUNNING when it
+    adopts. A fence (a newer lease on durable storage: another agent took the run over) becomes a stop like a
+    notice's, with a grace of at most half a sync interval and no final commit; the run ends FENCED whatever
+    stop was under way. A relaunch on this box is refused by the newer holder's live lease.
     """
 
     STARTING = "starting"
@@ -24,18 +30,21 @@ class RunState(str, enum.Enum):
     FAILED = "failed"
     PREEMPTED = "preempted"
     STOPPED = "stopped"
+    FENCED = "fenced"
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED)
+        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED, RunState.FENCED)
 
 
 TRANSITIONS = {
-    RunState.STARTING: (RunState.RUNNING, RunState.FAILED),
-    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING, RunState.STARTING),
+    RunState.STARTING: (RunState.RUNNING, RunState.FAILED, RunState.FENCED),
+    RunState.RUNNING: (RunState.BACKOFF, RunState.DONE, RunState.FAILED, RunState.STOPPING, RunState.STARTING,
+                       RunState.FENCED),
     RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
-    RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED),
+    RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED, RunState.FENCED),
 }
+TERMINAL_VALUES = tuple(s.value for s in RunState if s.terminal)  # what state.json says of a run that ended
 
 
 class IllegalTransition(RuntimeError):
@@ -51,7 +60,7 @@ def check_transition(old: RunState, new: RunState) -> None:
 
 
 def exit_code_for(state: RunState) -> int:
-    """0 done/stopped · 1 failed · 75 preempted (README, exit codes)."""
+    """0 done/stopped · 1 failed or fenced · 75 preempted (README, exit codes)."""
     from onbox.errors import ExitCode
 
     return int({RunState.DONE: ExitCode.OK, RunState.STOPPED: ExitCode.OK, RunState.FAILED: ExitCode.JOB_FAILED,

@@ -232,7 +232,7 @@ class AlertEngine:
         return [merged[k] for k in sorted(merged)]
 
 
-NOT_FAILURES = ("success", "preempted", "stopped", "unknown")
+NOT_FAILURES = ("success", "preempted", "stopped", "fenced", "unknown")
 
 
 def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[Alert]:

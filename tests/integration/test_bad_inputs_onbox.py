@@ -560,6 +560,24 @@ ROWS += [  # issue 19: what run refuses before it starts
         files=run_file("[run]\ndurable = '%s'\n" % ("~/" + "u" * 256))),
 ]
 
+LEASE = "dur/x/leases/0000000001.gpu9-00000000-00000000.json"
+LIVE_LEASE = json.dumps({"schema": "onbox.lease/1", "run": "x", "epoch": 1, "holder": "gpu9-00000000-00000000",
+                         "host": "gpu9", "agent": {"pid": 1, "start_time": None}, "taken_at": 1.0,
+                         "renewed_at": 4102444800.0, "ttl": 60.0, "base": [], "resumed_from": None,
+                         "released_at": None})  # renewed "in 2100": live whenever this runs
+DURABLE = ["run", "--name", "x", "--durable", "{tmp}/dur", *CMD]
+ROWS += [  # issue 21: leases
+    row("lease-corrupt", DURABLE, 2, "cannot be read: lease file", files={LEASE: "{not json"}),
+    row("lease-deep", DURABLE, 2, "nests more than 64 levels", files={LEASE: DEEP_JSON}),
+    row("lease-huge", DURABLE, 2, "too large", files={LEASE: " " * (5 << 20)}),
+    row("lease-fifo", DURABLE, 2, "FIFO", files={LEASE: FIFO}),
+    row("lease-dev-zero", DURABLE, 2, "character device", files={LEASE: ZERO}),
+    row("lease-other-run", DURABLE, 2, "a lease of run 'y'", files={LEASE: LIVE_LEASE.replace('"x"', '"y"')}),
+    row("lease-held-by-another", DURABLE, 2, "held by another agent: gpu9-00000000-00000000 on gpu9",
+        files={LEASE: LIVE_LEASE}),
+    row("lease-take-over-no-durable", ["run", "--name", "x", "--take-over", *CMD], 2, "--take-over"),
+]
+
 
 def _fill(value: str, tmp: str, home: str) -> str:
     return value.replace("{tmp}", tmp).replace("{home}", home)

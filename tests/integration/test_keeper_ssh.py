@@ -8,12 +8,10 @@ ONBOX_RESUME_FROM, logs every start to a trace file the boxes share).
 - preempted with the box still up: relaunched on the same box; the spare is not even looked at;
 - no usable spare (it fails `onbox audit`) and a provision command that fails every way (exits 1, prints garbage,
   hangs): `keep --once` from cron ends the run failed_no_resource, exit 1; nothing launched, nothing deleted;
-- the keeper SIGKILLed while its launch on the spare is in flight, then started again: one launch.
-
-`onbox run --take-over` belongs to the agent half of issue 21. Until the pyz has it, a spare's `python` in the
-inventory is a wrapper (Rig.wrapper) that logs the flag and drops it before starting the real agent; the tests then
-check the keeper passed it. The lease and fencing assertions need that half (AGENT_LEASES: skipped with the reason
-until the pyz has `--take-over`); KEEP_TEST_AGENT_PYZ=PATH runs this file against another build of the agent.
+- the keeper SIGKILLed while its launch on the spare is in flight, then started again: one launch;
+- leases: the recovered run holds a newer lease than the lost box's; a partitioned box is recovered elsewhere with
+  --take-over and, after the heal, its agent sees the newer lease and ends `fenced`, and nothing it committed after
+  the takeover is ever restored.
 """
 from __future__ import annotations
 
@@ -42,11 +40,6 @@ RUN = "kp"
 TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "keep_trainer.py")
 
 
-def agent_knows(pyz: str, flag: str) -> bool:
-    r = subprocess.run([sys.executable, pyz, "run", "--help"], capture_output=True, text=True, timeout=60)
-    return flag in r.stdout
-
-
 class Rig:
     """One test's controller side: its config dir, ssh control dir, durable dir and trace; and what it started."""
 
@@ -57,14 +50,12 @@ class Rig:
         self.cfg = str(tmp_path / "cfg")
         self.durable = str(tmp_path / "durable")
         self.trace = str(tmp_path / "trace.jsonl")
-        self.took_over = str(tmp_path / "take-over.log")
         os.makedirs(self.durable)
         self.env = subprocess_env({"ONBOX_CONFIG_DIR": self.cfg, "ONBOX_SSH_CONTROL_DIR": self.cm, "ONBOX_PYZ": pyz,
                                    "ONBOX_SSH_CONNECT_TIMEOUT": "3", "ONBOX_SSH_ALIVE_INTERVAL": "1",
                                    "ONBOX_SSH_ALIVE_COUNT": "2"})
         self.keepers: List[subprocess.Popen] = []
         self.boxes: Dict[str, Any] = {}
-        self.take_over_native = agent_knows(pyz, "--take-over")
 
     def ctl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         r = subprocess.run([sys.executable, "-m", "controller", *args], env=self.env, capture_output=True, text=True,
@@ -74,16 +65,12 @@ class Rig:
         return r
 
     def wrapper(self, name: str, slow_run: float = 0.0, marker: Optional[str] = None) -> str:
-        """A `python` for a box: drops --take-over while the agent lacks it (logging that it came), and may take
-        `slow_run` seconds before an `onbox run` starts (a slow box), marking each such start in `marker`."""
+        """A `python` for a box that takes `slow_run` seconds before an `onbox run` starts (a slow box), marking each
+        such start in `marker`."""
         path = str(self.tmp / ("py-" + name))
         lines = ["#!/bin/sh"]
         if marker:
             lines.append('[ "$2" = run ] && { echo run >> %s; sleep %s; }' % (marker, slow_run))
-        if not self.take_over_native:
-            lines += ["for a do", "  shift",
-                      '  if [ "$a" = --take-over ]; then echo "$*" >> %s; continue; fi' % self.took_over,
-                      '  set -- "$@" "$a"', "done"]
         lines.append('exec %s "$@"' % sys.executable)
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -93,7 +80,7 @@ class Rig:
     def add(self, name: str, box: Any, pool: Optional[str] = None, python: Optional[str] = None) -> None:
         e = box.inventory_entry()
         argv = ["box", "add", name, "--host", e["host"], "--port", str(e["port"]), "--user", "root",
-                "--identity", e["identity"], "--python", python or self.wrapper(name)]
+                "--identity", e["identity"], "--python", python or sys.executable]
         for o in e["options"]:
             argv += ["--ssh-option", o]
         self.ctl(*argv, *(["--pool", pool] if pool else []))
@@ -178,20 +165,16 @@ class Rig:
         close_masters(self.cm)
         shutil.rmtree(self.cm, ignore_errors=True)
 
-    def pass_took_over(self) -> bool:
-        if self.take_over_native:
-            return True
-        try:
-            with open(self.took_over) as f:
-                return "run" in f.read()
-        except OSError:
-            return False
+    def took_over(self, name: str) -> bool:
+        """Whether the agent on box `name` took the run's lease over from an earlier holder (its `lease_taken` event
+        names the lease it superseded)."""
+        return any(e.get("type") == "lease_taken" and (e.get("previous") or {}).get("epoch") is not None
+                   for e in _events(self.boxes[name]))
 
 
 @pytest.fixture
 def rig(tmp_path, onbox_pyz):
-    # KEEP_TEST_AGENT_PYZ: run these tests against another build of the agent (e.g. its lease branch's)
-    r = Rig(tmp_path, os.environ.get("KEEP_TEST_AGENT_PYZ") or onbox_pyz)
+    r = Rig(tmp_path, onbox_pyz)
     yield r
     r.close()
 
@@ -240,7 +223,7 @@ def test_a_box_that_dies_is_recovered_on_a_spare_and_resumes_at_the_newest_durab
         assert times == sorted(times) and last["kind"] == "elsewhere" and last["take_over"] is True
         assert last["resume_step"] == newest and last["first_step"] > newest
         assert "its beats are late" in last["reason"] or "its beats are silent" in last["reason"], last["reason"]
-        assert rig.pass_took_over()  # the keeper launched with --take-over
+        assert rig.took_over("s0")  # the spare's agent superseded b0's lease
         wait_for(lambda: rig.state("s0").get("state") == "running", 30, "the spare's run running")
         # the beats go on under the same run, from the spare now; every decision is in the tracker with its time
         boxes = wait_for(lambda: (lambda b: b if "s0" in b else None)(
@@ -348,9 +331,6 @@ def test_a_keeper_killed_while_its_launch_is_in_flight_finishes_with_one_launch(
     assert any("not launched again" in e["text"] for e in rec["events"]), rec["events"]
 
 
-AGENT_LEASES = "waits for the agent half of issue 21 (`onbox run --take-over`, leases in <durable>/<run>/leases/)"
-
-
 def _events(box: Any) -> List[Dict[str, Any]]:
     try:
         with open(os.path.join(box.home, ".onbox", "runs", RUN, "events.jsonl")) as f:
@@ -360,8 +340,6 @@ def _events(box: Any) -> List[Dict[str, Any]]:
 
 
 def test_the_recovered_run_holds_the_newer_lease(netns_boxes, rig):
-    if not rig.take_over_native:
-        pytest.skip(AGENT_LEASES)
     b0, s0 = netns_boxes(2)
     rig.add("b0", b0)
     rig.add("s0", s0, pool="p")
@@ -409,12 +387,10 @@ def test_a_partitioned_box_is_recovered_elsewhere_and_fenced_after_the_heal(netn
     try:
         rig.keeper()
         rec = wait_for(lambda: _recovered(rig), 120, "the recovery on the spare", 0.3)
-        assert rec["boxes"] == ["s0"] and rec["history"][-1]["take_over"] and rig.pass_took_over()
+        assert rec["boxes"] == ["s0"] and rec["history"][-1]["take_over"]
         assert "failed ssh for" in rec["history"][-1]["reason"]
     finally:
         subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "up"], check=True)  # the heal
-    if not rig.take_over_native:
-        pytest.skip("the keeper's half passed; b0 fenced after the heal " + AGENT_LEASES)
     wait_for(lambda: rig.state("b0").get("state") == "fenced", 60, "b0 fenced after the heal")
     takeover = rig.starts()[-1]
     assert takeover["box"] == "s0"

@@ -28,8 +28,9 @@ def test_every_state_has_documented_transitions_and_illegal_ones_name_the_allowe
     with pytest.raises(IllegalTransition, match=r"none \(terminal\)"):
         check_transition(RunState.DONE, RunState.STARTING)
     assert {s for s in RunState if s.terminal} == {RunState.DONE, RunState.FAILED, RunState.PREEMPTED,
-                                                  RunState.STOPPED}
-    assert [exit_code_for(s) for s in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED)] == [0, 1, 75]
+                                                  RunState.STOPPED, RunState.FENCED}
+    assert [exit_code_for(s) for s in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.FENCED)] == [
+        0, 1, 75, 1]
 
 
 @pytest.mark.parametrize("line, kind", [
