@@ -16,18 +16,21 @@ from typing import Dict, Optional
 import pytest
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class RcloneSftp:
-    def __init__(self, tmp: str) -> None:
+    """`host`: the address it listens on (127.0.0.1; a network-namespace bridge's host address serves the boxes)."""
+
+    def __init__(self, tmp: str, host: str = "127.0.0.1") -> None:
         self.tmp = tmp
+        self.host = host
         self.root = os.path.join(tmp, "served")
         os.makedirs(self.root, exist_ok=True)
-        self.port = free_port()
+        self.port = free_port(host)
         self.key = os.path.join(tmp, "hostkey")
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.key], check=True, timeout=30)
         self.password = "onbox-test"
@@ -36,13 +39,14 @@ class RcloneSftp:
                                   check=True, timeout=30).stdout.strip()
         self.env: Dict[str, str] = {
             "RCLONE_CONFIG_%s_TYPE" % self.name: "sftp",
-            "RCLONE_CONFIG_%s_HOST" % self.name: "127.0.0.1",
+            "RCLONE_CONFIG_%s_HOST" % self.name: host,
             "RCLONE_CONFIG_%s_PORT" % self.name: str(self.port),
             "RCLONE_CONFIG_%s_USER" % self.name: "u",
             "RCLONE_CONFIG_%s_PASS" % self.name: obscured,
             "RCLONE_CONFIG": os.path.join(tmp, "rclone.conf"),  # an empty config: nothing from the user's
             "RCLONE_CACHE_DIR": os.path.join(tmp, "cache"),
         }
+        self._obscured = obscured
         self.proc: Optional[subprocess.Popen] = None
         self.log = os.path.join(tmp, "serve.log")
 
@@ -50,6 +54,12 @@ class RcloneSftp:
     def remote(self) -> str:
         """The durable spec for onbox: `<name>:dur` (the served dir's `dur` subdir)."""
         return self.name.lower() + ":dur"
+
+    def config_section(self) -> str:
+        """The remote as an rclone.conf section: what a box keeps in ~/.config/rclone/rclone.conf (its ssh
+        sessions carry none of this machine's RCLONE_CONFIG_* variables)."""
+        return "[%s]\ntype = sftp\nhost = %s\nport = %d\nuser = u\npass = %s\n" % (
+            self.name.lower(), self.host, self.port, self._obscured)
 
     @property
     def durable_root(self) -> str:
@@ -59,7 +69,7 @@ class RcloneSftp:
         env = dict(os.environ, **self.env)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                ["rclone", "serve", "sftp", self.root, "--addr", "127.0.0.1:%d" % self.port, "--user", "u",
+                ["rclone", "serve", "sftp", self.root, "--addr", "%s:%d" % (self.host, self.port), "--user", "u",
                  "--pass", self.password, "--key", self.key, "-v"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
@@ -68,7 +78,7 @@ class RcloneSftp:
                 with open(self.log, encoding="utf-8", errors="replace") as f:
                     raise RuntimeError("rclone serve sftp exited: %s" % f.read()[-2000:])
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection((self.host, self.port), timeout=1):
                     return
             except OSError:
                 time.sleep(0.05)

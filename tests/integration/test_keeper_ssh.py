@@ -11,7 +11,8 @@ ONBOX_RESUME_FROM, logs every start to a trace file the boxes share).
 - the keeper SIGKILLed while its launch on the spare is in flight, then started again: one launch;
 - leases: the recovered run holds a newer lease than the lost box's; a partitioned box is recovered elsewhere with
   --take-over and, after the heal, its agent sees the newer lease and ends `fenced`, and nothing it committed after
-  the takeover is ever restored.
+  the takeover is ever restored; with the storage cut too (the durable target an rclone sftp remote served on
+  this machine, out of the cut box's reach), the cut box's first write after the heal is refused by its lease check.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class Rig:
         self.durable = str(tmp_path / "durable")
         self.trace = str(tmp_path / "trace.jsonl")
         os.makedirs(self.durable)
+        self.durable_spec = self.durable  # what --durable says (an rclone remote for the storage-cut partition)
         self.env = subprocess_env({"ONBOX_CONFIG_DIR": self.cfg, "ONBOX_SSH_CONTROL_DIR": self.cm, "ONBOX_PYZ": pyz,
                                    "ONBOX_SSH_CONNECT_TIMEOUT": "3", "ONBOX_SSH_ALIVE_INTERVAL": "1",
                                    "ONBOX_SSH_ALIVE_COUNT": "2"})
@@ -86,12 +88,12 @@ class Rig:
         self.ctl(*argv, *(["--pool", pool] if pool else []))
         self.boxes[name] = box
 
-    def launch(self, box: str, *extra: str) -> None:
-        self.ctl("run", box, "--name", RUN, "--durable", self.durable, "--recover", "pool:p", "--workdir",
+    def launch(self, box: str, *extra: str, interval: float = 0.05, save_every: int = 5) -> None:
+        self.ctl("run", box, "--name", RUN, "--durable", self.durable_spec, "--recover", "pool:p", "--workdir",
                  str(self.tmp), "--heartbeat-interval", "1", "--sync-interval", "0.3", "--set", "settle_seconds=0.3",
                  "--set", "notice_source=none", "--max-restarts", "0", "--lost-after", "3s", "--backoff", "0.5s",
                  "--max-at-risk", "1h", *extra, "--", sys.executable, TRAINER, "--steps", "100000",
-                 "--interval", "0.05", "--save-every", "5", "--trace", self.trace)
+                 "--interval", str(interval), "--save-every", str(save_every), "--trace", self.trace)
 
     def keeper(self, *args: str) -> subprocess.Popen:
         with open(str(self.tmp / "keep.out"), "ab") as out:  # the child keeps its own copy of the fd
@@ -405,3 +407,58 @@ def test_a_partitioned_box_is_recovered_elsewhere_and_fenced_after_the_heal(netn
             if doc.get("step") == step:
                 stamped.append((step, doc.get("epoch")))
     assert all(epoch != 1 or step <= takeover["start"] for step, epoch in stamped), stamped
+
+
+def test_a_partitioned_box_whose_storage_is_cut_too_is_refused_its_first_write_after_the_heal(netns_boxes, rig,
+                                                                                                 tmp_path):
+    """Partition, storage cut too: the durable target is an rclone sftp remote served on this machine's bridge
+    address, which the cut box cannot reach either. b0 trains and commits; its link is cut (ssh and storage); the
+    keeper recovers on the spare, whose agent takes the newer lease through rclone. After the heal, b0's first write
+    to durable storage meets the lease check: it commits nothing, stops its trainer and ends `fenced`."""
+    from tests.hosts.rclone import RcloneSftp
+
+    if shutil.which("rclone") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("rclone/ssh-keygen not installed: run `make sysdeps` (build/sysdeps.sh)")
+    b0, s0 = netns_boxes(2)
+    server = RcloneSftp(str(tmp_path / "rclone"), host=b0.netns.host_addr)
+    server.start()
+    try:
+        for box in (b0, s0):  # each box's own rclone config, as a user keeps it on a rented box
+            os.makedirs(os.path.join(box.home, ".config", "rclone"), exist_ok=True)
+            with open(os.path.join(box.home, ".config", "rclone", "rclone.conf"), "w") as f:
+                f.write(server.config_section())
+        rig.durable, rig.durable_spec = server.durable_root, server.remote
+        rig.add("b0", b0)
+        rig.add("s0", s0, pool="p")
+        rig.ctl("push", "b0", "--pyz", rig.pyz)
+        # a checkpoint every 6 s, the trainer keeping only its newest: each lives longer than a commit through
+        # rclone's processes takes here (~2 s); at the other tests' pace each one vanishes before its copy ends
+        rig.launch("b0", "--set", "lease_ttl=3", interval=0.2, save_every=30)
+        wait_for(lambda: len(rig.committed()) >= 2, 60, "two commits through rclone")
+        ns = b0.netns
+        subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "down"], check=True)  # ssh AND storage
+        try:
+            t_cut = time.time()
+            rig.keeper()
+            rec = wait_for(lambda: _recovered(rig), 120, "the recovery on the spare", 0.3)
+            assert rec["boxes"] == ["s0"] and rec["history"][-1]["take_over"], rec
+            new = wait_for(lambda: _lease_of(rig, "s0"), 30, "the spare's lease")
+            assert rig.state("b0").get("state") == "running"  # cut off, not dead: it still trains
+        finally:
+            subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "up"], check=True)  # the heal
+        t_heal = time.time()
+        wait_for(lambda: rig.state("b0").get("state") == "fenced", 60, "b0 fenced after the heal")
+        evs = _events(b0)
+        [fenced] = [e for e in evs if e.get("type") == "fenced"]
+        assert fenced["newer_epoch"] == new["epoch"] and fenced["time"] >= t_heal - 1, fenced
+        # nothing committed by b0 after the cut: its only writes after the heal met the newer lease
+        late = [e for e in evs if e.get("type") == "checkpoint_committed" and e["time"] > t_cut]
+        assert not late, late
+        [end] = [e for e in evs if e.get("type") == "exit"]
+        assert end["classification"] == "fenced"
+        takeover = rig.starts()[-1]
+        assert takeover["box"] == "s0" and takeover["start"] <= max(rig.committed())
+        assert all(s["box"] == "s0" or s["start"] == 0 for s in rig.starts())  # b0 never started again
+        print("storage cut: heal -> b0 fenced %.1f s after the heal" % (fenced["time"] - t_heal))
+    finally:
+        server.stop()
