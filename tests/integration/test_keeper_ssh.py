@@ -9,6 +9,8 @@ ONBOX_RESUME_FROM, logs every start to a trace file the boxes share).
 - no usable spare (it fails `onbox audit`) and a provision command that fails every way (exits 1, prints garbage,
   hangs): `keep --once` from cron ends the run failed_no_resource, exit 1; nothing launched, nothing deleted;
 - the keeper SIGKILLed while its launch on the spare is in flight, then started again: one launch;
+- a two-node group that loses a node recovers whole on two spares, node 0 first; the surviving old node 0 is
+  fenced;
 - leases: the recovered run holds a newer lease than the lost box's; a partitioned box is recovered elsewhere with
   --take-over and, after the heal, its agent sees the newer lease and ends `fenced`, and nothing it committed after
   the takeover is ever restored; with the storage cut too (the durable target an rclone sftp remote served on
@@ -89,7 +91,8 @@ class Rig:
         self.boxes[name] = box
 
     def launch(self, box: str, *extra: str, interval: float = 0.05, save_every: int = 5) -> None:
-        self.ctl("run", box, "--name", RUN, "--durable", self.durable_spec, "--recover", "pool:p", "--workdir",
+        """`onboxctl run` of RUN on `box` (several boxes, space-separated, with "--nodes" in `extra`: a group)."""
+        self.ctl("run", *box.split(), "--name", RUN, "--durable", self.durable_spec, "--recover", "pool:p", "--workdir",
                  str(self.tmp), "--heartbeat-interval", "1", "--sync-interval", "0.3", "--set", "settle_seconds=0.3",
                  "--set", "notice_source=none", "--max-restarts", "0", "--lost-after", "3s", "--backoff", "0.5s",
                  "--max-at-risk", "1h", *extra, "--", sys.executable, TRAINER, "--steps", "100000",
@@ -117,9 +120,15 @@ class Rig:
         except OSError:
             return []
 
+    def run_on(self, name: str) -> str:
+        """RUN's name on box `name`: RUN, or `RUN.node<N>` where the box is node N of a group."""
+        runs = os.path.join(self.boxes[name].home, ".onbox", "runs")
+        nodes = sorted(n for n in (os.listdir(runs) if os.path.isdir(runs) else []) if n.startswith(RUN + ".node"))
+        return nodes[0] if nodes else RUN
+
     def state(self, name: str) -> Dict[str, Any]:
         try:
-            with open(os.path.join(self.boxes[name].home, ".onbox", "runs", RUN, "state.json")) as f:
+            with open(os.path.join(self.boxes[name].home, ".onbox", "runs", self.run_on(name), "state.json")) as f:
                 return json.load(f)
         except (OSError, ValueError):
             return {}
@@ -139,7 +148,8 @@ class Rig:
                       for f in fs)
 
     def kill_run(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """The agent and the trainer of RUN on box `name`, each by PID and start time (never a recycled PID)."""
+        """The agent and the trainer of RUN (or its node's run) on box `name`, each by PID and start time (never a
+        recycled PID)."""
         st = self.state(name)
         for pid_key, start_key in (("agent_pid", "agent_start_time"), ("child_pid", "child_start_time")):
             pid = st.get(pid_key)
@@ -162,7 +172,7 @@ class Rig:
                 p.wait(timeout=10)
         for name in self.boxes:
             st = self.state(name)
-            if st.get("state") not in ("done", "failed", "preempted", "stopped"):
+            if st.get("state") not in ("done", "failed", "preempted", "stopped", "fenced"):
                 self.kill_run(name)
         close_masters(self.cm)
         shutil.rmtree(self.cm, ignore_errors=True)
@@ -462,3 +472,38 @@ def test_a_partitioned_box_whose_storage_is_cut_too_is_refused_its_first_write_a
         print("storage cut: heal -> b0 fenced %.1f s after the heal" % (fenced["time"] - t_heal))
     finally:
         server.stop()
+
+
+def test_a_group_that_loses_a_node_recovers_whole_on_fresh_boxes_node_0_first(netns_boxes, rig):
+    """A two-node group (n0, n1) loses n1's box. The group recovers whole on the pool's two spares, node 0 on the
+    first, both nodes resuming at the newest durable step; n0, alive but no longer the group's, meets the newer
+    lease and ends fenced (its trainer stopped), and nothing it wrote after the takeover is what the group resumed."""
+    n0, n1, s0, s1 = netns_boxes(4)
+    for name, box in (("n0", n0), ("n1", n1)):
+        rig.add(name, box)
+    rig.add("s0", s0, pool="p")
+    rig.add("s1", s1, pool="p")
+    for name in ("n0", "n1"):
+        rig.ctl("push", name, "--pyz", rig.pyz)
+    rig.launch("n0 n1", "--nodes")
+    wait_for(lambda: len(rig.committed()) >= 2, 60, "two commits by node 0")
+    assert rig.run_on("n1") == RUN + ".node1" and rig.state("n1").get("state") == "running"
+    rig.kill_box("n1")
+    rig.keeper()
+    rec = wait_for(lambda: _recovered(rig), 120, "the group training again on the spares", 0.3)
+    assert rec["boxes"] == ["s0", "s1"] and rec["recoveries"] == 1, rec
+    last = rec["history"][-1]
+    assert last["kind"] == "elsewhere" and last["take_over"] and "node 1" in last["reason"], last
+    wait_for(lambda: rig.state("n0").get("state") == "fenced", 60, "n0 fenced by the group's newer lease")
+    assert rig.run_on("s0") == RUN and rig.run_on("s1") == RUN + ".node1"
+    starts = rig.starts()
+    first = [(s["box"], s["start"]) for s in starts[:2]]
+    assert sorted(first) == [("n0", 0), ("n1", 0)], starts
+    again = [s for s in starts[2:]]
+    assert sorted(s["box"] for s in again) == ["s0", "s1"], starts  # one launch per node, on the spares only
+    assert again[0]["start"] == again[1]["start"] == last["resume_step"] > 0, again
+    # n0 trained on after n1's loss; what it committed after the takeover is not what the group resumed from
+    lease = wait_for(lambda: _lease_of(rig, "s0"), 30, "the group's lease on node 0")
+    assert lease["epoch"] >= 2 and (lease.get("resumed_from") or "").startswith("step_")
+    ended = [e for e in _events(n0) if e.get("type") == "exit"]
+    assert ended and ended[-1]["classification"] == "fenced", ended
