@@ -6,7 +6,8 @@ acts on the state: start an attempt (attempts.py), decide what follows its exit 
 step a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). A fence (the
 checkpoint hook's `fenced()`: a newer lease holds the run on durable storage) is a stop like a notice's and ends
 FENCED. The trainer's progress is parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read
-through RunContext; each record goes to the telemetry hook and the curriculum. Events, state and progress writes go
+through RunContext; the output route (output.py) takes each line and record to the telemetry hook and the
+curriculum. Events, state and progress writes go
 through the journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
@@ -31,6 +32,7 @@ from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.notes import preempted_message
 from onbox.supervisor.notices import NoticeIntake, NoticeStop
+from onbox.supervisor.output import OutputRoute
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
@@ -93,12 +95,14 @@ class Supervisor:
         # the parts, each its own module: what the run says, its attempts, its phases, what follows an exit
         self.journal = RunJournal(rundir, self.clock, self._log, self.state_doc, lambda: self.launcher.number)
         self.emit, self._hook = self.journal.emit, self.journal.hook  # every event and hook call goes through it
-        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
-                                        seams.oom_reader, prev, self._on_line)
         # the trainer's progress, parsed once (the only MetricsParser and metrics file reader of the run), going on
-        # from what an earlier agent recorded
+        # from what an earlier agent recorded; its output and records routed to the hooks and the curriculum
         self.progress = ProgressFeed(rundir.metrics_file, cfg.metrics_regex, self.clock,
                                      saved=rundir.side_doc(paths.PROGRESS_FILE))
+        self.output = OutputRoute(self.progress, self._hook, lambda: self.hooks.telemetry, lambda: self.phases,
+                                  lambda: self.launcher.child is not None)
+        self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
+                                        seams.oom_reader, prev, self.output.on_line)
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit)
         self.policy = RestartPolicy(cfg)
         self.hooks: Hooks = hooks_factory(RunContext(
@@ -113,7 +117,6 @@ class Supervisor:
                                    self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         self.stop: Optional[NoticeStop] = None
-        self.fence: Optional[Dict[str, Any]] = None  # a newer lease holds the run (the fenced event's fields)
         self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
@@ -133,6 +136,11 @@ class Supervisor:
     @property
     def notice(self) -> Optional[PreemptionNotice]:
         return self.intake.notice
+
+    @property
+    def fence(self) -> Optional[Dict[str, Any]]:
+        """The fenced event's fields once a newer lease holds the run (the intake's)."""
+        return self.intake.fence
 
     @property
     def child(self) -> Optional[Child]:
@@ -263,40 +271,18 @@ class Supervisor:
             self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
         self._look_for_fence(now_m, now_w)
-        self.launcher.poll()  # the output: each line to _on_line
-        for fields in self.progress.read_metrics_file():
-            self._on_progress(fields)
+        self.launcher.poll()  # the output: each line to the route
+        self.output.read_metrics_file()
         if self._chld:  # scanning /proc costs: only after a SIGCHLD (orphans reparented to us that ended)
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
     def _look_for_fence(self, now_m: float, now_w: float) -> None:
-        """The checkpoint hook's answer (cheap: its lease thread and every write look at durable storage): once a
-        newer lease holds the run, the run stops and ends FENCED."""
+        """Once a newer lease holds the run, it stops and ends FENCED (the intake's look_for_fence)."""
         fenced = getattr(self.hooks.checkpoints, "fenced", None)  # a hook without it (a test double) never fences
-        fence = self._hook("checkpoints.fenced", fenced) if self.fence is None and fenced is not None else None
-        if fence:
-            self.fence = dict(fence)
-            self._log("fenced: lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
-                                                                    fence.get("newer_holder")))
-            self.intake.on_fence(self.fence, now_m, now_w)
-            if self.stop is not None:  # a stop already under way (a preemption): it ends fenced, sooner
-                self.stop.fenced(self.fence, now_m + self.intake.fence_grace())
+        ask = (lambda: self._hook("checkpoints.fenced", fenced)) if fenced is not None else None
+        if self.intake.look_for_fence(ask, now_m, now_w, self.stop):
             self.journal.save()
-
-    def _on_line(self, line: str) -> None:
-        self._hook("telemetry.on_output", self.hooks.telemetry.on_output, line)
-        fields = self.progress.on_output(line)
-        if fields:
-            self._on_progress(fields)
-
-    def _on_progress(self, fields: Dict[str, float]) -> None:
-        """A record of the trainer's progress, taken by the feed: to the telemetry hook, and to the curriculum while
-        an attempt is under way (ONBOX_METRICS_FILE keeps every earlier attempt's and phase's records: the feed has
-        read all of them before the next attempt starts)."""
-        self._hook("telemetry.on_progress", self.hooks.telemetry.on_progress, fields)
-        if self.launcher.child is not None:
-            self.phases.on_progress(fields)
 
     def _tick(self) -> None:
         self.launcher.watch()
@@ -415,8 +401,7 @@ class Supervisor:
         """Always runs (finally): flush the output and the progress, final state, telemetry close."""
         try:
             self.launcher.read_output()
-            for fields in self.progress.read_metrics_file():
-                self._on_progress(fields)
+            self.output.read_metrics_file()
             self.journal.record_progress(self.progress, final=True)
             if not self.state.terminal:
                 self.message = "agent exited in state %s; the child may still run: `onbox adopt %s`" % (

@@ -26,8 +26,9 @@ from onbox.supervisor.stop import ChildStop, StopStage, grace_for
 class NoticeIntake:
     """The run's one PreemptionNotice, from whatever asks first: a preemption signal (TERM, INT, the run's
     preempt_signal; under Slurm TERM's lead is KillWait), a notice from the metadata poller or a peer node, or
-    `onbox stop` (its stop.request file; STOP_SIGNAL or `ask()` when the disk refused that file).
-    `tell_peers(source, detail, lead)`: a multi-node group stops together."""
+    `onbox stop` (its stop.request file; STOP_SIGNAL or `ask()` when the disk refused that file), or a fence
+    (`look_for_fence`: the checkpoint hook's answer). `tell_peers(source, detail, lead)`: a multi-node group stops
+    together."""
 
     def __init__(self, cfg: RunConfig, rd: RunDir, sigterm_lead: Optional[float], clock: Clock,
                  emit: Callable[..., None], log: Callable[[str], None],
@@ -90,6 +91,20 @@ class NoticeIntake:
         self._take(PreemptionNotice("fenced", now_m + self.fence_grace(), now_w,
                                     "lease epoch %s of %s holds the run" % (fence.get("newer_epoch"),
                                                                             fence.get("newer_holder"))))
+
+    def look_for_fence(self, fenced: Optional[Callable[[], Any]], now_m: float, now_w: float,
+                       stop: Optional["NoticeStop"]) -> bool:
+        """Ask `fenced` (the checkpoint hook's answer, cheap: its lease thread and every write look at durable
+        storage; None: a hook that never fences) until it names a newer lease; then the run stops as for a notice
+        (on_fence), and a stop already under way (a preemption) ends fenced, sooner. True when the fence is new."""
+        fence = fenced() if self.fence is None and fenced is not None else None
+        if not fence:
+            return False
+        self.log("fenced: lease epoch %s of %s holds the run" % (fence.get("newer_epoch"), fence.get("newer_holder")))
+        self.on_fence(dict(fence), now_m, now_w)
+        if stop is not None and self.fence is not None:
+            stop.fenced(self.fence, now_m + self.fence_grace())
+        return True
 
     def ask(self, grace: Optional[float] = None) -> None:
         """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
