@@ -455,3 +455,63 @@ def test_a_tracker_without_events_leaves_the_run_page_without_marks_and_quiet(tm
         wait_for(lambda: js(page, "window.onboxDashboard.charts[0].data[0].length") == 11, 30, "the new beat")
     finally:
         tracker.stop()
+
+
+def test_each_recovery_and_failure_reads_as_one_line_whatever_the_keeper_s_version(tmp_path, browser):
+    """Events posted as the keeper would: a relaunch on the same box; one from a keeper older than the `to_boxes` and
+    `resume_step` fields (where it went read from the first new step's boxes, the mark at the newest beat's step
+    before it, the time to the first new step from the events' times); a provisioned box whose launches all failed;
+    no box found; a person needed; and another source's event, which is not the keeper's."""
+    import time
+
+    import requests
+
+    tracker = TrackerProcess(str(tmp_path / "tracker"), public_read=True).start()
+    t0 = round(time.time() - 3600.0)
+
+    def ev(dt, kind, rec=None, boxes=("gpu1",), **kw):
+        return dict({"run": "gpt", "time": t0 + dt, "kind": kind, "source": "keeper", "text": "the keeper's %s" % kind,
+                     "boxes": list(boxes), "recovery": rec}, **kw)
+
+    events = [
+        ev(100, "detected", 1), ev(100, "box_chosen", 1, to_boxes=["gpu1"], provisioned=[]), ev(101, "pushed", 1),
+        ev(102, "relaunched", 1, to_boxes=["gpu1"]),
+        ev(108.2, "first_new_step", 1, to_boxes=["gpu1"], first_step=401, resume_step=400, took_s=8.2),
+        ev(200, "detected", 2), ev(200, "declared_lost", 2), ev(201, "box_chosen", 2), ev(202, "pushed", 2),
+        ev(203, "relaunched", 2), ev(230.46, "first_new_step", 2, boxes=["p0"]),
+        ev(300, "detected", 3, boxes=["p0"]), ev(300, "declared_lost", 3, boxes=["p0"]),
+        ev(301, "provisioned", 3, boxes=["p0"]),
+        ev(302, "box_chosen", 3, boxes=["p0"], to_boxes=["p1"], provisioned=["p1"]),
+        ev(303, "pushed", 3, boxes=["p0"]), ev(304, "launch_failed", 3, boxes=["p0"]),
+        ev(305, "failed_launch", 3, boxes=["p0"]),
+        ev(400, "detected", 4, boxes=["p0"]), ev(400, "declared_lost", 4, boxes=["p0"]),
+        ev(401, "no_box", 4, boxes=["p0"]), ev(402, "failed_no_resource", 4, boxes=["p0"]),
+        ev(500, "needs_a_person", boxes=["p0"]),
+        dict(ev(510, "needs_a_person"), source="someone-else"),
+    ]
+    try:
+        assert tracker.post(run_beats("gpu1", range(100, 1001, 100), lambda s: t0 + s * 0.5)).status_code == 200
+        r = requests.post(tracker.url + "/api/v1/events", json={"events": events}, headers=tracker.headers(), timeout=10)
+        assert r.status_code == 200 and r.json()["accepted"] == len(events)
+        page = browser.new_page()
+        page.goto(tracker.url + "/run/gpt?poll=0.2")
+        wait_for(lambda: js(page, "window.onboxDashboard.charts.length === 5 && window.onboxDashboard.marks.length"),
+                 30, "the run page with its marks")
+        rows = js(page, "Array.from(document.querySelectorAll('#events [data-mark]'), e => "
+                        "[e.dataset.mark, e.dataset.recovery || null, e.textContent])")
+        assert rows == [
+            ["recovery", "1", "recovery 1: relaunched on the same box gpu1, resumed at step 400 "
+                              "(8.2 s to the first new step)"],
+            ["recovery", "2", "recovery 2: gpu1 lost → p0, trains again (30.5 s to the first new step)"],
+            ["recovery", "3", "recovery 3: p0 lost → provisioned box p1: every launch failed"],
+            ["failed_launch", "3", "launch failed: the keeper's failed_launch"],
+            ["recovery", "4", "recovery 4: p0 lost → no box found"],
+            ["failed_no_resource", "4", "no box: the keeper's failed_no_resource"],
+            ["needs_a_person", None, "needs a person: the keeper's needs_a_person"],
+        ]
+        # over steps: at the resume step, else at the step of the newest beat before (beats every 50 s, 100 steps)
+        assert [(d["kind"], d["at"]) for d in drawn(page)] == [
+            ("recovery", 400), ("recovery", 400), ("recovery", 600), ("failed_launch", 600), ("recovery", 800),
+            ("failed_no_resource", 800), ("needs_a_person", 1000)]
+    finally:
+        tracker.stop()
