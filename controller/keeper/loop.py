@@ -66,9 +66,9 @@ class Keeper:
     def _save(self, keep: RunKeep) -> None:
         self.store.save_keep(keep, self.clock.time())
 
-    def _emit(self, keep: RunKeep, kind: str, text: str) -> None:
+    def _emit(self, keep: RunKeep, kind: str, text: str, **fields: Any) -> None:
         ev = keep.event(self.clock.time(), kind, text, boxes=list(keep.boxes),
-                        recovery=keep.current.id if keep.current else None)
+                        recovery=keep.current.id if keep.current else None, **fields)
         if self._report is not None:
             self._report.events.append(ev)
         self.say(ev)

@@ -16,7 +16,7 @@ Nothing is ever torn down: a box provisioned for a recovery that then fails stay
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 from controller.keeper.decide import Observation, first_new_step
 from controller.keeper.policy import LaunchRecord
@@ -29,7 +29,15 @@ if TYPE_CHECKING:
 
 LAUNCH_GRACE = 30.0  # seconds beyond the launch timeout that an earlier keeper's launch may still land in
 
-Emit = Callable[[RunKeep, str, str], None]  # (record, kind, text) -> the event is recorded and told
+
+
+class Emit(Protocol):
+    """(record, kind, text, fields) -> the event is recorded and told. The fields are what a reader should not have
+    to parse out of the text (the dashboard marks recoveries with them): `to_boxes` (and which of them were
+    `provisioned`) on box_chosen, relaunched and first_new_step; `first_step`, `resume_step` and `took_s` (from
+    detected to the first new step) on first_new_step."""
+
+    def __call__(self, keep: RunKeep, kind: str, text: str, **fields: Any) -> None: ...
 
 
 class Recoverer:
@@ -70,7 +78,8 @@ class Recoverer:
             self.emit(keep, "declared_lost", "declared %s lost: recovering on a spare of pool %s%s" % (
                 ", ".join(cur.from_boxes), rec.policy.pool, " or a provisioned box" if rec.policy.provision else ""))
         else:
-            self.emit(keep, "box_chosen", "relaunching on the same box %s" % ", ".join(cur.to_boxes))
+            self.emit(keep, "box_chosen", "relaunching on the same box %s" % ", ".join(cur.to_boxes),
+                      to_boxes=list(cur.to_boxes), provisioned=[])
         self.save(keep)
 
     # -- advancing -------------------------------------------------------------------------------------------
@@ -96,7 +105,8 @@ class Recoverer:
         if chosen:
             cur.to_boxes, cur.next_try_at = chosen, None
             cur.phases["box_chosen"] = now
-            self.emit(keep, "box_chosen", "chose %s for %s" % (", ".join(chosen), rec.run))
+            self.emit(keep, "box_chosen", "chose %s for %s" % (", ".join(chosen), rec.run), to_boxes=list(chosen),
+                      provisioned=[b for b in chosen if b in cur.provisioned])
             self.save(keep)
             return True
         cur.tries += 1
@@ -183,7 +193,7 @@ class Recoverer:
         obs = self.world.observe(cur.to_boxes[0], run0)
         if obs.reached and obs.known and obs.agent_alive:
             self.emit(keep, "relaunched", "%s already runs %s (an earlier launch landed): not launched again"
-                      % (cur.to_boxes[0], run0))
+                      % (cur.to_boxes[0], run0), to_boxes=list(cur.to_boxes))
             return self._relaunched(rec, keep, cur)
         waited = None if cur.launch_started_at is None else now - cur.launch_started_at
         if waited is not None and waited < rec.timeout + LAUNCH_GRACE:
@@ -210,7 +220,8 @@ class Recoverer:
             return self._launch_failed(rec, keep, cur, "launch on %s failed: %s%s" % (
                 bad[0].box, bad[0].error, " (hint: %s)" % bad[0].hint if bad[0].hint else ""))
         self.emit(keep, "relaunched", "relaunched %s on %s%s" % (rec.run, ", ".join(cur.to_boxes),
-                                                                 " with --take-over" if cur.take_over else ""))
+                                                                 " with --take-over" if cur.take_over else ""),
+                  to_boxes=list(cur.to_boxes))
         return self._relaunched(rec, keep, cur)
 
     def _relaunched(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
@@ -255,7 +266,8 @@ class Recoverer:
         took = cur.phases["first_new_step"] - cur.phases.get("detected", cur.phases["relaunched"])
         self.emit(keep, "first_new_step", "trains again on %s: step %d%s, %.1f s after it was detected" % (
             ", ".join(cur.to_boxes), step, " (resumed after durable step %d)" % cur.resume_step
-            if cur.resume_step is not None else "", took))
+            if cur.resume_step is not None else "", took), to_boxes=list(cur.to_boxes), first_step=step,
+            resume_step=cur.resume_step, took_s=round(took, 3))
         keep.message = "recovery %d done: %s" % (cur.id, ", ".join("%s %.1fs" % (p, t - cur.phases["detected"])
                                                                   for p, t in split(cur).items()))
         keep.close_current()

@@ -312,6 +312,52 @@ def test_a_provisioned_box_joins_the_pool_and_takes_the_run(store):
     assert keep.current.provisioned == ["gpt-r1"] and "provisioned" in kinds(k)
 
 
+def test_a_recovery_s_events_carry_where_it_went_and_the_step_it_resumed_from(store):
+    """What the dashboard marks a recovery with, as fields (never parsed out of the text)."""
+    clock = FakeClock(start_wall=1000.0)
+    record(store, lost_after=0.0)
+    world = FakeWorld(clock, {"gpu1": [down()]}, INV, spares={"spare-a": None})
+    k = keeper(store, world, clock)
+    k.tick()  # t=1000: lost, recovered on spare-a
+    resumed = dataclass_replace(alive("spare-a", step=1351, t=1010.0, started=1005.0), resumed_step=1350)
+    world.answers["spare-a"] = [resumed]
+    clock.advance(12.5)
+    k.tick()  # t=1012.5: its first new step
+    by_kind = {e["kind"]: e for e in k.events}
+    assert [e["kind"] for e in k.events] == ["detected", "declared_lost", "box_chosen", "pushed", "relaunched",
+                                             "first_new_step"]
+    assert {e["recovery"] for e in k.events} == {1}
+    assert by_kind["declared_lost"]["boxes"] == ["gpu1"]  # where it lived when it was lost
+    assert by_kind["box_chosen"]["to_boxes"] == ["spare-a"] and by_kind["box_chosen"]["provisioned"] == []
+    assert by_kind["relaunched"]["to_boxes"] == ["spare-a"]
+    first = by_kind["first_new_step"]
+    assert (first["to_boxes"], first["first_step"], first["resume_step"], first["took_s"]) == (
+        ["spare-a"], 1351, 1350, 12.5)
+    assert "step 1351 (resumed after durable step 1350), 12.5 s after it was detected" in first["text"]
+    # the same fields in recovery.json's events (what the keeper sends the tracker)
+    _, keep = store.load("gpt")
+    assert keep.events[-1]["resume_step"] == 1350 and keep.events[-1]["took_s"] == 12.5
+
+
+def test_a_provisioned_box_is_named_so_on_box_chosen_and_a_same_box_relaunch_names_its_box(store):
+    clock = FakeClock()
+    record(store, lost_after=0.0, provision=["./new-box.sh"])
+    fresh = Box(name="gpt-r1", host="203.0.113.9", user="root", pool="a100")
+    world = FakeWorld(clock, {"gpu1": [down()]}, {"gpu1": INV["gpu1"]}, provision=[fresh])
+    k = keeper(store, world, clock)
+    k.tick()
+    [chosen] = [e for e in k.events if e["kind"] == "box_chosen"]
+    assert chosen["to_boxes"] == ["gpt-r1"] and chosen["provisioned"] == ["gpt-r1"]
+
+    store2 = RecordStore(os.path.join(store.root, "..", "other"))
+    record(store2)
+    world2 = FakeWorld(clock, {"gpu1": [ended("preempted")]}, INV)
+    k2 = keeper(store2, world2, clock)
+    k2.tick()
+    [chosen] = [e for e in k2.events if e["kind"] == "box_chosen"]
+    assert chosen["to_boxes"] == chosen["boxes"] == ["gpu1"] and chosen["provisioned"] == []
+
+
 # -- crash safety --------------------------------------------------------------------------------------------------
 class Killed(BaseException):
     """SIGKILL at that very point: nothing after it runs, no finally writes a record."""

@@ -3,8 +3,10 @@
  * Two views: "/" lists every run, "/run/<run>" draws one run's curves with uPlot (vendored: uPlot.iife.min.js).
  * Live by short polls with cursors: the list sends the highest beat id it has seen and gets back only the runs
  * with newer beats (plus every run's liveness, which changes with time alone); a run page sends the last seq it
- * has and gets back only newer points. Polls pause while the tab is hidden. Every value from the tracker is
- * written with textContent, never as HTML. State for tests and the curious: window.onboxDashboard.
+ * has and gets back only newer points, and the last event id it has (the keeper's decisions, marked as
+ * recoveries and failures; a tracker without events answers 404 or 405 and the page then draws no such marks).
+ * Polls pause while the tab is hidden. Every value from the tracker is written with textContent, never as HTML.
+ * State for tests and the curious: window.onboxDashboard.
  */
 (function () {
   "use strict";
@@ -16,7 +18,9 @@
     view: null, pollMs: POLL_MS, polls: 0, errors: 0, lastError: null,
     cursor: -1, runs: {}, live: {},                       // the list
     run: null, summary: null, after: -1, events: [],      // a run page
-    points: null, xmode: "step", charts: [], painted: {}
+    points: null, xmode: "step", charts: [], painted: {},
+    keeper: {after: 0, served: null, events: []},         // the run's events (served: false on an older tracker)
+    marks: [], drawn: {}                                  // the keeper's marks; what each chart drew, by chart id
   };
   var CHARTS = [
     // [column, label, colour, scale, join the gaps (eval loss comes every few hundred steps)]
@@ -26,7 +30,16 @@
     {id: "gpu", title: "GPU utilisation %", series: [["gpu_util", "GPU %", "#bc4c00"]]},
     {id: "mem", title: "GPU memory used (GiB)", series: [["gpu_mem", "GiB", "#0550ae", 1 / 1073741824]]}
   ];
-  var EVENT_COLORS = {restart: "#cf222e", box: "#8250df", preempted: "#bf3989", commit: "#1a7f37", failed: "#82071e"};
+  var EVENT_COLORS = {restart: "#cf222e", box: "#8250df", preempted: "#bf3989", commit: "#1a7f37", failed: "#82071e",
+                      recovery: "#0f8b8d", failed_no_resource: "#82071e", failed_max_recoveries: "#82071e",
+                      failed_launch: "#82071e", needs_a_person: "#9a6700"};
+  // the keeper's events (API.md, "Events"): the ones of one recovery make one mark, each of these one of its own
+  var KEEPER_MARKS = {failed_no_resource: "no box", failed_max_recoveries: "max recoveries",
+                      failed_launch: "launch failed", needs_a_person: "needs a person"};
+  var RECOVERY_KINDS = ["detected", "declared_lost", "spare_skipped", "provisioned", "provision_failed", "no_box",
+                        "box_chosen", "box_failed", "pushed", "launch_failed", "relaunched", "first_new_step",
+                        "failed_no_resource", "failed_launch"];
+  var EVENTS_PAGE = 1000;
   var COLUMNS = ["seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem"];
 
   // -- small helpers ---------------------------------------------------------------------------------------------
@@ -62,6 +75,9 @@
   function fmtTime(t) {
     return t ? new Date(t * 1000).toLocaleString() : "-";
   }
+  function isNum(v) {
+    return typeof v === "number" && isFinite(v);
+  }
   function afterPaint(name) {  // the frame after the one that drew it: the content is on screen
     requestAnimationFrame(function () {
       requestAnimationFrame(function () {
@@ -83,7 +99,9 @@
         }
         if (!r.ok) {
           return r.json().catch(function () { return {}; }).then(function (d) {
-            throw new Error("HTTP " + r.status + (d.error ? ": " + d.error : ""));
+            var e = new Error("HTTP " + r.status + (d.error ? ": " + d.error : ""));
+            e.status = r.status;
+            throw e;
           });
         }
         return r.json();
@@ -282,7 +300,29 @@
   }
 
   function loadAll() {  // the whole history, in pages, before the first draw
-    return pollRun().then(function (more) { return more ? loadAll() : null; });
+    return pollRun().then(function (more) { return more ? loadAll() : loadKeeper(); });
+  }
+  function loadKeeper() {
+    return pollKeeper().then(function (more) { return more ? loadKeeper() : null; });
+  }
+
+  function pollKeeper() {  // the run's events since the last one seen; true while there are more
+    if (S.keeper.served === false) return Promise.resolve(false);
+    var url = "/api/v1/runs/" + encodeURIComponent(S.run) + "/events?after=" + S.keeper.after + "&limit=" + EVENTS_PAGE;
+    return api(url).then(function (d) {
+      S.keeper.served = true;
+      Array.prototype.push.apply(S.keeper.events, d.events);
+      var moved = d.next_after > S.keeper.after;
+      S.keeper.after = Math.max(S.keeper.after, d.next_after);
+      if (d.events.length) updateCharts();
+      return moved && d.events.length + (d.skipped_rows || 0) >= EVENTS_PAGE;
+    }, function (e) {
+      if (e && (e.status === 404 || e.status === 405)) {  // a tracker older than events: no marks, not asked again
+        S.keeper.served = false;
+        return false;
+      }
+      throw e;
+    });
   }
 
   function pollRun() {
@@ -346,12 +386,111 @@
     }
   }
 
-  function showEvents() {  // restarts, boxes, preemptions, failures one by one; commits counted (ticks on the axis)
-    var box = document.getElementById("events");
+  // -- the keeper's marks: a recovery (one mark, whatever its number of events) and the keeper's failures -------
+  function stepAt(t) {  // the step of the newest beat at or before time t (null before the first)
+    var P = S.points, best = null, bt = -Infinity;
+    for (var i = 0; i < P.seq.length; i++) {
+      if (P.step[i] !== null && P.time[i] !== null && P.time[i] <= t && P.time[i] >= bt) {
+        bt = P.time[i];
+        best = P.step[i];
+      }
+    }
+    return best;
+  }
+  function eventLine(ev) {
+    return new Date(ev.time * 1000).toLocaleTimeString() + " " + ev.kind + ": " + (ev.text || "");
+  }
+  function boxList(names, provisioned) {  // "spare s0", "provisioned box p0", "spares s0, s1"
+    var prov = provisioned || [];
+    var spares = names.filter(function (n) { return prov.indexOf(n) < 0; });
+    var out = [];
+    if (spares.length) out.push((provisioned ? (spares.length > 1 ? "spares " : "spare ") : "") + spares.join(", "));
+    if (names.length > spares.length) {
+      out.push((names.length - spares.length > 1 ? "provisioned boxes " : "provisioned box ") +
+               names.filter(function (n) { return prov.indexOf(n) >= 0; }).join(", "));
+    }
+    return out.join(" and ");
+  }
+
+  function recoveryMark(g) {
+    // "recovery 1: gpu1 lost → spare s0, resumed at step 1350 (41.5 s to the first new step)"; at the time the
+    // box was declared lost (a relaunch on the same box: detected), and over steps at the step it resumed from
+    // (until the keeper knows it, the step of the newest beat before that time)
+    var e = g.last, lost = e.declared_lost, det = e.detected, first = e.first_new_step;
+    var at = lost || det || g.all[0];
+    var from = (at.boxes || []).join(", ") || "?";
+    var placed = first || e.relaunched || e.box_chosen;
+    var to = placed && Array.isArray(placed.to_boxes) ? placed.to_boxes : first && Array.isArray(first.boxes) ?
+      first.boxes : null;
+    var chosen = e.box_chosen && Array.isArray(e.box_chosen.to_boxes) ? e.box_chosen : null;
+    if (lost && !e.relaunched && e.box_failed && (!e.box_chosen || e.box_failed.id > e.box_chosen.id)) {
+      to = chosen = null;  // the chosen box failed before the launch: another is being found
+    }
+    var step = first && isNum(first.resume_step) ? first.resume_step : null;
+    var text;
+    if (lost) {
+      text = from + " lost → " + (e.failed_no_resource ? "no box found" :
+                                  to ? boxList(to, chosen && chosen.provisioned) : "finding a box");
+    } else {
+      text = (e.relaunched ? "relaunched" : "relaunching") + " on the same box " + from;
+    }
+    if (first) {
+      var took = isNum(first.took_s) ? first.took_s : first.time - (det || at).time;
+      text += (step !== null ? ", resumed at step " + step : isNum(first.first_step) ?
+               ", trains again at step " + first.first_step : ", trains again") +
+              " (" + Number(took.toFixed(1)) + " s to the first new step)";
+    } else if (e.failed_launch) {
+      text += ": every launch failed";
+    } else if (e.relaunched) {
+      text += (lost ? ", relaunched" : "") + ", waiting for its first new step";
+    } else if (!lost && e.box_failed) {
+      text += ": " + e.box_failed.text;
+    } else if (lost && to && !e.failed_no_resource) {
+      text += ", relaunching";
+    }
+    text = "recovery " + g.id + ": " + text;
+    return {kind: "recovery", recovery: g.id, time: at.time, step: step !== null ? step : stepAt(at.time),
+            resumed: step !== null, done: !!first, text: text, title: g.all.map(eventLine).join("\n")};
+  }
+
+  function buildMarks() {
+    var groups = {}, order = [], marks = [];
+    S.keeper.events.forEach(function (ev) {
+      if ((ev.source || "keeper") !== "keeper" || !isNum(ev.time)) return;
+      if (KEEPER_MARKS[ev.kind]) {
+        marks.push({kind: ev.kind, recovery: isNum(ev.recovery) ? ev.recovery : null, time: ev.time,
+                    step: stepAt(ev.time), text: KEEPER_MARKS[ev.kind] + ": " + (ev.text || ""), title: eventLine(ev)});
+      }
+      if (RECOVERY_KINDS.indexOf(ev.kind) >= 0 && isNum(ev.recovery)) {
+        var g = groups[ev.recovery];
+        if (!g) {
+          g = groups[ev.recovery] = {id: ev.recovery, last: {}, all: []};
+          order.push(g);
+        }
+        g.all.push(ev);
+        g.last[ev.kind] = ev;  // the newest of each kind (a box that failed is chosen again)
+      }
+    });
+    order.forEach(function (g) { marks.push(recoveryMark(g)); });
+    marks.sort(function (a, b) { return a.time - b.time; });
+    S.marks = marks;
+  }
+
+  function showEvents() {  // restarts, boxes, preemptions, failures, the keeper's recoveries one by one, in time
+    var box = document.getElementById("events");  // order; commits counted (ticks on the axis)
     box.textContent = "";
     var commits = S.events.filter(function (ev) { return ev.kind === "commit"; });
-    S.events.filter(function (ev) { return ev.kind !== "commit"; }).slice(-30).forEach(function (ev) {
+    var shown = S.events.filter(function (ev) { return ev.kind !== "commit"; }).concat(S.marks);
+    shown.sort(function (a, b) { return (a.time || 0) - (b.time || 0); });
+    shown.slice(-30).forEach(function (ev) {
       var e = box.appendChild(el("span", "ev ev-" + ev.kind));
+      if (ev.title !== undefined) {  // a mark of the keeper's
+        e.dataset.mark = ev.kind;
+        if (ev.recovery !== null) e.dataset.recovery = ev.recovery;
+        e.title = ev.title;
+        e.appendChild(el("span", null, ev.text));
+        return;
+      }
       e.appendChild(el("span", null, ev.kind + ": " + ev.text + (ev.step !== null ? " (step " + ev.step + ")" : "")));
     });
     if (commits.length) {
@@ -383,9 +522,10 @@
     return data;
   }
 
-  function drawEvents(u) {
+  function drawEvents(u, id) {
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, right = left + u.bbox.width;
     var px = devicePixelRatio || 1;
+    var drawn = S.drawn[id] = [];
     S.events.forEach(function (ev) {
       var xv = S.xmode === "step" ? ev.step : ev.time;
       if (xv === null || xv === undefined) return;
@@ -406,6 +546,34 @@
       ctx.stroke();
       ctx.restore();
     });
+    S.marks.forEach(function (m) {  // the keeper's, on top: a recovery a solid line, a failure a dashed one
+      var xv = S.xmode === "step" ? m.step : m.time;
+      if (xv === null || xv === undefined) return;
+      var x = Math.round(u.valToPos(xv, "x", true));
+      if (x < left || x > right) return;
+      ctx.save();
+      ctx.strokeStyle = EVENT_COLORS[m.kind] || "#59636e";
+      ctx.lineWidth = 2 * px;
+      if (m.kind !== "recovery") ctx.setLineDash([9 * px, 3 * px]);
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + h);
+      ctx.stroke();
+      ctx.restore();
+      drawn.push({kind: m.kind, recovery: m.recovery, x: x, at: xv});
+    });
+  }
+
+  function xRange(u, min, max) {  // the data's, widened to the keeper's marks (a failure after the last beat)
+    if (min === null || max === null) return [min, max];
+    S.marks.forEach(function (m) {
+      var v = S.xmode === "step" ? m.step : m.time;
+      if (isNum(v)) {
+        min = Math.min(min, v);
+        max = Math.max(max, v);
+      }
+    });
+    return min === max ? [min - 1, max + 1] : [min, max];
   }
 
   function chartWidth(holder) {  // the grid cell's width (two columns, one on a narrow window), less padding
@@ -413,6 +581,7 @@
   }
 
   function makeCharts() {
+    buildMarks();
     S.charts.forEach(function (u) { u.destroy(); });
     S.charts = [];
     var box = document.getElementById("charts");
@@ -422,12 +591,12 @@
       holder.id = "chart-" + def.id;
       var opts = {
         title: def.title, width: chartWidth(holder), height: 220,
-        scales: {x: {time: S.xmode === "time"}},
+        scales: {x: {time: S.xmode === "time", range: xRange}},
         series: [{label: S.xmode === "step" ? "step" : "time"}].concat(def.series.map(function (s) {
           return {label: s[1], stroke: s[2], width: 1.5, spanGaps: !!s[4], points: {show: !!s[4], size: 4}};
         })),
         axes: [{space: S.xmode === "time" ? 90 : 60}, {size: 64, values: function (u, vals) { return vals.map(fmtAxis); }}],
-        hooks: {draw: [drawEvents]}
+        hooks: {draw: [function (u) { drawEvents(u, def.id); }]}
       };
       var u = new uPlot(opts, chartData(def), holder);
       u.onboxId = def.id;
@@ -444,6 +613,7 @@
 
   function updateCharts() {
     if (!S.charts.length) return;  // the first draw happens once the history is loaded
+    buildMarks();
     S.charts.forEach(function (u, i) {
       u.setData(chartData(CHARTS[i]));
       markEmpty(u);
@@ -466,7 +636,7 @@
   }
   function tick() {
     if (document.hidden) return;  // resumed by visibilitychange
-    (S.view === "run" ? pollRun() : pollList()).then(function () {
+    (S.view === "run" ? pollRun().then(pollKeeper) : pollList()).then(function () {
       S.errors = 0;
       banner(null);
       schedule();
