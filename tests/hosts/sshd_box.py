@@ -380,33 +380,56 @@ def netns_box(tmp_path):
         ns.destroy()
 
 
+class BridgedBoxes:
+    """Boxes with real sshd on bridged subnets (BridgeNet), under `root`: `network(n)` makes the subnet (a
+    CalledProcessError or RuntimeError where this machine cannot), `start(net)` one box per address on it; `close()`
+    stops every sshd and removes every namespace, link and route it made. For the `netns_boxes` fixture and the
+    benchmarks, which cannot use a fixture."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.made: list = []
+
+    def network(self, n: int) -> BridgeNet:
+        net = BridgeNet(n)
+        net.create()  # removes what it made when it fails
+        self.made.append(net)
+        return net
+
+    def start(self, net: BridgeNet) -> List[SshdBox]:
+        boxes = []
+        first = sum(isinstance(b, SshdBox) for b in self.made)  # node0, node1, ... across calls
+        for k in range(net.n):
+            box = SshdBox(os.path.join(self.root, "node%d" % (first + k)), listen=net.addr(k), netns=net.netns(k))
+            self.made.append(box)
+            boxes.append(box.start())
+        return boxes
+
+    def close(self) -> None:
+        for thing in reversed(self.made):
+            if isinstance(thing, SshdBox):
+                thing.stop()
+        for thing in self.made:
+            if isinstance(thing, BridgeNet):
+                thing.destroy()
+        self.made = []
+
+
 @pytest.fixture
 def netns_boxes(tmp_path):
     """`netns_boxes(n)`: n boxes with real sshd on one bridged subnet; they reach each other and this machine
     reaches them. Every namespace, link, route and sshd is removed / stopped at teardown."""
     _need_root_tools()
-    made: list = []
+    made = BridgedBoxes(str(tmp_path))
 
     def make(n: int) -> List[SshdBox]:
-        net = BridgeNet(n)
         try:
-            net.create()
+            net = made.network(n)
         except (subprocess.CalledProcessError, RuntimeError) as e:
             pytest.skip("cannot create bridged network namespaces here: %s" % e)
-        made.append(net)
-        boxes = []
-        for k in range(n):
-            box = SshdBox(str(tmp_path / ("node%d" % k)), listen=net.addr(k), netns=net.netns(k))
-            made.append(box)
-            boxes.append(box.start())
-        return boxes
+        return made.start(net)
 
     try:
         yield make
     finally:
-        for thing in reversed(made):
-            if isinstance(thing, SshdBox):
-                thing.stop()
-        for thing in made:
-            if isinstance(thing, BridgeNet):
-                thing.destroy()
+        made.close()
