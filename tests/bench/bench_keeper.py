@@ -105,7 +105,7 @@ def by_keeper(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
             "box_chosen": p["box_chosen"], "pushed": p["pushed"], "relaunched": p["relaunched"],
             "restored": restored, "first": first[1], "first_step": first[0], "newest": newest,
             "resumed": starts[0]["start"] if starts else None, "starts": len(starts), "reason": last["reason"],
-            "boxes": rec["boxes"]}
+            "suspect": next((e["text"] for e in rec.get("events") or [] if e.get("kind") == "suspect"), "-")}
 
 
 def by_hand(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
@@ -171,6 +171,7 @@ def _report(k: Dict[str, Any], h: Dict[str, Any], lost_after: float, keep: Dict[
     for who, r in (("keeper", k), ("by hand", h)):
         print("  %-8s resumed on the spare at durable step %s (the newest at the death: %d), first new step %d, "
               "%d start(s) there" % (who, r["resumed"], r["newest"], r["first_step"], r["starts"]))
+    print("  the keeper's first failed probe: %s" % k["suspect"])
     print("  the keeper's reason: %s" % k["reason"])
     print("  for reference: SkyPilot polls a cluster's status every 15 s before it provisions again; dstack declares "
           "an unreachable job lost after 120 s")
