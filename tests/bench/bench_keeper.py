@@ -92,9 +92,9 @@ def by_keeper(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
     # the keeper has looked at the healthy run once (a pass, its probe answered), and the tracker has a beat
     wait_for(lambda: (rig.record().get("last_ok") or 0) > t_keep, 60, "the keeper's first pass", 0.1)
     wait_for(lambda: any(r["run"] == rig.run for r in tracker.runs()), 30, "a beat in the tracker", 0.2)
-    newest = max(rig.committed())
     t_dead = time.time()
     rig.kill_box("b0", cut=True)
+    newest = max(rig.committed())  # nothing commits after the death
     rec = wait_for(rig.recovered, WAIT, "the keeper's recovery on s0", 0.2)
     first = wait_for(lambda: _first_step(rig, "s0"), 30, "the first new step in the trace", 0.1)
     restored = wait_for(lambda: _restored(rig, "s0"), 30, "checkpoint_restored on s0", 0.1)
@@ -112,9 +112,9 @@ def by_hand(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
     from tests.polling import wait_for
 
     extra = _start(rig, "b1", "s1", pair, tracker)
-    newest = max(rig.committed())
     t_dead = time.time()
     rig.kill_box("b1", cut=True)
+    newest = max(rig.committed())
     rig.ctl("push", "s1", "--pyz", rig.pyz)  # the person, the moment the box dies
     t_pushed = time.time()
     rig.ctl(*rig.run_argv("s1", "--onbox-arg=--take-over", *extra, heartbeat=HEARTBEAT, lost_after=None,
