@@ -171,6 +171,10 @@ class BridgeNet:
         ns.subnet, ns.host_addr, ns.box_addr, ns.up = self.subnet, "10.201.%d.1" % self._third, self.addr(k), False
         return ns
 
+    @staticmethod
+    def _exists(ifname: str) -> bool:
+        return subprocess.run(["ip", "link", "show", ifname], capture_output=True).returncode == 0
+
     def destroy(self) -> None:
         for ns in self.namespaces:
             if ns in self._made:
@@ -178,6 +182,16 @@ class BridgeNet:
             etc = os.path.join("/etc/netns", ns)
             if etc in self._made:
                 shutil.rmtree(etc, ignore_errors=True)
+        # a namespace goes (and its veth pair with it) only once the last process in it has ended, and the kernel
+        # removes the pair after `ip netns del` returns: wait for the host ends, then delete any left ourselves,
+        # so the next test in this process (the same names) never meets them
+        deadline = time.monotonic() + 10.0
+        left = [h for h in self.host_ifs if self._exists(h)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [h for h in left if self._exists(h)]
+        for h in left:
+            subprocess.run(["ip", "link", "del", h], check=False, capture_output=True)
         if "bridge" in self._made:
             subprocess.run(["ip", "link", "del", self.bridge], check=False)
             deadline = time.monotonic() + 10.0
@@ -380,33 +394,56 @@ def netns_box(tmp_path):
         ns.destroy()
 
 
+class BridgedBoxes:
+    """Boxes with real sshd on bridged subnets (BridgeNet), under `root`: `network(n)` makes the subnet (a
+    CalledProcessError or RuntimeError where this machine cannot), `start(net)` one box per address on it; `close()`
+    stops every sshd and removes every namespace, link and route it made. For the `netns_boxes` fixture and the
+    benchmarks, which cannot use a fixture."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.made: list = []
+
+    def network(self, n: int) -> BridgeNet:
+        net = BridgeNet(n)
+        net.create()  # removes what it made when it fails
+        self.made.append(net)
+        return net
+
+    def start(self, net: BridgeNet) -> List[SshdBox]:
+        boxes = []
+        first = sum(isinstance(b, SshdBox) for b in self.made)  # node0, node1, ... across calls
+        for k in range(net.n):
+            box = SshdBox(os.path.join(self.root, "node%d" % (first + k)), listen=net.addr(k), netns=net.netns(k))
+            self.made.append(box)
+            boxes.append(box.start())
+        return boxes
+
+    def close(self) -> None:
+        for thing in reversed(self.made):
+            if isinstance(thing, SshdBox):
+                thing.stop()
+        for thing in self.made:
+            if isinstance(thing, BridgeNet):
+                thing.destroy()
+        self.made = []
+
+
 @pytest.fixture
 def netns_boxes(tmp_path):
     """`netns_boxes(n)`: n boxes with real sshd on one bridged subnet; they reach each other and this machine
     reaches them. Every namespace, link, route and sshd is removed / stopped at teardown."""
     _need_root_tools()
-    made: list = []
+    made = BridgedBoxes(str(tmp_path))
 
     def make(n: int) -> List[SshdBox]:
-        net = BridgeNet(n)
         try:
-            net.create()
+            net = made.network(n)
         except (subprocess.CalledProcessError, RuntimeError) as e:
             pytest.skip("cannot create bridged network namespaces here: %s" % e)
-        made.append(net)
-        boxes = []
-        for k in range(n):
-            box = SshdBox(str(tmp_path / ("node%d" % k)), listen=net.addr(k), netns=net.netns(k))
-            made.append(box)
-            boxes.append(box.start())
-        return boxes
+        return made.start(net)
 
     try:
         yield make
     finally:
-        for thing in reversed(made):
-            if isinstance(thing, SshdBox):
-                thing.stop()
-        for thing in made:
-            if isinstance(thing, BridgeNet):
-                thing.destroy()
+        made.close()

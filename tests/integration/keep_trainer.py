@@ -4,7 +4,9 @@ in torch's legacy format (pickles only: onbox's format checks accept it), resume
 SIGTERM (the agent's checkpoint signal) it saves the step it is in and exits 0.
 
 Every start is appended to --trace (a file every box shares) as one JSON line: the box ($ONBOX_BOX), the step it
-starts from and the checkpoint it resumed, so a test sees where and from what the run went on.
+starts from and the checkpoint it resumed, so a test sees where and from what the run went on. With
+--trace-first-step, the first step each start trains is appended there too, once it is done ({"box", "first_step",
+"time"}): the time a recovery ends, for the keeper's benchmark (tests/bench/bench_keeper.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--trace", required=True)
+    ap.add_argument("--trace-first-step", action="store_true")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
     ckpt_dir = os.environ["ONBOX_CKPT_DIR"]
@@ -41,6 +44,10 @@ def main() -> int:
         while time.monotonic() < t_end and not stop:
             time.sleep(min(0.02, a.interval))
         print(json.dumps({"step": step, "loss": round(1.0 / step, 6)}), flush=True)
+        if a.trace_first_step and step == start + 1:
+            with open(a.trace, "a") as f:
+                f.write(json.dumps({"box": os.environ.get("ONBOX_BOX"), "first_step": step, "time": time.time()})
+                        + "\n")
         if stop or step % a.save_every == 0 or step == a.steps:
             save(ckpt_dir, step)
         if stop:

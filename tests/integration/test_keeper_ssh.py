@@ -1,7 +1,7 @@
 """`onboxctl keep` for real: network-namespace boxes on one bridged subnet, each with its own sshd (the box's /root
 private, the durable dir a path every box shares, as a mounted durable target), the real onbox.pyz, real agents, a
 real trainer (tests/integration/keep_trainer.py: pure Python, checkpoints every 5 steps, resumes from
-ONBOX_RESUME_FROM, logs every start to a trace file the boxes share).
+ONBOX_RESUME_FROM, logs every start to a trace file the boxes share); the controller side is tests/hosts/keeper_rig.py.
 
 - a box dies (its agent, trainer and sshd killed, by PID and start time): the keeper recovers the run on the pool's
   spare (pushing the pyz there first) and training resumes at the newest durable step, with one launch;
@@ -22,166 +22,19 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 
-from onbox.proc import start_time
-from tests.conftest import REPO_ROOT, subprocess_env
-from tests.hosts.sshd_box import BridgeNet, close_masters
+from tests.hosts.keeper_rig import PHASES, RUN, Rig
+from tests.hosts.sshd_box import BridgeNet
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-RUN = "kp"
-TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "keep_trainer.py")
-
-
-class Rig:
-    """One test's controller side: its config dir, ssh control dir, durable dir and trace; and what it started."""
-
-    def __init__(self, tmp_path: Any, pyz: str) -> None:
-        self.tmp = tmp_path
-        self.pyz = pyz
-        self.cm = tempfile.mkdtemp(prefix="ok", dir="/tmp")
-        self.cfg = str(tmp_path / "cfg")
-        self.durable = str(tmp_path / "durable")
-        self.trace = str(tmp_path / "trace.jsonl")
-        os.makedirs(self.durable)
-        self.durable_spec = self.durable  # what --durable says (an rclone remote for the storage-cut partition)
-        self.env = subprocess_env({"ONBOX_CONFIG_DIR": self.cfg, "ONBOX_SSH_CONTROL_DIR": self.cm, "ONBOX_PYZ": pyz,
-                                   "ONBOX_SSH_CONNECT_TIMEOUT": "3", "ONBOX_SSH_ALIVE_INTERVAL": "1",
-                                   "ONBOX_SSH_ALIVE_COUNT": "2"})
-        self.keepers: List[subprocess.Popen] = []
-        self.boxes: Dict[str, Any] = {}
-
-    def ctl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "controller", *args], env=self.env, capture_output=True, text=True,
-                           timeout=timeout)
-        if check and r.returncode != 0:
-            pytest.fail("onboxctl %s exited %d:\n%s\n%s" % (" ".join(args[:4]), r.returncode, r.stdout, r.stderr))
-        return r
-
-    def wrapper(self, name: str, slow_run: float = 0.0, marker: Optional[str] = None) -> str:
-        """A `python` for a box that takes `slow_run` seconds before an `onbox run` starts (a slow box), marking each
-        such start in `marker`."""
-        path = str(self.tmp / ("py-" + name))
-        lines = ["#!/bin/sh"]
-        if marker:
-            lines.append('[ "$2" = run ] && { echo run >> %s; sleep %s; }' % (marker, slow_run))
-        lines.append('exec %s "$@"' % sys.executable)
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        return path
-
-    def add(self, name: str, box: Any, pool: Optional[str] = None, python: Optional[str] = None) -> None:
-        e = box.inventory_entry()
-        argv = ["box", "add", name, "--host", e["host"], "--port", str(e["port"]), "--user", "root",
-                "--identity", e["identity"], "--python", python or sys.executable]
-        for o in e["options"]:
-            argv += ["--ssh-option", o]
-        self.ctl(*argv, *(["--pool", pool] if pool else []))
-        self.boxes[name] = box
-
-    def launch(self, box: str, *extra: str, interval: float = 0.05, save_every: int = 5) -> None:
-        """`onboxctl run` of RUN on `box` (several boxes, space-separated, with "--nodes" in `extra`: a group)."""
-        self.ctl("run", *box.split(), "--name", RUN, "--durable", self.durable_spec, "--recover", "pool:p", "--workdir",
-                 str(self.tmp), "--heartbeat-interval", "1", "--sync-interval", "0.3", "--set", "settle_seconds=0.3",
-                 "--set", "notice_source=none", "--max-restarts", "0", "--lost-after", "3s", "--backoff", "0.5s",
-                 "--max-at-risk", "1h", *extra, "--", sys.executable, TRAINER, "--steps", "100000",
-                 "--interval", str(interval), "--save-every", str(save_every), "--trace", self.trace)
-
-    def keeper(self, *args: str) -> subprocess.Popen:
-        with open(str(self.tmp / "keep.out"), "ab") as out:  # the child keeps its own copy of the fd
-            p = subprocess.Popen([sys.executable, "-m", "controller", "keep", "--interval", "0.3", "--probe-timeout",
-                                  "5", "--json", *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        self.keepers.append(p)
-        return p
-
-    def record(self) -> Dict[str, Any]:
-        try:
-            with open(os.path.join(self.cfg, "runs", RUN, "recovery.json")) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    def starts(self) -> List[Dict[str, Any]]:
-        try:
-            with open(self.trace) as f:
-                return [json.loads(x) for x in f if x.strip()]
-        except OSError:
-            return []
-
-    def run_on(self, name: str) -> str:
-        """RUN's name on box `name`: RUN, or `RUN.node<N>` where the box is node N of a group."""
-        runs = os.path.join(self.boxes[name].home, ".onbox", "runs")
-        nodes = sorted(n for n in (os.listdir(runs) if os.path.isdir(runs) else []) if n.startswith(RUN + ".node"))
-        return nodes[0] if nodes else RUN
-
-    def state(self, name: str) -> Dict[str, Any]:
-        try:
-            with open(os.path.join(self.boxes[name].home, ".onbox", "runs", self.run_on(name), "state.json")) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    def committed(self) -> List[int]:
-        d = os.path.join(self.durable, RUN, "checkpoints")
-        out = []
-        for name in os.listdir(d) if os.path.isdir(d) else []:
-            m = os.path.join(d, name, "MANIFEST.json")
-            if os.path.isfile(m):
-                with open(m) as f:
-                    out.append(json.load(f).get("step"))
-        return sorted(s for s in out if isinstance(s, int))
-
-    def durable_files(self) -> List[str]:
-        return sorted(os.path.relpath(os.path.join(dp, f), self.durable) for dp, _, fs in os.walk(self.durable)
-                      for f in fs)
-
-    def kill_run(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """The agent and the trainer of RUN (or its node's run) on box `name`, each by PID and start time (never a
-        recycled PID)."""
-        st = self.state(name)
-        for pid_key, start_key in (("agent_pid", "agent_start_time"), ("child_pid", "child_start_time")):
-            pid = st.get(pid_key)
-            if pid and start_time(pid) == st.get(start_key):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            if sig != signal.SIGKILL:
-                return  # a preemption: the agent alone gets the signal, it stops its trainer itself
-
-    def kill_box(self, name: str) -> None:
-        self.kill_run(name)
-        self.boxes[name].stop()  # its sshd and the sessions it serves
-
-    def close(self) -> None:
-        for p in self.keepers:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-        for name in self.boxes:
-            st = self.state(name)
-            if st.get("state") not in ("done", "failed", "preempted", "stopped", "fenced"):
-                self.kill_run(name)
-        close_masters(self.cm)
-        shutil.rmtree(self.cm, ignore_errors=True)
-
-    def took_over(self, name: str) -> bool:
-        """Whether the agent on box `name` took the run's lease over from an earlier holder (its `lease_taken` event
-        names the lease it superseded)."""
-        return any(e.get("type") == "lease_taken" and (e.get("previous") or {}).get("epoch") is not None
-                   for e in _events(self.boxes[name]))
 
 
 @pytest.fixture
@@ -189,12 +42,6 @@ def rig(tmp_path, onbox_pyz):
     r = Rig(tmp_path, onbox_pyz)
     yield r
     r.close()
-
-
-def _recovered(rig: Rig) -> Optional[Dict[str, Any]]:
-    rec = rig.record()
-    last = (rec.get("history") or [None])[-1]
-    return rec if last and "first_new_step" in last["phases"] else None
 
 
 def test_a_box_that_dies_is_recovered_on_a_spare_and_resumes_at_the_newest_durable_step(netns_boxes, rig):
@@ -222,7 +69,7 @@ def test_a_box_that_dies_is_recovered_on_a_spare_and_resumes_at_the_newest_durab
         t_dead = time.time()
         newest = max(rig.committed())
         rig.keeper()
-        rec = wait_for(lambda: _recovered(rig), 90, "the run to train again on the spare", 0.3)
+        rec = wait_for(rig.recovered, 90, "the run to train again on the spare", 0.3)
         took = time.time() - t_dead
 
         starts = rig.starts()
@@ -230,7 +77,7 @@ def test_a_box_that_dies_is_recovered_on_a_spare_and_resumes_at_the_newest_durab
         assert rig.committed()[-1] >= newest
         assert rec["boxes"] == ["s0"] and rec["recoveries"] == 1 and rec["state"] == "watching"
         last = rec["history"][-1]
-        phases = ("detected", "declared_lost", "box_chosen", "pushed", "relaunched", "first_new_step")
+        phases = PHASES
         times = [last["phases"][p] for p in phases]
         assert times == sorted(times) and last["kind"] == "elsewhere" and last["take_over"] is True
         assert last["resume_step"] == newest and last["first_step"] > newest
@@ -270,7 +117,7 @@ def test_preempted_with_the_box_up_is_relaunched_there_and_the_spare_is_not_used
     assert "relaunched kp on b0" in r.stdout, r.stdout
     wait_for(lambda: len(rig.starts()) == 2, 30, "the relaunch to start")
     assert [(s["box"], s["start"]) for s in rig.starts()] == [("b0", 0), ("b0", final)]
-    rec = wait_for(lambda: rig.ctl("keep", "--once") and _recovered(rig), 60, "the first new step", 0.5)
+    rec = wait_for(lambda: rig.ctl("keep", "--once") and rig.recovered(), 60, "the first new step", 0.5)
     assert rec["boxes"] == ["b0"] and rec["recoveries"] == 1 and rec["history"][-1]["kind"] == "same_box"
     assert not rec["history"][-1]["take_over"]
     assert not os.path.exists(os.path.join(s0.home, ".onbox"))  # the spare was not touched at all
@@ -335,20 +182,12 @@ def test_a_keeper_killed_while_its_launch_is_in_flight_finishes_with_one_launch(
     first.wait(timeout=10)
     assert rig.record()["current"]["launch_started_at"] and "relaunched" not in rig.record()["current"]["phases"]
     rig.keeper()
-    rec = wait_for(lambda: _recovered(rig), 90, "the recovery finished by the second keeper", 0.3)
+    rec = wait_for(rig.recovered, 90, "the recovery finished by the second keeper", 0.3)
     with open(marker) as f:
         assert f.read().splitlines() == ["run"]  # one `onbox run` on the spare, ever
     assert [s["box"] for s in rig.starts()] == ["b0", "s0"]
     assert rec["recoveries"] == 1 and rec["boxes"] == ["s0"]
     assert any("not launched again" in e["text"] for e in rec["events"]), rec["events"]
-
-
-def _events(box: Any) -> List[Dict[str, Any]]:
-    try:
-        with open(os.path.join(box.home, ".onbox", "runs", RUN, "events.jsonl")) as f:
-            return [json.loads(x) for x in f if x.strip()]
-    except OSError:
-        return []
 
 
 def test_the_recovered_run_holds_the_newer_lease(netns_boxes, rig):
@@ -362,10 +201,10 @@ def test_the_recovered_run_holds_the_newer_lease(netns_boxes, rig):
     old = _lease_of(rig, "b0")
     rig.kill_box("b0")
     rig.keeper()
-    wait_for(lambda: _recovered(rig), 90, "the recovery")
+    wait_for(rig.recovered, 90, "the recovery")
     new = wait_for(lambda: _lease_of(rig, "s0"), 30, "the spare's lease")
     assert new["epoch"] > old["epoch"] and new["holder"] != old["holder"] and not new.get("fenced")
-    taken = [e for e in _events(s0) if e.get("type") == "lease_taken"]
+    taken = [e for e in rig.events("s0") if e.get("type") == "lease_taken"]
     # superseding b0's lease (netns boxes share one hostname and boot id, so the agent may see b0's dead agent as
     # its own box's and need no take-over: `lease_taken_over` is not asserted)
     assert taken and (taken[-1].get("previous") or {}).get("epoch") == old["epoch"], taken
@@ -398,7 +237,7 @@ def test_a_partitioned_box_is_recovered_elsewhere_and_fenced_after_the_heal(netn
     subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "down"], check=True)  # the cut
     try:
         rig.keeper()
-        rec = wait_for(lambda: _recovered(rig), 120, "the recovery on the spare", 0.3)
+        rec = wait_for(rig.recovered, 120, "the recovery on the spare", 0.3)
         assert rec["boxes"] == ["s0"] and rec["history"][-1]["take_over"]
         assert "failed ssh for" in rec["history"][-1]["reason"]
     finally:
@@ -443,14 +282,14 @@ def test_a_partitioned_box_whose_storage_is_cut_too_is_refused_its_first_write_a
         rig.ctl("push", "b0", "--pyz", rig.pyz)
         # a checkpoint every 6 s, the trainer keeping only its newest: each lives longer than a commit through
         # rclone's processes takes here (~2 s); at the other tests' pace each one vanishes before its copy ends
-        rig.launch("b0", "--set", "lease_ttl=3", interval=0.2, save_every=30)
+        rig.launch("b0", "--set", "lease_ttl=3", step_interval=0.2, save_every=30)
         wait_for(lambda: len(rig.committed()) >= 2, 60, "two commits through rclone")
         ns = b0.netns
         subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "down"], check=True)  # ssh AND storage
         try:
             t_cut = time.time()
             rig.keeper()
-            rec = wait_for(lambda: _recovered(rig), 120, "the recovery on the spare", 0.3)
+            rec = wait_for(rig.recovered, 120, "the recovery on the spare", 0.3)
             assert rec["boxes"] == ["s0"] and rec["history"][-1]["take_over"], rec
             new = wait_for(lambda: _lease_of(rig, "s0"), 30, "the spare's lease")
             assert rig.state("b0").get("state") == "running"  # cut off, not dead: it still trains
@@ -458,7 +297,7 @@ def test_a_partitioned_box_whose_storage_is_cut_too_is_refused_its_first_write_a
             subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "up"], check=True)  # the heal
         t_heal = time.time()
         wait_for(lambda: rig.state("b0").get("state") == "fenced", 60, "b0 fenced after the heal")
-        evs = _events(b0)
+        evs = rig.events("b0")
         [fenced] = [e for e in evs if e.get("type") == "fenced"]
         assert fenced["newer_epoch"] == new["epoch"] and fenced["time"] >= t_heal - 1, fenced
         # nothing committed by b0 after the cut: its only writes after the heal met the newer lease
@@ -490,7 +329,7 @@ def test_a_group_that_loses_a_node_recovers_whole_on_fresh_boxes_node_0_first(ne
     assert rig.run_on("n1") == RUN + ".node1" and rig.state("n1").get("state") == "running"
     rig.kill_box("n1")
     rig.keeper()
-    rec = wait_for(lambda: _recovered(rig), 120, "the group training again on the spares", 0.3)
+    rec = wait_for(rig.recovered, 120, "the group training again on the spares", 0.3)
     assert rec["boxes"] == ["s0", "s1"] and rec["recoveries"] == 1, rec
     last = rec["history"][-1]
     assert last["kind"] == "elsewhere" and last["take_over"] and "node 1" in last["reason"], last
@@ -505,5 +344,5 @@ def test_a_group_that_loses_a_node_recovers_whole_on_fresh_boxes_node_0_first(ne
     # n0 trained on after n1's loss; what it committed after the takeover is not what the group resumed from
     lease = wait_for(lambda: _lease_of(rig, "s0"), 30, "the group's lease on node 0")
     assert lease["epoch"] >= 2 and (lease.get("resumed_from") or "").startswith("step_")
-    ended = [e for e in _events(n0) if e.get("type") == "exit"]
+    ended = [e for e in rig.events("n0") if e.get("type") == "exit"]
     assert ended and ended[-1]["classification"] == "fenced", ended
