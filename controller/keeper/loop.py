@@ -5,7 +5,7 @@ A pass over one run:
   RECOVERING                  advance the open recovery (choose a box, push, relaunch)
   otherwise                   ask each of its boxes (`onbox status RUN --json`) and the tracker, then
     HEALTHY                   WATCHING again (a SUSPECT box answers again)
-    SUSPECT                   WATCHING -> SUSPECT, the first failed probe's time kept (detected)
+    SUSPECT                   WATCHING -> SUSPECT, the first failed probe's start kept (detected)
     LOST                      a recovery elsewhere (declared_lost, then a spare or a provisioned box)
     RELAUNCH_HERE             a recovery on the same box (preempted, its agent gone)
     ENDED                     ENDED: the keeper leaves the run alone
@@ -112,13 +112,18 @@ class Keeper:
                 pass
             return
         runs = _node_runs(rec, keep)
+        # a box that does not answer is failing from the moment it was asked, not from when the probe gave up
+        # (a probe of a dead box waits out its timeout: stamped at its end, --lost-after would start that much late)
+        asked = self.clock.time()
         observed = [self.world.observe(box, run) for box, run in zip(keep.boxes, runs)]
         # a run the tracker does not list is "absent"; no tracker (or none answered) is "unknown": neither is ok
         seen = [beats.get(run, Beats(liveness="absent" if beats else "unknown")) for run in runs]
         self._remember(keep, observed, seen)
         self.recoverer.note_first_step(keep, observed)
         now = self.clock.time()
-        j = judge(observed, seen, keep.suspect_since, now, rec.lost_after_s())
+        # the first failed probe counts too: one that hung for --lost-after is that long without an answer
+        since = keep.suspect_since if keep.suspect_since is not None else asked
+        j = judge(observed, seen, since, now, rec.lost_after_s())
         if j.verdict == Verdict.HEALTHY:
             keep.last_ok = now
             if keep.state == KeepState.SUSPECT:
@@ -127,7 +132,7 @@ class Keeper:
                 self._emit(keep, "suspect_cleared", "%s: not lost" % j.reason)
         elif j.verdict == Verdict.SUSPECT:
             if keep.state == KeepState.WATCHING:
-                keep.suspect_since = now
+                keep.suspect_since = asked
                 keep.move(KeepState.SUSPECT, j.reason)
                 self._emit(keep, "suspect", j.reason)
             else:
@@ -143,6 +148,8 @@ class Keeper:
         elif j.verdict == Verdict.RELAUNCH_HERE:
             self.recoverer.start(rec, keep, "same_box", j.reason, needs_push=j.needs_push)
         elif j.verdict == Verdict.LOST:
+            if keep.suspect_since is None:  # lost at its first failed probe (it hung for --lost-after)
+                keep.suspect_since = asked
             self.recoverer.start(rec, keep, "elsewhere", j.reason)
         self._save(keep)
         if keep.state == KeepState.RECOVERING:

@@ -11,7 +11,7 @@ sshd is stopped.
 
 1. `onboxctl keep` with its defaults (--interval, --probe-timeout, ssh timeouts) watches the run launched with
    `--recover pool:p` and the keeper's default --lost-after for the heartbeat; box b0 dies; the split:
-   detect (death -> detected: its first failed probe), decide (-> box_chosen: the --lost-after wait, then the
+   detect (death -> detected: the start of its first failed probe), decide (-> box_chosen: the --lost-after wait, then the
    spare's check, which pushes onbox.pyz to a spare without it), push (-> pushed), relaunch + restore (-> the
    spare's agent's `checkpoint_restored` event), first step (-> the trainer's first new step, from its trace).
 2. Baseline: a person who relaunches by hand the moment box b1 dies, on the same kind of warm spare:
@@ -140,7 +140,7 @@ def _report(k: Dict[str, Any], h: Dict[str, Any], lost_after: float, keep: Dict[
         return "%6.1f s" % x if x is not None else "%8s" % "-"
 
     rows = [
-        ("detect      death -> detected (the end of its first failed probe)", k["detected"] - k["dead"], None),
+        ("detect      death -> detected (the start of its first failed probe)", k["detected"] - k["dead"], None),
         ("decide      -> box_chosen", k["box_chosen"] - k["detected"], None),
         ("  the --lost-after wait: -> declared_lost", k["declared_lost"] - k["detected"], None),
         ("  the spare checked, onbox.pyz pushed to it: -> box_chosen", k["box_chosen"] - k["declared_lost"], None),

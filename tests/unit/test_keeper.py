@@ -196,6 +196,34 @@ def test_lost_after_is_counted_from_the_first_failed_probe_and_a_box_that_answer
     assert kinds(k)[:4] == ["suspect", "suspect_cleared", "suspect", "detected"]
 
 
+@pytest.mark.parametrize("hang, passes, declared", [(20.0, 1, 1020.0), (8.0, 2, 1018.0)])
+def test_a_probe_that_hangs_counts_from_when_it_was_sent(store, hang, passes, declared):
+    """A dead box's probe waits out its timeout: the box was failing from the moment it was asked. A first probe
+    that hangs for --lost-after (15 s) declares it lost in that pass; a shorter one makes it suspect from the
+    probe's start, and the pass after 15 s of that declares it lost; either way detected at the first probe's
+    start."""
+    clock = FakeClock(start_wall=1000.0)
+    record(store, lost_after=15.0)
+
+    class Hanging(FakeWorld):
+        def observe(self, box, run):
+            if box == "gpu1":
+                clock.advance(hang)  # the probe's timeout, then it fails
+            return super().observe(box, run)
+
+    world = Hanging(clock, {"gpu1": [down()]}, INV, spares={"spare-a": None})
+    k = keeper(store, world, clock)
+    states = []
+    for _ in range(passes):
+        k.tick()
+        states.append(store.load("gpt")[1].state.value)
+        clock.advance(2.0)
+    assert states == ["suspect"] * (passes - 1) + ["watching"], states  # recovered on the spare in the last pass
+    _, keep = store.load("gpt")
+    assert keep.boxes == ["spare-a"] and keep.recoveries == 1
+    assert keep.current.phases["detected"] == 1000.0 and keep.current.phases["declared_lost"] == declared
+
+
 def test_a_box_whose_beats_arrive_is_never_declared_lost(store):
     clock = FakeClock()
     record(store)
