@@ -18,7 +18,7 @@ import hashlib
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set
 
 from onbox import fsutil
 from onbox.checkpoints import (
@@ -294,12 +294,14 @@ class CheckpointCommitter:
         return dest
 
     def apply_retention(self, keep_last: int, best_metric: Optional[str] = None, best_mode: str = "min",
-                        every_steps: Optional[int] = None) -> List[str]:
-        """Delete committed checkpoints outside the keep set; the newest verified one always stays. Only this
-        holder's lineage counts (`in_lineage`): what lies outside it is never retired here (it is quarantined)."""
+                        every_steps: Optional[int] = None, pinned: Sequence[str] = ()) -> List[str]:
+        """Delete committed checkpoints outside the keep set; the newest verified one always stays, and so does
+        each of `pinned` (the checkpoint the current attempt resumed from: a group's other nodes fetch it while
+        node 0 trains on and commits). Only this holder's lineage counts (`in_lineage`): what lies outside it is
+        never retired here (it is quarantined)."""
         entries = self.committed()
         pool = [e for e in entries if self.in_lineage is None or self.in_lineage(e)]
-        keep = retention.select_keep(pool, keep_last, best_metric, best_mode, every_steps)
+        keep = retention.select_keep(pool, keep_last, best_metric, best_mode, every_steps) | set(pinned)
         doomed = [e["name"] for e in pool if e["name"] not in keep]
         if not doomed:
             return []

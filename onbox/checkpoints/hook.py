@@ -325,8 +325,12 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
                 self.throughput = 0.5 * self.throughput + 0.5 * (r.bytes / r.seconds)
             try:  # the commit stands whatever retention meets: an error here is said, never the commit undone
                 self.sweep_orphans()  # an old holder's race-window commit, seen since: to quarantine/
+                # the attempt's resume point stays while it runs: a group's other nodes fetch it (and a node that
+                # restarts fetches it again) while node 0 trains on and commits
+                resumed = (self.resumed or {}).get("name")
                 self.committer.apply_retention(self.cfg.keep_last, self.cfg.keep_best_metric,
-                                               self.cfg.keep_best_mode, self.cfg.keep_every_steps)
+                                               self.cfg.keep_best_mode, self.cfg.keep_every_steps,
+                                               pinned=[resumed] if isinstance(resumed, str) else [])
             except Fenced as e:
                 self.said_fenced(e, r.name)
             except (SyncFailed, OSError) as e:

@@ -658,3 +658,27 @@ def test_a_checkpoints_metrics_are_those_of_its_step_never_a_later_one(tmp_path)
     write_torch_zip(str(d / "step_45.pt"))
     cands = {c.name: c for c in tr.update(scan(str(d)), 4.0, 4.0, {"step": 40, "loss": 2.4, "time": 70.0})}
     assert cands["step_45.pt"].metrics["loss"] == 2.4
+
+
+def test_retention_keeps_the_checkpoint_the_attempt_resumed_from_while_it_runs(tmp_path):
+    """A group's node 0 resumes from step 100 and trains on, committing every few seconds with keep_last=1; its
+    other nodes fetch step 100 meanwhile (a large checkpoint takes minutes): retention must not retire it under
+    them. Outside the attempt's resume point, keep_last rules as before; the next attempt pins its own."""
+    box_a = run_context(tmp_path / "a", durable=str(tmp_path / "durable"), settle_seconds=0.0, keep_last=1)
+    first = CheckpointCommitHook(box_a)
+    write_torch_zip(os.path.join(box_a.ckpt_dir, "step_100.pt"))
+    first.commit_one(complete_cands(box_a.ckpt_dir)[-1])
+    ctx = run_context(tmp_path / "b", durable=str(tmp_path / "durable"), settle_seconds=0.0, keep_last=1)
+    hook = CheckpointCommitHook(ctx)
+    assert hook.restore() and hook.resumed["name"] == "step_100.pt"
+    for s in (200, 300, 400):
+        ctx.clock.advance(60.0)
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%d.pt" % s), payload=bytes([s % 256]) * 4096)
+        hook.commit_one(next(c for c in complete_cands(ctx.ckpt_dir) if c.name == "step_%d.pt" % s))
+    assert [e["name"] for e in hook.committer.committed()] == ["step_100.pt", "step_400.pt"]
+    retired = [n for ev in ctx.emit.of("checkpoints_retired") for n in ev["removed"]]
+    assert retired == ["step_200.pt", "step_300.pt"]
+    hook.resumed = {"name": "step_400.pt"}  # the next attempt resumed from step 400: step 100 is retired
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_500.pt"), payload=b"\x05" * 4096)
+    hook.commit_one(next(c for c in complete_cands(ctx.ckpt_dir) if c.name == "step_500.pt"))
+    assert [e["name"] for e in hook.committer.committed()] == ["step_400.pt", "step_500.pt"]
