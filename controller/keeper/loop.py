@@ -116,6 +116,10 @@ class Keeper:
         # (a probe of a dead box waits out its timeout: stamped at its end, --lost-after would start that much late)
         asked = self.clock.time()
         observed = [self.world.observe(box, run) for box, run in zip(keep.boxes, runs)]
+        if beats and any(not o.reached for o in observed):
+            # a failed probe may have waited out its timeout: the beats read before it are that old (a box that
+            # died meanwhile still looked "ok"), and only they can keep a box that fails ssh from being lost
+            beats = dict(beats, **self.world.beats([rec]))
         # a run the tracker does not list is "absent"; no tracker (or none answered) is "unknown": neither is ok
         seen = [beats.get(run, Beats(liveness="absent" if beats else "unknown")) for run in runs]
         self._remember(keep, observed, seen)

@@ -224,6 +224,29 @@ def test_a_probe_that_hangs_counts_from_when_it_was_sent(store, hang, passes, de
     assert keep.current.phases["detected"] == 1000.0 and keep.current.phases["declared_lost"] == declared
 
 
+def test_the_beats_are_read_again_after_a_probe_that_failed(store):
+    """The beats read before a probe that waited out its 20 s timeout are 20 s old: they said "ok" when the box was
+    alive; read again after the failed probe they are late, and the box is lost in that pass."""
+    clock = FakeClock(start_wall=1000.0)
+    record(store, lost_after=15.0)
+    answers = [{"gpt": OK}, {"gpt": LATE}]
+
+    class Hanging(FakeWorld):
+        def observe(self, box, run):
+            if box == "gpu1":
+                clock.advance(20.0)
+            return super().observe(box, run)
+
+        def beats(self, runs):
+            return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    world = Hanging(clock, {"gpu1": [down()]}, INV, spares={"spare-a": None})
+    k = keeper(store, world, clock)
+    k.tick()
+    _, keep = store.load("gpt")
+    assert keep.boxes == ["spare-a"] and keep.recoveries == 1 and "beats are late" in keep.current.reason
+
+
 def test_a_box_whose_beats_arrive_is_never_declared_lost(store):
     clock = FakeClock()
     record(store)
