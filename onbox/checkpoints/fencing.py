@@ -14,6 +14,9 @@ thread of its own, and checked before every write that changes what readers see 
   with no lease recorded it may write only while the run has no leases at all (an agent without leases).
 
 TEST ONLY: ONBOX_TEST_PAUSE_AT (hashcopy.py) pauses a commit between its lease check and its manifest write.
+
+Past 400 lines on purpose: the agent's RunLease and the PassiveLease of every other committer fence by the same
+check, kept in one module so that there is one fencing rule.
 """
 from __future__ import annotations
 

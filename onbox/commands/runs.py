@@ -3,6 +3,10 @@
 Exit codes beyond 0: 2 for a bad name or value, an ONBOX_HOME that is not a directory, and a corrupt state.json
 (a malformed file, like a malformed run file: `onbox status` still prints every other run first); 1 when
 `onbox stop` gave up waiting (the stop request stays: the agent still stops the run).
+
+Past 400 lines on purpose: the four commands that read run directories share one summary of a run (state,
+records, progress, checkpoint and lease lines), and `onbox stop`'s request/signal fallback sits beside the state it
+reads; the views are data the commands print or dump as JSON.
 """
 from __future__ import annotations
 

@@ -9,6 +9,9 @@ standard library (torch is passed in: the box's own torch, never one onbox insta
 - checkpoints: atomic writes (temp name, fsync, rename, fsync the directory), the resume path from
   $ONBOX_RESUME_FROM, and a stop flag set by SIGTERM/SIGUSR1/SIGINT or $ONBOX_PREEMPT_FILE that the training
   loop acts on at the next step boundary.
+
+Past 400 lines on purpose: `onbox init` copies this ONE file beside the user's train.py (no package to install
+on the box), so everything the templates share lives here.
 """
 from __future__ import annotations
 
