@@ -133,7 +133,10 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
           header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
           max_conns: int, pulls_record: Optional[str]) -> None:
-    """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted."""
+    """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted.
+
+    Once it serves, it says on stderr where it listens, its database, the dashboard's URL and where the token is
+    (the file, or $ONBOX_TRACKER_TOKEN; never the token itself)."""
     from controller.tracker.guard import Limits
     from controller.tracker.server import bind, check_tls, is_loopback
     from controller.tracker.server import serve as run_server
