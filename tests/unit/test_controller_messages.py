@@ -23,3 +23,50 @@ def test_tracker_announcement_names_the_address_the_dashboard_and_the_token(host
     lines = announcement(host, 8787, tls, "in /home/me/.onbox-token", False, "/home/me/t.db")
     assert lines == ["onboxctl tracker: listening on %spid %d, database /home/me/t.db)" % (listen, os.getpid()),
                      "onboxctl tracker: %slog in with the token in /home/me/.onbox-token" % dash]
+
+
+# -- onboxctl status: the heartbeat hint -----------------------------------------------------------------------
+def _row(run="gpt", source="tracker", liveness="ok", state="running", age=3.0, interval=None, box="gpu1"):
+    from controller.runview import RunRow
+
+    return RunRow(box=box, run=run, state=state, liveness=liveness, source=source, age_s=age, interval_s=interval)
+
+
+def test_beat_hint_for_the_default_interval_names_the_flag():
+    from controller.runview import beat_hint
+
+    assert beat_hint([_row()]) == (
+        "the table is as old as each run's newest beat: gpu1/gpt beats every 30 s (the default), so its step and loss "
+        "can be that far behind; `onboxctl run --heartbeat-interval 5` beats more often")
+    assert beat_hint([_row(interval=10.0), _row(run="b", interval=60.0, age=20.0)]) == (
+        "the table is as old as each run's newest beat: gpu1/b beats every 60 s (and 1 more run(s)), so its step and "
+        "loss can be that far behind; `onboxctl run --heartbeat-interval 5` beats more often")
+
+
+def test_beat_hint_for_an_overdue_beat():
+    from controller.runview import beat_hint
+
+    assert beat_hint([_row(interval=5.0, age=9.0)]) == (
+        "gpu1/gpt's newest beat is 9s old, overdue for a run that beats every 5 s: its row is that far behind the "
+        "trainer (a busy box or a slow link?); `onboxctl run --heartbeat-interval 5` beats more often")
+
+
+@pytest.mark.parametrize("row", [
+    _row(interval=5.0, age=4.0),  # a fresh beat of a run that beats often: nothing to say
+    _row(interval=2.0, age=7.0, liveness="late"),  # LATE is in the table already
+    _row(liveness="silent", age=900.0),
+    _row(state="stopped", liveness="ended", age=900.0),  # an ended run beats no more
+    _row(source="ssh", liveness="unknown", age=40.0),  # read from the box itself: no beat behind
+])
+def test_no_beat_hint(row):
+    from controller.runview import beat_hint
+
+    assert beat_hint([row]) is None
+
+
+def test_the_row_carries_the_interval_the_beat_says():
+    from controller.runview import row_from_heartbeat
+
+    assert row_from_heartbeat({"run": "r", "interval_s": 5}).interval_s == 5.0
+    assert row_from_heartbeat({"run": "r", "interval_s": "soon"}).interval_s is None
+    assert row_from_heartbeat({"run": "r", "interval_s": -1}).interval_s is None
