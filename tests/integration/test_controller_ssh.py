@@ -242,11 +242,24 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path, onbo
     report = pull_run(ssh, box, "r1", str(dest), transfer=Transfer(ssh, box, attempts=2, io_timeout=10),
                       record=rec)  # verified by onbox's own verifier (manifest sizes and sha256)
     assert report.ok and report.newest == "step_000100"
+    # what the verification says is what it checked: model.dat has no format onbox checks and nothing loads with
+    # torch (installed here or not), so no load is claimed
+    got_rec = report.checkpoints[0]
+    assert got_rec["loaded"] is None and got_rec["checked"].startswith(
+        "size and sha256 of 1 file(s) against MANIFEST.json; 1 file(s) of no format onbox checks (hash only); "
+        "not loaded: "), got_rec
     got = dest / "r1" / "checkpoints" / "step_000100"
     assert (got / "model.dat").read_bytes() == _read(os.path.join(sshd_box.home, "durable", "r1", "checkpoints",
                                                                    "step_000100", "model.dat"))
     assert not (got / PARTIAL_DIR).exists()
     assert (dest / "r1" / "logs" / "output.log").exists() and (dest / "r1" / "checkpoints_index.json").exists()
+
+    r = onboxctl(ctl, "pull", "b1", "r1", str(dest), "--load")  # the CLI's words for it, a load asked for
+    said = [ln for ln in r.stdout.decode().splitlines() if ln.startswith("pull: verified ")]
+    assert r.returncode == 0 and said == [
+        "pull: verified step_000100: OK (checked: size and sha256 of 1 file(s) against MANIFEST.json; 1 file(s) of no "
+        "format onbox checks (hash only); not loaded: no torch or safetensors file to load)"], r.stdout
+    assert b"loaded with torch" not in r.stdout
 
     r = onboxctl(ctl, "down", "b1")  # allowed, but nobody typed the box name back (no terminal): refused
     assert r.returncode == 2 and "confirmation needed" in r.stderr.decode()

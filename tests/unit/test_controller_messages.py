@@ -70,3 +70,31 @@ def test_the_row_carries_the_interval_the_beat_says():
     assert row_from_heartbeat({"run": "r", "interval_s": 5}).interval_s == 5.0
     assert row_from_heartbeat({"run": "r", "interval_s": "soon"}).interval_s is None
     assert row_from_heartbeat({"run": "r", "interval_s": -1}).interval_s is None
+
+
+# -- onboxctl pull: what the verification checked -------------------------------------------------------------
+def _report(files, load_note="", loaded=None, problems=()):
+    return {"has_manifest": True, "files": files, "loaded": loaded, "load_note": load_note, "ok": not problems,
+            "problems": list(problems), "checkpoints": [{"name": "step_100", "checked": ["size", "sha256", "format"]}]}
+
+
+def test_checked_words_say_only_what_was_checked():
+    from controller.pull import checked_words, verified_line
+
+    torch_zip = {"path": "model.pt", "kind": "torch-zip", "ok": True}
+    plain = {"path": "model.dat", "kind": "", "ok": True, "note": "hash only"}
+    rep = _report([plain], "not loaded: no torch or safetensors file to load")
+    assert checked_words(rep) == ("size and sha256 of 1 file(s) against MANIFEST.json; 1 file(s) of no format onbox "
+                                  "checks (hash only); not loaded: no torch or safetensors file to load")
+    rep = _report([torch_zip, dict(torch_zip, path="opt.pt"), {"path": "cfg.json", "kind": "json", "ok": True}],
+                  "loaded 2 file(s) with torch 2.13.0", loaded=True)
+    assert checked_words(rep) == ("size and sha256 of 3 file(s) against MANIFEST.json; format of 1 json, "
+                                  "2 torch-zip; loaded 2 file(s) with torch 2.13.0")
+    v = {"ok": True, "loaded": None, "checked": checked_words(_report([plain], "not loaded: --no-load"))}
+    assert verified_line("step_100", v) == ("verified step_100: OK (checked: size and sha256 of 1 file(s) against "
+                                            "MANIFEST.json; 1 file(s) of no format onbox checks (hash only); "
+                                            "not loaded: --no-load)")
+    assert "torch" not in verified_line("step_100", v)  # no load, no word of one
+    v = {"ok": False, "error": "model.dat: sha256 mismatch (content corrupted)", "checked": "size and sha256 of 1"}
+    assert verified_line("step_100", v) == ("verified step_100: FAILED: model.dat: sha256 mismatch (content "
+                                            "corrupted) (checked: size and sha256 of 1)")
