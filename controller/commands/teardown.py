@@ -11,7 +11,7 @@ import click
 from controller.boxes import Inventory
 from controller.launch import check_name
 from controller.ssh import Ssh, settings_from_env
-from controller.teardown import gate, meter_command, render
+from controller.teardown import gate, meter_command, meter_sentence, passed_line, render
 from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
@@ -56,12 +56,8 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
         if typed.strip() != box:
             raise UsageError("confirmation did not match %r: nothing done" % box)
     if not as_json:
-        click.echo("Gate passed: every run's newest checkpoint on %s is pulled and verified." % box)
-        if cmd:
-            click.echo("To stop the meter (%s): %s" % (report.meter.verb, cmd))
-        else:
-            click.echo("To stop the meter: %s the box on its platform (profile %s has no CLI command)."
-                       % (report.meter.verb, report.meter.profile))
+        click.echo(passed_line(report))
+        click.echo(meter_sentence(report.meter, cmd))
     from controller.tunnel import Records, close_tunnels
 
     try:

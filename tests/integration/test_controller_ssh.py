@@ -298,3 +298,28 @@ def test_remote_pyz_path_is_relative_to_home():
     assert REMOTE_PYZ == ".onbox/onbox.pyz"
     assert Box(name="x", host="h").python == "python3"
     assert push  # imported for the CLI path above
+
+
+def test_down_with_abandon_names_the_abandoned_run_and_how_to_stop_the_meter(sshd_box, ctl, tmp_path, onbox_pyz):
+    """`down --abandon RUN` passes, and says which run is pulled and verified and which was abandoned (never "every
+    run's newest checkpoint is pulled and verified"); the meter line is the profile's own sentence."""
+    add_box(ctl, "b1", sshd_box)
+    assert onboxctl(ctl, "push", "b1", "--pyz", onbox_pyz).returncode == 0
+    _fabricate_run(sshd_box.home, "r1", 4096)
+    _fabricate_run(sshd_box.home, "r2", 4096)
+    r = onboxctl(ctl, "pull", "b1", "r1", str(tmp_path / "pulled"))
+    assert r.returncode == 0, r.stderr
+    r = onboxctl(ctl, "down", "b1", "--yes", "--abandon", "r2")
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    assert "every run's newest checkpoint" not in out
+    lines = out.splitlines()
+    assert lines[-2] == ("Gate passed for b1: newest checkpoint pulled and verified: r1; ABANDONED with --abandon, "
+                         "newest state not home: r2."), out
+    assert lines[-1] == ("To stop the meter, stop or delete the box the way its provider does: onbox knows no "
+                         "platform for it, and deleting the box deletes its disk."), out  # generic-ssh, the default
+    doc = json.loads(onboxctl(ctl, "down", "b1", "--yes", "--abandon", "r2", "--json").stdout)
+    assert {v["run"]: v["kind"] for v in doc["runs"]} == {"r1": "verified", "r2": "abandoned"}
+    assert doc["meter_stop"]["how"].startswith("To stop the meter, stop or delete the box")
+    Ssh(SshSettings(control_dir=ctl["ONBOX_SSH_CONTROL_DIR"])).close(Inventory(ctl["ONBOX_CONFIG_DIR"]).resolve(
+        "b1").target())

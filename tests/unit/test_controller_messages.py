@@ -98,3 +98,86 @@ def test_checked_words_say_only_what_was_checked():
     v = {"ok": False, "error": "model.dat: sha256 mismatch (content corrupted)", "checked": "size and sha256 of 1"}
     assert verified_line("step_100", v) == ("verified step_100: FAILED: model.dat: sha256 mismatch (content "
                                             "corrupted) (checked: size and sha256 of 1)")
+
+
+# -- onboxctl down: the verdict once the gate passes, and how to stop the meter, for every profile ---------------
+def _gate(*kinds, box="gpu1"):
+    from controller.profiles import MeterStop
+    from controller.teardown import GateReport, RunVerdict
+
+    runs = [RunVerdict("r%d" % i, "done", None, None, k == "verified", k == "verified", False, "", kind=k)
+            for i, k in enumerate(kinds, 1)]
+    meter = MeterStop(profile="runpod", verb="terminate", irreversible=True, verified="2026-06", source=None,
+                      command=None)
+    return GateReport(box=box, runs=runs, meter=meter, allowed=True, warnings=[])
+
+
+def test_passed_line_names_each_run_for_what_it_is():
+    from controller.teardown import passed_line
+
+    assert passed_line(_gate("verified", "verified")) == (
+        "Gate passed: every run's newest checkpoint on gpu1 is pulled and verified.")
+    assert passed_line(_gate()) == "Gate passed: there are no runs on gpu1."
+    assert passed_line(_gate("verified", "abandoned")) == (
+        "Gate passed for gpu1: newest checkpoint pulled and verified: r1; ABANDONED with --abandon, newest state not "
+        "home: r2.")
+    assert passed_line(_gate("abandoned", "off_box", "other_node", "abandoned")) == (
+        "Gate passed for gpu1: ABANDONED with --abandon, newest state not home: r1, r4; committed off the box "
+        "(rclone): r2; a node whose node 0 commits: r3.")
+
+
+def test_judge_run_kinds(tmp_path):
+    from controller.pull import PullsRecord, RemoteCheckpoint
+    from controller.teardown import judge_run
+
+    rec = PullsRecord(str(tmp_path / "pulls.json"))
+    ck = RemoteCheckpoint(name="step_1", manifest_sha256="a" * 64, step=1)
+    rec.record("b", "ok", "/d", "step_1", {"ok": True, "manifest_sha256": "a" * 64})
+    assert judge_run("b", {"run": "ok", "checkpoints": [ck]}, rec).kind == "verified"
+    assert judge_run("b", {"run": "ok", "checkpoints": [ck]}, rec, abandoned=["ok"]).kind == "verified"
+    assert judge_run("b", {"run": "x", "checkpoints": [ck]}, rec).kind == "blocked"
+    assert judge_run("b", {"run": "x", "checkpoints": [ck]}, rec, abandoned=["x"]).kind == "abandoned"
+    assert judge_run("b", {"run": "x", "checkpoints": []}, rec, abandoned=["x"]).kind == "abandoned"
+    assert judge_run("b", {"run": "x", "checkpoints": [], "durable": "r2:b"}, rec).kind == "off_box"
+    assert judge_run("b", {"run": "x.node1", "node": {"rank": 1, "run": "x"}}, rec).kind == "other_node"
+
+
+def _all_profiles():
+    from controller.profiles import known_profiles, load_profile
+
+    out = []
+    for name in known_profiles():
+        out.append(name)
+        out += ["%s/%s" % (name, p) for p in sorted((load_profile(name) or {}).get("platforms") or {})]
+    return out
+
+
+@pytest.mark.parametrize("name", _all_profiles())
+def test_every_profile_says_how_to_stop_the_meter_in_a_sentence(name):
+    """The teardown text of every built-in profile (and sub-platform) reads as a sentence of its own: it says how to
+    stop the meter, or that there is none; never a verb spliced into a template ("manual (provider-specific) the
+    box on its platform")."""
+    from controller.profiles import meter_stop
+    from controller.teardown import meter_sentence
+
+    m = meter_stop(name)
+    assert m.how, "profile %s has no [billing] teardown sentence" % name
+    said = meter_sentence(m, None)
+    assert said == m.how
+    assert said.startswith(("To stop the meter, ", "To stop the compute meter, ", "There is no meter to stop: "))
+    assert said.endswith(".") and said.count(". ") == 0, said  # one sentence
+    assert "the box on its platform" not in said and m.verb not in said.split(", ", 1)[0]
+
+
+def test_meter_sentence_without_a_profile_sentence_or_with_a_command():
+    from controller.profiles import MeterStop, meter_stop
+    from controller.teardown import meter_sentence
+
+    mine = MeterStop(profile="mycloud", verb="manual (provider-specific)", irreversible=True, verified=None,
+                     source=None, command=None)
+    assert meter_sentence(mine, None) == ('To stop the meter, do on the box\'s platform what profile mycloud calls '
+                                          '"manual (provider-specific)" (it names no command for it).')
+    assert meter_sentence(mine, "mycloud rm gpu1") == "To stop the meter (manual (provider-specific)): mycloud rm gpu1"
+    assert meter_sentence(meter_stop("no-such-profile"), None) == (
+        "To stop the meter, stop the box the way its platform does: no profile 'no-such-profile' here says how, and "
+        "a forgotten box bills around the clock.")
