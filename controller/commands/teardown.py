@@ -30,8 +30,9 @@ class GateRefused(JobFailed):
 def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool, as_json: bool) -> None:
     """Check that BOX may be torn down: every run's newest durable checkpoint pulled AND verified locally.
 
-    Refuses (exit 1) while any is not. When allowed, prints the platform command that stops the meter; it runs
-    it only with --execute-meter-stop.
+    Refuses (exit 1) while any is not. When allowed, names each run for what it is (pulled and verified, or
+    abandoned with --abandon) and says how to stop the meter: the profile's command (run only with
+    --execute-meter-stop) or its own sentence.
     """
     for run in abandon:
         check_name(run)
