@@ -15,6 +15,7 @@ COMMANDS = {
     "secrets": (C + "push", "secrets", "Push a secret to a box via stdin (never argv)."),
     "run": (C + "launch", "run", "Launch a supervised run on one or more boxes; returns at once."),
     "status": (C + "status", "status", "Every run of every box: state, step, loss, GPU, heartbeat age."),
+    "stop": (C + "stop", "stop", "Stop a run gracefully: it checkpoints, commits and exits (the box's agent does it)."),
     "logs": (C + "status", "logs", "Show (or follow) a run's log on a box."),
     "queue": (C + "queue", "queue", "A box's run queue: entries, their states, the runner."),
     "pull": (C + "pull", "pull", "Copy a run's committed checkpoints home and verify them."),

@@ -63,6 +63,7 @@ class MeterStop:
     source: Optional[str]
     command: Optional[str]  # the platform CLI command that stops the meter, with {box}/{host} placeholders
     note: Optional[str] = None
+    how: Optional[str] = None  # the profile's sentence on how to stop the meter (`[billing] teardown`)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -87,7 +88,9 @@ def meter_stop(name: Optional[str]) -> MeterStop:
     if doc is None:
         return MeterStop(profile=name, verb="unknown (no profile %r here)" % name, irreversible=None, verified=None,
                          source=None, command=None,
-                         note="stop the box the way its platform does; a forgotten box bills 24/7")
+                         note="stop the box the way its platform does; a forgotten box bills 24/7",
+                         how="To stop the meter, stop the box the way its platform does: no profile %r here says "
+                             "how, and a forgotten box bills around the clock." % name)
     section = None
     for key in ("meter_stop", "billing", "teardown", "meter"):
         if isinstance(doc.get(key), dict):
@@ -100,7 +103,9 @@ def meter_stop(name: Optional[str]) -> MeterStop:
     source = _find(where, ["source", "sources"]) or _find(doc, ["source"])
     command = _find(where, ["command", "meter_stop_command", "cli"])
     note = _find(where, ["note", "notes"])
+    how = _find(where, ["teardown"])
     return MeterStop(profile=name, verb=str(verb), irreversible=bool(irrev) if irrev is not None else None,
                      verified=str(verified) if verified is not None else None,
                      source=str(source) if source is not None else None,
-                     command=str(command) if command else None, note=str(note) if note else None)
+                     command=str(command) if command else None, note=str(note) if note else None,
+                     how=str(how) if how else None)

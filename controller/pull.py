@@ -10,7 +10,7 @@ Layout written here: <dest>/<run>/... the same tree. Each checkpoint is its own 
 loses one checkpoint's progress, not the run's), with --partial-dir so a half-copied file resumes and never looks
 complete, the manifest copied LAST, each attempt bounded (rsync --timeout for stalls plus a wall-clock cap) and
 retried with backoff. Then `onbox verify` (manifest hashes, format checks, --load when torch is importable) and
-the outcome goes into the pulls record, which the teardown gate reads.
+the outcome, with what was checked in words, goes into the pulls record, which the teardown gate reads.
 """
 from __future__ import annotations
 
@@ -162,16 +162,46 @@ def torch_available() -> bool:
 
 def verify_local(path: str, load: Optional[bool] = None) -> Dict[str, Any]:
     """Verify a pulled checkpoint on this machine with onbox's own verifier: every manifest size and hash, format
-    checks (zip CRCs, safetensors bounds), and torch.load(weights_only=True) when torch is installed."""
+    checks (zip CRCs, safetensors bounds), and torch.load(weights_only=True) when torch is installed. `checked`
+    says in words what was checked, from the verifier's own report (checked_words)."""
     from onbox.checkpoints.verify import verify_path
 
+    auto = load is None
     load = torch_available() if load is None else load
     rep = verify_path(path, load=load).to_dict()
     if not rep.get("has_manifest"):
         rep["problems"] = [*(rep.get("problems") or []), "no MANIFEST.json: not a committed checkpoint"]
         rep["ok"] = False
-    return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep,
+    if not load:
+        rep["load_note"] = "not loaded: %s" % ("torch is not installed here" if auto else "--no-load")
+    return {"ok": bool(rep.get("ok")), "loaded": rep.get("loaded"), "report": rep, "checked": checked_words(rep),
             "error": "; ".join(rep.get("problems") or [])[:500] or None}
+
+
+def checked_words(rep: Dict[str, Any]) -> str:
+    """What a verification checked, in words, from onbox's verify report (onbox/checkpoints/verify.py): the sizes
+    and hashes against MANIFEST.json, each format check by kind, the files only a hash vouches for, and the load as
+    its own note says it (`loaded N file(s) with torch X`, or `not loaded: why`). Nothing it did not check."""
+    from onbox.checkpoints.verify import KIND_CHECKS
+
+    rows = [r for r in rep.get("files") or [] if isinstance(r, dict) and r.get("kind") != "uncommitted"]
+    parts = []
+    if rep.get("has_manifest"):
+        rows_checked = (rep.get("checkpoints") or [{}])[0].get("checked") or []
+        algo = rows_checked[1] if len(rows_checked) > 1 else "hash"
+        parts.append("size and %s of %d file(s) against MANIFEST.json" % (algo, len(rows)))
+    kinds: Dict[str, int] = {}
+    for r in rows:
+        if r.get("kind") in KIND_CHECKS:
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    if kinds:
+        parts.append("format of %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(kinds.items())))
+    plain = len(rows) - sum(kinds.values())
+    if plain:
+        parts.append("%d file(s) of no format onbox checks (hash only)" % plain)
+    if rep.get("load_note"):
+        parts.append(str(rep["load_note"]))
+    return "; ".join(parts) or "nothing"
 
 
 class Transfer:
@@ -271,6 +301,12 @@ def interrupt(proc: "subprocess.Popen[bytes]", grace: float = 15.0) -> None:
         kill_group(proc)
 
 
+def verified_line(name: str, v: Dict[str, Any]) -> str:
+    """`verified NAME: OK (what was checked)` or `verified NAME: FAILED: the problems (what was checked)`."""
+    checked = " (checked: %s)" % v["checked"] if v.get("checked") else ""
+    return "verified %s: %s%s" % (name, "OK" if v.get("ok") else "FAILED: %s" % v.get("error"), checked)
+
+
 @dataclasses.dataclass
 class PullReport:
     box: str
@@ -333,9 +369,9 @@ def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False,
                                   "path": local, "attempts": tries, "pulled_at": time.time()}
         if verify:
             v = (verifier or verify_local)(local, load)
-            result.update(ok=v["ok"], loaded=v.get("loaded"), error=v.get("error"), verified_at=time.time())
-            say("verified %s: %s%s" % (c.name, "OK" if v["ok"] else "FAILED: %s" % v.get("error"),
-                                       " (loaded with torch)" if v.get("loaded") else ""))
+            result.update(ok=v["ok"], loaded=v.get("loaded"), checked=v.get("checked"), error=v.get("error"),
+                          verified_at=time.time())
+            say(verified_line(c.name, v))
         else:
             result.update(ok=False, error="not verified (--no-verify)")
         record.record(box.name, run, local_root, c.name, result)

@@ -47,6 +47,7 @@ class RunRow:
     durable_at: Optional[float] = None  # when it was committed (the box's clock)
     at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/keeper/atrisk.py): seconds, steps, bound, alert
     keeper: Optional[Dict[str, Any]] = None  # `onboxctl keep`'s word on the run (state, recoveries, where it lives)
+    interval_s: Optional[float] = None  # the agent's heartbeat interval, as its beat says (the tracker's clock)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,7 +129,13 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         source=source,
         phase=_phase_label(beat.get("phase")),
         step_time=step_time, durable_step=risk.durable_step, durable_at=durable_at, at_risk=risk.to_dict(),
+        interval_s=_interval(beat.get("interval_s")),
     )
+
+
+def _interval(v: Any) -> Optional[float]:
+    f = _num(v)
+    return f if f is not None and math.isfinite(f) and f > 0 else None
 
 
 def _phase_label(phase: Any) -> Optional[str]:
@@ -204,6 +211,41 @@ def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> Lis
             merged["progress"] = e["latest"]
         rows.append(row_from_heartbeat(merged, box=box, liveness="unknown", now=now, source="ssh"))
     return rows
+
+
+# -- the heartbeat hint ----------------------------------------------------------------------------------------
+DEFAULT_INTERVAL = 30.0  # the agent's default --heartbeat-interval (onbox/config.py), the tracker's fallback too
+LONG_INTERVAL = 10.0  # seconds between beats from which the table is noticeably behind the trainer
+OVERDUE = 1.5  # a beat older than this many intervals is overdue (the tracker marks LATE after 2)
+SUGGESTED_INTERVAL = 5  # what the hint suggests: a beat is a few hundred bytes, 5 s costs nothing
+
+
+def beat_hint(rows: Iterable[RunRow]) -> Optional[str]:
+    """One line when what the table shows from the tracker lags the trainers noticeably: a live run beats every
+    LONG_INTERVAL s or slower (the default 30 s does), or its newest beat is overdue (past OVERDUE intervals, not
+    yet LATE). It names the run that lags most and `--heartbeat-interval`. Rows read over ssh are never behind a
+    beat; LATE, SILENT and ended runs are marked in the table already."""
+    live = [r for r in rows if r.source == "tracker" and r.liveness == "ok" and r.state not in ENDED_STATES]
+    overdue = [r for r in live if r.age_s is not None and r.age_s > OVERDUE * (r.interval_s or DEFAULT_INTERVAL)]
+    slow = [r for r in live if (r.interval_s or DEFAULT_INTERVAL) >= LONG_INTERVAL]
+    if not overdue and not slow:
+        return None
+    fix = "`onboxctl run --heartbeat-interval %d` beats more often" % SUGGESTED_INTERVAL
+    if overdue:
+        r = max(overdue, key=lambda x: x.age_s or 0.0)
+        return ("%s/%s's newest beat is %s old, overdue for a run that beats every %s: its row is that far behind "
+                "the trainer (a busy box or a slow link?); %s" % (r.box, r.run, fmt_age(r.age_s), _every(r), fix))
+    r = max(slow, key=lambda x: x.interval_s or DEFAULT_INTERVAL)
+    more = " (and %d more run(s))" % (len(slow) - 1) if len(slow) > 1 else ""
+    return ("the table is as old as each run's newest beat: %s/%s beats every %s%s, so its step and loss can be "
+            "that far behind; %s" % (r.box, r.run, _every(r), more, fix))
+
+
+def _every(r: RunRow) -> str:
+    return "%g s" % r.interval_s if r.interval_s else "%g s (the default)" % DEFAULT_INTERVAL
+
+
+ENDED_STATES = {"done", "failed", "stopped", "preempted", "fenced", "crash_loop", "succeeded"}
 
 
 # -- rendering -------------------------------------------------------------------------------------------------

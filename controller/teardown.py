@@ -29,6 +29,9 @@ class RunVerdict:
     blocking: bool
     reason: str
     verified_at: Optional[float] = None
+    # what the gate found, in one word: verified (newest pulled and verified) · abandoned (--abandon) · off_box (an
+    # rclone remote holds them) · other_node (node 0 of the group commits) · blocked
+    kind: str = "blocked"
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,24 +59,26 @@ def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Seq
         # a non-primary node never commits: node 0's run holds the group's checkpoints, and its box's gate checks them
         return RunVerdict(run, state, None, None, False, False, False,
                           "node %d of %s: node 0 commits; `onboxctl down` of node 0's box checks %s"
-                          % (node["rank"], node.get("run"), node.get("run")))
+                          % (node["rank"], node.get("run"), node.get("run")), kind="other_node")
     if top is None and doc.get("durable") and not doc.get("run_root"):
         # an rclone remote: the checkpoints already live off the box and outlive it
         return RunVerdict(run, state, None, None, False, False, False,
-                          "commits to %s (off the box): pull and verify from there with rclone" % doc["durable"])
+                          "commits to %s (off the box): pull and verify from there with rclone" % doc["durable"],
+                          kind="off_box")
     if top is None:
         blocking = run not in abandoned
         why = "no committed durable checkpoint%s" % (" (abandoned with --abandon)" if not blocking else
                                                       ": nothing would survive the teardown")
-        return RunVerdict(run, state, None, None, False, False, blocking, why)
+        return RunVerdict(run, state, None, None, False, False, blocking, why,
+                          kind="blocked" if blocking else "abandoned")
     pulled_entry = record.get(box, run).get("checkpoints", {}).get(top.name)
     proof = record.verified(box, run, top)
     if proof:
         return RunVerdict(run, state, top.name, top.step, True, True, False, "newest checkpoint pulled and verified",
-                          verified_at=proof.get("verified_at"))
+                          verified_at=proof.get("verified_at"), kind="verified")
     if run in abandoned:
         return RunVerdict(run, state, top.name, top.step, bool(pulled_entry), False, False,
-                          "not pulled and verified, abandoned with --abandon")
+                          "not pulled and verified, abandoned with --abandon", kind="abandoned")
     if pulled_entry and pulled_entry.get("manifest_sha256") != top.manifest_sha256:
         why = "the pulled copy of %s differs from the box's (re-committed since): pull again" % top.name
     elif pulled_entry:
@@ -103,6 +108,35 @@ def meter_command(meter: MeterStop, box: Box) -> Optional[str]:
     if not meter.command:
         return None
     return meter.command.replace("{box}", box.name).replace("{host}", box.host)
+
+
+def passed_line(report: GateReport) -> str:
+    """The gate's verdict once it passed, naming each run for what it is: pulled and verified, abandoned with
+    --abandon (its newest state is NOT home), committed off the box, or a node whose node 0 commits."""
+    if not report.runs:
+        return "Gate passed: there are no runs on %s." % report.box
+    groups: Dict[str, List[str]] = {}
+    for v in report.runs:
+        groups.setdefault(v.kind, []).append(v.run)
+    if set(groups) == {"verified"}:
+        return "Gate passed: every run's newest checkpoint on %s is pulled and verified." % report.box
+    said = {"verified": "newest checkpoint pulled and verified: %s",
+            "abandoned": "ABANDONED with --abandon, newest state not home: %s",
+            "off_box": "committed off the box (rclone): %s",
+            "other_node": "a node whose node 0 commits: %s"}
+    parts = [said[k] % ", ".join(groups[k]) for k in ("verified", "abandoned", "off_box", "other_node") if k in groups]
+    return "Gate passed for %s: %s." % (report.box, "; ".join(parts))
+
+
+def meter_sentence(meter: MeterStop, cmd: Optional[str]) -> str:
+    """How to stop the meter, as one sentence: the profile's command when it has one, else its own words
+    (`[billing] teardown`), else what the profile calls the meter stop, quoted."""
+    if cmd:
+        return "To stop the meter (%s): %s" % (meter.verb, cmd)
+    if meter.how:
+        return meter.how
+    return ("To stop the meter, do on the box's platform what profile %s calls \"%s\" (it names no command for it)."
+            % (meter.profile, meter.verb))
 
 
 def render(report: GateReport) -> str:

@@ -16,6 +16,7 @@ from controller.launch import check_name
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
+    beat_hint,
     fetch_tracker_runs,
     render_table,
     rows_from_box_status,
@@ -110,7 +111,8 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     while True:
         rows, problems = collect(url, token, boxes, ssh)
         rows, kept, record_problems = apply_keeper(rows, default_bound=max_at_risk)
-        notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems
+        hint = beat_hint(rows)
+        notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems + ([hint] if hint else [])
         if as_json:
             echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
                        "problems": problems, "notes": notes, "keeper": kept})

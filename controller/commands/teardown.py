@@ -11,7 +11,7 @@ import click
 from controller.boxes import Inventory
 from controller.launch import check_name
 from controller.ssh import Ssh, settings_from_env
-from controller.teardown import gate, meter_command, render
+from controller.teardown import gate, meter_command, meter_sentence, passed_line, render
 from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
@@ -30,8 +30,9 @@ class GateRefused(JobFailed):
 def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool, as_json: bool) -> None:
     """Check that BOX may be torn down: every run's newest durable checkpoint pulled AND verified locally.
 
-    Refuses (exit 1) while any is not. When allowed, prints the platform command that stops the meter; it runs
-    it only with --execute-meter-stop.
+    Refuses (exit 1) while any is not. When allowed, names each run for what it is (pulled and verified, or
+    abandoned with --abandon) and says how to stop the meter: the profile's command (run only with
+    --execute-meter-stop) or its own sentence.
     """
     for run in abandon:
         check_name(run)
@@ -56,12 +57,8 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
         if typed.strip() != box:
             raise UsageError("confirmation did not match %r: nothing done" % box)
     if not as_json:
-        click.echo("Gate passed: every run's newest checkpoint on %s is pulled and verified." % box)
-        if cmd:
-            click.echo("To stop the meter (%s): %s" % (report.meter.verb, cmd))
-        else:
-            click.echo("To stop the meter: %s the box on its platform (profile %s has no CLI command)."
-                       % (report.meter.verb, report.meter.profile))
+        click.echo(passed_line(report))
+        click.echo(meter_sentence(report.meter, cmd))
     from controller.tunnel import Records, close_tunnels
 
     try:

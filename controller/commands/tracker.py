@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Optional
+import sys
+from typing import List, Optional, Tuple
 
 import click
 
@@ -44,23 +45,49 @@ def read_token_file(token_file: str) -> str:
 
 def resolve_token(token_file: Optional[str], db: str) -> str:
     """--token-file, else $ONBOX_TRACKER_TOKEN, else a generated token kept beside the database (mode 0600)."""
+    return resolve_token_where(token_file, db)[0]
+
+
+def resolve_token_where(token_file: Optional[str], db: str) -> Tuple[str, str]:
+    """(the token, where it is in words: "in FILE", "from $ONBOX_TRACKER_TOKEN"); the token itself is never said."""
     if token_file:
-        return read_token_file(token_file)
+        return read_token_file(token_file), "in %s" % os.path.abspath(os.path.expanduser(token_file))
     token = Environment.read().tracker_token
     if token:
-        return token
+        return token, "from $%s" % TOKEN_ENV
     path = os.path.join(os.path.dirname(os.path.abspath(db)), "tracker.token")
     if os.path.exists(path):
         token = read_token_file(path)
         if token:
-            return token
+            return token, "in %s" % path
     from onbox.fsutil import atomic_write
 
     token = secrets.token_urlsafe(32)
     atomic_write(path, token + "\n", mode=0o600)
     click.echo("onboxctl tracker: generated a token in %s (give it to the agents as a file, never as a flag)"
                % path, err=True)
-    return token
+    return token, "in %s" % path
+
+
+def url_host(host: str) -> str:
+    """`host` as it goes in a URL: an IPv6 address in brackets."""
+    host = host.strip("[]")
+    return "[%s]" % host if ":" in host else host
+
+
+def announcement(host: str, port: int, tls: bool, token_where: str, public_read: bool, db: str) -> List[str]:
+    """What `tracker serve` says once it serves (two lines, on stderr): where it listens, its database, the
+    dashboard's URL and where the token is (never the token). A wildcard address (0.0.0.0, ::) gets the loopback
+    URL for the dashboard, and is said to be every address of this machine."""
+    scheme = "https" if tls else "http"
+    wildcard = host.strip("[]") in ("0.0.0.0", "::")
+    here = ("[::1]" if ":" in host else "127.0.0.1") if wildcard else url_host(host)
+    token = ("reads need no token (--public-read), writes need the one %s" % token_where if public_read
+             else "log in with the token %s" % token_where)
+    return ["onboxctl tracker: listening on %s://%s:%d%s (pid %d, database %s)" % (
+                scheme, url_host(host), port, ", every address of this machine" if wildcard else "", os.getpid(), db),
+            "onboxctl tracker: dashboard %s://%s:%d/%s; %s" % (
+                scheme, here, port, " (from elsewhere: this machine's name or address)" if wildcard else "", token)]
 
 
 @click.group()
@@ -106,7 +133,10 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
           header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
           max_conns: int, pulls_record: Optional[str]) -> None:
-    """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted."""
+    """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted.
+
+    Once it serves, it says on stderr where it listens, its database, the dashboard's URL and where the token is
+    (the file, or $ONBOX_TRACKER_TOKEN; never the token itself)."""
     from controller.tracker.guard import Limits
     from controller.tracker.server import bind, check_tls, is_loopback
     from controller.tracker.server import serve as run_server
@@ -127,10 +157,11 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
                    "network in cleartext; give --tls-cert/--tls-key, or keep --host 127.0.0.1 and let "
                    "`onboxctl run` tunnel the boxes in over ssh" % host, err=True)
     store = None
+    token_where = "in %s" % os.path.abspath(os.path.expanduser(token_file)) if token_file else ""
     try:
         store = open_store(db)
         if token is None:
-            token = resolve_token(None, db)
+            token, token_where = resolve_token_where(None, db)
     except BaseException:
         sock.close()
         if store is not None:
@@ -138,5 +169,13 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
         raise
     limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, write_timeout=write_timeout,
                     max_per_client=max_conns_per_client, max_connections=max_conns)
+    lines = announcement(host, sock.getsockname()[1], bool(tls), token_where, public_read, db)
+
+    def ready() -> None:
+        for line in lines:
+            click.echo(line, err=True)
+        sys.stderr.flush()
+
     run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
-               limits=limits, tls=tls, keep_alive=keep_alive, pulls_record=os.path.abspath(os.path.expanduser(pulls_record)))
+               limits=limits, tls=tls, keep_alive=keep_alive, pulls_record=os.path.abspath(os.path.expanduser(pulls_record)),
+               on_ready=ready)

@@ -11,7 +11,7 @@ import ipaddress
 import os
 import socket
 import ssl
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from controller.tracker.guard import Limits, Registry, guarded
 from controller.tracker.store import Store
@@ -75,8 +75,10 @@ def check_tls(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, st
 
 def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: bool = False,
           ready_file: Optional[str] = None, max_body: int = 4 * 1024 * 1024, limits: Optional[Limits] = None,
-          tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30, pulls_record: Optional[str] = None) -> None:
-    """Run the tracker on `sock` until SIGTERM/SIGINT (uvicorn shuts down gracefully); closes `store`."""
+          tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30, pulls_record: Optional[str] = None,
+          on_ready: Optional[Callable[[], None]] = None) -> None:
+    """Run the tracker on `sock` until SIGTERM/SIGINT (uvicorn shuts down gracefully); closes `store`.
+    `on_ready` is called once it serves (after the ready file is written)."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -108,6 +110,8 @@ def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: 
         if server.started and ready_file:
             atomic_write_json(ready_file, {"pid": os.getpid(), "host": host, "port": port,
                                            "scheme": "https" if tls else "http"})
+        if server.started and on_ready is not None:
+            on_ready()
         await task
 
     try:

@@ -36,7 +36,8 @@ class VerifyReport:
     has_manifest: bool
     files: List[Dict[str, Any]]  # {path, size, kind, ok, problem, note}
     problems: List[str]  # "file: what is wrong"
-    loaded: Optional[bool] = None  # None: --load not asked, not possible, or not reached
+    loaded: Optional[bool] = None  # True: at least one file loaded. None: --load not asked, not possible, nothing
+    # to load (no torch or safetensors file, or weights_only refused each one), or not reached
     load_note: str = ""
     load_unavailable: bool = False  # --load was asked and torch could not be imported (and --no-load-ok was not)
     step: Optional[int] = None  # the step the checkpoint records about itself (stepread), when it does
@@ -268,6 +269,9 @@ def _verify_run_dir(path: str, many: List[str], load: bool, no_load_ok: bool) ->
 
 
 def _load_with_torch(report: VerifyReport, files: List[str], no_load_ok: bool) -> None:
+    if not files:  # a load that loads nothing is no load: never "loaded" (U33: say only what was checked)
+        report.load_note = "not loaded: no torch or safetensors file to load"
+        return
     missing = []
     try:
         import torch  # the box's own torch (U28): never installed by onbox
@@ -304,9 +308,13 @@ def _load_with_torch(report: VerifyReport, files: List[str], no_load_ok: bool) -
                 os.path.basename(f), type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
             report.loaded = False
             return
+    loaded = len(files) - len(refused)
+    why = "weights_only refused (Python objects, not corruption; format checks only): %s" % ", ".join(refused)
+    if not loaded:
+        report.load_note = "not loaded: %s" % why
+        return
     report.loaded = True
-    report.load_note = "loaded %d file(s) with torch %s" % (len(files) - len(refused), torch.__version__)
+    report.load_note = "loaded %d file(s) with torch %s" % (loaded, torch.__version__)
     if refused:
-        report.load_note += "; weights_only refused (Python objects, not corruption; format checks only): %s" % (
-            ", ".join(refused))
+        report.load_note += "; %s" % why
     report.checked.append(report.load_note)

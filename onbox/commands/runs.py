@@ -22,6 +22,9 @@ from onbox.commands.clikit import FiniteFloat, echo_json
 from onbox.errors import JobFailed, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
+# `onbox stop --json`: the run's state.json plus `outcome` (stopped, already_ended, nothing_to_stop, asked), and with
+# `asked` the grace the agent applies and how long `onbox stop` would have waited (`wait_s`); onboxctl stop reads it
+STOP_SCHEMA = "onbox.stop/1"
 # `onbox status --json`: every run's state.json plus what this command adds (README.md, "What onboxctl reads");
 # onboxctl reads it over ssh. Fields are added, never renamed: scripts read them too.
 STATUS_SCHEMA = "onbox.status/1"
@@ -353,30 +356,46 @@ def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None
                         % child if child else ""))
 
 
+def _stop_doc(state: Dict[str, Any], outcome: str, **extra: Any) -> Dict[str, Any]:
+    """What `onbox stop --json` prints: state.json as it is now, with the schema and what the command did."""
+    return dict(state, schema=STOP_SCHEMA, outcome=outcome, **extra)
+
+
 @click.command()
 @click.argument("name")
 @click.option("--grace", type=FiniteFloat(0.0, 86400.0),
               help="Seconds the child gets to checkpoint before the hard kill (0-86400; default: the run's).")
 @click.option("--wait", type=FiniteFloat(0.0, 86400.0),
               help="Seconds to wait for the agent to finish (0-86400; default: the grace plus 30).")
-@click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
-def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool) -> int:
+@click.option("--no-wait", is_flag=True,
+              help="Return once the live agent has the request (it stops the run on its own; `onbox status NAME` "
+                   "follows it). A run without a live agent is still stopped before this returns.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one document: the run's state and what was done (outcome: stopped, already_ended, "
+                   "nothing_to_stop, asked).")
+def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool, as_json: bool) -> int:
     """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart.
 
-    Waits for the agent (--wait, default the grace plus 30 s). Exit 0 when the run stopped (or had already
-    ended); 1 when the wait ran out: the stop request stays in place and the agent still stops the run (`onbox
-    status NAME`); 2 for bad input, an unknown run or a corrupt state.json.
+    Waits for the agent (--wait, default the grace plus 30 s; --no-wait: not at all). Exit 0 when the run stopped
+    (or had already ended, or the live agent has the request with --no-wait); 1 when the wait ran out: the stop
+    request stays in place and the agent still stops the run (`onbox status NAME`); 2 for bad input, an unknown
+    run or a corrupt state.json.
     """
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
 
+    if no_wait and wait is not None:
+        raise UsageError("--wait and --no-wait go separately", hint="--no-wait returns at once; --wait S waits S s")
     rd = _rundir(name)
     state, problem = rd.load_state()
     if problem:
         raise UsageError("run %s: %s is corrupt: %s" % (name, rd.state_path, problem), hint=corrupt_hint(rd))
     state = state or {}
     if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
-        click.echo("%s is already %s" % (name, state.get("state")))
+        if as_json:
+            echo_json(_stop_doc(state, "already_ended"))
+        else:
+            click.echo("%s is already %s" % (name, state.get("state")))
         return 0
     written = _write_stop_request(rd, grace)
     lock = detach.RunLock(rd.lock_path)
@@ -385,7 +404,14 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
         if child is None:
             lock.release()
             _drop_stop_request(rd, written)
-            click.echo("%s has no live agent and no live child; nothing to stop" % name)
+            now = rd.read_state() or state  # an agent that ended a moment ago has recorded how the run ended
+            ended = now.get("state") in detach.TERMINAL
+            if as_json:
+                echo_json(_stop_doc(now, "already_ended" if ended else "nothing_to_stop"))
+            elif ended:
+                click.echo("%s is already %s" % (name, now.get("state")))
+            else:
+                click.echo("%s has no live agent and no live child; nothing to stop" % name)
             return 0
         try:
             from onbox import subsystems
@@ -396,7 +422,15 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
     else:
         if not written:
             _signal_stop(rd, state, grace)
-        waited = wait if wait is not None else _effective_grace(rd, grace) + STOP_MARGIN
+        effective = _effective_grace(rd, grace if written else None)  # a signal carries no --grace
+        waited = wait if wait is not None else effective + STOP_MARGIN
+        if no_wait:  # the live agent has the request (or the signal): it stops the run on its own
+            now = rd.read_state() or state
+            if as_json:
+                echo_json(_stop_doc(now, "asked", grace=effective, wait_s=effective + STOP_MARGIN))
+            else:
+                click.echo("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, effective, name))
+            return 0
         limit = time.monotonic() + waited
         while True:
             state = rd.read_state() or {}
@@ -418,7 +452,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], as_json: bool
                         % (name, final.get("state"), "; " + (_records_problem(rd, final, False) or "")),
                         hint="`onbox status %s` and its agent.log tell more" % name)
     if as_json:
-        echo_json(final)
+        echo_json(_stop_doc(final, "stopped"))
     else:
         click.echo("%s: %s" % (name, final.get("state")))
     return 0

@@ -38,7 +38,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
          "preemption": (TABLE, True), "paths": (TABLE, True), "ssh": (TABLE, False), "env": (TABLE, False),
          "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False)},
     "detect": {"env": (LIST, False), "paths": (LIST, False), "files": (LIST, False), "priority": (INT, False)},
-    "billing": dict(MONEY, meter_stop=(STR, True), irreversible=(BOOL, True)),
+    # teardown: one sentence on how to stop the meter on this platform (`onboxctl down` prints it once the gate passes)
+    "billing": dict(MONEY, meter_stop=(STR, True), irreversible=(BOOL, True), teardown=(STR, False)),
     "preemption": dict(MONEY, signal=(STR, True), grace_seconds=(NUM, False), notice_source=(STR, True),
                        signal_lead=(NUM, False)),  # Slurm: seconds before the time limit for --signal (sbatch)
     "paths": dict(MONEY, fast=(STR, True), durable=(STR, True), inode_cap=(INT, False)),

@@ -358,6 +358,8 @@ ROWS += [
     row("stop-grace-abc", ["stop", "r", "--grace", "abc"], 2, "--grace", state=RUNNING),
     row("stop-grace-nan-stopped", ["stop", "r", "--grace", "nan"], 2, "--grace",
         state=json.dumps({"run": "r", "state": "stopped"})),
+    row("stop-wait-and-no-wait", ["stop", "r", "--wait", "5", "--no-wait"], 2, "--wait and --no-wait",
+        state=RUNNING),
     row("adopt-nosuch", ["adopt", "nosuch"], 2, "no run named"),
     row("adopt-dotdot", ["adopt", "../x"], 2, "invalid run name"),
     row("adopt-no-child", ["adopt", "r"], 2, "no live child", state=RUNNING),

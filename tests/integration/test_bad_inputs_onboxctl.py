@@ -187,6 +187,18 @@ ROWS = [
     R("logs-lines", "logs b r -n 0", 2, "Invalid value for '-n'", files=BOXES),
     R("logs-run-option", "logs b -- -r", 2, "invalid run name", files=BOXES),
     R("down-abandon", "down b --abandon ../x", 2, "invalid run name", files=BOXES),
+    # -- stop: checked before any connection (the box's own answers: tests/integration/test_controller_stop.py)
+    R("stop-grace-nan", "stop b r --grace nan", 2, "not a number of seconds", files=BOXES),
+    R("stop-grace-neg", "stop b r --grace -1", 2, "not a number of seconds", files=BOXES),
+    R("stop-grace-huge", "stop b r --grace 86401", 2, "not a number of seconds", files=BOXES),
+    R("stop-grace-inf", "stop b r --grace inf", 2, "not a number of seconds", files=BOXES),
+    R("stop-grace-word", "stop b r --grace soon", 2, "not a number of seconds", files=BOXES),
+    R("stop-run-missing", "stop b", 2, "Missing argument 'RUN'", files=BOXES),
+    R("stop-box-missing", "stop", 2, "Missing argument 'BOX'"),
+    R("stop-run-traversal", "stop b ../x", 2, "invalid run name", files=BOXES),
+    R("stop-run-option", "stop b -- -r", 2, "invalid run name", files=BOXES),
+    R("stop-box-option", "stop -- -oProxyCommand=x r", 2, "invalid box name"),
+    R("stop-wait-value", "stop b r --wait 5", 2, "Got unexpected extra argument (5)", files=BOXES),
     R("down-box-option", "down -- -oProxyCommand=x", 2, "invalid box name"),
     # -- tracker serve: paths, tokens, ports, TLS, limits
     R("db-under-file", "tracker serve --port 0 --db TMP/fan/t.db", 2, "is a file, not a directory", files={"fan": "x"}),
@@ -445,3 +457,28 @@ def test_keep_that_cannot_recover_says_so_in_one_line_and_launches_nothing(tmp_p
     with open(os.path.join(root, "cfg", "runs", "kp", "recovery.json")) as f:
         rec = json.load(f)
     assert rec["state"] == "failed_no_resource" and rec["recoveries"] == 0 and not rec["history"]
+
+
+# onboxctl stop of a box that does not answer: an unknown name (an ssh alias that resolves nowhere) and an inventory
+# box behind a closed port. Exit 3, one line naming the box; nothing written but the ssh control dir.
+@pytest.mark.parametrize("box,files", [("nosuch.invalid", {}), ("b", BOXES)], ids=["stop-unknown-box",
+                                                                                   "stop-box-down"])
+def test_stop_of_a_box_that_does_not_answer_is_one_line_exit_3(tmp_path, box, files):
+    root = str(tmp_path / "w")
+    os.makedirs(os.path.join(root, "cfg"))
+    for rel, content in files.items():
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(content)
+    env = subprocess_env({"ONBOX_CONFIG_DIR": os.path.join(root, "cfg"), "HOME": os.path.join(root, "home"),
+                          "ONBOX_HOME": os.path.join(root, "onbox"), "ONBOX_SSH_CONTROL_DIR": os.path.join(root, "cm"),
+                          "ONBOX_SSH_CONNECT_TIMEOUT": "2", "XDG_CONFIG_HOME": root})
+    before = snapshot(root)
+    r = subprocess.run([PY, "-m", "controller", "stop", box, "r", "--wait"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("onboxctl: ")]
+    assert len(lines) == 1 and lines[0].startswith("onboxctl: cannot reach box %s " % box), r.stderr
+    assert "hint: " in r.stderr and r.stdout == ""
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if not k.startswith("cm")} == before

@@ -3,13 +3,14 @@
 
 push -> run -> status via the tracker -> a network cut during the run (the job goes on; the heartbeats backfill)
 -> the ssh client killed mid-command (the job goes on) -> `down` refuses -> pull interrupted part-way, resumed
--> verified (loaded with torch) -> `down` allows.
+-> verified (sizes and hashes, formats, loaded with torch: the pull says so) -> `down` allows.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -150,6 +151,7 @@ def test_rental_box_end_to_end(netns_box, tmp_path, onbox_pyz):
         r = ctl("pull", "b1", RUN, str(dest), "--latest", "--json")
         rep = json.loads(r.stdout)
         assert rep["ok"] and rep["checkpoints"][0]["loaded"] is True and rep["newest"]
+        assert re.search(r"; loaded [1-9]\d* file\(s\) with torch ", rep["checkpoints"][0]["checked"]), rep
 
         r = ctl("down", "b1", "--yes")
         assert "Gate passed" in r.stdout

@@ -190,3 +190,27 @@ def test_a_tracker_that_does_not_speak_http_is_one_clear_line(ctl_env, garbage_m
     r = ctl(ctl_env, "status", "--tracker", garbage_metadata_server, check=False)  # answers "NOT HTTP AT ALL"
     assert "Traceback" not in r.stderr and r.returncode == 3, r.stderr
     assert r.stderr.startswith("onboxctl: cannot read the tracker at %s" % garbage_metadata_server), r.stderr
+
+
+def test_status_from_a_real_tracker_hints_at_heartbeat_interval_only_when_it_lags(ctl_env, tracker):
+    """A real tracker (tests/hosts/tracker.py) and beats posted to it: a run beating every 30 s (the agent's default)
+    gets the one-line note naming --heartbeat-interval, in the text and in --json's notes; a run beating every 5 s
+    with a fresh beat gets none."""
+    import time
+
+    def beat(run, interval):
+        return {"schema": "onbox.heartbeat/1", "run": run, "box": "gpu1", "attempt": 0, "seq": 1, "time": time.time(),
+                "state": "running", "interval_s": interval, "progress": {"step": 7, "loss": 2.0}}
+
+    assert tracker.post([beat("often", 5.0)]).status_code == 200
+    args = ["status", "--tracker", tracker.url, "--tracker-token-file", tracker.token_file]
+    r = ctl(ctl_env, *args)
+    assert "often" in r.stdout and "note:" not in r.stdout and "--heartbeat-interval" not in r.stdout, r.stdout
+    assert tracker.post([beat("slow", 30.0)]).status_code == 200
+    r = ctl(ctl_env, *args)
+    notes = [ln for ln in r.stdout.splitlines() if ln.startswith("note: ")]
+    assert notes == ["note: the table is as old as each run's newest beat: gpu1/slow beats every 30 s, so its step "
+                     "and loss can be that far behind; `onboxctl run --heartbeat-interval 5` beats more often"], r.stdout
+    doc = json.loads(ctl(ctl_env, *args, "--json").stdout)
+    assert [x for x in doc["notes"] if "--heartbeat-interval" in x] == [notes[0][len("note: "):]]
+    assert {x["run"]: x["interval_s"] for x in doc["runs"]} == {"often": 5.0, "slow": 30.0}

@@ -242,11 +242,24 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path, onbo
     report = pull_run(ssh, box, "r1", str(dest), transfer=Transfer(ssh, box, attempts=2, io_timeout=10),
                       record=rec)  # verified by onbox's own verifier (manifest sizes and sha256)
     assert report.ok and report.newest == "step_000100"
+    # what the verification says is what it checked: model.dat has no format onbox checks and nothing loads with
+    # torch (installed here or not), so no load is claimed
+    got_rec = report.checkpoints[0]
+    assert got_rec["loaded"] is None and got_rec["checked"].startswith(
+        "size and sha256 of 1 file(s) against MANIFEST.json; 1 file(s) of no format onbox checks (hash only); "
+        "not loaded: "), got_rec
     got = dest / "r1" / "checkpoints" / "step_000100"
     assert (got / "model.dat").read_bytes() == _read(os.path.join(sshd_box.home, "durable", "r1", "checkpoints",
                                                                    "step_000100", "model.dat"))
     assert not (got / PARTIAL_DIR).exists()
     assert (dest / "r1" / "logs" / "output.log").exists() and (dest / "r1" / "checkpoints_index.json").exists()
+
+    r = onboxctl(ctl, "pull", "b1", "r1", str(dest), "--load")  # the CLI's words for it, a load asked for
+    said = [ln for ln in r.stdout.decode().splitlines() if ln.startswith("pull: verified ")]
+    assert r.returncode == 0 and said == [
+        "pull: verified step_000100: OK (checked: size and sha256 of 1 file(s) against MANIFEST.json; 1 file(s) of no "
+        "format onbox checks (hash only); not loaded: no torch or safetensors file to load)"], r.stdout
+    assert b"loaded with torch" not in r.stdout
 
     r = onboxctl(ctl, "down", "b1")  # allowed, but nobody typed the box name back (no terminal): refused
     assert r.returncode == 2 and "confirmation needed" in r.stderr.decode()
@@ -285,3 +298,28 @@ def test_remote_pyz_path_is_relative_to_home():
     assert REMOTE_PYZ == ".onbox/onbox.pyz"
     assert Box(name="x", host="h").python == "python3"
     assert push  # imported for the CLI path above
+
+
+def test_down_with_abandon_names_the_abandoned_run_and_how_to_stop_the_meter(sshd_box, ctl, tmp_path, onbox_pyz):
+    """`down --abandon RUN` passes, and says which run is pulled and verified and which was abandoned (never "every
+    run's newest checkpoint is pulled and verified"); the meter line is the profile's own sentence."""
+    add_box(ctl, "b1", sshd_box)
+    assert onboxctl(ctl, "push", "b1", "--pyz", onbox_pyz).returncode == 0
+    _fabricate_run(sshd_box.home, "r1", 4096)
+    _fabricate_run(sshd_box.home, "r2", 4096)
+    r = onboxctl(ctl, "pull", "b1", "r1", str(tmp_path / "pulled"))
+    assert r.returncode == 0, r.stderr
+    r = onboxctl(ctl, "down", "b1", "--yes", "--abandon", "r2")
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    assert "every run's newest checkpoint" not in out
+    lines = out.splitlines()
+    assert lines[-2] == ("Gate passed for b1: newest checkpoint pulled and verified: r1; ABANDONED with --abandon, "
+                         "newest state not home: r2."), out
+    assert lines[-1] == ("To stop the meter, stop or delete the box the way its provider does: onbox knows no "
+                         "platform for it, and deleting the box deletes its disk."), out  # generic-ssh, the default
+    doc = json.loads(onboxctl(ctl, "down", "b1", "--yes", "--abandon", "r2", "--json").stdout)
+    assert {v["run"]: v["kind"] for v in doc["runs"]} == {"r1": "verified", "r2": "abandoned"}
+    assert doc["meter_stop"]["how"].startswith("To stop the meter, stop or delete the box")
+    Ssh(SshSettings(control_dir=ctl["ONBOX_SSH_CONTROL_DIR"])).close(Inventory(ctl["ONBOX_CONFIG_DIR"]).resolve(
+        "b1").target())

@@ -158,10 +158,33 @@ def test_stop_of_an_orphaned_child_without_agent(onbox_home, tmp_path, cleanup):
     wait_for(lambda: _child_up(onbox_home, "orphstop"), what="child up")
     signal_own(onbox_home, info["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not pid_alive(info["agent_pid"]), what="agent gone")
-    r2 = onbox(onbox_home, "stop", "orphstop", "--grace", "2")
+    r2 = onbox(onbox_home, "stop", "orphstop", "--grace", "2", "--no-wait", "--json")  # no agent: stopped here
     assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout)["outcome"] == "stopped" and json.loads(r2.stdout)["state"] == "stopped"
     wait_for(lambda: not pid_alive(info["pid"]), what="child stopped")
     assert state(onbox_home, "orphstop")["state"] == "stopped"
+
+
+def test_stop_no_wait_returns_once_the_agent_has_it_and_json_says_what_was_done(onbox_home, tmp_path, cleanup):
+    """`onbox stop --no-wait --json` (what `onboxctl stop` asks over ssh): outcome `asked` with the grace and the
+    wait the agent would have used, exit 0 at once; the agent stops the run on its own; a second stop says
+    `already_ended` in the same document."""
+    flag = tmp_path / "flag"
+    r = onbox(onbox_home, "run", "--name", "nw", "--grace", "7", "--json", "--", PY, "-c", LOOPER, str(flag))
+    info = json.loads(r.stdout)
+    wait_for(lambda: _child_up(onbox_home, "nw"), what="child up")
+    r = onbox(onbox_home, "stop", "nw", "--no-wait", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "onbox.stop/1" and doc["outcome"] == "asked" and doc["run"] == "nw"
+    assert doc["grace"] == 7 and doc["wait_s"] == 37 and doc["state"] in ("running", "stopping"), doc
+    wait_for(lambda: state(onbox_home, "nw").get("state") == "stopped" and not pid_alive(info["pid"]),
+             what="the agent stopping the run")
+    r = onbox(onbox_home, "stop", "nw", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "already_ended"
+    assert json.loads(r.stdout)["state"] == "stopped"
+    r = onbox(onbox_home, "stop", "nw", "--no-wait")
+    assert r.returncode == 0 and r.stdout.strip() == "nw is already stopped"
 
 
 def test_logs_and_ls(onbox_home, cleanup):

@@ -93,6 +93,12 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         assert "closed b1 127.0.0.1:%d" % port in r.stdout
         wait_for(lambda: "127.0.0.1:%d" % port not in on_box("ss -ltnH").stdout, 30, "the box port to close")
         assert ctl("tunnel", "b1", check=False).returncode == 2  # nothing recorded any more
+
+        # the journey's stop: the agent's own, and what became of the run (no --durable: nothing committed)
+        r = ctl("stop", "b1", RUN, "--wait", "--grace", "2")
+        lines = r.stdout.splitlines()
+        assert lines[1].startswith("b1/%s: stopped after " % RUN) and lines[2] == (
+            "  no durable checkpoint: the run commits nowhere (no --durable); its checkpoints stay on the box"), r.stdout
     finally:
         subprocess.run(["ssh", *netns_box.client_options_argv(), "-p", str(e["port"]), "root@" + e["host"],
                         "%s .onbox/onbox.pyz stop %s --grace 2" % (e["python"], RUN)], capture_output=True, timeout=60)

@@ -355,3 +355,30 @@ def test_verify_load_without_torch_fails_unless_no_load_ok(tmp_path):
     flip_byte(good, 300)  # corruption wins over the missing torch: exit 1
     r = onbox_verify("--load", good, extra_env=env)
     assert r.returncode == 1 and "CRC" in r.stderr
+
+
+def test_a_load_that_loads_nothing_is_never_claimed(tmp_path):
+    """--load on a checkpoint with no torch or safetensors file (or only files weights_only refuses): `loaded` stays
+    None, the note says why, nothing in `checked` says "load"; the other checks stand (ok). One loadable file among
+    them: loaded 1."""
+    d = tmp_path / "step_100"
+    d.mkdir()
+    (d / "model.dat").write_bytes(os.urandom(4096))
+    (d / "meta.json").write_text('{"step": 100}')
+    write_manifest(str(d), step=100)
+    rep = verify_path(str(d), load=True)
+    assert rep.ok and rep.loaded is None
+    assert rep.load_note == "not loaded: no torch or safetensors file to load"
+    assert not any("load" in c for c in rep.checked) and rep.checkpoints[0]["checked"] == ["size", "sha256", "format"]
+    os.unlink(d / "MANIFEST.json")
+    with open(d / "objects.pt", "wb") as f:  # a pickle of a Python object: weights_only refuses it by design
+        torch.save({"rng": Path("x")}, f)
+    write_manifest(str(d), step=100)
+    rep = verify_path(str(d), load=True)
+    assert rep.ok and rep.loaded is None and rep.load_note.startswith("not loaded: weights_only refused (")
+    os.unlink(d / "MANIFEST.json")
+    torch.save({"w": torch.zeros(2)}, str(d / "weights.pt"))
+    write_manifest(str(d), step=100)
+    rep = verify_path(str(d), load=True)
+    assert rep.ok and rep.loaded is True and rep.load_note.startswith("loaded 1 file(s) with torch ")
+    assert "weights_only refused (Python objects, not corruption; format checks only): objects.pt" in rep.load_note

@@ -1,0 +1,50 @@
+"""`onboxctl stop BOX RUN [--grace S] [--wait] [--json]`: the agent's graceful stop (controller/stop.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from controller.commands.params import Seconds
+from onbox.commands.clikit import echo_json
+
+
+@click.command("stop")
+@click.argument("box")
+@click.argument("run")
+@click.option("--grace", type=Seconds(0, 86400), default=None,
+              help="Seconds the trainer gets to checkpoint before the agent kills it (0-86400; default: the run's).")
+@click.option("--wait", is_flag=True,
+              help="Wait until the run has ended (at most its grace plus a minute), then say how it ended and its "
+                   "newest durable checkpoint.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def stop(box: str, run: str, grace: Optional[float], wait: bool, as_json: bool) -> None:
+    """Stop RUN on BOX gracefully: the trainer checkpoints, the agent commits the newest checkpoint, the run ends
+    `stopped` and is not restarted. It is the box's own `onbox stop`, asked over ssh; nothing is killed from here.
+
+    Returns once the agent has the request; --wait waits for the run's end. Exit 0 when the stop was asked (or,
+    with --wait, the run has ended); 1 when the run had already ended or nothing of it runs (nothing was stopped),
+    or --wait ran out of time (the agent still stops the run); 2 for a bad name or number, or a run the box does
+    not have; 3 when the box cannot be reached.
+    """
+    import sys
+
+    from controller.boxes import Inventory
+    from controller.launch import check_name
+    from controller.ssh import Ssh, settings_from_env
+    from controller.stop import render, stop_run
+
+    check_name(run)
+    b = Inventory().resolve(box)
+    ssh = Ssh(settings_from_env())
+
+    def say(line: str) -> None:
+        if not as_json:
+            click.echo(line)
+            sys.stdout.flush()
+
+    report = stop_run(ssh, b, run, grace=grace, wait=wait, say=say)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(render(report), nl=False)
