@@ -141,6 +141,7 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
     `log`: the launch log's runs of this command, newest first; `new_name`: the name of a new run; `claimed`: runs
     other boxes of this same launch resume. Raises UsageError (exit 2) for a run that is still alive."""
     now = time.time() if now is None else now
+    new_name = free_name(new_name, set(answer.get("names") or []) | claimed)
     launch = answer.get("launch") or {}
     runs = [r for r in answer.get("runs") or [] if isinstance(r, dict) and r.get("run") not in claimed]
     mine = [r for r in runs if not r.get("differ")]
@@ -203,6 +204,16 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
             lease.get("host") or lease.get("holder"))
     return Choice(box.name, "resume", r["run"], why=why, step=facts.get("step"),
                   step_from="durable" if facts.get("step") is not None else None, found="launch log", others=others)
+
+
+def free_name(name: str, taken: Set[str]) -> str:
+    """`name`, or `name-2`, `name-3`, ... when the box already has a run of that name (two launches of the same
+    program within one second): a new run never continues another by accident."""
+    n, out = 1, name
+    while out in taken:
+        n += 1
+        out = "%s-%d" % (name, n)
+    return out
 
 
 def _why_new(box: Box, runs: List[Dict[str, Any]], log: Sequence[Dict[str, Any]], launch: Dict[str, Any]) -> str:

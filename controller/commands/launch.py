@@ -1,6 +1,7 @@
 """`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -248,9 +249,9 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         choices.append(Choice(box.name, "named" if name else "new", run_name,
                               why="named by --name" if name else "asked for with --new"))
     ssh = Ssh(settings_from_env())
-    if name is None and not new:
+    if name is None:
         choices = _find_runs(ssh, resolved, choices, forwarded, workdir, onbox_env, parallel, timeout,
-                             bool(take_over))
+                             bool(take_over), new)
     for c in choices:
         if not as_json and isinstance(c, Choice) and c.decision != "named":
             click.echo("%s: %s" % (c.box, c.line()))
@@ -272,15 +273,17 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
 
 def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[Any], forwarded: List[str],
                workdir: Optional[str], onbox_env: Dict[str, str], parallel: int, timeout: float,
-               take_over: bool) -> List[Any]:
+               take_over: bool, new: bool) -> List[Any]:
     """For each box, the run this launch continues (controller/relaunch.py): a Choice, or the failed LaunchResult
-    of a box whose agent could not be asked or whose run is still alive (that box is not launched)."""
+    of a box whose agent could not be asked or whose run is still alive (that box is not launched). `new`
+    (--new): a new run on each box, under a name none of its runs has."""
     import concurrent.futures
 
     from controller.launchlog import LaunchLog
-    from controller.relaunch import ask, candidate_names, decide
+    from controller.relaunch import ask, candidate_names, decide, free_name
 
-    log = LaunchLog().load()[::-1]  # newest first; a damaged log is refused here, before any box is asked
+    # newest first; a damaged log is refused here, before any box is asked
+    log = [] if new else LaunchLog().load()[::-1]
     boxes = {box.name for box, _ in resolved}
     logs = [[e for e in log if e["command"] == list(box_cmd)] for _, box_cmd in resolved]
 
@@ -303,7 +306,10 @@ def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[A
         try:
             if isinstance(answer, OnboxError):
                 raise answer
-            choice = decide(box, answer, logs[i], default.run, take_over, claimed)
+            if new:
+                choice = dataclasses.replace(default, run=free_name(default.run, set(answer.get("names") or [])))
+            else:
+                choice = decide(box, answer, logs[i], default.run, take_over, claimed)
         except OnboxError as e:
             out.append(LaunchResult(box=box.name, name=default.run, ok=False, error=e.message, hint=e.hint,
                                     exit_code=int(e.exit_code)))

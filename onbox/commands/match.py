@@ -26,8 +26,8 @@ def match(command: List[str], run_file: Optional[str], foreground: bool, as_json
     """The runs that `onbox run [OPTIONS] -- CMD` would continue: those on this box whose config.json records the
     same command, working directory (this one, or --workdir), durable target and checkpoint dir, with their state,
     whether their agent is alive, and the newest durable checkpoint's step (the local one without --durable); runs
-    of the same command that differ elsewhere, with what differs; and for each --candidate, what the durable target
-    holds of it.
+    of the same command that differ elsewhere, with what differs; for each --candidate, what the durable target
+    holds of it; and the names of every run here (a new run takes another).
 
     The options are `onbox run`'s and are resolved the same way (flags, ONBOX_*, run file, profile). Exit 0; 2 for
     options `onbox run` would refuse.
@@ -45,7 +45,7 @@ def match(command: List[str], run_file: Optional[str], foreground: bool, as_json
     doc: Dict[str, Any] = {"schema": SCHEMA,
                            "launch": {"command": cfg.command, "workdir": cfg.workdir, "durable": cfg.durable,
                                       "ckpt_dir": cfg.ckpt_dir},
-                           "runs": [], "candidates": []}
+                           "runs": [], "candidates": [], "names": _names()}
     on_box = set()
     for rd, saved, differ in same_command_runs(cfg):
         on_box.add(rd.name)
@@ -68,6 +68,18 @@ def match(command: List[str], run_file: Optional[str], foreground: bool, as_json
                                             if facts.get("exists") else "not found",
                                             facts.get("step") if facts.get("step") is not None else "-"))
     return 0
+
+
+def _names() -> List[str]:
+    """Every run name this box holds (a new run's name must be none of them)."""
+    import os
+
+    from onbox import paths
+
+    try:
+        return sorted(n for n in os.listdir(paths.runs_dir()) if paths.valid_run_name(n))
+    except OSError:
+        return []
 
 
 def _has_run(name: str) -> bool:
