@@ -38,6 +38,14 @@ SCHEMA = "onbox.match/1"
 MAX_CANDIDATES = 20  # runs of the launch log asked about at once (the newest first): an argv stays short
 
 
+class RunAlive(UsageError):
+    """The run a launch belongs to is still alive (on the box, or holding its lease elsewhere): exit 2. `run`."""
+
+    def __init__(self, run: str, message: str, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.run = run
+
+
 @dataclasses.dataclass
 class Choice:
     """Which run a launch on `box` is, and why: `decision` resume (an earlier run, from `step`), new (a new run),
@@ -148,8 +156,8 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
     alive = [r for r in mine if r.get("agent_alive")]
     if alive:
         r = alive[0]
-        raise UsageError(
-            "run %s of this command is still running on %s (%s%s)" % (
+        raise RunAlive(
+            r["run"], "run %s of this command is still running on %s (%s%s)" % (
                 r["run"], box.name, r.get("state") or "state unknown",
                 ", agent pid %s" % r["agent_pid"] if r.get("agent_pid") else ""),
             hint="watch it with `onboxctl status`; to relaunch it, stop it first (on the box: `%s ~/%s stop %s`: "
@@ -176,8 +184,8 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
         _, kind, r, facts = max(held, key=lambda f: f[0])
         lease = facts["lease"]
         where = "launched on %s" % r["box_ran"] if kind == "log" else "on %s, %s" % (box.name, r.get("state"))
-        raise UsageError(
-            "run %s of this command (%s) is held by another agent: its lease on %s was renewed %s by %s" % (
+        raise RunAlive(
+            r["run"], "run %s of this command (%s) is held by another agent: its lease on %s was renewed %s by %s" % (
                 r["run"], where, facts.get("durable") or launch.get("durable"), _ago(now, lease.get("renewed_at")),
                 lease.get("host") or lease.get("holder")),
             hint="if that box is gone for good, relaunch with --take-over (its agent, if it still runs, is fenced "

@@ -311,8 +311,8 @@ def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[A
             else:
                 choice = decide(box, answer, logs[i], default.run, take_over, claimed)
         except OnboxError as e:
-            out.append(LaunchResult(box=box.name, name=default.run, ok=False, error=e.message, hint=e.hint,
-                                    exit_code=int(e.exit_code)))
+            out.append(LaunchResult(box=box.name, name=getattr(e, "run", default.run), ok=False, error=e.message,
+                                    hint=e.hint, exit_code=int(e.exit_code)))
             continue
         if choice.decision == "resume":
             claimed.add(choice.run)
