@@ -8,8 +8,9 @@ run`). Where it looks:
 
 1. the box's own runs (`onbox match` lists those of the same command, with their state, whether their agent is
    alive and the newest checkpoint's step: durable, or local without --durable);
-2. for a box that never held the run (a replacement box), this machine's launch log (controller/launchlog.py):
-   runs of the same command, workdir, durable target and checkpoint dir started on other boxes, which the agent
+2. for a box that never held the run (a replacement box, or one reset or rented again under the same name), this
+   machine's launch log (controller/launchlog.py): runs of the same command, workdir, durable target and
+   checkpoint dir started there or on other boxes (not on another box of this same launch), which the agent
    looks up on the durable target (`onbox match --candidate RUN`: newest checkpoint, lease). Only with a durable
    target, and only runs it holds something of: without one there is nothing on a new box to resume from.
 
@@ -105,11 +106,13 @@ def _same_launch(entry: Dict[str, Any], launch: Dict[str, Any]) -> bool:
 
 
 def candidate_names(log: Sequence[Dict[str, Any]], box: str, fellow_boxes: Set[str]) -> List[str]:
-    """The launch log's runs to ask `box`'s agent about (newest first, at most MAX_CANDIDATES): those started on
-    another box with a durable target, but not on a box of this same launch (each box finds its own runs)."""
+    """The launch log's runs to ask `box`'s agent about (newest first, at most MAX_CANDIDATES): those started with a
+    durable target on another box, or on this one (a box rented again under the same name, or reset, no longer has
+    the run; one that has it answers `on_box` and its own record counts), but not on another box of this same
+    launch (each box finds its own runs)."""
     out: List[str] = []
     for e in log:
-        if e["box"] == box or e["box"] in fellow_boxes or not e.get("durable") or e["run"] in out:
+        if e["box"] in fellow_boxes - {box} or not e.get("durable") or e["run"] in out:
             continue
         out.append(e["run"])
     return out[:MAX_CANDIDATES]

@@ -8,6 +8,7 @@ agents, and a pure-Python trainer that checkpoints every 5 steps and resumes fro
   same name at the newest durable step, saying `resuming <run> from step <S>`; --new, another durable target and
   another command are new runs, each saying why;
 - a run that ended done: the same line is a new run, saying so; the released lease says how it ended;
+- a fan-out (two boxes, one line): the same line again resumes each box's own run;
 - replacement boxes that never saw the run: after a preemption the launch log and the durable target find it and
   it resumes there; with the lost box cut off but its agent alive (its lease live) the launch is refused until
   --take-over, then it resumes on a third box and the old agent ends fenced.
@@ -257,3 +258,29 @@ def test_replacement_boxes_resume_the_run_from_the_launch_log_and_take_it_over_w
     with open(os.path.join(rig.cfg, "launches.json")) as f:
         assert [(e["run"], e["box"]) for e in json.load(f)["launches"]] == [(run, "a"), (run, "b"), (run, "c")]
     rig.preempt("c", run)
+
+
+def test_a_fan_out_relaunch_resumes_each_box_s_own_run(rig):
+    rig.box("a")
+    rig.box("b")
+    r = rig.ctl("run", "a", "b", "--json", "--durable", rig.durable, "--workdir", rig.work, "--sync-interval", "0.3",
+                "--set", "settle_seconds=0.3", "--set", "notice_source=none", "--max-restarts", "0", "--",
+                sys.executable, TRAINER, "--interval", "0.05", "--trace", rig.trace)
+    first = {x["box"]: x for x in json.loads(r.stdout)["runs"]}
+    assert all(x["match"]["decision"] == "new" for x in first.values())
+    runs = {box: first[box]["name"] for box in ("a", "b")}
+    assert runs["a"].endswith("-a") and runs["b"].endswith("-b")
+    for box in ("a", "b"):
+        wait_for(lambda run=runs[box]: rig.committed(run), 60, "a commit of %s" % runs[box])
+        rig.preempt(box, runs[box])
+    newest = {box: max(rig.committed(runs[box])) for box in ("a", "b")}
+    r = rig.ctl("run", "a", "b", "--durable", rig.durable, "--workdir", rig.work, "--sync-interval", "0.3",
+                "--set", "settle_seconds=0.3", "--set", "notice_source=none", "--max-restarts", "0", "--",
+                sys.executable, TRAINER, "--interval", "0.05", "--trace", rig.trace)
+    for box in ("a", "b"):
+        _said(r, r"^%s: resuming %s from step %d: the run of this command on %s \(preempted\)$" % (
+            box, runs[box], newest[box], box))
+    wait_for(lambda: len(rig.starts()) == 4, 30, "both relaunches to start")
+    assert sorted((s["box"], s["start"]) for s in rig.starts()[2:]) == [("a", newest["a"]), ("b", newest["b"])]
+    for box in ("a", "b"):
+        rig.preempt(box, runs[box])

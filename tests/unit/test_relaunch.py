@@ -250,8 +250,9 @@ def test_a_new_run_never_takes_a_name_the_box_has():
 def test_the_launch_log_runs_a_replacement_box_is_asked_about():
     log = [logged("mine", box="spare1"), logged("fellow", box="gpu2"), logged("a"), logged("nodur", durable=None),
            logged("a")] + [logged("r%d" % i) for i in range(30)]
-    names = candidate_names(log, "spare1", {"gpu2"})
-    assert names[:2] == ["a", "r0"] and len(names) == 20
+    names = candidate_names(log, "spare1", {"gpu2", "spare1"})
+    # this box's own (it may have been reset, or rented again under its name), never a fellow box's, never twice
+    assert names[:3] == ["mine", "a", "r0"] and len(names) == 20
 
 
 # -- the launch log ------------------------------------------------------------------------------------------------
