@@ -30,7 +30,7 @@ import pytest
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import SshdBox, _need_root_tools, close_masters
 from tests.polling import wait_for
-from tests.processes import kill_exact
+from tests.processes import kill_exact, start_ticks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -117,6 +117,8 @@ class Rig:
         st = self.state(box, run)
         assert kill_exact(st["agent_pid"], st["agent_start_time"], signal.SIGTERM), st
         wait_for(lambda: self.state(box, run).get("state") == "preempted", 60, "%s preempted on %s" % (run, box))
+        # and gone: it releases the run's lease as it exits (until then the run is still its)
+        wait_for(lambda: start_ticks(st["agent_pid"]) != st["agent_start_time"], 30, "the agent of %s gone" % run)
 
     def close(self) -> None:
         for name, box in self.boxes.items():
@@ -207,9 +209,14 @@ def test_a_run_that_ended_done_is_followed_by_a_new_run(rig):
     run = _said(r, r"^a: new run (keep_trainer-\S+): ").group(1)
     wait_for(lambda: rig.state("a", run).get("state") == "done", 60, "the run done")
     leases = os.path.join(rig.durable, run, "leases")
-    with open(os.path.join(leases, sorted(os.listdir(leases))[-1])) as f:
-        lease = json.load(f)
-    assert lease["ended"] == "done" and lease["released_at"]  # what a replacement box would read
+
+    def lease() -> Dict[str, Any]:
+        with open(os.path.join(leases, sorted(os.listdir(leases))[-1])) as f:
+            return json.load(f)
+
+    # the agent releases its lease as it exits, after the state says done: what a replacement box would read
+    released = wait_for(lambda: (lambda doc: doc if doc.get("released_at") else None)(lease()), 30, "the release")
+    assert released["ended"] == "done"
     r = rig.launch("a", steps=12, check=False)
     new = _said(r, r"^a: new run (keep_trainer-\S+): the newest run of this command, %s, ended done$" % run).group(1)
     assert new != run and r.returncode == 0, r.stderr
