@@ -163,9 +163,9 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
             r["run"], "run %s of this command is still running on %s (%s%s)" % (
                 r["run"], box.name, r.get("state") or "state unknown",
                 ", agent pid %s" % r["agent_pid"] if r.get("agent_pid") else ""),
-            hint="watch it with `onboxctl status`; to relaunch it, stop it first (on the box: `%s ~/%s stop %s`: "
-                 "it checkpoints, and the same command then resumes it); for a second run beside it, add --new"
-                 % (box.python, REMOTE_PYZ, r["run"]))
+            hint="watch it with `onboxctl status`; to relaunch it, stop it first (`onboxctl stop %s %s`, or on the "
+                 "box `%s ~/%s stop %s`: it checkpoints, and the same command then resumes it); for a second run "
+                 "beside it, add --new" % (box.name, r["run"], box.python, REMOTE_PYZ, r["run"]))
     # (last sign of life, kind, run, its facts): kind "box" a run of the box, "log" one the launch log names
     found: List[Tuple[float, str, Dict[str, Any], Dict[str, Any]]] = []
     for r in mine:

@@ -161,7 +161,7 @@ def test_a_live_run_of_the_same_command_is_refused_with_what_to_do():
         choose(GPU1, answer([box_run("a", state="running", alive=True)]))
     assert int(e.value.exit_code) == 2
     assert e.value.message == "run a of this command is still running on gpu1 (running, agent pid 4242)"
-    assert "stop a" in e.value.hint and "--new" in e.value.hint and "onboxctl status" in e.value.hint
+    assert "`onboxctl stop gpu1 a`" in e.value.hint and "--new" in e.value.hint and "onboxctl status" in e.value.hint
 
 
 def test_several_runs_the_newest_is_resumed_and_the_others_named():
