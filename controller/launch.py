@@ -35,6 +35,10 @@ class LaunchResult:
     seconds: float = 0.0
     tracker: Optional[str] = None  # the tracker URL the agent on the box was given
     tunnel: Optional[Dict[str, Any]] = None  # the reverse tunnel that URL goes through (controller/tunnel.py)
+    # which run this launch is, and why (controller/relaunch.py): resumed, new, or named by --name
+    match: Optional[Dict[str, Any]] = None
+    # what the agent recorded as making the run this run (command, workdir, durable, ckpt_dir): the launch log's
+    recorded: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -57,6 +61,24 @@ def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:
 def onbox_run_argv(box: Box, home: str, name: str, cmd: Sequence[str], onbox_args: Sequence[str]) -> List[str]:
     pyz = "%s/%s" % (home.rstrip("/"), REMOTE_PYZ)
     return [box.python, pyz, "run", "--json", "--name", name, *onbox_args, "--", *cmd]
+
+
+def box_workdir(home: str, pushed: Dict[str, Any], workdir: Optional[str]) -> str:
+    """The directory a launch runs in on the box: --workdir, else the last pushed code dir, else the home."""
+    wd = workdir or pushed.get("code") or ""
+    if wd and not isinstance(wd, str):
+        wd = ""
+    if wd and not wd.startswith("/"):
+        wd = "%s/%s" % (home.rstrip("/"), wd)
+    return wd or home
+
+
+def box_script(box: Box, workdir: str, argv: Sequence[str], onbox_env: Optional[Dict[str, str]]) -> str:
+    """`cd DIR && exec env ONBOX_X=.. ARGV`: an onbox command in the directory and environment of a launch. Run
+    settings without a flag of their own travel as ONBOX_<FIELD> (onbox/config.py env layer); ONBOX_BOX: heartbeats
+    carry the inventory's name for the box, so `status` matches `box ls`."""
+    envs = ["%s=%s" % (k, v) for k, v in sorted(dict({"ONBOX_BOX": box.name}, **(onbox_env or {})).items())]
+    return ("cd %s && exec " % shlex.quote(workdir)) + " ".join(shlex.quote(a) for a in ["env", *envs, *argv])
 
 
 def parse_json_any(text: str) -> Any:
@@ -97,22 +119,16 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
             res.tracker = onbox_env["ONBOX_TRACKER"] = box_url(tunnel_to, tun.remote_port)
             res.tunnel = {"box_port": tun.remote_port, "to": tun.local}
         home, pushed = remote_env(ssh, box)
-        wd = workdir or pushed.get("code") or ""
-        if wd and not wd.startswith("/"):
-            wd = "%s/%s" % (home.rstrip("/"), wd)
-        res.workdir = wd or home
-        argv = onbox_run_argv(box, home, name, cmd, onbox_args)
-        # `cd DIR && exec env ONBOX_X=.. onbox run ...`: the agent daemonizes itself and returns once the child
-        # runs. Run settings without a flag of their own travel as ONBOX_<FIELD> (onbox/config.py env layer).
-        # ONBOX_BOX: heartbeats carry the inventory's name for the box, so `status` matches `box ls`
-        envs = ["%s=%s" % (k, v) for k, v in sorted(dict({"ONBOX_BOX": box.name}, **(onbox_env or {})).items())]
-        script = ("cd %s && exec " % shlex.quote(res.workdir)) + " ".join(
-            shlex.quote(a) for a in (["env", *envs] if envs else []) + argv)
+        res.workdir = box_workdir(home, pushed, workdir)
+        # the agent daemonizes itself and returns once the child runs
+        script = box_script(box, res.workdir, onbox_run_argv(box, home, name, cmd, onbox_args), onbox_env)
         out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run", input_bytes=stdin).text
         doc = parse_json_tail(out)
         res.name = str(doc.get("name") or doc.get("run") or name)
         res.pid = _int(doc.get("pid") or doc.get("child_pid"))
         res.run_dir = doc.get("run_dir")
+        if isinstance(doc.get("command"), list):  # an older agent does not say
+            res.recorded = {k: doc.get(k) for k in ("command", "workdir", "durable", "ckpt_dir")}
         if doc.get("ok") is False or doc.get("error"):
             raise JobFailed("onbox run on %s did not start %s: %s" % (box.name, res.name, doc.get("error")),
                             hint="see `onboxctl logs %s %s`" % (box.name, res.name))

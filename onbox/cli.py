@@ -16,6 +16,7 @@ COMMANDS = {
     "profiles": (C + "profiles", "profiles", "List, show and detect platform profiles."),
     "run": (C + "run", "run", "Start a supervised run (detached by default) of CMD."),
     "adopt": (C + "run", "adopt", "Re-adopt a run whose child outlived its agent."),
+    "match": (C + "match", "match", "The runs here a launch of CMD would continue (what onboxctl run asks)."),
     "status": (C + "runs", "status", "State of one run or of all runs."),
     "ls": (C + "runs", "ls", "List runs on this box."),
     "logs": (C + "runs", "logs", "Show (or follow) a run's output log."),

@@ -1,18 +1,20 @@
 """`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once."""
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
-from controller.boxes import Inventory
+from controller.boxes import Box, Inventory
 from controller.commands.params import Duration, Seconds
-from controller.launch import check_name, launch_many, read_fanout
+from controller.launch import LaunchResult, check_name, launch_many, read_fanout
+from controller.relaunch import Choice
 from controller.ssh import Ssh, settings_from_env
 from controller.userconfig import check_tracker_url
 from onbox.commands.clikit import echo_json
-from onbox.errors import UsageError
+from onbox.errors import OnboxError, UsageError
 from onbox.paths import default_run_name
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,7 +48,20 @@ def _forward(flag: str, value: Any) -> List[str]:
 
 @click.command("run", cls=DashDashCommand)
 @click.argument("boxes", nargs=-1)
-@click.option("--name", default=None, help="Run name (default: <program>-<UTC time>; '-<box>' added per box when several).")
+@click.option("--name", default=None,
+              help="Run name. Without it the launch continues the run of the same command, working dir, durable "
+                   "target and checkpoint dir that the box (or, for a replacement box, this machine's launch log "
+                   "and the durable target) knows, and says `resuming RUN from step S`; a run still alive is "
+                   "refused; with none (or the newest ended done), a new run: <program>-<UTC time> ('-<box>' added "
+                   "per box when several).")
+@click.option("--new", "new", is_flag=True,
+              help="Always a new run (named <program>-<UTC time>), even when an earlier run of the same command "
+                   "could be resumed. Not with --name (a new name is a new run already).")
+@click.option("--take-over", "take_over", is_flag=True,
+              help="Relaunching by hand on a replacement box while the lost box's lease on the durable target is "
+                   "still live (it renewed within its ttl): this launch supersedes that lease. The old box's agent, "
+                   "if it still runs (a partition, not a death), is fenced: it writes nothing more to the durable "
+                   "target and stops its trainer. Only when that box is gone or cut off for good. Needs --durable.")
 @click.option("--fanout", type=click.Path(dir_okay=False), default=None,
               help="File with one `BOX` or `BOX -- CMD ...` a line.")
 @click.option("--parallel", type=click.IntRange(1, 64), default=8, show_default=True, help="Boxes launched at once.")
@@ -130,11 +145,29 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     -- torchrun --nproc-per-node=8 train.py. The same line again (or without `-- CMD`: from the recorded runs)
     relaunches the whole group, resuming from node 0's newest committed checkpoint.
 
+    Without --name, the same line again continues its run: after a preemption, `onboxctl run gpu1 --durable D --
+    python train.py` finds the run of that command (same working dir, durable target and checkpoint dir) on gpu1
+    and says `resuming train-20261125-114657 from step 1351`; on a replacement box that never saw it, this
+    machine's launch log (launches.json in the config dir) and the durable target find it (add --take-over while
+    the lost box's lease is still live). A run still alive is refused (exit 2); a run that ended done, or none,
+    gives a new run, and so does --new. --json carries the decision and why under `match`.
+
     With --recover pool:NAME the run is recorded for `onboxctl keep` (README.md, "Leave it running").
     """
     cmd: List[str] = ctx.meta.get("cmd", [])
     keep_opts = {k: opts.pop(k) for k in ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff",
                                           "recover_tries", "provision_timeout", "code")}
+    new = opts.pop("new")
+    # --take-over is for this launch only: never in what the keeper records and relaunches with
+    take_over = ["--take-over"] if opts.pop("take_over") else []
+    if new and name is not None:
+        raise UsageError("--new and --name together: --name names the run (an existing one is continued), --new "
+                         "asks for a new run with the default name",
+                         hint="drop --new to launch the run named by --name, or drop --name for a new run named "
+                              "<program>-<UTC time>")
+    if new and as_nodes:
+        raise UsageError("--new goes with single-box and fan-out launches: a --nodes group is new unless --name "
+                         "names a recorded one", hint="drop --new")
     if as_nodes:
         _check_nodes(boxes, fanout, name, cmd, opts, settings, onbox_args)
     elif master_addr is not None:
@@ -200,25 +233,105 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
 
         group = check_name(name or default_run_name(cmd))
         results = launch_group(Ssh(settings_from_env()), [inv.resolve(b) for b in boxes], cmd,
-                               group, forwarded, workdir=workdir,
+                               group, forwarded + take_over, workdir=workdir,
                                parallel=parallel, timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to,
                                master_addr=master_addr)
         if all(r.ok for r in results):
             enrol(group, list(boxes), cmd)
         _report(ctx, results, as_json)
         return
-    jobs = []
     several = len(planned) > 1
-    for box_name, box_cmd in planned:
+    resolved = [(inv.resolve(box_name), box_cmd) for box_name, box_cmd in planned]
+    choices: List[Any] = []
+    for box, box_cmd in resolved:
         base = name or default_run_name(box_cmd)
-        run_name = check_name("%s-%s" % (base, box_name) if several else base)
-        jobs.append((inv.resolve(box_name), box_cmd, run_name))
-    results = launch_many(Ssh(settings_from_env()), jobs, forwarded, workdir=workdir, parallel=parallel,
-                          timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to)
-    for (box_name, box_cmd), res in zip(planned, results):
+        run_name = check_name("%s-%s" % (base, box.name) if several else base)
+        choices.append(Choice(box.name, "named" if name else "new", run_name,
+                              why="named by --name" if name else "asked for with --new"))
+    ssh = Ssh(settings_from_env())
+    if name is None:
+        choices = _find_runs(ssh, resolved, choices, forwarded, workdir, onbox_env, parallel, timeout,
+                             bool(take_over), new)
+    for c in choices:
+        if not as_json and isinstance(c, Choice) and c.decision != "named":
+            click.echo("%s: %s" % (c.box, c.line()))
+    jobs = [(box, box_cmd, c.run) for (box, box_cmd), c in zip(resolved, choices) if isinstance(c, Choice)]
+    launched = iter(launch_many(ssh, jobs, forwarded + take_over, workdir=workdir, parallel=parallel, timeout=timeout,
+                                onbox_env=onbox_env, tunnel_to=tunnel_to) if jobs else [])
+    started: List[LaunchResult] = []
+    for c in choices:
+        res = next(launched) if isinstance(c, Choice) else c  # a box whose run could not be found failed there
+        if isinstance(c, Choice):
+            res.match = c.to_dict()
+        started.append(res)
+    for (box_name, box_cmd), res in zip(planned, started):
         if res.ok:
             enrol(res.name, [box_name], box_cmd)
-    _report(ctx, results, as_json)
+    _record_launches(started)
+    _report(ctx, started, as_json)
+
+
+def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[Any], forwarded: List[str],
+               workdir: Optional[str], onbox_env: Dict[str, str], parallel: int, timeout: float,
+               take_over: bool, new: bool) -> List[Any]:
+    """For each box, the run this launch continues (controller/relaunch.py): a Choice, or the failed LaunchResult
+    of a box whose agent could not be asked or whose run is still alive (that box is not launched). `new`
+    (--new): a new run on each box, under a name none of its runs has."""
+    import concurrent.futures
+
+    from controller.launchlog import LaunchLog
+    from controller.relaunch import ask, candidate_names, decide, free_name
+
+    # newest first; a damaged log is refused here, before any box is asked
+    log = [] if new else LaunchLog().load()[::-1]
+    boxes = {box.name for box, _ in resolved}
+    logs = [[e for e in log if e["command"] == list(box_cmd)] for _, box_cmd in resolved]
+
+    def one(i: int) -> Any:
+        box, box_cmd = resolved[i]
+        return ask(ssh, box, box_cmd, forwarded, workdir, onbox_env,
+                   candidate_names(logs[i], box.name, boxes - {box.name}), timeout=timeout)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = [pool.submit(one, i) for i in range(len(resolved))]
+        answers: List[Any] = []
+        for f in futures:
+            try:
+                answers.append(f.result())
+            except OnboxError as e:
+                answers.append(e)
+    out: List[Any] = []
+    claimed: Set[str] = set()
+    for i, ((box, _), default, answer) in enumerate(zip(resolved, defaults, answers)):
+        try:
+            if isinstance(answer, OnboxError):
+                raise answer
+            if new:
+                choice = dataclasses.replace(default, run=free_name(default.run, set(answer.get("names") or [])))
+            else:
+                choice = decide(box, answer, logs[i], default.run, take_over, claimed)
+        except OnboxError as e:
+            out.append(LaunchResult(box=box.name, name=getattr(e, "run", default.run), ok=False, error=e.message,
+                                    hint=e.hint, exit_code=int(e.exit_code)))
+            continue
+        if choice.decision == "resume":
+            claimed.add(choice.run)
+        out.append(choice)
+    return out
+
+
+def _record_launches(results: List[LaunchResult]) -> None:
+    """Every run a box started, into this machine's launch log (what its agent recorded as making it this run)."""
+    from controller.launchlog import LaunchLog
+
+    rows = [dict(r.recorded, run=r.name, box=r.box) for r in results
+            if r.ok and isinstance(r.recorded, dict) and isinstance(r.recorded.get("command"), list)]
+    if not rows:
+        return
+    problem = LaunchLog().record(rows)
+    if problem:
+        click.echo("onboxctl: warning: %s: the launch is not recorded (a relaunch on another box will not find "
+                   "it by itself; --name names it)" % problem, err=True)
 
 
 def _check_job_secrets(opts: Dict[str, Any]) -> None:

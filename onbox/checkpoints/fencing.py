@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from onbox.checkpoints import SyncFailed, hashcopy
 from onbox.checkpoints.durable import LEASES_DIR, DurableTarget
 from onbox.checkpoints.leases import (
+    ENDED_STATES,
     MAX_EPOCH,
     BadLease,
     Committed,
@@ -35,6 +36,7 @@ from onbox.checkpoints.leases import (
     Lineage,
     base_for,
     beats,
+    blocks,
     box_id,
     box_of,
     committed_of,
@@ -195,9 +197,7 @@ class RunLease:
                                             "good, relaunch with --take-over (the new lease supersedes it)")
                 pending.append(("lease_unreadable", {"lease": prev.name, "problem": str(e), "durable": store.url}))
             if prev_doc is not None and is_live(prev_doc, now, ttl):
-                agent = prev_doc.get("agent") or {}
-                mine_dead = (box_of(prev.holder) == box and not alive(agent["pid"], agent.get("start_time"))) or (
-                    slurm_job is not None and prev_doc.get("slurm_job") == slurm_job)
+                mine_dead = not blocks(prev_doc, prev.holder, box, alive, slurm_job, now, ttl)
                 if not mine_dead and not take_over:
                     raise LeaseRefused(
                         "run %s is held by another agent: %s on %s (lease epoch %d), renewed %s (it stays live "
@@ -359,9 +359,10 @@ class RunLease:
                           hint="writes are still checked; the lease expires and another box may take the run")
                 return
 
-    def close(self, release: bool) -> None:
+    def close(self, release: bool, ended: Optional[str] = None) -> None:
         """The agent ends: stop the thread; `release` (the run ended for good here, not fenced): mark the lease
-        released, so that a launch elsewhere need not wait out its ttl."""
+        released, so that a launch elsewhere need not wait out its ttl, with how the run `ended` (done, failed,
+        stopped, preempted), so that a launch on another box can tell a finished run from one to resume."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -371,6 +372,8 @@ class RunLease:
             with self._lock:
                 self.check("lease release")
                 doc = dict(self.doc, released_at=self.clock.time())
+                if ended in ENDED_STATES:
+                    doc["ended"] = ended
                 self.store.write(self.mine, doc)
                 self.doc = doc
         except (SyncFailed, OSError) as e:  # not released: a launch elsewhere waits out the ttl (or takes over)

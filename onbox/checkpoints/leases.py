@@ -5,7 +5,8 @@ A lease is one file per agent launch that took the run, never deleted:
 
   <durable>/<run>/leases/<epoch:010d>.<holder>.json
   {"schema": "onbox.lease/1", "run", "epoch", "holder", "host", "agent": {"pid", "start_time"}, "taken_at",
-   "renewed_at", "ttl", "base": [checkpoint names], "resumed_from": name | null, "released_at": time | null}
+   "renewed_at", "ttl", "base": [checkpoint names], "resumed_from": name | null, "released_at": time | null,
+   "ended": the run's final state | null (with released_at: done, failed, stopped or preempted)}
 
 - The newest epoch holds the run; among leases of the same epoch (two launches that raced) the lowest holder wins
   (plain string order: deterministic on every box). Every other holder is fenced: it writes nothing more.
@@ -36,6 +37,7 @@ LEASE_NAME_RE = re.compile(r"^([0-9]{10})\.([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.js
 MAX_EPOCH = 10 ** 10 - 1
 MAX_BASE = 100_000
 NONCE_HEX = 8
+ENDED_STATES = ("done", "failed", "stopped", "preempted")  # how a released lease's run ended (`ended`)
 
 
 class BadLease(untrusted.UntrustedInput):
@@ -169,6 +171,9 @@ def problem(doc: Any, f: LeaseFile, run: str) -> Optional[str]:
     resumed = doc.get("resumed_from")
     if resumed is not None and untrusted.name_problem(resumed):
         return "resumed_from %r: %s" % (resumed, untrusted.name_problem(resumed))
+    ended = doc.get("ended")
+    if ended is not None and ended not in ENDED_STATES:
+        return "ended %r is not one of %s" % (ended, ", ".join(ENDED_STATES))
     return None
 
 
@@ -199,6 +204,19 @@ def is_live(doc: Dict[str, Any], now: float, default_ttl: float) -> bool:
     if doc.get("released_at") is not None:
         return False
     return now - float(doc["renewed_at"]) <= ttl_of(doc, default_ttl)
+
+
+def blocks(doc: Dict[str, Any], holder: str, box: str, alive: Any, slurm_job: Optional[str], now: float,
+           default_ttl: float) -> bool:
+    """Whether the live lease `doc` of `holder` refuses a launch by an agent on `box` (without --take-over): it is
+    live, and it is not this box's own earlier agent that is gone (`alive(pid, start_time)`), nor an earlier
+    incarnation of the same Slurm job `slurm_job`."""
+    if not is_live(doc, now, default_ttl):
+        return False
+    agent = doc.get("agent") or {}
+    mine_dead = (box_of(holder) == box and not alive(agent["pid"], agent.get("start_time"))) or (
+        slurm_job is not None and doc.get("slurm_job") == slurm_job)
+    return not mine_dead
 
 
 class Committed(NamedTuple):

@@ -47,19 +47,16 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
         cfg = _resolve_relaunch(cli, saved, RunDir(paths.run_dir(cli["name"])), environ)
     else:
         cfg = _resolve_with_profile(cli, run_file, environ)
-    if not cfg.command:
-        raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
-    cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
-    _make_paths_absolute(cfg)
+    workdir = _settle(cfg)
     checks.check_child_secrets(cfg)  # every --env-file and --secret readable now, values not kept
-    if not os.path.isdir(cfg.workdir):
-        raise UsageError("working directory does not exist: %s" % cfg.workdir)
+    if not os.path.isdir(workdir):
+        raise UsageError("working directory does not exist: %s" % workdir)
     checks.check_container(cfg)
     # with --docker the command runs inside the image: the host needs docker, not the command
-    checks.check_executable("docker" if cfg.docker_image else cfg.command[0], cfg.workdir, {**environ, **cfg.env})
+    checks.check_executable("docker" if cfg.docker_image else cfg.command[0], workdir, {**environ, **cfg.env})
     for phase in parse_phases(cfg.phases):  # [[phase]] tables: checked here, not in a detached agent's log
         if phase.command and not cfg.docker_image:
-            checks.check_executable(phase.command[0], cfg.workdir, {**environ, **cfg.env, **dict(phase.env)})
+            checks.check_executable(phase.command[0], workdir, {**environ, **cfg.env, **dict(phase.env)})
     # Inside a Slurm job the run is named after the job, so every requeue continues it (onbox/slurm/job.py).
     cfg.name = cfg.name or default_run_name(environ) or paths.default_run_name(cfg.command)
     rd = RunDir(paths.run_dir(cfg.name))
@@ -80,6 +77,31 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
 
         cfg.node_group = save_group(group, cfg.name)
     return LaunchPlan(cfg, rd, warnings, take_over=take_over)
+
+
+def resolve(values: Mapping[str, Any], command: List[str], run_file: Optional[str] = None,
+            environ: Optional[Mapping[str, str]] = None) -> RunConfig:
+    """The configuration `onbox run` would give a new run of `command` with its option `values` (the layers, as
+    prepare() resolves them; the working directory and every path made absolute), without a name of its own
+    unless --name gave one. Checks nothing else and creates nothing: `onbox match` compares it with the runs
+    already on this box."""
+    environ = os.environ if environ is None else environ
+    cli = cli_layer(values)
+    if command:
+        cli["command"] = list(command)
+    cfg = _resolve_with_profile(cli, run_file, environ)
+    _settle(cfg)
+    return cfg
+
+
+def _settle(cfg: RunConfig) -> str:
+    """A command there is, the working directory (this one by default; returned) and every path absolute: what a
+    run records in config.json, and what a relaunch of the same command is compared by."""
+    if not cfg.command:
+        raise UsageError("no command to run", hint="onbox run [OPTIONS] -- CMD [ARGS...]")
+    workdir = cfg.workdir = os.path.abspath(cfg.workdir or os.getcwd())
+    _make_paths_absolute(cfg)
+    return workdir
 
 
 def prepare_adopt(name: str) -> LaunchPlan:

@@ -107,12 +107,15 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
         sup.on_ready = lambda s: ready({"ok": s.state.value == "running", "run": rd.name, "run_dir": rd.path,
                                         "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
                                         "state": s.state.value, "adopted": child is not None,
-                                        "error": s.message if s.state.value != "running" else None})
+                                        "error": s.message if s.state.value != "running" else None,
+                                        # what makes the run this run (onbox/launch/match.py): onboxctl records it
+                                        "command": cfg.command, "workdir": cfg.workdir, "durable": cfg.durable,
+                                        "ckpt_dir": cfg.ckpt_dir})
         try:
             return exit_code_for(sup.run(adopt=child))
         finally:
             if lease is not None:  # released only when the run ended for good here (an adoptable child keeps it)
-                lease.close(release=sup.state.terminal and sup.state != RunState.FENCED)
+                lease.close(release=sup.state.terminal and sup.state != RunState.FENCED, ended=sup.state.value)
 
     if foreground:
         try:

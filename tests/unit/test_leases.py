@@ -4,6 +4,7 @@ holder is fenced by, the lineage a new holder restores from, and lease files as 
 The lease files are real files on a mounted-path target in a temp dir; time is a FakeClock."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Dict, List
@@ -294,6 +295,8 @@ DEEP = "[" * 100 + "]" * 100
     (json.dumps(dict(GOOD, base="c1")).encode(), "base is not a list"),
     (json.dumps(dict(GOOD, base=["../../etc"])).encode(), "base[0]"),
     (json.dumps(dict(GOOD, resumed_from="a/b")).encode(), "resumed_from"),
+    (json.dumps(dict(GOOD, ended="running")).encode(), "ended 'running' is not one of"),
+    (json.dumps(dict(GOOD, ended=["done"])).encode(), "ended"),
     (b" " * (4 * 1024 * 1024 + 1), "too large"),
 ])
 def test_a_corrupt_lease_file_is_a_clear_refusal_and_is_kept(tmp_path, content, problem):
@@ -356,3 +359,38 @@ def test_a_requeued_slurm_job_is_not_blocked_by_its_own_earlier_incarnation(tmp_
         RunLease.take(first.target, "r", TTL, False, clock, lambda: [], 1.0, box=BOX, slurm_job="4243")
     again = RunLease.take(first.target, "r", TTL, False, clock, lambda: [], 1.0, box=BOX, slurm_job="4242")
     assert again.epoch == 2 and again.doc["slurm_job"] == "4242"
+
+
+def test_a_released_lease_says_how_the_run_ended_and_what_a_relaunch_reads_of_it(tmp_path):
+    """close(release, ended): the release records the final state; durable_facts (what `onbox match` reports for a
+    relaunch on another box) reads it back with the newest checkpoint's step and whether the lease would block."""
+    from onbox.checkpoints.runfacts import durable_facts
+
+    clock = FakeClock()
+    durable = str(tmp_path / "durable")
+    assert durable_facts(durable, "r", TTL, now=clock.time())["exists"] is False  # nothing there yet
+    lease = Box(tmp_path, clock, box=OTHER, host="gpu2").take()
+    facts = durable_facts(durable, "r", TTL, now=clock.time(), box=BOX, alive=lambda pid, start: True)
+    assert facts["exists"] and facts["step"] is None and facts["checkpoints"] == 0
+    assert facts["lease"]["live"] and facts["lease"]["blocks"] and facts["lease"]["host"] == "gpu2"
+    mine = durable_facts(durable, "r", TTL, now=clock.time(), box=OTHER, alive=lambda pid, start: False)
+    assert mine["lease"]["live"] and not mine["lease"]["blocks"]  # the same box's agent is gone: no block
+    for step in (5, 10):
+        ck = os.path.join(durable, "r", "checkpoints", "step_%05d" % step)
+        os.makedirs(ck)
+        with open(os.path.join(ck, "model.dat"), "wb") as f:
+            f.write(b"x")
+        with open(os.path.join(ck, "MANIFEST.json"), "w") as f:  # as onbox writes one (see test_controller_ssh)
+            json.dump({"step": step, "created": 1767225600.0 + step, "files": [
+                {"path": "model.dat", "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}]}, f)
+    lease.close(release=True, ended="done")
+    with open(os.path.join(leases_dir(tmp_path), lease.mine.name)) as f:
+        doc = json.load(f)
+    assert doc["ended"] == "done" and doc["released_at"] is not None
+    facts = durable_facts(durable, "r", TTL, now=clock.time(), box=BOX, alive=lambda pid, start: True)
+    assert (facts["step"], facts["checkpoint"], facts["checkpoints"]) == (10, "step_00010", 2)
+    assert facts["lease"]["ended"] == "done" and not facts["lease"]["live"] and not facts["lease"]["blocks"]
+    again = Box(tmp_path, clock).take()
+    again.close(release=True, ended="fenced")  # not a way a released run ends: not recorded
+    with open(os.path.join(leases_dir(tmp_path), again.mine.name)) as f:
+        assert "ended" not in json.load(f)
