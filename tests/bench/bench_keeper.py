@@ -15,8 +15,8 @@ sshd is stopped.
    spare's check, which pushes onbox.pyz to a spare without it), push (-> pushed), relaunch + restore (-> the
    spare's agent's `checkpoint_restored` event), first step (-> the trainer's first new step, from its trace).
 2. Baseline: a person who relaunches by hand the moment box b1 dies, on the same kind of warm spare:
-   `onboxctl push s1` then `onboxctl run s1 --name RUN --onbox-arg=--take-over ...` (the same command as the first
-   launch; onboxctl has no --take-over of its own and forwards it to `onbox run`), timed to the first new step the
+   `onboxctl push s1` then `onboxctl run s1 --name RUN --take-over ...` (the same command as the first
+   launch, with --take-over: the dead box's lease is still live), timed to the first new step the
    same way. The difference is the keeper's own overhead: detect + decide.
 
 Target: <= 60 s from the death to the first new step.
@@ -117,7 +117,7 @@ def by_hand(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
     newest = max(rig.committed())
     rig.ctl("push", "s1", "--pyz", rig.pyz)  # the person, the moment the box dies
     t_pushed = time.time()
-    rig.ctl(*rig.run_argv("s1", "--onbox-arg=--take-over", *extra, heartbeat=HEARTBEAT, lost_after=None,
+    rig.ctl(*rig.run_argv("s1", "--take-over", *extra, heartbeat=HEARTBEAT, lost_after=None,
                           step_interval=STEP_INTERVAL, first_step=True))
     t_run = time.time()
     first = wait_for(lambda: _first_step(rig, "s1"), WAIT, "the first new step on s1", 0.1)
