@@ -10,7 +10,7 @@ from onbox.commands.clikit import LazyGroup, run_cli
 
 C = "controller.commands."
 COMMANDS = {
-    "box": (C + "boxes", "box", "Manage the inventory of boxes (add, ls, rm)."),
+    "box": (C + "boxes", "box", "Manage the inventory of boxes (add, ls, rm, forget-key)."),
     "push": (C + "push", "push", "Copy onbox.pyz and your code to a box, and verify what landed."),
     "secrets": (C + "push", "secrets", "Push a secret to a box via stdin (never argv)."),
     "run": (C + "launch", "run", "Launch a supervised run on one or more boxes; returns at once."),
