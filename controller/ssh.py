@@ -20,14 +20,20 @@ inventory is passed to ssh as a host alias (ssh's own known_hosts then applies).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import os
 import re
 import shlex
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import time
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.environment import Environment
 from onbox.errors import JobFailed, UnfitError, UsageError
@@ -224,8 +230,29 @@ class Ssh:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
-        with self._lock_for(target):  # launches to several boxes run in threads; one master per box
-            self._ensure_master_locked(target, persist)
+        with self._lock_for(target), self._file_lock(target):  # one master per box: threads, and processes (a
+            self._ensure_master_locked(target, persist)         # tunnel's supervisor beside `onboxctl tunnel`)
+
+    @contextlib.contextmanager
+    def _file_lock(self, target: Target) -> Iterator[None]:
+        """A flock per box in the control dir, so that two onboxctl processes never start two masters at once (the
+        second would find the socket taken and stay as a plain connection nobody uses). Bounded: a holder is
+        itself bounded by the master's start timeout; past that we go on without it."""
+        key = hashlib.sha256(repr((target.host, target.port, target.user)).encode()).hexdigest()[:16]
+        fd = os.open(os.path.join(self.control_dir(), "master-%s.lock" % key), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + self.settings.connect_timeout + 20.0
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def master_pid(self, target: Target) -> Optional[int]:
         """The pid of the live master connection to `target` (a local check, no network), or None."""
@@ -258,6 +285,8 @@ class Ssh:
             if not persist or master_persists(pid):
                 return
             self.control(target, "stop")  # it finishes what it carries, takes nothing new, then exits
+        else:
+            self._unlink_stale_socket(target)
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
         argv = self.master_argv(target, persist=persist)
@@ -270,6 +299,36 @@ class Ssh:
             if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
                 return
             raise unreachable(target, err or "ssh exited %s" % rc)
+
+    def _unlink_stale_socket(self, target: Target) -> None:
+        """A master killed outright leaves its socket behind, and a new master would then refuse to take the path
+        ("already exists, disabling multiplexing"). A socket in our control dir that no one answers is removed."""
+        res = self._exec(["ssh", "-G", *self.options(target), "-T", "--", target.destination], timeout=10.0,
+                         input_bytes=None, quiet=True)
+        path = next((ln.partition(" ")[2].strip() for ln in res.text.splitlines() if ln.startswith("controlpath ")),
+                    None)
+        if res.returncode != 0 or not path or os.path.dirname(path) != self.control_dir():
+            return
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2.0)
+                sock.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+
+    def poke(self, target: Target, port: int, timeout: float = 5.0) -> None:
+        """Connect to the box's own 127.0.0.1:PORT through the live master and hang up (`ssh -W`). A listener left
+        there by the session of a master that died with its link then writes to its dead connection, is reset,
+        and frees the port for a new forward (the box's sshd would otherwise hold it until something pokes it)."""
+        self._exec(["ssh", *self.options(target), "-W", "127.0.0.1:%d" % port, "--", target.destination],
+                   timeout=timeout, input_bytes=None, quiet=True)
 
     def run(self, target: Target, argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
             timeout: Optional[float] = None, input_bytes: Optional[bytes] = None, check: bool = True,
