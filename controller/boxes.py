@@ -9,7 +9,7 @@ A box name that is not in the inventory is handed to ssh as a host alias, so ~/.
 User, ProxyJump, IdentityFile) and the agent decide how to reach it.
 
 Host keys of inventory boxes are kept in known_hosts next to the inventory (controller/ssh.py): a new box's key is
-accepted on first contact, a changed one refused until `onboxctl box forget-key NAME` (`forget_host_key`). A box
+accepted on first contact, a changed one refused until `onboxctl box forget-key NAME` (controller/hostkeys.py). A box
 whose `options` set StrictHostKeyChecking or UserKnownHostsFile (or the like) keeps its own.
 
     [boxes.gpu1]
