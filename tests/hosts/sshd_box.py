@@ -84,6 +84,12 @@ class Netns:
 
     def destroy(self) -> None:
         subprocess.run(["ip", "netns", "del", self.ns], check=False)
+        # the kernel removes the veth pair asynchronously: wait for it (a next box of this process reuses the names),
+        # and drop the unreachable route only once the link is gone
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and subprocess.run(["ip", "link", "show", self.host_if],
+                                                             capture_output=True).returncode == 0:
+            time.sleep(0.02)
         if self.up:
             subprocess.run(["ip", "route", "del", "unreachable", self.subnet, "metric", "4242"], check=False)
             self.up = False

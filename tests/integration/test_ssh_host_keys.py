@@ -56,7 +56,7 @@ def user_known_hosts():
         return None
 
 
-def test_a_new_box_is_accepted_a_changed_key_refused_and_forget_key_lets_it_in(sshd_box, ctl):
+def test_a_new_box_is_accepted_a_changed_key_refused_and_forget_key_lets_it_in(sshd_box, ctl, onbox_pyz):
     """No StrictHostKeyChecking or UserKnownHostsFile of the test's own: onbox's defaults decide."""
     cfg = ctl["ONBOX_CONFIG_DIR"]
     known = os.path.join(cfg, "known_hosts")
@@ -109,6 +109,10 @@ def test_a_new_box_is_accepted_a_changed_key_refused_and_forget_key_lets_it_in(s
     assert r.returncode == 0, r.stderr
     assert os.path.isfile(os.path.join(secrets, "second"))
     assert recorded(known, name) == [new_key]
+    # rsync's ssh (`-e`) reads the same options, the quoted path included; without a master it checks the key itself
+    r = onboxctl(dict(ctl, ONBOX_SSH_MULTIPLEX="0"), "push", "b1", "--pyz", onbox_pyz)
+    assert r.returncode == 0, r.stderr
+    assert os.path.isfile(os.path.join(sshd_box.home, ".onbox", "onbox.pyz"))
     r = onboxctl(ctl, "box", "forget-key", "b1")
     assert r.returncode == 0 and "forgot the host key of box b1: %s ED25519 %s" % (name, new_key) in r.stdout, r.stdout
     r = onboxctl(ctl, "box", "forget-key", "b1")

@@ -118,6 +118,7 @@ def test_a_tunnel_opened_by_run_survives_a_link_cut_without_a_command(netns_box,
         except OSError:
             return []
 
+    is_cut = False
     try:
         ctl.add("b1", netns_box)
         ctl("push", "b1", "--pyz", onbox_pyz)
@@ -138,6 +139,7 @@ def test_a_tunnel_opened_by_run_survives_a_link_cut_without_a_command(netns_box,
 
         # the cut: nothing for the box leaves its namespace; the master dies of ServerAlive, the agent spools
         cut(netns_box.netns, side)
+        is_cut = True
         t_cut = time.monotonic()
         wait_for(lambda: ctl.record().get("state") == "down", 20, "the supervisor to see the tunnel down", 0.2)
         noticed = time.monotonic() - t_cut
@@ -145,6 +147,7 @@ def test_a_tunnel_opened_by_run_survives_a_link_cut_without_a_command(netns_box,
         time.sleep(max(0.0, t_cut + CUT_S - time.monotonic()))
         waiting = spooled()
         heal(netns_box.netns, side)
+        is_cut = False
         t_heal = time.monotonic()
         heal_wall = time.time()
 
@@ -177,6 +180,8 @@ def test_a_tunnel_opened_by_run_survives_a_link_cut_without_a_command(netns_box,
         assert "closed b1 127.0.0.1:%d" % port in ctl("tunnel", "--close", "b1").stdout
         assert ctl.record() == {}
     finally:
+        if is_cut:  # the run's agent and trainer live in the box: reach them to stop them
+            heal(netns_box.netns, side)
         subprocess.run(["ssh", *netns_box.client_options_argv(), "-p", str(e["port"]), "root@" + e["host"],
                         "%s .onbox/onbox.pyz stop %s --grace 2" % (e["python"], RUN)], capture_output=True,
                        timeout=60)
