@@ -336,6 +336,7 @@ def start_supervisor(t: Tunnel, records: Optional[Records] = None,
     env = dict(os.environ, PYTHONPATH=here + (os.pathsep + os.environ["PYTHONPATH"]
                                                if os.environ.get("PYTHONPATH") else ""))
     env["ONBOX_CONFIG_DIR"] = os.path.dirname(records.path)
+    env.pop("ONBOX_TRACKER_TOKEN", None)  # it lives for days and needs no token: none sits in its environment
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         p = subprocess.Popen([sys.executable, "-m", "controller.tunnelwatch", t.box, t.local],

@@ -132,6 +132,8 @@ def test_a_tunnel_opened_by_run_survives_a_link_cut_without_a_command(netns_box,
         sup = res["tunnel"]["supervisor"]
         assert res["ok"] and isinstance(sup, int), res
         assert [p for p, _ in tunnel_supervisors(ctl.cfg)] == [sup]
+        with open("/proc/%d/environ" % sup, "rb") as f:  # it lives for days: no tracker token in its environment
+            assert b"ONBOX_TRACKER_TOKEN=" not in f.read()
         assert res["tunnel"]["log"] == os.path.join(ctl.cfg, "tunnels", "b1-%d.log" % tracker.port)
         wait_for(lambda: seqs(), 60, "beats through the tunnel", 0.2)
         first_master = ctl.record()["master_pid"]
