@@ -186,7 +186,7 @@ class WatchKnobs:
 
     enabled: bool = True  # ONBOX_TUNNEL_WATCH=0: `onboxctl run` and `tunnel` start no supervisor
     poll: float = 2.0  # ONBOX_TUNNEL_POLL: between two local checks of the master (no network)
-    backoff_max: float = 30.0  # ONBOX_TUNNEL_BACKOFF_MAX: the longest wait between two re-open tries (1 s, doubling)
+    backoff_max: float = 15.0  # ONBOX_TUNNEL_BACKOFF_MAX: the longest wait between two re-open tries (1 s, doubling)
     run_check: float = 60.0  # ONBOX_TUNNEL_RUN_CHECK: between two asks whether a run on the box still has an agent
     give_up: float = 86400.0  # ONBOX_TUNNEL_GIVE_UP: a tunnel down this long is left alone (the box is gone)
 
