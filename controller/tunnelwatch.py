@@ -65,14 +65,17 @@ class Supervisor:
 
     def mark(self, **fields: Any) -> None:
         """Write `fields` into the record, while it is this supervisor's."""
-        t = self.records.get(self.key)
-        if t is None or t.supervisor_pid != self.pid:
-            return  # (and never re-create a config dir someone removed)
-        with self.records.editing() as tunnels:
-            for t in tunnels:
-                if t.key == self.key and t.supervisor_pid == self.pid:
-                    for k, v in fields.items():
-                        setattr(t, k, v)
+        try:
+            t = self.records.get(self.key)
+            if t is None or t.supervisor_pid != self.pid:
+                return  # (and never re-create a config dir someone removed)
+            with self.records.editing() as tunnels:
+                for t in tunnels:
+                    if t.key == self.key and t.supervisor_pid == self.pid:
+                        for k, v in fields.items():
+                            setattr(t, k, v)
+        except OnboxError as e:  # a damaged record: the next look ends the supervision, saying why
+            self.say("cannot write the tunnel record: %s" % e.message)
 
     def release(self) -> None:
         try:
@@ -81,7 +84,11 @@ class Supervisor:
             pass
 
     def mine(self) -> Optional[Tunnel]:
-        t = self.records.get(self.key)
+        try:
+            t = self.records.get(self.key)
+        except OnboxError as e:
+            self.stopping = "cannot read the tunnel record: %s" % e.message
+            return None
         if t is None:
             self.stopping = "the tunnel was closed"
         elif t.supervisor_pid != self.pid:

@@ -105,8 +105,13 @@ def test_it_ends_when_the_tunnel_is_closed_or_taken_over_or_no_run_needs_it(cfg,
     assert sup.run().startswith("another supervisor (pid 1) took the tunnel over")
 
     sup = supervisor(cfg, FakeSsh([111]))
-    with cfg.editing() as tunnels:
-        tunnels[:] = []
+    with open(cfg.path, "w") as f:
+        f.write("{damaged")
+    assert sup.run().startswith("cannot read the tunnel record: tunnel record %s is damaged" % cfg.path)
+    sup.release()
+
+    os.unlink(cfg.path)
+    sup.stopping = None
     assert sup.run() == "the tunnel was closed"
     sup.release()
     assert not os.path.exists(os.path.join(os.path.dirname(cfg.path), "tunnels"))  # it never made a dir for nothing
