@@ -20,7 +20,7 @@ COMMANDS = {
     "pull": (C + "pull", "pull", "Copy a run's committed checkpoints home and verify them."),
     "down": (C + "teardown", "down", "Teardown gate: refuses until every run's newest checkpoint is pulled and verified."),
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),
-    "tunnel": (C + "tunnel", "tunnel", "Re-open (or close) the ssh tunnels that carry boxes' heartbeats home."),
+    "tunnel": (C + "tunnel", "tunnel", "Show, re-open or close the ssh tunnels that carry boxes' heartbeats home."),
     "keep": (C + "keep", "keep", "Watch runs launched with --recover and bring them back without you."),
 }
 

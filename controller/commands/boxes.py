@@ -101,7 +101,8 @@ def forget_key(name: str, as_json: bool) -> None:
 
     onboxctl refuses a box whose host key changed since its first contact: either it is a new machine at the same
     address, or someone is in the middle. Once you know it is the first, this removes the old key from onbox's
-    known_hosts; the next connection accepts and records the box's new key. Nothing else is touched.
+    known_hosts (ssh-keygen keeps the file as it was in known_hosts.old); the next connection accepts and
+    records the box's new key. Nothing else is touched.
     """
     from controller.hostkeys import forget_host_key
     from controller.ssh import Ssh, settings_from_env
