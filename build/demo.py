@@ -29,7 +29,13 @@ sys.path.insert(0, REPO)
 
 from controller.boxes import Inventory  # noqa: E402
 from controller.ssh import Ssh, SshSettings  # noqa: E402
-from tests.hosts.sshd_box import SshdBox, close_masters, dev_pyz, have_sshd  # noqa: E402
+from tests.hosts.sshd_box import (  # noqa: E402
+    SshdBox,
+    close_masters,
+    dev_pyz,
+    have_sshd,
+    stop_tunnel_supervisors,
+)
 
 PY = sys.executable
 WORK = os.path.join(REPO, ".demo")
@@ -239,6 +245,7 @@ class Demo:
         self.onboxctl("down", "demo", "--yes")
 
     def cleanup(self) -> None:
+        stop_tunnel_supervisors(self.env["ONBOX_CONFIG_DIR"])  # `onboxctl down` stopped it; if the demo got there
         close_masters(self.control)  # the ssh master connections onboxctl kept for speed
         if self.tracker is not None and self.tracker.poll() is None:
             self.tracker.send_signal(signal.SIGTERM)

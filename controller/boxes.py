@@ -8,6 +8,10 @@ that is not a directory is refused rather than read as an empty inventory.
 A box name that is not in the inventory is handed to ssh as a host alias, so ~/.ssh/config (HostName, Port,
 User, ProxyJump, IdentityFile) and the agent decide how to reach it.
 
+Host keys of inventory boxes are kept in known_hosts next to the inventory (controller/ssh.py): a new box's key
+is accepted on first contact, a changed one refused until `onboxctl box forget-key NAME` (controller/hostkeys.py).
+A box whose `options` set StrictHostKeyChecking or UserKnownHostsFile (or the like) keeps its own.
+
     [boxes.gpu1]
     host = "203.0.113.7"
     port = 22
@@ -25,7 +29,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from controller.ssh import Target, check_ssh_word
+from controller.ssh import Target, check_ssh_word, manages_host_keys
 from onbox import untrusted
 from onbox.environment import Environment
 from onbox.errors import UsageError
@@ -50,8 +54,8 @@ def config_dir() -> str:
     if not os.path.isdir(probe):
         what = "is" if probe == path else "is under %s, which is" % probe
         raise UsageError("%s %s not a directory" % (source, what),
-                         hint="point ONBOX_CONFIG_DIR at a directory (it holds boxes.toml, config.toml, tunnels.json "
-                              "and pulls.json)%s" % (", or unset it to use ~/.config/onbox" if env else
+                         hint="point ONBOX_CONFIG_DIR at a directory (it holds boxes.toml, known_hosts, config.toml, "
+                              "tunnels.json and pulls.json)%s" % (", or unset it to use ~/.config/onbox" if env else
                                                      ", or move %s aside" % probe))
     return path
 
@@ -68,15 +72,28 @@ class Box:
     options: List[str] = dataclasses.field(default_factory=list)
     pool: Optional[str] = None  # the pool this box serves as a spare of (`run --recover pool:P`, controller/keeper)
     in_inventory: bool = True
+    # onbox's known_hosts for this box (the inventory's, set where it is read); never written to the inventory
+    known_hosts: Optional[str] = dataclasses.field(default=None, compare=False)
 
     def target(self) -> Target:
+        """What ssh needs. An inventory box's host key is checked against onbox's own known_hosts (accept-new),
+        unless the box's options manage host keys themselves; an alias leaves them to ssh's own configuration."""
+        known = None
+        if self.in_inventory and not manages_host_keys(self.options):
+            known = self.known_hosts or known_hosts_path()
         return Target(name=self.name, host=self.host, port=self.port, user=self.user, identity=self.identity,
-                      options=tuple(self.options))
+                      options=tuple(self.options), known_hosts=known, alias=not self.in_inventory)
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("in_inventory")
+        d.pop("known_hosts")
         return {k: v for k, v in d.items() if v not in (None, [], "")}
+
+
+def known_hosts_path(directory: Optional[str] = None) -> str:
+    """onbox's own known_hosts: the host keys of inventory boxes, next to the inventory."""
+    return os.path.join(directory or config_dir(), "known_hosts")
 
 
 def check_name(name: str) -> str:
@@ -149,6 +166,7 @@ class Inventory:
         out = {}
         for name, entry in table.items():
             out[name] = box_from_entry(name, entry, path)
+            out[name].known_hosts = known_hosts_path(self.directory)
         return out
 
     def save(self, boxes: Dict[str, Box]) -> None:
@@ -215,7 +233,7 @@ def box_from_entry(name: str, entry: Any, source: str) -> Box:
     if not BOX_NAME_RE.fullmatch(name):
         raise UsageError("box inventory %s: invalid box name %r" % (source, name),
                          hint="use letters, digits, '.', '_' and '-' (at most 64)")
-    known = {f.name for f in dataclasses.fields(Box)} - {"name", "in_inventory"}
+    known = {f.name for f in dataclasses.fields(Box)} - {"name", "in_inventory", "known_hosts"}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise UsageError("box inventory %s: box %r has unknown key(s) %s" % (source, name, ", ".join(unknown)),

@@ -10,7 +10,7 @@ from onbox.commands.clikit import LazyGroup, run_cli
 
 C = "controller.commands."
 COMMANDS = {
-    "box": (C + "boxes", "box", "Manage the inventory of boxes (add, ls, rm)."),
+    "box": (C + "boxes", "box", "Manage the inventory of boxes (add, ls, rm, forget-key)."),
     "push": (C + "push", "push", "Copy onbox.pyz and your code to a box, and verify what landed."),
     "secrets": (C + "push", "secrets", "Push a secret to a box via stdin (never argv)."),
     "run": (C + "launch", "run", "Launch a supervised run on one or more boxes; returns at once."),
@@ -21,7 +21,7 @@ COMMANDS = {
     "pull": (C + "pull", "pull", "Copy a run's committed checkpoints home and verify them."),
     "down": (C + "teardown", "down", "Teardown gate: refuses until every run's newest checkpoint is pulled and verified."),
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),
-    "tunnel": (C + "tunnel", "tunnel", "Re-open (or close) the ssh tunnels that carry boxes' heartbeats home."),
+    "tunnel": (C + "tunnel", "tunnel", "Show, re-open or close the ssh tunnels that carry boxes' heartbeats home."),
     "keep": (C + "keep", "keep", "Watch runs launched with --recover and bring them back without you."),
 }
 

@@ -111,6 +111,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
     res = LaunchResult(box=box.name, name=name, ok=False)
     onbox_env = dict(onbox_env or {})
     res.tracker = onbox_env.get("ONBOX_TRACKER")
+    tun = None
     try:
         if tunnel_to:
             from controller.tunnel import box_url, open_tunnel
@@ -135,6 +136,14 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         # the probe is its own call (U4)
         res.state = probe(ssh, box, home, res.name) or doc.get("state")
         res.ok = True
+        if tun is not None and res.tunnel is not None:  # the run is there: keep its tunnel up from now on
+            from controller.tunnel import Records, start_supervisor
+
+            records = Records()
+            res.tunnel["supervisor"], why = start_supervisor(tun, records)
+            res.tunnel["log"] = records.log_path(tun)
+            if why:
+                res.tunnel["unsupervised"] = why
     except OnboxError as e:
         res.error, res.hint, res.exit_code = e.message, e.hint, int(e.exit_code)
     res.seconds = round(time.monotonic() - t0, 3)

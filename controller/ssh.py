@@ -7,21 +7,33 @@ Rules this module enforces (seeds U1, U4, U12, U13, U17):
 - one multiplexed master connection per box in a private directory (ControlPath), started explicitly so that the
   backgrounded master never holds a pipe of ours open;
 - every remote command has a timeout; a timed-out client is killed with its process group;
-- exit 255 is the ssh client's own failure (connection), not the remote command's: it becomes a BoxUnreachable.
+- exit 255 is the ssh client's own failure (connection), not the remote command's: it becomes a BoxUnreachable
+  whose message names the cause ssh gave (a changed host key, a refused login, nothing listening, no answer, no
+  route, an unknown name) and the fix (`classify`, `unreachable`);
+- host keys of inventory boxes live in onbox's own known_hosts ($ONBOX_CONFIG_DIR/known_hosts): a box met for the
+  first time is accepted (`StrictHostKeyChecking=accept-new`: rentals get a new key with every machine), a key
+  that CHANGED is refused and never replaced silently. A box whose own ssh options set StrictHostKeyChecking,
+  UserKnownHostsFile, GlobalKnownHostsFile or KnownHostsCommand keeps them, and onbox adds neither.
 
 The user's ~/.ssh/config, agent and ProxyJump stay in force: we only add -o options, and a box that is not in the
-inventory is passed to ssh as a host alias.
+inventory is passed to ssh as a host alias (ssh's own known_hosts then applies).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import os
 import re
 import shlex
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import time
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.environment import Environment
 from onbox.errors import JobFailed, UnfitError, UsageError
@@ -32,7 +44,11 @@ SSH_FAILURE = 255  # ssh(1): "exits with 255 if an error occurred" (its own, not
 
 
 class BoxUnreachable(UnfitError):
-    """ssh could not reach or authenticate to the box."""
+    """ssh could not reach or authenticate to the box. `kind`: what ssh said, one of FAILURE_KINDS."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, kind: str = "other") -> None:
+        super().__init__(message, hint=hint)
+        self.kind = kind
 
 
 class RemoteTimeout(JobFailed):
@@ -71,6 +87,8 @@ class Target:
     user: Optional[str] = None
     identity: Optional[str] = None
     options: Sequence[str] = ()  # extra `-o Key=Value` options from the inventory (e.g. UserKnownHostsFile)
+    known_hosts: Optional[str] = None  # onbox's own known_hosts: a new key is accepted there, a changed one refused
+    alias: bool = False  # a name that is not in the inventory, handed to ssh as a host alias
 
     def __post_init__(self) -> None:
         check_ssh_word("host", self.host)
@@ -167,6 +185,9 @@ class Ssh:
                 opts += ["-o", "ControlPersist=%s" % ("yes" if persist else s.control_persist)]
         for opt in target.options:
             opts += ["-o", opt]
+        if target.known_hosts:  # never together with the box's own host-key options (Box.target leaves it out)
+            opts += ["-o", "StrictHostKeyChecking=accept-new",
+                     "-o", "UserKnownHostsFile=%s" % config_path(target.known_hosts)]
         if target.port:
             opts += ["-p", str(target.port)]
         if target.identity:
@@ -209,8 +230,29 @@ class Ssh:
             return
         os.makedirs(self.control_dir(), mode=0o700, exist_ok=True)
         os.chmod(self.control_dir(), 0o700)
-        with self._lock_for(target):  # launches to several boxes run in threads; one master per box
-            self._ensure_master_locked(target, persist)
+        with self._lock_for(target), self._file_lock(target):  # one master per box: threads, and processes (a
+            self._ensure_master_locked(target, persist)         # tunnel's supervisor beside `onboxctl tunnel`)
+
+    @contextlib.contextmanager
+    def _file_lock(self, target: Target) -> Iterator[None]:
+        """A flock per box in the control dir, so that two onboxctl processes never start two masters at once (the
+        second would find the socket taken and stay as a plain connection nobody uses). Bounded: a holder is
+        itself bounded by the master's start timeout; past that we go on without it."""
+        key = hashlib.sha256(repr((target.host, target.port, target.user)).encode()).hexdigest()[:16]
+        fd = os.open(os.path.join(self.control_dir(), "master-%s.lock" % key), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + self.settings.connect_timeout + 20.0
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def master_pid(self, target: Target) -> Optional[int]:
         """The pid of the live master connection to `target` (a local check, no network), or None."""
@@ -243,6 +285,8 @@ class Ssh:
             if not persist or master_persists(pid):
                 return
             self.control(target, "stop")  # it finishes what it carries, takes nothing new, then exits
+        else:
+            self._unlink_stale_socket(target)
         # -f backgrounds after authentication; its stderr goes to a file, never to a pipe of ours (a persisting
         # master holding our pipe open would make every later read wait for ControlPersist to expire).
         argv = self.master_argv(target, persist=persist)
@@ -255,6 +299,36 @@ class Ssh:
             if self._exec(check, timeout=5.0, input_bytes=None, quiet=True).returncode == 0:
                 return
             raise unreachable(target, err or "ssh exited %s" % rc)
+
+    def _unlink_stale_socket(self, target: Target) -> None:
+        """A master killed outright leaves its socket behind, and a new master would then refuse to take the path
+        ("already exists, disabling multiplexing"). A socket in our control dir that no one answers is removed."""
+        res = self._exec(["ssh", "-G", *self.options(target), "-T", "--", target.destination], timeout=10.0,
+                         input_bytes=None, quiet=True)
+        path = next((ln.partition(" ")[2].strip() for ln in res.text.splitlines() if ln.startswith("controlpath ")),
+                    None)
+        if res.returncode != 0 or not path or os.path.dirname(path) != self.control_dir():
+            return
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2.0)
+                sock.connect(path)
+        except ConnectionRefusedError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass
+
+    def poke(self, target: Target, port: int, timeout: float = 5.0) -> None:
+        """Connect to the box's own 127.0.0.1:PORT through the live master and hang up (`ssh -W`). A listener left
+        there by the session of a master that died with its link then writes to its dead connection, is reset,
+        and frees the port for a new forward (the box's sshd would otherwise hold it until something pokes it)."""
+        self._exec(["ssh", *self.options(target), "-W", "127.0.0.1:%d" % port, "--", target.destination],
+                   timeout=timeout, input_bytes=None, quiet=True)
 
     def run(self, target: Target, argv: Optional[Sequence[str]] = None, *, script: Optional[str] = None,
             timeout: Optional[float] = None, input_bytes: Optional[bytes] = None, check: bool = True,
@@ -301,12 +375,140 @@ def master_persists(pid: int) -> bool:
         return False
 
 
-def unreachable(target: Target, detail: str) -> BoxUnreachable:
-    detail = detail.strip().splitlines()[-1] if detail.strip() else detail
+# What ssh said, in the order it is looked for (a changed key also says "Host key verification failed").
+FAILURE_KINDS = ("host_key_changed", "host_key_unknown", "auth", "refused", "no_route", "timeout", "resolve",
+                 "closed", "other")
+_SAYS = (
+    ("host_key_changed", ("REMOTE HOST IDENTIFICATION HAS CHANGED", "has changed and you have requested strict")),
+    ("host_key_unknown", ("Host key verification failed", "host key is known for")),
+    ("auth", ("Permission denied", "Too many authentication failures")),
+    ("refused", ("Connection refused",)),
+    ("no_route", ("No route to host", "Network is unreachable")),
+    ("timeout", ("timed out",)),
+    ("resolve", ("Could not resolve hostname", "Name or service not known", "Temporary failure in name resolution")),
+    ("closed", ("Connection closed by", "Connection reset by", "kex_exchange_identification", "Broken pipe",
+                "closed by remote host")),
+)
+HOST_KEY_OPTIONS = ("stricthostkeychecking", "userknownhostsfile", "globalknownhostsfile", "knownhostscommand")
+
+
+@dataclasses.dataclass(frozen=True)
+class SshFailure:
+    """ssh's own failure (exit 255), read from its stderr."""
+
+    kind: str  # one of FAILURE_KINDS
+    line: str  # ssh's line that says it (the last line when none matched)
+    remove_with: Optional[str] = None  # a changed key: the `ssh-keygen ... -R ...` command ssh itself suggested
+
+
+def classify(stderr: str) -> SshFailure:
+    """What went wrong, from ssh's stderr (the whole of it: a changed key's banner spans twenty lines)."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    remove_with = None
+    for i, ln in enumerate(lines):
+        if ln.startswith("remove with:") and i + 1 < len(lines) and lines[i + 1].startswith("ssh-keygen"):
+            remove_with = lines[i + 1]
+    for kind, needles in _SAYS:
+        for ln in lines:
+            if any(n.lower() in ln.lower() for n in needles):
+                if kind == "host_key_changed":
+                    ln = next((x for x in lines if "has changed and you have" in x), "the host key has changed")
+                return SshFailure(kind, ln, remove_with)
+    return SshFailure("other", lines[-1] if lines else "ssh exited 255")
+
+
+def manages_host_keys(options: Sequence[str]) -> bool:
+    """Whether a box's own ssh options decide its host keys (then onbox adds no host-key option of its own)."""
+    return any(o.partition("=")[0].strip().lower() in HOST_KEY_OPTIONS for o in options)
+
+
+def config_path(path: str) -> str:
+    """A file path as an ssh -o value: `%` is a token there (doubled), a space would end the word (quoted)."""
+    value = path.replace("%", "%%")
+    if any(c.isspace() or c in "\"'\\" for c in value):
+        value = '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
+    return value
+
+
+def by_hand(target: Target) -> str:
+    """The ssh command line a person types to try the box as onboxctl reaches it."""
+    words = ["ssh"]
+    if target.port:
+        words += ["-p", str(target.port)]
+    if target.identity:
+        words += ["-i", target.identity]
+    return " ".join([*words, target.destination])
+
+
+def unreachable(target: Target, stderr: str) -> BoxUnreachable:
+    """The error for ssh's own failure on `target`: what ssh said, named as its cause, and what fixes it."""
+    f = classify(stderr)
+    kind = f.kind
+    if kind == "host_key_unknown" and target.known_hosts:
+        kind = "host_key_changed"  # accept-new takes every key it has not seen: a refusal is a key that changed
     where = target.destination + (":%d" % target.port if target.port else "")
-    return BoxUnreachable("cannot reach box %s (%s): %s" % (target.name, where, detail),
-                          hint="check that the box is running and `ssh %s` works by hand (keys are used in "
-                               "BatchMode: load them into your agent or give --identity)" % target.name)
+    box = "box %s (%s)" % (target.name, where)
+    alias = "%s is not in the inventory, so ssh read it as a host alias" % target.name
+    if kind == "host_key_changed":
+        if target.known_hosts:
+            filed = target.host if not target.port or target.port == 22 else "[%s]:%d" % (target.host, target.port)
+            seen = "since onbox recorded it in %s" % target.known_hosts
+            fix = ("if you know the box is a new machine (re-rented or rebuilt at the same address), forget the "
+                   "old key with `onboxctl box forget-key %s` (or `ssh-keygen -R '%s' -f %s`) and retry: the next "
+                   "connection accepts and records the new one. If you do not know that, do not connect"
+                   % (target.name, filed, target.known_hosts))
+        else:
+            seen = "since ssh recorded it"
+            fix = ("if you know the box is a new machine, remove the old key from the known_hosts file ssh used%s "
+                   "and retry. If you do not know that, do not connect"
+                   % (": `%s`" % f.remove_with if f.remove_with else ""))
+        return BoxUnreachable(
+            "refusing to connect to %s: its host key CHANGED %s, so nothing was run there: either the box was "
+            "re-rented or rebuilt at the same address, or someone is in the middle (ssh: %s)"
+            % (box, seen, f.line), hint=fix, kind=kind)
+    if kind == "host_key_unknown":
+        hint = ("`ssh %s` once by hand to accept its key into your known_hosts, or add it to the inventory "
+                "(`onboxctl box add %s --host ...`): onbox accepts an inventory box's key on first contact"
+                % (target.host, target.name) if target.alias else
+                "this box's own --ssh-option settings manage its host keys: add its key to the known_hosts file "
+                "they name, or re-add the box without them (`onboxctl box add %s ... --replace`) and onbox accepts "
+                "its key on first contact into its own known_hosts" % target.name)
+        return BoxUnreachable("cannot reach %s: ssh does not know its host key and was told to refuse unknown ones "
+                              "(%s)%s" % (box, f.line, "; " + alias if target.alias else ""), hint=hint, kind=kind)
+    if kind == "auth":
+        hint = ("give the key this box accepts: `onboxctl box add %s ... --identity ~/.ssh/KEY --replace`, or load "
+                "it into your ssh agent (ssh-add); onboxctl uses keys only, never a password (BatchMode)" % target.name
+                if not target.alias else
+                "%s; give it an IdentityFile in ~/.ssh/config or load the key into your ssh agent (ssh-add): "
+                "onboxctl uses keys only, never a password (BatchMode)" % alias)
+        return BoxUnreachable("cannot reach %s: the box refused the login of %s: no key offered is authorised there "
+                              "(%s)" % (box, target.user or "your user", f.line), hint=hint, kind=kind)
+    if kind == "refused":
+        return BoxUnreachable("cannot reach %s: nothing accepts ssh connections there (%s)" % (box, f.line),
+                              hint="the box may still be booting or its sshd is down; or the port is wrong "
+                                   "(rentals often map ssh to another port: compare the provider's connect "
+                                   "command with `onboxctl box ls`)", kind=kind)
+    if kind in ("timeout", "no_route"):
+        return BoxUnreachable("cannot reach %s: %s (%s)" % (
+            box, "no answer from it" if kind == "timeout" else "no route to it", f.line),
+            hint="the box may be stopped or gone, or the network between here and there is down: check it is "
+                 "running in your provider's console, then retry", kind=kind)
+    if kind == "resolve":
+        return BoxUnreachable("cannot reach %s: the name %s does not resolve (%s)" % (box, target.host, f.line),
+                              hint="%s, and neither ~/.ssh/config nor DNS knows it: add it with `onboxctl box add "
+                                   "%s --host ADDRESS`" % (alias, target.name) if target.alias else
+                              "check the host of %s (`onboxctl box ls`), or this machine's DNS" % target.name,
+                              kind=kind)
+    if kind == "closed":
+        return BoxUnreachable("cannot reach %s: the box closed the connection before the login (%s)" % (box, f.line),
+                              hint="its sshd may be starting or overloaded (MaxStartups); retry in a moment",
+                              kind=kind)
+    return BoxUnreachable("cannot reach %s: %s" % (box, f.line),
+                          hint=("check that the box is running and that `%s` works by hand (onboxctl uses keys "
+                                "only, in BatchMode: give --identity or load the key into your ssh agent)"
+                                % by_hand(target)) if not target.alias else
+                          ("check that `ssh %s` works by hand (%s; keys only, in BatchMode: load them into your "
+                           "agent)" % (target.host, alias)), kind=kind)
 
 
 def settings_from_env(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> SshSettings:

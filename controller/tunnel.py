@@ -8,29 +8,41 @@ leaves 127.0.0.1 needs no TLS.
 
 Lifetime. The run outlives `onboxctl run`, so the master that carries the tunnel is started to persist
 (`ControlPersist=yes`): it stays in the background after onboxctl exits, until its link dies (U17: ServerAlive
-ends it within interval x count seconds of a cut or a sleeping laptop, never a half-open hang), `onboxctl tunnel --close BOX`, or `onboxctl down BOX`.
-While the tunnel is down the agent spools every beat to disk and delivers the backlog in order once the tracker
-answers again; nothing is lost. `onboxctl tunnel [BOX...]` re-opens it on the SAME box port (the agent's URL does
-not change), `onboxctl tunnel --keep` keeps re-opening every few seconds, and `onboxctl status` says when a
-recorded tunnel is down. What was opened is recorded in $ONBOX_CONFIG_DIR/tunnels.json (box, tracker address,
-box port, the master's pid).
+ends it within interval x count seconds of a cut or a sleeping laptop, never a half-open hang), `onboxctl tunnel
+--close BOX`, or `onboxctl down BOX`. A link that dies is not the end of the tunnel: `onboxctl run` also starts the
+tunnel's supervisor (controller/tunnelwatch.py, one background process per tunnel), which notices the master is
+gone and re-opens the tunnel on the SAME box port (the agent's URL does not change) as soon as the box answers,
+with a bounded backoff; it ends when the tunnel is closed, when no run on the box has a live agent any more, or
+after a day down (WatchKnobs). While the tunnel is down the agent spools every beat to disk and delivers the
+backlog in order once the tracker answers again; nothing is lost. `onboxctl tunnel [BOX...]` re-opens it at once
+(and starts a supervisor where none runs), `--keep` follows it and prints each change, and `onboxctl status` says
+when a recorded tunnel is down. What was opened is recorded in $ONBOX_CONFIG_DIR/tunnels.json (box, tracker
+address, box port, the master's pid; the supervisor's pid and start time; up or down, since when, how many
+re-opens, the last error); what the supervisor did is logged in $ONBOX_CONFIG_DIR/tunnels/BOX-PORT.log.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
+import math
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from controller.boxes import Box, config_dir
 from controller.ssh import Ssh
 from onbox import untrusted
-from onbox.errors import UnfitError, UsageError
+from onbox.environment import Environment
+from onbox.errors import OnboxError, UnfitError, UsageError
 from onbox.fsutil import atomic_write_json
+from onbox.proc import ProcessSeam, ProcRef, is_alive
 
 _LOCK = threading.Lock()  # launches to several boxes run in threads
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
@@ -66,6 +78,12 @@ class Tunnel:
     remote_port: int  # the box's 127.0.0.1 port
     spec_port: int  # the port named in the forward request the live master holds (0: allocated by sshd)
     master_pid: Optional[int] = None
+    supervisor_pid: Optional[int] = None  # the tunnel's supervisor (controller/tunnelwatch.py), with its start
+    supervisor_start: Optional[int] = None  # time (clock ticks since boot): a recycled pid is never taken for it
+    state: Optional[str] = None  # "up" or "down", as last seen by whoever opened or watched it
+    since: Optional[float] = None  # when it went up or down (epoch seconds)
+    reopens: int = 0  # times it was re-opened on a new master (after a drop)
+    last_error: Optional[str] = None  # why it is down, or why the last re-open failed
 
     def spec(self, port: Optional[int] = None) -> str:
         host, _, lport = self.local.rpartition(":")
@@ -73,6 +91,15 @@ class Tunnel:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return self.box, self.local
+
+    def supervised(self) -> bool:
+        """Whether its recorded supervisor is alive (the same process: pid AND start time)."""
+        return bool(self.supervisor_pid and self.supervisor_start is not None
+                    and is_alive(self.supervisor_pid, self.supervisor_start))
 
 
 def _tunnel(n: int, entry: Any) -> Tunnel:
@@ -91,10 +118,20 @@ def _tunnel(n: int, entry: Any) -> Tunnel:
         v = entry[key]
         if not isinstance(v, int) or isinstance(v, bool) or not low <= v < 65536:
             raise ValueError("entry %d (box %s): %s %r is not a port number" % (n, box, key, v))
-    pid = entry.get("master_pid")
-    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
-        raise ValueError("entry %d (box %s): master_pid %r is not a process id" % (n, box, pid))
-    return Tunnel(**entry)
+    for key in ("master_pid", "supervisor_pid"):
+        pid = entry.get(key)
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
+            raise ValueError("entry %d (box %s): %s %r is not a process id" % (n, box, key, pid))
+    for key, kind in (("supervisor_start", int), ("reopens", int), ("since", (int, float)), ("state", str),
+                      ("last_error", str)):
+        v = entry.get(key)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool) or
+                              (isinstance(v, (int, float)) and not (math.isfinite(v) and v >= 0))):
+            raise ValueError("entry %d (box %s): %s %r is not %s" % (
+                n, box, key, v, "a string" if kind is str else "a number of 0 or more"))
+    if entry.get("state") not in (None, "up", "down"):
+        raise ValueError("entry %d (box %s): state %r is not up or down" % (n, box, entry["state"]))
+    return Tunnel(**dict(entry, reopens=entry.get("reopens") or 0))
 
 
 class Records:
@@ -131,6 +168,53 @@ class Records:
     def find(self, box: str, local: Optional[str] = None) -> List[Tunnel]:
         return [t for t in self.load() if t.box == box and (local is None or t.local == local)]
 
+    def get(self, key: Tuple[str, str]) -> Optional[Tunnel]:
+        return next((t for t in self.load() if t.key == key), None)
+
+    def log_path(self, t: Tunnel) -> str:
+        """Where the tunnel's supervisor logs what it did: $ONBOX_CONFIG_DIR/tunnels/BOX-PORT.log."""
+        return os.path.join(os.path.dirname(self.path), "tunnels", "%s-%s.log" % (t.box, t.local.rpartition(":")[2]))
+
+
+class TunnelClosed(OnboxError):
+    """The tunnel's record is gone: it was closed (`onboxctl tunnel --close`, `onboxctl down`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchKnobs:
+    """The tunnel supervisor's settings, from ONBOX_TUNNEL_* (seconds; tests shrink them)."""
+
+    enabled: bool = True  # ONBOX_TUNNEL_WATCH=0: `onboxctl run` and `tunnel` start no supervisor
+    poll: float = 2.0  # ONBOX_TUNNEL_POLL: between two local checks of the master (no network)
+    backoff_max: float = 15.0  # ONBOX_TUNNEL_BACKOFF_MAX: the longest wait between two re-open tries (1 s, doubling)
+    run_check: float = 60.0  # ONBOX_TUNNEL_RUN_CHECK: between two asks whether a run on the box still has an agent
+    give_up: float = 86400.0  # ONBOX_TUNNEL_GIVE_UP: a tunnel down this long is left alone (the box is gone)
+
+    RANGES = {"poll": (0.05, 3600.0), "backoff_max": (0.1, 86400.0), "run_check": (1.0, 86400.0),
+              "give_up": (1.0, 30 * 86400.0)}
+
+    @classmethod
+    def from_env(cls, environ: Optional[Dict[str, str]] = None) -> "WatchKnobs":
+        raw = Environment.read(environ).tunnel
+        fields: Dict[str, Any] = {}
+        for key, (lo, hi) in cls.RANGES.items():
+            if key not in raw:
+                continue
+            try:
+                value = float(raw[key])
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and lo <= value <= hi):
+                raise UsageError("ONBOX_TUNNEL_%s=%s: not a number of seconds from %g to %g" % (key.upper(), raw[key],
+                                                                                                lo, hi))
+            fields[key] = value
+        watch = raw.get("watch", "1").strip().lower()
+        if watch not in ("0", "1", "no", "yes", "false", "true", "off", "on"):
+            raise UsageError("ONBOX_TUNNEL_WATCH=%s: give 1 (a supervisor keeps each tunnel up) or 0 (none)"
+                             % raw["watch"])
+        fields["enabled"] = watch in ("1", "yes", "true", "on")
+        return cls(**fields)
+
 
 def _forward(ssh: Ssh, box: Box, spec: str) -> Tuple[bool, str, Optional[int]]:
     """(ok, ssh's complaint, the port sshd allocated when the spec asked for 0)."""
@@ -139,27 +223,42 @@ def _forward(ssh: Ssh, box: Box, spec: str) -> Tuple[bool, str, Optional[int]]:
     return res.returncode == 0, res.err_text, int(out) if re.fullmatch(r"\d+", out) else None
 
 
-def open_tunnel(ssh: Ssh, box: Box, tracker_url: str, records: Optional[Records] = None) -> Tunnel:
+def open_tunnel(ssh: Ssh, box: Box, tracker_url: str, records: Optional[Records] = None,
+                reopen_only: bool = False) -> Tunnel:
     """Open (or find open) the reverse tunnel from `box`'s 127.0.0.1 to the tracker; returns it, recorded.
 
-    A recorded tunnel is re-opened on its recorded box port; a new one gets a port sshd allocates."""
+    A recorded tunnel is re-opened on its recorded box port; a new one gets a port sshd allocates. `reopen_only`
+    (the supervisor): a tunnel whose record is gone was closed, and is not opened again (TunnelClosed)."""
     if not ssh.settings.multiplex:
         raise UsageError("the tracker tunnel rides the ssh master connection, and ONBOX_SSH_MULTIPLEX=0 turns it off",
                          hint="unset ONBOX_SSH_MULTIPLEX, or pass --no-tunnel and a tracker URL the box reaches")
     records = records or Records()
     host, port = local_address(tracker_url)
     local = "%s:%d" % (_hostspec(host), port)
+    if reopen_only and records.get((box.name, local)) is None:
+        raise TunnelClosed("the tunnel of %s to %s was closed" % (box.name, local))
     ssh.ensure_master(box.target(), persist=True)
     pid = ssh.master_pid(box.target())
     with records.editing() as tunnels:
         old = next((t for t in tunnels if t.box == box.name and t.local == local), None)
+        if old is None and reopen_only:  # closed while the master came up: that master carries nothing now
+            ssh.control(box.target(), "stop")
+            raise TunnelClosed("the tunnel of %s to %s was closed" % (box.name, local))
         if old is not None and old.master_pid == pid and pid is not None:
-            t = old  # this very master holds it: asking again with the same spec is a no-op that confirms it
+            t = dataclasses.replace(old)  # this very master holds it: asking again with the same spec confirms it
         elif old is not None:
             t = dataclasses.replace(old, spec_port=old.remote_port, master_pid=pid)  # a new master: same box port
         else:
             t = Tunnel(box=box.name, local=local, remote_port=0, spec_port=0, master_pid=pid)
         ok, err, allocated = _forward(ssh, box, t.spec())
+        for _ in range(3 if not ok and t.spec_port else 0):
+            # the box's sshd may still hold the port for the session of a master that died with its link (it
+            # learns of that only when it next writes to it): poke it through the new master, and ask again
+            ssh.poke(box.target(), t.spec_port)
+            ok, err, allocated = _forward(ssh, box, t.spec())
+            if ok:
+                break
+            time.sleep(0.3)
         if not ok:
             detail = (err.splitlines() or ["ssh exited with an error"])[-1]
             if old is not None:
@@ -177,6 +276,10 @@ def open_tunnel(ssh: Ssh, box: Box, tracker_url: str, records: Optional[Records]
             if t.remote_port and allocated != t.remote_port:
                 raise UnfitError("the tunnel on %s came back on port %d, not %d" % (box.name, allocated, t.remote_port))
             t.remote_port = allocated
+        if old is not None and old.master_pid != pid:
+            t.reopens += 1
+        if old is None or old.master_pid != pid or old.state != "up":
+            t.state, t.since, t.last_error = "up", time.time(), None
         tunnels[:] = [x for x in tunnels if not (x.box == box.name and x.local == local)] + [t]
     return t
 
@@ -188,11 +291,14 @@ def is_open(ssh: Ssh, t: Tunnel, box: Box) -> bool:
 
 
 def close_tunnels(ssh: Ssh, box: Box, records: Optional[Records] = None) -> List[Tunnel]:
-    """Cancel `box`'s recorded forwards, forget them, and let its master go once its sessions end."""
+    """Cancel `box`'s recorded forwards, forget them, stop their supervisors, and let its master go once its
+    sessions end."""
     records = records or Records()
     with records.editing() as tunnels:
         mine = [t for t in tunnels if t.box == box.name]
         tunnels[:] = [t for t in tunnels if t.box != box.name]
+    for t in mine:
+        stop_supervisor(t)  # it would see the record gone on its next look anyway; this is sooner
     pid = ssh.master_pid(box.target())
     for t in mine:
         if pid is not None and pid == t.master_pid:
@@ -200,3 +306,64 @@ def close_tunnels(ssh: Ssh, box: Box, records: Optional[Records] = None) -> List
     if mine and pid is not None:
         ssh.control(box.target(), "stop")  # a persistent master would stay forever otherwise
     return mine
+
+
+def stop_supervisor(t: Tunnel) -> bool:
+    """SIGTERM the tunnel's supervisor: that very process (pid and start time), never one that got its pid since."""
+    if not t.supervisor_pid or t.supervisor_start is None:
+        return False
+    return ProcessSeam().signal_process(ProcRef(t.supervisor_pid, t.supervisor_start), signal.SIGTERM)
+
+
+def start_supervisor(t: Tunnel, records: Optional[Records] = None,
+                     knobs: Optional[WatchKnobs] = None) -> Tuple[Optional[int], Optional[str]]:
+    """Start the tunnel's supervisor unless one is alive: (its pid, None), or (None, why there is none). It runs
+    in the background (its own session, detached from this process) and registers itself in the record before
+    this returns; its output goes to the tunnel's log."""
+    records = records or Records()
+    knobs = knobs or WatchKnobs.from_env()
+    if not knobs.enabled:
+        return None, "ONBOX_TUNNEL_WATCH=0"
+    now = records.get(t.key)
+    if now is None:
+        return None, "the tunnel is not recorded"
+    if now.supervised():
+        return now.supervisor_pid, None
+    log = records.log_path(t)
+    os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
+    _rotate(log)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the controller package is
+    env = dict(os.environ, PYTHONPATH=here + (os.pathsep + os.environ["PYTHONPATH"]
+                                               if os.environ.get("PYTHONPATH") else ""))
+    env["ONBOX_CONFIG_DIR"] = os.path.dirname(records.path)
+    env.pop("ONBOX_TRACKER_TOKEN", None)  # it lives for days and needs no token: none sits in its environment
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "controller.tunnelwatch", t.box, t.local],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd, env=env,
+                             start_new_session=True, close_fds=True, cwd="/")
+    except OSError as e:
+        return None, "cannot start it: %s" % (e.strerror or e)
+    finally:
+        os.close(fd)
+    try:  # the first process forks the supervisor and exits; the supervisor says "watching PID" and lets go
+        out, _ = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        from onbox.toolrun import kill_group
+
+        kill_group(p)
+        p.communicate()
+        return None, "it did not start within 30 s (see %s)" % log
+    m = re.search(r"^(watching|already) (\d+)$", (out or b"").decode("utf-8", "replace"), re.M)
+    if not m:
+        return None, "it did not start (see %s)" % log
+    return int(m.group(2)), None
+
+
+def _rotate(path: str, limit: int = 1 << 20) -> None:
+    """One older copy (`.1`) once the log passes `limit` bytes: the supervisor writes only what changes."""
+    try:
+        if os.path.getsize(path) > limit:
+            os.replace(path, path + ".1")
+    except OSError:
+        pass

@@ -31,6 +31,9 @@ class Environment:
     # ONBOX_SSH_CONNECT_TIMEOUT, _ALIVE_INTERVAL, _ALIVE_COUNT, _COMMAND_TIMEOUT, _CONTROL_DIR, _MULTIPLEX: raw
     # strings, checked where they are turned into ssh settings (controller/ssh.py)
     ssh: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # ONBOX_TUNNEL_WATCH, _POLL, _BACKOFF_MAX, _RUN_CHECK, _GIVE_UP: the tunnel supervisor's knobs, raw strings
+    # checked where they are read (controller/tunnel.py WatchKnobs)
+    tunnel: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def read(cls, environ: Optional[Mapping[str, str]] = None) -> "Environment":
@@ -45,4 +48,6 @@ class Environment:
                    xdg_config_home=get("XDG_CONFIG_HOME"), xdg_runtime_dir=get("XDG_RUNTIME_DIR"),
                    profiles_dir=get("ONBOX_PROFILES_DIR"), pyz=get("ONBOX_PYZ"),
                    ssh={k[len("ONBOX_SSH_"):].lower(): v for k, v in env.items()
-                        if k.startswith("ONBOX_SSH_") and v})
+                        if k.startswith("ONBOX_SSH_") and v},
+                   tunnel={k[len("ONBOX_TUNNEL_"):].lower(): v for k, v in env.items()
+                           if k.startswith("ONBOX_TUNNEL_") and v})

@@ -39,9 +39,15 @@ def pids_with_home(home: Any) -> List[int]:
 
 
 def _with_home(home: Any) -> List[Tuple[int, int]]:
+    return with_env("ONBOX_HOME", home)
+
+
+def with_env(name: str, value: Any, argv_has: Optional[str] = None) -> List[Tuple[int, int]]:
+    """(pid, start time) of every process whose environment carries NAME=<value> (and whose command line holds
+    `argv_has`, when given)."""
     # The start time is read before and after the environment: equal, they name the process whose environment
     # was read (a pid recycled in between would start later).
-    needle = ("ONBOX_HOME=%s" % home).encode()
+    needle = ("%s=%s" % (name, value)).encode()
     me = os.getpid()
     out = []
     for name in os.listdir("/proc"):
@@ -53,6 +59,10 @@ def _with_home(home: Any) -> List[Tuple[int, int]]:
             with open("/proc/%d/environ" % pid, "rb") as f:
                 if needle not in f.read().split(b"\0"):
                     continue
+            if argv_has is not None:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    if argv_has.encode() not in f.read():
+                        continue
         except OSError:
             continue
         if before is not None and start_ticks(pid) == before:

@@ -15,7 +15,9 @@ from onbox.errors import UsageError
 def box() -> None:
     """Manage the inventory of boxes ($ONBOX_CONFIG_DIR/boxes.toml, default ~/.config/onbox/).
 
-    A box name that is not in the inventory is used as an ssh host alias, so ~/.ssh/config applies.
+    A box name that is not in the inventory is used as an ssh host alias, so ~/.ssh/config applies. The host keys
+    of inventory boxes are kept in $ONBOX_CONFIG_DIR/known_hosts: a new box's key is accepted on first contact,
+    a changed one is refused until `onboxctl box forget-key NAME`.
     """
 
 
@@ -89,3 +91,37 @@ def _check_profile(name: str) -> None:
     names = known_profiles()
     if names and name not in names:
         raise UsageError("unknown profile %r" % name, hint="known: %s" % ", ".join(sorted(names)))
+
+
+@box.command("forget-key")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def forget_key(name: str, as_json: bool) -> None:
+    """Forget the host key onbox recorded for box NAME (a re-rented or rebuilt box has a new one).
+
+    onboxctl refuses a box whose host key changed since its first contact: either it is a new machine at the same
+    address, or someone is in the middle. Once you know it is the first, this removes the old key from onbox's
+    known_hosts (ssh-keygen keeps the file as it was in known_hosts.old); the next connection accepts and
+    records the box's new key. Nothing else is touched.
+    """
+    from controller.hostkeys import forget_host_key
+    from controller.ssh import Ssh, settings_from_env
+
+    check_name(name)
+    inv = Inventory()
+    boxes = inv.load()
+    if name not in boxes:
+        raise UsageError("box %r is not in the inventory (%s)" % (name, inv.path()),
+                         hint="`onboxctl box ls` lists it; a name that is not there is an ssh host alias, whose "
+                              "host key is in ssh's own known_hosts (`ssh-keygen -R HOST`)")
+    done = forget_host_key(Ssh(settings_from_env()), boxes[name])
+    if as_json:
+        echo_json(done.to_dict())
+    elif done.fingerprints:
+        for fp in done.fingerprints:
+            click.echo("forgot the host key of box %s: %s" % (name, fp))
+        click.echo("removed from %s; the next connection to %s accepts and records its new key" % (done.known_hosts,
+                                                                                                  name))
+    else:
+        click.echo("no host key of box %s (%s) is recorded in %s: nothing to forget" % (
+            name, ", ".join(done.hosts), done.known_hosts))

@@ -195,6 +195,10 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     from controller.tunnel import is_local
 
     tunnel_to = tracker if tracker and (tunnel or (tunnel is None and is_local(tracker))) else None
+    if tunnel_to:
+        from controller.tunnel import WatchKnobs
+
+        WatchKnobs.from_env()  # its supervisor's settings, refused now rather than after the launch
     onbox_env = {}
     for field, value in (("tracker", tracker), ("tracker_token_file", tracker_token_file),
                          ("heartbeat_interval", heartbeat_interval), ("sync_interval", sync_interval)):
@@ -390,8 +394,12 @@ def _report(ctx: click.Context, results: List[Any], as_json: bool) -> None:
                 click.echo("%s: started run %s (pid %s, %s) in %s" % (r.box, r.name, r.pid or "?", r.state or "state unknown",
                                                                   r.workdir))
                 if r.tunnel:
-                    click.echo("%s: heartbeats go to %s, tunnelled over ssh to %s (reopen: onboxctl tunnel %s)"
-                               % (r.box, r.tracker, r.tunnel["to"], r.box))
+                    sup = r.tunnel.get("supervisor")
+                    how = ("kept up by its supervisor, pid %s: `onboxctl tunnel %s` shows it" % (sup, r.box) if sup
+                           else "not supervised (%s): `onboxctl tunnel %s` re-opens it" % (r.tunnel.get("unsupervised"),
+                                                                                          r.box))
+                    click.echo("%s: heartbeats go to %s, tunnelled over ssh to %s (%s)" % (r.box, r.tracker,
+                                                                                         r.tunnel["to"], how))
             else:
                 click.echo("%s: FAILED to start %s: %s" % (r.box, r.name, r.error), err=True)
                 if r.hint:

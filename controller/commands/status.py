@@ -60,13 +60,15 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
 
 
 def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
-    """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network)."""
+    """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network): since when, and
+    whether its supervisor is re-opening it."""
     from controller.tunnel import Records, is_open
 
     inv = Inventory()
     out = []
+    records = Records()
     try:
-        recorded = Records().load()
+        recorded = records.load()
     except OnboxError as e:  # a damaged record must not take the status table down with it
         return [e.message]
     for t in recorded:
@@ -77,8 +79,16 @@ def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
                 continue
         except OnboxError:
             pass
-        out.append("the tunnel of %s is down: its beats wait in the agent's spool; `onboxctl tunnel %s` re-opens "
-                   "it (--keep keeps it open)" % (t.box, t.box))
+        since = " since %s" % time.strftime("%H:%M:%S", time.localtime(t.since)) if t.state == "down" and t.since \
+            else ""
+        if t.supervised():
+            out.append("the tunnel of %s is down%s (%s): its supervisor (pid %s) re-opens it as soon as the box "
+                       "answers, %d re-open(s) so far (log: %s); its beats wait in the agent's spool"
+                       % (t.box, since, t.last_error or "its ssh master is gone", t.supervisor_pid, t.reopens,
+                          records.log_path(t)))
+        else:
+            out.append("the tunnel of %s is down%s: its beats wait in the agent's spool; `onboxctl tunnel %s` "
+                       "re-opens it and starts its supervisor" % (t.box, since, t.box))
     return out
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import zipfile
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import pytest
 
@@ -83,6 +84,12 @@ class Netns:
 
     def destroy(self) -> None:
         subprocess.run(["ip", "netns", "del", self.ns], check=False)
+        # the kernel removes the veth pair asynchronously: wait for it (a next box of this process reuses the names),
+        # and drop the unreachable route only once the link is gone
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and subprocess.run(["ip", "link", "show", self.host_if],
+                                                             capture_output=True).returncode == 0:
+            time.sleep(0.02)
         if self.up:
             subprocess.run(["ip", "route", "del", "unreachable", self.subnet, "metric", "4242"], check=False)
             self.up = False
@@ -318,6 +325,29 @@ def close_masters(control_dir: str) -> None:
         sock = os.path.join(control_dir, name)
         subprocess.run(["ssh", "-o", "ControlPath=%s" % sock, "-O", "exit", "onbox-test-master"],
                        capture_output=True, timeout=10)
+
+
+def tunnel_supervisors(config_dir: str) -> List[Tuple[int, int]]:
+    """(pid, start time) of each tunnel supervisor (controller/tunnelwatch.py) running for `config_dir`: onboxctl
+    starts them with ONBOX_CONFIG_DIR=<config_dir> in their environment."""
+    from tests.processes import with_env
+
+    return with_env("ONBOX_CONFIG_DIR", config_dir, argv_has="controller.tunnelwatch")
+
+
+def stop_tunnel_supervisors(config_dir: str, timeout: float = 15.0) -> None:
+    """SIGTERM every tunnel supervisor a test's onboxctl started for `config_dir` (by pid and start time), wait for
+    each to end (it leaves its record as it goes), SIGKILL what is left after `timeout` s."""
+    from tests.processes import kill_exact, pid_alive, start_ticks
+
+    found = tunnel_supervisors(config_dir)
+    for pid, start in found:
+        kill_exact(pid, start, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) and start_ticks(p) == s for p, s in found):
+        time.sleep(0.05)
+    for pid, start in found:
+        kill_exact(pid, start, signal.SIGKILL)
 
 
 def build_pyz(out_dir: str) -> str:

@@ -56,6 +56,7 @@ DEEP_TOML = '[boxes.b]\nhost = "h"\noptions = %s%s\n' % ("[" * 50000, "]" * 5000
 DEEP_JSON = '{"boxes": %s%s}' % ("[" * 100000, "]" * 100000)
 TUNNEL = '{"tunnels": [{"box": "b", "local": "127.0.0.1:%s", "remote_port": 40000, "spec_port": 40000}]}'
 TRACKER9 = "--tracker http://127.0.0.1:9 --tracker-token-file"
+TUNNEL_WITH = '{"tunnels": [{"box": "b", "local": "127.0.0.1:9", "remote_port": 40000, "spec_port": 40000, %s}]}'
 
 
 def RUNPOD_BOX(profile):
@@ -246,6 +247,37 @@ ROWS = [
     R("tunnel-both", "tunnel --close --keep", 2, "contradict"),
     R("tunnel-record", "tunnel", 2, "tunnel record", files={"cfg/tunnels.json": "{broken"}),
     R("tunnel-interval", "tunnel --keep --interval 0", 2, "not a number of seconds"),
+    # issue 22: the tunnel's supervisor (its record fields, its knobs) and onbox's known_hosts
+    R("tunnel-record-supervisor", "tunnel", 2, "supervisor_pid -5 is not a process id",
+      files={"cfg/tunnels.json": TUNNEL_WITH % '"supervisor_pid": -5', **BOXES}),
+    R("tunnel-record-state", "tunnel", 2, "state 'sideways' is not up or down",
+      files={"cfg/tunnels.json": TUNNEL_WITH % '"state": "sideways"', **BOXES}),
+    R("tunnel-record-since", "tunnel", 2, "since -1 is not a number of 0 or more",
+      files={"cfg/tunnels.json": TUNNEL_WITH % '"since": -1', **BOXES}),
+    R("tunnel-record-reopens", "tunnel", 2, "reopens 'many' is not a number",
+      files={"cfg/tunnels.json": TUNNEL_WITH % '"reopens": "many"', **BOXES}),
+    R("tunnel-record-error", "tunnel", 2, "last_error 5 is not a string",
+      files={"cfg/tunnels.json": TUNNEL_WITH % '"last_error": 5', **BOXES}),
+    R("tunnel-watch-env", "tunnel", 2, "ONBOX_TUNNEL_WATCH=maybe", env={"ONBOX_TUNNEL_WATCH": "maybe"}),
+    R("tunnel-poll-nan", "tunnel", 2, "ONBOX_TUNNEL_POLL=nan: not a number of seconds",
+      env={"ONBOX_TUNNEL_POLL": "nan"}),
+    R("tunnel-give-up-word", "tunnel", 2, "ONBOX_TUNNEL_GIVE_UP=forever", env={"ONBOX_TUNNEL_GIVE_UP": "forever"}),
+    R("run-tunnel-backoff", "run b --tracker http://127.0.0.1:9 -- true", 2, "ONBOX_TUNNEL_BACKOFF_MAX=0",
+      env={"ONBOX_TUNNEL_BACKOFF_MAX": "0"}, files=BOXES),
+    R("run-tunnel-check-inf", "run b --tracker http://127.0.0.1:9 -- true", 2, "ONBOX_TUNNEL_RUN_CHECK=inf",
+      env={"ONBOX_TUNNEL_RUN_CHECK": "inf"}, files=BOXES),
+    R("forget-key-unknown", "box forget-key nosuch", 2, "box 'nosuch' is not in the inventory", files=BOXES),
+    R("forget-key-name", ["box", "forget-key", "bad!"], 2, "invalid box name"),
+    R("forget-key-option", "box forget-key -- -oProxyCommand=x", 2, "invalid box name"),
+    R("forget-key-missing", "box forget-key", 2, "Missing argument"),
+    R("forget-key-own-file", "box forget-key b", 2, "keeps its host keys where its own ssh options say",
+      files={"cfg/boxes.toml": BOX + 'options = ["UserKnownHostsFile=/x/kh"]\n'}),
+    R("forget-key-own-strict", "box forget-key b", 2, "StrictHostKeyChecking=no",
+      files={"cfg/boxes.toml": BOX + 'options = ["StrictHostKeyChecking=no"]\n'}),
+    R("forget-key-fifo", "box forget-key b", 2, "is not a regular file", files={"cfg/known_hosts": fifo, **BOXES}),
+    R("forget-key-dev-zero", "box forget-key b", 2, "is a symlink", files={"cfg/known_hosts": dev_zero, **BOXES}),
+    R("forget-key-dir", "box forget-key b", 2, "is a directory", files={"cfg/known_hosts/x": "", **BOXES}),
+    R("forget-key-inv-broken", "box forget-key b", 2, "is not valid TOML", files={"cfg/boxes.toml": "[boxes.b\n"}),
     # -- issue 19: unbounded and hostile reads, the config dir, one inventory
     R("read-inv-dev-zero", "box ls", 2, "character device", files={"cfg/boxes.toml": dev_zero}),
     R("read-inv-fifo", "box ls", 2, "FIFO", files={"cfg/boxes.toml": fifo}),

@@ -2,7 +2,8 @@
 cannot reach that address), `onboxctl run --tracker http://127.0.0.1:PORT`, and the run's heartbeats arrive
 through the reverse tunnel onboxctl opens over the box's ssh master. Then the tunnel's lifetime: onboxctl has
 exited and the tunnel stays; its master dies and the agent spools; `onboxctl tunnel BOX` re-opens it on the same
-box port and the backlog arrives without a gap; `--close` closes it."""
+box port and the backlog arrives without a gap; `--close` closes it. This is the tunnel by hand, without its
+supervisor (ONBOX_TUNNEL_WATCH=0); test_tunnel_supervised.py has the supervised one."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import tempfile
 import pytest
 
 from tests.conftest import subprocess_env
-from tests.hosts.sshd_box import close_masters
+from tests.hosts.sshd_box import close_masters, stop_tunnel_supervisors, tunnel_supervisors
 from tests.hosts.tracker import TrackerProcess
 from tests.polling import wait_for
 
@@ -31,7 +32,8 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
     cm = tempfile.mkdtemp(prefix="ot", dir="/tmp")
     tracker = TrackerProcess(str(tmp_path / "tracker")).start()  # 127.0.0.1: unreachable from the box's netns
     env = subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "cfg"), "ONBOX_SSH_CONTROL_DIR": cm,
-                          "ONBOX_TRACKER": tracker.url, "ONBOX_TRACKER_TOKEN": tracker.token})
+                          "ONBOX_TRACKER": tracker.url, "ONBOX_TRACKER_TOKEN": tracker.token,
+                          "ONBOX_TUNNEL_WATCH": "0"})
     e = netns_box.inventory_entry()
 
     def ctl(*args, check=True, stdin=None):
@@ -64,6 +66,8 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         [res] = json.loads(r.stdout)["runs"]
         port = res["tunnel"]["box_port"]
         assert res["ok"] and res["tracker"] == "http://127.0.0.1:%d" % port, res
+        assert res["tunnel"]["supervisor"] is None and res["tunnel"]["unsupervised"] == "ONBOX_TUNNEL_WATCH=0", res
+        assert not tunnel_supervisors(env["ONBOX_CONFIG_DIR"])
         # onboxctl has exited; the beats arrive through the tunnel it left in place
         wait_for(lambda: [b for b in tracker.all_heartbeats(RUN) if (b.get("progress") or {}).get("step")], 60,
                  "beats with progress through the tunnel", 0.2)
@@ -82,8 +86,10 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         spool = os.path.join(netns_box.home, ".onbox", "runs", RUN, "heartbeats", "spool-tracker")
         wait_for(lambda: len(os.listdir(spool)) >= 3, 30, "beats spooled on the box")
         r = ctl("tunnel", "b1", "--json")
-        assert json.loads(r.stdout)["tunnels"] == [{"box": "b1", "to": "127.0.0.1:%d" % tracker.port,
-                                                    "box_port": port, "state": "reopened"}]
+        [row] = json.loads(r.stdout)["tunnels"]
+        assert {k: row[k] for k in ("box", "to", "box_port", "state", "reopens", "supervisor")} == {
+            "box": "b1", "to": "127.0.0.1:%d" % tracker.port, "box_port": port, "state": "reopened", "reopens": 1,
+            "supervisor": None}, row
         wait_for(lambda: len(seqs()) > before + 3, 60, "the backlog and new beats after the re-open", 0.2)
         got = seqs()
         assert got == list(range(got[0], got[0] + len(got))), "a gap in the seqs"  # nothing lost while it was down
@@ -103,5 +109,6 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         subprocess.run(["ssh", *netns_box.client_options_argv(), "-p", str(e["port"]), "root@" + e["host"],
                         "%s .onbox/onbox.pyz stop %s --grace 2" % (e["python"], RUN)], capture_output=True, timeout=60)
         tracker.stop()
+        stop_tunnel_supervisors(env["ONBOX_CONFIG_DIR"])
         close_masters(cm)
         shutil.rmtree(cm, ignore_errors=True)
