@@ -1,10 +1,10 @@
 """The dashboard's columns of a stored beat (controller/tracker/store.py writes them, series.py reads them): the
-box, the GPUs' mean utilisation and summed memory, the newest durable checkpoint's name, and the covering index
-that serves a run's curves."""
+box, the GPUs' mean utilisation and summed memory, the newest durable checkpoint's name, the covering index that
+serves a run's curves, and the rows of the `points` table that a beat's trainer points become."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def _num(v: Any) -> Optional[float]:
@@ -40,3 +40,41 @@ def durable_name(checkpoint: Any) -> Optional[str]:
     if isinstance(latest, dict):
         latest = latest.get("name") or latest.get("path")
     return str(latest)[:256] if isinstance(latest, (str, int)) and not isinstance(latest, bool) else None
+
+
+# The trainer's own points (a beat's `points` section, onbox/heartbeat/points.py), one row per record. Keyed by the
+# run and the id of the beat that brought them (beats.id, which only grows: the reader's cursor), so a run's points
+# lie together in the table in the order they arrived; stored only with a beat that is new, so a resent beat adds
+# none (its (run, attempt, seq) is stored once).
+POINT_FIELDS = ("loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch", "steps_per_s")
+POINTS_TABLE = ("CREATE TABLE IF NOT EXISTS points (run TEXT NOT NULL, bid INTEGER NOT NULL, i INTEGER NOT NULL, "
+                "attempt INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL, step INTEGER, %s, "
+                "PRIMARY KEY (run, bid, i)) WITHOUT ROWID" % ", ".join("%s REAL" % f for f in POINT_FIELDS))
+POINTS_INSERT = "INSERT OR IGNORE INTO points VALUES (%s)" % ",".join("?" * (7 + len(POINT_FIELDS)))
+MAX_STEP = 2 ** 63 - 1
+
+
+def point_rows(beat: Dict[str, Any], bid: int) -> List[Tuple[Any, ...]]:
+    """The rows of a validated beat's points (its columns are of one length: onbox/heartbeat/schema.py); a value
+    that is not a finite number (null, "NaN") is NULL."""
+    pts = beat.get("points")
+    if not isinstance(pts, dict):
+        return []
+    times = pts.get("time") or []
+    steps = pts.get("step") or [None] * len(times)
+    cols = [pts.get(f) or [None] * len(times) for f in POINT_FIELDS]
+    run, attempt, seq = beat["run"], beat["attempt"], beat["seq"]
+    return [(run, bid, i, attempt, seq, _num(t),
+             s if isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_STEP else None,
+             *(_num(c[i]) for c in cols))
+            for i, (t, s) in enumerate(zip(times, steps))]
+
+
+def points_summary(points: Any) -> Any:
+    """What a stored beat's document keeps of its points (the records themselves are rows of `points`): how many
+    there were, how many the agent thinned and dropped."""
+    if not isinstance(points, dict):
+        return points
+    times = points.get("time")
+    return {"records": len(times) if isinstance(times, list) else 0, "thinned": points.get("thinned", 0),
+            "dropped": points.get("dropped", 0)}

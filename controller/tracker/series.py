@@ -21,7 +21,7 @@ import math
 import sqlite3
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.tracker.columns import durable_name, gpu_numbers
+from controller.tracker.columns import POINT_FIELDS, durable_name, gpu_numbers
 from controller.tracker.store import Store, parse_doc
 
 COLUMNS = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem")
@@ -189,9 +189,64 @@ def read_series(store: Store, run: str, after: int = -1, limit: int = 5000, pyth
     return found if found is not None else _read_python(store, run, after, limit)
 
 
-def series_body(series: Dict[str, Any], extra: Dict[str, Any]) -> bytes:
-    """The response: the points as SQLite wrote them (never parsed and re-encoded here), the rest as JSON."""
+# -- the trainer's own points (the `points` table: every record the agent parsed, not one per beat) ---------------
+TRAINER_COLUMNS = ("seq", "attempt", "time", "step", *POINT_FIELDS)
+_TRAINER_ARRAYS = {"seq": "seq", "attempt": "attempt", "time": "round(%s, 3)" % _num_sql("time"),
+                   "step": "CASE WHEN typeof(step)='integer' THEN step END"}
+_TRAINER_SQL = "SELECT count(*), max(bid), %s FROM (SELECT bid, %s FROM points WHERE run=?1 AND bid>?2 AND bid<?3 " \
+               "ORDER BY bid, i)" % (", ".join("json_group_array(%s)" % _TRAINER_ARRAYS.get(c, _num_sql(c))
+                                               for c in TRAINER_COLUMNS), ", ".join(TRAINER_COLUMNS))
+_TRAINER_ROWS = "SELECT bid, %s FROM points WHERE run=? AND bid>? AND bid<? ORDER BY bid, i" % ", ".join(
+    TRAINER_COLUMNS)
+_NO_CUT = 2 ** 62
+
+
+def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000,
+                 python: bool = False) -> Dict[str, Any]:
+    """The trainer's points of `run` that beats with id > after brought, in the order they arrived (a beat at a
+    time, its records in their order), at most `limit` and never half a beat's (limit >= the 10,000 a beat may
+    carry): `points_json` (one array per TRAINER_COLUMNS), `next_after` (the id of the last beat read) and `more`."""
+    cut = store.query("SELECT bid FROM points WHERE run=? AND bid>? ORDER BY bid, i LIMIT 1 OFFSET ?",
+                      (run, after, limit))
+    below = _NO_CUT
+    if cut and type(cut[0][0]) is int:  # the page ends before the beat of the point past `limit`
+        below = cut[0][0]
+        first = store.query("SELECT min(bid) FROM points WHERE run=? AND bid>?", (run, after))
+        if first and first[0][0] == below:  # one beat larger than the page (never from this tracker): all of it
+            below += 1
+    found = None
+    if not python:
+        try:
+            count, top, *arrays = store.query(_TRAINER_SQL, (run, after, below))[0]
+            found = count, top, "{%s}" % ",".join('"%s":%s' % kv for kv in zip(TRAINER_COLUMNS, arrays))
+        except sqlite3.OperationalError:  # an SQLite without JSON functions
+            found = None
+    if found is None:
+        rows = store.query(_TRAINER_ROWS, (run, after, below))
+        cols: Dict[str, List[Any]] = {c: [] for c in TRAINER_COLUMNS}
+        for row in rows:
+            seq, attempt, t, step = row[1:5]
+            cols["seq"].append(_int(seq))
+            cols["attempt"].append(_int(attempt))
+            t = _finite(t)
+            cols["time"].append(round(t, 3) if t is not None else None)
+            cols["step"].append(_int(step))
+            for c, v in zip(POINT_FIELDS, row[5:]):
+                cols[c].append(_finite(v))
+        found = len(rows), (rows[-1][0] if rows else None), json.dumps(cols, separators=(",", ":"))
+    count, top, points_json = found
+    return {"points_json": points_json, "next_after": top if count and type(top) is int else after,
+            "more": bool(cut)}
+
+
+def series_body(series: Dict[str, Any], extra: Dict[str, Any], trainer: Optional[Dict[str, Any]] = None) -> bytes:
+    """The response: the points as SQLite wrote them (never parsed and re-encoded here), the rest as JSON; with
+    `trainer`, its block: {"points": {...}, "next_after": <beat id>, "more": ...}."""
     rest = {k: v for k, v in series.items() if k != "points_json"}
     rest.update(extra)
     tail = json.dumps(rest, separators=(",", ":"), allow_nan=False)
-    return ('{"points":' + series["points_json"] + "," + tail[1:]).encode("utf-8")
+    head = '{"points":' + series["points_json"] + ","
+    if trainer is not None:
+        head += '"trainer":{"points":%s,"next_after":%d,"more":%s},' % (
+            trainer["points_json"], trainer["next_after"], "true" if trainer["more"] else "false")
+    return (head + tail[1:]).encode("utf-8")
