@@ -47,8 +47,16 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from controller.tracker.columns import (ADDED_BEATS_COLUMNS, POINTS_INDEX, POINTS_INSERT, POINTS_TABLE, durable_name,
-                                       gpu_numbers, point_rows, points_summary)
+from controller.tracker.columns import (
+    ADDED_BEATS_COLUMNS,
+    POINTS_INDEX,
+    POINTS_INSERT,
+    POINTS_TABLE,
+    durable_name,
+    gpu_numbers,
+    point_rows,
+    points_summary,
+)
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
 
@@ -298,7 +306,9 @@ class Store:
                              b["box"], gpu_util, gpu_mem, durable_name(b.get("checkpoint"))))
                         if cur.rowcount == 1:
                             accepted += 1
-                            rows = point_rows(b, cur.lastrowid)
+                            bid = cur.lastrowid
+                            assert bid is not None  # the row just inserted
+                            rows = point_rows(b, bid)
                             if rows:
                                 cur.executemany(POINTS_INSERT, rows)
                     results.append((accepted, len(beats) - accepted))

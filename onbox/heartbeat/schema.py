@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 SCHEMA = "onbox.heartbeat/1"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
@@ -334,7 +334,7 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
         def p_items(v: Any) -> bool:
             if not isinstance(v, list):
                 return True
-            fast = SETTLED.get(p_item)  # a column of numbers (the points): its types, at C speed
+            fast = _settled(p_item)  # a column of numbers (the points): its types, at C speed
             if fast is not None and set(map(type, v)) <= fast:
                 return True
             if column is not None and set(map(type, v)) <= column[0]:
@@ -374,7 +374,7 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
 
         def c_ref(v: Any, path: str, errs: List[str]) -> None:
             defs.done[name][1](v, path, errs)
-        target = SETTLED.get(defs.done[name][0])  # (a definition still compiling, which refers to itself: none)
+        target = _settled(defs.done[name][0])  # (a definition still compiling, which refers to itself: none)
         if target is not None:
             _settle(p_ref, target)
         return p_ref, c_ref
@@ -383,14 +383,17 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
 
 
 _ABSENT = object()
-# predicate -> the Python types whose every value it accepts (only where that is all it checks): an array of them
-# is checked by its set of types alone
-SETTLED: Dict[Any, frozenset] = {}
 
 
 def _settle(pred: Any, types: frozenset) -> None:
+    """Mark a predicate with the Python types whose every value it accepts (only where that is all it checks): an
+    array of them is then checked by its set of types alone (`_settled`)."""
     if types:
-        SETTLED[pred] = types
+        pred._onbox_settled = types
+
+
+def _settled(pred: Any) -> Optional[frozenset]:
+    return getattr(pred, "_onbox_settled", None)
 
 
 def _column_rule(schema: Any) -> Optional[Tuple[frozenset, Any]]:
@@ -408,8 +411,8 @@ def _one_branch_types(branches: List[Any]) -> frozenset:
     """The Python types whose every value matches exactly one of a oneOf's branches, read off branches that are a
     lone `type` or `enum` (any other branch: none). {"type": "number"} | {"type": "null"} | {"enum": [strings]}
     gives int, float and NoneType: such a value is valid without trying the branches."""
-    counts: Dict[type, int] = {}
-    partly: set = set()  # types an enum takes some values of: it depends on the value
+    counts: Dict[Any, int] = {}
+    partly: Set[Any] = set()  # types an enum takes some values of: it depends on the value
     for b in branches:
         if not isinstance(b, dict) or len(b) != 1 or not ({"type", "enum"} & set(b)):
             return frozenset()
@@ -422,6 +425,8 @@ def _one_branch_types(branches: List[Any]) -> frozenset:
         for t in {t for n in names for t in _EXACT[n]}:
             counts[t] = counts.get(t, 0) + 1
     return frozenset(t for t, n in counts.items() if n == 1 and t not in partly and t is not bool)
+
+
 _EXACT_ALL = frozenset(t for ts in _EXACT.values() for t in ts)
 
 

@@ -21,10 +21,12 @@ from onbox.heartbeat.sinks import TrackerSink
 from tests.fakes.run_context import run_context
 from tests.fakes.supervisor import loop_step
 from tests.hosts.tracker import TrackerProcess
-from tests.integration.test_dashboard_browser import browser, js  # noqa: F401 (the fixture)
+from tests.integration import test_dashboard_browser
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
+browser = test_dashboard_browser.browser  # the fixture: Debian's chromium, a fresh profile
+js = test_dashboard_browser.js
 
 STATE = {"state": "running", "attempt": 0, "child_pid": None, "restarts": 0}
 NO_GPU = {"available": False, "reason": "no NVIDIA driver", "gpus": []}
@@ -218,6 +220,7 @@ def test_two_runs_loss_on_one_chart_and_the_pages_of_older_trackers_and_agents(t
         x, a_loss, a_eval, b_loss, b_eval = series(page)
         assert x == list(range(1, 801))
         assert [[s, v] for s, v in zip(x, a_loss) if v is not None] == a.printed
+        assert [[s, v] for s, v in zip(x, a_eval) if v is not None] == a.evals
         assert [[s, v] for s, v in zip(x, b_loss) if v is not None] == b.printed
         assert [[s, v] for s, v in zip(x, b_eval) if v is not None] == b.evals
         assert page.url == tracker.url + "/run/a?poll=0.2&compare=b"
