@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -191,52 +192,75 @@ def read_series(store: Store, run: str, after: int = -1, limit: int = 5000, pyth
 
 # -- the trainer's own points (the `points` table: every record the agent parsed, not one per beat) ---------------
 TRAINER_COLUMNS = ("seq", "attempt", "time", "step", *POINT_FIELDS)
-_TRAINER_ARRAYS = {"seq": "seq", "attempt": "attempt", "time": "round(%s, 3)" % _num_sql("time"),
-                   "step": "CASE WHEN typeof(step)='integer' THEN step END"}
-_TRAINER_SQL = "SELECT count(*), max(bid), %s FROM (SELECT bid, %s FROM points WHERE run=?1 AND bid>?2 AND bid<?3 " \
-               "ORDER BY bid, i)" % (", ".join("json_group_array(%s)" % _TRAINER_ARRAYS.get(c, _num_sql(c))
-                                               for c in TRAINER_COLUMNS), ", ".join(TRAINER_COLUMNS))
-_TRAINER_ROWS = "SELECT bid, %s FROM points WHERE run=? AND bid>? AND bid<? ORDER BY bid, i" % ", ".join(
-    TRAINER_COLUMNS)
-_NO_CUT = 2 ** 62
+# What the store writes in a column: a JSON array of finite numbers (as Python writes them: at most 19 digits
+# before the point, else one digit and an exponent below 308) and nulls. A row that holds anything else (a
+# hand-edited database, 1e999) is served as nulls and counted, never spliced into the answer.
+_NUMBER = (r"-?(?:(?:0|[1-9][0-9]{0,18})(?:\.[0-9]+)?"
+           r"|[1-9](?:\.[0-9]+)?[eE](?:-[0-9]{1,3}|\+?(?:[0-9]{1,2}|[12][0-9]{2}|30[0-7])))")
+_ARRAY = re.compile(r"\[(?:(?:%s|null)(?:,(?:%s|null))*)?\]" % (_NUMBER, _NUMBER))
 
 
-def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000,
-                 python: bool = False) -> Dict[str, Any]:
+_TRAINER_ROWS = "SELECT bid, n, seq, attempt, %s FROM points WHERE run=? AND bid>? AND bid<=? ORDER BY bid" % (
+    ", ".join(TRAINER_COLUMNS[2:]))
+# each column checked by SQLite (its JSON parser, with the GIL released): a JSON array of n values
+_TRAINER_CHECKED = "SELECT bid, n, seq, attempt, %s, %s FROM points WHERE run=? AND bid>? AND bid<=? ORDER BY bid" % (
+    ", ".join(TRAINER_COLUMNS[2:]),
+    ", ".join("CASE WHEN typeof(%s)='text' AND json_valid(%s) AND json_type(%s)='array' THEN json_array_length(%s)=n "
+              "END" % ((c,) * 4) for c in TRAINER_COLUMNS[2:]))
+
+
+def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000, python: bool = False) -> Dict[str, Any]:
     """The trainer's points of `run` that beats with id > after brought, in the order they arrived (a beat at a
-    time, its records in their order), at most `limit` and never half a beat's (limit >= the 10,000 a beat may
-    carry): `points_json` (one array per TRAINER_COLUMNS), `next_after` (the id of the last beat read) and `more`."""
-    cut = store.query("SELECT bid FROM points WHERE run=? AND bid>? ORDER BY bid, i LIMIT 1 OFFSET ?",
-                      (run, after, limit))
-    below = _NO_CUT
-    if cut and type(cut[0][0]) is int:  # the page ends before the beat of the point past `limit`
-        below = cut[0][0]
-        first = store.query("SELECT min(bid) FROM points WHERE run=? AND bid>?", (run, after))
-        if first and first[0][0] == below:  # one beat larger than the page (never from this tracker): all of it
-            below += 1
-    found = None
-    if not python:
+    time, its records in their order), at most `limit` records and never part of a beat's (a beat larger than
+    `limit`, which the API's least limit rules out, comes whole): `points_json` (one array per TRAINER_COLUMNS),
+    `next_after` (the id of the last beat read), `more`, `skipped_rows`. The stored arrays are spliced together as
+    they are: no work per point. Each is checked first (a row this store would never write is served as nulls and
+    counted): by SQLite's JSON parser, which runs without the GIL; else (an SQLite without JSON functions, or
+    `python`) by a regular expression of what the store writes."""
+    sizes = store.query("SELECT bid, n FROM points WHERE run=? AND bid>? ORDER BY bid LIMIT ?", (run, after, limit + 1))
+    upto, total, more = after, 0, False
+    for bid, n in sizes:
+        if type(bid) is not int:
+            continue
+        n = n if type(n) is int and n > 0 else 0  # a bad row: read below (skipped and counted), the cursor past it
+        if total + n > limit and total > 0:
+            more = True
+            break
+        upto, total = bid, total + n
+    if len(sizes) > limit and not more:  # the page ended on the row count: beats with no records (never written)
+        more = True
+    cols: Dict[str, List[str]] = {c: [] for c in TRAINER_COLUMNS}
+    skipped = 0
+    rows: List[Any] = []
+    checked = True  # SQLite checked each column (below); else the Python check
+    if upto > after:
         try:
-            count, top, *arrays = store.query(_TRAINER_SQL, (run, after, below))[0]
-            found = count, top, "{%s}" % ",".join('"%s":%s' % kv for kv in zip(TRAINER_COLUMNS, arrays))
+            if python:
+                raise sqlite3.OperationalError("the Python check asked for")
+            rows = store.query(_TRAINER_CHECKED, (run, after, upto))
         except sqlite3.OperationalError:  # an SQLite without JSON functions
-            found = None
-    if found is None:
-        rows = store.query(_TRAINER_ROWS, (run, after, below))
-        cols: Dict[str, List[Any]] = {c: [] for c in TRAINER_COLUMNS}
-        for row in rows:
-            seq, attempt, t, step = row[1:5]
-            cols["seq"].append(_int(seq))
-            cols["attempt"].append(_int(attempt))
-            t = _finite(t)
-            cols["time"].append(round(t, 3) if t is not None else None)
-            cols["step"].append(_int(step))
-            for c, v in zip(POINT_FIELDS, row[5:]):
-                cols[c].append(_finite(v))
-        found = len(rows), (rows[-1][0] if rows else None), json.dumps(cols, separators=(",", ":"))
-    count, top, points_json = found
-    return {"points_json": points_json, "next_after": top if count and type(top) is int else after,
-            "more": bool(cut)}
+            rows, checked = store.query(_TRAINER_ROWS, (run, after, upto)), False
+    for row in rows:
+        bid, n, seq, attempt, *texts = row[:4 + len(TRAINER_COLUMNS) - 2]
+        oks = row[4 + len(TRAINER_COLUMNS) - 2:]
+        if not (type(n) is int and n > 0 and type(seq) is int and type(attempt) is int):
+            skipped += 1
+            store.note_skip("points of beat %s/%r" % (run, bid), ValueError("bad points columns"))
+            continue
+        cols["seq"].append(("%d," % seq * n)[:-1])
+        cols["attempt"].append(("%d," % attempt * n)[:-1])
+        for k, (c, text) in enumerate(zip(TRAINER_COLUMNS[2:], texts)):
+            if text is None:
+                cols[c].append(("null," * n)[:-1])
+            elif type(text) is str and (oks[k] == 1 if checked else
+                                        _ARRAY.fullmatch(text) and text.count(",") + 1 == n):
+                cols[c].append(text[1:-1])
+            else:
+                skipped += 1
+                store.note_skip("points of beat %s/%r" % (run, bid), ValueError("bad %s column" % c))
+                cols[c].append(("null," * n)[:-1])
+    points_json = "{%s}" % ",".join('"%s":[%s]' % (c, ",".join(parts)) for c, parts in cols.items())
+    return {"points_json": points_json, "next_after": upto, "more": more, "skipped_rows": skipped}
 
 
 def series_body(series: Dict[str, Any], extra: Dict[str, Any], trainer: Optional[Dict[str, Any]] = None) -> bytes:
@@ -247,6 +271,7 @@ def series_body(series: Dict[str, Any], extra: Dict[str, Any], trainer: Optional
     tail = json.dumps(rest, separators=(",", ":"), allow_nan=False)
     head = '{"points":' + series["points_json"] + ","
     if trainer is not None:
-        head += '"trainer":{"points":%s,"next_after":%d,"more":%s},' % (
-            trainer["points_json"], trainer["next_after"], "true" if trainer["more"] else "false")
+        head += '"trainer":{"points":%s,"next_after":%d,"more":%s,"skipped_rows":%d},' % (
+            trainer["points_json"], trainer["next_after"], "true" if trainer["more"] else "false",
+            trainer.get("skipped_rows", 0))
     return (head + tail[1:]).encode("utf-8")

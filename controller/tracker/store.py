@@ -14,12 +14,13 @@ Tables:
         stays in `beats`, never thinned) and when the tracker last heard from the run.
   events(id, run, time, kind, source, doc)
         what happened to a run that no beat says (the keeper's decisions): controller/tracker/events.py.
-  points(run, bid, i, attempt, seq, time, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, epoch,
+  points(run, bid, attempt, seq, n, time, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, epoch,
          steps_per_s)
         the trainer's own points that a beat brought (its `points` section: every metric record parsed since the
-        agent's previous beat), one row per record, keyed by (run, bid = the beat's id, i); written in the beat's
-        transaction, only when the beat is new, so a resend adds none. The beat's document keeps
-        {"records": n, "thinned": t, "dropped": d} in their place (controller/tracker/columns.py).
+        agent's previous beat), one row per beat with its n records as JSON arrays, keyed by (run, bid = the
+        beat's id); written in the beat's transaction, only when the beat is new, so a resend adds none. The
+        beat's document keeps {"records": n, "thinned": t, "dropped": d} in their place
+        (controller/tracker/columns.py).
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
@@ -54,7 +55,7 @@ from controller.tracker.columns import (
     POINTS_TABLE,
     durable_name,
     gpu_numbers,
-    point_rows,
+    point_row,
     points_summary,
 )
 from onbox.errors import UnfitError, UsageError
@@ -308,9 +309,9 @@ class Store:
                             accepted += 1
                             bid = cur.lastrowid
                             assert bid is not None  # the row just inserted
-                            rows = point_rows(b, bid)
-                            if rows:
-                                cur.executemany(POINTS_INSERT, rows)
+                            row = point_row(b, bid)
+                            if row is not None:
+                                cur.execute(POINTS_INSERT, row)
                     results.append((accepted, len(beats) - accepted))
                 heads: Dict[str, Tuple[int, int]] = {}
                 for run, b in newest.items():
