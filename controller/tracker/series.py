@@ -202,11 +202,33 @@ _ARRAY = re.compile(r"\[(?:(?:%s|null)(?:,(?:%s|null))*)?\]" % (_NUMBER, _NUMBER
 
 _TRAINER_ROWS = "SELECT bid, n, seq, attempt, %s FROM points WHERE run=? AND bid>? AND bid<=? ORDER BY bid" % (
     ", ".join(TRAINER_COLUMNS[2:]))
-# each column checked by SQLite (its JSON parser, with the GIL released): a JSON array of n values
-_TRAINER_CHECKED = "SELECT bid, n, seq, attempt, %s, %s FROM points WHERE run=? AND bid>? AND bid<=? ORDER BY bid" % (
-    ", ".join(TRAINER_COLUMNS[2:]),
-    ", ".join("CASE WHEN typeof(%s)='text' AND json_valid(%s) AND json_type(%s)='array' THEN json_array_length(%s)=n "
-              "END" % ((c,) * 4) for c in TRAINER_COLUMNS[2:]))
+
+
+def _spliced_sql() -> str:
+    """One statement that checks every stored column (SQLite's JSON parser: a JSON array of n values) and splices
+    the page's arrays together, each column one string, all of it in SQLite (which runs without the GIL): a
+    column no record carried, or one that fails the check, becomes n nulls; seq and attempt are repeated n times.
+    Rows whose n, seq or attempt are not what the store writes are left out. Counts the rows and columns left out
+    or nulled."""
+    def repeat(value: str) -> str:  # value n times, comma-separated (hex(zeroblob(n)) is "00" n times)
+        return "substr(replace(hex(zeroblob(n)), '00', %s || ','), 1, n * (length(%s) + 1) - 1)" % (value, value)
+
+    def ok(c: str) -> str:  # (malformed JSON fails the statement: the Python check then reads the page)
+        return f"CASE WHEN typeof({c})='text' THEN json_array_length({c})=n ELSE 0 END AS ok_{c}"
+
+    metrics = TRAINER_COLUMNS[2:]
+    inner = "SELECT n, seq, attempt, %s, %s FROM points WHERE run=?1 AND bid>?2 AND bid<=?3 ORDER BY bid" % (
+        ", ".join(metrics), ", ".join(ok(c) for c in metrics))
+    good = "typeof(n)='integer' AND n>0 AND typeof(seq)='integer' AND typeof(attempt)='integer'"
+    pieces = ["group_concat(CASE WHEN %s THEN %s END, ',')" % (good, repeat(c)) for c in ("seq", "attempt")]
+    pieces += ["group_concat(CASE WHEN %s THEN CASE WHEN ok_%s THEN substr(%s, 2, length(%s) - 2) ELSE %s END END, "
+               "',')" % (good, c, c, c, repeat("'null'")) for c in metrics]
+    bad = " + ".join("(%s IS NOT NULL AND NOT ok_%s)" % (c, c) for c in metrics)
+    return "SELECT sum(NOT (%s)), sum(CASE WHEN %s THEN %s ELSE 0 END), %s FROM (%s)" % (
+        good, good, bad, ", ".join(pieces), inner)
+
+
+_TRAINER_SPLICED = _spliced_sql()
 
 
 def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000, python: bool = False) -> Dict[str, Any]:
@@ -214,9 +236,9 @@ def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000, p
     time, its records in their order), at most `limit` records and never part of a beat's (a beat larger than
     `limit`, which the API's least limit rules out, comes whole): `points_json` (one array per TRAINER_COLUMNS),
     `next_after` (the id of the last beat read), `more`, `skipped_rows`. The stored arrays are spliced together as
-    they are: no work per point. Each is checked first (a row this store would never write is served as nulls and
-    counted): by SQLite's JSON parser, which runs without the GIL; else (an SQLite without JSON functions, or
-    `python`) by a regular expression of what the store writes."""
+    they are, by SQLite (no work per point in Python, and no GIL held while it works). Each is checked first (a row
+    this store would never write is served as nulls and counted): by SQLite's JSON parser; else (an SQLite without
+    JSON functions, or `python`) by a regular expression of what the store writes, in Python."""
     sizes = store.query("SELECT bid, n FROM points WHERE run=? AND bid>? ORDER BY bid LIMIT ?", (run, after, limit + 1))
     upto, total, more = after, 0, False
     for bid, n in sizes:
@@ -231,29 +253,34 @@ def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000, p
         more = True
     cols: Dict[str, List[str]] = {c: [] for c in TRAINER_COLUMNS}
     skipped = 0
-    rows: List[Any] = []
-    checked = True  # SQLite checked each column (below); else the Python check
-    if upto > after:
+    spliced = False
+    if upto > after and not python:
         try:
-            if python:
-                raise sqlite3.OperationalError("the Python check asked for")
-            rows = store.query(_TRAINER_CHECKED, (run, after, upto))
-        except sqlite3.OperationalError:  # an SQLite without JSON functions
-            rows, checked = store.query(_TRAINER_ROWS, (run, after, upto)), False
+            bad_rows, bad_cols, *joined = store.query(_TRAINER_SPLICED, (run, after, upto))[0]
+        except sqlite3.OperationalError:  # an SQLite without JSON functions, or a column that is not JSON (never
+            # written by this store): the Python check below
+            pass
+        else:
+            skipped = int(bad_rows or 0) + int(bad_cols or 0)
+            if skipped:
+                store.note_skip("points of a beat of %s" % run, ValueError("%d bad rows or columns" % skipped))
+            for c, text in zip(TRAINER_COLUMNS, joined):
+                if text:
+                    cols[c].append(text)
+            spliced = True
+    rows = store.query(_TRAINER_ROWS, (run, after, upto)) if upto > after and not spliced else []
     for row in rows:
-        bid, n, seq, attempt, *texts = row[:4 + len(TRAINER_COLUMNS) - 2]
-        oks = row[4 + len(TRAINER_COLUMNS) - 2:]
+        bid, n, seq, attempt, *texts = row
         if not (type(n) is int and n > 0 and type(seq) is int and type(attempt) is int):
             skipped += 1
             store.note_skip("points of beat %s/%r" % (run, bid), ValueError("bad points columns"))
             continue
         cols["seq"].append(("%d," % seq * n)[:-1])
         cols["attempt"].append(("%d," % attempt * n)[:-1])
-        for k, (c, text) in enumerate(zip(TRAINER_COLUMNS[2:], texts)):
+        for c, text in zip(TRAINER_COLUMNS[2:], texts):
             if text is None:
                 cols[c].append(("null," * n)[:-1])
-            elif type(text) is str and (oks[k] == 1 if checked else
-                                        _ARRAY.fullmatch(text) and text.count(",") + 1 == n):
+            elif type(text) is str and _ARRAY.fullmatch(text) and text.count(",") + 1 == n:
                 cols[c].append(text[1:-1])
             else:
                 skipped += 1
