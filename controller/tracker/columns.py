@@ -1,10 +1,11 @@
 """The dashboard's columns of a stored beat (controller/tracker/store.py writes them, series.py reads them): the
-box, the GPUs' mean utilisation and summed memory, the newest durable checkpoint's name, and the covering index
-that serves a run's curves."""
+box, the GPUs' mean utilisation and summed memory, the newest durable checkpoint's name, the covering index that
+serves a run's curves, and the rows of the `points` table that a beat's trainer points become."""
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 
 def _num(v: Any) -> Optional[float]:
@@ -40,3 +41,55 @@ def durable_name(checkpoint: Any) -> Optional[str]:
     if isinstance(latest, dict):
         latest = latest.get("name") or latest.get("path")
     return str(latest)[:256] if isinstance(latest, (str, int)) and not isinstance(latest, bool) else None
+
+
+# The trainer's own points (a beat's `points` section, onbox/heartbeat/points.py): one row per beat that brought
+# any, its columns kept as the JSON arrays they are served as (a page of the run's points is these texts spliced
+# together: no work per point, on the way in or out). Keyed by the run and the id of the beat (beats.id, which only
+# grows: the reader's cursor), so a run's points lie together in the order they arrived; stored only with a beat
+# that is new, so a resent beat adds none (its (run, attempt, seq) is stored once). A column no record carried is
+# NULL (served as nulls).
+POINT_FIELDS = ("loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch", "steps_per_s")
+POINTS_TABLE = ("CREATE TABLE IF NOT EXISTS points (run TEXT NOT NULL, bid INTEGER NOT NULL, attempt INTEGER NOT NULL, "
+                "seq INTEGER NOT NULL, n INTEGER NOT NULL, time TEXT NOT NULL, step TEXT NOT NULL, %s, "
+                "PRIMARY KEY (run, bid)) WITHOUT ROWID" % ", ".join("%s TEXT" % f for f in POINT_FIELDS))
+POINTS_INSERT = "INSERT OR IGNORE INTO points VALUES (%s)" % ",".join("?" * (7 + len(POINT_FIELDS)))
+MAX_STEP = 2 ** 63 - 1
+_NUMBERS = frozenset((int, float, type(None)))
+
+
+def _column(values: Any, n: int) -> Optional[str]:
+    """A column as stored: a JSON array of numbers and nulls (a value that is not a finite number, such as "NaN", is
+    null); None when the beat has no such column. A validated beat's columns are numbers, null or those strings,
+    and strict JSON has no NaN or infinite float: a column of numbers goes through whole, at C speed."""
+    if not isinstance(values, list) or len(values) != n:
+        return None
+    if not set(map(type, values)) <= _NUMBERS:
+        values = [_num(v) for v in values]
+    return json.dumps(values, separators=(",", ":"), allow_nan=False)
+
+
+def point_row(beat: Dict[str, Any], bid: int) -> Optional[Tuple[Any, ...]]:
+    """The row of a validated beat's points (its columns are of one length: onbox/heartbeat/schema.py), None when
+    it brought none. A step out of SQLite's integer range is null."""
+    pts = beat.get("points")
+    if not isinstance(pts, dict) or not isinstance(pts.get("time"), list) or not pts["time"]:
+        return None
+    n = len(pts["time"])
+    steps = pts.get("step")
+    if not (isinstance(steps, list) and len(steps) == n and set(map(type, steps)) <= _NUMBERS - {float}
+            and max((s for s in steps if s is not None), default=0) <= MAX_STEP):
+        steps = [s if type(s) is int and 0 <= s <= MAX_STEP else None
+                 for s in (steps if isinstance(steps, list) and len(steps) == n else [None] * n)]
+    return (beat["run"], bid, beat["attempt"], beat["seq"], n, _column(pts["time"], n) or "[]",
+            json.dumps(steps, separators=(",", ":")), *(_column(pts.get(f), n) for f in POINT_FIELDS))
+
+
+def points_summary(points: Any) -> Any:
+    """What a stored beat's document keeps of its points (the records themselves are in the table `points`): how
+    many there were, how many the agent thinned and dropped."""
+    if not isinstance(points, dict):
+        return points
+    times = points.get("time")
+    return {"records": len(times) if isinstance(times, list) else 0, "thinned": points.get("thinned", 0),
+            "dropped": points.get("dropped", 0)}

@@ -4,6 +4,7 @@ polls (API.md, "Dashboard"):
 
     GET /api/v1/overview?after=<cursor>              rows of the runs that changed, every run's liveness
     GET /api/v1/runs/<run>/series?after=<seq>&limit=  new points of one run as columns, the events among them
+        [&points_after=<beat id>&points_limit=]      and the trainer's own points that newer beats brought
 
 Live updates are short polls with those cursors, not a stream: a poll is an ordinary request that ends in
 milliseconds, so between polls the page's keep-alive connection is idle and controller/tracker/guard.py may time
@@ -28,15 +29,16 @@ from starlette.routing import Route
 from controller.tracker.answers import BadRequest, int_param
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
-from controller.tracker.series import read_series, series_body
+from controller.tracker.series import read_series, read_trainer, series_body
 from controller.tracker.session import Auth, same_origin
 from controller.tracker.store import Store
-from onbox.heartbeat.schema import RUN_RE
+from onbox.heartbeat.schema import MAX_BEAT_POINTS, RUN_RE
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".html": "text/html; charset=utf-8", ".png": "image/png"}
 MAX_POINTS = 20000
+TRAINER_PAGE, MAX_TRAINER_PAGE = 100000, 200000  # the trainer's points per page: default, most
 MAX_FORM = 8192
 NEXT_RE = re.compile(r"/(run/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?")
 # the page runs only its own files: no inline script or style, nothing from elsewhere, never framed
@@ -167,13 +169,17 @@ def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool]
             raise BadRequest(400, "bad run name")
         after = int_param(request, "after", -1, -1, 2**62)
         limit = int_param(request, "limit", 5000, 1, MAX_POINTS)
+        # the trainer's own points, asked for by a page that draws them (absent: none read, as before them)
+        points_after = int_param(request, "points_after", -2, -1, 2**62)
+        points_limit = int_param(request, "points_limit", TRAINER_PAGE, MAX_BEAT_POINTS, MAX_TRAINER_PAGE)
 
         def read() -> bytes:
             series = read_series(store, run, after=after, limit=limit)
+            trainer = read_trainer(store, run, points_after, points_limit) if points_after >= -1 else None
             summary = overview.run(run)
             if summary is not None and after >= 0 and series["next_after"] == after:
                 summary.pop("log_tail", None)  # nothing new since the last poll: no need to send it again
-            return series_body(series, {"summary": summary})
+            return series_body(series, {"summary": summary}, trainer)
 
         resp = Response(await run_in_threadpool(read), media_type="application/json",
                         headers={"Cache-Control": "no-store"})

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.tracker.columns import durable_name, gpu_numbers
+from controller.tracker.columns import POINT_FIELDS, durable_name, gpu_numbers
 from controller.tracker.store import Store, parse_doc
 
 COLUMNS = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem")
@@ -189,9 +190,115 @@ def read_series(store: Store, run: str, after: int = -1, limit: int = 5000, pyth
     return found if found is not None else _read_python(store, run, after, limit)
 
 
-def series_body(series: Dict[str, Any], extra: Dict[str, Any]) -> bytes:
-    """The response: the points as SQLite wrote them (never parsed and re-encoded here), the rest as JSON."""
+# -- the trainer's own points (the `points` table: every record the agent parsed, not one per beat) ---------------
+TRAINER_COLUMNS = ("seq", "attempt", "time", "step", *POINT_FIELDS)
+# What the store writes in a column: a JSON array of finite numbers (as Python writes them: at most 19 digits
+# before the point, else one digit and an exponent below 308) and nulls. A row that holds anything else (a
+# hand-edited database, 1e999) is served as nulls and counted, never spliced into the answer.
+_NUMBER = (r"-?(?:(?:0|[1-9][0-9]{0,18})(?:\.[0-9]+)?"
+           r"|[1-9](?:\.[0-9]+)?[eE](?:-[0-9]{1,3}|\+?(?:[0-9]{1,2}|[12][0-9]{2}|30[0-7])))")
+_ARRAY = re.compile(r"\[(?:(?:%s|null)(?:,(?:%s|null))*)?\]" % (_NUMBER, _NUMBER))
+
+
+_TRAINER_ROWS = "SELECT bid, n, seq, attempt, %s FROM points WHERE run=? AND bid>? AND bid<=? ORDER BY bid" % (
+    ", ".join(TRAINER_COLUMNS[2:]))
+
+
+def _spliced_sql() -> str:
+    """One statement that checks every stored column (SQLite's JSON parser: a JSON array of n values) and splices
+    the page's arrays together, each column one string, all of it in SQLite (which runs without the GIL): a
+    column no record carried, or one that fails the check, becomes n nulls; seq and attempt are repeated n times.
+    Rows whose n, seq or attempt are not what the store writes are left out. Counts the rows and columns left out
+    or nulled."""
+    def repeat(value: str) -> str:  # value n times, comma-separated (hex(zeroblob(n)) is "00" n times)
+        return "substr(replace(hex(zeroblob(n)), '00', %s || ','), 1, n * (length(%s) + 1) - 1)" % (value, value)
+
+    def ok(c: str) -> str:  # (malformed JSON fails the statement: the Python check then reads the page)
+        return f"CASE WHEN typeof({c})='text' THEN json_array_length({c})=n ELSE 0 END AS ok_{c}"
+
+    metrics = TRAINER_COLUMNS[2:]
+    inner = "SELECT n, seq, attempt, %s, %s FROM points WHERE run=?1 AND bid>?2 AND bid<=?3 ORDER BY bid" % (
+        ", ".join(metrics), ", ".join(ok(c) for c in metrics))
+    good = "typeof(n)='integer' AND n>0 AND typeof(seq)='integer' AND typeof(attempt)='integer'"
+    pieces = ["group_concat(CASE WHEN %s THEN %s END, ',')" % (good, repeat(c)) for c in ("seq", "attempt")]
+    pieces += ["group_concat(CASE WHEN %s THEN CASE WHEN ok_%s THEN substr(%s, 2, length(%s) - 2) ELSE %s END END, "
+               "',')" % (good, c, c, c, repeat("'null'")) for c in metrics]
+    bad = " + ".join("(%s IS NOT NULL AND NOT ok_%s)" % (c, c) for c in metrics)
+    return "SELECT sum(NOT (%s)), sum(CASE WHEN %s THEN %s ELSE 0 END), %s FROM (%s)" % (
+        good, good, bad, ", ".join(pieces), inner)
+
+
+_TRAINER_SPLICED = _spliced_sql()
+
+
+def read_trainer(store: Store, run: str, after: int = -1, limit: int = 100000, python: bool = False) -> Dict[str, Any]:
+    """The trainer's points of `run` that beats with id > after brought, in the order they arrived (a beat at a
+    time, its records in their order), at most `limit` records and never part of a beat's (a beat larger than
+    `limit`, which the API's least limit rules out, comes whole): `points_json` (one array per TRAINER_COLUMNS),
+    `next_after` (the id of the last beat read), `more`, `skipped_rows`. The stored arrays are spliced together as
+    they are, by SQLite (no work per point in Python, and no GIL held while it works). Each is checked first (a row
+    this store would never write is served as nulls and counted): by SQLite's JSON parser; else (an SQLite without
+    JSON functions, or `python`) by a regular expression of what the store writes, in Python."""
+    sizes = store.query("SELECT bid, n FROM points WHERE run=? AND bid>? ORDER BY bid LIMIT ?", (run, after, limit + 1))
+    upto, total, more = after, 0, False
+    for bid, n in sizes:
+        if type(bid) is not int:
+            continue
+        n = n if type(n) is int and n > 0 else 0  # a bad row: read below (skipped and counted), the cursor past it
+        if total + n > limit and total > 0:
+            more = True
+            break
+        upto, total = bid, total + n
+    if len(sizes) > limit and not more:  # the page ended on the row count: beats with no records (never written)
+        more = True
+    cols: Dict[str, List[str]] = {c: [] for c in TRAINER_COLUMNS}
+    skipped = 0
+    spliced = False
+    if upto > after and not python:
+        try:
+            bad_rows, bad_cols, *joined = store.query(_TRAINER_SPLICED, (run, after, upto))[0]
+        except sqlite3.OperationalError:  # an SQLite without JSON functions, or a column that is not JSON (never
+            # written by this store): the Python check below
+            pass
+        else:
+            skipped = int(bad_rows or 0) + int(bad_cols or 0)
+            if skipped:
+                store.note_skip("points of a beat of %s" % run, ValueError("%d bad rows or columns" % skipped))
+            for c, text in zip(TRAINER_COLUMNS, joined):
+                if text:
+                    cols[c].append(text)
+            spliced = True
+    rows = store.query(_TRAINER_ROWS, (run, after, upto)) if upto > after and not spliced else []
+    for row in rows:
+        bid, n, seq, attempt, *texts = row
+        if not (type(n) is int and n > 0 and type(seq) is int and type(attempt) is int):
+            skipped += 1
+            store.note_skip("points of beat %s/%r" % (run, bid), ValueError("bad points columns"))
+            continue
+        cols["seq"].append(("%d," % seq * n)[:-1])
+        cols["attempt"].append(("%d," % attempt * n)[:-1])
+        for c, text in zip(TRAINER_COLUMNS[2:], texts):
+            if text is None:
+                cols[c].append(("null," * n)[:-1])
+            elif type(text) is str and _ARRAY.fullmatch(text) and text.count(",") + 1 == n:
+                cols[c].append(text[1:-1])
+            else:
+                skipped += 1
+                store.note_skip("points of beat %s/%r" % (run, bid), ValueError("bad %s column" % c))
+                cols[c].append(("null," * n)[:-1])
+    points_json = "{%s}" % ",".join('"%s":[%s]' % (c, ",".join(parts)) for c, parts in cols.items())
+    return {"points_json": points_json, "next_after": upto, "more": more, "skipped_rows": skipped}
+
+
+def series_body(series: Dict[str, Any], extra: Dict[str, Any], trainer: Optional[Dict[str, Any]] = None) -> bytes:
+    """The response: the points as SQLite wrote them (never parsed and re-encoded here), the rest as JSON; with
+    `trainer`, its block: {"points": {...}, "next_after": <beat id>, "more": ...}."""
     rest = {k: v for k, v in series.items() if k != "points_json"}
     rest.update(extra)
     tail = json.dumps(rest, separators=(",", ":"), allow_nan=False)
-    return ('{"points":' + series["points_json"] + "," + tail[1:]).encode("utf-8")
+    head = '{"points":' + series["points_json"] + ","
+    if trainer is not None:
+        head += '"trainer":{"points":%s,"next_after":%d,"more":%s,"skipped_rows":%d},' % (
+            trainer["points_json"], trainer["next_after"], "true" if trainer["more"] else "false",
+            trainer.get("skipped_rows", 0))
+    return (head + tail[1:]).encode("utf-8")

@@ -14,6 +14,13 @@ Tables:
         stays in `beats`, never thinned) and when the tracker last heard from the run.
   events(id, run, time, kind, source, doc)
         what happened to a run that no beat says (the keeper's decisions): controller/tracker/events.py.
+  points(run, bid, attempt, seq, n, time, step, loss, eval_loss, lr, tokens_per_s, samples_per_s, epoch,
+         steps_per_s)
+        the trainer's own points that a beat brought (its `points` section: every metric record parsed since the
+        agent's previous beat), one row per beat with its n records as JSON arrays, keyed by (run, bid = the
+        beat's id); written in the beat's transaction, only when the beat is new, so a resend adds none. The
+        beat's document keeps {"records": n, "thinned": t, "dropped": d} in their place
+        (controller/tracker/columns.py).
 
 Liveness is judged on the tracker's clock (received), never the box's: ok, late after 2 intervals, silent after 5
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
@@ -41,7 +48,16 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from controller.tracker.columns import ADDED_BEATS_COLUMNS, POINTS_INDEX, durable_name, gpu_numbers
+from controller.tracker.columns import (
+    ADDED_BEATS_COLUMNS,
+    POINTS_INDEX,
+    POINTS_INSERT,
+    POINTS_TABLE,
+    durable_name,
+    gpu_numbers,
+    point_row,
+    points_summary,
+)
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
 
@@ -207,6 +223,7 @@ class Store:
         # runs from the server's background task on the read connection, PASSIVE, beside the writer.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.executescript(_SCHEMA)
+        self._db.execute(POINTS_TABLE)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(beats)")}
         for name, kind in ADDED_BEATS_COLUMNS:
             if name not in have:
@@ -268,10 +285,15 @@ class Store:
                         # The log tail matters on a run's newest beat only: a backlog's older beats and a late beat
                         # are stored without it (and the head a newer beat replaces loses it below), so a run's
                         # history does not hold its log once per beat.
+                        # The trainer's points go to their own table: the document keeps their count.
+                        kept = b
                         if b.get("log_tail") is not None and (
                                 newest[b["run"]] is not b or (b["seq"], b["attempt"]) < self._heads.get(b["run"], (-1, -1))):
-                            doc = json.dumps({k: v for k, v in b.items() if k != "log_tail"}, separators=(",", ":"),
-                                             allow_nan=False)
+                            kept = {k: v for k, v in b.items() if k != "log_tail"}
+                        if isinstance(b.get("points"), dict):
+                            kept = dict(kept, points=points_summary(b["points"]))
+                        if kept is not b:
+                            doc = json.dumps(kept, separators=(",", ":"), allow_nan=False)
                         else:
                             doc = texts[n][i] if texts else json.dumps(b, separators=(",", ":"), allow_nan=False)
                         gpu_util, gpu_mem = gpu_numbers(b.get("gpus"))
@@ -285,6 +307,11 @@ class Store:
                              b["box"], gpu_util, gpu_mem, durable_name(b.get("checkpoint"))))
                         if cur.rowcount == 1:
                             accepted += 1
+                            bid = cur.lastrowid
+                            assert bid is not None  # the row just inserted
+                            row = point_row(b, bid)
+                            if row is not None:
+                                cur.execute(POINTS_INSERT, row)
                     results.append((accepted, len(beats) - accepted))
                 heads: Dict[str, Tuple[int, int]] = {}
                 for run, b in newest.items():

@@ -4,7 +4,8 @@
   onbox/telemetry/logtail.py); it tells the stall alert that the child is not silent.
 - on_progress(fields): a record of the run's progress feed (RunContext.progress: parsed once, by the supervisor
   loop, from the output and ONBOX_METRICS_FILE): its loss to the alert engine, all of it to the sinks that draw
-  curves. Each beat carries the feed's newest values.
+  curves. Each beat carries the feed's newest values (`progress`) and every record since the previous beat
+  (`points`, bounded: onbox/heartbeat/points.py).
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
 - tick(state): send a beat when one is due (every `heartbeat_interval`, on a state change or event, on a new
   alert); once the child has printed for `metrics_hint_minutes` without a metric recognised, emit
@@ -25,6 +26,7 @@ from onbox import paths
 from onbox.environment import Environment
 from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
+from onbox.heartbeat.points import beat_points
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
@@ -101,7 +103,9 @@ class HeartbeatHook:
                 from onbox.heartbeat.mlflow import sink_for
 
                 sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, emit=ctx.emit))
-        # Sinks that draw curves (MLflow) get every metric record, not only the newest: spooled with the next beat.
+        # Sinks that draw curves get every metric record, not only the newest, spooled with the next beat: the
+        # tracker and the heartbeat file in the beat's `points` (bounded, thinned past MAX_POINTS), MLflow all of
+        # them in its own spool document.
         # The metrics file's read position is saved at each beat: a restarted agent or a relaunch reads on from
         # there instead of sending the file's records again (MLflow would draw them twice). The feed has read
         # nothing yet: the loop fills it once the hooks are built.
@@ -331,6 +335,8 @@ class HeartbeatHook:
             "preemption": state.get("preemption"),
             "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm/job.py); None outside
             "progress": progress,
+            # every record parsed since the previous beat (None: no sink draws curves)
+            "points": beat_points(points, points_dropped) if self.points is not None else None,
             "checkpoint": checkpoint,
             # the run's lease on durable storage (onbox/checkpoints/fencing.py): epoch, holder, renewed_at, fenced
             "lease": (checkpoint or {}).get("lease") if isinstance((checkpoint or {}).get("lease"), dict) else None,

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 SCHEMA = "onbox.heartbeat/1"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
@@ -23,6 +23,7 @@ MAX_STR = 4096
 SECTIONS = ("child", "progress", "checkpoint", "gpus", "host", "spool", "preemption")
 LIST_SECTIONS = ("disks", "alerts")
 PROGRESS_NUMBERS = ("loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch", "steps_per_s")
+MAX_BEAT_POINTS = 10000  # records in one beat's `points` that a tracker takes (an agent sends at most 500)
 NONFINITE = ("NaN", "Infinity", "-Infinity")
 
 
@@ -78,6 +79,9 @@ def validate_and_dump(doc: Any) -> Tuple[List[str], str]:
             v = prog.get(key)
             if v is not None and not _is_num(v) and v not in NONFINITE:
                 errs.append("progress.%s must be a number, null or one of %s" % (key, "/".join(NONFINITE)))
+    points = doc.get("points")
+    if points is not None:
+        errs.extend(_points_problems(points))
     alerts = doc.get("alerts")
     if isinstance(alerts, list):
         for i, a in enumerate(alerts):
@@ -93,6 +97,26 @@ def validate_and_dump(doc: Any) -> Tuple[List[str], str]:
 
 
 MAX_ERRORS = 10
+
+
+def _points_problems(points: Any) -> List[str]:
+    """What the schema cannot say of the `points` section: columns of one length, within the bound."""
+    if not isinstance(points, dict):
+        return ["points must be an object or null"]
+    times = points.get("time")
+    if not isinstance(times, list):
+        return ["points.time must be a list"]
+    n = len(times)
+    if n > MAX_BEAT_POINTS:
+        return ["points: at most %d records a beat, not %d" % (MAX_BEAT_POINTS, n)]
+    errs = []
+    for key in ("step", *PROGRESS_NUMBERS):
+        col = points.get(key)
+        if key in points and not (isinstance(col, list) and len(col) == n):
+            errs.append("points.%s must be a list as long as points.time (%d)" % (key, n))
+    if "step" not in points:
+        errs.append("points.step: required")
+    return errs
 
 
 def _nonfinite(v: Any, path: str, depth: int) -> Optional[str]:
@@ -233,6 +257,7 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
         def c_type(v: Any, path: str, errs: List[str]) -> None:
             if not any(f(v) for f in tests):
                 errs.append("%s: must be %s, not %s" % (path or "beat", want, _json_type(v)))
+        _settle(p_type, frozenset() if integral else exact)
         return p_type, c_type
     if key in ("const", "enum"):
         allowed = [arg] if key == "const" else list(arg)
@@ -304,8 +329,19 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
     if key == "items":
         p_item, c_item = _compile(arg, defs)
 
+        column = _column_rule(arg)
+
         def p_items(v: Any) -> bool:
-            return not isinstance(v, list) or all(p_item(x) for x in v)
+            if not isinstance(v, list):
+                return True
+            fast = _settled(p_item)  # a column of numbers (the points): its types, at C speed
+            if fast is not None and set(map(type, v)) <= fast:
+                return True
+            if column is not None and set(map(type, v)) <= column[0]:
+                low = min((x for x in v if x is not None), default=None)
+                if low is None or column[1] is None or low >= column[1]:
+                    return True
+            return all(p_item(x) for x in v)
 
         def c_items(v: Any, path: str, errs: List[str]) -> None:
             if isinstance(v, list):
@@ -315,13 +351,17 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
     if key == "oneOf":
         subs = tuple(_compile(sub, defs)[0] for sub in arg)
         want = " | ".join(_describe(sub) for sub in arg)
+        settled = _one_branch_types(arg)
 
         def p_one(v: Any) -> bool:
+            if type(v) in settled:  # a metric's number or null (the points' columns): no branch to try
+                return True
             return sum(1 for p in subs if p(v)) == 1
 
         def c_one(v: Any, path: str, errs: List[str]) -> None:
             if not p_one(v):
                 errs.append("%s: must be exactly one of %s" % (path or "beat", want))
+        _settle(p_one, settled)
         return p_one, c_one
     if key == "$ref":
         if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
@@ -334,12 +374,59 @@ def _keyword(key: str, arg: Any, defs: _Defs) -> Tuple[Pred, Check]:  # one bran
 
         def c_ref(v: Any, path: str, errs: List[str]) -> None:
             defs.done[name][1](v, path, errs)
+        target = _settled(defs.done[name][0])  # (a definition still compiling, which refers to itself: none)
+        if target is not None:
+            _settle(p_ref, target)
         return p_ref, c_ref
     raise ValueError("heartbeat schema keyword %r is not supported by onbox.heartbeat.schema.compile_schema: "
                      "add its check there" % key)
 
 
 _ABSENT = object()
+
+
+def _settle(pred: Any, types: frozenset) -> None:
+    """Mark a predicate with the Python types whose every value it accepts (only where that is all it checks): an
+    array of them is then checked by its set of types alone (`_settled`)."""
+    if types:
+        pred._onbox_settled = types
+
+
+def _settled(pred: Any) -> Optional[frozenset]:
+    return getattr(pred, "_onbox_settled", None)
+
+
+def _column_rule(schema: Any) -> Optional[Tuple[frozenset, Any]]:
+    """(the exact Python types, the minimum or None) of an item schema that is only a `type` and a `minimum`
+    (the points' steps: integer or null, >= 0), so that a whole array of them is checked at C speed."""
+    if not isinstance(schema, dict) or "type" not in schema or set(schema) - {"type", "minimum"}:
+        return None
+    names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    if not set(names) <= {"integer", "number", "null"}:
+        return None
+    return frozenset(t for n in names for t in _EXACT[n]), schema.get("minimum")
+
+
+def _one_branch_types(branches: List[Any]) -> frozenset:
+    """The Python types whose every value matches exactly one of a oneOf's branches, read off branches that are a
+    lone `type` or `enum` (any other branch: none). {"type": "number"} | {"type": "null"} | {"enum": [strings]}
+    gives int, float and NoneType: such a value is valid without trying the branches."""
+    counts: Dict[Any, int] = {}
+    partly: Set[Any] = set()  # types an enum takes some values of: it depends on the value
+    for b in branches:
+        if not isinstance(b, dict) or len(b) != 1 or not ({"type", "enum"} & set(b)):
+            return frozenset()
+        if "enum" in b:
+            partly.update(type(x) for x in b["enum"])
+            continue
+        names = b["type"] if isinstance(b["type"], list) else [b["type"]]
+        if "integer" in names and "number" not in names:
+            return frozenset()  # 1.0 is an integer, 1.5 is not: it depends on the value
+        for t in {t for n in names for t in _EXACT[n]}:
+            counts[t] = counts.get(t, 0) + 1
+    return frozenset(t for t, n in counts.items() if n == 1 and t not in partly and t is not bool)
+
+
 _EXACT_ALL = frozenset(t for ts in _EXACT.values() for t in ts)
 
 

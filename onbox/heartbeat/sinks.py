@@ -23,6 +23,7 @@ from onbox.heartbeat.spool import Spool
 log = logging.getLogger("onbox.heartbeat")
 
 TOKEN_ENV = "ONBOX_TRACKER_TOKEN"
+MAX_REQUEST_BYTES = 1 << 20  # a request's body; the tracker takes up to 4 MiB (--max-body)
 
 
 class SinkError(Exception):
@@ -84,15 +85,21 @@ def _session() -> Any:
 
 
 class TrackerSink:
-    """POST /api/v1/heartbeats {"heartbeats": [...]} -> 200 {"accepted": n, "duplicates": m}."""
+    """POST /api/v1/heartbeats {"heartbeats": [...]} -> 200 {"accepted": n, "duplicates": m}.
+
+    A backlog's batch goes in requests of at most `max_request_bytes` (beats carry the trainer's points, up to
+    ~40 KB each: a hundred of them would pass the tracker's 4 MiB --max-body); a beat larger than that goes
+    alone. The tracker stores a beat once, so a batch cut short by a failure is simply sent again."""
 
     name = "tracker"
+    wants_points = True  # the beat's `points` section: the trainer's records since the previous beat
 
     def __init__(self, url: str, token_file: Optional[str] = None, timeout: float = 10.0,
-                 environ: Optional[Dict[str, str]] = None) -> None:
+                 environ: Optional[Dict[str, str]] = None, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
         if not url.startswith(("http://", "https://")):
             raise UsageError("tracker %r is not an http(s) URL" % url, hint="e.g. --tracker http://10.0.0.5:8787")
         self.endpoint = url.rstrip("/") + "/api/v1/heartbeats"
+        self.max_request_bytes = max_request_bytes
         self.token_file = token_file
         self.timeout = timeout
         self.environ = environ
@@ -105,6 +112,16 @@ class TrackerSink:
         self._http: Any = None
 
     def send(self, beats: List[Dict[str, Any]]) -> None:
+        texts = [json.dumps(b, separators=(",", ":"), allow_nan=False) for b in beats]
+        start, size = 0, 0
+        for i, text in enumerate(texts):
+            if i > start and size + len(text) + 1 > self.max_request_bytes:
+                self._post(texts[start:i])
+                start, size = i, 0
+            size += len(text) + 1
+        self._post(texts[start:])
+
+    def _post(self, texts: List[str]) -> None:
         import requests
 
         if self._http is None:
@@ -112,7 +129,7 @@ class TrackerSink:
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = "Bearer " + self.token
-        body = json.dumps({"heartbeats": beats}, separators=(",", ":"), allow_nan=False)
+        body = '{"heartbeats":[%s]}' % ",".join(texts)
         try:
             r = self._http.post(self.endpoint, data=body.encode("utf-8"), headers=headers, timeout=self.timeout)
         except requests.RequestException as e:
@@ -126,7 +143,7 @@ class TrackerSink:
                 pass
             raise SinkError("tracker refused the token (%d)" % r.status_code)
         if r.status_code in (400, 413, 422):
-            raise Rejected("tracker rejected %d beat(s): %d %s" % (len(beats), r.status_code, r.text[:200]),
+            raise Rejected("tracker rejected %d beat(s): %d %s" % (len(texts), r.status_code, r.text[:200]),
                            r.status_code)
         raise SinkError("tracker answered %d" % r.status_code)
 
@@ -136,9 +153,11 @@ class TrackerSink:
 
 
 class FileSink:
-    """Appends each beat as one JSON line to a file (e.g. `<durable>/<run>/heartbeats.jsonl`), fsynced."""
+    """Appends each beat as one JSON line to a file (e.g. `<durable>/<run>/heartbeats.jsonl`), fsynced: the whole
+    beat, with the trainer's points since the previous one."""
 
     name = "file"
+    wants_points = True
 
     def __init__(self, path: str) -> None:
         self.path = path

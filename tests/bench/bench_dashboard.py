@@ -13,6 +13,11 @@
    latencies depend on what else the machine runs (the load average is printed).
 3. The tracker's CPU per page request, one request at a time (opening the list and a run page; a list poll when
    every run has a new beat and when none has; a run page poll with one new point).
+
+The trainer's points (every record the agent parsed, sent with the beats): the page asks for them with every
+series request (`points_after`); the 100 runs' beats carry none (the figures before points existed, beside the
+same requests as the page makes them now), and one more run, `run-pts`, has 10,000 beats with 10 records each
+(100,000 trainer points: a trainer printing a line every 3 s for 3.5 days), painted and read beside them.
 """
 from __future__ import annotations
 
@@ -40,16 +45,35 @@ TARGET_LIST_MS = 1000.0
 TARGET_RUN_MS = 2000.0
 
 
+TRAINER_RUN = "run-pts"
+TRAINER_PER_BEAT = 10
+
+
 def _template() -> Dict[str, Any]:
+    """The golden heartbeat without its points: a beat as before they existed."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "golden", "heartbeat", "heartbeat.json")) as f:
-        return json.load(f)
+        doc = json.load(f)
+    doc.pop("points", None)
+    return doc
 
 
-def populate(db: str, runs: int, points: int) -> float:
+def _beat(tmpl: Dict[str, Any], name: str, r: int, k: int, points: int, end: float) -> Dict[str, Any]:
+    attempt = 0 if k < points * 0.3 else (1 if k < points * 0.7 else 2)
+    return dict(tmpl, run=name, box="box-%03d%s" % (r, "b" if attempt == 2 else ""), seq=k,
+                attempt=attempt, time=end - (points - k) * 30.0, state="running",
+                progress={"step": k * 10, "loss": 4.0 / (1 + k * 0.002) + 0.05 * ((k * 7919 + r) % 13) / 13,
+                          "lr": 3e-4, "tokens_per_s": 50000.0 + (k * 31 + r) % 997},
+                checkpoint={"latest_durable": {"name": "step-%07d" % (k // 100 * 1000), "step": k // 100 * 1000},
+                            "verified": True} if k >= 100 else None)
+
+
+def populate(db: str, runs: int, points: int, trainer_run: bool = False) -> float:
     """`points` beats for each of `runs` runs through the tracker's own Store (its writer's code path): a restart
-    at 30 %, a replacement box at 70 %, a commit every 1,000 steps. Returns the seconds it took."""
+    at 30 %, a replacement box at 70 %, a commit every 1,000 steps. `trainer_run`: one more run, TRAINER_RUN, whose
+    beats carry TRAINER_PER_BEAT trainer records each (the steps between two beats). Returns the seconds it took."""
     from controller.tracker.store import Store
+    from onbox.heartbeat.points import beat_points
 
     tmpl = _template()
     st = Store(db)
@@ -59,14 +83,13 @@ def populate(db: str, runs: int, points: int) -> float:
         beats = []
         for k in range(start, min(points, start + 20)):
             for r in range(runs):
-                attempt = 0 if k < points * 0.3 else (1 if k < points * 0.7 else 2)
-                beats.append(dict(
-                    tmpl, run="run-%03d" % r, box="box-%03d%s" % (r, "b" if attempt == 2 else ""), seq=k,
-                    attempt=attempt, time=end - (points - k) * 30.0, state="running",
-                    progress={"step": k * 10, "loss": 4.0 / (1 + k * 0.002) + 0.05 * ((k * 7919 + r) % 13) / 13,
-                              "lr": 3e-4, "tokens_per_s": 50000.0 + (k * 31 + r) % 997},
-                    checkpoint={"latest_durable": {"name": "step-%07d" % (k // 100 * 1000), "step": k // 100 * 1000},
-                                "verified": True} if k >= 100 else None))
+                beats.append(_beat(tmpl, "run-%03d" % r, r, k, points, end))
+            if trainer_run:
+                b = _beat(tmpl, TRAINER_RUN, runs, k, points, end)
+                recs = [[int((b["time"] - 3.0 * (TRAINER_PER_BEAT - j)) * 1000), k * 10 - TRAINER_PER_BEAT + j + 1,
+                         {"loss": 4.0 / (1 + k * 0.002) + 0.01 * j, "lr": 3e-4, "tokens_per_s": 50000.0 + j}]
+                        for j in range(TRAINER_PER_BEAT)]
+                beats.append(dict(b, points=beat_points(recs)))
         st.add_many([beats], [[json.dumps(b, separators=(",", ":")) for b in beats]])
     st.checkpoint()
     st.close()
@@ -112,10 +135,12 @@ def bench_paint(big: Any, small: Any, rounds: int = 5) -> Optional[bool]:
             page.wait_for_url(tr.url + "/")  # a cookie per tracker: browsers share cookies across ports
         for label, tr, path, mark, api in (
                 ("baseline: run list, 1 run", small, "/", "list", "/api/v1/overview"),
-                ("run list, %d runs" % RUNS, big, "/", "list", "/api/v1/overview"),
+                ("run list, %d runs" % (RUNS + 1), big, "/", "list", "/api/v1/overview"),
                 ("baseline: run page, 100 points", small, "/run/run-000", "run", "/series"),
                 ("run page, %s points" % format(POINTS, ","), big, "/run/run-%03d" % (42 % RUNS), "run",
-                 "/series")):
+                 "/series"),
+                ("run page, + %s trainer points" % format(POINTS * TRAINER_PER_BEAT, ","), big, "/run/" + TRAINER_RUN,
+                 "run", "/series")):
             _paint(page, tr.url + path, mark, api)  # warm: the static files cached, the run's pages read once
             rows.append((label, [_paint(page, tr.url + path, mark, api) for _ in range(rounds)]))
         ctx.close()
@@ -187,13 +212,14 @@ async def _page(port: int, cookie: str, kind: str, i: int, stop: float, lat: Dic
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     auth = "Cookie: onbox_session_%d=%s" % (port, cookie)
     await asyncio.sleep((stop - time.monotonic()) / 2 * i / PAGES)
-    cursor = -1
+    cursor, points_cursor = -1, -1
     try:
         while time.monotonic() < stop:
             if kind == "list":
                 path = "/api/v1/overview?after=%d" % cursor
-            else:
-                path = "/api/v1/runs/run-%03d/series?after=%d&limit=20000" % (i * 7 % RUNS, cursor)
+            else:  # as dashboard.js asks: the beats and the trainer's points, each after its cursor
+                path = "/api/v1/runs/run-%03d/series?after=%d&limit=20000&points_after=%d&points_limit=100000" % (
+                    i * 7 % RUNS, cursor, points_cursor)
             t0 = time.perf_counter()
             status, body = await _request(reader, writer, "GET", path, auth)
             lat[("%s open" if cursor == -1 else "%s poll") % kind].append(time.perf_counter() - t0)
@@ -202,6 +228,7 @@ async def _page(port: int, cookie: str, kind: str, i: int, stop: float, lat: Dic
                 return
             doc = json.loads(body)
             cursor = doc["cursor"] if kind == "list" else doc["next_after"]
+            points_cursor = doc["trainer"]["next_after"] if kind == "run" else -1
             await asyncio.sleep(POLL_S)
     finally:
         writer.close()
@@ -306,13 +333,17 @@ def bench_cost(tr: Any, rounds: int = 20) -> None:
 
     rows = []
     ms, doc = cost(lambda i, d: "/api/v1/overview")
-    rows.append(("run list opened (%d runs)" % RUNS, ms))
+    rows.append(("run list opened (%d runs)" % (RUNS + 1), ms))
     ms, doc = cost(lambda i, d: "/api/v1/overview?after=%d" % d["cursor"], before=lambda d: beat_all(), start=doc)
     rows.append(("run list poll, every run has a new beat", ms))
     ms, _ = cost(lambda i, d: "/api/v1/overview?after=%d" % d["cursor"], start=doc)
     rows.append(("run list poll, nothing new", ms))
     ms, _ = cost(lambda i, d: "/api/v1/runs/run-%03d/series?limit=20000" % (i % RUNS), n=10)
-    rows.append(("run page opened (%s points)" % format(POINTS, ","), ms))
+    rows.append(("run page opened (%s points), as before" % format(POINTS, ","), ms))
+    ms, _ = cost(lambda i, d: "/api/v1/runs/run-%03d/series?limit=20000&points_after=-1" % (i % RUNS), n=10)
+    rows.append(("  the same, asking for trainer points (none)", ms))
+    ms, _ = cost(lambda i, d: "/api/v1/runs/%s/series?limit=20000&points_after=-1" % TRAINER_RUN, n=10)
+    rows.append(("  with %s trainer points" % format(POINTS * TRAINER_PER_BEAT, ","), ms))
     ms, _ = cost(lambda i, d: "/api/v1/runs/run-001/series?after=%d" % d["next_after"], before=lambda d: beat_all(),
                  start=requests.get(tr.url + "/api/v1/runs/run-001/series?limit=20000", headers=h, timeout=60).json())
     rows.append(("run page poll, one new point", ms))
@@ -328,10 +359,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         big = TrackerProcess(os.path.join(tmp, "big"), extra_args=["--pulls-record", os.path.join(tmp, "pulls.json")])
         small = TrackerProcess(os.path.join(tmp, "small"))
-        seconds = populate(big.db, RUNS, POINTS)
+        seconds = populate(big.db, RUNS, POINTS, trainer_run=True)
         populate(small.db, 1, 100)
-        print("database: %d runs x %s beats (%.0f MB) written through the tracker's store in %.0f s"
-              % (RUNS, format(POINTS, ","), os.path.getsize(big.db) / 1e6, seconds))
+        print("database: %d runs x %s beats, and %s with %s trainer points (%.0f MB), written through the tracker's "
+              "store in %.0f s" % (RUNS, format(POINTS, ","), TRAINER_RUN, format(POINTS * TRAINER_PER_BEAT, ","),
+                                   os.path.getsize(big.db) / 1e6, seconds))
         big.start(timeout=120)
         small.start()
         try:

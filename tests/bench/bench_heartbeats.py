@@ -3,9 +3,12 @@
 1. Tracker ingest: a real `onboxctl tracker serve` process on loopback, 100 simulated boxes (one keep-alive
    connection each, closed loop: the next beat leaves when the previous one is acknowledged), full-size
    heartbeats. Heartbeats/s and p50/p99 latency; target >= 1,000/s with p99 <= 50 ms. Baseline in the same run:
-   the same clients hitting GET /healthz (HTTP + server floor, no validation, no SQLite).
+   the same clients hitting GET /healthz (HTTP + server floor, no validation, no SQLite). The target is measured
+   on beats without the trainer's points (as before them); beside it, the same with 30 points a beat (a trainer
+   printing a line a second, 30 s beats) and the capacity with 500 (the agent's bound a beat).
 2. Agent cost of one heartbeat tick (CPU ms, all threads): a beat with GPU readings through the NVML seam over
-   tests/fakes/nvml.py (8 GPUs), a beat without NVML, and the baseline of a tick when no beat is due.
+   tests/fakes/nvml.py (8 GPUs), a beat without NVML, and the baseline of a tick when no beat is due; a beat that
+   carries the 1,300 records parsed since the previous one (thinned to 500) beside one that carries none.
 """
 from __future__ import annotations
 
@@ -23,9 +26,22 @@ TARGET_P99_MS = 50.0
 
 
 def _template() -> dict:
+    """The golden heartbeat without its points: a beat as before they existed."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "golden", "heartbeat", "heartbeat.json")) as f:
-        return json.load(f)
+        doc = json.load(f)
+    doc.pop("points", None)
+    return doc
+
+
+def with_points(beat: dict, n: int, seq: int) -> dict:
+    """The beat with `n` trainer records since the previous one (step, loss, lr, tokens/s), as the agent sends."""
+    from onbox.heartbeat.points import beat_points
+
+    t = int(beat["time"] * 1000)
+    recs = [[t - (n - k) * 1000, seq * n + k, {"loss": 2.0 + k * 1e-4, "lr": 3e-4, "tokens_per_s": 51234.5 + k}]
+            for k in range(n)]
+    return dict(beat, points=beat_points(recs))
 
 
 async def _box(port: int, token: str, make_request, stop: float, period: float, i: int,
@@ -114,8 +130,10 @@ def bench_ingest() -> bool:
             def healthz(i: int, seq: int):
                 return "GET", "/healthz", None
 
-            def post(i: int, seq: int):
+            def post(i: int, seq: int, points: int = 0):
                 beat = dict(template, run="box-%03d" % i, box="box-%03d" % i, seq=seq)
+                if points:
+                    beat = with_points(beat, points, seq)
                 return "POST", "/api/v1/heartbeats", json.dumps({"heartbeats": [beat]})
 
             base_rate, base_lat = _clients(tr.port, tr.token, healthz, SECONDS / 2)
@@ -129,10 +147,24 @@ def bench_ingest() -> bool:
             # the target load: 100 boxes each beating every 100 ms = 1,000 heartbeats/s offered
             offered_period = BOXES / TARGET_RATE
             rate, lat = _clients(tr.port, tr.token, lambda i, seq: post(i, seq + 10**6), SECONDS, offered_period)
+            # the trainer's points: 30 a beat (a line a second at 30 s beats), and the agent's bound (500)
+            pts_rate, pts_lat = _clients(tr.port, tr.token, lambda i, seq: post(i, seq + 2 * 10**6, 30), SECONDS,
+                                         offered_period)
+            cpu0 = sum(server.cpu_times()[:2])
+            cap30_rate, cap30_lat = _clients(tr.port, tr.token, lambda i, seq: post(i, seq + 3 * 10**6, 30),
+                                             SECONDS / 2)
+            ms30 = (sum(server.cpu_times()[:2]) - cpu0) * 1000 / max(1, len(cap30_lat))
+            cpu0 = sum(server.cpu_times()[:2])
+            cap500_rate, cap500_lat = _clients(tr.port, tr.token, lambda i, seq: post(i, seq + 4 * 10**6, 500),
+                                               SECONDS / 2)
+            ms500 = (sum(server.cpu_times()[:2]) - cpu0) * 1000 / max(1, len(cap500_lat))
             stored = tr.runs()
+            points = requests_points(tr)
         finally:
             tr.stop()
     size = len(json.dumps({"heartbeats": [template]}))
+    size30 = len(json.dumps({"heartbeats": [with_points(template, 30, 1)]}))
+    size500 = len(json.dumps({"heartbeats": [with_points(template, 500, 1)]}))
     print("tracker ingest, %d boxes on loopback, %d-byte heartbeats, %.0f s (load average %.1f on %d CPUs: "
           "client, tracker and everything else share them):" % (BOXES, size, SECONDS, os.getloadavg()[0],
                                                                os.cpu_count() or 0))
@@ -145,12 +177,31 @@ def bench_ingest() -> bool:
                                          _pct(cap_lat, .99)))
     print("  %-46s %8d %10.1f %10.1f" % ("target load: POST, 1,000/s offered (open loop)", rate, _pct(lat, .5),
                                          _pct(lat, .99)))
-    print("  tracker CPU per heartbeat (capacity run): %.3f ms" % server_ms)
+    print("  with the trainer's points (%d bytes with 30, %d with 500):" % (size30, size500))
+    print("  %-46s %8d %10.1f %10.1f" % ("target load, 30 points a beat (1,000/s offered)", pts_rate,
+                                         _pct(pts_lat, .5), _pct(pts_lat, .99)))
+    print("  %-46s %8d %10.1f %10.1f" % ("capacity, 30 points a beat, closed loop", cap30_rate, _pct(cap30_lat, .5),
+                                         _pct(cap30_lat, .99)))
+    print("  %-46s %8d %10.1f %10.1f" % ("capacity, 500 points a beat, closed loop", cap500_rate,
+                                         _pct(cap500_lat, .5), _pct(cap500_lat, .99)))
+    print("  tracker CPU per heartbeat (capacity runs): %.3f ms without points, %.3f ms with 30, %.3f ms with 500; "
+          "%s trainer points stored" % (server_ms, ms30, ms500, format(points, ",")))
     print("  target: capacity >= %d heartbeats/s, and p99 <= %d ms at %d/s offered; %d runs stored"
           % (TARGET_RATE, TARGET_P99_MS, TARGET_RATE, len(stored)))
     ok = cap_rate >= TARGET_RATE and rate >= 0.95 * TARGET_RATE and _pct(lat, .99) <= TARGET_P99_MS
     print("  %s" % ("MET" if ok else "MISSED"))
     return ok
+
+
+def requests_points(tr) -> int:
+    """How many trainer points the tracker holds (its database, read directly: a count, not a page)."""
+    import sqlite3
+
+    db = sqlite3.connect(tr.db)
+    try:
+        return int(db.execute("SELECT coalesce(sum(n), 0) FROM points").fetchone()[0])
+    finally:
+        db.close()
 
 
 def bench_agent_tick() -> None:
@@ -177,17 +228,25 @@ def bench_agent_tick() -> None:
     def no_gpu():
         return {"available": False, "reason": "no NVIDIA driver", "gpus": []}
 
+    class PlainFileSink(FileSink):  # a sink that takes no points: the beat as before them
+        wants_points = False
+
     n = 200
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, reader in (("beat, without NVML", no_gpu), ("beat, with NVML (8 fake GPUs)", nvml_reader)):
+        for label, reader, sink_type, records in (
+                ("beat without points (as before them)", no_gpu, PlainFileSink, 0),
+                ("beat, without NVML", no_gpu, FileSink, 0),
+                ("beat, with NVML (8 fake GPUs)", nvml_reader, FileSink, 0),
+                ("beat with 1,300 records (sends 500)", no_gpu, FileSink, 1300)):
             run_dir = os.path.join(tmp, label[:12].replace(" ", "_").replace(",", ""))
             cfg = RunConfig(name="bench", heartbeat_interval=30.0)
             ctx = RunContext(name="bench", run_dir=run_dir, ckpt_dir=run_dir, config=cfg, clock=SystemClock(),
                              emit=lambda *a, **k: None, attempt=lambda: 0)
             os.makedirs(run_dir, exist_ok=True)
             hook = HeartbeatHook(ctx, readers=BoxReaders(gpu=reader, host=default_host_reader()),
-                                 sinks=[FileSink(os.path.join(run_dir, "beats.jsonl"))])
+                                 sinks=[sink_type(os.path.join(run_dir, "beats.jsonl"))])
+            lines = ["step=%d loss=%.6f lr=0.0003 tok/s=51234.5" % (k, 2.0 + k * 1e-4) for k in range(records)]
             state = {"run": "bench", "state": "running", "attempt": 0, "child_pid": os.getpid(), "restarts": 0,
                      "attempts": [], "last_exit": None}
             hook.tick(state)  # the first beat
@@ -198,24 +257,32 @@ def bench_agent_tick() -> None:
             for _ in range(n):
                 hook.tick(state)  # nothing due: the baseline
             idle = ((time.process_time() - c0) / n * 1000, (time.perf_counter() - w0) / n * 1000)
-            c0, w0 = time.process_time(), time.perf_counter()
+            spent, walled = 0.0, 0.0
             for _ in range(n):
+                for line in lines:  # not counted: the loop parses each line as it comes and hands its record on
+                    fields = hook.feed.on_output(line)
+                    if fields:
+                        hook.on_progress(fields)
+                c0, w0 = time.process_time(), time.perf_counter()
                 hook.beat(state, "interval")
+                spent, walled = spent + time.process_time() - c0, walled + time.perf_counter() - w0
+            c0, w0 = time.process_time(), time.perf_counter()
             hook.senders[0].flush(30)
-            beat = ((time.process_time() - c0) / n * 1000, (time.perf_counter() - w0) / n * 1000)
+            spent, walled = spent + time.process_time() - c0, walled + time.perf_counter() - w0
+            beat = (spent / n * 1000, walled / n * 1000)
             hook.close(state)
             results.append((label, idle, beat))
-        lines = ["iter %d: loss 2.3456, time 20.21ms, mfu 18.44%%" % i for i in range(20000)]
+        nano = ["iter %d: loss 2.3456, time 20.21ms, mfu 18.44%%" % i for i in range(20000)]
         from onbox.telemetry.metrics import MetricsParser
 
         p = MetricsParser()
         c0 = time.process_time()
-        for line in lines:
+        for line in nano:
             p.parse(line)
-        parse_us = (time.process_time() - c0) / len(lines) * 1e6
+        parse_us = (time.process_time() - c0) / len(nano) * 1e6
     print("agent cost (%d beats each; CPU of all threads, incl. spool fsync and the file sink):" % n)
     print("  %-44s %10s %10s" % ("", "CPU ms", "wall ms"))
-    print("  %-44s %10.3f %10.3f" % ("baseline: tick with no beat due", results[0][1][0], results[0][1][1]))
+    print("  %-44s %10.3f %10.3f" % ("baseline: tick with no beat due", results[1][1][0], results[1][1][1]))
     for label, _, beat in results:
         print("  %-44s %10.3f %10.3f" % (label, beat[0], beat[1]))
     print("  NVML path: %s" % nvml_what)

@@ -120,3 +120,75 @@ def test_onbox_run_in_a_partitioned_box(netns_host, tmp_path):
     finally:
         started.stop()
         tr.stop()
+
+
+EVERY_STEP = r'''
+import os, sys, time
+go, finish = sys.argv[1:3]
+for step in range(1, 1301):
+    if step == 651:  # half-way: wait until the test has taken the tracker down
+        end = time.monotonic() + 120
+        while not os.path.exists(go) and time.monotonic() < end:
+            time.sleep(0.02)
+    print("step %d loss %.6f" % (step, 4.0 / (1 + step / 100.0)), flush=True)
+    time.sleep(0.01)
+end = time.monotonic() + 120
+while not os.path.exists(finish) and time.monotonic() < end:  # trained: wait to be let go
+    time.sleep(0.02)
+'''
+
+
+@pytest.mark.integration
+def test_every_step_the_trainer_printed_reaches_the_tracker_across_an_outage(tracker, tmp_path):
+    """A real `onbox run` of a pure-Python trainer printing a metric line per step (1,300 of them, 100 a second)
+    while it beats every 0.5 s: every step is in the tracker's trainer points, once, the second half of them sent
+    by beats that waited in the spool while the tracker was down."""
+    import requests
+
+    home = tmp_path / "home"
+    script = tmp_path / "train.py"
+    script.write_text(EVERY_STEP)
+    go, finish = tmp_path / "go", tmp_path / "finish"
+    run_dir = home / "runs" / "every"
+    spool = run_dir / "heartbeats" / "spool-tracker"
+    env = env_for(home, ONBOX_TRACKER=tracker.url, ONBOX_TRACKER_TOKEN_FILE=tracker.token_file,
+                  ONBOX_HEARTBEAT_INTERVAL="0.5")
+
+    def parsed_step():
+        try:
+            return json.loads((run_dir / "progress.json").read_text()).get("step") or 0
+        except (OSError, ValueError):
+            return 0
+
+    def stored_step():
+        runs = [r for r in tracker.runs() if r["run"] == "every" and r["latest"]]
+        return (runs[0]["latest"].get("progress") or {}).get("step") or 0 if runs else 0
+
+    with Started(home) as started:
+        with open(tmp_path / "onbox.log", "wb") as log:
+            proc = started.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "every",
+                                  "--restart", "never", "--", sys.executable, str(script), str(go), str(finish)],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        wait_for(lambda: stored_step() == 650, timeout=90, what="the first half in the tracker")
+        tracker.kill()
+        go.write_text("")
+        wait_for(lambda: parsed_step() == 1300, timeout=90, what="the second half trained while the tracker is down")
+        wait_for(lambda: sum(1 for n in os.listdir(spool) if n[0].isdigit()) >= 3, timeout=30,
+                 what="the beats spooled")
+        tracker.start()
+        wait_for(lambda: not any(n[0].isdigit() for n in os.listdir(spool)), timeout=60, what="the backlog drained")
+        finish.write_text("")
+        assert proc.wait(90) == 0, (tmp_path / "onbox.log").read_text()[-3000:]
+    steps, after = [], -1
+    while True:
+        r = requests.get(tracker.url + "/api/v1/runs/every/series",
+                         params={"points_after": after, "points_limit": 10_000}, headers=tracker.headers(), timeout=30)
+        trainer = r.json()["trainer"]
+        steps += [[s, loss] for s, loss in zip(trainer["points"]["step"], trainer["points"]["loss"])]
+        after = trainer["next_after"]
+        if not trainer["more"]:
+            break
+    assert steps == [[s, round(4.0 / (1 + s / 100.0), 6)] for s in range(1, 1301)]
+    beats = tracker.all_heartbeats("every")
+    assert sum(b["points"]["records"] for b in beats) == 1300 and not any(b["points"]["thinned"] for b in beats)
+    assert len(beats) < 200  # a beat every 0.5 s: far fewer beats than steps

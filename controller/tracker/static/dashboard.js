@@ -3,10 +3,15 @@
  * Two views: "/" lists every run, "/run/<run>" draws one run's curves with uPlot (vendored: uPlot.iife.min.js).
  * Live by short polls with cursors: the list sends the highest beat id it has seen and gets back only the runs
  * with newer beats (plus every run's liveness, which changes with time alone); a run page sends the last seq it
- * has and gets back only newer points, and the last event id it has (the keeper's decisions, marked as
- * recoveries and failures; a tracker without events answers 404 or 405 and the page then draws no such marks).
- * Polls pause while the tab is hidden. Every value from the tracker is written with textContent, never as HTML.
- * State for tests and the curious: window.onboxDashboard.
+ * has and gets back only newer beats, the last beat id whose trainer points it has and gets back only newer
+ * ones (every record the agent parsed: the loss, eval loss, lr and tokens/s curves have the trainer's own
+ * resolution; a tracker or agent older than them sends none and those curves come from the beats), and the last
+ * event id it has (the keeper's decisions, marked as recoveries and failures; a tracker without events answers
+ * 404 or 405 and the page then draws no such marks). A chart with nothing to draw is not shown; each chart's
+ * legend shows the newest values until the pointer is over it; `?compare=<run>` (or the "compare loss with"
+ * picker) draws another run's loss and eval loss on the loss chart. Polls pause while the tab is hidden. Every
+ * value from the tracker is written with textContent, never as HTML. State for tests and the curious:
+ * window.onboxDashboard.
  */
 (function () {
   "use strict";
@@ -17,19 +22,25 @@
   var S = window.onboxDashboard = {
     view: null, pollMs: POLL_MS, polls: 0, errors: 0, lastError: null,
     cursor: -1, runs: {}, live: {},                       // the list
-    run: null, summary: null, after: -1, events: [],      // a run page
+    run: null, summary: null, after: -1, events: [],      // a run page: its beats (points, by seq) and
+    tafter: -1, trainer: null, served: null,              // its trainer's points (by beat id; served: false when
+    compare: null, others: null,                          // the tracker sent none); the run drawn beside it
     points: null, xmode: "step", charts: [], painted: {},
     keeper: {after: 0, served: null, events: []},         // the run's events (served: false on an older tracker)
     marks: [], drawn: {}                                  // the keeper's marks; what each chart drew, by chart id
   };
   var CHARTS = [
-    // [column, label, colour, scale, join the gaps (eval loss comes every few hundred steps)]
-    {id: "loss", title: "loss", series: [["loss", "loss", "#0969da"], ["eval_loss", "eval loss", "#cf222e", 1, true]]},
-    {id: "lr", title: "learning rate", series: [["lr", "lr", "#8250df"]]},
-    {id: "tps", title: "tokens/s", series: [["tokens_per_s", "tokens/s", "#1a7f37"]]},
-    {id: "gpu", title: "GPU utilisation %", series: [["gpu_util", "GPU %", "#bc4c00"]]},
-    {id: "mem", title: "GPU memory used (GiB)", series: [["gpu_mem", "GiB", "#0550ae", 1 / 1073741824]]}
+    // [column, label, colour, scale, join the gaps (eval loss comes every few hundred steps)]; y: the axis label
+    {id: "loss", title: "loss", y: "loss",
+     series: [["loss", "loss", "#0969da"], ["eval_loss", "eval loss", "#cf222e", 1, true]]},
+    {id: "lr", title: "learning rate", y: "learning rate", series: [["lr", "lr", "#8250df"]]},
+    {id: "tps", title: "tokens/s", y: "tokens/s", series: [["tokens_per_s", "tokens/s", "#1a7f37"]]},
+    {id: "gpu", title: "GPU utilisation %", y: "GPU utilisation (%)", series: [["gpu_util", "GPU %", "#bc4c00"]]},
+    {id: "mem", title: "GPU memory used (GiB)", y: "GPU memory used (GiB)",
+     series: [["gpu_mem", "GiB", "#0550ae", 1 / 1073741824]]}
   ];
+  // the compared run's curves on the loss chart: [column, label (after the run's name), colour, scale, join]
+  var COMPARE_SERIES = [["loss", "loss", "#bf8700"], ["eval_loss", "eval loss", "#953800", 1, true]];
   var EVENT_COLORS = {restart: "#cf222e", box: "#8250df", preempted: "#bf3989", commit: "#1a7f37", failed: "#82071e",
                       recovery: "#0f8b8d", failed_no_resource: "#82071e", failed_max_recoveries: "#82071e",
                       failed_launch: "#82071e", needs_a_person: "#9a6700"};
@@ -41,6 +52,10 @@
                         "failed_no_resource", "failed_launch"];
   var EVENTS_PAGE = 1000;
   var COLUMNS = ["seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem"];
+  var TRAINER = ["seq", "attempt", "time", "step", "loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch",
+                 "steps_per_s"];
+  var FROM_TRAINER = {loss: true, eval_loss: true, lr: true, tokens_per_s: true};  // the rest: from the beats
+  var TRAINER_PAGE = 100000;
 
   // -- small helpers ---------------------------------------------------------------------------------------------
   function el(tag, cls, text) {
@@ -252,11 +267,25 @@
   }
 
   // -- a run page ----------------------------------------------------------------------------------------------
+  function runData(R, name) {  // a run's curves as the page keeps them: S for its own run, S.compare for another
+    R.run = name;
+    R.after = -1;
+    R.tafter = -1;
+    R.served = null;
+    R.points = {};
+    COLUMNS.forEach(function (c) { R.points[c] = []; });
+    R.trainer = {};
+    TRAINER.forEach(function (c) { R.trainer[c] = []; });
+    R.tsorted = true;  // the trainer's points arrived in seq order (a late backlog's do not: then they are sorted)
+    R.tfirst = null;   // the lowest seq of a beat that brought points: the beats before it draw the trainer's curves
+    return R;
+  }
+
   function runView(name) {
     S.view = "run";
-    S.run = name;
-    S.points = {};
-    COLUMNS.forEach(function (c) { S.points[c] = []; });
+    runData(S, name);
+    var wanted = params.get("compare");
+    S.compare = wanted && wanted !== name ? runData({}, wanted) : null;
     document.title = name + " · onbox tracker";
     document.getElementById("where").textContent = "run " + name;
     var main = document.getElementById("main");
@@ -286,6 +315,15 @@
         makeCharts();
       });
     });
+    var cmp = bar.appendChild(el("label", "compare", "compare loss with "));
+    var pick = cmp.appendChild(el("select"));
+    pick.id = "compare";
+    pick.appendChild(el("option", null, "(no other run)")).value = "";
+    if (S.compare) {
+      pick.appendChild(el("option", null, S.compare.run)).value = S.compare.run;
+      pick.value = S.compare.run;
+    }
+    pick.addEventListener("change", function () { compareWith(pick.value); });
     main.appendChild(el("div", "events")).id = "events";
     main.appendChild(el("div", "charts")).id = "charts";
     var lg = main.appendChild(el("section"));
@@ -294,13 +332,47 @@
     lg.appendChild(el("h2", null, "Log tail")).appendChild(el("span", "note")).id = "log-count";
     lg.appendChild(el("pre", "log")).id = "log-tail";
     return loadAll().then(function () {
+      return S.compare ? loadCompare(S.compare) : null;
+    }).then(function () {
       makeCharts();
       afterPaint("run");
+      listOthers();
     });
   }
 
   function loadAll() {  // the whole history, in pages, before the first draw
     return pollRun().then(function (more) { return more ? loadAll() : loadKeeper(); });
+  }
+  function loadCompare(R) {  // the compared run's whole history; a run the tracker does not know draws nothing
+    return fetchSeries(R).then(function (got) { return got.more && S.compare === R ? loadCompare(R) : null; });
+  }
+
+  function listOthers() {  // the picker's runs: every run the tracker has but this one (once, after the first draw)
+    return api("/api/v1/overview").then(function (d) {
+      var pick = document.getElementById("compare");
+      if (!pick) return;
+      S.others = d.runs.map(function (r) { return r.run; }).filter(function (n) { return n !== S.run; }).sort();
+      var keep = pick.value;
+      pick.textContent = "";
+      pick.appendChild(el("option", null, "(no other run)")).value = "";
+      S.others.concat(keep && S.others.indexOf(keep) < 0 ? [keep] : []).forEach(function (n) {
+        pick.appendChild(el("option", null, n)).value = n;
+      });
+      pick.value = keep;
+    }, function (e) {
+      if (e && e.login) throw e;  // the picker keeps what it has; the next poll says what is wrong
+    });
+  }
+
+  function compareWith(name) {  // draw another run's loss beside this one's (name "": none); kept in the URL
+    var q = new URLSearchParams(location.search);
+    if (name) q.set("compare", name); else q.delete("compare");
+    history.replaceState(null, "", location.pathname + (q.toString() ? "?" + q.toString() : ""));
+    S.compare = name && name !== S.run ? runData({}, name) : null;
+    var R = S.compare;
+    return (R ? loadCompare(R) : Promise.resolve()).then(function () {
+      if (S.compare === R) makeCharts();
+    }, failed);
   }
   function loadKeeper() {
     return pollKeeper().then(function (more) { return more ? loadKeeper() : null; });
@@ -325,19 +397,53 @@
     });
   }
 
-  function pollRun() {
-    var url = "/api/v1/runs/" + encodeURIComponent(S.run) + "/series?after=" + S.after + "&limit=" + PAGE;
+  function fetchSeries(R) {  // a run's new beats and trainer points since its cursors: {d, n (new points), more}
+    var url = "/api/v1/runs/" + encodeURIComponent(R.run) + "/series?after=" + R.after + "&limit=" + PAGE +
+      "&points_after=" + R.tafter + "&points_limit=" + TRAINER_PAGE;
     return api(url).then(function (d) {
+      var n = d.points.seq.length, more = d.more;
+      COLUMNS.forEach(function (c) { Array.prototype.push.apply(R.points[c], d.points[c]); });
+      R.after = d.next_after;
+      if (d.trainer) {  // a tracker older than the trainer's points ignores points_after and sends none
+        var T = R.trainer, t = d.trainer.points, k = t.seq.length, last = T.seq.length ? T.seq[T.seq.length - 1] : null;
+        TRAINER.forEach(function (c) {
+          Array.prototype.push.apply(T[c], t[c] || new Array(k).fill(null));
+        });
+        for (var i = 0; i < k; i++) {
+          if (last !== null && t.seq[i] < last) R.tsorted = false;
+          last = t.seq[i];
+          if (R.tfirst === null || t.seq[i] < R.tfirst) R.tfirst = t.seq[i];
+        }
+        R.served = true;
+        R.tafter = d.trainer.next_after;
+        n += k;
+        more = more || d.trainer.more;
+      } else {
+        R.served = false;
+      }
+      return {d: d, n: n, more: more};
+    });
+  }
+
+  function pollRun() {
+    return fetchSeries(S).then(function (got) {
+      var d = got.d;
       S.polls++;
-      var n = d.points.seq.length;
-      COLUMNS.forEach(function (c) { Array.prototype.push.apply(S.points[c], d.points[c]); });
       Array.prototype.push.apply(S.events, d.events);
-      S.after = d.next_after;
       if (d.summary) S.summary = Object.assign({}, S.summary || {}, d.summary);
       showSummary();
-      if (n || d.events.length) updateCharts();
+      if (got.n || d.events.length) updateCharts();
       document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
-      return d.more;
+      return got.more;
+    });
+  }
+
+  function pollCompare() {  // the compared run's new points, with the page's own poll
+    var R = S.compare;
+    if (!R) return Promise.resolve(false);
+    return fetchSeries(R).then(function (got) {
+      if (S.compare === R && got.n) updateCharts();
+      return got.more;
     });
   }
 
@@ -501,23 +607,66 @@
     }
   }
 
-  function chartData(def) {
-    // steps: one point per step (the newest beat at that step: after a resume the redone steps replace the old
-    // ones), in step order; time: every beat in the box clock's order
-    var P = S.points, idx = [], i;
-    if (S.xmode === "step") {
-      var at = new Map();
-      for (i = 0; i < P.seq.length; i++) if (P.step[i] !== null) at.set(P.step[i], i);
-      idx = Array.from(at.values()).sort(function (a, b) { return P.step[a] - P.step[b]; });
-    } else {
-      for (i = 0; i < P.seq.length; i++) if (P.time[i] !== null) idx.push(i);
-      idx.sort(function (a, b) { return P.time[a] - P.time[b]; });
+  function trainerOrder(R) {  // the trainer's points in (seq, arrival) order: the newest value of a step comes last
+    var T = R.trainer, n = T.seq.length, idx = new Array(n);
+    for (var i = 0; i < n; i++) idx[i] = i;
+    if (!R.tsorted) idx.sort(function (a, b) { return T.seq[a] - T.seq[b] || a - b; });
+    return idx;
+  }
+
+  function curve(R, col, xmode, order) {
+    // one column of a run as a Map x -> value, over steps (a step done twice, after a resume from an older
+    // checkpoint, keeps its newest value) or over time. The trainer's own points where the tracker sent them; the
+    // beats for the rest (GPU), and for the trainer's columns the beats before the first that brought points (an
+    // agent older than them) or all of them (a tracker older than them). A value that is not a finite number is a
+    // gap (null) in a beat; in a trainer's point, a field its record did not carry.
+    var out = new Map(), P = R.points, T = R.trainer, i, j, x, v;
+    var useT = FROM_TRAINER[col] && R.served && T.seq.length > 0;
+    for (i = 0; i < P.seq.length; i++) {
+      if (useT && P.seq[i] >= R.tfirst) break;  // the beats are in seq order
+      x = xmode === "step" ? P.step[i] : P.time[i];
+      if (x !== null && !(useT && P[col][i] === null)) out.set(x, P[col][i]);  // (with points: not a gap, nothing yet)
     }
-    var xs = idx.map(function (j) { return S.xmode === "step" ? P.step[j] : P.time[j]; });
+    if (useT) {
+      var ys = T[col], xs = xmode === "step" ? T.step : T.time;
+      for (j = 0; j < order.length; j++) {
+        i = order[j];
+        v = ys[i];
+        x = xs[i];
+        if (v !== null && x !== null) out.set(x, v);
+      }
+    }
+    return out;
+  }
+
+  function chartSeries(def) {  // [run data, column, label, colour, scale, join gaps] of every curve on a chart
+    var out = def.series.map(function (s) { return [S, s[0], s[1], s[2], s[3] || 1, !!s[4]]; });
+    if (def.id === "loss" && S.compare) {
+      out.forEach(function (s) { s[2] = S.run + " " + s[2]; });
+      COMPARE_SERIES.forEach(function (s) {
+        out.push([S.compare, s[0], S.compare.run + " " + s[1], s[2], s[3] || 1, !!s[4]]);
+      });
+    }
+    return out;
+  }
+
+  function chartData(def) {
+    // x: every step (or time) some curve of the chart has, ascending; a curve without a point at an x has
+    // `undefined` there (uPlot draws across it), a gap in a beat is null (uPlot breaks the line)
+    var orders = new Map(), maps = chartSeries(def).map(function (s) {
+      if (!orders.has(s[0])) orders.set(s[0], FROM_TRAINER[s[1]] ? trainerOrder(s[0]) : []);
+      return curve(s[0], s[1], S.xmode, orders.get(s[0]));
+    });
+    var seen = new Set();
+    maps.forEach(function (m) { m.forEach(function (_, x) { seen.add(x); }); });
+    var xs = Array.from(seen).sort(function (a, b) { return a - b; });
     var data = [xs];
-    def.series.forEach(function (s) {
-      var col = P[s[0]], k = s[3] || 1;
-      data.push(idx.map(function (j) { return col[j] === null ? null : col[j] * k; }));
+    chartSeries(def).forEach(function (s, k) {
+      var m = maps[k], scale = s[4];
+      data.push(xs.map(function (x) {
+        var v = m.get(x);
+        return v === undefined ? undefined : v === null ? null : v * scale;
+      }));
     });
     return data;
   }
@@ -577,7 +726,28 @@
   }
 
   function chartWidth(holder) {  // the grid cell's width (two columns, one on a narrow window), less padding
-    return Math.max(280, (holder || document.querySelector("#charts .chart")).clientWidth - 10);
+    var shown = document.querySelector("#charts .chart:not([hidden])");  // a hidden one has no width of its own
+    return Math.max(280, ((holder && !holder.hidden ? holder : shown) || holder).clientWidth - 10);
+  }
+
+  function latestText(u) {  // the newest value of each curve, in its legend, while the pointer is not on the chart
+    if (u.cursor.idx !== null && u.cursor.idx !== undefined) return;
+    var cells = u.root.querySelectorAll(".u-legend .u-series .u-value"), xs = u.data[0], newest = [];
+    u.series.forEach(function (ser, k) {
+      var ys = u.data[k], i = ys.length - 1;
+      if (k > 0) while (i >= 0 && (ys[i] === null || ys[i] === undefined)) i--;
+      var text = i < 0 ? "-" : k === 0 ? (S.xmode === "step" ? String(xs[i]) : fmtTime(xs[i])) : fmtNum(ys[i], 4);
+      if (k > 0 && i >= 0 && i < xs.length - 1) {  // older than the chart's newest x (an eval loss): say where
+        text += S.xmode === "step" ? " @ step " + xs[i] : " @ " + new Date(xs[i] * 1000).toLocaleTimeString();
+      }
+      newest.push(text);
+      if (cells[k]) cells[k].textContent = text;
+    });
+    u.onboxLatest = newest;
+  }
+
+  function hasData(data) {
+    return data.slice(1).some(function (ys) { return ys.some(function (y) { return y !== null && y !== undefined; }); });
   }
 
   function makeCharts() {
@@ -589,35 +759,53 @@
     CHARTS.forEach(function (def) {
       var holder = box.appendChild(el("div", "chart"));
       holder.id = "chart-" + def.id;
+      var data = chartData(def);
       var opts = {
-        title: def.title, width: chartWidth(holder), height: 220,
+        title: def.id === "loss" && S.compare ? def.title + ": " + S.run + " and " + S.compare.run : def.title,
+        width: chartWidth(holder), height: 220,
         scales: {x: {time: S.xmode === "time", range: xRange}},
-        series: [{label: S.xmode === "step" ? "step" : "time"}].concat(def.series.map(function (s) {
-          return {label: s[1], stroke: s[2], width: 1.5, spanGaps: !!s[4], points: {show: !!s[4], size: 4}};
+        series: [{label: S.xmode === "step" ? "step" : "time"}].concat(chartSeries(def).map(function (s) {
+          return {label: s[2], stroke: s[3], width: 1.5, spanGaps: s[5], points: {show: s[5], size: 4},
+                  value: function (u, v) { return v === null || v === undefined ? "-" : fmtNum(v, 4); }};
         })),
-        axes: [{space: S.xmode === "time" ? 90 : 60}, {size: 64, values: function (u, vals) { return vals.map(fmtAxis); }}],
-        hooks: {draw: [function (u) { drawEvents(u, def.id); }]}
+        axes: [{space: S.xmode === "time" ? 90 : 60, label: S.xmode === "step" ? "step" : "time (the box's clock)",
+                labelSize: 22},
+               {size: 64, label: def.y, labelSize: 22, values: function (u, vals) { return vals.map(fmtAxis); }}],
+        hooks: {draw: [function (u) { drawEvents(u, def.id); }], setLegend: [latestText]}
       };
-      var u = new uPlot(opts, chartData(def), holder);
+      var u = new uPlot(opts, data, holder);
       u.onboxId = def.id;
-      markEmpty(u);
       S.charts.push(u);
     });
+    showCharts();
     showEvents();
   }
 
-  function markEmpty(u) {  // a chart with no reading at all says so (a GPU-less box reports no GPU numbers)
-    var empty = u.data.slice(1).every(function (ys) { return ys.every(function (y) { return y === null; }); });
-    u.root.parentNode.dataset.empty = String(empty);
+  function showCharts() {  // a chart with nothing to draw is not shown (a GPU-less box, a trainer without an lr)
+    var shown = 0;
+    S.charts.forEach(function (u) {
+      var holder = u.root.parentNode, empty = !hasData(u.data), was = holder.hidden;
+      holder.hidden = empty;
+      holder.dataset.empty = String(empty);
+      if (!empty) shown++;
+      if (was && !empty) u.setSize({width: chartWidth(holder), height: 220});  // it was laid out hidden
+      latestText(u);
+    });
+    var note = document.getElementById("no-curves");
+    if (!shown && !note) {
+      note = el("p", "note", "No metrics in this run's beats yet: its curves appear with its first step or loss.");
+      note.id = "no-curves";
+      document.getElementById("charts").appendChild(note);
+    } else if (shown && note) {
+      note.remove();
+    }
   }
 
   function updateCharts() {
     if (!S.charts.length) return;  // the first draw happens once the history is loaded
     buildMarks();
-    S.charts.forEach(function (u, i) {
-      u.setData(chartData(CHARTS[i]));
-      markEmpty(u);
-    });
+    S.charts.forEach(function (u, i) { u.setData(chartData(CHARTS[i])); });
+    showCharts();
     showEvents();
   }
 
@@ -636,7 +824,7 @@
   }
   function tick() {
     if (document.hidden) return;  // resumed by visibilitychange
-    (S.view === "run" ? pollRun().then(pollKeeper) : pollList()).then(function () {
+    (S.view === "run" ? pollRun().then(pollKeeper).then(pollCompare) : pollList()).then(function () {
       S.errors = 0;
       banner(null);
       schedule();
