@@ -124,7 +124,10 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             raise BadRequest(408, "the body did not arrive in time")
         return b"".join(chunks)
 
-    async def post_heartbeats(request: Request) -> JSONResponse:
+    async def read_batch(request: Request, key: str, most: int,
+                         check: Callable[[Any], Tuple[List[str], str]]) -> Tuple[List[Any], List[str]]:
+        """A write's body `{key: [...]}`: (the items, each checked and dumped by `check`); one bad item refuses
+        the batch, naming its index."""
         require(request, write=True)
         body = await read_body(request)
         try:
@@ -133,18 +136,22 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             data = loads_strict(body.decode("utf-8"))
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise BadRequest(400, "body is not valid JSON: %s" % str(e)[:200])
-        if not isinstance(data, dict) or not isinstance(data.get("heartbeats"), list):
-            raise BadRequest(400, 'body must be {"heartbeats": [...]}')
-        beats = data["heartbeats"]
-        if len(beats) > MAX_BEATS:
-            raise BadRequest(400, "at most %d heartbeats per request" % MAX_BEATS)
+        if not isinstance(data, dict) or not isinstance(data.get(key), list):
+            raise BadRequest(400, 'body must be {"%s": [...]}' % key)
+        items = data[key]
+        if len(items) > most:
+            raise BadRequest(400, "at most %d %s per request" % (most, key))
         texts = []
-        for i, beat in enumerate(beats):
-            # every section against heartbeat.schema.json, plus the tracker's own bounds
-            errors, text = validate_and_dump(beat)
+        for i, item in enumerate(items):
+            errors, text = check(item)
             if errors:
-                raise BadRequest(400, "heartbeats[%d]: %s" % (i, "; ".join(errors[:5])), index=i)
+                raise BadRequest(400, "%s[%d]: %s" % (key, i, "; ".join(errors[:5])), index=i)
             texts.append(text)
+        return items, texts
+
+    async def post_heartbeats(request: Request) -> JSONResponse:
+        # every section against heartbeat.schema.json, plus the tracker's own bounds
+        beats, texts = await read_batch(request, "heartbeats", MAX_BEATS, validate_and_dump)
         if not beats:
             return JSONResponse({"accepted": 0, "duplicates": 0})
         try:
@@ -157,23 +164,7 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         return JSONResponse({"accepted": accepted, "duplicates": duplicates})
 
     async def post_events(request: Request) -> JSONResponse:
-        require(request, write=True)
-        body = await read_body(request)
-        try:
-            data = loads_strict(body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise BadRequest(400, "body is not valid JSON: %s" % str(e)[:200])
-        if not isinstance(data, dict) or not isinstance(data.get("events"), list):
-            raise BadRequest(400, 'body must be {"events": [...]}')
-        events = data["events"]
-        if len(events) > MAX_EVENTS:
-            raise BadRequest(400, "at most %d events per request" % MAX_EVENTS)
-        texts = []
-        for i, ev in enumerate(events):
-            errors, text = check_event(ev)
-            if errors:
-                raise BadRequest(400, "events[%d]: %s" % (i, "; ".join(errors[:5])), index=i)
-            texts.append(text)
+        events, texts = await read_batch(request, "events", MAX_EVENTS, check_event)
         try:
             accepted, duplicates = await asyncio.get_running_loop().run_in_executor(None, add_events, store, events,
                                                                                    texts)
