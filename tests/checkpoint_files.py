@@ -8,7 +8,7 @@ import json
 import os
 import struct
 import zipfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from onbox.checkpoints.detect import CompletionTracker, scan
 
@@ -71,3 +71,16 @@ def complete_cands(ckpt_dir: str, settle: float = 0.0, progress: Any = None) -> 
     """The candidates in `ckpt_dir` that the detector takes for complete after one look, `settle` s of quiet."""
     tr = CompletionTracker(settle)
     return [c for c in tr.update(scan(ckpt_dir), 0.0, 0.0, progress) if c.complete]
+
+
+def committed_steps(durable: str, run: str) -> List[int]:
+    """The steps of the checkpoints committed for `run` in a mounted durable dir (those with a MANIFEST.json),
+    sorted: what a reader sees, read the way a test reads it (no onbox code in between)."""
+    d = os.path.join(durable, run, "checkpoints")
+    steps = []
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        m = os.path.join(d, name, "MANIFEST.json")
+        if os.path.isfile(m):
+            with open(m) as f:
+                steps.append(json.load(f).get("step"))
+    return sorted(s for s in steps if isinstance(s, int))

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
+from tests.checkpoint_files import committed_steps
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import BridgeNet, close_masters
 from tests.processes import Started, kill_exact
@@ -151,14 +152,7 @@ class Rig:
             return []
 
     def committed(self) -> List[int]:
-        d = os.path.join(self.durable, self.run, "checkpoints")
-        out = []
-        for name in os.listdir(d) if os.path.isdir(d) else []:
-            m = os.path.join(d, name, "MANIFEST.json")
-            if os.path.isfile(m):
-                with open(m) as f:
-                    out.append(json.load(f).get("step"))
-        return sorted(s for s in out if isinstance(s, int))
+        return committed_steps(self.durable, self.run)
 
     def durable_files(self) -> List[str]:
         return sorted(os.path.relpath(os.path.join(dp, f), self.durable) for dp, _, fs in os.walk(self.durable)

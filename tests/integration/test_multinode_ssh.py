@@ -19,6 +19,7 @@ import tempfile
 import pytest
 
 from onbox.proc import start_time
+from tests.checkpoint_files import committed_steps
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import BridgeNet, close_masters
 from tests.polling import wait_for
@@ -61,14 +62,7 @@ def _events(box, run):
 
 
 def _committed_steps(durable):
-    d = os.path.join(durable, RUN, "checkpoints")
-    steps = []
-    for name in os.listdir(d) if os.path.isdir(d) else []:
-        m = os.path.join(d, name, "MANIFEST.json")
-        if os.path.isfile(m):
-            with open(m) as f:
-                steps.append(json.load(f).get("step"))
-    return sorted(s for s in steps if isinstance(s, int))
+    return committed_steps(durable, RUN)
 
 
 def test_two_ssh_boxes_preempted_on_one_node_stop_together_and_resume_together(netns_boxes, tmp_path, onbox_pyz):

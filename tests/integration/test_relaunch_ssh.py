@@ -27,6 +27,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from tests.checkpoint_files import committed_steps
 from tests.conftest import REPO_ROOT, subprocess_env
 from tests.hosts.sshd_box import SshdBox, _need_root_tools, close_masters
 from tests.polling import wait_for
@@ -95,14 +96,7 @@ class Rig:
             return {}
 
     def committed(self, run: str) -> List[int]:
-        d = os.path.join(self.durable, run, "checkpoints")
-        out = []
-        for name in os.listdir(d) if os.path.isdir(d) else []:
-            m = os.path.join(d, name, "MANIFEST.json")
-            if os.path.isfile(m):
-                with open(m) as f:
-                    out.append(json.load(f).get("step"))
-        return sorted(s for s in out if isinstance(s, int))
+        return committed_steps(self.durable, run)
 
     def starts(self) -> List[Dict[str, Any]]:
         try:
