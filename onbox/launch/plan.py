@@ -34,6 +34,7 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
     CLI > ONBOX_* > run file > profile > defaults, or `--name X` alone: X's re-launch record below the flags.
     `resume_existing` (--resume): a different command under an existing run's name is meant. `take_over`
     (--take-over): supersede another agent's live lease on the durable storage."""
+    from onbox.launch.deadline import resolve as resolve_deadline
     from onbox.slurm.job import default_run_name
     from onbox.subsystems import preflight
     from onbox.supervisor.phases import parse_phases
@@ -71,7 +72,9 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
                          hint="give the run's --durable (leases live there), or drop --take-over")
     # before anything is created or detached: the user sees the error, not a daemon's log
     preflight(cfg, dict(environ))
-    warnings = checks.warnings(cli.get("env") or {}, cfg)
+    # the deadline this launch's (a relaunch resolves its own): --deadline, Slurm's EndTime, the profile's session
+    deadline_warnings = resolve_deadline(cfg, environ, rd.path)
+    warnings = checks.warnings(cli.get("env") or {}, cfg) + deadline_warnings
     if group is not None:  # from stdin: stored only now that nothing refused the launch
         from onbox.multinode.role import save_group
 
