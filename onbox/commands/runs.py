@@ -210,7 +210,7 @@ def status(name: Optional[str], as_json: bool) -> int:
 
 
 def _print_status(docs: List[Dict[str, Any]]) -> None:
-    from onbox.supervisor.runsummary import has_metrics, phase_line
+    from onbox.supervisor.runsummary import LIVE, deadline_line, has_metrics, phase_line
 
     for doc in docs:
         if doc.get("corrupt"):
@@ -224,6 +224,8 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
                             ("lease", _lease_line(doc.get("lease"), doc.get("fenced"))),
                             ("phase", phase_line(doc["phase"]) if isinstance(doc.get("phase"), dict) else None),
                             ("checkpoint", _checkpoint_line(doc.get("checkpoint"))),
+                            ("deadline", deadline_line(doc["deadline"], time.time(), doc.get("state") in LIVE)
+                             if isinstance(doc.get("deadline"), dict) else None),
                             ("mlflow", (doc.get("mlflow") or {}).get("run_url"))):
             if line:
                 click.echo("  %s: %s" % (label, line))

@@ -247,3 +247,16 @@ def test_a_session_limit_requeued_by_slurm_says_so_in_its_hint(tmp_path):
 def test_no_deadline_costs_nothing_and_says_nothing(tmp_path):
     sup, _, _, _ = make(tmp_path, [exits_after(3, 0)])
     assert sup.run() == RunState.DONE and sup.state_doc()["deadline"] is None
+
+
+def test_training_status_and_onbox_status_show_the_time_left_and_when_the_checkpoint_is_asked_for():
+    from onbox.supervisor.runsummary import deadline_line, render_status
+
+    block = SessionDeadline(NOW + 3725.0, "slurm", 30.0, 60.0)
+    block.update(3.2)
+    state = {"run": "r", "state": "running", "updated_at": NOW, "deadline": block.to_dict(NOW)}
+    text = render_status(state)
+    assert ("- deadline: 2027-01-15T09:02:05Z (slurm), 1h02m left; checkpoint asked for at 2027-01-15T09:00:31Z "
+            "(grace 30 s + commit ~3.2 s + margin 60 s)") in text
+    ended = deadline_line(dict(block.to_dict(NOW), asked_at=NOW + 3631.0), NOW + 3700.0, live=False)
+    assert "left" not in ended and "asked for at" in ended
