@@ -1,4 +1,5 @@
-"""The agent inside a Slurm job: who the job is, what its run is called, and how it puts itself back in the queue.
+"""The agent inside a Slurm job: who the job is, what its run is called, when it ends (its EndTime: the run's
+deadline, onbox/launch/deadline.py), and how it puts itself back in the queue.
 
 Facts (Slurm's docs): SLURM_RESTART_COUNT is ABSENT on the first run, 1 on the second; `scontrol requeue
 $SLURM_JOB_ID` puts a running job back in the queue (with `--requeue`); an array task's SLURM_JOB_ID is its own id,
