@@ -83,6 +83,9 @@ def _summary(rd: Any) -> Dict[str, Any]:
             alive = True
             state["agent_pid"], state["agent_start_time"] = holder.pid, holder.start_time
     state["agent_alive"] = alive
+    deadline = state.get("deadline")
+    if isinstance(deadline, dict) and isinstance(deadline.get("at"), (int, float)):  # the time left now
+        state["deadline"] = dict(deadline, left_s=round(deadline["at"] - time.time(), 3))
     records = _records_problem(rd, state, alive)
     if records:
         state["records_problem"] = records

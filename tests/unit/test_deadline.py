@@ -260,3 +260,14 @@ def test_training_status_and_onbox_status_show_the_time_left_and_when_the_checkp
             "(grace 30 s + commit ~3.2 s + margin 60 s)") in text
     ended = deadline_line(dict(block.to_dict(NOW), asked_at=NOW + 3631.0), NOW + 3700.0, live=False)
     assert "left" not in ended and "asked for at" in ended
+
+
+def test_the_resolved_deadline_is_recorded_for_an_adopting_agent_and_never_taken_from_the_environment():
+    cfg = cfg_for(deadline="2h", deadline_at=NOW + 7200.0, deadline_source="flag", deadline_margin=30.0)
+    again = RunConfig.from_dict(cfg.to_dict(), "config.json").validate()  # what `onbox adopt` reads back
+    assert (again.deadline_at, again.deadline_source, again.deadline_margin) == (NOW + 7200.0, "flag", 30.0)
+    from onbox.config import env_overrides
+
+    assert env_overrides({"ONBOX_DEADLINE_AT": "1", "ONBOX_DEADLINE": "2h"}) == {"deadline": "2h"}
+    with pytest.raises(UsageError, match="deadline_at"):
+        RunConfig(deadline_at=float("nan")).validate()
