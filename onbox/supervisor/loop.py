@@ -407,8 +407,9 @@ class Supervisor:
         summary = self._final_summary or {}
         checkpoint = summary.get("name") or (os.path.basename(self.launcher.resume_from)
                                              if self.launcher.resume_from else None)
-        self.launcher.record_session_limit(continue_hint(self.rd.name, checkpoint, d.source, requeued=False))
-        self.message = "session limit: stopped before the deadline (%s)" % d.source
+        hint = continue_hint(self.rd.name, checkpoint, d.source, requeued=False)
+        self.launcher.record_session_limit(hint)
+        self.message = "session limit: stopped before the %s deadline; %s" % (d.source, hint)
         self.emit("session_limit", at=d.at, source=d.source, checkpoint=checkpoint,
                   hint=(self.launcher.last_exit or {}).get("hint"))
         self.transition(RunState.PREEMPTED, reason="session_limit")
@@ -448,9 +449,10 @@ class Supervisor:
         if not (requeue and requeue.get("ok")) or self.intake.deadline is None:
             return
         checkpoint = (self._final_summary or {}).get("name")
-        self.launcher.record_session_limit(continue_hint(self.rd.name, checkpoint, self.intake.deadline.source,
-                                                         requeued=True))
-        self.message = "session limit: stopped before the deadline; requeued as Slurm job %s" % requeue.get("job_id")
+        hint = continue_hint(self.rd.name, checkpoint, self.intake.deadline.source, requeued=True)
+        self.launcher.record_session_limit(hint)
+        self.message = "session limit: stopped before the deadline; requeued as Slurm job %s; %s" % (
+            requeue.get("job_id"), hint)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush the output and the progress, final state, telemetry close."""
