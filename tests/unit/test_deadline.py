@@ -271,3 +271,26 @@ def test_the_resolved_deadline_is_recorded_for_an_adopting_agent_and_never_taken
     assert env_overrides({"ONBOX_DEADLINE_AT": "1", "ONBOX_DEADLINE": "2h"}) == {"deadline": "2h"}
     with pytest.raises(UsageError, match="deadline_at"):
         RunConfig(deadline_at=float("nan")).validate()
+
+
+def test_the_commit_hook_estimates_the_newest_checkpoint_by_its_size_and_the_measured_throughput(tmp_path):
+    """What moves ask_at: the newest complete checkpoint's bytes / the measured throughput, plus the commit's
+    overhead and the final quiet period; none without durable storage."""
+    from onbox.checkpoints.hook import COMMIT_OVERHEAD_S, CheckpointCommitHook
+    from tests.checkpoint_files import write_torch_zip
+    from tests.fakes.run_context import run_context
+
+    ctx = run_context(tmp_path, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    assert hook.commit_estimate()["seconds"] == COMMIT_OVERHEAD_S  # nothing saved yet: the overhead alone
+    write_torch_zip(os.path.join(ctx.ckpt_dir, "step_3.pt"))
+    hook.scan_now()
+    est = hook.commit_estimate()
+    size = est["bytes"]
+    assert est["checkpoint"] == "step_3.pt" and size > 0
+    hook.throughput = 1000.0  # measured: 1 kB/s
+    assert hook.commit_estimate()["seconds"] == round(size / 1000.0 + COMMIT_OVERHEAD_S, 3)
+    hook.throughput = 4000.0  # measured faster: the estimate, and so ask_at's lead, shrinks
+    assert hook.commit_estimate()["seconds"] == round(size / 4000.0 + COMMIT_OVERHEAD_S, 3)
+    hook.committer = None  # no durable storage: nothing to commit
+    assert hook.commit_estimate() is None
