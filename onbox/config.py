@@ -64,6 +64,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "tick_interval": (0.001, MINUTE, "seconds"),  # 0 would spin the loop
     "reap_wait": (0.0, HOUR, "seconds"),
     "grace": (0.0, DAY, "seconds"),
+    "deadline_margin": (0.0, DAY, "seconds"),
     "sync_reserve": (0.0, DAY, "seconds"),
     "final_sync_timeout": (0.0, DAY, "seconds"),
     "restore_probation": (0.0, WEEK, "seconds"),  # 0: never quarantine a checkpoint an attempt crashed on
@@ -87,7 +88,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
 FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "name", "profile", "ckpt_dir", "durable", "sync_interval", "lease_ttl", "settle_seconds", "keep_last", "prune_local",
     "final_sync_timeout", "restore_probation", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
-    "workdir", "notice_source", "metadata_url", "requeue", "tracker", "tracker_token_file", "heartbeat_interval",
+    "workdir", "notice_source", "metadata_url", "requeue", "deadline", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex", "mlflow", "mlflow_experiment", "mlflow_token_file")}
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
              env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
@@ -139,6 +140,16 @@ class RunConfig:
     checkpoint_signal: str = "TERM"  # what the agent forwards to the child's process group on a notice
     grace: Optional[float] = None  # seconds from notice to hard kill; default from the profile
     sync_reserve: float = 10.0  # seconds kept back from the grace window for the final commit
+    # the session's end (onbox/supervisor/deadline.py): --deadline WHEN (an absolute time, UTC or with an offset, or a
+    # duration from the launch: 11h40m), `slurm` (the job's EndTime, refused when unreadable), `none` (no deadline,
+    # none looked for), or unset: the platform's (Slurm's
+    # EndTime, a Kaggle session, a profile's session hours). The launch resolves it into deadline_at (wall-clock
+    # epoch seconds) and deadline_source, recorded in config.json: an adopting agent keeps them, a relaunch
+    # resolves its own.
+    deadline: Optional[str] = None
+    deadline_at: Optional[float] = None
+    deadline_source: Optional[str] = None
+    deadline_margin: float = 60.0  # seconds kept between the end of the final commit and the deadline
     final_sync_timeout: float = 300.0  # seconds the last commit may take when the job ends (done/failed for good)
     # an attempt that resumed from a checkpoint and failed within this many seconds, before getting past the
     # checkpoint's step, quarantines it: the next attempt falls back to the newest older one
@@ -209,6 +220,11 @@ class RunConfig:
         parse_catchable_signal(self.checkpoint_signal, "checkpoint_signal")
         for key in RANGES:
             check_range(key, getattr(self, key))
+        if self.deadline is not None and self.deadline.strip().lower() != DEADLINE_SLURM:
+            parse_deadline(self.deadline, 0.0)  # its syntax now (`onbox queue add`, `onbox sbatch` too)
+        if self.deadline_at is not None and not (math.isfinite(self.deadline_at) and self.deadline_at > 0):
+            raise UsageError("deadline_at must be a time (seconds since the epoch), not %r" % (self.deadline_at,),
+                             hint="it is the launch's to set: give --deadline instead")
         if self.keep_best_metric is not None and not self.keep_best_metric.strip():
             raise UsageError("--keep-best needs a metric name, e.g. --keep-best eval_loss:min")
         self._check_strings()
@@ -516,7 +532,7 @@ def env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
     The child-side contract variables (ONBOX_RUN, ONBOX_CKPT_DIR, ONBOX_RESUME_FROM, ...) are outputs, not inputs,
     and are ignored here so a nested onbox does not inherit its parent's run.
     """
-    skip = {"name", "command", "ckpt_dir", "env", "phases"}
+    skip = {"name", "command", "ckpt_dir", "env", "phases", "deadline_at", "deadline_source"}  # the launch's to set
     out = {}
     for key in _FIELDS:
         if key in skip:
@@ -550,3 +566,52 @@ def resolve(cli: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None,
     _apply(cfg, env_overrides(environ), "environment")
     _apply(cfg, {k: v for k, v in cli.items() if v is not None and v != () and v != []}, "command line")
     return cfg.validate()
+
+
+DEADLINE_OFF = "none"
+DEADLINE_SLURM = "slurm"  # the Slurm job's EndTime, and an error (not a warning) when it cannot be read
+DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+ABSOLUTE_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.\d+)?)?"
+                         r"(Z|[+-]\d\d:?\d\d)?$", re.IGNORECASE)
+DEADLINE_HINT = ("an absolute time with its zone (2026-11-25T18:00:00Z, 2026-11-25T19:00+01:00), a duration from the "
+                 "launch (11h40m, 90m, 1d2h, 3600s), `slurm` (the job's end time) or `none`")
+
+
+def parse_deadline(text: Any, now: float) -> Optional[float]:
+    """--deadline WHEN as wall-clock epoch seconds: an absolute time in UTC (`Z`) or with an offset, or a duration
+    from `now` (`11h40m`, `90m`, `1d2h`, `45s`, a bare number of seconds); None for `none` (no deadline). Anything
+    else is a UsageError: a time without its zone is refused (the box's zone is rarely the one meant)."""
+    import calendar
+
+    value = str(text).strip()
+    if value.lower() == DEADLINE_OFF:
+        return None
+    m = DURATION_RE.match(value.lower())
+    if value and m and any(m.groups()):
+        days, hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+        total = days * DAY + hours * HOUR + minutes * MINUTE + seconds
+        if total <= 0 or total > 366 * DAY:
+            raise UsageError("--deadline %r: a duration must be more than 0 and at most 366 days" % value,
+                             hint=DEADLINE_HINT)
+        return now + total
+    m = ABSOLUTE_RE.match(value)
+    if m is None:
+        raise UsageError("--deadline %r: not a time or a duration" % value, hint=DEADLINE_HINT)
+    zone = m.group(7)
+    if zone is None:
+        raise UsageError("--deadline %r: the time has no zone" % value,
+                         hint="add Z for UTC or an offset (+01:00): " + DEADLINE_HINT)
+    try:
+        year, month, day, hour, minute = (int(m.group(i)) for i in range(1, 6))
+        second = int(m.group(6) or 0)
+        import datetime
+
+        datetime.datetime(year, month, day, hour, minute, second)  # a real date and time
+    except ValueError as e:
+        raise UsageError("--deadline %r: %s" % (value, e), hint=DEADLINE_HINT)
+    at = float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+    if zone.upper() != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        digits = zone[1:].replace(":", "")
+        at -= sign * (int(digits[:2]) * HOUR + int(digits[2:]) * MINUTE)
+    return at

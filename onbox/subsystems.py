@@ -162,3 +162,25 @@ def _group_hooks(ctx: RunContext, telemetry: object, reaper: object, lease: Any)
                                   wait_s=cfg.final_sync_timeout + mn.ASK_TIMEOUT_EXTRA, abort=nodes.stopping.is_set)
         checkpoints = mn.PrimaryOnlyCommits(None, group.rank, ctx.emit, restore=restore, source="ssh")
     return Hooks(checkpoints=checkpoints, telemetry=telemetry, reaper=reaper, nodes=nodes)  # type: ignore[arg-type]
+
+
+def launch_commit_estimate(cfg: RunConfig, run_dir: str) -> float:
+    """Seconds the final commit would take, as a launch can know it (onbox/launch/deadline.py): the newest local
+    checkpoint and the throughput an earlier agent of the run measured (its checkpoint_status.json), else none
+    and the assumed throughput; 0 without durable storage (nothing is committed)."""
+    from onbox import fsutil, paths
+    from onbox.checkpoints.hook import COMMIT_OVERHEAD_S, DEFAULT_THROUGHPUT, FINAL_SETTLE_S
+
+    if not cfg.durable:
+        return 0.0
+    try:
+        doc = fsutil.read_json(os.path.join(run_dir, paths.CHECKPOINT_STATUS_FILE))
+    except (OSError, ValueError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    latest: Dict[str, Any] = doc["latest_local"] if isinstance(doc.get("latest_local"), dict) else {}
+    size = latest.get("bytes")
+    size = float(size) if isinstance(size, (int, float)) else 0.0
+    measured = doc.get("throughput_bytes_per_s")
+    rate = float(measured) if isinstance(measured, (int, float)) and measured > 0 else float(DEFAULT_THROUGHPUT)
+    return size / rate + COMMIT_OVERHEAD_S + min(cfg.settle_seconds, FINAL_SETTLE_S)

@@ -58,6 +58,17 @@ def node_of(beat: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"rank": n["rank"], "nnodes": n["nnodes"], "run": _text(n.get("run"), 256)}
 
 
+def _deadline_of(block: Any) -> Optional[Dict[str, Any]]:
+    """A beat's `deadline` block, its numbers kept only when they are numbers."""
+    if not isinstance(block, dict):
+        return None
+    nums = {k: block.get(k) for k in ("at", "ask_at", "left_s", "commit_estimate_s", "asked_at")}
+    out: Dict[str, Any] = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+                           for k, v in nums.items()}
+    out["source"] = _text(block.get("source"), 64)
+    return out
+
+
 def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optional[str],
               doc: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The row of one run from its newest beat (None: unreadable, the run is still listed)."""
@@ -82,6 +93,8 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
         durable=durable, box_verified=ckpt.get("verified") if isinstance(ckpt.get("verified"), bool) else None,
         last_sync={"ok": sync.get("ok"), "error": _text(sync.get("error"), 300), "at": sync.get("at")} if sync else None,
         preemption=beat.get("preemption") if isinstance(beat.get("preemption"), dict) else None,
+        # the run's deadline as the agent reported it: {at, source, ask_at, left_s, commit_estimate_s, ...}
+        deadline=_deadline_of(beat.get("deadline")),
         unreadable=doc is None, log_tail=log_tail(beat), phase=phase_of(beat), node=node_of(beat),
         log_lines_total=dig(beat, "log_tail.lines_total") if isinstance(beat.get("log_tail"), dict) else None)
     # "NaN"/"Infinity" strings as the beat carries them (a diverged loss): the row is sent as strict JSON

@@ -7,6 +7,8 @@ periodic()  every loop tick, cheap: rescans at most once a second, and when sync
 final(d)    on preemption/stop, and when the run ends (done, or failed for good): commits the newest complete
             checkpoint whose commit can finish before the monotonic deadline `d` by measured throughput (after
             the commit in flight, if any); says so when none can.
+commit_estimate()  cheap, from the last scan: the seconds the final commit of the newest complete checkpoint takes
+            by the measured throughput (plus the overhead and the final settle), which moves a deadline's ask_at.
 fenced()    the run's lease (holding.py, fencing.py): once a newer lease holds the run, nothing more is written and
             the supervisor stops the run.
 
@@ -242,6 +244,21 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
         self.ctx.emit("final_sync_none", reason="no complete checkpoint could be committed before the deadline"
                       if complete else "no complete checkpoint")
         return None
+
+    def commit_estimate(self) -> Optional[Dict[str, Any]]:
+        """What the final commit would take now (the protocol's commit_estimate): the newest complete checkpoint of
+        the last scan, by the measured throughput, plus the commit overhead and the final quiet period. None
+        without durable storage: nothing is committed."""
+        if self.committer is None:
+            return None
+        complete = [c for c in self.cands if c.complete]
+        settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
+        if not complete:
+            return {"seconds": COMMIT_OVERHEAD_S + settle, "bytes": 0, "checkpoint": None,
+                    "throughput_bytes_per_s": round(self.throughput)}
+        newest = complete[-1]
+        return {"seconds": round(self._estimate(newest) + settle, 3), "bytes": newest.bytes,
+                "checkpoint": newest.name, "throughput_bytes_per_s": round(self.throughput)}
 
     def _scan_settled(self, deadline: float) -> List[Candidate]:
         """The complete candidates for the final commit. The child has stopped (or is out of time): a shorter

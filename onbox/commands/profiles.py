@@ -7,7 +7,7 @@ import click
 
 from onbox.commands.clikit import echo_json
 
-MONEY_TABLES = ("billing", "preemption", "paths")
+MONEY_TABLES = ("billing", "preemption", "paths", "session")
 
 
 @click.group("profiles")
@@ -52,6 +52,8 @@ def _show_text(p: Any) -> None:
         click.echo(d["description"])
     for table in MONEY_TABLES:
         t = p.table(table)
+        if not t:  # [session] is only a clocked platform's
+            continue
         click.echo("\n[%s]  (verified %s, %s; source: %s)" % (table, t.get("verified"),
                                                              t.get("confidence", "documented"), t.get("source")))
         for key, value in t.items():

@@ -57,6 +57,11 @@ def run_options(f: Any) -> Any:
                      "never KILL, STOP or CHLD)."),
         click.option("--grace", type=float, help="Seconds from a preemption notice to the hard kill (%s; default "
                      "from the profile, else 30)." % _r("grace")),
+        click.option("--deadline", metavar="WHEN", help="When the session ends: an absolute time (2026-11-25T18:00Z, "
+                     "or with an offset) or a duration from the launch (11h40m); `slurm`: the job's end time; "
+                     "`none`: no deadline. Default: the platform's (Slurm's EndTime, a Kaggle session, the "
+                     "profile's session hours). The checkpoint is asked for at deadline - (grace + commit + "
+                     "deadline_margin); the run exits 75 session_limit."),
         click.option("--resume-arg", "resume_args", multiple=True,
                      help="Argument appended when a checkpoint exists; {ckpt} expands to its path. Repeatable."),
         click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable. Recorded in "
@@ -126,7 +131,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     or vast.ai's onstart.sh).
 
     Every number must be finite and inside its range (shown with each option; the run-file and ONBOX_* knobs:
-    tick_interval 0.001-60 s, backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
+    tick_interval 0.001-60 s, deadline_margin 0-86400 s (default 60), backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
     reap_wait 0-3600 s, sync_reserve 0-86400 s, notice_interval 0.01-3600 s, stall_minutes 0.01-10080,
     metrics_hint_minutes 0-10080 (default 10; 0: never), crash_loop_threshold 0-1000, log_max_bytes 0-2^40,
     log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box), scan_max_entries
@@ -138,7 +143,8 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     writes nothing more, stops its trainer and ends `fenced` (exit 1).
 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed or fenced, 75
-    preempted), 2 bad input (nothing is created) or another agent holds the run, 3 the box is unfit.
+    preempted, or stopped by its --deadline: session_limit), 2 bad input (nothing is created, a --deadline that has
+    passed or is too near) or another agent holds the run, 3 the box is unfit (--deadline slurm unreadable).
     """
     from onbox.launch.plan import prepare
 

@@ -83,6 +83,9 @@ def _summary(rd: Any) -> Dict[str, Any]:
             alive = True
             state["agent_pid"], state["agent_start_time"] = holder.pid, holder.start_time
     state["agent_alive"] = alive
+    deadline = state.get("deadline")
+    if isinstance(deadline, dict) and isinstance(deadline.get("at"), (int, float)):  # the time left now
+        state["deadline"] = dict(deadline, left_s=round(deadline["at"] - time.time(), 3))
     records = _records_problem(rd, state, alive)
     if records:
         state["records_problem"] = records
@@ -210,7 +213,7 @@ def status(name: Optional[str], as_json: bool) -> int:
 
 
 def _print_status(docs: List[Dict[str, Any]]) -> None:
-    from onbox.supervisor.runsummary import has_metrics, phase_line
+    from onbox.supervisor.runsummary import LIVE, deadline_line, has_metrics, phase_line
 
     for doc in docs:
         if doc.get("corrupt"):
@@ -224,6 +227,8 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
                             ("lease", _lease_line(doc.get("lease"), doc.get("fenced"))),
                             ("phase", phase_line(doc["phase"]) if isinstance(doc.get("phase"), dict) else None),
                             ("checkpoint", _checkpoint_line(doc.get("checkpoint"))),
+                            ("deadline", deadline_line(doc["deadline"], time.time(), doc.get("state") in LIVE)
+                             if isinstance(doc.get("deadline"), dict) else None),
                             ("mlflow", (doc.get("mlflow") or {}).get("run_url"))):
             if line:
                 click.echo("  %s: %s" % (label, line))

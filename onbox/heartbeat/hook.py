@@ -333,6 +333,8 @@ class HeartbeatHook:
                       "restarts": state.get("restarts"), "last_exit": state.get("last_exit"),
                       "last_output_age_s": last_output_age},
             "preemption": state.get("preemption"),
+            # the run's deadline (onbox/supervisor/deadline.py): {at, source, ask_at, left_s, commit_estimate_s, ...}
+            "deadline": _deadline(state.get("deadline"), wall),
             "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm/job.py); None outside
             "progress": progress,
             # every record parsed since the previous beat (None: no sink draws curves)
@@ -400,3 +402,13 @@ class HeartbeatHook:
             self._ping_thread.join(self.close_timeout / 2)  # the last word (success or /fail) must go out  # the previous ping is still under way: pings are liveness, the next beat sends a fresh one
         self._ping_thread = threading.Thread(target=self.ping.ping, args=(kind,), name="onbox-ping", daemon=True)
         self._ping_thread.start()
+
+
+def _deadline(block: Any, wall: float) -> Optional[Dict[str, Any]]:
+    """state.json's `deadline` block with the time left as of this beat (None: the run has no deadline)."""
+    if not isinstance(block, dict):
+        return None
+    out = dict(block)
+    if isinstance(out.get("at"), (int, float)):
+        out["left_s"] = round(out["at"] - wall, 3)
+    return out

@@ -34,6 +34,7 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
     CLI > ONBOX_* > run file > profile > defaults, or `--name X` alone: X's re-launch record below the flags.
     `resume_existing` (--resume): a different command under an existing run's name is meant. `take_over`
     (--take-over): supersede another agent's live lease on the durable storage."""
+    from onbox.launch.deadline import resolve as resolve_deadline
     from onbox.slurm.job import default_run_name
     from onbox.subsystems import preflight
     from onbox.supervisor.phases import parse_phases
@@ -71,12 +72,26 @@ def prepare(values: Mapping[str, Any], command: List[str], run_file: Optional[st
                          hint="give the run's --durable (leases live there), or drop --take-over")
     # before anything is created or detached: the user sees the error, not a daemon's log
     preflight(cfg, dict(environ))
-    warnings = checks.warnings(cli.get("env") or {}, cfg)
+    # the deadline this launch's (a relaunch resolves its own): --deadline, Slurm's EndTime, the profile's session;
+    # not for a run whose child still runs: start() adopts it with its recorded deadline
+    deadline_warnings = [] if _child_alive(rd) else resolve_deadline(cfg, environ, rd.path)
+    warnings = checks.warnings(cli.get("env") or {}, cfg) + deadline_warnings
     if group is not None:  # from stdin: stored only now that nothing refused the launch
         from onbox.multinode.role import save_group
 
         cfg.node_group = save_group(group, cfg.name)
     return LaunchPlan(cfg, rd, warnings, take_over=take_over)
+
+
+def _child_alive(rd: RunDir) -> bool:
+    """The run's recorded child still runs (start() then adopts it, with the configuration it recorded)."""
+    from onbox.proc import ProcessSeam
+    from onbox.supervisor.detach import live_child
+
+    try:
+        return live_child(rd, ProcessSeam()) is not None
+    except (OSError, ValueError):
+        return False
 
 
 def resolve(values: Mapping[str, Any], command: List[str], run_file: Optional[str] = None,

@@ -58,6 +58,9 @@ class PrimaryOnlyCommits:
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         return None
 
+    def commit_estimate(self) -> Optional[Dict[str, Any]]:
+        return None  # nothing is committed here; node 0's deadline notice reaches the group
+
     def fenced(self) -> Optional[Dict[str, Any]]:
         return None  # only node 0 holds the run's lease; a fenced node 0 stops the group
 
@@ -112,6 +115,10 @@ class GroupPrimary:
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         return self.inner.final(deadline)  # type: ignore[no-any-return]
+
+    def commit_estimate(self) -> Optional[Dict[str, Any]]:
+        ask = getattr(self.inner, "commit_estimate", None)
+        return ask() if ask is not None else None  # type: ignore[no-any-return]
 
     def fenced(self) -> Optional[Dict[str, Any]]:
         return self.inner.fenced()  # type: ignore[no-any-return]

@@ -36,7 +36,7 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
     "": {"name": (STR, True), "title": (STR, True), "kind": (STR, True), "description": (STR, False),
          "gotchas": (LIST, False), "notes": (LIST, False), "detect": (TABLE, False), "billing": (TABLE, True),
          "preemption": (TABLE, True), "paths": (TABLE, True), "ssh": (TABLE, False), "env": (TABLE, False),
-         "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False)},
+         "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False), "session": (TABLE, False)},
     "detect": {"env": (LIST, False), "paths": (LIST, False), "files": (LIST, False), "priority": (INT, False)},
     # teardown: one sentence on how to stop the meter on this platform (`onboxctl down` prints it once the gate passes)
     "billing": dict(MONEY, meter_stop=(STR, True), irreversible=(BOOL, True), teardown=(STR, False)),
@@ -44,10 +44,14 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
                        signal_lead=(NUM, False)),  # Slurm: seconds before the time limit for --signal (sbatch)
     "paths": dict(MONEY, fast=(STR, True), durable=(STR, True), inode_cap=(INT, False)),
     "ssh": {"user": (STR, True), "port": (INT, False)},
+    # a session that ends on a clock (Kaggle): its hours from the session's start become the run's deadline
+    # (onbox/launch/deadline.py); tpu_hours when one of tpu_env's variables is set
+    "session": dict(MONEY, hours=(NUM, True), tpu_hours=(NUM, False), tpu_env=(LIST, False)),
     "hooks": {"proxy": (STR, False), "proxy_note": (STR, False)},
 }
 # A sub-platform (the china family's four) may override these tables and keys.
-PLATFORM_KEYS = ("title", "notes", "detect", "billing", "preemption", "paths", "ssh", "env", "hooks", "run")
+PLATFORM_KEYS = ("title", "notes", "detect", "billing", "preemption", "paths", "ssh", "env", "hooks", "run",
+                 "session")
 
 
 @dataclasses.dataclass
@@ -120,7 +124,7 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
     """Value rules beyond types: months, notice sources, signals, gotcha ids, RunConfig keys."""
     from onbox.config import RunConfig, parse_signal
 
-    for table in ("billing", "preemption", "paths"):
+    for table in ("billing", "preemption", "paths", "session"):
         t = data.get(table) or {}
         if "verified" in t and not MONTH_RE.fullmatch(t["verified"]):
             raise _problem(path, prefix + table + ".verified", "expected a month YYYY-MM, not %r" % t["verified"])
@@ -139,6 +143,14 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
         value = pre.get(key)
         if value is not None and not (math.isfinite(value) and 0 <= value <= high):
             raise _problem(path, prefix + "preemption." + key, "must be a number from 0 to %d, not %r" % (high, value))
+    session = data.get("session") or {}
+    for key in ("hours", "tpu_hours"):
+        value = session.get(key)
+        if value is not None and not (math.isfinite(value) and 0 < value <= 24 * 366):
+            raise _problem(path, prefix + "session." + key, "must be a number of hours from 0 to 8784, not %r"
+                           % (value,))
+    if not all(isinstance(v, str) for v in session.get("tpu_env") or []):
+        raise _problem(path, prefix + "session.tpu_env", "expected a list of strings")
     for g in data.get("gotchas") or []:
         if not isinstance(g, str) or not GOTCHA_RE.fullmatch(g):
             raise _problem(path, prefix + "gotchas", "expected ids like \"U7\", not %r" % (g,))

@@ -1,4 +1,5 @@
-"""The agent inside a Slurm job: who the job is, what its run is called, and how it puts itself back in the queue.
+"""The agent inside a Slurm job: who the job is, what its run is called, when it ends (its EndTime: the run's
+deadline, onbox/launch/deadline.py), and how it puts itself back in the queue.
 
 Facts (Slurm's docs): SLURM_RESTART_COUNT is ABSENT on the first run, 1 on the second; `scontrol requeue
 $SLURM_JOB_ID` puts a running job back in the queue (with `--requeue`); an array task's SLURM_JOB_ID is its own id,
@@ -24,6 +25,8 @@ from onbox.toolrun import Says, Tool, stderr_tail
 
 __all__ = ["PrimaryOnlyCommits", "SlurmError", "SlurmJob", "checkpoint_hook_for_node", "requeue"]
 
+SESSION_LIMIT = "session_limit"  # the notice source of a run's deadline (onbox/supervisor/deadline.py)
+END_TIME_TIMEOUT = 10.0  # seconds `scontrol show job` may take at a launch
 REQUEUE_TIMEOUT = 30.0  # seconds; scontrol answers in milliseconds unless slurmctld is unreachable
 
 
@@ -145,6 +148,27 @@ def requeue(job_id: str, timeout: float = REQUEUE_TIMEOUT, runner: Optional[Runn
     _scontrol(["requeue", str(job_id)], timeout, runner)
 
 
+def end_time(job_id: str, timeout: float = END_TIME_TIMEOUT, runner: Optional[Runner] = None) -> float:
+    """The job's EndTime (`scontrol show job JOB`) as epoch seconds: when Slurm ends it (its time limit). Slurm
+    prints it in the controller's local time, without a zone: read as this box's local time (a job runs in its
+    cluster's zone). Raises SlurmError when scontrol fails or says no end time (`Unknown`: no time limit)."""
+    import time
+
+    if not re.match(r"^[0-9]+(_[0-9]+)?$", str(job_id)):
+        raise SlurmError("not a Slurm job id: %r" % (job_id,))
+    cp = _scontrol(["show", "job", str(job_id)], timeout, runner)
+    m = re.search(r"\bEndTime=(\S+)", cp.stdout or "")
+    if m is None:
+        raise SlurmError("`scontrol show job %s` says no EndTime" % job_id,
+                         hint="give --deadline WHEN, or --deadline none")
+    text = m.group(1)
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        raise SlurmError("Slurm job %s has no end time it can say (EndTime=%s: no time limit?)" % (job_id, text),
+                         hint="give --deadline WHEN, or --deadline none")
+
+
 def kill_wait(timeout: float = 10.0, runner: Optional[Runner] = None) -> Optional[float]:
     """KillWait in seconds (the grace between SIGTERM at the time limit and SIGKILL), None when unknown."""
     try:
@@ -177,6 +201,11 @@ def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optio
     if outcome != "preempted":
         return False, ("the run ended as %s for its own reasons, not a preemption: not requeued "
                        "(a crash loop is not a preemption)" % outcome)
+    if notice_signal == SESSION_LIMIT:  # the run's deadline (onbox/supervisor/deadline.py): only when asked for
+        if enabled is not True:
+            return False, "stopped by its deadline (session_limit): not requeued (--requeue asks for it)"
+        return True, "stopped by its deadline (session_limit), --requeue: requeueing job %s (restart %d -> %d)" % (
+            job.job_id, job.restart_count, job.restart_count + 1)
     want = _signame(slurm_signal)
     got = _signame(notice_signal) if notice_signal else None
     if got != want:

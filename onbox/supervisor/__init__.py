@@ -6,6 +6,7 @@
   restarts.py    the restart decision after an exit (RestartPolicy, pure): backoff, crash loop, restart budget
   stop.py        the one stop procedure: StopStage, the timeline notices, `onbox stop` and phase ends share, the grace
   notices.py     a notice's stop: what asks for it (NoticeIntake) and its timeline acted out on the attempt (NoticeStop)
+  deadline.py    the run's deadline: ask_at = deadline - (grace + commit estimate + margin), a session_limit notice
   phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
   phasespec.py   the [[phase]] tables checked into PhaseSpecs and their criteria
   journal.py     what the run says: events, state.json, training_status.md, progress.json, hook calls that cannot

@@ -165,12 +165,12 @@ class AttemptLauncher:
         return self.journal.clock.time() - started if isinstance(started, (int, float)) else float("inf")
 
     def finish(self, preempted: bool = False, stopped: bool = False,
-               fenced: Optional[Dict[str, Any]] = None) -> cls.Classification:
+               fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False) -> cls.Classification:
         """The child has ended (or a stop gave up on it): classify and record its exit, stop what it left.
-        `fenced`: the stop was a fence's (the fenced event's fields)."""
+        `fenced`: the stop was a fence's (the fenced event's fields); `session_limit`: the run's deadline's."""
         status = self.exit_status or ExitStatus()
         result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
-                              preempted=preempted, stopped=stopped, fenced=fenced)
+                              preempted=preempted, stopped=stopped, fenced=fenced, session_limit=session_limit)
         rec = self.attempts[-1]
         rec.update(ended_at=self.journal.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
@@ -181,6 +181,17 @@ class AttemptLauncher:
         self.child = None
         self.exit_status = None
         return result
+
+    def record_session_limit(self, hint: str) -> None:
+        """The run's deadline stopped it: its last exit (and the attempt's, when one ran) carries the hint that
+        says how to continue (known once the final commit ran); with no child stopped (a backoff) it is made."""
+        if (self.last_exit or {}).get("classification") != cls.SESSION_LIMIT:
+            self.last_exit = cls.session_limit_exit(None, hint).to_dict()
+            self.journal.emit("exit", **self.last_exit)
+            return
+        self.last_exit = dict(self.last_exit or {}, hint=hint)
+        if self.attempts and (self.attempts[-1].get("exit") or {}).get("classification") == cls.SESSION_LIMIT:
+            self.attempts[-1]["exit"] = dict(self.attempts[-1]["exit"], hint=hint)
 
     def record_fence(self, fence: Dict[str, Any]) -> None:
         """A fence while no child runs (a backoff, or before an attempt): the run's last exit says so."""

@@ -22,6 +22,7 @@ DISK_FULL = "disk_full"
 GPU_ERROR = "gpu_error"
 PREEMPTED = "preempted"
 STOPPED = "stopped"
+SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
 FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
 UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
 
@@ -67,7 +68,7 @@ class Classification:
 
     @property
     def failed(self) -> bool:
-        return self.classification not in (SUCCESS, PREEMPTED, STOPPED, FENCED)
+        return self.classification not in (SUCCESS, PREEMPTED, STOPPED, FENCED, SESSION_LIMIT)
 
     @property
     def loop_key(self) -> str:
@@ -107,14 +108,25 @@ def fenced_exit(status: Optional[ExitStatus], fence: Dict[str, Any]) -> Classifi
                           "the run continues on %s; nothing to do on this box" % where)
 
 
+def session_limit_exit(status: Optional[ExitStatus], hint: str = "") -> Classification:
+    """The exit of a run its deadline stopped (supervisor/deadline.py); `status` None: no child was running (a
+    backoff). The hint (how to continue, naming the checkpoint) is the supervisor's, once the final commit ran."""
+    what = "child ended (%s)" % describe_status(status) if status is not None else "no child was running"
+    return Classification(SESSION_LIMIT, status.code if status else None, status.signal if status else None,
+                          "session limit: the deadline is near; checkpoint requested, %s" % what,
+                          hint or "relaunch to continue: it resumes from its newest checkpoint")
+
+
 def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optional[int] = None,
              oom_after: Optional[int] = None, preempted: bool = False, stopped: bool = False,
-             fenced: Optional[Dict[str, Any]] = None) -> Classification:
+             fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False) -> Classification:
     """Turn an exit status plus evidence into a Classification with a message and a hint. `fenced`: the stop was
-    a fence's (its event's fields)."""
+    a fence's (its event's fields); `session_limit`: the run's deadline asked for it (session_limit_exit)."""
     code, sig = status.code, status.signal
     if fenced is not None:
         return fenced_exit(status, fenced)
+    if session_limit:
+        return session_limit_exit(status)
     if preempted:
         return Classification(PREEMPTED, code, sig, "preempted: checkpoint requested, child ended (%s)"
                               % describe_status(status),

@@ -66,6 +66,12 @@ class CheckpointHook(Protocol):
         checkpoint that can finish before `deadline` (a monotonic time). Returns a summary (name, step, durable
         path) or None when nothing was committed."""
 
+    def commit_estimate(self) -> Optional[Dict[str, Any]]:
+        """Asked every loop step while the run has a deadline, cheap (no scan, no I/O): what the final commit of
+        the newest complete checkpoint would take now by the run's measured throughput: {seconds, bytes,
+        checkpoint, throughput_bytes_per_s}; None when nothing would be committed (no durable storage). The
+        deadline's ask_at moves with it (onbox/supervisor/deadline.py)."""
+
     def fenced(self) -> Optional[Dict[str, Any]]:
         """Asked every loop step, cheap: None while this agent holds the run's lease; once a newer lease holds it
         (for good), what the `fenced` event said: {epoch, newer_epoch, newer_holder, host, ...}. The supervisor
@@ -121,6 +127,9 @@ class NoCheckpoints:
         return None
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
+        return None
+
+    def commit_estimate(self) -> Optional[Dict[str, Any]]:
         return None
 
     def fenced(self) -> Optional[Dict[str, Any]]:

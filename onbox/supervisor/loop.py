@@ -1,11 +1,13 @@
 """The run lifecycle: one RunState enum and one loop, observe -> decide -> act (the shape of
 PyTorch's elastic agent's `_invoke_run`).
 
-Each step observes (signals, notices, stop.request, a fence, the child's output and exit, the trainer's progress) and
+Each step observes (signals, notices, stop.request, a fence, the run's deadline, the child's output and exit, the
+trainer's progress) and
 acts on the state: start an attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or
 step a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). A fence (the
 checkpoint hook's `fenced()`: a newer lease holds the run on durable storage) is a stop like a notice's and ends
-FENCED. The trainer's progress is parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read
+FENCED. The run's deadline (deadline.py) is a notice too, taken once its ask_at has come (the checkpoint hook's
+`commit_estimate()` moves it); it ends PREEMPTED with the exit classified session_limit and how to continue. The trainer's progress is parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read
 through RunContext; the output route (output.py) takes each line and record to the telemetry hook and the
 curriculum. Events, state and progress writes go
 through the journal (journal.py); shutdown happens in `finally`.
@@ -32,6 +34,7 @@ from onbox.proc import Child, ProcessSeam, set_child_subreaper, start_time
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
+from onbox.supervisor.deadline import continue_hint
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.notes import preempted_message
@@ -121,6 +124,8 @@ class Supervisor:
                                    self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         self.stop: Optional[NoticeStop] = None
+        self._final_summary: Optional[Dict[str, Any]] = None  # what the last final commit committed
+        self._saved_ask_at: Optional[float] = None  # the deadline's ask_at state.json holds
         self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
@@ -170,6 +175,7 @@ class Supervisor:
             "backoff_until": now_w + (self.backoff_until - now_m) if self.state == RunState.BACKOFF else None,
             "degraded": self.journal.records.snapshot(),  # None, or why the run dir refuses writes (records.py)
             "fenced": self.fence,
+            "deadline": self.intake.deadline_doc(now_w),  # None without one (deadline.py)
             **self.journal.notes.to_state(),
             **self.phases.state_fields(),
         }
@@ -274,6 +280,7 @@ class Supervisor:
         for lead, src, detail in self.notices.drain():
             self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
+        self._check_deadline(now_m, now_w)
         self._look_for_fence(now_m, now_w)
         self.launcher.poll()  # the output: each line to the route
         self.output.read_metrics_file()
@@ -286,6 +293,22 @@ class Supervisor:
         fenced = getattr(self.hooks.checkpoints, "fenced", None)  # a hook without it (a test double) never fences
         ask = (lambda: self._hook("checkpoints.fenced", fenced)) if fenced is not None else None
         if self.intake.look_for_fence(ask, now_m, now_w, self.stop):
+            self.journal.save()
+
+    def _check_deadline(self, now_m: float, now_w: float) -> None:
+        """The run's deadline: ask_at moved to the commit estimate now (the checkpoint hook's, from the newest
+        complete checkpoint's size and the measured throughput), and its notice once ask_at has come. state.json
+        is rewritten when ask_at moves by a second or more (`onbox status` shows it)."""
+        if self.intake.deadline is None or self.notice is not None:
+            return
+        ask = getattr(self.hooks.checkpoints, "commit_estimate", None)  # a hook without it (a test double): 0 s
+        estimate = self._hook("checkpoints.commit_estimate", ask) if ask is not None else None
+        seconds = estimate.get("seconds") if isinstance(estimate, dict) else None
+        self.intake.check_deadline(seconds if isinstance(seconds, (int, float)) else None, now_m, now_w)
+        ask_at = self.intake.deadline.ask_at
+        if self.state in (RunState.RUNNING, RunState.BACKOFF) and (
+                self._saved_ask_at is None or abs(ask_at - self._saved_ask_at) >= 1.0):
+            self._saved_ask_at = ask_at
             self.journal.save()
 
     def _tick(self) -> None:
@@ -370,9 +393,26 @@ class Supervisor:
         if self.intake.by_request:
             self.message = "stopped on request"
             return self.transition(RunState.STOPPED, reason="onbox stop")
+        if self.intake.session_limit:
+            return self._end_session_limit()
         source = self.notice.source if self.notice else "?"
         self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
         self.transition(RunState.PREEMPTED, reason=source)
+
+    def _end_session_limit(self) -> None:
+        """PREEMPTED by the run's deadline: the exit is classified session_limit, with how to continue (the
+        checkpoint the final commit made durable, or the newest one); _shutdown adds a Slurm requeue's outcome."""
+        d = self.intake.deadline
+        assert d is not None
+        summary = self._final_summary or {}
+        checkpoint = summary.get("name") or (os.path.basename(self.launcher.resume_from)
+                                             if self.launcher.resume_from else None)
+        hint = continue_hint(self.rd.name, checkpoint, d.source, requeued=False)
+        self.launcher.record_session_limit(hint)
+        self.message = "session limit: stopped before the %s deadline; %s" % (d.source, hint)
+        self.emit("session_limit", at=d.at, source=d.source, checkpoint=checkpoint,
+                  hint=(self.launcher.last_exit or {}).get("hint"))
+        self.transition(RunState.PREEMPTED, reason="session_limit")
 
     def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
         """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
@@ -399,7 +439,20 @@ class Supervisor:
 
     def _final(self, deadline: float, **fields: Any) -> None:
         summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
+        if isinstance(summary, dict) and summary.get("name"):
+            self._final_summary = summary
         self.emit("final_checkpoint", summary=summary, **fields)
+
+    def _session_limit_requeued(self) -> None:
+        """After a session limit under Slurm: when the job was requeued (the run asked for it), the hint says so."""
+        requeue = self.journal.notes.requeue
+        if not (requeue and requeue.get("ok")) or self.intake.deadline is None:
+            return
+        checkpoint = (self._final_summary or {}).get("name")
+        hint = continue_hint(self.rd.name, checkpoint, self.intake.deadline.source, requeued=True)
+        self.launcher.record_session_limit(hint)
+        self.message = "session limit: stopped before the deadline; requeued as Slurm job %s; %s" % (
+            requeue.get("job_id"), hint)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush the output and the progress, final state, telemetry close."""
@@ -414,7 +467,9 @@ class Supervisor:
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
                                  runner=self.seams.slurm_runner, requeue_fn=self.seams.requeue)
-                if self.state == RunState.PREEMPTED:
+                if self.state == RunState.PREEMPTED and self.intake.session_limit:
+                    self._session_limit_requeued()
+                elif self.state == RunState.PREEMPTED:
                     self.message = preempted_message(self.notice.source if self.notice else "?",
                                                      self.journal.notes.requeue, self.rd.name)
             self.journal.save()

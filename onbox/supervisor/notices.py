@@ -1,8 +1,8 @@
 """A notice's stop, from what asks for it to the child gone.
 
 `NoticeIntake` turns what asks the run to stop (a preemption signal, a cloud or peer notice, `onbox stop`, a fence:
-a newer lease on durable storage) into the run's one PreemptionNotice (preempt.py), its deadline set by the grace
-(stop.py): the first wins, a later one is recorded as ignored (a fence is remembered all the same: the run then
+a newer lease on durable storage, the run's deadline: a `session_limit` once `now >= ask_at`, deadline.py) into the
+run's one PreemptionNotice (preempt.py), its deadline set by the grace (stop.py): the first wins, a later one is recorded as ignored (a fence is remembered all the same: the run then
 ends FENCED, whatever stop was under way). `NoticeStop` acts that notice's timeline (stop.ChildStop) out on the current attempt
 while the loop is in STOPPING.
 """
@@ -17,6 +17,7 @@ from onbox.clock import Clock
 from onbox.config import RunConfig, check_range, parse_signal
 from onbox.errors import UsageError
 from onbox.supervisor.attempts import AttemptLauncher
+from onbox.supervisor.deadline import SESSION_LIMIT, SessionDeadline
 from onbox.supervisor.notes import thread_death
 from onbox.supervisor.preempt import STOP_SIGNAL, MetadataPoller, PreemptionNotice
 from onbox.supervisor.rundir import RunDir
@@ -46,6 +47,8 @@ class NoticeIntake:
         self.notice: Optional[PreemptionNotice] = None
         self.by_request = False  # the notice is `onbox stop`'s: the run ends STOPPED, not PREEMPTED
         self.fence: Optional[Dict[str, Any]] = None  # a newer lease holds the run: it ends FENCED
+        # the run's deadline (deadline.py): a session_limit notice once its ask_at has come
+        self.deadline = SessionDeadline.of(cfg, grace_for(self.grace, None))
         self._asked: Optional[Dict[str, Any]] = None  # a stop asked without stop.request (ask)
 
     def poller(self, put: Callable[[Tuple[Optional[float], str, str]], None]) -> MetadataPoller:
@@ -106,6 +109,34 @@ class NoticeIntake:
             stop.fenced(self.fence, now_m + self.fence_grace())
         return True
 
+    @property
+    def session_limit(self) -> bool:
+        """The notice is the run's deadline's: the run ends PREEMPTED, its exit classified session_limit."""
+        return self.notice is not None and self.notice.source == SESSION_LIMIT
+
+    def check_deadline(self, estimate: Optional[float], now_m: float, now_w: float) -> bool:
+        """Move ask_at to the commit `estimate` now (seconds; None: nothing to commit) and, once it has come and no
+        notice came first, take the session_limit notice: KILL at the deadline less the margin and the commit,
+        the final commit until the deadline less the margin. True when the notice is new."""
+        d = self.deadline
+        if d is None or self.notice is not None:
+            return False
+        d.update(estimate)
+        if not d.due(now_w):
+            return False
+        d.asked_at = now_w
+        left = d.at - now_w
+        self.log("deadline %s (%s) in %.0f s: asking for the checkpoint (grace %.0f s, commit ~%.1f s, margin %.0f s)"
+                 % (_iso(d.at), d.source, left, d.grace, d.estimate, d.margin))
+        self._take(PreemptionNotice(SESSION_LIMIT, now_m + max(0.0, d.kill_at - now_w), now_w,
+                                    "deadline %s (%s) in %.0f s" % (_iso(d.at), d.source, left),
+                                    commit_by=now_m + max(0.0, d.commit_by - now_w)))
+        return True
+
+    def deadline_doc(self, now_w: float) -> Optional[Dict[str, Any]]:
+        """state.json's `deadline` block, None without one."""
+        return self.deadline.to_dict(now_w) if self.deadline is not None else None
+
     def ask(self, grace: Optional[float] = None) -> None:
         """A stop asked without a stop.request file (the disk refused to write it): acted on like one."""
         self._asked = {"grace": grace}
@@ -142,6 +173,12 @@ class NoticeIntake:
         self.tell_peers(notice.source, notice.detail, max(0.0, notice.deadline - self.clock.monotonic()))
 
 
+def _iso(wall: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
 class NoticeStop:
     """A notice's stop of the run, acted out on the current attempt: the checkpoint signal at once
     (`signal_forwarded`); at the reserve mark the final commit, then TERM when the checkpoint signal was another
@@ -149,7 +186,8 @@ class NoticeStop:
     during a backoff) its exit is recorded (preempted, or stopped for `onbox stop`, whose stop.request then goes)
     and the final commit runs again while time is left. `commit(deadline)`: the final commit. `fence`: set once a
     newer lease holds the run (the loop sets it, also during another stop): the exit is recorded as fenced and
-    nothing is committed."""
+    nothing is committed. A session limit's notice (`commit_by` set) gives the final commit until then, after the
+    KILL: its time was kept for it (deadline.py), and the exit is classified session_limit."""
 
     def __init__(self, notice: PreemptionNotice, by_request: bool, since: float, reserve: Optional[float],
                  checkpoint_signal: signal.Signals, launcher: AttemptLauncher, commit: Callable[[float], None]) -> None:
@@ -160,6 +198,13 @@ class NoticeStop:
         self.commit = commit
         self.emit = launcher.journal.emit
         self.fence: Optional[Dict[str, Any]] = None
+        self.session_limit = notice.source == SESSION_LIMIT
+        self.commit_by = notice.commit_by  # the final commit's deadline when later than the KILL's (a session limit)
+
+    def _commit_deadline(self) -> float:
+        if self.commit_by is None or self.fence is not None:
+            return self.timeline.deadline
+        return max(self.timeline.deadline, self.commit_by)
 
     def fenced(self, fence: Dict[str, Any], deadline: float) -> None:
         """A fence arrived while this stop was under way: it ends fenced, and no later than `deadline` (the
@@ -176,11 +221,12 @@ class NoticeStop:
         """Act on what is due now; True once the child is gone and the stop is over."""
         if not self.launcher.running:
             if self.launcher.child is not None:
-                self.launcher.finish(preempted=not self.by_request, stopped=self.by_request, fenced=self.fence)
+                self.launcher.finish(preempted=not self.by_request, stopped=self.by_request, fenced=self.fence,
+                                     session_limit=self.session_limit)
             # When the reserve forced an early commit, the trainer may have saved since: commit again while time
-            # is left (the hook skips what is already committed).
-            if self.timeline.exited(now) and self.fence is None:
-                self.commit(self.timeline.deadline)
+            # is left (the hook skips what is already committed). A session limit kept the commit's time.
+            if (self.timeline.exited(now) or now < self._commit_deadline()) and self.fence is None:
+                self.commit(self._commit_deadline())
             if self.by_request:  # `onbox stop` is answered: its request goes
                 try:
                     self.launcher.journal.keep(paths.STOP_REQUEST, os.unlink, self.launcher.rd.stop_request)

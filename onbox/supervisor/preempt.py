@@ -48,10 +48,13 @@ STOP_SIGNAL = signal.SIGRTMIN + 2
 class PreemptionNotice:
     """The one shape every warning takes. `deadline` is a monotonic time; received_at is wall time."""
 
-    source: str  # "signal:SIGTERM", "aws", "gcp", "azure", "stop"
+    source: str  # "signal:SIGTERM", "aws", "gcp", "azure", "stop", "session_limit" (deadline.py)
     deadline: float
     received_at: float
     detail: str = ""
+    # a session limit's: when the final commit must be done (monotonic), later than `deadline` (the child's KILL);
+    # None: the commit keeps to `deadline` (the reserve, stop.py)
+    commit_by: Optional[float] = None
 
     def to_dict(self, now_mono: float, now_wall: float) -> Dict[str, Any]:
         return {"source": self.source, "received_at": self.received_at, "detail": self.detail,

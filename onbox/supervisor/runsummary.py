@@ -88,6 +88,8 @@ def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = 
         *(["- phase: %s" % phase_line(state["phase"])] if isinstance(state.get("phase"), dict) else []),
         "- checkpoint dir: %s" % state.get("ckpt_dir"),
         "- newest checkpoint: %s" % (_ckpt_name(newest) or "none yet"),
+        *(["- deadline: %s" % deadline_line(state["deadline"], state.get("updated_at"), st in LIVE)]
+          if isinstance(state.get("deadline"), dict) else []),
     ]
     if checkpoint:
         lines.append("- durable: %s · local: %s · verified: %s" % (
@@ -123,6 +125,32 @@ def render_status(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = 
     if risks:
         lines += ["", "## Risks", ""] + ["- %s" % r for r in risks]
     return "\n".join(lines) + "\n"
+
+
+def deadline_line(deadline: Dict[str, Any], now: Any, live: bool = True) -> str:
+    """`2026-11-25T18:00:00Z (slurm), 1h02m left; checkpoint asked for at 2026-11-25T17:58:30Z (grace 30 s + commit
+    ~3.2 s + margin 60 s)`: state.json's `deadline` block, time left as of `now` (wall-clock)."""
+    at, ask = deadline.get("at"), deadline.get("ask_at")
+    text = "%s (%s)" % (_iso(at), deadline.get("source"))
+    if live and isinstance(at, (int, float)) and isinstance(now, (int, float)):
+        text += ", %s left" % _span(at - now)
+    if deadline.get("asked_at"):
+        text += "; checkpoint asked for at %s" % _iso(deadline.get("asked_at"))
+    elif live:
+        text += "; checkpoint asked for at %s" % _iso(ask)
+    return text + " (grace %s s + commit ~%s s + margin %s s)" % (
+        _num(deadline.get("grace_s")), _num(deadline.get("commit_estimate_s")), _num(deadline.get("margin_s")))
+
+
+def _span(seconds: float) -> str:
+    if seconds <= 0:
+        return "none (%.0f s past)" % -seconds
+    h, rest = divmod(int(seconds), 3600)
+    return "%dh%02dm" % (h, rest // 60) if h else "%dm%02ds" % divmod(int(seconds), 60)
+
+
+def _num(x: Any) -> str:
+    return ("%g" % x) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
 
 
 def phase_line(phase: Dict[str, Any]) -> str:

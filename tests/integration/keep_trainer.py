@@ -1,7 +1,8 @@
 """A pure-Python stand-in trainer for the keeper tests (no torch): one JSON metrics line per step, a checkpoint every
 --save-every steps (atomically: tmp name, fsync, rename, then a `.done` marker) as `step_<N>.ckpt` holding {"step": N}
 in torch's legacy format (pickles only: onbox's format checks accept it), resumed from $ONBOX_RESUME_FROM. On
-SIGTERM (the agent's checkpoint signal) it saves the step it is in and exits 0.
+SIGTERM (the agent's checkpoint signal) it saves the step it is in and exits 0; with --ignore-term it ignores it
+(a trainer that never checkpoints on the signal: only SIGKILL ends it).
 
 Every start is appended to --trace (a file every box shares) as one JSON line: the box ($ONBOX_BOX), the step it
 starts from and the checkpoint it resumed, so a test sees where and from what the run went on. With
@@ -30,8 +31,9 @@ def main() -> int:
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--trace", required=True)
     ap.add_argument("--trace-first-step", action="store_true")
+    ap.add_argument("--ignore-term", action="store_true")
     a = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_term else (lambda s, f: stop.append(s)))
     ckpt_dir = os.environ["ONBOX_CKPT_DIR"]
     os.makedirs(ckpt_dir, exist_ok=True)
     resume = os.environ.get("ONBOX_RESUME_FROM", "")

@@ -580,6 +580,27 @@ ROWS += [  # issue 21: leases
     row("lease-take-over-no-durable", ["run", "--name", "x", "--take-over", *CMD], 2, "--take-over"),
 ]
 
+DEADLINE = ["run", "--name", "x", "--deadline"]
+IN_SLURM = {"SLURM_JOB_ID": "4242", "PATH": "{tmp}/bin:" + os.environ.get("PATH", "/usr/bin:/bin")}
+ROWS += [  # issue 24: deadlines
+    row("deadline-past", [*DEADLINE, "2020-01-01T00:00:00Z", *CMD], 2, "is in the past"),
+    row("deadline-shorter-than-grace-and-commit", [*DEADLINE, "45s", *CMD], 2, "shorter than the stop needs"),
+    row("deadline-short-for-its-grace", [*DEADLINE, "2m", "--grace", "90", *CMD], 2, "grace 90 s"),
+    row("deadline-unparsable", [*DEADLINE, "tomorrow", *CMD], 2, "not a time or a duration"),
+    row("deadline-no-zone", [*DEADLINE, "2030-01-01T00:00", *CMD], 2, "has no zone"),
+    row("deadline-bad-date", [*DEADLINE, "2030-02-30T00:00Z", *CMD], 2, "day is out of range"),
+    row("deadline-env-unparsable", ["run", "--name", "x", *CMD], 2, "not a time", env={"ONBOX_DEADLINE": "soon"}),
+    row("deadline-margin-nan", ["run", "--name", "x", *CMD], 2, "deadline_margin",
+        env={"ONBOX_DEADLINE_MARGIN": "nan"}),
+    row("deadline-slurm-outside-a-job", [*DEADLINE, "slurm", *CMD], 2, "not inside a Slurm job"),
+    # scontrol answers nothing usable (here: it fails): the job's end time cannot be read
+    row("deadline-slurm-end-unreadable", [*DEADLINE, "slurm", *CMD], 3, "end time of slurm job 4242 cannot be read",
+        env=IN_SLURM, files={"bin/scontrol": Link("/bin/false")}),
+    # a relaunch resolves its own deadline: an absolute one recorded earlier that has passed is refused
+    row("deadline-relaunch-record-past", ["run", "--name", "r"], 2, "is in the past",
+        run={"deadline": "2020-01-01T00:00:00Z", "workdir": "/"}),
+]
+
 
 def _fill(value: str, tmp: str, home: str) -> str:
     return value.replace("{tmp}", tmp).replace("{home}", home)

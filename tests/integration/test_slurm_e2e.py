@@ -141,6 +141,43 @@ def test_time_limit_with_signal_commits_requeues_and_resumes(slurm_cluster, tmp_
     assert slurm_cluster.job(job.id)["Restarts"] == "1"
 
 
+@pytest.mark.slow
+def test_the_job_end_time_is_the_run_deadline_it_stops_in_time_and_is_not_requeued_unless_asked(slurm_cluster,
+                                                                                                  tmp_path):
+    """A job with --time=1 and no --signal (Slurm may send its warning signal up to a minute early: here nothing
+    but the deadline may stop the run) and no --deadline: the agent reads the job's EndTime (scontrol show job) as
+    the run's deadline, asks for the checkpoint at EndTime - (grace 5 + commit + margin 5), before Slurm's time
+    limit, commits, and exits 75 session_limit; with --no-requeue the job stays ended and the hint says to submit
+    it again."""
+    import time
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nexec %s -m onbox run --foreground --restart never --no-requeue --grace 5 "
+                      "--durable %s -- %s %s --steps 100000 --interval 0.1\n"
+                      % (sys.executable, tmp_path / "durable", sys.executable, TRAINER))
+    env = subprocess_env({"SLURM_CONF": slurm_cluster.conf, "ONBOX_HOME": str(tmp_path / "home"),
+                          "ONBOX_SETTLE_SECONDS": "0.5", "ONBOX_SYNC_INTERVAL": "1", "ONBOX_DEADLINE_MARGIN": "5"})
+    cp = subprocess.run(["sbatch", "--parsable", "--time", "1", "--output", str(tmp_path / "slurm.out"),
+                         "--chdir", str(tmp_path), str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    job = Job(slurm_cluster, tmp_path, cp.stdout.strip().split(";")[0])
+    info = slurm_cluster.wait_job(job.id, ("FAILED", "COMPLETED", "TIMEOUT", "CANCELLED"), timeout=150)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0", (info, job.slurm_out()[-3000:])
+    with open(os.path.join(job.run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    start = time.mktime(time.strptime(info["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert cfg["deadline_source"] == "slurm" and cfg["deadline_at"] == start + 60.0
+    st = job.state()
+    assert st["state"] == "preempted" and st["last_exit"]["classification"] == "session_limit", st
+    assert "submit the job again" in st["last_exit"]["hint"]
+    notice = [e for e in job.events() if e.get("type") == "preemption_notice"]
+    assert notice and notice[0]["source"] == "session_limit"
+    assert notice[0]["time"] <= cfg["deadline_at"] - 10.0  # grace + margin before the end, at least
+    committed = int(re.search(r"^checkpoint signal: saved step (\d+), exiting$", job.output(), re.M).group(1))
+    assert committed in [m.get("step") for m in job.manifests()]
+    assert info["Restarts"] == "0" and "requeue disabled" in job.slurm_out()
+
+
 def test_a_crash_of_its_own_is_not_requeued_and_the_log_says_why(slurm_cluster, tmp_path):
     job = submit(slurm_cluster, tmp_path, ["--steps", "50", "--interval", "0.05", "--crash-at", "3"])
     info = slurm_cluster.wait_job(job.id, ("FAILED",), timeout=60)

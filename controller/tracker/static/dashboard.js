@@ -200,6 +200,12 @@
     return tr;
   }
 
+  function deadlineText(d) {  // "18:00:00Z (slurm), 1h 2m left; checkpoint asked for at 17:58:30Z"
+    var left = d.at - Date.now() / 1000;
+    return fmtTime(d.at) + " (" + (d.source || "?") + "), " + (left > 0 ? fmtAge(left) + " left" : "passed") +
+      "; checkpoint asked for at " + fmtTime(d.asked_at || d.ask_at);
+  }
+
   function phaseText(p) {  // "phase 2/3 finetune"
     return "phase " + (p.index + 1) + "/" + p.count + (p.name ? " " + p.name : "");
   }
@@ -463,7 +469,8 @@
      ["GPU mem", r.gpu_mem_used === null ? "-" : fmtBytes(r.gpu_mem_used) + "/" + fmtBytes(r.gpu_mem_total)],
      ["last beat", fmtAge(r.age_s) + " ago"]].concat(
       r.phase ? [["phase", phaseText(r.phase) + (r.phase.status ? " (" + r.phase.status + ")" : "")]] : [],
-      r.node ? [["node", r.node.rank + " of " + r.node.nnodes]] : []).forEach(function (kv) {
+      r.node ? [["node", r.node.rank + " of " + r.node.nnodes]] : [],
+      r.deadline && r.deadline.at ? [["deadline", deadlineText(r.deadline)]] : []).forEach(function (kv) {
       var s = facts.appendChild(el("span", null, kv[0] + " "));
       s.appendChild(el("b", null, kv[1] === null || kv[1] === undefined ? "-" : kv[1]));
     });
