@@ -250,7 +250,9 @@ def test_replacement_boxes_resume_the_run_from_the_launch_log_and_take_it_over_w
     doc = json.loads(r.stdout)["runs"][0]
     assert doc["ok"] and doc["name"] == run and doc["match"]["found"] == "launch log", doc
     step = doc["match"]["step"]
-    assert step in rig.committed(run) and step > newest
+    # the newest durable step when c asked (b trains on and commits until it meets c's lease: retention may have
+    # retired that step since, under load)
+    assert isinstance(step, int) and step > newest, doc
     assert "--take-over: the live lease of" in doc["match"]["why"]
     wait_for(lambda: rig.state("b", run).get("state") == "fenced", 60, "b's agent fenced")
     wait_for(lambda: len(rig.starts()) == 3, 30, "the run to start on c")

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.conftest import subprocess_env
+from tests.conftest import default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters, stop_tunnel_supervisors, tunnel_supervisors
 from tests.hosts.tracker import TrackerProcess
 from tests.polling import wait_for
@@ -215,8 +215,10 @@ def test_keep_prints_one_line_per_change(sshd_box, tmp_path):
         assert sup and why is None
         out = str(tmp_path / "keep.out")
         with Started() as started, open(out, "wb") as f:
+            # Ctrl-C ends it below: its SIGINT must not be the ignored one a background runner passes down
             keep = started.popen([sys.executable, "-m", "controller", "tunnel", "b1", "--keep", "--interval", "1"],
-                                 env=ctl.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                                 env=ctl.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=default_sigint)
 
             def lines():
                 with open(out) as g:
