@@ -41,7 +41,7 @@ demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
 test: $(STAMP) sysdeps mlflow-venv
-	$(PY) -m pytest -q -n $(JOBS) --dist worksteal
+	$(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
