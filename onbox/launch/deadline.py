@@ -10,9 +10,10 @@ Where it comes from, first that says:
   the profile       its [session] hours (kaggle: 12 h, 9 h on a TPU), counted from the session's start: PID 1's
                     start (the kernel's container, or the machine), never later than this launch
 
-Then checked (nothing is started otherwise): a deadline in the past, or one that leaves less than grace + the
-final commit + deadline_margin, is refused: exit 2 for --deadline, exit 3 for a platform's (the session is nearly
-over). The result goes to config.json as deadline_at and deadline_source: an adopting agent keeps it; a relaunch
+Then checked: a --deadline in the past, or one that leaves less than grace + the final commit + deadline_margin,
+is refused (exit 2, nothing started); a platform's that cannot be kept (a one-minute Slurm job, a session nearly
+over) is a warning, and the run goes on without a deadline of its own: the job already runs, and the platform's own
+signal still stops it. The result goes to config.json as deadline_at and deadline_source: an adopting agent keeps it; a relaunch
 resolves its own here (a duration counts from the relaunch).
 """
 from __future__ import annotations
@@ -45,7 +46,15 @@ def resolve(cfg: RunConfig, environ: Mapping[str, str], run_dir: str, now: Optio
         at, source, warnings = _found(cfg, environ, now, spec.lower() == DEADLINE_SLURM, runner)
     if at is None:
         return warnings
-    check_time_left(cfg, at, source, now, run_dir)
+    problem = time_left_problem(cfg, at, source, now, run_dir)
+    if problem is not None and source == FLAG:
+        raise UsageError(problem, hint="give a later time or a duration (e.g. --deadline 11h40m), a shorter --grace "
+                                       "or deadline_margin (ONBOX_DEADLINE_MARGIN), or --deadline none")
+    if problem is not None:
+        # the platform's own end (a Slurm time limit, a session) is no input of the user's: the job already runs,
+        # and refusing would end it with nothing trained; it runs, stopped by the platform's own signal
+        return [*warnings, "%s: the run has no deadline of its own (the platform's signal still stops it; give "
+                           "--deadline WHEN, or --deadline none to silence this)" % problem]
     cfg.deadline_at, cfg.deadline_source = at, source
     return warnings
 
@@ -108,21 +117,19 @@ def session_start(now: float, proc: str = "/proc") -> float:
     return min(now, btime + ticks / hz)
 
 
-def check_time_left(cfg: RunConfig, at: float, source: str, now: float, run_dir: str) -> None:
-    """Refuse a deadline in the past or one too near for the stop: grace + the final commit + the margin."""
+def time_left_problem(cfg: RunConfig, at: float, source: str, now: float, run_dir: str) -> Optional[str]:
+    """Why deadline `at` cannot be kept (in the past, or too near for the stop: grace + the final commit + the
+    margin), or None."""
     from onbox.subsystems import launch_commit_estimate
 
     shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-    err = UsageError if source == FLAG else UnfitError
     where = "--deadline %s" % cfg.deadline if source == FLAG else "the %s session's end" % source
     if at <= now:
-        raise err("%s (%s) is in the past (%.0f s ago)" % (where, shown, now - at),
-                  hint="give a later time or a duration (e.g. --deadline 11h40m), or --deadline none")
+        return "%s (%s) is in the past (%.0f s ago)" % (where, shown, now - at)
     grace = grace_for(cfg.grace, None)
     commit = launch_commit_estimate(cfg, run_dir)
     need = grace + commit + cfg.deadline_margin
     if at - now < need:
-        raise err("%s (%s) leaves %.0f s, shorter than the stop needs: grace %.0f s + final commit ~%.1f s + "
-                  "deadline_margin %.0f s = %.0f s" % (where, shown, at - now, grace, commit, cfg.deadline_margin,
-                                                       need),
-                  hint="give a later deadline, or a shorter --grace or deadline_margin (ONBOX_DEADLINE_MARGIN)")
+        return ("%s (%s) leaves %.0f s, shorter than the stop needs: grace %.0f s + final commit ~%.1f s + "
+                "deadline_margin %.0f s = %.0f s" % (where, shown, at - now, grace, commit, cfg.deadline_margin, need))
+    return None

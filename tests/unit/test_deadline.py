@@ -206,6 +206,26 @@ def test_an_unreadable_slurm_end_time_is_a_warning_or_with_deadline_slurm_a_refu
         launch_deadline.resolve(cfg_for(deadline="slurm"), {}, str(tmp_path), now=NOW)
 
 
+def test_a_platform_end_too_near_for_the_stop_is_a_warning_and_the_run_goes_on_without_a_deadline(tmp_path):
+    """A one-minute Slurm job (or a session nearly over): the job already runs, so the launch never refuses it; the
+    run has no deadline of its own and Slurm's signal stops it. The same end given as --deadline is refused."""
+    import time
+
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(NOW + 59))
+    one_minute = scontrol("JobId=42 TimeLimit=00:01:00 EndTime=%s\n" % end)
+    cfg = cfg_for()
+    warnings = launch_deadline.resolve(cfg, {"SLURM_JOB_ID": "42"}, str(tmp_path), now=NOW, runner=one_minute)
+    assert cfg.deadline_at is None and cfg.deadline_source is None
+    assert len(warnings) == 1 and "the slurm session's end" in warnings[0] and "shorter than the stop needs" in \
+        warnings[0] and "no deadline of its own" in warnings[0], warnings
+    past = scontrol("JobId=42 TimeLimit=00:01:00 EndTime=%s\n" % time.strftime(
+        "%Y-%m-%dT%H:%M:%S", time.localtime(NOW - 5)))
+    assert "in the past" in launch_deadline.resolve(cfg_for(), {"SLURM_JOB_ID": "42"}, str(tmp_path), now=NOW,
+                                                    runner=past)[0]
+    with pytest.raises(UsageError, match="shorter than the stop needs"):
+        launch_deadline.resolve(cfg_for(deadline="59s"), {}, str(tmp_path), now=NOW)
+
+
 def test_a_kaggle_session_ends_its_hours_after_the_session_began(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_deadline, "session_start", lambda now: now - 3600.0)  # an hour into the session
     cfg = cfg_for(profile="kaggle")
