@@ -348,7 +348,8 @@ def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_sftp):
     assert fenced["newer_holder"] == lease2["holder"]
     assert not [e for e in a1.events("checkpoint_committed") if e["time"] > fenced["time"]]
     [gone] = a1.events("exit")
-    assert gone["classification"] == "fenced" and gone["time"] - lease2["taken_at"] <= SYNC + 1.5
+    # within a sync interval, plus what rclone's listing processes take (seconds each on a loaded 2-core machine)
+    assert gone["classification"] == "fenced" and gone["time"] - lease2["taken_at"] <= SYNC + 3.0
     print("\nfencing on rclone sftp: takeover -> old trainer gone %.2f s (sync interval %.1f s)" % (
         gone["time"] - lease2["taken_at"], SYNC))
     wait_for(lambda: a2.trainers(), timeout=30, what="agent 2's trainer")
