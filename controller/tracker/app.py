@@ -173,11 +173,16 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             raise BadRequest(503, "the tracker could not store these events: %s" % e)
         return JSONResponse({"accepted": accepted, "duplicates": duplicates})
 
-    async def get_run_events(request: Request) -> JSONResponse:
-        require(request, write=False)
+    def run_param(request: Request) -> str:
+        """The run named in the path, refused (400) unless it is a run name."""
         run = request.path_params["run"]
         if not RUN_RE.fullmatch(run):
             raise BadRequest(400, "bad run name")
+        return str(run)
+
+    async def get_run_events(request: Request) -> JSONResponse:
+        require(request, write=False)
+        run = run_param(request)
         after = int_param(request, "after", 0, 0, 2**62)
         limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
         events, skipped, nxt = run_events(store, run, after=after, limit=limit)
@@ -190,9 +195,7 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
 
     async def run_heartbeats(request: Request) -> JSONResponse:
         require(request, write=False)
-        run = request.path_params["run"]
-        if not RUN_RE.fullmatch(run):
-            raise BadRequest(400, "bad run name")
+        run = run_param(request)
         after = int_param(request, "after", -1, -1, 2**53)
         limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
         beats, skipped, nxt = store.heartbeats_checked(run, after=after, limit=limit)

@@ -15,7 +15,7 @@ from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders
 from onbox.heartbeat.hook import HeartbeatHook
 from onbox.proc import ExitStatus
-from onbox.supervisor.hooks import Hooks, NoReaper, RunContext
+from onbox.supervisor.hooks import Hooks, NoReaper, NoTelemetry, RunContext
 from onbox.supervisor.journal import PROGRESS_WRITE_S
 from onbox.supervisor.loop import RunState, Seams, Supervisor
 from onbox.supervisor.rundir import RunDir
@@ -53,8 +53,8 @@ def test_a_feed_goes_on_from_the_progress_an_earlier_agent_recorded(tmp_path):
     assert feed.records_taken == 0 and feed.progress.step_advanced_mono is None  # nothing new heard yet
 
 
-class Heard:
-    """A telemetry hook that keeps what the loop hands it."""
+class Heard(NoTelemetry):
+    """A telemetry hook that keeps what the loop hands it (the rest of the protocol: NoTelemetry's)."""
 
     def __init__(self) -> None:
         self.lines: List[str] = []
@@ -65,15 +65,6 @@ class Heard:
 
     def on_progress(self, fields: Dict[str, float]) -> None:
         self.records.append(dict(fields))
-
-    def on_event(self, event: Dict[str, Any]) -> None:
-        return None
-
-    def tick(self, state: Dict[str, Any]) -> None:
-        return None
-
-    def close(self, state: Dict[str, Any]) -> None:
-        return None
 
 
 def reporting(rd: RunDir, per_second: int, seconds: float) -> Script:
