@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, and Debian's chromium
-# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time).
+# Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, Debian's chromium
+# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time), and
+# Debian's docker.io with the Python 3.11 packages the container tests' local image is made of (build/python_image.py;
+# the tests start a private dockerd of their own: a system daemon that the package may start is not used).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -15,6 +17,9 @@ command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v fuser >/dev/null 2>&1 || need+=(psmisc)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || need+=(docker.io)
+[ -x /usr/bin/python3.11 ] || need+=(python3.11-minimal)
+[ -f /usr/lib/python3.11/json/__init__.py ] || need+=(libpython3.11-stdlib)
 command -v fc-list >/dev/null 2>&1 || need+=(fontconfig)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -eq 0 ]; then
