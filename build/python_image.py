@@ -46,7 +46,7 @@ class Missing(Exception):
 
 def _run(argv: List[str]) -> str:
     try:
-        cp = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
     except FileNotFoundError:
         raise Missing("%s is not installed" % argv[0])
     if cp.returncode != 0:

@@ -6,7 +6,10 @@ the trainer's, its output goes to the run's log, and it forwards the signals it 
 trainer: a trainer running as PID 1 itself would never see a TERM it has no handler for. What a client cannot do
 is proxy SIGKILL, and a client that died leaves its container running: so when the agent escalates to KILL, and
 after every attempt, it stops the container itself through the daemon, by the name and the cidfile it gave the
-attempt (`docker kill`, `docker stop --time T`, each bounded).
+attempt (`docker kill`, `docker stop --time T`, each bounded). The stop comes as soon as the client's exit is seen,
+whatever the run's settings, and before the agent clears the attempt's leftover processes from the host: the
+daemon stops every process of the container, one TERM through its init, where the host-side sweep would TERM the
+init and the trainer both (a trainer that takes a second TERM for "quit now" would abandon its save).
 
 `--docker IMAGE` builds the line (docker_argv):
 - GPUs: `--gpus all` (U31: a container launched without it trains on the CPU, silently 100x slower), or only the
@@ -34,7 +37,7 @@ import signal
 import subprocess
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from onbox import paths, untrusted
+from onbox import paths, toolrun, untrusted
 from onbox.config import CONTRACT_VARS
 from onbox.errors import UsageError
 from onbox.proc import ProcRef, Stopped
@@ -171,12 +174,13 @@ class ContainerSeam:
         self.ckpt_dir = ckpt_dir
         self.agent_env = dict(agent_env)
         self.log = log
-        self.runner = runner or subprocess.run
+        self.runner = runner or toolrun.call
         self.docker = cfg.command[0] if is_client_command(cfg.command) and not cfg.docker_image else "docker"
         self.current: Optional[str] = None  # name or cidfile of the attempt's container
+        self.stopped: Optional[str] = None  # the container this seam already stopped (once per attempt)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # poll, adopt, signal_pid, session_members, reap_zombies
+        return getattr(self.inner, name)  # adopt, signal_pid, session_members, reap_zombies
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Optional[str], log_path: str) -> Any:
         n = int(env.get("ONBOX_RESTART_COUNT") or 0)
@@ -190,7 +194,16 @@ class ContainerSeam:
         else:
             argv = client_argv(argv, cid)
             self.current = None  # the cidfile names it once docker created it
+        self.stopped = None
         return self.inner.spawn(argv, env, cwd, log_path)
+
+    def poll(self, child: Any) -> Any:
+        """The client's exit status; once it has ended, its container is stopped (a client that was killed, by
+        the OOM killer or by hand, leaves its container training on, unsupervised)."""
+        status = self.inner.poll(child)
+        if status is not None:
+            self.stop_container(float(self.cfg.term_timeout))
+        return status
 
     def _ref(self) -> Optional[str]:
         """The attempt's container: its name, else the id in the newest cidfile (also after an agent restart)."""
@@ -207,17 +220,19 @@ class ContainerSeam:
                 return cid
         return None
 
-    def _docker(self, args: List[str], timeout: float) -> Optional[int]:
+    def _docker(self, args: List[str], timeout: float) -> bool:
+        """One bounded docker CLI call; True when it did its work or the container is already gone."""
         argv = [self.docker, *args]
         try:
             cp = self.runner(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             self.log("`%s` failed: %s" % (" ".join(argv), e))
-            return None
+            return False
         err = (cp.stderr or "").strip()
         if cp.returncode != 0 and "No such container" not in err:
             self.log("`%s` exited %d: %s" % (" ".join(argv), cp.returncode, err[-300:]))
-        return cp.returncode
+            return False
+        return True
 
     def signal_group(self, pgid: int, sig: int) -> bool:
         ok = self.inner.signal_group(pgid, sig)
@@ -229,17 +244,19 @@ class ContainerSeam:
     def kill_session(self, sid: int, timeout: float, log: Optional[Callable[[str], None]] = None,
                      leader_start: Optional[int] = None, also: Optional[Callable[[], List[ProcRef]]] = None,
                      on_step: Optional[Callable[[str, List[ProcRef], Stopped], None]] = None) -> Stopped:
+        self.stop_container(timeout)  # first: the daemon stops the container through its init (module docstring)
         found: Stopped = self.inner.kill_session(sid, timeout, log=log, leader_start=leader_start, also=also,
                                                  on_step=on_step)
-        self.stop_container(timeout)
         return found
 
     def stop_container(self, timeout: float) -> None:
         """The attempt's container is gone afterwards: `docker stop --time T` (TERM, then KILL after T seconds);
-        a no-op (one quick CLI call) when it already went with its client."""
+        a no-op (one quick CLI call) when it already went with its client, none when this seam stopped it."""
         ref = self._ref()
-        if ref:
-            self._docker(["stop", "--time", str(int(max(0, timeout))), ref], timeout + DOCKER_TIMEOUT)
+        if not ref or ref == self.stopped:
+            return
+        if self._docker(["stop", "--time", str(int(max(0, timeout))), ref], timeout + DOCKER_TIMEOUT):
+            self.stopped = ref  # a failed stop is tried again when the attempt's leftovers are cleared
 
 
 def seam_for(cfg: Any, rd: Any, ckpt_dir: str, agent_env: Mapping[str, str],

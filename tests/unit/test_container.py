@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -116,3 +117,54 @@ def test_a_containers_holders_belong_to_the_attempt_that_started_it(tmp_path):
     assert decide(live, **kw).verdict == "keep"
     d = decide(foreign, **kw)
     assert d.verdict == "keep" and "container %s" % ("7a" * 6) in d.reason
+
+
+class _Inner:
+    """The plain process seam under a ContainerSeam, scripted: poll answers `exits` in turn; calls are recorded."""
+
+    def __init__(self, calls, exits):
+        self.calls, self.exits = calls, list(exits)
+
+    def spawn(self, argv, env, cwd, log_path):
+        self.calls.append(("spawn", argv[:2]))
+        return "child"
+
+    def poll(self, child):
+        return self.exits.pop(0)
+
+    def kill_session(self, sid, timeout, **kw):
+        self.calls.append(("kill_session", sid))
+        return "stopped"
+
+
+def _seam(tmp_path, exits, rcs):
+    calls = []
+    answers = list(rcs)
+
+    def runner(argv, **kw):
+        calls.append(("docker", argv[1:]))
+        rc = answers.pop(0)
+        return subprocess.CompletedProcess(argv, rc, "", "" if rc == 0 else "Error response from daemon: busy")
+
+    cfg = RunConfig(name="img", command=["python", "t.py"], docker_image="img:1", term_timeout=3).validate()
+    seam = ct.ContainerSeam(_Inner(calls, exits), cfg, "img", str(tmp_path), str(tmp_path / "ck"), AGENT_ENV,
+                            runner=runner)
+    seam.spawn(["python", "t.py"], {"ONBOX_RESTART_COUNT": "1"}, None, str(tmp_path / "out.log"))
+    return seam, calls
+
+
+def test_the_container_is_stopped_when_its_clients_exit_is_seen_once_and_before_the_host_side_sweep(tmp_path):
+    seam, calls = _seam(tmp_path, [None, "exit 137"], rcs=[0])
+    assert seam.poll("child") is None and calls == [("spawn", ["docker", "run"])]
+    assert seam.poll("child") == "exit 137"  # the client died: its container must not train on unsupervised
+    assert calls[-1] == ("docker", ["stop", "--time", "3", "onbox-img-1"])
+    seam.kill_session(42, 3.0)
+    assert calls[-1] == ("kill_session", 42) and len([c for c in calls if c[0] == "docker"]) == 1
+
+
+def test_a_failed_stop_is_tried_again_first_when_the_attempts_leftovers_are_cleared(tmp_path):
+    seam, calls = _seam(tmp_path, ["exit 0"], rcs=[1, 0])
+    seam.poll("child")
+    seam.kill_session(42, 3.0)
+    stop = ("docker", ["stop", "--time", "3", "onbox-img-1"])
+    assert calls[1:] == [stop, stop, ("kill_session", 42)]  # the daemon first: one TERM through the init
