@@ -183,6 +183,9 @@ class ContainerSeam:
         return getattr(self.inner, name)  # adopt, signal_pid, session_members, reap_zombies
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Optional[str], log_path: str) -> Any:
+        # An earlier attempt's container that outlived its agent and client (both killed: an OOM kill, a crash)
+        # trains on: stopped first, whatever reap_orphans says, or two trainers write one checkpoint dir.
+        self.stop_container(float(self.cfg.term_timeout))
         n = int(env.get("ONBOX_RESTART_COUNT") or 0)
         cid = cidfile_path(self.run_dir, n)
         os.makedirs(os.path.dirname(cid), mode=0o700, exist_ok=True)

@@ -161,6 +161,34 @@ def test_a_container_whose_client_died_is_stopped_after_the_attempt(docker_daemo
     assert [x for x in output(onbox_home, "d3") if x.get("event") == "stopped"] == []  # its output went with the client
 
 
+@pytest.mark.parametrize("reap_orphans", ["true", "false"])
+def test_a_relaunch_stops_the_container_that_outlived_a_killed_agent_before_its_own_starts(
+        docker_daemon, job, tmp_path, onbox_home, reap_orphans):
+    env = dict(job, ONBOX_REAP_ORPHANS=reap_orphans)
+    argv = docker_job(docker_daemon, tmp_path, "d5", "--steps", "400", extra=["--ckpt-dir", str(tmp_path / "ck")])
+    with Started(onbox_home) as started:
+        agent = started.popen(argv, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: any(x.get("step", -1) >= 1 for x in output(onbox_home, "d5")), 60, "the trainer to run")
+        with open(os.path.join(str(onbox_home), "runs", "d5", "state.json")) as f:
+            client = json.load(f)["attempts"][-1]
+        agent.kill()  # the box's OOM killer takes the agent and the client; the daemon's container runs on
+        agent.communicate(timeout=30)
+        signal_own(onbox_home, client["pid"], signal.SIGKILL, client["start_time"])
+        first = cid_of(onbox_home, "d5", 0)
+        since = time.time() - 5
+        assert docker_daemon.inspect(first)["State"]["Running"]
+        again = started.popen([sys.executable, "-m", "onbox", "run", "--foreground", "--name", "d5"], env=env,
+                              cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: started_line(onbox_home, "d5")["start"] > 0, 60, "the relaunched attempt to resume")
+        again.send_signal(signal.SIGTERM)
+        _out, err = again.communicate(timeout=60)
+    assert again.returncode == 75, err.decode()[-2000:]
+    old = {e["Action"]: e["timeNano"] for e in docker_daemon.events(since, first)}
+    new = {e["Action"]: e["timeNano"] for e in docker_daemon.events(since, cid_of(onbox_home, "d5", 1))}
+    assert "stop" in old and old["die"] < new["create"]  # never two trainers on one checkpoint dir
+    assert docker_daemon.containers("label=onbox.run=d5") == []
+
+
 def test_gpu_holders_in_a_container_belong_to_its_run_and_attempt(docker_daemon, job, tmp_path, onbox_home,
                                                                    gpu_devices):
     dev = os.path.dirname(gpu_devices)

@@ -168,3 +168,10 @@ def test_a_failed_stop_is_tried_again_first_when_the_attempts_leftovers_are_clea
     seam.kill_session(42, 3.0)
     stop = ("docker", ["stop", "--time", "3", "onbox-img-1"])
     assert calls[1:] == [stop, stop, ("kill_session", 42)]  # the daemon first: one TERM through the init
+
+
+def test_a_new_agent_stops_the_container_an_earlier_attempt_left_before_it_starts_the_next(tmp_path):
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / "0.cid").write_text(CID)  # attempt 0's container, its agent and client killed
+    _, calls = _seam(tmp_path, [], rcs=[0])
+    assert calls == [("docker", ["stop", "--time", "3", CID]), ("spawn", ["docker", "run"])]
