@@ -20,6 +20,7 @@ NCCL_TIMEOUT = "nccl_timeout"
 NCCL_ERROR = "nccl_error"
 DISK_FULL = "disk_full"
 GPU_ERROR = "gpu_error"
+NO_GPU_RUNTIME = "no_gpu_runtime"  # a container job: docker cannot give the container GPUs (exit 125 at start)
 PREEMPTED = "preempted"
 STOPPED = "stopped"
 SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
@@ -48,6 +49,14 @@ LOG_PATTERNS: List[Tuple[str, "re.Pattern[str]", str, str]] = [
     (GPU_ERROR, re.compile(r"fallen off the bus|Xid.{0,20}\b(48|79)\b|uncorrectable ECC error|"
                            r"CUDA error: unspecified launch failure|no CUDA-capable device"),
      "the GPU failed (Xid / ECC / fell off the bus)", "U22: re-rent the box, do not debug a dead card"),
+    # U31: a daemon without the NVIDIA Container Toolkit refuses `--gpus` (docker's own exit 125: the trainer never
+    # started); the messages are dockerd's and the toolkit's, as a real daemon prints them.
+    (NO_GPU_RUNTIME, re.compile(r"could not select device driver .{0,40}capabilities: \[\[gpu\]\]|"
+                                r"unknown or invalid runtime name: nvidia|nvidia-container-cli: initialization error"),
+     "docker cannot give the container GPUs (no NVIDIA Container Toolkit on this host, or no driver)",
+     "U31: install the NVIDIA Container Toolkit and register it with Docker (`nvidia-ctk runtime configure "
+     "--runtime=docker`, then restart dockerd); a job meant for the CPU: set CUDA_VISIBLE_DEVICES= (empty) and "
+     "onbox adds no --gpus"),
     (DISK_FULL, re.compile(r"No space left on device|basic_ios::clear: iostream error|Disk quota exceeded"),
      "the disk is full (bytes or inodes)",
      "U6/U7: free space (check df -h AND df -i), prune old checkpoints, or commit them to durable storage"),

@@ -8,6 +8,7 @@ container with `--network none`. The agent runs the docker CLI first on PATH, as
   `--docker IMAGE` and with the user's own `docker run` line (the agent's cidfile);
 - a docker client that dies under its attempt leaves its container running: the agent's `docker stop` after the
   attempt ends it (TERM, as the daemon's events show), so no container is left running;
+- `--gpus` on a daemon without the NVIDIA runtime (this one): the run fails at once with the cause and the fix;
 - GPU holders inside a container are attributed by their cgroup to the container, and by its cidfile to the run
   and attempt that started it; the (fake) NVML process list names the holder's host PID.
 What the daemon saw is read back from it: `docker inspect`, `docker ps`, `docker events`.
@@ -187,6 +188,19 @@ def test_a_relaunch_stops_the_container_that_outlived_a_killed_agent_before_its_
     new = {e["Action"]: e["timeNano"] for e in docker_daemon.events(since, cid_of(onbox_home, "d5", 1))}
     assert "stop" in old and old["die"] < new["create"]  # never two trainers on one checkpoint dir
     assert docker_daemon.containers("label=onbox.run=d5") == []
+
+
+def test_gpus_on_a_daemon_without_the_nvidia_runtime_fail_with_the_cause_and_the_fix(docker_daemon, job, tmp_path,
+                                                                                      onbox_home):
+    env = {k: v for k, v in job.items() if k != "CUDA_VISIBLE_DEVICES"}  # the default line: --gpus all (U31)
+    r = subprocess.run(docker_job(docker_daemon, tmp_path, "d6", "--steps", "3"), env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    with open(os.path.join(str(onbox_home), "runs", "d6", "state.json")) as f:
+        last = json.load(f)["last_exit"]
+    assert (last["classification"], last["code"]) == ("no_gpu_runtime", 125), last  # docker's own error
+    assert "NVIDIA Container Toolkit" in last["hint"] and "CUDA_VISIBLE_DEVICES=" in last["hint"]
+    assert docker_daemon.containers("label=onbox.run=d6") == []  # created, never started, removed
 
 
 def test_gpu_holders_in_a_container_belong_to_its_run_and_attempt(docker_daemon, job, tmp_path, onbox_home,

@@ -44,6 +44,9 @@ def test_every_state_has_documented_transitions_and_illegal_ones_name_the_allowe
      cls.DISK_FULL),
     ("RuntimeError: basic_ios::clear: iostream error", cls.DISK_FULL),
     ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", cls.GPU_ERROR),
+    ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].',
+     cls.NO_GPU_RUNTIME),
+    ("docker: Error response from daemon: unknown or invalid runtime name: nvidia.", cls.NO_GPU_RUNTIME),
 ])
 def test_log_tail_causes(line, kind):
     c = cls.classify(ExitStatus(code=1), ["step 10 loss 2.3", line, "  exiting"])
