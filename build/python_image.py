@@ -5,10 +5,10 @@ image comes from `docker import` of this tar, so no registry is ever asked for o
 What goes in: every file of Debian's python3.11-minimal, libpython3.11-minimal and libpython3.11-stdlib (the
 interpreter and its standard library, docs left out), the shared libraries `ldd` names for the interpreter and its
 extension modules, the dynamic loader, and the /bin, /lib, /lib64, /sbin links of a merged-/usr system; plus
-/usr/bin/python3 and an empty /tmp. About 25 MB; the tests' trainers need nothing beyond the standard library.
+/usr/bin/python3 and an empty /tmp. About 37 MB; the tests' trainers need nothing beyond the standard library.
 
 The tar is cached under build/out/docker-image/, named by a key over this file's text and the name, size and
-mtime of every file that goes in: a changed recipe or an upgraded package builds a new one (in about a second),
+mtime of every file that goes in: a changed recipe or an upgraded package builds a new one (in under a second),
 and the older tars are removed.
 
 usage: python build/python_image.py [--out DIR]

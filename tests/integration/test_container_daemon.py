@@ -6,8 +6,10 @@ container with `--network none`. The agent runs the docker CLI first on PATH, as
   agent exits 75, and the relaunch resumes from it in a NEW container;
 - a trainer that ignores TERM is killed through the daemon (`docker kill --signal KILL`) at the deadline, with
   `--docker IMAGE` and with the user's own `docker run` line (the agent's cidfile);
-- a docker client that dies under its attempt leaves its container running: the agent's `docker stop` after the
-  attempt ends it (TERM, as the daemon's events show), so no container is left running;
+- a docker client that dies under its attempt leaves its container running: the agent's `docker stop` ends it as
+  soon as it sees the client exit (one TERM, as the daemon's events show), with reap_orphans on or off;
+- a relaunch after the agent and the client were both killed stops the container they left before it creates the
+  next one (never two trainers on one checkpoint dir), with reap_orphans on or off;
 - `--gpus` on a daemon without the NVIDIA runtime (this one): the run fails at once with the cause and the fix;
 - GPU holders inside a container are attributed by their cgroup to the container, and by its cidfile to the run
   and attempt that started it; the (fake) NVML process list names the holder's host PID.
@@ -44,11 +46,10 @@ TRAINER = os.path.join(REPO_ROOT, "tests", "integration", "container_trainer.py"
 def job(tmp_path, onbox_home, docker_env):
     """The agent's environment and a workdir holding the trainer (mounted into the container at the same path)."""
     shutil.copy(TRAINER, tmp_path / "t.py")
-    env = subprocess_env({"ONBOX_HOME": str(onbox_home), "ONBOX_NOTICE_SOURCE": "none", "ONBOX_TICK_INTERVAL": "0.05",
-                          "ONBOX_SYNC_INTERVAL": "0.2", "ONBOX_SETTLE_SECONDS": "0.2", "ONBOX_TERM_TIMEOUT": "2",
-                          # no --gpus: the private daemon has no NVIDIA runtime (it would refuse the container)
-                          "CUDA_VISIBLE_DEVICES": ""})
-    return env
+    return subprocess_env({"ONBOX_HOME": str(onbox_home), "ONBOX_NOTICE_SOURCE": "none", "ONBOX_TICK_INTERVAL": "0.05",
+                           "ONBOX_SYNC_INTERVAL": "0.2", "ONBOX_SETTLE_SECONDS": "0.2", "ONBOX_TERM_TIMEOUT": "2",
+                           # no --gpus: the private daemon has no NVIDIA runtime (it would refuse the container)
+                           "CUDA_VISIBLE_DEVICES": ""})
 
 
 def docker_job(daemon, tmp_path, name, *trainer_args, extra=()):
