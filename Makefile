@@ -9,8 +9,11 @@ JOBS   ?= 2  # pytest-xdist workers: the suite runs in ~8 min on 2 cores (workst
 # project's): built once from build/mlflow-requirements.txt, rebuilt when that file changes. Needs Python >= 3.10.
 MLFLOW_VENV  := build/out/mlflow-venv
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+# Debian's arm64 python3.11 and busybox, unpacked (not installed) for running dist/onbox-aarch64.pyz under qemu user
+# mode in the tests: built once by build/arm64-sysroot.sh (~10 MB of packages), rebuilt when that script changes.
+ARM64_SYSROOT := build/out/arm64-sysroot
 
-.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv clean
+.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot clean
 
 all: zipapp
 
@@ -31,6 +34,11 @@ $(MLFLOW_STAMP): build/mlflow-requirements.txt
 
 mlflow-venv: $(MLFLOW_STAMP)
 
+$(ARM64_SYSROOT)/.installed: build/arm64-sysroot.sh
+	bash build/arm64-sysroot.sh $(ARM64_SYSROOT)
+
+arm64-sysroot: $(ARM64_SYSROOT)/.installed
+
 sysdeps:
 	bash build/sysdeps.sh
 
@@ -40,7 +48,7 @@ zipapp: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
-test: $(STAMP) sysdeps mlflow-venv
+test: $(STAMP) sysdeps mlflow-venv arm64-sysroot
 	$(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
 test-fast: $(STAMP)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, and Debian's chromium
-# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time).
+# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time), and
+# qemu-user-static (the aarch64 pyz runs under it, with build/arm64-sysroot.sh's Python).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -17,6 +18,7 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v fc-list >/dev/null 2>&1 || need+=(fontconfig)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
