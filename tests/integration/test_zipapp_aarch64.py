@@ -10,10 +10,10 @@ What qemu changes (the detached test checks it): qemu-user answers an emulated p
 /proc/self/stat and /proc/<own pid>/stat itself (linux-user/syscall.c, open_self_stat) with a start time taken when
 that qemu process started, kept across fork(), and pgrp and session 0; reads of other processes' stat files reach
 the kernel. The detached agent (a grandchild of `onbox run`, after the double fork) therefore records the start time
-of the `onbox run` that launched it, which no reader ever sees for that pid. Everything that trusts the recorded
-pid and start time (`onbox node probe --run`, onboxctl's liveness) takes such an agent for dead; `onbox status`
-still finds it through the run's lock file (the lock holder's start time is read from outside). A real aarch64
-kernel reports the true start time to the process itself: this is qemu only, not a bug of the aarch64 build.
+of the `onbox run` that launched it, which no reader ever sees for that pid. What compares the recorded pair alone
+(`onbox node probe --run`) takes such an agent for dead; `onbox status` still finds it through the run's lock file
+(the lock holder's start time is read from outside), and `onbox stop` ends the run. A real aarch64 kernel reports
+the true start time to the process itself: this is qemu only, not a bug of the aarch64 build.
 """
 from __future__ import annotations
 
