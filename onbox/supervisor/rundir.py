@@ -32,7 +32,6 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from onbox import fsutil, paths, untrusted
-from onbox.supervisor.runsummary import render_status
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
 
@@ -136,6 +135,8 @@ class RunDir:
 
     def write_status(self, state: Dict[str, Any]) -> None:
         """training_status.md from `state` and what the subsystems recorded beside it, now."""
+        from onbox.supervisor.runsummary import render_status  # the writer's only: readers (`onbox status`) skip it
+
         fsutil.atomic_write(self.file(paths.SUMMARY_FILE), render_status(
             state, self.side_doc(paths.CHECKPOINT_STATUS_FILE), self._disk_risks(state),
             self.side_doc(paths.PROGRESS_FILE)))
