@@ -11,8 +11,11 @@ MLFLOW_VENV  := build/out/mlflow-venv
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 # The local image the real-daemon container tests run (no registry): a rootfs tar of Debian's Python 3.11 files,
 # cached under build/out/docker-image/ by a key over its recipe and inputs; a no-op (~0.3 s) when it is current.
+# Debian's arm64 python3.11 and busybox, unpacked (not installed) for running dist/onbox-aarch64.pyz under qemu user
+# mode in the tests: built once by build/arm64-sysroot.sh (~10 MB of packages), rebuilt when that script changes.
+ARM64_SYSROOT := build/out/arm64-sysroot
 
-.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv docker-image clean
+.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot docker-image clean
 
 all: zipapp
 
@@ -36,6 +39,11 @@ mlflow-venv: $(MLFLOW_STAMP)
 docker-image: $(STAMP) sysdeps
 	$(PY) build/python_image.py >/dev/null
 
+$(ARM64_SYSROOT)/.installed: build/arm64-sysroot.sh
+	bash build/arm64-sysroot.sh $(ARM64_SYSROOT)
+
+arm64-sysroot: $(ARM64_SYSROOT)/.installed
+
 sysdeps:
 	bash build/sysdeps.sh
 
@@ -45,7 +53,7 @@ zipapp: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
-test: $(STAMP) sysdeps mlflow-venv docker-image
+test: $(STAMP) sysdeps mlflow-venv docker-image arm64-sysroot
 	$(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
 test-fast: $(STAMP)

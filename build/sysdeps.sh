@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, Debian's chromium
-# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time), and
+# with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time),
 # Debian's docker.io with the Python 3.11 packages the container tests' local image is made of (build/python_image.py;
-# the tests start a private dockerd of their own: a system daemon that the package may start is not used).
+# the tests start a private dockerd of their own: a system daemon that the package may start is not used), and
+# qemu-user-static (the aarch64 pyz runs under it, with build/arm64-sysroot.sh's Python).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -22,6 +23,7 @@ command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || need+=(docker.
 [ -f /usr/lib/python3.11/json/__init__.py ] || need+=(libpython3.11-stdlib)
 command -v fc-list >/dev/null 2>&1 || need+=(fontconfig)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 from onbox import untrusted
@@ -46,6 +45,8 @@ def atomic_write(path: PathLike, data: Union[bytes, str], mode: int = PRIVATE_FI
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    import tempfile  # here: tempfile pulls in shutil, random, bz2, lzma, and readers (`onbox status`) never write
+
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -171,6 +172,8 @@ def space_problem(path: PathLike, min_bytes: int = 1 << 20, min_inodes: int = 64
 
 def is_writable_dir(path: PathLike) -> bool:
     """True when a file can really be created in `path` (access(2) lies on read-only mounts and for root)."""
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=os.fspath(path))
     except OSError:

@@ -3,7 +3,6 @@ and the one place that turns a domain error into a message, a hint and an exit c
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -11,7 +10,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox.errors import ExitCode, OnboxError
-from onbox.fsutil import json_safe
 
 
 class LazyGroup(click.Group):
@@ -101,4 +99,8 @@ def echo_json(obj: Any) -> None:
     """The one JSON printer for `--json` output: stable key order, one document, strict JSON (a diverged loss is
     the string "NaN" or "Infinity", as the heartbeats carry it: a bare NaN would break `jq` and json.loads
     in other languages)."""
+    import json  # here, not at the top: `--version` and `--help` print no JSON (start-up time, issue 2)
+
+    from onbox.fsutil import json_safe
+
     click.echo(json.dumps(json_safe(obj), indent=2, sort_keys=True, default=str, allow_nan=False))

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import stat
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from onbox import fsutil, paths, untrusted
-from onbox.supervisor.runsummary import render_status
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
 
@@ -136,6 +134,9 @@ class RunDir:
 
     def write_status(self, state: Dict[str, Any]) -> None:
         """training_status.md from `state` and what the subsystems recorded beside it, now."""
+        # imported by writers only: readers (`onbox status`) skip it
+        from onbox.supervisor.runsummary import render_status
+
         fsutil.atomic_write(self.file(paths.SUMMARY_FILE), render_status(
             state, self.side_doc(paths.CHECKPOINT_STATUS_FILE), self._disk_risks(state),
             self.side_doc(paths.PROGRESS_FILE)))
@@ -212,6 +213,8 @@ class RunDir:
             src = "%s.%d" % (self.log_path, i)
             if os.path.exists(src):
                 os.replace(src, "%s.%d" % (self.log_path, i + 1))
+        import shutil  # the agent's only: shutil pulls in bz2 and lzma, and `onbox status` reads run dirs too
+
         shutil.copyfile(self.log_path, self.log_path + ".1")
         os.truncate(self.log_path, 0)
         return True

@@ -14,31 +14,12 @@ import zipfile
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.integration.conftest import build_zipapps
 
 pytestmark = pytest.mark.integration
 
 VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
 EM_X86_64, EM_AARCH64 = 62, 183
-BUILD_TIMEOUT = 600
-
-
-def _build(out, cache):
-    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "build", "zipapp.py"), "--out", str(out),
-                        "--cache", str(cache)], capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out
-
-
-@pytest.fixture(scope="session")
-def wheel_cache():
-    # The repository's wheel cache (build/out): downloaded once, then every build is offline.
-    return os.path.join(REPO_ROOT, "build", "out")
-
-
-@pytest.fixture(scope="session")
-def dist(tmp_path_factory, wheel_cache):
-    return _build(tmp_path_factory.mktemp("dist"), wheel_cache)
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +72,7 @@ def test_runs_under_each_pyenv_python(version, pyz, tmp_path):
 
 
 def test_two_builds_are_byte_identical(dist, wheel_cache, tmp_path):
-    again = _build(tmp_path / "again", wheel_cache)
+    again = build_zipapps(tmp_path / "again", wheel_cache)
     for name in ("onbox.pyz", "onbox-aarch64.pyz"):
         with open(str(dist / name), "rb") as a, open(str(again / name), "rb") as b:
             assert a.read() == b.read(), name

@@ -224,7 +224,7 @@ def test_metadata_client_is_silent_when_nothing_answers():
 
 
 def test_training_status_summary_names_state_exit_checkpoint_and_risks():
-    from onbox.supervisor.rundir import render_status
+    from onbox.supervisor.runsummary import render_status
 
     state = {"run": "r", "state": "running", "attempt": 2, "restarts": 2,
              "last_exit": {"classification": "cuda_oom", "message": "CUDA out of memory", "hint": "the fit-it ladder"}}
