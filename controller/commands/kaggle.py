@@ -100,14 +100,16 @@ def push(directory: str, run: str, accelerator: Optional[str], durable: Optional
                              internet=internet, private=not public, durable=durable, datasets=list(datasets),
                              resume_args=list(resume_args), onbox_args=list(onbox_args))
     spec.check()
-    cli = KaggleCli()
+    folder.check_folder(directory)
+    payload, code = _pyz(pyz), folder.pack_code(code_dir) if code_dir else None
+    cli = KaggleCli()  # everything above is checked here, before Kaggle is asked anything
     before = cli.status(spec.ref)
     if before is not None and before["state"] in ACTIVE:
         raise UsageError("%s (run %s) is %s on Kaggle: a push now would start another session beside it"
                          % (spec.ref, run, before["state"]),
                          hint="wait until it ends (onboxctl kaggle status %s), or stop it on Kaggle" % run)
     spec.continuing = before is not None
-    written = folder.write(directory, spec, _pyz(pyz), folder.pack_code(code_dir) if code_dir else None)
+    written = folder.write(directory, spec, payload, code)
     version = None if no_push else cli.push(directory)
     resumes = None if not spec.continuing and not durable else ("remote" if durable else "previous_output")
     doc: Dict[str, Any] = {"schema": PUSH_SCHEMA, "run": run, "kernel": spec.ref, "version": version,

@@ -162,18 +162,22 @@ def pack_code(path: str) -> bytes:
     return buf.getvalue()
 
 
-def write(folder: str, spec: KernelSpec, pyz: bytes, code: Optional[bytes] = None) -> List[str]:
-    """Write the kernel folder (each file atomically); a folder holding anything else is refused."""
-    spec.check()
-    ours = {METADATA_FILE, SCRIPT_FILE}
+def check_folder(folder: str) -> None:
+    """DIR may be new, empty or a kernel folder written before; one holding anything else is refused."""
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise UsageError("%s is not a directory" % folder)
     if os.path.isdir(folder):
-        strangers = sorted(set(os.listdir(folder)) - ours)
+        strangers = sorted(set(os.listdir(folder)) - {METADATA_FILE, SCRIPT_FILE})
         if strangers:
             raise UsageError("%s holds files that are not a kernel folder's (%s): nothing written"
                              % (folder, ", ".join(strangers[:5])),
                              hint="give an empty or new directory: `kaggle kernels push -p` uploads what it holds")
+
+
+def write(folder: str, spec: KernelSpec, pyz: bytes, code: Optional[bytes] = None) -> List[str]:
+    """Write the kernel folder (each file atomically)."""
+    spec.check()
+    check_folder(folder)
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, SCRIPT_FILE), os.path.join(folder, METADATA_FILE)]
     # 0644: the files are uploaded as they are; nothing secret is in them (credentials stay with the kaggle CLI)
