@@ -187,8 +187,8 @@ def run_agent(argv, env, cwd):
 def last_exit(pyz, env):
     """The run's last exit as the agent records it (`onbox status RUN --json`), or None when it cannot say."""
     try:
-        done = subprocess.run([sys.executable, pyz, "status", SPEC["run"], "--json"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=STATUS_TIMEOUT)
+        done = subprocess.run([sys.executable, pyz, "status", SPEC["run"], "--json"], env=env, capture_output=True,
+                              timeout=STATUS_TIMEOUT)
         doc = json.loads(done.stdout.decode("utf-8", "replace"))
     except (OSError, ValueError, subprocess.SubprocessError):
         return None

@@ -19,7 +19,6 @@ import time
 import pytest
 
 from controller.kaggle import cli as kaggle_cli
-from controller.kaggle import folder
 from tests.hosts.kaggle_api import FakeKaggle
 from tests.hosts.kaggle_session import committed, need_namespaces, run_session
 

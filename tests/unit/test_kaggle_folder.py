@@ -33,7 +33,7 @@ def test_the_kernel_folder_matches_its_golden_files(tmp_path):
     written = folder.write(str(tmp_path / "k"), spec(), PYZ)
     assert sorted(os.path.basename(p) for p in written) == ["kernel-metadata.json", "onbox_kernel.py"]
     check_golden("kaggle/kernel-metadata.json", (tmp_path / "k" / "kernel-metadata.json").read_text())
-    check_golden("kaggle/onbox_kernel.py", (tmp_path / "k" / "onbox_kernel.py").read_text())
+    check_golden("kaggle/onbox_kernel.py.txt", (tmp_path / "k" / "onbox_kernel.py").read_text())
 
 
 def test_the_script_carries_the_pyz_and_its_sha256_and_compiles(tmp_path):
