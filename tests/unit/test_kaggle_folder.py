@@ -184,3 +184,22 @@ def test_the_previous_output_with_the_newest_step_is_found_within_the_depth_boun
     committed("a/b/c/d/e/too-deep", 99)
     assert kernel_main.find_previous(str(tmp_path), "r") == newer
     assert kernel_main.find_previous(str(tmp_path), "other") is None
+
+
+def test_the_session_runs_the_agent_in_the_foreground_with_the_profile_its_target_and_the_options_passed_on(
+        monkeypatch):
+    monkeypatch.setattr(kernel_main, "SPEC", folder.session_spec(spec(durable="r2:bucket/ckpt"), "0" * 64))
+    argv = kernel_main.agent_argv("/t/onbox.pyz", "r2:bucket/ckpt", "/t/ckpt")
+    cut = argv.index("--")
+    assert argv[1:4] == ["/t/onbox.pyz", "run", "--foreground"] and argv[cut + 1:] == spec().command
+    head = argv[:cut]
+    assert head[head.index("--profile") + 1] == "kaggle" and head[head.index("--durable") + 1] == "r2:bucket/ckpt"
+    assert head[head.index("--name") + 1] == "gpt2_small.v1" and head[head.index("--ckpt-dir") + 1] == "/t/ckpt"
+    assert "--resume-arg=--init_from=resume" in head and "--keep-last=2" in head
+
+
+@pytest.mark.parametrize("rc, classification, want", [
+    (0, None, "done"), (75, "session_limit", "session_limit"), (75, "preempted", "preempted"), (1, "failure", "failed"),
+])
+def test_the_session_names_its_outcome_from_the_agents_exit(rc, classification, want):
+    assert kernel_main.outcome_of(rc, {"classification": classification}) == want
