@@ -48,6 +48,8 @@ class RunRow:
     at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/keeper/atrisk.py): seconds, steps, bound, alert
     keeper: Optional[Dict[str, Any]] = None  # `onboxctl keep`'s word on the run (state, recoveries, where it lives)
     interval_s: Optional[float] = None  # the agent's heartbeat interval, as its beat says (the tracker's clock)
+    # the run's deadline as its beat or `onbox status` says: {at, ask_at, asked_at, source} (the box's clock)
+    deadline: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,7 +132,16 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         phase=_phase_label(beat.get("phase")),
         step_time=step_time, durable_step=risk.durable_step, durable_at=durable_at, at_risk=risk.to_dict(),
         interval_s=_interval(beat.get("interval_s")),
+        deadline=_deadline(beat.get("deadline")),
     )
+
+
+def _deadline(v: Any) -> Optional[Dict[str, Any]]:
+    """The beat's deadline block, its times checked: None without one (most runs) or when `at` is no time."""
+    if not isinstance(v, dict) or _num(v.get("at")) is None or not math.isfinite(_num(v.get("at")) or 0.0):
+        return None
+    return {"at": _num(v["at"]), "ask_at": _num(v.get("ask_at")), "asked_at": _num(v.get("asked_at")),
+            "source": str(v.get("source") or "?")}
 
 
 def _interval(v: Any) -> Optional[float]:
@@ -296,14 +307,33 @@ def keeper_label(r: RunRow) -> str:
     return text + (" (%s)" % k["phase"] if state == "recovering" and k.get("phase") else "")
 
 
-def render_table(rows: Iterable[RunRow]) -> str:
+def deadline_label(r: RunRow, now: float) -> str:
+    """`4.2h` left (and `ckpt in 3m` once the ask is near), `asked` once the checkpoint was asked for, `passed`;
+    `-` without a deadline or once the run ended: the DEADLINE column."""
+    d = r.deadline
+    if not d or r.state in ENDED_STATES:
+        return "-"
+    left = d["at"] - now
+    if left <= 0:
+        return "passed"
+    if d.get("asked_at") is not None:
+        return "%s, asked" % fmt_age(left)
+    ask = d.get("ask_at")
+    if ask is not None and ask - now < 3600:  # within the hour: when the checkpoint will be asked for matters
+        return "%s, ckpt in %s" % (fmt_age(left), fmt_age(max(0.0, ask - now)))
+    return fmt_age(left)
+
+
+def render_table(rows: Iterable[RunRow], now: Optional[float] = None) -> str:
     """The status table: one line a run; heartbeat age with LATE/SILENT marked; alerts at the end of the line.
     AT RISK is time/steps since the newest durable checkpoint (`!` past the run's --max-at-risk); KEEP is there
-    when `onboxctl keep` watches a run."""
+    when `onboxctl keep` watches a run; DEADLINE (the time left before the session's end) when a run has one."""
     rows = list(rows)
+    now = time.time() if now is None else now
     kept = any(r.keeper for r in rows)
+    walled = any(r.deadline for r in rows)
     head: tuple = ("BOX", "RUN", "STATE", "ATT", "STEP", "LOSS", "TOK/S", "GPU%", "GPU MEM", "DURABLE CKPT",
-                   "AT RISK") + (("KEEP",) if kept else ()) + ("BEAT",)
+                   "AT RISK") + (("KEEP",) if kept else ()) + (("DEADLINE",) if walled else ()) + ("BEAT",)
     lines = [head]
     for r in rows:
         mem = "-" if r.gpu_mem_used is None else "%s/%s" % (fmt_bytes(r.gpu_mem_used), fmt_bytes(r.gpu_mem_total))
@@ -316,6 +346,7 @@ def render_table(rows: Iterable[RunRow]) -> str:
                       "-" if r.step is None else str(r.step), fmt_num(r.loss), fmt_num(r.tokens_per_s, 3),
                       "-" if r.gpu_util is None else "%.0f" % r.gpu_util, mem, r.checkpoint or "-",
                       at_risk_label(r)) + ((keeper_label(r),) if kept else ()) + (
+                      (deadline_label(r, now),) if walled else ()) + (
                       beat + ("  ! " + ",".join(r.alerts) if r.alerts else ""),))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     out = []

@@ -28,6 +28,12 @@ class Environment:
     xdg_runtime_dir: Optional[str] = None  # XDG_RUNTIME_DIR: where ssh control sockets go first
     profiles_dir: Optional[str] = None  # ONBOX_PROFILES_DIR: the user's own platform profiles (onboxctl)
     pyz: Optional[str] = None  # ONBOX_PYZ: the onbox.pyz `onboxctl push` sends (default dist/onbox.pyz)
+    # the kaggle CLI's own variables, read by `onboxctl kaggle` to name the kernel's owner and to say, before the CLI
+    # runs, whether it has credentials at all; the CLI reads them itself (they never go into its argv)
+    kaggle_username: Optional[str] = None  # KAGGLE_USERNAME
+    kaggle_key: Optional[str] = dataclasses.field(default=None, repr=False)  # KAGGLE_KEY: a secret
+    kaggle_api_token: Optional[str] = dataclasses.field(default=None, repr=False)  # KAGGLE_API_TOKEN: a secret
+    kaggle_config_dir: Optional[str] = None  # KAGGLE_CONFIG_DIR: where kaggle.json is (default ~/.kaggle)
     # ONBOX_SSH_CONNECT_TIMEOUT, _ALIVE_INTERVAL, _ALIVE_COUNT, _COMMAND_TIMEOUT, _CONTROL_DIR, _MULTIPLEX: raw
     # strings, checked where they are turned into ssh settings (controller/ssh.py)
     ssh: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -47,6 +53,8 @@ class Environment:
                    tracker_token=get("ONBOX_TRACKER_TOKEN"), config_dir=get("ONBOX_CONFIG_DIR"),
                    xdg_config_home=get("XDG_CONFIG_HOME"), xdg_runtime_dir=get("XDG_RUNTIME_DIR"),
                    profiles_dir=get("ONBOX_PROFILES_DIR"), pyz=get("ONBOX_PYZ"),
+                   kaggle_username=get("KAGGLE_USERNAME"), kaggle_key=get("KAGGLE_KEY"),
+                   kaggle_api_token=get("KAGGLE_API_TOKEN"), kaggle_config_dir=get("KAGGLE_CONFIG_DIR"),
                    ssh={k[len("ONBOX_SSH_"):].lower(): v for k, v in env.items()
                         if k.startswith("ONBOX_SSH_") and v},
                    tunnel={k[len("ONBOX_TUNNEL_"):].lower(): v for k, v in env.items()

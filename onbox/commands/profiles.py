@@ -7,7 +7,7 @@ import click
 
 from onbox.commands.clikit import echo_json
 
-MONEY_TABLES = ("billing", "preemption", "paths", "session")
+MONEY_TABLES = ("billing", "preemption", "paths", "session", "accelerators")  # the tables with a source
 
 
 @click.group("profiles")
@@ -52,7 +52,7 @@ def _show_text(p: Any) -> None:
         click.echo(d["description"])
     for table in MONEY_TABLES:
         t = p.table(table)
-        if not t:  # [session] is only a clocked platform's
+        if not t:  # [session] and [accelerators] are only a notebook platform's
             continue
         click.echo("\n[%s]  (verified %s, %s; source: %s)" % (table, t.get("verified"),
                                                              t.get("confidence", "documented"), t.get("source")))

@@ -36,7 +36,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
     "": {"name": (STR, True), "title": (STR, True), "kind": (STR, True), "description": (STR, False),
          "gotchas": (LIST, False), "notes": (LIST, False), "detect": (TABLE, False), "billing": (TABLE, True),
          "preemption": (TABLE, True), "paths": (TABLE, True), "ssh": (TABLE, False), "env": (TABLE, False),
-         "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False), "session": (TABLE, False)},
+         "hooks": (TABLE, False), "run": (TABLE, False), "platforms": (TABLE, False), "session": (TABLE, False),
+         "accelerators": (TABLE, False)},
     "detect": {"env": (LIST, False), "paths": (LIST, False), "files": (LIST, False), "priority": (INT, False)},
     # teardown: one sentence on how to stop the meter on this platform (`onboxctl down` prints it once the gate passes)
     "billing": dict(MONEY, meter_stop=(STR, True), irreversible=(BOOL, True), teardown=(STR, False)),
@@ -47,11 +48,13 @@ SCHEMA: Dict[str, Dict[str, Tuple[Tuple[type, ...], bool]]] = {
     # a session that ends on a clock (Kaggle): its hours from the session's start become the run's deadline
     # (onbox/launch/deadline.py); tpu_hours when one of tpu_env's variables is set
     "session": dict(MONEY, hours=(NUM, True), tpu_hours=(NUM, False), tpu_env=(LIST, False)),
+    # the accelerators a notebook platform offers by name (Kaggle's machine shapes), with where that list was read
+    "accelerators": dict(MONEY, names=(LIST, True)),
     "hooks": {"proxy": (STR, False), "proxy_note": (STR, False)},
 }
 # A sub-platform (the china family's four) may override these tables and keys.
 PLATFORM_KEYS = ("title", "notes", "detect", "billing", "preemption", "paths", "ssh", "env", "hooks", "run",
-                 "session")
+                 "session", "accelerators")
 
 
 @dataclasses.dataclass
@@ -124,7 +127,7 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
     """Value rules beyond types: months, notice sources, signals, gotcha ids, RunConfig keys."""
     from onbox.config import RunConfig, parse_signal
 
-    for table in ("billing", "preemption", "paths", "session"):
+    for table in ("billing", "preemption", "paths", "session", "accelerators"):
         t = data.get(table) or {}
         if "verified" in t and not MONTH_RE.fullmatch(t["verified"]):
             raise _problem(path, prefix + table + ".verified", "expected a month YYYY-MM, not %r" % t["verified"])
@@ -151,6 +154,8 @@ def _check_values(path: str, prefix: str, data: Mapping[str, Any]) -> None:
                            % (value,))
     if not all(isinstance(v, str) for v in session.get("tpu_env") or []):
         raise _problem(path, prefix + "session.tpu_env", "expected a list of strings")
+    if not all(isinstance(v, str) for v in (data.get("accelerators") or {}).get("names") or []):
+        raise _problem(path, prefix + "accelerators.names", "expected a list of strings")
     for g in data.get("gotchas") or []:
         if not isinstance(g, str) or not GOTCHA_RE.fullmatch(g):
             raise _problem(path, prefix + "gotchas", "expected ids like \"U7\", not %r" % (g,))

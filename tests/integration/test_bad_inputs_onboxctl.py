@@ -328,6 +328,29 @@ ROWS += [  # issue 19: remaining readers
     R("read-down-profile-toml", "down b", 2, "is not valid TOML", files=RUNPOD_BOX("[billing\n")),
 ]
 
+# issue 24: onboxctl kaggle refuses before the kaggle CLI is run (and a row that ran it would meet a closed port)
+NO_KAGGLE = {"KAGGLE_API_ENVIRONMENT": "LOCALHOST", "http_proxy": "http://127.0.0.1:9", "KAGGLE_USERNAME": "",
+             "KAGGLE_KEY": "", "KAGGLE_CONFIG_DIR": "TMP/kc"}
+CREDS = dict(NO_KAGGLE, KAGGLE_USERNAME="tester", KAGGLE_KEY="k")
+PUSH = "kaggle push TMP/k --name r %s-- python3 t.py"
+ROWS += [
+    R("kaggle-run-name", PUSH % "--name ../x ", 2, "invalid run name", env=CREDS),
+    R("kaggle-durable-path", PUSH % "--durable /mnt/ckpt ", 2, "is no rclone remote", env=CREDS),
+    R("kaggle-no-credentials", PUSH % "", 3, "no Kaggle credentials", env=NO_KAGGLE),
+    R("kaggle-json-garbage", PUSH % "", 2, "cannot be read", files={"kc/kaggle.json": "{x"}, env=NO_KAGGLE),
+    R("kaggle-json-no-key", PUSH % "", 2, "has no username and key", files={"kc/kaggle.json": '{"username": "u"}'},
+      env=NO_KAGGLE),
+    R("kaggle-folder-not-ours", PUSH % "", 2, "not a kernel folder's", files={"k/train.py": "mine"}, env=CREDS),
+    R("kaggle-no-pyz", PUSH % "--pyz TMP/none.pyz ", 2, "no onbox.pyz", env=CREDS),
+    R("kaggle-code-missing", PUSH % "--code TMP/nope --pyz TMP/p.pyz ", 2, "is not a directory",
+      files={"p.pyz": "PK"}, env=CREDS),
+    R("kaggle-bad-dataset", PUSH % "--dataset nope --pyz TMP/p.pyz ", 2, "OWNER/DATASET-SLUG", files={"p.pyz": "PK"},
+      env=CREDS),
+    R("kaggle-no-command", "kaggle push TMP/k --name r", 2, "Missing argument 'COMMAND...'", env=CREDS),
+    R("kaggle-status-no-credentials", "kaggle status r", 3, "no Kaggle credentials", env=NO_KAGGLE),
+    R("kaggle-pull-bad-name", "kaggle pull ../x TMP/d", 2, "invalid run name", env=CREDS),
+]
+
 
 # issue 21: keep
 POOL = {"cfg/boxes.toml": BOX + 'pool = "p"\n'}  # box b, a spare of pool p (behind a closed port)

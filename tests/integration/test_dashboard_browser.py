@@ -141,7 +141,7 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         with open(tmp_path / "onbox.log", "wb") as log:
             proc = started.popen(
                 [sys.executable, "-m", "onbox", "run", "--foreground", "--name", "dash", "--restart", "never",
-                 "--secret", "WANDB_API_KEY", "--",
+                 "--secret", "WANDB_API_KEY", "--deadline", "2h", "--",
                  sys.executable, str(tmp_path / "train.py"), tracker.url, tracker.token_file, "dash", str(record),
                  str(go), str(STEPS)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -164,6 +164,9 @@ def test_a_real_run_on_the_page_with_its_curve_and_silent_when_its_beats_stop(tm
         tps = js(page, "window.onboxDashboard.charts[2].data")
         assert tps[0] == list(range(1, STEPS + 1)) and tps[1] == [1000.0 + s for s in tps[0]]
         assert js(page, "document.querySelector('#run-state .state').textContent") == "running"
+        # -- the run's deadline (--deadline 2h) as its beats carry it: when, from where, the time left, the ask
+        facts = page.inner_text("#facts")
+        assert re.search(r"^deadline .+ \(flag\), (2\.0h|1\.9h) left; checkpoint asked for at .+$", facts, re.M), facts
         # -- the log tail the agent sent: the trainer's last lines, its secret replaced
         wait_for(lambda: "step=%d loss=" % STEPS in page.inner_text("#log-tail"), 30, "the last step in the log tail")
         tail = page.inner_text("#log-tail").splitlines()

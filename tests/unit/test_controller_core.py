@@ -76,6 +76,28 @@ def test_status_table_golden_with_late_and_silent():
     check_golden("status_table.txt", render_table(rows))
 
 
+def test_status_table_golden_with_a_deadline_column_only_where_a_run_has_a_deadline():
+    wall = {"at": NOW + 4 * 3600 + 600, "ask_at": NOW + 4 * 3600 + 400, "asked_at": None, "source": "kaggle",
+            "left_s": 4 * 3600 + 612, "commit_estimate_s": 12.5, "grace_s": 30, "margin_s": 60}
+    doc = {"runs": [
+        {"run": "kaggle-run", "box": "kaggle", "liveness": "ok", "latest": _beat(run="kaggle-run", deadline=wall)},
+        {"run": "slurm-soon", "box": "node1", "liveness": "ok", "latest": _beat(
+            run="slurm-soon", deadline=dict(wall, at=NOW + 900, ask_at=NOW + 700, source="slurm"))},
+        {"run": "slurm-asked", "box": "node2", "liveness": "ok", "latest": _beat(
+            run="slurm-asked", deadline=dict(wall, at=NOW + 100, ask_at=NOW - 20, asked_at=NOW - 20))},
+        {"run": "plain", "box": "gpu1", "liveness": "ok", "latest": _beat(run="plain", deadline=None)},
+        {"run": "ended", "box": "gpu2", "liveness": "ended", "latest": _beat(run="ended", state="preempted",
+                                                                             deadline=dict(wall, at=NOW - 5))},
+    ]}
+    rows = rows_from_tracker(doc, now=NOW)
+    assert sorted(r.run for r in rows if r.deadline is None) == ["plain"]
+    check_golden("status_table_deadline.txt", render_table(rows, now=NOW))
+    # the same runs without deadlines render the table the other goldens hold: no column of dashes
+    assert "DEADLINE" not in render_table([r for r in rows if r.deadline is None], now=NOW)
+    box = rows_from_box_status("kaggle", {"run": "k", "state": "running", "deadline": wall}, now=NOW)
+    assert "4.2h" in render_table(box, now=NOW)  # `onbox status --json` carries the same block
+
+
 def test_status_rows_from_box_fallback():
     rows = rows_from_box_status("gpu1", {"runs": [{"name": "a", "state": "running", "attempt": 1,
                                                    "progress": {"step": 5, "loss": 2.5},

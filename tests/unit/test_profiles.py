@@ -14,7 +14,7 @@ from onbox.platform import profiles
 from tests.conftest import subprocess_env
 
 EXPECTED = {"autodl", "runpod", "vastai", "lambda", "paperspace", "china", "generic-ssh", "slurm", "kubernetes",
-            "aws", "gcp", "azure", "local", "kaggle"}
+            "aws", "gcp", "azure", "local", "kaggle", "colab"}
 RUNCONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 
 
