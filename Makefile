@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
-JOBS   ?= 2  # pytest-xdist workers: the suite runs in ~8 min on 2 cores (worksteal: no idle worker at the tail)
+JOBS   ?= 2  # pytest-xdist workers (worksteal: no idle worker at the tail)
 # The MLflow tracking server the tests and benchmarks run against, in its own venv (mlflow's pins clash with the
 # project's): built once from build/mlflow-requirements.txt, rebuilt when that file changes. Needs Python >= 3.10.
 MLFLOW_VENV  := build/out/mlflow-venv
@@ -15,7 +15,7 @@ MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 # mode in the tests: built once by build/arm64-sysroot.sh (~10 MB of packages), rebuilt when that script changes.
 ARM64_SYSROOT := build/out/arm64-sysroot
 
-.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot docker-image clean
+.PHONY: all demo test test-slow test-all test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot docker-image clean
 
 all: zipapp
 
@@ -53,8 +53,20 @@ zipapp: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
-test: $(STAMP) sysdeps mlflow-venv docker-image arm64-sysroot
-	$(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
+# Two tiers: `make test` runs every test not marked slow (~6 min on 2 cores); `make test-slow` runs the slow tier,
+# the real scenarios of ten seconds to a minute and more each (minute-long partitions, Slurm time limits, real
+# trainers killed and resumed, kill fuzzes: ~11 min); `make test-all` runs both in one go. CI runs both tiers.
+TEST_DEPS := $(STAMP) sysdeps mlflow-venv docker-image arm64-sysroot
+PYTEST    := $(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
+
+test: $(TEST_DEPS)
+	$(PYTEST) -m "not slow"
+
+test-slow: $(TEST_DEPS)
+	$(PYTEST) -m slow
+
+test-all: $(TEST_DEPS)
+	$(PYTEST)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"

@@ -55,3 +55,23 @@ def onbox_argv():
     import sys
 
     return [sys.executable, "-m", "onbox"]
+
+
+# -- the two tiers -------------------------------------------------------------------------------------------------
+# `make test` runs every test not marked slow and must stay near ten minutes on two cores; `make test-slow` runs the
+# slow tier (CI runs both). A test that takes longer than this outside the slow tier is named at the end of the run,
+# so the fast tier cannot grow slow unnoticed.
+FAST_TIER_BUDGET_S = 15.0
+_over_budget: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > FAST_TIER_BUDGET_S and "slow" not in report.keywords:
+        _over_budget.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _over_budget:
+        terminalreporter.section("tests over %.0f s outside the slow tier (mark them slow)" % FAST_TIER_BUDGET_S)
+        for duration, nodeid in sorted(_over_budget, reverse=True):
+            terminalreporter.write_line("%6.1fs %s" % (duration, nodeid))

@@ -38,6 +38,7 @@ def _lines(text):
     return [json.loads(x) for x in text.splitlines() if x.startswith("{")]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
     # the uninterrupted run and the interrupted one side by side (slow steps for the latter)
     straight_p = _run(tmp_path, "straight", wait=False)

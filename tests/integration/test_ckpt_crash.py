@@ -87,6 +87,7 @@ def _commit_in_child(target, cand, kill_at: int) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_sigkill_anywhere_never_exposes_a_torn_checkpoint(tmp_path):
     seed = int(os.environ.get("ONBOX_TEST_SEED", "20261121"))
     rng = random.Random(seed)

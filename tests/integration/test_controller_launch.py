@@ -36,6 +36,7 @@ def ctl(env, *args, check=True):
     return r
 
 
+@pytest.mark.slow
 def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_env, tmp_path, onbox_pyz):
     e = sshd_box.inventory_entry()
     for name in ("b1", "b2", "b3"):  # three inventory names for one sshd: three "boxes" as far as ssh knows

@@ -205,6 +205,7 @@ def _fabricate_run(home, run, payload_bytes):
         json.dump({"checkpoints": [{"name": "step_000100", "step": 100}]}, f)
 
 
+@pytest.mark.slow
 def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path, onbox_pyz):
     box = add_box(ctl, "b1", sshd_box)
     r = onboxctl(ctl, "down", "b1", "--yes")  # the gate asks the box's agent (`onbox checkpoints --all --json`)

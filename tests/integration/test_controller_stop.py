@@ -79,6 +79,7 @@ def launch(env, tmp_path, run):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_stop_is_the_agents_checkpoint_then_exit_and_says_what_happened(sshd_box, ctl_env, tmp_path, onbox_pyz):
     e = sshd_box.inventory_entry()
     add = ["box", "add", "b1", "--host", e["host"], "--port", str(e["port"]), "--user", "root",

@@ -46,6 +46,7 @@ def trace(tmp_path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.mark.slow
 def test_a_deadline_asks_for_the_checkpoint_in_time_commits_exits_75_and_a_relaunch_resumes(tmp_path):
     home = tmp_path / "home"
     try:
@@ -84,6 +85,7 @@ def test_a_deadline_asks_for_the_checkpoint_in_time_commits_exits_75_and_a_relau
         kill_test_processes(str(home), settle=0.0)
 
 
+@pytest.mark.slow
 def test_a_trainer_that_ignores_the_signal_is_killed_and_its_newest_checkpoint_committed_before_the_wall(tmp_path):
     home = tmp_path / "home"
     try:

@@ -332,6 +332,7 @@ def test_two_launches_that_tie_on_an_epoch_make_exactly_one_writer(tmp_path, sta
                                                     "started", 0: "was fenced while running"}[codes[i]])
 
 
+@pytest.mark.slow
 def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_sftp):
     remote = rclone_sftp.remote
     a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_sftp.env) for t in ("a1", "a2"))

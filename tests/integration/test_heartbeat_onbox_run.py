@@ -139,6 +139,7 @@ while not os.path.exists(finish) and time.monotonic() < end:  # trained: wait to
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_every_step_the_trainer_printed_reaches_the_tracker_across_an_outage(tracker, tmp_path):
     """A real `onbox run` of a pure-Python trainer printing a metric line per step (1,300 of them, 100 a second)
     while it beats every 0.5 s: every step is in the tracker's trainer points, once, the second half of them sent

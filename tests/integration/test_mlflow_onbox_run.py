@@ -50,6 +50,7 @@ def sink_down(home, name):
     return [w for w in state(home, name).get("warnings") or [] if w.get("code") == "sink_down"]
 
 
+@pytest.mark.slow
 def test_partition_every_printed_metric_once_and_the_tracker_undisturbed(mlflow, tracker, tmp_path):
     home = tmp_path / "home"
     script, finish, truth = tmp_path / "train.py", tmp_path / "finish", tmp_path / "truth.json"

@@ -35,7 +35,7 @@ from onbox.checkpoints.verify import verify_path
 from onbox.supervisor.hooks import RunContext
 from tests.fakes.run_context import run_context
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
 from tests.trainers import crashpoints, patterns, resume  # noqa: E402  (needs torch)
