@@ -280,8 +280,11 @@ class MlflowSink:
             self.cursor = (int(work[j][0]["seq"]), p) if j < len(work) else (
                 int(work[j - 1][0]["seq"]), len(work[j - 1][1]))
             self._save()  # fsynced before the next request: a restart resumes exactly here
-            if j > i:
-                self._set_status(work[j - 1][0])
+            # every change of status in this request's beats, in order: a whole short life delivered in one
+            # request (a relaunch of a finished run, behind a slow link) still reads RUNNING, then FINISHED with
+            # its own end time, not a FINISHED that was never left
+            for beat, _entries, _start in work[i:j]:
+                self._set_status(beat)
             i, pos = j, p
 
     def _deliver(self, metrics: List[Dict[str, Any]], beat: Dict[str, Any], dropped_total: int) -> None:

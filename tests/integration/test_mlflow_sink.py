@@ -97,6 +97,21 @@ def test_replacement_box_reuses_the_run_params_stay_statuses_follow_the_state(ml
     assert tags["onbox.box"] == "boxB" and tags["onbox.state"] == "stopped" and tags["onbox.run"] == "run1"
 
 
+def test_a_whole_life_delivered_in_one_request_still_reads_running_then_finished_with_its_own_end(mlflow, tmp_path):
+    a = sink(mlflow, tmp_path, "a.json")
+    a.send([beat(1), beat(2, state="done")])
+    first_end = mlflow.server.run(a.run_id)["info"]["end_time"]
+    # the same run relaunched on a slow link: its starting, running and done beats reach the sink together
+    b = sink(mlflow, tmp_path, "b.json")
+    b.send([beat(13, state="starting"), beat(14), beat(15, state="done")])
+    updates = [(r["body"]["status"], r["body"].get("end_time")) for r in mlflow.relay.records
+               if r["path"].endswith("runs/update")]
+    assert [u[0] for u in updates] == ["FINISHED", "RUNNING", "FINISHED"]
+    assert updates[-1][1] == int((T0 + 15) * 1000)
+    info = mlflow.server.run(a.run_id)["info"]
+    assert info["status"] == "FINISHED" and int(info["end_time"]) == int((T0 + 15) * 1000) > int(first_end)
+
+
 def test_a_run_deleted_in_mlflow_is_replaced_by_a_new_one(mlflow, tmp_path):
     s = sink(mlflow, tmp_path)
     s.send([beat(1, points=points(1, 3, int(T0 * 1000)))])
