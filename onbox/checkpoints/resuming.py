@@ -66,7 +66,7 @@ class ResumeMixin:
             return self._resume_local(newest_local)
         if self.committer is not None:
             try:
-                with self._locked():
+                with self._locked(), self.committer.held():
                     self.committer.start()
                     entries = self.restorable(self.committer.committed())  # this lease's lineage only
                     names = [e["name"] for e in reversed(entries)]

@@ -84,6 +84,11 @@ class RcloneSftp:
                 time.sleep(0.05)
         raise RuntimeError("rclone serve sftp not listening after %.0f s" % timeout)
 
+    def unreachable(self) -> str:
+        """The remote with nothing answering: the server stopped."""
+        self.stop()
+        return self.remote
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -108,3 +113,11 @@ def rclone_sftp(tmp_path, monkeypatch):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["sftp", "s3"])
+def rclone_remote(request):
+    """The durable remote of the checkpoint suite's rclone cases, once per backend: `rclone serve sftp` (renames and
+    directories; Debian's rclone 1.60 the client) and `rclone serve s3` (objects, no renames; rclone 1.75.2 the
+    client: tests/hosts/s3.py). Both give .remote, .durable_root (its files on this machine), .env, .unreachable()."""
+    return request.getfixturevalue({"sftp": "rclone_sftp", "s3": "s3"}[request.param])

@@ -1,5 +1,7 @@
-"""The rclone target against a real `rclone serve sftp` on loopback: commit (payload first, manifest last),
-restore onto an empty checkpoint dir, and an upload interrupted by SIGKILL of the committing process."""
+"""The rclone target against real servers on loopback, each test once per backend (tests/hosts/rclone.py's
+`rclone_remote`): `rclone serve sftp` (renames, directories) and `rclone serve s3` (an S3 API: objects, no
+renames, flat listings). Commit (payload first, manifest last), restore onto an empty checkpoint dir, an upload
+interrupted by SIGKILL of the committing process, an unreachable remote, a user's own dirs left alone."""
 from __future__ import annotations
 
 import os
@@ -29,20 +31,21 @@ def newest(root):
     return [c for c in CompletionTracker(0.0).update(scan(root), 0.0, 0.0) if c.complete][-1]
 
 
-def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
-    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0, sync_interval=0.0)
+def test_commit_and_restore(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0, sync_interval=0.0)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-10", "model.pt"), payload=os.urandom(300_000))
     write_safetensors(os.path.join(ctx.ckpt_dir, "checkpoint-10", "sub", "ema.safetensors"))
     hook = CheckpointCommitHook(ctx)
     hook.periodic()
     hook.join_worker(None)
     assert ctx.emit.of("checkpoint_committed"), ctx.emit.events
-    served = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-10")
+    served = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-10")
     assert os.path.exists(os.path.join(served, MANIFEST))
     assert verify_path(served).ok  # what landed on the server, checked byte by byte
-    assert os.path.exists(os.path.join(rclone_sftp.durable_root, "r1", "checkpoints_index.json"))
+    assert sorted(os.listdir(served)) == [MANIFEST, "model.pt", "sub"]  # the partial marker is gone
+    assert os.path.exists(os.path.join(rclone_remote.durable_root, "r1", "checkpoints_index.json"))
     # a replacement box with an empty checkpoint dir
-    box2 = run_context(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
+    box2 = run_context(tmp_path / "box2", durable=rclone_remote.remote, settle_seconds=0.0)
     path = CheckpointCommitHook(box2).restore()
     assert path == os.path.join(box2.ckpt_dir, "checkpoint-10")
     rep = verify_path(path)  # the local copy has no manifest (it is not a committed checkpoint): files check out
@@ -64,24 +67,25 @@ print("finished", flush=True)
 """
 
 
-def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_sftp):
+def landed(path: str) -> int:
+    """Bytes under `path` on the server's disk, hidden files too (an S3 upload in flight is a temp file there)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_remote):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
-    target = RcloneTarget(rclone_sftp.remote, "r1")
+    target = RcloneTarget(rclone_remote.remote, "r1")
     CheckpointCommitter(target, "r1", SystemClock(), EventRecorder()).commit(newest(src))
     write_torch_zip(os.path.join(src, "checkpoint-2", "model.pt"), payload=os.urandom(6_000_000))
-    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_sftp.remote, src], env=subprocess_env(),
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_remote.remote, src], env=subprocess_env(),
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    partial_dir = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-2")
+    partial_dir = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-2")
     try:
         deadline = time.monotonic() + 30
-        landed = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            landed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(partial_dir) for f in fs)
-            if landed > 0:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None and landed > 0, "upload never started: %s" % (proc.stderr and proc.stderr.read())
+        while time.monotonic() < deadline and proc.poll() is None and landed(partial_dir) < 100_000:
+            time.sleep(0.05)  # the marker (0 bytes) first, then payload bytes arriving
+        assert proc.poll() is None, "upload never started: %s" % (proc.stderr and proc.stderr.read())
         os.killpg(proc.pid, signal.SIGKILL)  # the committer and its rclone child, mid-upload
     finally:
         if proc.poll() is None:
@@ -92,28 +96,30 @@ def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_
         proc.wait(timeout=30)
     assert os.path.isdir(partial_dir) and not os.path.exists(os.path.join(partial_dir, MANIFEST))
     # readers ignore it: no manifest, not in the index
-    reader = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    reader = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert [e["name"] for e in reader.committed()] == ["checkpoint-1"]
     assert reader.target.read_manifest("checkpoint-2") is None
     # the next run cleans the leftover and finishes the commit
     emit = EventRecorder()
-    nxt = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), emit)
+    nxt = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), emit)
     r = nxt.commit(newest(src))
     assert r.status == "committed" and r.name == "checkpoint-2"
     assert emit.of("checkpoint_leftovers_cleaned")[0]["removed"] == ["checkpoint-2"]
     assert verify_path(partial_dir).ok
     assert [e["name"] for e in nxt.committed()] == ["checkpoint-1", "checkpoint-2"]
+    assert sorted(os.listdir(partial_dir)) == [MANIFEST, "model.pt"]  # no temp file, no marker left
 
 
-def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
+def test_unreachable_remote_fails_loudly(tmp_path, rclone_remote):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
-    rclone_sftp.stop()
-    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0)
+    ctx = run_context(tmp_path, durable=rclone_remote.unreachable(), settle_seconds=0.0)
     os.rmdir(ctx.ckpt_dir)
     os.symlink(src, ctx.ckpt_dir)
     hook = CheckpointCommitHook(ctx)
     hook.committer.target.base_timeout = 20
+    # one attempt per request: an S3 client retries a refused connection with backoff for ~16 s a call otherwise
+    hook.committer.target.flags += ["--low-level-retries", "1"]
     hook.periodic()
     hook.join_worker(None)
     [fail] = ctx.emit.of("sync_failed")
@@ -121,15 +127,15 @@ def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
     assert hook.status["last_sync"]["ok"] is False
 
 
-def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path, rclone_sftp):
-    theirs = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints")
+def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path, rclone_remote):
+    theirs = os.path.join(rclone_remote.durable_root, "r1", "checkpoints")
     for n in ("checkpoint-5", "checkpoint-7"):
         os.makedirs(os.path.join(theirs, n))
         with open(os.path.join(theirs, n, "weights.bin"), "wb") as f:
             f.write(b"theirs")
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-9", "model.pt"))
-    com = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    com = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert com.commit(newest(src)).status == "committed"
     write_torch_zip(os.path.join(src, "checkpoint-7", "model.pt"))
     cand = next(c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.name == "checkpoint-7")
