@@ -4,6 +4,7 @@ renames, flat listings). Commit (payload first, manifest last), restore onto an 
 interrupted by SIGKILL of the committing process, an unreachable remote, a user's own dirs left alone."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -146,3 +147,75 @@ def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path
         with open(os.path.join(theirs, n, "weights.bin"), "rb") as f:
             assert f.read() == b"theirs"
     assert sorted(os.listdir(os.path.join(theirs, "checkpoint-9"))) == [MANIFEST, "model.pt"]
+
+
+def commit_newest(hook):
+    r = hook.commit_one(hook.scan_now(settle=0.0)[-1])
+    assert r is not None and r.status == "committed", hook.ctx.emit.events
+    return r
+
+
+def test_retention_leaves_the_newest_whole_no_leftovers_and_the_logs_per_box(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0, keep_last=2)
+    with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
+        f.write("step 40 loss 1.25\n")
+    hook = CheckpointCommitHook(ctx)
+    for step in (10, 20, 30, 40):
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-%d" % step, "model.pt"), payload=os.urandom(50_000))
+        commit_newest(hook)
+    root = os.path.join(rclone_remote.durable_root, "r1")
+    kept = ["checkpoint-30", "checkpoint-40"]
+    assert sorted(os.listdir(os.path.join(root, "checkpoints"))) == kept  # retired ones gone, nothing left over
+    for n in kept:
+        assert sorted(os.listdir(os.path.join(root, "checkpoints", n))) == [MANIFEST, "model.pt"]
+        assert verify_path(os.path.join(root, "checkpoints", n)).ok
+    with open(os.path.join(root, "checkpoints_index.json")) as f:
+        assert [e["name"] for e in json.load(f)["checkpoints"]] == kept
+    assert [e["removed"] for e in ctx.emit.of("checkpoints_retired")] == [["checkpoint-10"], ["checkpoint-20"]]
+    # this box's logs, in a folder of its own: what a replacement box finds of the run's history
+    assert os.listdir(os.path.join(root, "logs")) == [hook.box_logs]
+    with open(os.path.join(root, "logs", hook.box_logs, "output.log")) as f:
+        assert f.read() == "step 40 loss 1.25\n"
+
+
+def test_a_damaged_checkpoint_is_refused_quarantined_whole_and_the_older_one_restored(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    digests = {}
+    for step in (10, 20):
+        d = os.path.join(ctx.ckpt_dir, "checkpoint-%d" % step)
+        write_torch_zip(os.path.join(d, "model.pt"), payload=os.urandom(200_000))
+        write_safetensors(os.path.join(d, "sub", "ema.safetensors"))
+        digests["checkpoint-%d" % step] = commit_newest(hook).digest
+    root = os.path.join(rclone_remote.durable_root, "r1")
+    bad = os.path.join(root, "checkpoints", "checkpoint-20", "model.pt")
+    with open(bad, "r+b") as f:  # bit rot on the store: same size, other bytes
+        f.seek(100_000)
+        byte = f.read(1)
+        f.seek(100_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with open(bad, "rb") as f:
+        damaged = f.read()
+    box2 = run_context(tmp_path / "box2", durable=rclone_remote.remote, settle_seconds=0.0)
+    assert CheckpointCommitHook(box2).restore() == os.path.join(box2.ckpt_dir, "checkpoint-10")
+    [refused] = box2.emit.of("restore_verify_failed")
+    assert refused["checkpoint"] == "checkpoint-20" and "model.pt" in refused["problem"]
+    # moved whole to quarantine/ (manifest and payload, the damaged bytes as they were), never deleted
+    [moved] = os.listdir(os.path.join(root, "quarantine"))
+    assert moved.startswith("checkpoint-20.")
+    qdir = os.path.join(root, "quarantine", moved)
+    assert sorted(os.listdir(qdir)) == [MANIFEST, "model.pt", "sub"]
+    with open(os.path.join(qdir, MANIFEST)) as f:
+        assert json.load(f)["digest"] == digests["checkpoint-20"]
+    with open(os.path.join(qdir, "model.pt"), "rb") as f:
+        assert f.read() == damaged
+    assert sorted(os.listdir(os.path.join(root, "checkpoints"))) == ["checkpoint-10"]
+    # the index: only what can be restored, the quarantined one recorded, the restore's passed re-check
+    with open(os.path.join(root, "checkpoints_index.json")) as f:
+        index = json.load(f)
+    [entry] = index["checkpoints"]
+    assert entry["name"] == "checkpoint-10" and entry["verification"]["checks"][-1]["by"] == "restore"
+    assert entry["verification"]["checks"][-1]["result"] == "passed"
+    [q] = index["quarantined"]
+    assert q["name"] == "checkpoint-20" and "cannot be restored" in q["reason"]
+    assert q["verification"]["checks"][-1]["result"] == "failed"
