@@ -189,17 +189,19 @@ class CheckpointCommitter:
 
     def commit(self, cand: Candidate) -> CommitResult:
         """Commit one complete candidate. Raises SyncFailed (or DurableFull) loudly; never half-commits."""
-        try:
-            return self._commit(cand)
-        except BaseException:
-            self._known = None  # a manifest may have landed all the same: read the durable side again
-            raise
+        # one commit reads what is committed once (before it, and for the index after it) however it is called
+        with contextlib.nullcontext() if self._holding else self.held():
+            try:
+                return self._commit(cand)
+            except BaseException:
+                self._known = None  # a manifest may have landed all the same: read the durable side again
+                raise
 
     def _commit(self, cand: Candidate) -> CommitResult:
-        self.start()
         t0 = self.clock.monotonic()
         name = durable_name(cand)
         same = self.find_same_source(cand)
+        self.start()  # after the first read: a leftover is no committed checkpoint, and its listing serves both
         if same is not None:
             return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
                                 self.target.url)

@@ -66,10 +66,12 @@ class RcloneTarget:
         # every file under checkpoints/ (path -> bytes) as the last list_names() saw it, None after a write of
         # ours: the reads of one commit (which manifests exist, whose marker, what a dir holds) need no call each
         self._listing: Optional[Dict[str, int]] = None
+        self._just_listed = False  # no call since list_names(): its listing is what a new one would say
         self._dir_moves: Optional[bool] = None  # the backend renames a directory in one call (sftp, local)
 
     # -- one place for every rclone call --------------------------------------------------------------------
     def _rc(self, args: List[str], nbytes: int = 0, check: bool = True, binary: bool = False) -> Any:
+        self._just_listed = False
         proc = RCLONE.run([self.rclone, *args, *self.flags], self.base_timeout + nbytes / self.min_rate,
                           check=False, binary=binary, runner=self.runner, op=args[0], url=self.url)
         if check and proc.returncode != 0:
@@ -134,6 +136,7 @@ class RcloneTarget:
 
     def list_names(self) -> List[str]:
         self._listing = self._lsjson(self.ckpts, *LIST_FLAGS) or {}
+        self._just_listed = True
         return names_in(self._listing)
 
     def read_manifest(self, name: str) -> Optional[Dict[str, Any]]:
@@ -240,7 +243,8 @@ class RcloneTarget:
         self._put_json("%s/%s" % (self.run_root, INDEX), doc)
 
     def clean_leftovers(self, before_write: Optional[Callable[[], None]] = None) -> List[str]:
-        dirs = self.list_names()
+        # the listing the committer's first read made a moment ago will do: no call came between
+        dirs = names_in(self._listing or {}) if self._just_listed else self.list_names()
         listing = self._listing or {}
         # a dir without the marker is not ours; one with a manifest is committed (the manifest rules)
         removed = [d for d in dirs if "%s/%s" % (d, PARTIAL_MARKER) in listing

@@ -67,8 +67,9 @@ class ResumeMixin:
         if self.committer is not None:
             try:
                 with self._locked(), self.committer.held():
-                    self.committer.start()
-                    entries = self.restorable(self.committer.committed())  # this lease's lineage only
+                    committed = self.committer.committed()
+                    self.committer.start()  # after the read: its listing serves the cleanup too
+                    entries = self.restorable(committed)  # this lease's lineage only
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))
