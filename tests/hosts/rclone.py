@@ -15,11 +15,7 @@ from typing import Dict, Optional
 
 import pytest
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from tests.hosts import free_port, stop_child
 
 
 class RcloneSftp:
@@ -90,13 +86,7 @@ class RcloneSftp:
         return self.remote
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
         self.proc = None
 
 

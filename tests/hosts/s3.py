@@ -34,6 +34,7 @@ from typing import Dict, Optional
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.hosts import free_port, log_tail, require_built, stop_child
 
 VENV = os.path.join(REPO_ROOT, "build", "out", "rclone-venv")
 STAMP = os.path.join(VENV, ".installed")
@@ -45,22 +46,6 @@ def unavailable_reason() -> Optional[str]:
     if not os.path.exists(STAMP) or not os.access(RCLONE, os.X_OK):
         return "no rclone 1.75 venv at %s (the S3 API server): build it with `make rclone-venv` (make test does)" % VENV
     return None
-
-
-def require_s3() -> None:
-    """Skip (visibly) without the venv; in CI (CI=true) that is a failure: CI must have built it."""
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -109,21 +94,10 @@ class S3Server:
         raise RuntimeError("rclone serve s3 not listening after %.0f s:\n%s" % (timeout, self.log()))
 
     def stop(self) -> None:
-        """Stops the one process start() made (by its Popen: the pid cannot have been reused while unreaped)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     def remote_env(self, name: str = REMOTE, endpoint: Optional[str] = None, **options: str) -> Dict[str, str]:
         """A remote configured by environment variables, as a user sets one up for Cloudflare R2 (provider,
@@ -180,7 +154,7 @@ class S3Bucket:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """One `rclone serve s3` per test session (and xdist worker): every test gets a bucket of its own in it."""
-    require_s3()
+    require_built(unavailable_reason())
     server = S3Server(str(tmp_path_factory.mktemp("s3"))).start()
     try:
         yield server
