@@ -43,6 +43,10 @@ TRAPS = [
      "this rclone's S3 client cannot run while AWS_CA_BUNDLE is set in the environment (an old rclone's bug)",
      "install a current rclone (https://rclone.org/install/; 1.75 works), or start onbox without AWS_CA_BUNDLE "
      "(`env -u AWS_CA_BUNDLE onbox ...`) when the remote needs no custom CA; " + INTACT),
+    # onbox passes flags that rclone grew over its 1.4x and 1.5x releases (--files-from-raw, --no-check-dest,
+    # backend commands): an older distribution's rclone stops at the first one it does not know
+    ("unknown flag:", "this rclone is too old for the flags onbox passes",
+     "install a current rclone (https://rclone.org/install/; 1.60 and 1.75 are tested); " + INTACT),
 ]
 
 
