@@ -35,11 +35,11 @@ from onbox.checkpoints.durable import (
     foreign_entry,
 )
 from onbox.checkpoints.rclonecall import (
+    FRESH_UPLOAD_FLAGS,
     LIST_FLAGS,
     NOT_FOUND_RC,
     RCLONE,
     RCLONE_FLAGS,
-    UPLOAD_FLAGS,
     failed,
     names_in,
     sizes,
@@ -108,7 +108,9 @@ class RcloneTarget:
         with tempfile.TemporaryDirectory(prefix="onbox-rclone-") as tmp:
             local = os.path.join(tmp, os.path.basename(path))
             fsutil.atomic_write_json(local, doc)
-            self._rc(["copyto", local, path])
+            # always sent: a renewed lease may match the last one in size and, where the backend keeps times to
+            # the second (sftp), in time too, and rclone would skip it as unchanged
+            self._rc(["copyto", local, path, "--ignore-times"])
 
     def _swap(self, name: str, put: str, doc: Optional[Dict[str, Any]] = None) -> Tuple[Any, int]:
         """One `rclone sync` into <name>/ that uploads `put` (MANIFEST.json with `doc`, or the marker) and then
@@ -167,7 +169,7 @@ class RcloneTarget:
             with open(listing, "w", encoding="utf-8") as f:
                 f.write("".join(rel + "\n" for rel in files))
             hashcopy.fault_point("before-upload")
-            out = self._upload_hashing(root, dest, listing, files, hash_name, total)
+            out = self._upload_hashing(root, dest, listing, files, hash_name, total, fresh=not there)
         problems = self.verify(name, {"files": [{"path": r, "size": s} for r, (s, _) in out.items()]})
         if problems:  # U33: trust what landed, not the exit code alone
             raise SyncFailed("upload to %s incomplete: %s" % (dest, "; ".join(problems)), errno_name="EIO")
@@ -181,14 +183,16 @@ class RcloneTarget:
             self._rc(["copyto", marker, "%s/%s/%s" % (self.ckpts, name, PARTIAL_MARKER)])
 
     def _upload_hashing(self, root: str, dest: str, listing: str, files: List[str], hash_name: str,
-                        total: int) -> FileHashes:
+                        total: int, fresh: bool) -> FileHashes:
         """One `rclone copy` of the payload while the files are hashed beside it. A file the trainer rewrites
         meanwhile is caught by the committer's fingerprint check after the copy, as with a hash taken first."""
         with ThreadPoolExecutor(max_workers=max(1, min(HASH_WORKERS, len(files)))) as pool:
             pending = [(rel, pool.submit(hashcopy.hash_file, os.path.join(root, rel), hash_name))
                        for rel in sorted(files, key=lambda r: -os.path.getsize(os.path.join(root, r)))]
             try:
-                self._rc(["copy", root, dest, "--files-from-raw", listing, *UPLOAD_FLAGS], nbytes=total)
+                # into a dir of only the marker just put there, or over a leftover of ours (each file replaced)
+                how = FRESH_UPLOAD_FLAGS if fresh else ["--no-traverse", "--ignore-times"]
+                self._rc(["copy", root, dest, "--files-from-raw", listing, *how], nbytes=total)
             except BaseException:
                 for _rel, fut in pending:
                     fut.cancel()  # the ones not started yet: a failed upload waits for no more hashing
@@ -286,7 +290,7 @@ class RcloneTarget:
                 f.write("".join(n + "\n" for n in names))
             total = sum(os.path.getsize(os.path.join(local_dir, n)) for n in names)
             self._rc(["copy", local_dir, "%s/logs/%s" % (self.run_root, subdir), "--files-from-raw", listing,
-                      *UPLOAD_FLAGS], nbytes=total)
+                      "--no-traverse"], nbytes=total)
 
     def list_leases(self) -> List[str]:
         return sorted(self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), "--files-only") or {})

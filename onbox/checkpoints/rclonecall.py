@@ -21,9 +21,9 @@ RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "1
 # A listing of a whole subtree: recursive, files only (object stores have no directories), and in one flat request
 # stream where the backend can (S3's ListObjectsV2 without a delimiter: ~1000 keys per request, not one per dir).
 LIST_FLAGS = ["-R", "--files-only", "--fast-list"]
-# An upload onbox has decided must happen: no comparison with what is there (nothing is, or a leftover of ours
-# that the upload replaces), no per-file lookups before it.
-UPLOAD_FLAGS = ["--no-traverse", "--no-check-dest"]
+# An upload into a directory that holds nothing yet: no listing of it, no lookup of each file first. Never where a
+# file may be there already: on a backend that allows two files of one name (Google Drive), that would be a second.
+FRESH_UPLOAD_FLAGS = ["--no-traverse", "--no-check-dest"]
 NOT_FOUND_RC = 3  # rclone: "directory not found"
 INTACT = "the previous committed checkpoint is intact"
 RCLONE = Tool("rclone", SyncFailed,

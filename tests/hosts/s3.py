@@ -29,7 +29,7 @@ import socket
 import subprocess
 import time
 import uuid
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import pytest
 
@@ -51,8 +51,9 @@ def unavailable_reason() -> Optional[str]:
 class S3Server:
     """`rclone serve s3 DIR` on 127.0.0.1 with one access key; each top-level directory of DIR is a bucket."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, extra_args: Sequence[str] = ()) -> None:
         self.workdir = workdir
+        self.extra_args = list(extra_args)
         self.root = os.path.join(workdir, "served")
         os.makedirs(self.root, exist_ok=True)
         self.log_path = os.path.join(workdir, "serve-s3.log")
@@ -78,7 +79,7 @@ class S3Server:
         self.port = self.port or free_port()
         argv = [RCLONE, "serve", "s3", self.root, "--addr", "127.0.0.1:%d" % self.port,
                 "--auth-key", "%s,%s" % (self.access_key, self.secret), "--dir-cache-time", "1ms",
-                "--poll-interval", "0", "--etag-hash", "", "--config", self.config]
+                "--poll-interval", "0", "--etag-hash", "", "--config", self.config, *self.extra_args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout

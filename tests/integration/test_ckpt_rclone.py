@@ -219,3 +219,22 @@ def test_a_damaged_checkpoint_is_refused_quarantined_whole_and_the_older_one_res
     [q] = index["quarantined"]
     assert q["name"] == "checkpoint-20" and "cannot be restored" in q["reason"]
     assert q["verification"]["checks"][-1]["result"] == "failed"
+
+
+def test_a_retry_over_its_own_leftover_replaces_every_file_even_one_that_looks_unchanged(tmp_path, rclone_remote):
+    """The same committer tries again after a failed upload (no new start, no cleanup): the leftover's files are
+    overwritten, also one of the same size and time as the source (rclone would skip it as unchanged)."""
+    src = str(tmp_path / "ck")
+    model = write_torch_zip(os.path.join(src, "checkpoint-3", "model.pt"), payload=os.urandom(100_000))
+    left = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-3")
+    os.makedirs(left)
+    open(os.path.join(left, ".onbox-partial"), "wb").close()
+    with open(os.path.join(left, "model.pt"), "wb") as f:  # an earlier attempt's bytes: same size, other content
+        f.write(os.urandom(os.path.getsize(model)))
+    st = os.stat(model)
+    os.utime(os.path.join(left, "model.pt"), ns=(st.st_atime_ns, st.st_mtime_ns))
+    com = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    com._started = True  # the leftover is this committer's own, from its failed try: no cleanup comes first
+    assert com.commit(newest(src)).status == "committed"
+    assert verify_path(left).ok  # the manifest's hashes are of what is there
+    assert sorted(os.listdir(left)) == [MANIFEST, "model.pt"]
