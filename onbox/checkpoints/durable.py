@@ -14,7 +14,7 @@ A checkpoint dir without a MANIFEST.json does not exist for any reader.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from onbox import fsutil
 from onbox.checkpoints import SyncFailed
@@ -66,9 +66,10 @@ class DurableTarget(Protocol):
 
     def write_index(self, doc: Dict[str, Any]) -> None: ...
 
-    def clean_leftovers(self) -> List[str]:
+    def clean_leftovers(self, before_write: Optional[Callable[[], None]] = None) -> List[str]:
         """Remove what interrupted commits left (staging dirs, manifest-less dirs holding PARTIAL_MARKER, never
-        a dir without it: that is not ours); return what was removed."""
+        a dir without it: that is not ours); return what was removed. `before_write` (the lease check) runs
+        before the first deletion, and not at all when there is nothing to remove."""
 
     def fetch(self, name: str, files: List[str], dest: str, hash_name: str) -> FileHashes:
         """Copy a committed checkpoint's files into the existing local dir `dest`, hashing them."""
@@ -76,8 +77,8 @@ class DurableTarget(Protocol):
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
         """Problems of the durable copy against its manifest (empty: fine)."""
 
-    def put_log(self, local_path: str, name: str) -> None:
-        """Copy a run log to <run>/logs/<name> (name may hold a subdir), replacing that file's previous copy
+    def put_logs(self, local_dir: str, names: List[str], subdir: str) -> None:
+        """Copy run logs (`names`, files in local_dir) to <run>/logs/<subdir>/, each replacing its previous copy
         atomically where possible."""
 
     def list_leases(self) -> List[str]:

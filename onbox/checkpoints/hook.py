@@ -314,7 +314,7 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
     def commit_one(self, cand: Candidate) -> Optional[CommitResult]:
         """Commit one candidate under the commit lock; failures become events and status, never exceptions."""
         assert self.committer is not None
-        with self._locked():
+        with self._locked(), self.committer.held():
             at = self.clock.time()
             try:
                 r = self.committer.commit(cand)
@@ -372,12 +372,10 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
             return  # fenced (said), or the leases cannot be listed: the logs wait for the next commit
         names = [n for n in LOG_FILES if os.path.isfile(os.path.join(self.ctx.run_dir, n))]
         names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^%s\.\d+$" % re.escape(paths.OUTPUT_LOG), n))
-        for name in names:
-            try:
-                self.target.put_log(os.path.join(self.ctx.run_dir, name), "%s/%s" % (self.box_logs, name))
-            except (SyncFailed, OSError) as e:
-                self.ctx.emit("log_sync_failed", file=name, error=str(e))
-                return
+        try:
+            self.target.put_logs(self.ctx.run_dir, names, self.box_logs)
+        except (SyncFailed, OSError) as e:
+            self.ctx.emit("log_sync_failed", files=names, error=str(e))
 
     def prune_local(self, low_fraction: float = 0.05) -> List[str]:
         """U6: when the local disk runs low, delete local copies already committed (never the newest)."""

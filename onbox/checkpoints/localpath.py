@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil, untrusted
 from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, sync_failed_from_oserror
@@ -151,24 +151,33 @@ class LocalPathTarget:
         except OSError as e:
             raise sync_failed_from_oserror(self.run_root, e)
 
-    def clean_leftovers(self) -> List[str]:
+    def clean_leftovers(self, before_write: Optional[Callable[[], None]] = None) -> List[str]:
+        checked = [before_write is None]
+
+        def writing() -> None:
+            if not checked[0]:
+                checked[0] = True
+                assert before_write is not None
+                before_write()
         try:
-            return self._clean_leftovers()
+            return self._clean_leftovers(writing)
         except FileNotFoundError:
             return []
         except OSError as e:
             raise sync_failed_from_oserror(self.ckpts, e)
 
-    def _clean_leftovers(self) -> List[str]:
+    def _clean_leftovers(self, writing: Callable[[], None]) -> List[str]:
         removed = []
         names = os.listdir(self.ckpts)
         for n in names:
             path = os.path.join(self.ckpts, n)
             if n.startswith(fsutil.TMP_PREFIX) and os.path.isfile(path):  # an atomic_write temp
+                writing()
                 os.unlink(path)
                 removed.append(n)
             elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or (
                     not self.has_manifest(n) and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
+                writing()
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(n)
             elif os.path.isdir(path) and not self.has_manifest(n):
@@ -176,9 +185,11 @@ class LocalPathTarget:
             elif os.path.isdir(path):
                 for m in os.listdir(path):
                     if m.startswith(fsutil.TMP_PREFIX):
+                        writing()
                         os.unlink(os.path.join(path, m))
         for n in os.listdir(self.run_root):
             if n.startswith(fsutil.TMP_PREFIX):
+                writing()
                 os.unlink(os.path.join(self.run_root, n))
         return sorted(removed)
 
@@ -192,7 +203,7 @@ class LocalPathTarget:
             os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
         return copy_files(src, dest, files, hash_name)
 
-    def put_log(self, local_path: str, name: str) -> None:
+    def _put_log(self, local_path: str, name: str) -> None:
         dest = os.path.join(self.run_root, "logs", name)
         logs = os.path.dirname(dest)
         tmp = os.path.join(logs, fsutil.fit_name(os.path.basename(name), prefix=fsutil.TMP_PREFIX))
@@ -208,6 +219,10 @@ class LocalPathTarget:
             except OSError:
                 pass
             raise sync_failed_from_oserror(logs, e)
+
+    def put_logs(self, local_dir: str, names: List[str], subdir: str) -> None:
+        for n in names:
+            self._put_log(os.path.join(local_dir, n), "%s/%s" % (subdir, n))
 
     def list_leases(self) -> List[str]:
         try:

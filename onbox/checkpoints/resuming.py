@@ -66,9 +66,10 @@ class ResumeMixin:
             return self._resume_local(newest_local)
         if self.committer is not None:
             try:
-                with self._locked():
-                    self.committer.start()
-                    entries = self.restorable(self.committer.committed())  # this lease's lineage only
+                with self._locked(), self.committer.held():
+                    committed = self.committer.committed()
+                    self.committer.start()  # after the read: its listing serves the cleanup too
+                    entries = self.restorable(committed)  # this lease's lineage only
                     names = [e["name"] for e in reversed(entries)]
                     res = restore_newest(self.committer.target, names, self.ckpt_dir, self.ctx.emit,
                                          local_wins=lambda m: newest_local is not None and newer(newest_local, m))

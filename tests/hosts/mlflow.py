@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.hosts import free_port, require_built
 
 VENV = os.path.join(REPO_ROOT, "build", "out", "mlflow-venv")
 STAMP = os.path.join(VENV, ".installed")
@@ -46,18 +47,7 @@ def unavailable_reason() -> Optional[str]:
 
 def require_mlflow() -> None:
     """Skip (visibly) without the venv; in CI (CI=true) that is a failure: CI must have built it."""
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    require_built(unavailable_reason())
 
 
 class MlflowServer:

@@ -15,11 +15,7 @@ from typing import Dict, Optional
 
 import pytest
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from tests.hosts import free_port, stop_child
 
 
 class RcloneSftp:
@@ -84,14 +80,13 @@ class RcloneSftp:
                 time.sleep(0.05)
         raise RuntimeError("rclone serve sftp not listening after %.0f s" % timeout)
 
+    def unreachable(self) -> str:
+        """The remote with nothing answering: the server stopped."""
+        self.stop()
+        return self.remote
+
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
         self.proc = None
 
 
@@ -108,3 +103,11 @@ def rclone_sftp(tmp_path, monkeypatch):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["sftp", "s3"])
+def rclone_remote(request):
+    """The durable remote of the checkpoint suite's rclone cases, once per backend: `rclone serve sftp` (renames and
+    directories; Debian's rclone 1.60 the client) and `rclone serve s3` (objects, no renames; rclone 1.75.2 the
+    client: tests/hosts/s3.py). Both give .remote, .durable_root (its files on this machine), .env, .unreachable()."""
+    return request.getfixturevalue({"sftp": "rclone_sftp", "s3": "s3"}[request.param])

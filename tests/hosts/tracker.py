@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from tests.conftest import subprocess_env
+from tests.hosts import log_tail
 
 TOKEN = "test-token-0123456789"
 
@@ -86,11 +87,7 @@ class TrackerProcess:
         self.kill(signal.SIGTERM)
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     # -- client helpers (bounded by timeouts)
     def headers(self) -> Dict[str, str]:

@@ -1,7 +1,10 @@
-"""The rclone target against a real `rclone serve sftp` on loopback: commit (payload first, manifest last),
-restore onto an empty checkpoint dir, and an upload interrupted by SIGKILL of the committing process."""
+"""The rclone target against real servers on loopback, each test once per backend (tests/hosts/rclone.py's
+`rclone_remote`): `rclone serve sftp` (renames, directories) and `rclone serve s3` (an S3 API: objects, no
+renames, flat listings). Commit (payload first, manifest last), restore onto an empty checkpoint dir, an upload
+interrupted by SIGKILL of the committing process, an unreachable remote, a user's own dirs left alone."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -29,20 +32,21 @@ def newest(root):
     return [c for c in CompletionTracker(0.0).update(scan(root), 0.0, 0.0) if c.complete][-1]
 
 
-def test_commit_and_restore_over_sftp(tmp_path, rclone_sftp):
-    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0, sync_interval=0.0)
+def test_commit_and_restore(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0, sync_interval=0.0)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-10", "model.pt"), payload=os.urandom(300_000))
     write_safetensors(os.path.join(ctx.ckpt_dir, "checkpoint-10", "sub", "ema.safetensors"))
     hook = CheckpointCommitHook(ctx)
     hook.periodic()
     hook.join_worker(None)
     assert ctx.emit.of("checkpoint_committed"), ctx.emit.events
-    served = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-10")
+    served = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-10")
     assert os.path.exists(os.path.join(served, MANIFEST))
     assert verify_path(served).ok  # what landed on the server, checked byte by byte
-    assert os.path.exists(os.path.join(rclone_sftp.durable_root, "r1", "checkpoints_index.json"))
+    assert sorted(os.listdir(served)) == [MANIFEST, "model.pt", "sub"]  # the partial marker is gone
+    assert os.path.exists(os.path.join(rclone_remote.durable_root, "r1", "checkpoints_index.json"))
     # a replacement box with an empty checkpoint dir
-    box2 = run_context(tmp_path / "box2", durable=rclone_sftp.remote, settle_seconds=0.0)
+    box2 = run_context(tmp_path / "box2", durable=rclone_remote.remote, settle_seconds=0.0)
     path = CheckpointCommitHook(box2).restore()
     assert path == os.path.join(box2.ckpt_dir, "checkpoint-10")
     rep = verify_path(path)  # the local copy has no manifest (it is not a committed checkpoint): files check out
@@ -64,24 +68,25 @@ print("finished", flush=True)
 """
 
 
-def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_sftp):
+def landed(path: str) -> int:
+    """Bytes under `path` on the server's disk, hidden files too (an S3 upload in flight is a temp file there)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_remote):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
-    target = RcloneTarget(rclone_sftp.remote, "r1")
+    target = RcloneTarget(rclone_remote.remote, "r1")
     CheckpointCommitter(target, "r1", SystemClock(), EventRecorder()).commit(newest(src))
     write_torch_zip(os.path.join(src, "checkpoint-2", "model.pt"), payload=os.urandom(6_000_000))
-    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_sftp.remote, src], env=subprocess_env(),
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, rclone_remote.remote, src], env=subprocess_env(),
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    partial_dir = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints", "checkpoint-2")
+    partial_dir = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-2")
     try:
         deadline = time.monotonic() + 30
-        landed = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            landed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(partial_dir) for f in fs)
-            if landed > 0:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None and landed > 0, "upload never started: %s" % (proc.stderr and proc.stderr.read())
+        while time.monotonic() < deadline and proc.poll() is None and landed(partial_dir) < 100_000:
+            time.sleep(0.05)  # the marker (0 bytes) first, then payload bytes arriving
+        assert proc.poll() is None, "upload never started: %s" % (proc.stderr and proc.stderr.read())
         os.killpg(proc.pid, signal.SIGKILL)  # the committer and its rclone child, mid-upload
     finally:
         if proc.poll() is None:
@@ -92,28 +97,30 @@ def test_interrupted_upload_is_invisible_and_finished_next_run(tmp_path, rclone_
         proc.wait(timeout=30)
     assert os.path.isdir(partial_dir) and not os.path.exists(os.path.join(partial_dir, MANIFEST))
     # readers ignore it: no manifest, not in the index
-    reader = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    reader = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert [e["name"] for e in reader.committed()] == ["checkpoint-1"]
     assert reader.target.read_manifest("checkpoint-2") is None
     # the next run cleans the leftover and finishes the commit
     emit = EventRecorder()
-    nxt = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), emit)
+    nxt = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), emit)
     r = nxt.commit(newest(src))
     assert r.status == "committed" and r.name == "checkpoint-2"
     assert emit.of("checkpoint_leftovers_cleaned")[0]["removed"] == ["checkpoint-2"]
     assert verify_path(partial_dir).ok
     assert [e["name"] for e in nxt.committed()] == ["checkpoint-1", "checkpoint-2"]
+    assert sorted(os.listdir(partial_dir)) == [MANIFEST, "model.pt"]  # no temp file, no marker left
 
 
-def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
+def test_unreachable_remote_fails_loudly(tmp_path, rclone_remote):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"))
-    rclone_sftp.stop()
-    ctx = run_context(tmp_path, durable=rclone_sftp.remote, settle_seconds=0.0)
+    ctx = run_context(tmp_path, durable=rclone_remote.unreachable(), settle_seconds=0.0)
     os.rmdir(ctx.ckpt_dir)
     os.symlink(src, ctx.ckpt_dir)
     hook = CheckpointCommitHook(ctx)
     hook.committer.target.base_timeout = 20
+    # one attempt per request: an S3 client retries a refused connection with backoff for ~16 s a call otherwise
+    hook.committer.target.flags += ["--low-level-retries", "1"]
     hook.periodic()
     hook.join_worker(None)
     [fail] = ctx.emit.of("sync_failed")
@@ -121,15 +128,15 @@ def test_unreachable_remote_fails_loudly(tmp_path, rclone_sftp):
     assert hook.status["last_sync"]["ok"] is False
 
 
-def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path, rclone_sftp):
-    theirs = os.path.join(rclone_sftp.durable_root, "r1", "checkpoints")
+def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path, rclone_remote):
+    theirs = os.path.join(rclone_remote.durable_root, "r1", "checkpoints")
     for n in ("checkpoint-5", "checkpoint-7"):
         os.makedirs(os.path.join(theirs, n))
         with open(os.path.join(theirs, n, "weights.bin"), "wb") as f:
             f.write(b"theirs")
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-9", "model.pt"))
-    com = CheckpointCommitter(RcloneTarget(rclone_sftp.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    com = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
     assert com.commit(newest(src)).status == "committed"
     write_torch_zip(os.path.join(src, "checkpoint-7", "model.pt"))
     cand = next(c for c in CompletionTracker(0.0).update(scan(src), 0.0, 0.0) if c.name == "checkpoint-7")
@@ -140,3 +147,94 @@ def test_a_users_own_dirs_on_the_remote_are_never_purged_or_overwritten(tmp_path
         with open(os.path.join(theirs, n, "weights.bin"), "rb") as f:
             assert f.read() == b"theirs"
     assert sorted(os.listdir(os.path.join(theirs, "checkpoint-9"))) == [MANIFEST, "model.pt"]
+
+
+def commit_newest(hook):
+    r = hook.commit_one(hook.scan_now(settle=0.0)[-1])
+    assert r is not None and r.status == "committed", hook.ctx.emit.events
+    return r
+
+
+def test_retention_leaves_the_newest_whole_no_leftovers_and_the_logs_per_box(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0, keep_last=2)
+    with open(os.path.join(ctx.run_dir, "output.log"), "w") as f:
+        f.write("step 40 loss 1.25\n")
+    hook = CheckpointCommitHook(ctx)
+    for step in (10, 20, 30, 40):
+        write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-%d" % step, "model.pt"), payload=os.urandom(50_000))
+        commit_newest(hook)
+    root = os.path.join(rclone_remote.durable_root, "r1")
+    kept = ["checkpoint-30", "checkpoint-40"]
+    assert sorted(os.listdir(os.path.join(root, "checkpoints"))) == kept  # retired ones gone, nothing left over
+    for n in kept:
+        assert sorted(os.listdir(os.path.join(root, "checkpoints", n))) == [MANIFEST, "model.pt"]
+        assert verify_path(os.path.join(root, "checkpoints", n)).ok
+    with open(os.path.join(root, "checkpoints_index.json")) as f:
+        assert [e["name"] for e in json.load(f)["checkpoints"]] == kept
+    assert [e["removed"] for e in ctx.emit.of("checkpoints_retired")] == [["checkpoint-10"], ["checkpoint-20"]]
+    # this box's logs, in a folder of its own: what a replacement box finds of the run's history
+    assert os.listdir(os.path.join(root, "logs")) == [hook.box_logs]
+    with open(os.path.join(root, "logs", hook.box_logs, "output.log")) as f:
+        assert f.read() == "step 40 loss 1.25\n"
+
+
+def test_a_damaged_checkpoint_is_refused_quarantined_whole_and_the_older_one_restored(tmp_path, rclone_remote):
+    ctx = run_context(tmp_path, durable=rclone_remote.remote, settle_seconds=0.0)
+    hook = CheckpointCommitHook(ctx)
+    digests = {}
+    for step in (10, 20):
+        d = os.path.join(ctx.ckpt_dir, "checkpoint-%d" % step)
+        write_torch_zip(os.path.join(d, "model.pt"), payload=os.urandom(200_000))
+        write_safetensors(os.path.join(d, "sub", "ema.safetensors"))
+        digests["checkpoint-%d" % step] = commit_newest(hook).digest
+    root = os.path.join(rclone_remote.durable_root, "r1")
+    bad = os.path.join(root, "checkpoints", "checkpoint-20", "model.pt")
+    with open(bad, "r+b") as f:  # bit rot on the store: same size, other bytes
+        f.seek(100_000)
+        byte = f.read(1)
+        f.seek(100_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with open(bad, "rb") as f:
+        damaged = f.read()
+    box2 = run_context(tmp_path / "box2", durable=rclone_remote.remote, settle_seconds=0.0)
+    assert CheckpointCommitHook(box2).restore() == os.path.join(box2.ckpt_dir, "checkpoint-10")
+    [refused] = box2.emit.of("restore_verify_failed")
+    assert refused["checkpoint"] == "checkpoint-20" and "model.pt" in refused["problem"]
+    # moved whole to quarantine/ (manifest and payload, the damaged bytes as they were), never deleted
+    [moved] = os.listdir(os.path.join(root, "quarantine"))
+    assert moved.startswith("checkpoint-20.")
+    qdir = os.path.join(root, "quarantine", moved)
+    assert sorted(os.listdir(qdir)) == [MANIFEST, "model.pt", "sub"]
+    with open(os.path.join(qdir, MANIFEST)) as f:
+        assert json.load(f)["digest"] == digests["checkpoint-20"]
+    with open(os.path.join(qdir, "model.pt"), "rb") as f:
+        assert f.read() == damaged
+    assert sorted(os.listdir(os.path.join(root, "checkpoints"))) == ["checkpoint-10"]
+    # the index: only what can be restored, the quarantined one recorded, the restore's passed re-check
+    with open(os.path.join(root, "checkpoints_index.json")) as f:
+        index = json.load(f)
+    [entry] = index["checkpoints"]
+    assert entry["name"] == "checkpoint-10" and entry["verification"]["checks"][-1]["by"] == "restore"
+    assert entry["verification"]["checks"][-1]["result"] == "passed"
+    [q] = index["quarantined"]
+    assert q["name"] == "checkpoint-20" and "cannot be restored" in q["reason"]
+    assert q["verification"]["checks"][-1]["result"] == "failed"
+
+
+def test_a_retry_over_its_own_leftover_replaces_every_file_even_one_that_looks_unchanged(tmp_path, rclone_remote):
+    """The same committer tries again after a failed upload (no new start, no cleanup): the leftover's files are
+    overwritten, also one of the same size and time as the source (rclone would skip it as unchanged)."""
+    src = str(tmp_path / "ck")
+    model = write_torch_zip(os.path.join(src, "checkpoint-3", "model.pt"), payload=os.urandom(100_000))
+    left = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-3")
+    os.makedirs(left)
+    open(os.path.join(left, ".onbox-partial"), "wb").close()
+    with open(os.path.join(left, "model.pt"), "wb") as f:  # an earlier attempt's bytes: same size, other content
+        f.write(os.urandom(os.path.getsize(model)))
+    st = os.stat(model)
+    os.utime(os.path.join(left, "model.pt"), ns=(st.st_atime_ns, st.st_mtime_ns))
+    com = CheckpointCommitter(RcloneTarget(rclone_remote.remote, "r1"), "r1", SystemClock(), EventRecorder())
+    com._started = True  # the leftover is this committer's own, from its failed try: no cleanup comes first
+    assert com.commit(newest(src)).status == "committed"
+    assert verify_path(left).ok  # the manifest's hashes are of what is there
+    assert sorted(os.listdir(left)) == [MANIFEST, "model.pt"]

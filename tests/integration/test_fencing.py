@@ -1,5 +1,5 @@
 """Fencing with real agents: two (or three) `onbox run` agents on this machine, each with its own ONBOX_HOME and
-local checkpoint disk, sharing one durable target (a mounted directory, or an rclone sftp remote on loopback).
+local checkpoint disk, sharing one durable target (a mounted directory, or an rclone remote on loopback: sftp, S3).
 
 - A takeover (`--take-over`, as `onboxctl keep` does after declaring a box lost): the old agent commits nothing
   more, stops its trainer within one sync interval and ends `fenced`; the new one resumed from the old one's
@@ -333,12 +333,13 @@ def test_two_launches_that_tie_on_an_epoch_make_exactly_one_writer(tmp_path, sta
 
 
 @pytest.mark.slow
-def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_sftp):
-    remote = rclone_sftp.remote
-    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_sftp.env) for t in ("a1", "a2"))
+def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_remote):
+    """Over sftp and over S3 (leases are objects there: taken by an upload, seen by listing again)."""
+    remote = rclone_remote.remote
+    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_remote.env) for t in ("a1", "a2"))
     assert a1.run().returncode == 0
     _wait_commits(a1, 2)
-    root = os.path.join(rclone_sftp.durable_root, "fx")
+    root = os.path.join(rclone_remote.durable_root, "fx")
     refused = a2.run()
     assert refused.returncode == 2 and "held by another agent" in refused.stderr
     r = a2.run("--take-over")
@@ -351,8 +352,8 @@ def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_sftp):
     [gone] = a1.events("exit")
     # within a sync interval, plus what rclone's listing processes take (seconds each on a loaded 2-core machine)
     assert gone["classification"] == "fenced" and gone["time"] - lease2["taken_at"] <= SYNC + 3.0
-    print("\nfencing on rclone sftp: takeover -> old trainer gone %.2f s (sync interval %.1f s)" % (
-        gone["time"] - lease2["taken_at"], SYNC))
+    print("\nfencing on %s: takeover -> old trainer gone %.2f s (sync interval %.1f s)" % (
+        remote.split(":")[0], gone["time"] - lease2["taken_at"], SYNC))
     wait_for(lambda: a2.trainers(), timeout=30, what="agent 2's trainer")
     assert os.path.basename(a2.trainers()[0]["resume"]) == lease2["resumed_from"]
     _wait_commits(a2, 1)

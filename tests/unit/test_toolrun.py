@@ -113,6 +113,13 @@ def test_callers_keep_their_own_words():
     t = RcloneTarget("remote:bucket", "r1", runner=RunnerRecorder(exc=FileNotFoundError("rclone")))
     with pytest.raises(SyncFailed, match=r"^rclone is not installed on this box$"):
         t.list_names()
+    # a trap of the box, not of the remote, is named with what to do (the AWS_CA_BUNDLE one against a real old
+    # rclone: test_ckpt_s3.py); an rclone older than a flag onbox passes stops with pflag's own words
+    t = RcloneTarget("remote:bucket", "r1", runner=RunnerRecorder(rc=1, stderr="Error: unknown flag: --no-check-dest\n"
+                                                                          "Usage:\n  rclone copy source:path dest:path\n"))
+    with pytest.raises(SyncFailed, match=r"too old for the flags onbox passes$") as e:
+        t.write_index({})
+    assert "rclone.org/install" in (e.value.hint or "") and "intact" in (e.value.hint or "")
 
     with pytest.raises(UnfitError, match=r"^sbatch not found on PATH$"):  # exit 3: this box cannot submit
         submit("#!/bin/bash\n", runner=RunnerRecorder(exc=FileNotFoundError("sbatch")))
