@@ -1,5 +1,5 @@
-"""Shared fixtures. Service fixtures (sshd, Slurm, tracker, MLflow, rclone, network namespaces, a Docker daemon) live
-in tests/hosts/ and are loaded as plugins so any test can ask for them."""
+"""Shared fixtures. Service fixtures (sshd, Slurm, tracker, MLflow, rclone, an S3 API, network namespaces, a Docker
+daemon) live in tests/hosts/ and are loaded as plugins so any test can ask for them."""
 from __future__ import annotations
 
 import os
@@ -9,11 +9,7 @@ import pytest
 
 pytest_plugins: list = ["tests.hosts.sshd", "tests.hosts.metadata", "tests.hosts.gpu_holders", "tests.hosts.rclone",
                         "tests.hosts.tracker", "tests.hosts.netns", "tests.hosts.sshd_box", "tests.hosts.slurm",
-<<<<<<< HEAD
-                        "tests.hosts.mlflow", "tests.hosts.docker"]
-=======
-                        "tests.hosts.mlflow", "tests.hosts.s3"]
->>>>>>> i23-s3
+                        "tests.hosts.mlflow", "tests.hosts.docker", "tests.hosts.s3"]
 
 
 @pytest.fixture
