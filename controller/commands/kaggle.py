@@ -7,12 +7,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
+from controller.commands.pull import say_pulled
 from controller.kaggle import folder
 from controller.kaggle.cli import ACTIVE, KaggleCli, credentials, log_lines
 from controller.kaggle.output import outcome_in_log, pull
 from controller.launch import check_name
 from onbox.commands.clikit import echo_json
-from onbox.errors import JobFailed, UsageError
+from onbox.errors import UsageError
 
 PUSH_SCHEMA = "onbox.kaggle.push/1"
 STATUS_SCHEMA = "onbox.kaggle.status/1"
@@ -184,16 +185,8 @@ def pull_cmd(run: str, dest: str, owner: Optional[str], load: Optional[bool], as
     ref = _ref(who, run)
     say = (lambda m: None) if as_json else (lambda m: click.echo("pull: " + m))
     report = pull(KaggleCli(), ref, who, run, dest, load=load, say=say)
-    if as_json:
-        echo_json(report.to_dict())
-    else:
-        click.echo("pull: %s from %s -> %s: %d checkpoint(s), newest %s, %s (%.1f s)" % (
-            run, ref, report.dest, len(report.checkpoints), report.newest,
-            "all verified" if report.ok else "NOT all verified", report.seconds))
-    if not report.ok:
-        bad = [c["name"] for c in report.checkpoints if not c.get("ok")]
-        raise JobFailed("verification failed for %s" % ", ".join(bad),
-                        hint="pull again; if it fails again the version's output is damaged")
+    say_pulled(report, run, ref, as_json, verified=True,
+               damaged="pull again; if it fails again the version's output is damaged")
 
 
 pull_cmd.name = "pull"

@@ -51,13 +51,19 @@ def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Opt
 
     tr = Transfer(ssh, b, attempts=attempts, io_timeout=io_timeout, progress=progress, bwlimit_kbps=bwlimit)
     report = pull_run(ssh, b, run, dest, latest_only=latest, verify=not no_verify, load=load, transfer=tr, say=say)
+    say_pulled(report, run, box, as_json, verified=not no_verify,
+               damaged="pull again; if it fails again the copy on the box is damaged: keep the box")
+
+
+def say_pulled(report, run: str, source: str, as_json: bool, verified: bool, damaged: str) -> None:
+    """A pull's last words (one line, or its --json document); a checkpoint that failed verification is exit 1
+    with `damaged` as the hint. Shared by `onboxctl pull` and `onboxctl kaggle pull`."""
     if as_json:
         echo_json(report.to_dict())
     else:
         click.echo("pull: %s from %s -> %s: %d checkpoint(s), newest %s, %s (%.1f s)" % (
-            run, box, report.dest, len(report.checkpoints), report.newest,
+            run, source, report.dest, len(report.checkpoints), report.newest,
             "all verified" if report.ok else "NOT all verified", report.seconds))
-    if not report.ok and not no_verify:
+    if not report.ok and verified:
         bad = [c["name"] for c in report.checkpoints if not c.get("ok")]
-        raise JobFailed("verification failed for %s" % ", ".join(bad),
-                        hint="pull again; if it fails again the copy on the box is damaged: keep the box")
+        raise JobFailed("verification failed for %s" % ", ".join(bad), hint=damaged)
