@@ -20,7 +20,10 @@ from onbox.toolrun import Says, Tool, stderr_tail
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 # A listing of a whole subtree: recursive, files only (object stores have no directories), and in one flat request
 # stream where the backend can (S3's ListObjectsV2 without a delimiter: ~1000 keys per request, not one per dir).
-LIST_FLAGS = ["-R", "--files-only", "--fast-list"]
+# Sizes are all onbox reads of a listing: no modification times (on S3 each is a HEAD request per object, the mtime
+# being metadata of rclone's) and no MIME types.
+LIST_FLAGS = ["-R", "--files-only", "--fast-list", "--no-modtime", "--no-mimetype"]
+LEASE_LIST_FLAGS = ["--files-only", "--no-modtime", "--no-mimetype"]  # the files of one directory
 # An upload into a directory that holds nothing yet: no listing of it, no lookup of each file first. Never where a
 # file may be there already: on a backend that allows two files of one name (Google Drive), that would be a second.
 FRESH_UPLOAD_FLAGS = ["--no-traverse", "--no-check-dest"]
