@@ -36,6 +36,7 @@ MIN_VERSION = (1, 65)  # the oldest rclone the rc path was checked against; an o
 MAX_STARTS = 4  # daemons ended under a target (crashes, timeouts) before it stays with the CLI
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes
 ERROR_BODY_MAX = 64 * 1024
+START_POLL_S = 0.003  # how often a starting daemon's socket is looked for (it takes ~70 ms)
 
 
 class RcdGone(Exception):
@@ -76,6 +77,7 @@ class Rcd:
         self._helper: Optional[Helper] = None
         self._dir: Optional[str] = None
         self._auth = ""
+        self._answering = False  # the daemon running now answered its first call
         self._lock = threading.Lock()
 
     @property
@@ -86,46 +88,65 @@ class Rcd:
     def ready(self) -> bool:
         """The daemon answers (started now when it is not running); False when this target uses the CLI."""
         with self._lock:
-            if self.problem is not None:
+            if not self._launch():
                 return False
-            if self._helper is not None and self._helper.running():
-                return True
-            self._discard()
-            if self.starts >= MAX_STARTS:
-                self.problem = "rclone rcd ended %d times" % self.starts
-                return False
-            self.starts += 1
-            try:
-                self._start()
-            except FileNotFoundError:
-                self.problem = "%s is not installed" % self.rclone  # the CLI call says so, in its own words
-            except (OSError, RuntimeError) as e:
-                self.problem = str(e)
-            if self.problem is not None:
-                self._discard()
-                return False
+            if not self._answering:
+                try:
+                    self._await()
+                except (OSError, RuntimeError) as e:
+                    self.problem = str(e)
+                    self._discard()
+                    return False
+                self._answering = True
             return True
 
-    def _start(self) -> None:
+    def _launch(self) -> bool:
+        """A daemon started (or running); False when this target uses the CLI. The caller holds the lock."""
+        if self.problem is not None:
+            return False
+        if self._helper is not None and self._helper.running():
+            return True
+        self._discard()
+        if self.starts >= MAX_STARTS:
+            self.problem = "rclone rcd ended %d times" % self.starts
+            return False
+        self.starts += 1
         self._dir = tempfile.mkdtemp(prefix="onbox-rcd-")  # 0700: only this user reaches the socket
         sock = os.path.join(self._dir, "rc.sock")
-        if len(sock.encode()) > SOCKET_PATH_MAX:
-            raise RuntimeError("the socket path %s is too long for a unix socket" % sock)
         user, password = secrets.token_hex(8), secrets.token_hex(24)
         self._auth = "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
         env = dict(os.environ, RCLONE_RC_USER=user, RCLONE_RC_PASS=password)
-        self._helper = Helper([self.rclone, "rcd", "--rc-addr", "unix://" + sock, "--rc-serve", *self.flags], env)
-        self._helper.start()
+        try:
+            if len(sock.encode()) > SOCKET_PATH_MAX:
+                raise RuntimeError("the socket path %s is too long for a unix socket" % sock)
+            self._helper = Helper([self.rclone, "rcd", "--rc-addr", "unix://" + sock, "--rc-serve", *self.flags],
+                                  env)
+            self._helper.start()
+        except FileNotFoundError:
+            self.problem = "%s is not installed" % self.rclone  # the CLI call says so, in its own words
+        except (OSError, RuntimeError) as e:
+            self.problem = str(e)
+        if self.problem is not None:
+            self._discard()
+            return False
+        return True
+
+    def _await(self) -> None:
+        """Wait (bounded) for the daemon just started to answer, and check that its rclone is recent enough."""
+        assert self._helper is not None and self._dir is not None
         deadline = time.monotonic() + self.start_timeout
-        pause = 0.002
-        while not os.path.exists(sock):  # bounded: the deadline, and the daemon's own end
+        while True:  # bounded: the deadline, and the daemon's own end
+            try:
+                status, doc = self._post("core/version", {}, self.start_timeout)
+                break
+            except RcdGone as e:  # no socket yet, or one bound and not yet listening: refused
+                if e.sent:
+                    raise RuntimeError(str(e))
             if not self._helper.running():
                 raise RuntimeError("rclone rcd ended at its start: %s" % (self._helper.tail() or "no message"))
             if time.monotonic() > deadline:
                 raise RuntimeError("rclone rcd did not answer within %.0f s" % self.start_timeout)
-            time.sleep(pause)
-            pause = min(2 * pause, 0.02)
-        status, doc = self._post("core/version", {}, self.start_timeout)
+            time.sleep(START_POLL_S)
         version = tuple(doc.get("decomposed") or ())[:2] if status == 200 else ()
         if version < MIN_VERSION:
             raise RuntimeError("rclone %s is older than %s" % (doc.get("version") or "?",
@@ -133,6 +154,7 @@ class Rcd:
 
     def _discard(self) -> None:
         """Stop the daemon (if it runs) and remove its socket's directory."""
+        self._answering = False
         if self._helper is not None:
             self._helper.stop()
             self._helper = None

@@ -40,6 +40,10 @@ def test_commit_and_restore(tmp_path, rclone_remote):
     hook.periodic()
     hook.join_worker(None)
     assert ctx.emit.of("checkpoint_committed"), ctx.emit.events
+    rcd = hook.target.rcd
+    # 1.75.2 over one rclone rcd; Debian's 1.60 cannot serve rc on a unix socket: a process per call, said why
+    assert ("rcd" if rcd is not None and rcd.problem is None else "cli") == rclone_remote.calls, rcd and rcd.problem
+    assert rclone_remote.calls == "rcd" or rcd is None or "rclone rcd ended at its start" in (rcd.problem or "")
     served = os.path.join(rclone_remote.durable_root, "r1", "checkpoints", "checkpoint-10")
     assert os.path.exists(os.path.join(served, MANIFEST))
     assert verify_path(served).ok  # what landed on the server, checked byte by byte

@@ -333,13 +333,13 @@ def test_two_launches_that_tie_on_an_epoch_make_exactly_one_writer(tmp_path, sta
 
 
 @pytest.mark.slow
-def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_remote):
+def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_backend):
     """Over sftp and over S3 (leases are objects there: taken by an upload, seen by listing again)."""
-    remote = rclone_remote.remote
-    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_remote.env) for t in ("a1", "a2"))
+    remote = rclone_backend.remote
+    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_backend.env) for t in ("a1", "a2"))
     assert a1.run().returncode == 0
     _wait_commits(a1, 2)
-    root = os.path.join(rclone_remote.durable_root, "fx")
+    root = os.path.join(rclone_backend.durable_root, "fx")
     refused = a2.run()
     assert refused.returncode == 2 and "held by another agent" in refused.stderr
     r = a2.run("--take-over")
