@@ -230,15 +230,15 @@ class Helper:
     def tail(self, lines: int = 3) -> str:
         return " | ".join(list(self._lines)[-lines:])
 
-    def stop(self, grace: float = 2.0) -> None:
-        """TERM, up to `grace` s for it to go, then KILL (and as long again); nothing when it is gone already or was
-        started by another process (this one a fork of it)."""
+    def stop(self, grace: float = 2.0, kill: bool = False) -> None:
+        """TERM, up to `grace` s for it to go, then KILL (and as long again); `kill`: KILL at once. Nothing when it
+        is gone already or was started by another process (this one a fork of it)."""
         from onbox.proc import ProcessSeam, ProcRef
 
         if not self.running() or self.pid is None or self.start_time is None:
             return
         seam, ref = ProcessSeam(), ProcRef(self.pid, self.start_time)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGKILL,) if kill else (signal.SIGTERM, signal.SIGKILL):
             if not seam.signal_process(ref, sig):
                 break  # gone (the thread reaps it)
             assert self._thread is not None

@@ -152,11 +152,11 @@ class Rcd:
             raise RuntimeError("rclone %s is older than %s" % (doc.get("version") or "?",
                                                                 "%d.%d" % MIN_VERSION))
 
-    def _discard(self) -> None:
-        """Stop the daemon (if it runs) and remove its socket's directory."""
+    def _discard(self, kill: bool = False) -> None:
+        """Stop the daemon (if it runs; `kill`: SIGKILL at once) and remove its socket's directory."""
         self._answering = False
         if self._helper is not None:
-            self._helper.stop()
+            self._helper.stop(kill=kill)
             self._helper = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -168,8 +168,10 @@ class Rcd:
             self._discard()
 
     def kill(self) -> None:
-        """After a call that timed out here: what it started there must not go on."""
-        self.stop()
+        """After a call that timed out here: what it started there must not go on (SIGKILL, as a timed-out rclone
+        process gets)."""
+        with self._lock:
+            self._discard(kill=True)
 
     # -- requests ----------------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Optional[bytes], timeout: float,
