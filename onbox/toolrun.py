@@ -11,6 +11,9 @@ the runner decides when an error is raised, never what it says.
 
 `runner` is the subprocess seam: anything called like `subprocess.run(argv, stdout=PIPE, stderr=PIPE, text=...,
 timeout=...)` that returns a CompletedProcess; tests pass a recorder. The default is `call`.
+
+A tool that runs beside onbox while onbox talks to it (`rclone rcd`) is a `Helper`: it dies with this process and
+is stopped by its PID and start time.
 """
 from __future__ import annotations
 

@@ -78,7 +78,8 @@ class Rcd:
         self._dir: Optional[str] = None
         self._auth = ""
         self._answering = False  # the daemon running now answered its first call
-        self._lock = threading.Lock()
+        self._owner = 0  # the process that started it (a fork inherits this object: neither its daemon nor its dir)
+        self._lock = threading.RLock()  # reentrant: a start whose first call times out kills what it started
 
     @property
     def pid(self) -> Optional[int]:
@@ -93,7 +94,7 @@ class Rcd:
             if not self._answering:
                 try:
                     self._await()
-                except (OSError, RuntimeError) as e:
+                except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
                     self.problem = str(e)
                     self._discard()
                     return False
@@ -111,6 +112,7 @@ class Rcd:
             self.problem = "rclone rcd ended %d times" % self.starts
             return False
         self.starts += 1
+        self._owner = os.getpid()
         self._dir = tempfile.mkdtemp(prefix="onbox-rcd-")  # 0700: only this user reaches the socket
         sock = os.path.join(self._dir, "rc.sock")
         user, password = secrets.token_hex(8), secrets.token_hex(24)
@@ -158,9 +160,9 @@ class Rcd:
         if self._helper is not None:
             self._helper.stop(kill=kill)
             self._helper = None
-        if self._dir is not None:
+        if self._dir is not None and self._owner == os.getpid():
             shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._dir = None
 
     def stop(self) -> None:
         """The target is done: the daemon goes (a later call would start another)."""

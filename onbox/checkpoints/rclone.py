@@ -14,14 +14,15 @@ S3 facts this relies on (the tests check them against `rclone serve s3`):
   next start aborts the run's (a bucket lifecycle rule is the backstop, README);
 - a directory `moveto` is a copy and a delete per object, in no fixed order: quarantine copies (manifest last)
   and removes the source after.
-Every call is a list argv with a timeout that grows with the bytes moved (rclonecall.py has the flags).
+Every call is a list argv with a timeout that grows with the bytes moved (rclonecall.py has the flags), made over
+the target's one `rclone rcd` (rcd.py, rclonerc.py: the same call as rc methods) or, where that cannot run, as a
+process of its own.
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-import subprocess
 import tempfile
 import time
 import weakref
@@ -90,32 +91,39 @@ class RcloneTarget:
     def _rc(self, args: List[str], nbytes: int = 0, check: bool = True, binary: bool = False) -> Any:
         self._just_listed = False
         t0 = time.monotonic()
-        runner, how = self.runner, "cli"
+        how = ["cli"]  # "rc" once the daemon answered it
+        runner = self.runner
         if self.rcd is not None and self.rcd.ready():
-            runner, how = functools.partial(self._over_rcd, args), "rc"
+            runner = functools.partial(self._over_rcd, args, how)
         proc = RCLONE.run([self.rclone, *args, *self.flags], self.base_timeout + nbytes / self.min_rate,
                           check=False, binary=binary, runner=runner, op=args[0], url=self.url)
         if self.trace is not None:
-            self.trace(time.monotonic() - t0, args, how)
+            self.trace(time.monotonic() - t0, args, how[0])
         if check and proc.returncode != 0:
             raise failed(proc, args[0], self.url)
         return proc
 
-    def _over_rcd(self, args: List[str], argv: List[str], **kw: Any) -> Any:
+    def _over_rcd(self, args: List[str], how: List[str], argv: List[str], **kw: Any) -> Any:
         """The runner for a call made over the daemon (rclonerc.py): the same answer a process would give, or, for a
         call the rc path does not make, the process itself. A daemon that ended before the call reached it is
-        started again once; one that ended during the call fails the call (its work may or may not be done)."""
+        started again (once); one that ended during the call fails the call (its work may or may not be done)."""
         assert self.rcd is not None
+        binary = not kw.get("text")
         for _attempt in range(2):
+            if not self.rcd.ready():
+                break  # it cannot be had here: the process
+            how[0] = "rc"
             try:
-                done = rclonerc.run(self.rcd, args, kw["timeout"], binary=not kw.get("text"))
+                done = rclonerc.run(self.rcd, args, kw["timeout"], binary=binary)
             except RcdGone as e:
-                if not e.sent and self.rcd.ready():
-                    continue
-                return subprocess.CompletedProcess(argv, 1, b"" if not kw.get("text") else "",
-                                                   "ERROR : %s" % e if kw.get("text") else ("ERROR : %s" % e).encode())
-            return done if done is not None else self.runner(argv, **kw)
-        return self.runner(argv, **kw)  # the daemon cannot be had now: this call as a process
+                if e.sent:
+                    return rclonerc.failed_call(argv, str(e), binary)
+                continue
+            if done is not None:
+                return done
+            break  # a call the rc path does not make
+        how[0] = "cli"
+        return self.runner(argv, **kw)
 
     def close(self) -> None:
         """Stop this target's rclone rcd, if one runs (a later call starts another)."""

@@ -2,9 +2,10 @@
 hint for the environment traps met in the field), and the listing a call's JSON output is read into.
 
 A process start is most of what a small call costs (~50 ms for rclone 1.75 on a 2-core box, against an S3 API on
-loopback), so the target makes few of them: one flat listing serves every read of a commit, uploads that must land
-in order share one `rclone sync` where its order is rclone's own rule (transfers first, deletions after, and only
-when every transfer succeeded).
+loopback): the calls go to one long-lived `rclone rcd` where it runs (rcd.py; a few ms each), and the target makes
+few of them either way: one flat listing serves every read of a commit, uploads that must land in order share one
+`rclone sync` where its order is rclone's own rule (transfers first, deletions after, and only when every transfer
+succeeded).
 """
 from __future__ import annotations
 

@@ -84,8 +84,12 @@ def split(path: str) -> Tuple[str, str]:
 
 def _failed(args: List[str], status: int, doc: Dict[str, Any], binary: bool) -> "subprocess.CompletedProcess[Any]":
     err = str(doc.get("error") or "HTTP status %d" % status)
-    rc = (3 if "directory not found" in err else 4) if status == 404 else 1
-    text = "ERROR : %s" % err
+    return failed_call(args, err, binary, rc=(3 if "directory not found" in err else 4) if status == 404 else 1)
+
+
+def failed_call(args: List[str], error: str, binary: bool, rc: int = 1) -> "subprocess.CompletedProcess[Any]":
+    """What a call that failed with `error` gives, as a process would: exit `rc`, the error on stderr."""
+    text = "ERROR : %s" % error
     return subprocess.CompletedProcess(args, rc, b"" if binary else "", text.encode() if binary else text)
 
 

@@ -184,6 +184,21 @@ def test_the_daemon_dies_with_its_committer_sigkilled(tmp_path, s3):
     wait_for(lambda: not is_alive(pid, start), timeout=10, what="the daemon gone with its committer")
 
 
+def test_a_fork_of_the_committer_leaves_its_daemon_alone(tmp_path, s3):
+    shim, noted = _shim(tmp_path)
+    target = RcloneTarget(s3.remote, "r1", rclone=shim)
+    target.list_names()
+    pid = target.rcd.pid
+    child = os.fork()
+    if child == 0:  # a fork that closes what it inherited (a daemonizing parent, a test's child) as it exits
+        target.close()
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert target.list_names() == [] and target.rcd.pid == pid
+    assert noted.read_text().split() == ["rcd"]  # the call went to it: its socket is where it was, no process
+    target.close()
+
+
 def test_a_call_that_times_out_kills_the_daemon_and_the_next_call_starts_another(tmp_path, s3):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"), payload=os.urandom(2_000_000))
