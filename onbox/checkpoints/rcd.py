@@ -11,7 +11,7 @@ of each starting an rclone process (~50-100 ms apiece on a loaded 2-core box, mo
   (as a timed-out rclone process is) before the timeout is raised, and the next call starts a fresh one.
 - When it cannot start (an rclone without rc on a unix socket, 1.60 for one; older than MIN_VERSION; a socket path
   too long) `problem` says why and the target makes plain CLI calls for the rest of its life; so it does after
-  MAX_STARTS daemons ended under it.
+  MAX_ENDED daemons ended by themselves under it (those stopped or killed here do not count).
 - `--rc-serve` lets a small file be read by one GET (`read`), which rc's API has no call for.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from onbox.toolrun import Helper
 
 MIN_VERSION = (1, 65)  # the oldest rclone the rc path was checked against; an older one gets plain CLI calls
-MAX_STARTS = 4  # daemons ended under a target (crashes, timeouts) before it stays with the CLI
+MAX_ENDED = 3  # daemons that ended by themselves under a target before it stays with the CLI
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes
 ERROR_BODY_MAX = 64 * 1024
 START_POLL_S = 0.003  # how often a starting daemon's socket is looked for (it takes ~70 ms)
@@ -73,7 +73,7 @@ class Rcd:
         self.flags = flags
         self.start_timeout = start_timeout
         self.problem: Optional[str] = None  # why this target makes CLI calls instead (None: it uses the daemon)
-        self.starts = 0
+        self.ended = 0  # daemons of this target that ended by themselves (not stopped or killed here)
         self._helper: Optional[Helper] = None
         self._dir: Optional[str] = None
         self._auth = ""
@@ -107,11 +107,13 @@ class Rcd:
             return False
         if self._helper is not None and self._helper.running():
             return True
+        if self._helper is not None and self._helper.owner == os.getpid():
+            self.ended += 1  # it ended by itself (one this target stopped is gone from _helper)
+            if self.ended >= MAX_ENDED:
+                self.problem = "rclone rcd ended by itself %d times (last: %s)" % (self.ended, self._helper.tail())
+                self._discard()
+                return False
         self._discard()
-        if self.starts >= MAX_STARTS:
-            self.problem = "rclone rcd ended %d times" % self.starts
-            return False
-        self.starts += 1
         self._owner = os.getpid()
         self._dir = tempfile.mkdtemp(prefix="onbox-rcd-")  # 0700: only this user reaches the socket
         sock = os.path.join(self._dir, "rc.sock")

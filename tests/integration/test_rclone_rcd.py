@@ -24,7 +24,7 @@ import pytest
 from onbox.checkpoints import SyncFailed, rclonerc
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.fencing import Fenced, RunLease
-from onbox.checkpoints.rcd import Rcd
+from onbox.checkpoints.rcd import MAX_ENDED, Rcd
 from onbox.checkpoints.rclone import RcloneTarget
 from onbox.clock import SystemClock
 from onbox.proc import is_alive
@@ -202,12 +202,12 @@ def test_a_fork_of_the_committer_leaves_its_daemon_alone(tmp_path, s3):
 def test_a_call_that_times_out_kills_the_daemon_and_the_next_call_starts_another(tmp_path, s3):
     src = str(tmp_path / "ck")
     write_torch_zip(os.path.join(src, "checkpoint-1", "model.pt"), payload=os.urandom(2_000_000))
-    # 100 kB/s: the payload's upload takes ~20 s; the call is given 1 s
-    target = RcloneTarget(s3.remote, "r1", base_timeout=1.0, min_rate=1e12, extra_flags=["--bwlimit", "100k"])
+    # 100 kB/s: the payload's upload takes ~20 s; each call is given 3 s (the small ones take milliseconds)
+    target = RcloneTarget(s3.remote, "r1", base_timeout=3.0, min_rate=1e12, extra_flags=["--bwlimit", "100k"])
     target.list_names()
     pid = target.rcd.pid
     start = start_ticks(pid)
-    with pytest.raises(SyncFailed, match=r"^rclone copy timed out after 1 s") as e:
+    with pytest.raises(SyncFailed, match=r"^rclone copy timed out after 3 s") as e:
         CheckpointCommitter(target, "r1", SystemClock(), EventRecorder()).commit(newest(src))
     assert e.value.errno_name == "ETIMEDOUT"
     assert not is_alive(pid, start)  # what it was uploading goes no further
@@ -221,6 +221,18 @@ def test_a_call_that_times_out_kills_the_daemon_and_the_next_call_starts_another
     wait_for(lambda: target.rcd.pid is None, timeout=10, what="the killed daemon reaped")
     assert target.list_names() == ["checkpoint-1"] and target.rcd.pid not in (None, again)
     target.close()
+
+
+def test_a_daemon_that_keeps_ending_by_itself_leaves_the_calls_to_processes(s3):
+    calls: List[str] = []
+    target = RcloneTarget(s3.remote, "r1", trace=lambda t, args, how: calls.append(how))
+    for _ in range(MAX_ENDED):
+        target.list_names()
+        pid = target.rcd.pid
+        assert kill_exact(pid, start_ticks(pid))  # as a crash would
+        wait_for(lambda: target.rcd.pid is None, timeout=10, what="the killed daemon reaped")
+    assert target.list_names() == [] and target.rcd.problem.startswith("rclone rcd ended by itself 3 times")
+    assert calls == ["rc"] * MAX_ENDED + ["cli"] and target.rcd.pid is None
 
 
 def test_a_fenced_agents_daemon_stops_at_the_fence(s3):
