@@ -118,6 +118,8 @@ class RcloneTarget:
             except RcdGone as e:
                 if e.sent:
                     return rclonerc.failed_call(argv, str(e), binary)
+                if self.rcd.pid is not None:  # running, and its socket refuses (gone: a tmp cleaner): a new one
+                    self.rcd.kill()
                 continue
             if done is not None:
                 return done

@@ -223,6 +223,18 @@ def test_a_call_that_times_out_kills_the_daemon_and_the_next_call_starts_another
     target.close()
 
 
+def test_a_daemon_whose_socket_went_is_replaced(s3):
+    calls: List[str] = []
+    target = RcloneTarget(s3.remote, "r1", trace=lambda t, args, how: calls.append(how))
+    target.list_names()
+    pid, folder = target.rcd.pid, target.rcd._dir
+    start = start_ticks(pid)
+    os.unlink(os.path.join(folder, "rc.sock"))  # as a cleaner of old files in /tmp would
+    assert target.list_names() == [] and calls == ["rc", "rc"]
+    assert target.rcd.pid not in (None, pid) and not is_alive(pid, start)
+    target.close()
+
+
 def test_a_daemon_that_keeps_ending_by_itself_leaves_the_calls_to_processes(s3):
     calls: List[str] = []
     target = RcloneTarget(s3.remote, "r1", trace=lambda t, args, how: calls.append(how))
