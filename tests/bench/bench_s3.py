@@ -162,7 +162,7 @@ def main() -> int:
         [upload] = [argv for _t, argv, _h in calls.done if argv[1] == "copy"][-1:]
         print("  onbox's payload upload: %s (over rclone rcd: sync/copy with these as its _filter and _config)" %
               " ".join(upload[1:2] + upload[4:]))
-        _calls(calls.done[-len(calls.done) // rounds:], "rclone calls of one commit")
+        _calls(calls.done[-len(calls.done) // rounds:], "rclone calls of one commit (the first waits for rcd's start)")
         print("  (parallelism: rclone's defaults, --transfers 4 --checkers 8, S3 upload concurrency 4 and 5 MiB "
               "chunks above its 200 MiB cutoff, unless the user's RCLONE_* settings or the remote's config say else)")
         _table(times, total, rounds)
@@ -210,7 +210,8 @@ def main() -> int:
                        ("committer, rcd running", lambda r: commit(small, cand, warm, r, warm=True)),
                        ("committer, CLI calls", lambda r: commit(small, cand, cli, r, daemon=False))], small_rounds)
         print("small checkpoint: %d files, %.1f MB" % (len(os.listdir(ckpt)), total / 1e6))
-        _calls(cold.done[-len(cold.done) // small_rounds:], "rclone calls of one commit (the committer, over rcd)")
+        _calls(cold.done[-len(cold.done) // small_rounds:],
+               "rclone calls of one commit (the committer, over rcd; the first waits for its start)")
         _calls(cli.done[-len(cli.done) // small_rounds:], "the same commit, a process per call (ONBOX_RCLONE_RCD=0)")
         for how, ops in processes.items():
             print("  onbox sync (%s): Python start-up %.2f s (`onbox --version`), %d rclone processes (%s)" % (
