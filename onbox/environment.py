@@ -28,6 +28,9 @@ class Environment:
     xdg_runtime_dir: Optional[str] = None  # XDG_RUNTIME_DIR: where ssh control sockets go first
     profiles_dir: Optional[str] = None  # ONBOX_PROFILES_DIR: the user's own platform profiles (onboxctl)
     pyz: Optional[str] = None  # ONBOX_PYZ: the onbox.pyz `onboxctl push` sends (default dist/onbox.pyz)
+    # ONBOX_RCLONE_RCD: 0 makes every call to an rclone remote a process of its own instead of a request to one
+    # long-lived `rclone rcd` (onbox/checkpoints/rcd.py)
+    rclone_rcd: Optional[str] = None
     # the kaggle CLI's own variables, read by `onboxctl kaggle` to name the kernel's owner and to say, before the CLI
     # runs, whether it has credentials at all; the CLI reads them itself (they never go into its argv)
     kaggle_username: Optional[str] = None  # KAGGLE_USERNAME
@@ -52,7 +55,7 @@ class Environment:
         return cls(home=get("ONBOX_HOME"), box=get("ONBOX_BOX"), tracker=get("ONBOX_TRACKER"),
                    tracker_token=get("ONBOX_TRACKER_TOKEN"), config_dir=get("ONBOX_CONFIG_DIR"),
                    xdg_config_home=get("XDG_CONFIG_HOME"), xdg_runtime_dir=get("XDG_RUNTIME_DIR"),
-                   profiles_dir=get("ONBOX_PROFILES_DIR"), pyz=get("ONBOX_PYZ"),
+                   profiles_dir=get("ONBOX_PROFILES_DIR"), pyz=get("ONBOX_PYZ"), rclone_rcd=get("ONBOX_RCLONE_RCD"),
                    kaggle_username=get("KAGGLE_USERNAME"), kaggle_key=get("KAGGLE_KEY"),
                    kaggle_api_token=get("KAGGLE_API_TOKEN"), kaggle_config_dir=get("KAGGLE_CONFIG_DIR"),
                    ssh={k[len("ONBOX_SSH_"):].lower(): v for k, v in env.items()

@@ -11,14 +11,19 @@ the runner decides when an error is raised, never what it says.
 
 `runner` is the subprocess seam: anything called like `subprocess.run(argv, stdout=PIPE, stderr=PIPE, text=...,
 timeout=...)` that returns a CompletedProcess; tests pass a recorder. The default is `call`.
+
+A tool that runs beside onbox while onbox talks to it (`rclone rcd`) is a `Helper`: it dies with this process and
+is stopped by its PID and start time.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import signal
 import subprocess
-from typing import IO, Any, Callable, Mapping, Optional, Sequence, Type, Union
+import threading
+from typing import IO, Any, Callable, List, Mapping, Optional, Sequence, Type, Union
 
 from onbox.errors import JobFailed, OnboxError
 
@@ -154,3 +159,92 @@ class Tool:
         values = dict(name=self.name, cmd=" ".join(map(str, argv)), **fields)
         hint = says.hint.format(**values) if says.hint is not None else None
         return (says.error or self.error)(says.message.format(**values), hint=hint, **says.extra)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+class Helper:
+    """A long-lived tool this process talks to while it runs (`rclone rcd`), where `Tool.run` is a call that runs to
+    its end. It must never outlive this process, and it is stopped by its PID and start time only:
+
+    - it is started from a thread of its own that stays, blocked on the helper's stderr, until the helper ends, and
+      then reaps it. The helper gets PR_SET_PDEATHSIG (SIGKILL): the kernel kills it when the thread that started
+      it ends, which is this thread, so only at the helper's own end or this process's (a SIGKILLed agent takes
+      its helper along). The kernel counts the starting THREAD as the parent: a helper started by a worker thread
+      that then finished would die with that worker.
+    - the last lines of its stderr are kept (`tail`) for the error that says why it ended.
+    - `stop`: TERM, a bounded wait, KILL; only from the process that started it (a forked child inherits this
+      object, not the helper).
+    Raises OSError from `start` (FileNotFoundError: the tool is not installed)."""
+
+    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None, tail_lines: int = 20) -> None:
+        self.argv = list(argv)
+        self.env = None if env is None else dict(env)
+        self.pid: Optional[int] = None
+        self.start_time: Optional[int] = None
+        self.owner: Optional[int] = None  # the pid of the process that started it
+        self.returncode: Optional[int] = None
+        self._lines: "collections.deque[str]" = collections.deque(maxlen=tail_lines)
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+        parent = os.getpid()
+
+        def die_with_parent() -> None:  # in the child, between fork and exec
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the parent went before the prctl took: nothing would kill this one
+                os._exit(1)
+
+        started = threading.Event()
+        failed: List[OSError] = []
+
+        def own() -> None:
+            try:
+                p = subprocess.Popen(self.argv, stdin=DEVNULL, stdout=DEVNULL, stderr=PIPE, env=self.env,
+                                     close_fds=True, preexec_fn=die_with_parent)
+            except OSError as e:
+                failed.append(e)
+                started.set()
+                return
+            from onbox.proc import start_time
+
+            self.pid, self.start_time, self.owner = p.pid, start_time(p.pid), parent
+            started.set()
+            assert p.stderr is not None
+            with p.stderr:
+                for line in p.stderr:  # until the helper ends (its stderr closes with it)
+                    self._lines.append(line.decode("utf-8", "replace").rstrip())
+            self.returncode = p.wait()
+
+        self._thread = threading.Thread(target=own, name="onbox-helper-%s" % os.path.basename(self.argv[0]),
+                                        daemon=True)
+        self._thread.start()
+        started.wait()
+        if failed:
+            raise failed[0]
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.owner == os.getpid()
+
+    def tail(self, lines: int = 3) -> str:
+        return " | ".join(list(self._lines)[-lines:])
+
+    def stop(self, grace: float = 2.0, kill: bool = False) -> None:
+        """TERM, up to `grace` s for it to go, then KILL (and as long again); `kill`: KILL at once. Nothing when it
+        is gone already or was started by another process (this one a fork of it)."""
+        from onbox.proc import ProcessSeam, ProcRef
+
+        if not self.running() or self.pid is None or self.start_time is None:
+            return
+        seam, ref = ProcessSeam(), ProcRef(self.pid, self.start_time)
+        for sig in (signal.SIGKILL,) if kill else (signal.SIGTERM, signal.SIGKILL):
+            if not seam.signal_process(ref, sig):
+                break  # gone (the thread reaps it)
+            assert self._thread is not None
+            self._thread.join(grace)
+            if not self._thread.is_alive():
+                return

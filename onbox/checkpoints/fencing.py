@@ -291,6 +291,7 @@ class RunLease:
             if self.fence is not None:
                 return
             self.fence = info
+        halt(self.store.target)
         self._say("fenced", **info, hint=continues_hint(info))
         self._changed()
 
@@ -366,6 +367,12 @@ class RunLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        try:
+            self._release(release, ended)
+        finally:
+            halt(self.store.target)  # the agent writes nothing more: its rclone rcd goes with it
+
+    def _release(self, release: bool, ended: Optional[str]) -> None:
         if not release or self.fence is not None:
             return
         try:
@@ -381,6 +388,15 @@ class RunLease:
             return
         self._say("lease_released", epoch=self.epoch, holder=self.holder)
         self._changed()
+
+
+def halt(target: DurableTarget) -> None:
+    """Stop what the target keeps running for its calls (an rclone remote's rclone rcd): the agent is fenced or
+    ends. A call of the committer still on its way there fails (whatever it was writing is no commit: the manifest
+    comes after a check that now refuses it); a later call starts another daemon."""
+    close = getattr(target, "close", None)
+    if close is not None:
+        close()
 
 
 def _read_settled(store: LeaseStore, f: LeaseFile, clock: Any, tries: int = 3, pause: float = 0.3) -> Dict[str, Any]:

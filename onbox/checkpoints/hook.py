@@ -79,7 +79,9 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
             problem = overlap_problem(self.cfg.durable, ctx.name, ctx.ckpt_dir)
             if problem:  # runhooks.preflight refuses this before a run starts; `onbox sync` flags meet it here
                 raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
-            target = make_target(self.cfg.durable, ctx.name)
+            # the lease's own target where the agent took one: one rclone rcd per agent (rcd.py), not one each
+            store = getattr(lease, "store", None)
+            target = store.target if store is not None else make_target(self.cfg.durable, ctx.name)
         self.target = target
         self.status_path = os.path.join(ctx.run_dir, paths.CHECKPOINT_STATUS_FILE)
         self._status_lock = threading.Lock()
@@ -322,6 +324,9 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
                 self.said_fenced(e, cand.name)
                 return None
             except SyncFailed as e:
+                if self.fenced():  # the fence stopped this call on its way (fencing.halt): no failure of the storage
+                    self.said_fenced(Fenced(self.fenced() or {}), cand.name)
+                    return None
                 fields = dict(e.details)
                 fields.update(checkpoint=cand.name, error=e.message, errno=e.errno_name,
                               durable=self.committer.target.url)

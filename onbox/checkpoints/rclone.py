@@ -14,18 +14,23 @@ S3 facts this relies on (the tests check them against `rclone serve s3`):
   next start aborts the run's (a bucket lifecycle rule is the backstop, README);
 - a directory `moveto` is a copy and a delete per object, in no fixed order: quarantine copies (manifest last)
   and removes the source after.
-Every call is a list argv with a timeout that grows with the bytes moved (rclonecall.py has the flags).
+Every call is a list argv with a timeout that grows with the bytes moved (rclonecall.py has the flags), made over
+the target's one `rclone rcd` (rcd.py, rclonerc.py: the same call as rc methods) or, where that cannot run, as a
+process of its own.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
+import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest
+from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest, rclonerc
 from onbox.checkpoints.durable import (
     LEASE_MAX_BYTES,
     LEASES_DIR,
@@ -34,8 +39,10 @@ from onbox.checkpoints.durable import (
     FileHashes,
     foreign_entry,
 )
+from onbox.checkpoints.rcd import Rcd, RcdGone
 from onbox.checkpoints.rclonecall import (
     FRESH_UPLOAD_FLAGS,
+    LEASE_LIST_FLAGS,
     LIST_FLAGS,
     NOT_FOUND_RC,
     RCLONE,
@@ -45,6 +52,7 @@ from onbox.checkpoints.rclonecall import (
     sizes,
     under,
 )
+from onbox.environment import Environment
 from onbox.toolrun import call
 
 MiB = 1024 * 1024
@@ -53,7 +61,11 @@ HASH_WORKERS = 2  # the payload's sha256 runs beside the upload (hashlib lets go
 
 class RcloneTarget:
     def __init__(self, remote: str, run: str, runner: Optional[Callable[..., Any]] = None, rclone: str = "rclone",
-                 base_timeout: float = 60.0, min_rate: float = 1 * MiB, extra_flags: Sequence[str] = ()) -> None:
+                 base_timeout: float = 60.0, min_rate: float = 1 * MiB, extra_flags: Sequence[str] = (),
+                 daemon: Optional[bool] = None, trace: Optional[Callable[[float, List[str], str], None]] = None) -> None:
+        """`runner`: the subprocess seam (a test's fake makes every call a process call). `daemon`: make the calls
+        over one `rclone rcd` (rcd.py); by default when `runner` is the real one and ONBOX_RCLONE_RCD is not 0.
+        `trace(seconds, args, how)`: told of each call ("rc" or "cli"), for the benchmark."""
         base = remote.rstrip("/")
         self.run_root = base + run if base.endswith(":") else base + "/" + run
         self.ckpts = self.run_root + "/checkpoints"
@@ -63,6 +75,12 @@ class RcloneTarget:
         self.base_timeout = base_timeout
         self.min_rate = min_rate  # bytes/s below which a transfer counts as hung
         self.flags = list(RCLONE_FLAGS) + list(extra_flags)
+        if daemon is None:
+            daemon = runner is None and Environment.read().rclone_rcd != "0"
+        self.rcd: Optional[Rcd] = Rcd(rclone, self.flags) if daemon else None
+        if self.rcd is not None:  # the daemon goes with the target (or at this process's exit), never later
+            weakref.finalize(self, self.rcd.stop)
+        self.trace = trace
         # every file under checkpoints/ (path -> bytes) as the last list_names() saw it, None after a write of
         # ours: the reads of one commit (which manifests exist, whose marker, what a dir holds) need no call each
         self._listing: Optional[Dict[str, int]] = None
@@ -72,11 +90,47 @@ class RcloneTarget:
     # -- one place for every rclone call --------------------------------------------------------------------
     def _rc(self, args: List[str], nbytes: int = 0, check: bool = True, binary: bool = False) -> Any:
         self._just_listed = False
+        t0 = time.monotonic()
+        how = ["cli"]  # "rc" once the daemon answered it
+        runner = self.runner
+        if self.rcd is not None and self.rcd.ready():
+            runner = functools.partial(self._over_rcd, args, how)
         proc = RCLONE.run([self.rclone, *args, *self.flags], self.base_timeout + nbytes / self.min_rate,
-                          check=False, binary=binary, runner=self.runner, op=args[0], url=self.url)
+                          check=False, binary=binary, runner=runner, op=args[0], url=self.url)
+        if self.trace is not None:
+            self.trace(time.monotonic() - t0, args, how[0])
         if check and proc.returncode != 0:
             raise failed(proc, args[0], self.url)
         return proc
+
+    def _over_rcd(self, args: List[str], how: List[str], argv: List[str], **kw: Any) -> Any:
+        """The runner for a call made over the daemon (rclonerc.py): the same answer a process would give, or, for a
+        call the rc path does not make, the process itself. A daemon that ended before the call reached it is
+        started again (once); one that ended during the call fails the call (its work may or may not be done)."""
+        assert self.rcd is not None
+        binary = not kw.get("text")
+        for _attempt in range(2):
+            if not self.rcd.ready():
+                break  # it cannot be had here: the process
+            how[0] = "rc"
+            try:
+                done = rclonerc.run(self.rcd, args, kw["timeout"], binary=binary)
+            except RcdGone as e:
+                if e.sent:
+                    return rclonerc.failed_call(argv, str(e), binary)
+                if self.rcd.pid is not None:  # running, and its socket refuses (gone: a tmp cleaner): a new one
+                    self.rcd.kill()
+                continue
+            if done is not None:
+                return done
+            break  # a call the rc path does not make
+        how[0] = "cli"
+        return self.runner(argv, **kw)
+
+    def close(self) -> None:
+        """Stop this target's rclone rcd, if one runs (a later call starts another)."""
+        if self.rcd is not None:
+            self.rcd.stop()
 
     def _lsjson(self, path: str, *opts: str) -> Optional[Dict[str, int]]:
         """{path: bytes} under `path`, None when rclone says there is no such directory (S3: an empty listing)."""
@@ -293,13 +347,13 @@ class RcloneTarget:
                       "--no-traverse"], nbytes=total)
 
     def list_leases(self) -> List[str]:
-        return sorted(self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), "--files-only") or {})
+        return sorted(self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), *LEASE_LIST_FLAGS) or {})
 
     def read_lease(self, name: str) -> bytes:
         path = "%s/%s/%s" % (self.run_root, LEASES_DIR, name)
         proc = self._rc(["cat", "--count", str(LEASE_MAX_BYTES + 1), path], check=False, binary=True)
         if proc.returncode != 0 or not proc.stdout:  # S3 says nothing of a missing key: the listing tells
-            if name not in (self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), "--files-only", "--include",
+            if name not in (self._lsjson("%s/%s" % (self.run_root, LEASES_DIR), *LEASE_LIST_FLAGS, "--include",
                                          "/" + name) or {}):
                 raise FileNotFoundError(path)
             if proc.returncode != 0:

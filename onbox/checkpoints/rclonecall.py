@@ -2,9 +2,10 @@
 hint for the environment traps met in the field), and the listing a call's JSON output is read into.
 
 A process start is most of what a small call costs (~50 ms for rclone 1.75 on a 2-core box, against an S3 API on
-loopback), so the target makes few of them: one flat listing serves every read of a commit, uploads that must land
-in order share one `rclone sync` where its order is rclone's own rule (transfers first, deletions after, and only
-when every transfer succeeded).
+loopback): the calls go to one long-lived `rclone rcd` where it runs (rcd.py; a few ms each), and the target makes
+few of them either way: one flat listing serves every read of a commit, uploads that must land in order share one
+`rclone sync` where its order is rclone's own rule (transfers first, deletions after, and only when every transfer
+succeeded).
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from onbox.toolrun import Says, Tool, stderr_tail
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "3", "--contimeout", "10s", "--timeout", "30s"]
 # A listing of a whole subtree: recursive, files only (object stores have no directories), and in one flat request
 # stream where the backend can (S3's ListObjectsV2 without a delimiter: ~1000 keys per request, not one per dir).
-LIST_FLAGS = ["-R", "--files-only", "--fast-list"]
+# Sizes are all onbox reads of a listing: no modification times (on S3 each is a HEAD request per object, the mtime
+# being metadata of rclone's) and no MIME types.
+LIST_FLAGS = ["-R", "--files-only", "--fast-list", "--no-modtime", "--no-mimetype"]
+LEASE_LIST_FLAGS = ["--files-only", "--no-modtime", "--no-mimetype"]  # the files of one directory
 # An upload into a directory that holds nothing yet: no listing of it, no lookup of each file first. Never where a
 # file may be there already: on a backend that allows two files of one name (Google Drive), that would be a second.
 FRESH_UPLOAD_FLAGS = ["--no-traverse", "--no-check-dest"]

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 import pytest
 
-from tests.hosts import free_port, stop_child
+from tests.hosts import free_port, require_built, stop_child
 
 
 class RcloneSftp:
@@ -105,9 +105,48 @@ def rclone_sftp(tmp_path, monkeypatch):
         server.stop()
 
 
-@pytest.fixture(params=["sftp", "s3"])
+@pytest.fixture
+def rclone_sftp_rcd(rclone_sftp, tmp_path, monkeypatch):
+    """`rclone serve sftp` with rclone 1.75.2 the client (tests/hosts/s3.py's venv), whose calls go over one
+    `rclone rcd` (Debian's 1.60 cannot serve rc on a unix socket: onbox makes a process per call with it)."""
+    from tests.hosts.s3 import RCLONE, unavailable_reason
+
+    require_built(unavailable_reason())
+    bin_dir = tmp_path / "rclone-bin"  # only that binary: first on PATH, it is the client onbox runs
+    bin_dir.mkdir()
+    os.symlink(RCLONE, bin_dir / "rclone")
+    rclone_sftp.env["PATH"] = "%s%s%s" % (bin_dir, os.pathsep, os.environ.get("PATH", ""))
+    monkeypatch.setenv("PATH", rclone_sftp.env["PATH"])
+    return rclone_sftp
+
+
+@pytest.fixture
+def s3_cli(s3, monkeypatch):
+    """The S3 bucket with ONBOX_RCLONE_RCD=0: rclone 1.75.2 run as a process per call (the fallback's path)."""
+    s3.env["ONBOX_RCLONE_RCD"] = "0"
+    monkeypatch.setenv("ONBOX_RCLONE_RCD", "0")
+    return s3
+
+
+# which rclone runs the calls, and how: Debian's 1.60 a process per call (it has no rc on a unix socket), 1.75.2
+# over one `rclone rcd`, or a process per call with ONBOX_RCLONE_RCD=0
+CALLS = {"sftp": "cli", "s3": "rcd", "sftp-rcd": "rcd", "s3-cli": "cli"}
+
+
+@pytest.fixture(params=["sftp", "s3", "sftp-rcd", "s3-cli"])
 def rclone_remote(request):
-    """The durable remote of the checkpoint suite's rclone cases, once per backend: `rclone serve sftp` (renames and
-    directories; Debian's rclone 1.60 the client) and `rclone serve s3` (objects, no renames; rclone 1.75.2 the
-    client: tests/hosts/s3.py). Both give .remote, .durable_root (its files on this machine), .env, .unreachable()."""
+    """The durable remote of the checkpoint suite's rclone cases, once per backend and way of calling rclone:
+    `rclone serve sftp` (renames and directories) and `rclone serve s3` (objects, no renames: tests/hosts/s3.py),
+    each with its calls over rclone rcd and as processes (CALLS). Each gives .remote, .durable_root (its files on
+    this machine), .env, .unreachable(), and .calls ("rcd" or "cli")."""
+    remote = request.getfixturevalue({"sftp": "rclone_sftp", "s3": "s3", "sftp-rcd": "rclone_sftp_rcd",
+                                      "s3-cli": "s3_cli"}[request.param])
+    remote.calls = CALLS[request.param]
+    return remote
+
+
+@pytest.fixture(params=["sftp", "s3"])
+def rclone_backend(request):
+    """The two backends with their default way of calling rclone (Debian's 1.60 over sftp: a process per call;
+    1.75.2 over S3: one rclone rcd), for the slower agent-level cases."""
     return request.getfixturevalue({"sftp": "rclone_sftp", "s3": "s3"}[request.param])

@@ -26,7 +26,7 @@ import pytest
 from onbox.checkpoints.leases import lease_files
 from tests.integration.supervisor_helpers import env_for, events, state
 from tests.polling import wait_for
-from tests.processes import Started
+from tests.processes import Started, with_env
 
 pytestmark = pytest.mark.integration
 
@@ -333,13 +333,13 @@ def test_two_launches_that_tie_on_an_epoch_make_exactly_one_writer(tmp_path, sta
 
 
 @pytest.mark.slow
-def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_remote):
+def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_backend):
     """Over sftp and over S3 (leases are objects there: taken by an upload, seen by listing again)."""
-    remote = rclone_remote.remote
-    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_remote.env) for t in ("a1", "a2"))
+    remote = rclone_backend.remote
+    a1, a2 = (Box(tmp_path, t, remote, started, env=rclone_backend.env) for t in ("a1", "a2"))
     assert a1.run().returncode == 0
     _wait_commits(a1, 2)
-    root = os.path.join(rclone_remote.durable_root, "fx")
+    root = os.path.join(rclone_backend.durable_root, "fx")
     refused = a2.run()
     assert refused.returncode == 2 and "held by another agent" in refused.stderr
     r = a2.run("--take-over")
@@ -352,6 +352,9 @@ def test_takeover_on_an_rclone_remote(tmp_path, started, rclone_remote):
     [gone] = a1.events("exit")
     # within a sync interval, plus what rclone's listing processes take (seconds each on a loaded 2-core machine)
     assert gone["classification"] == "fenced" and gone["time"] - lease2["taken_at"] <= SYNC + 3.0
+    # nothing of rclone's goes on for the fenced agent (over S3 its rclone rcd stopped at the fence)
+    wait_for(lambda: not with_env("ONBOX_HOME", str(a1.home), argv_has="rclone"), timeout=10,
+             what="no rclone of the fenced agent left")
     print("\nfencing on %s: takeover -> old trainer gone %.2f s (sync interval %.1f s)" % (
         remote.split(":")[0], gone["time"] - lease2["taken_at"], SYNC))
     wait_for(lambda: a2.trainers(), timeout=30, what="agent 2's trainer")

@@ -3,6 +3,7 @@ and each caller's wording, through its runner seam (a recorder) where it has one
 a fake cannot: the whole process group of a tool in its own session dies at the timeout."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,8 +12,10 @@ import pytest
 
 from onbox.errors import ExitCode, JobFailed, UnfitError
 from onbox.proc import is_alive
-from onbox.toolrun import Says, Tool, call, stderr_tail
+from onbox.toolrun import Helper, Says, Tool, call, stderr_tail
+from tests.conftest import subprocess_env
 from tests.fakes.recorders import RunnerRecorder
+from tests.polling import wait_for
 
 
 class Refused(JobFailed):
@@ -135,3 +138,60 @@ def test_callers_keep_their_own_words():
         SSH.run(["ssh"], 5, runner=RunnerRecorder(exc=subprocess.TimeoutExpired(["ssh"], 5)), what="launch", box="gpu1")
     with pytest.raises(UnfitError, match=r"^ssh is not installed on this machine$"):
         SSH.run(["ssh"], 5, runner=RunnerRecorder(exc=FileNotFoundError("ssh")), what="launch", box="gpu1")
+
+
+# -- Helper: a long-lived tool (rclone rcd), real processes --------------------------------------------------------
+SLEEPER = [sys.executable, "-c", "import sys, time; print('up', file=sys.stderr, flush=True); time.sleep(60)"]
+STARTER = r"""
+import sys, threading, time
+from onbox.toolrun import Helper
+h = Helper(sys.argv[1:])
+t = threading.Thread(target=h.start)  # started by a worker thread that ends at once
+t.start()
+t.join()
+time.sleep(0.2)
+print(h.pid, h.start_time, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_helper_runs_until_stopped_by_its_pid_and_keeps_its_last_words():
+    h = Helper(SLEEPER)
+    h.start()
+    try:
+        assert h.running() and is_alive(h.pid, h.start_time)
+        wait_for(lambda: h.tail() == "up", timeout=10, what="its stderr read")
+    finally:
+        h.stop()
+    assert not h.running() and not is_alive(h.pid, h.start_time)
+    assert h.returncode == -15  # TERM was enough, and it was reaped
+    with pytest.raises(FileNotFoundError):
+        Helper(["/nonexistent/onbox-helper"]).start()
+
+
+def test_a_helper_dies_with_the_process_that_started_it_sigkill_too_not_with_the_thread_that_did():
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, *SLEEPER], stdout=subprocess.PIPE, text=True,
+                               env=subprocess_env())
+    try:
+        pid, start = map(int, starter.stdout.readline().split())
+        assert is_alive(pid, start)  # its starting thread ended 0.2 s ago: the helper lives on
+    finally:
+        starter.kill()  # SIGKILL: no handler, no atexit ran
+        starter.wait()
+        starter.stdout.close()
+    wait_for(lambda: not is_alive(pid, start), timeout=10, what="the helper gone with its process")
+
+
+def test_a_fork_of_the_starter_never_stops_its_helper():
+    h = Helper(SLEEPER)
+    h.start()
+    try:
+        child = os.fork()
+        if child == 0:  # a fork inherits the object, not the helper
+            h.stop()
+            os._exit(1 if h.running() else 0)
+        _, status = os.waitpid(child, 0)
+        assert os.WEXITSTATUS(status) == 0 and h.running() and is_alive(h.pid, h.start_time)
+    finally:
+        h.stop()
+    assert not is_alive(h.pid, h.start_time)
