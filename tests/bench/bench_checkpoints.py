@@ -13,7 +13,7 @@
 Page cache: the source is written just before and stays warm (the box has the RAM); every method reads it warm,
 so the figures compare the copy+write paths, not the source disk. Each destination is removed and the disk synced
 before the next method; rounds rotate the order (the 2-core machine is shared: best of each, load average shown).
-ONBOX_BENCH_CKPT_MB sets the size (default 2048), ONBOX_BENCH_ROUNDS the rounds (default 3), ONBOX_BENCH_DIR where
+ONBOX_BENCH_CKPT_MB sets the size (default 2048), ONBOX_BENCH_ROUNDS the rounds (default 5), ONBOX_BENCH_DIR where
 the source goes (default /var/tmp), ONBOX_BENCH_DURABLE_DIR where the copies go (default: beside the source; give
 a mounted volume's path to measure it).
 """
@@ -120,7 +120,7 @@ def _rounds(methods: List[Tuple[str, Callable[[str], Round]]], fresh: Callable[[
 def _split(phases: Dict[str, float], total: float) -> str:
     known = [(k, phases[k]) for k in PHASES if k in phases] + [(k, v) for k, v in phases.items() if k not in PHASES]
     other = total - sum(v for _k, v in known)
-    return " | ".join("%s %.3f" % kv for kv in known + [("other", other)])
+    return " | ".join("%s %.3f" % kv for kv in [*known, ("other", other)])
 
 
 def main() -> int:
@@ -131,7 +131,7 @@ def main() -> int:
     from onbox.clock import SystemClock
 
     size_mb = int(os.environ.get("ONBOX_BENCH_CKPT_MB", "2048"))
-    rounds = int(os.environ.get("ONBOX_BENCH_ROUNDS", "3"))
+    rounds = int(os.environ.get("ONBOX_BENCH_ROUNDS", "5"))
     missed = 0
     hs = _hash_speed()
     print("hash, one core, MB/s: sha256 %.0f | blake2b %.0f | md5 %.0f  -> manifests use sha256 (%s here)" % (
