@@ -2,8 +2,9 @@
 # Installs the system tools the tests and the demo use: OpenSSH, rsync, Slurm + munge, rclone, Debian's chromium
 # with fonts (the dashboard's browser test drives it through Playwright: no browser is downloaded at test time),
 # Debian's docker.io with the Python 3.11 packages the container tests' local image is made of (build/python_image.py;
-# the tests start a private dockerd of their own: a system daemon that the package may start is not used), and
-# qemu-user-static (the aarch64 pyz runs under it, with build/arm64-sysroot.sh's Python).
+# the tests start a private dockerd of their own: a system daemon that the package may start is not used),
+# qemu-user-static (the aarch64 pyz runs under it, with build/arm64-sysroot.sh's Python), and e2fsprogs with
+# mount (a loop-mounted ext4 volume: commits to a durable disk of its own, tests/hosts/blockfs.py).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -15,6 +16,8 @@ command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
 command -v rclone >/dev/null 2>&1 || need+=(rclone)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v mount >/dev/null 2>&1 || need+=(mount)
+command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 command -v fuser >/dev/null 2>&1 || need+=(psmisc)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ -x /usr/bin/chromium ] || need+=(chromium)

@@ -12,6 +12,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
+  phases.py     where a commit's time goes: seconds per step, in its checkpoint_committed event
   retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
   index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
   runlock.py    the run's commit lock (every writer of the durable side and the index on this box)

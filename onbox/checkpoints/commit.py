@@ -30,6 +30,7 @@ from onbox.checkpoints import (
     formats,
     hashcopy,
     manifest,
+    phases,
     retention,
 )
 from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
@@ -68,7 +69,12 @@ class CheckpointCommitter:
                  stamp: Optional[Callable[[], Optional[Dict[str, Any]]]] = None,
                  in_lineage: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
         self.target = target
-        self.guard: Callable[[str], None] = guard or (lambda what: None)
+        lease_check: Callable[[str], None] = guard or (lambda what: None)
+
+        def checked(what: str) -> None:
+            with phases.phase("lease checks"):
+                lease_check(what)
+        self.guard: Callable[[str], None] = checked
         self.stamp = stamp or (lambda: None)
         self.in_lineage = in_lineage
         self.run = run
@@ -83,6 +89,8 @@ class CheckpointCommitter:
         self._refused: Set[str] = set()  # checkpoints whose manifest was refused, said once each
         self._holding = False  # inside held(): committed() is read once, then follows this committer's writes
         self._known: Optional[List[Dict[str, Any]]] = None
+        # the split of the last commit (and of the retention after it): phases.py, tests/bench/bench_checkpoints.py
+        self.last_phases = phases.PhaseTimes()
 
     def start(self) -> None:
         """Clean what an interrupted commit left behind (once per committer)."""
@@ -190,7 +198,8 @@ class CheckpointCommitter:
     def commit(self, cand: Candidate) -> CommitResult:
         """Commit one complete candidate. Raises SyncFailed (or DurableFull) loudly; never half-commits."""
         # one commit reads what is committed once (before it, and for the index after it) however it is called
-        with contextlib.nullcontext() if self._holding else self.held():
+        self.last_phases = phases.PhaseTimes()
+        with contextlib.nullcontext() if self._holding else self.held(), phases.recording(self.last_phases):
             try:
                 return self._commit(cand)
             except BaseException:
@@ -200,13 +209,15 @@ class CheckpointCommitter:
     def _commit(self, cand: Candidate) -> CommitResult:
         t0 = self.clock.monotonic()
         name = durable_name(cand)
-        same = self.find_same_source(cand)
-        self.start()  # after the first read: a leftover is no committed checkpoint, and its listing serves both
+        with phases.phase("look-up"):
+            same = self.find_same_source(cand)
+            self.start()  # after the first read: a leftover is no committed checkpoint, and its listing serves both
         if same is not None:
             return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
                                 self.target.url)
         try:
-            existing = self.target.read_manifest(name)
+            with phases.phase("look-up"):
+                existing = self.target.read_manifest(name)
         except manifest.BadManifest:  # the name is taken by a checkpoint restore refuses: commit beside it
             existing = {"files": [], "digest": None}
         if existing is not None:
@@ -227,7 +238,8 @@ class CheckpointCommitter:
         if fingerprint_of_safe(cand) != cand.fingerprint:  # rewritten since it was judged complete: look again
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
-        self.preflight(cand)
+        with phases.phase("preflight"):
+            self.preflight(cand)
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
         self.guard("the payload of %s" % name)
@@ -246,7 +258,8 @@ class CheckpointCommitter:
             self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
             raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
                              hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
-        problem = None if fingerprint_of_safe(cand) != cand.fingerprint else self._whole_after_copy(cand)
+        with phases.phase("format check"):
+            problem = None if fingerprint_of_safe(cand) != cand.fingerprint else self._whole_after_copy(cand)
         if problem is not None or fingerprint_of_safe(cand) != cand.fingerprint:
             # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
             self.guard("the removal of the torn copy of %s" % name)
@@ -257,12 +270,15 @@ class CheckpointCommitter:
         doc = self._manifest(name, cand, hashes)
         self.guard("the manifest of %s" % name)  # the last look before the commit point
         hashcopy.fault_point("before-manifest")
-        self.target.put_manifest(name, doc)  # the commit point
+        with phases.phase("manifest"):
+            self.target.put_manifest(name, doc)  # the commit point
         hashcopy.fault_point("after-manifest")
         seconds = max(self.clock.monotonic() - t0, 1e-6)
-        self._update_index(entry_from_manifest(doc))
+        with phases.phase("index"):
+            self._update_index(entry_from_manifest(doc))
         self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=doc["bytes"],
-                  seconds=round(seconds, 3), digest=doc["digest"], durable=self.target.url)
+                  seconds=round(seconds, 3), digest=doc["digest"], durable=self.target.url,
+                  phases=self.last_phases.rounded())
         return CommitResult(name, cand.step, "committed", doc["bytes"], seconds, doc["digest"],
                             self.target.url)
 
@@ -335,6 +351,11 @@ class CheckpointCommitter:
         each of `pinned` (the checkpoint the current attempt resumed from: a group's other nodes fetch it while
         node 0 trains on and commits). Only this holder's lineage counts (`in_lineage`): what lies outside it is
         never retired here (it is quarantined)."""
+        with phases.recording(self.last_phases), phases.phase("retention"):
+            return self._apply_retention(keep_last, best_metric, best_mode, every_steps, pinned)
+
+    def _apply_retention(self, keep_last: int, best_metric: Optional[str], best_mode: str,
+                         every_steps: Optional[int], pinned: Sequence[str]) -> List[str]:
         entries = self.committed()
         pool = [e for e in entries if self.in_lineage is None or self.in_lineage(e)]
         keep = retention.select_keep(pool, keep_last, best_metric, best_mode, every_steps) | set(pinned)
@@ -358,7 +379,8 @@ index_entry = entry_from_manifest  # the name older callers import
 
 def fingerprint_of_safe(cand: Candidate) -> Any:
     try:
-        return fingerprint_of(cand)
+        with phases.phase("fingerprint"):
+            return fingerprint_of(cand)
     except OSError:
         return None
 

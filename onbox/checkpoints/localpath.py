@@ -7,7 +7,7 @@ import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, sync_failed_from_oserror
+from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, phases, sync_failed_from_oserror
 from onbox.checkpoints.durable import (
     LEASE_MAX_BYTES,
     LEASES_DIR,
@@ -81,9 +81,11 @@ class LocalPathTarget:
                     while parent not in made:  # every new level, so each gets its fsync below
                         made.add(parent)
                         parent = os.path.dirname(parent)
-            out = copy_files(root, staging, files, hash_name)
-            for d in sorted(made, key=len, reverse=True):
-                fsutil.fsync_dir(d)
+            # O_DIRECT only for the payload: a restore (fetch) leaves its files in the page cache for the trainer
+            out = copy_files(root, staging, files, hash_name, direct=hashcopy.direct_io_suits(staging))
+            with phases.phase("fsync dirs"):
+                for d in sorted(made, key=len, reverse=True):
+                    fsutil.fsync_dir(d)
             hashcopy.fault_point("before-rename")
             if os.path.lexists(final):  # a manifest-less leftover of an interrupted commit
                 if self.has_manifest(name):
@@ -91,8 +93,9 @@ class LocalPathTarget:
                 if not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
                     raise foreign_entry(self.run_root, name)
                 shutil.rmtree(final)
-            os.rename(staging, final)
-            fsutil.fsync_dir(self.ckpts)
+            with phases.phase("rename"):
+                os.rename(staging, final)
+                fsutil.fsync_dir(self.ckpts)
             hashcopy.fault_point("after-rename")
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)  # clean the partial temp; never touch committed ones
@@ -255,20 +258,23 @@ class LocalPathTarget:
         return check_manifest_files(os.path.join(self.ckpts, name), manifest, formats_too=False)
 
 
-def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: int = 2) -> FileHashes:
-    """Copy+hash files into dest (dirs exist), two at a time (the hash of one overlaps the copy of the other),
-    then fsync them all: the disk writes everything in one stream, like `cp` + `sync`, instead of
-    stopping after each file."""
+def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: int = 2,
+               direct: bool = False) -> FileHashes:
+    """Copy+hash files into dest (dirs exist), two at a time (one core hashes each), then fsync them all.
+    `direct`: write with O_DIRECT where the filesystem takes it (hashcopy.direct_io_suits); else the disk writes
+    everything in one stream of writeback, like `cp` + `sync`, instead of stopping after each file."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(rel: str) -> Tuple[int, str]:
         hashcopy.fault_point("before-file")
-        return hashcopy.copy_and_hash(os.path.join(root, rel), os.path.join(dest, rel), hash_name, fsync=False)
+        return hashcopy.copy_and_hash(os.path.join(root, rel), os.path.join(dest, rel), hash_name, fsync=False,
+                                      direct=direct)
 
     order = sorted(files, key=lambda r: -os.path.getsize(os.path.join(root, r)))
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
+    with phases.phase("copy+hash"), ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
         futures = [(rel, pool.submit(one, rel)) for rel in order]
         out = {rel: f.result() for rel, f in futures}
-    for rel in order:
-        hashcopy.fsync_file(os.path.join(dest, rel))
+    with phases.phase("fsync files"):
+        for rel in order:
+            hashcopy.fsync_file(os.path.join(dest, rel))
     return {rel: out[rel] for rel in files}
