@@ -8,7 +8,7 @@
   of each onbox method's best round (onbox/checkpoints/phases.py; for the command, its start-up and what is
   around the commit too).
 - `onbox verify` of the committed checkpoint (every manifest hash + every zip CRC) vs `sha256sum` of its files, both
-  reading from the page cache (the committed files are read once before: the O_DIRECT commit leaves none there).
+  reading from the page cache (the committed files are read once before, so neither reads the disk).
 - the hash choice: single-core throughput of sha256 vs blake2b (and md5) on this CPU.
 Page cache: the source is written just before and stays warm (the box has the RAM); every method reads it warm,
 so the figures compare the copy+write paths, not the source disk. Each destination is removed and the disk synced

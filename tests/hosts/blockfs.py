@@ -1,6 +1,6 @@
 """A filesystem on a block device of its own: an ext4 image loop-mounted for one test (needs root, mkfs.ext4 from
 e2fsprogs and a loop device; skipped, saying which is missing). What a durable volume on a disk is to a commit:
-another filesystem than the source's (copy_file_range answers EXDEV), one that takes O_DIRECT, and fills."""
+another filesystem than the source's (copy_file_range answers EXDEV), and one that fills."""
 from __future__ import annotations
 
 import contextlib
