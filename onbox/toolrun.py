@@ -13,7 +13,8 @@ the runner decides when an error is raised, never what it says.
 timeout=...)` that returns a CompletedProcess; tests pass a recorder. The default is `call`.
 
 A tool that runs beside onbox while onbox talks to it (`rclone rcd`) is a `Helper`: it dies with this process and
-is stopped by its PID and start time.
+is stopped by its PID and start time, through onbox.proc (the one /proc reader and process seam; it imports
+nothing of this module). Besides that, this module imports only onbox.errors.
 """
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.environment": set(),
     "onbox.paths": {"onbox.environment"},
     "onbox.proc": {"onbox.clock"},  # the escalation's deadlines run on the clock seam
-    "onbox.toolrun": {"onbox.errors"},  # every tool call: its failures become the caller's domain error
+    # every tool call: its failures become the caller's domain error; a Helper (rclone rcd) is stopped by its PID
+    # and start time through the one process seam
+    "onbox.toolrun": {"onbox.errors", "onbox.proc"},
     "onbox.untrusted": set(),
     "onbox.fsutil": {"onbox.untrusted"},  # every JSON state file and token file is read through untrusted
     "onbox.tomlread": {"onbox.errors", "onbox.untrusted"},
