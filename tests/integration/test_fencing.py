@@ -244,6 +244,7 @@ def test_a_checkpoint_committed_in_the_race_window_is_never_restored_and_ends_in
     [q] = [e for e in a2.events("checkpoint_quarantined") if e["checkpoint"] == orphan]
     assert "fenced orphan" in q["reason"] and q["epoch"] == 1
     assert orphan not in manifests(root)
+    wait_for(lambda: a2.trainers(), timeout=30, what="agent 2's trainer")  # it starts after the quarantine
     resumed2 = os.path.basename(a2.trainers()[0]["resume"])
     assert resumed2 in before  # agent 2 resumed from agent 1's newest before the takeover, not the orphan
     _wait_commits(a2, 1)
