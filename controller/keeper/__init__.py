@@ -11,5 +11,7 @@ Modules:
   world.py      the seam to boxes, the tracker and the inventory (ssh + `onbox ... --json` only)
   recovery.py   one recovery, phase by phase, each decision written before it is acted on
   loop.py       the keeper's one loop (a pass over every run), its lock, and the per-run summary
+  enrol.py      `onboxctl run --recover`: the checks before the launch and the records written after it
+  view.py       what `onboxctl status` adds from the keeper's records (read-only)
   atrisk.py     work at risk: time and steps since the newest durable checkpoint
 """

@@ -1,1 +1,15 @@
-"""The embedded heartbeat tracker: SQLite store (store.py), HTTP API v1 (app.py, documented in API.md)."""
+"""The embedded heartbeat tracker (`onboxctl tracker serve`): a SQLite store, HTTP API v1 (documented in API.md)
+and the dashboard.
+
+  store.py      the store: SQLite in WAL mode, one writer connection
+  columns.py    the dashboard's columns of a stored beat (store.py writes them, series.py reads them)
+  app.py        the HTTP API v1, a Starlette app; answers.py: its 4xx answers and the one reader of a request body
+  session.py    who may read and write: the bearer token and the dashboard's session cookie
+  guard.py      connection limits: stalled clients are timed out and never crowd others out
+  server.py     serving it: the listening socket, TLS, the guard, uvicorn
+  events.py     what happened to a run that no heartbeat says (the keeper's decisions), each with its time
+  overview.py   the dashboard's run list, one row per run, sent again only when the run has new beats
+  series.py     a run's curves: its beats as columns, and the trainer's own points
+  pulled.py     what the tracker can say of "pulled home and verified" for a run's newest durable checkpoint
+  dashboard.py  the pages (`/`, `/run/<run>`), the login form and the static files (static/: the page, uPlot)
+"""

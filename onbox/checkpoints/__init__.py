@@ -9,7 +9,9 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
   manifest.py   what a MANIFEST.json or an index entry read from durable storage must hold before it is used
   durable.py    the DurableTarget protocol and the names every target shares
-  localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote
+  localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote (S3, sftp, ...)
+  rclonecall.py  how the rclone target calls rclone: one long-lived `rclone rcd` (rcd.py) when it starts, the
+                same command lines turned into rc methods (rclonerc.py); an rclone process per call otherwise
   targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
   phases.py     where a commit's time goes: seconds per step, in its checkpoint_committed event
@@ -22,6 +24,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
+  runfacts.py   what a run's durable storage says of it, read only (newest committed step, its lease): `onbox match`
   listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read
 
 May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun, paths). Never the supervisor: hook.py

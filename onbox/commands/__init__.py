@@ -11,6 +11,7 @@ click; nothing outside it (and onbox/cli.py) imports it.
   sbatch.py       `onbox sbatch`: a self-requeueing sbatch script
   audit.py        `onbox audit`; profiles.py: `onbox profiles list|show|detect`
   gpu.py          `onbox gpu` and `onbox reap`
+  match.py        `onbox match`: the runs a launch of a command would continue (what onboxctl run asks first)
   node.py         `onbox node probe` (what onboxctl asks before a multi-node group)
   init.py         `onbox init KIND DIR`: a training script that survives preemption
   clikit.py       what both CLIs share (lazy group, error mapping, strict JSON)

@@ -5,6 +5,7 @@ anything is created and reaches the user, not a detached agent's log; start(plan
   plan.py     prepare() and prepare_adopt() -> LaunchPlan: the configuration layers, the re-launch record, checks
   checks.py   what is checked and said before anything is created, beyond RunConfig.validate
   deadline.py the run's deadline for this launch: --deadline, the Slurm job's EndTime, the profile's session hours
+  match.py    which runs on this box a launch of a command would continue (the reading side of `onbox match`)
   start.py    start(plan): the run dir, its lock and record, the Supervisor in the foreground or detached
 
 It sits above the supervisor and the subsystems and wires them together, as a command would; only onbox.commands

@@ -9,6 +9,7 @@
   deadline.py    the run's deadline: ask_at = deadline - (grace + commit estimate + margin), a session_limit notice
   phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
   phasespec.py   the [[phase]] tables checked into PhaseSpecs and their criteria
+  output.py      where the trainer's output goes once read: the telemetry hook, the one ProgressFeed, the curriculum
   journal.py     what the run says: events, state.json, training_status.md, progress.json, hook calls that cannot
                  kill the loop
   records.py     those records on a run dir that refuses writes (held in memory, written once it takes them)

@@ -194,3 +194,29 @@ def test_every_part_of_onbox_has_a_contract():
 def test_the_extraction_root_imports_nothing_of_onbox():
     # build/zipapp.py embeds its source in the pyz's __main__.py, before onbox is importable
     assert {t for t in graph()["onbox.platform.extractroot"] if t.split(".")[0] == "onbox"} == set()
+
+
+def _subpackages():
+    """Every package below onbox/ and controller/ that holds modules of its own (the templates are user code and the
+    top-level packages are described in the README's layout)."""
+    out = []
+    for top in ("onbox", "controller"):
+        for dirpath, _dirs, files in os.walk(os.path.join(REPO_ROOT, top)):
+            rel = os.path.relpath(dirpath, REPO_ROOT)
+            if dirpath == os.path.join(REPO_ROOT, top) or "__init__.py" not in files or "templates" in rel:
+                continue
+            modules = sorted(f for f in files if f.endswith(".py") and f != "__init__.py")
+            if modules:
+                out.append((rel, modules))
+    return out
+
+
+@pytest.mark.parametrize("package,modules", _subpackages(), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_package_docstring_names_every_module_of_the_package(package, modules):
+    import ast
+
+    with open(os.path.join(REPO_ROOT, package, "__init__.py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    missing = [m for m in modules if m not in doc]
+    assert not missing, "%s/__init__.py's docstring says nothing of %s: a newcomer reads it first" % (
+        package, ", ".join(missing))
