@@ -26,6 +26,9 @@ STOPPED = "stopped"
 SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
 FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
 UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
+# failures that no restart can mend (the host must be changed first): the run fails at the first one, with its fix,
+# instead of spending its backoffs and restarts on the same refusal
+RESTART_CANNOT_FIX = frozenset({NO_GPU_RUNTIME})
 
 # U10: CUDA OOM is not host OOM; the fit-it ladder is the fix.
 FIT_IT_LADDER = ("the fit-it ladder: lower the per-device batch size (keep the effective batch with gradient "

@@ -1,7 +1,8 @@
 """What follows an attempt's exit, decided without touching anything: restart after a backoff, or end the run.
 
 The rules, in order: a success ends the run DONE (restart = "always": restart at once); a failure under
-restart = "never" ends it FAILED; the same failure (exits.Classification.loop_key) crash_loop_threshold times in
+restart = "never" ends it FAILED, and so does a failure no restart can mend (exits.RESTART_CANNOT_FIX: a container
+refused its GPUs); the same failure (exits.Classification.loop_key) crash_loop_threshold times in
 a row is a crash loop: FAILED, with the failure's hint; max_restarts spent: FAILED ("gave up"); else restart after
 backoff_initial doubled for each failure in the streak, at most backoff_max. A failed attempt that made the
 checkpoints fall back to an older checkpoint (CheckpointHook.after_failure) starts the streak again: the next
@@ -13,6 +14,7 @@ import dataclasses
 from typing import Any, Dict, List
 
 from onbox.config import RunConfig
+from onbox.supervisor import exits
 from onbox.supervisor.exits import Classification
 from onbox.supervisor.state import RunState
 
@@ -57,6 +59,10 @@ class RestartPolicy:
         self.streak.append(result.loop_key)
         if self.restart == "never":
             return Decision(RunState.FAILED, result.message, result.message)
+        if result.classification in exits.RESTART_CANNOT_FIX:
+            message = "not restarting: %s; a restart cannot change that%s" % (
+                result.message, (" — what to do: " + result.hint) if result.hint else "")
+            return Decision(RunState.FAILED, message, message, fields={"classification": result.classification})
         same = 0
         for key in reversed(self.streak):
             if key != result.loop_key:

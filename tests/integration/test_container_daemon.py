@@ -194,11 +194,15 @@ def test_a_relaunch_stops_the_container_that_outlived_a_killed_agent_before_its_
 def test_gpus_on_a_daemon_without_the_nvidia_runtime_fail_with_the_cause_and_the_fix(docker_daemon, job, tmp_path,
                                                                                       onbox_home):
     env = {k: v for k, v in job.items() if k != "CUDA_VISIBLE_DEVICES"}  # the default line: --gpus all (U31)
-    r = subprocess.run(docker_job(docker_daemon, tmp_path, "d6", "--steps", "3"), env=env, cwd=str(tmp_path),
-                       capture_output=True, text=True, timeout=120)
+    # restarts allowed: a restart cannot give the container GPUs, so none is tried
+    argv = docker_job(docker_daemon, tmp_path, "d6", "--steps", "3",
+                      extra=["--restart", "on-failure", "--max-restarts", "5"])
+    r = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr[-2000:]
     with open(os.path.join(str(onbox_home), "runs", "d6", "state.json")) as f:
-        last = json.load(f)["last_exit"]
+        doc = json.load(f)
+    last = doc["last_exit"]
+    assert len(doc["attempts"]) == 1 and doc["message"].startswith("not restarting: docker cannot give"), doc
     assert (last["classification"], last["code"]) == ("no_gpu_runtime", 125), last  # docker's own error
     assert "NVIDIA Container Toolkit" in last["hint"] and "CUDA_VISIBLE_DEVICES=" in last["hint"]
     assert docker_daemon.containers("label=onbox.run=d6") == []  # created, never started, removed

@@ -13,6 +13,8 @@ OK = exits.classify(ExitStatus(code=0))
 EXIT_1 = exits.classify(ExitStatus(code=1))
 EXIT_2 = exits.classify(ExitStatus(code=2))
 CUDA_OOM = exits.classify(ExitStatus(code=1), ["torch.OutOfMemoryError: CUDA out of memory."])
+NO_GPUS = exits.classify(ExitStatus(code=125), ['docker: Error response from daemon: could not select device driver "" '
+                                                'with capabilities: [[gpu]].'])
 
 
 def policy(**fields) -> RestartPolicy:
@@ -89,3 +91,11 @@ def test_a_phase_end_resets_the_streak():
     p.decide(EXIT_1, 0)
     p.reset()
     assert p.decide(EXIT_1, 1).state == RunState.BACKOFF
+
+
+def test_a_container_refused_its_gpus_fails_the_run_at_once_with_the_fix_restarts_left_or_not():
+    assert NO_GPUS.classification == exits.NO_GPU_RUNTIME
+    d = policy(max_restarts=10, crash_loop_threshold=3).decide(NO_GPUS, 0)
+    assert d.state == RunState.FAILED and d.fields == {"classification": exits.NO_GPU_RUNTIME}
+    assert d.message.startswith("not restarting: docker cannot give the container GPUs")
+    assert "nvidia-ctk runtime configure --runtime=docker" in d.message
