@@ -200,7 +200,7 @@
     return tr;
   }
 
-  function deadlineText(d) {  // "18:00:00Z (slurm), 1h 2m left; checkpoint asked for at 17:58:30Z"
+  function deadlineText(d) {  // "<at> (slurm), 1h 2m left; checkpoint asked for at <ask_at>", times as fmtTime prints them
     var left = d.at - Date.now() / 1000;
     return fmtTime(d.at) + " (" + (d.source || "?") + "), " + (left > 0 ? fmtAge(left) + " left" : "passed") +
       "; checkpoint asked for at " + fmtTime(d.asked_at || d.ask_at);
