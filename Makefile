@@ -66,9 +66,9 @@ zipapp: $(STAMP)
 demo: $(STAMP) sysdeps
 	$(PY) build/demo.py
 
-# Two tiers: `make test` runs every test not marked slow (6-8 min on 2 cores); `make test-slow` runs the slow tier,
+# Two tiers: `make test` runs every test not marked slow (4-8 min on 2 cores); `make test-slow` runs the slow tier,
 # the real scenarios of ten seconds to a minute and more each (minute-long partitions, Slurm time limits, real
-# trainers killed and resumed, kill fuzzes: ~9 min); `make test-all` runs both in one go. CI runs both tiers.
+# trainers killed and resumed, kill fuzzes: 8-12 min); `make test-all` runs both in one go. CI runs both tiers.
 TEST_DEPS := $(STAMP) sysdeps mlflow-venv rclone-venv docker-image arm64-sysroot
 PYTEST    := $(PY) -m pytest -q -n $(JOBS) --dist worksteal --durations=15
 
