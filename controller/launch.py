@@ -3,6 +3,8 @@
 The box's agent does the detaching (it survives our ssh session, U1-U3); here we only start it, read back the
 run it reports, and probe it in a SEPARATE call (U4: never chain a kill or a probe into the launching command).
 Several boxes run in parallel with a bound on concurrency.
+`check_job_options`: what the box's `onbox run` would refuse of the job's options (secrets, files on the box,
+MLflow), refused here before any ssh.
 """
 from __future__ import annotations
 
@@ -206,3 +208,28 @@ def _int(v: Any) -> Optional[int]:
         return int(v) if v is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def check_job_options(opts: Dict[str, Any]) -> None:
+    """What `onbox run` on the box would refuse, refused here before any ssh: secret names, box paths, MLflow."""
+    from onbox.config import check_mlflow_experiment, parse_secret_spec, url_problem
+
+    for spec in opts.get("secret") or ():
+        parse_secret_spec(spec)
+    for what in [("--env-file", p) for p in opts.get("env_file") or ()] + \
+            [("--mlflow-token-file", opts.get("mlflow_token_file"))]:
+        flag, path = what
+        if path is not None and (not path or path.startswith("-") or any(ord(c) < 32 for c in path)):
+            raise UsageError("invalid %s %r" % (flag, path), hint="a file on the box, e.g. /workspace/job.env")
+    url = opts.get("mlflow")
+    if url is not None:
+        problem = url_problem(url) or ("spaces or control characters in it" if any(c.isspace() or ord(c) < 32
+                                                                                    for c in url) else None)
+        if not problem and "@" in url.split("//", 1)[-1].split("/", 1)[0]:
+            problem = "credentials in the URL: the agent reads the token from --mlflow-token-file"
+        if problem:
+            raise UsageError("--mlflow %r: %s" % (url, problem), hint="e.g. --mlflow http://mlflow.internal:5000")
+    if opts.get("mlflow_experiment") is not None:
+        check_mlflow_experiment(opts["mlflow_experiment"])
+    if opts.get("mlflow_experiment") is not None and opts.get("mlflow") is None:
+        raise UsageError("--mlflow-experiment goes with --mlflow", hint="e.g. --mlflow http://mlflow.internal:5000")

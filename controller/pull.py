@@ -26,13 +26,15 @@ from typing import Any, Callable, Dict, List, Optional
 
 from controller.agent import agent_json
 from controller.boxes import Box, config_dir
-from controller.ssh import RemoteCommandFailed, Ssh, kill_group, rsync_lost_link, unreachable
+from controller.ssh import RemoteCommandFailed, Ssh, rsync_lost_link
+from controller.sshfail import unreachable
 from onbox import untrusted
 from onbox.checkpoints.listing import LIST_SCHEMA
 from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.fsutil import atomic_write_json
+from onbox.toolrun import kill_group
 
 PARTIAL_DIR = ".onbox-partial"
 # pulls.json grows by ~300 bytes for every checkpoint ever pulled, like a checkpoints index: the index's bound

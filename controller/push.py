@@ -20,7 +20,8 @@ import time
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from controller.boxes import Box
-from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link, unreachable
+from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link
+from controller.sshfail import unreachable
 from onbox.environment import Environment
 from onbox.errors import JobFailed, UsageError
 from onbox.toolrun import Says, Tool

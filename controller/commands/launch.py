@@ -9,7 +9,7 @@ import click
 
 from controller.boxes import Box, Inventory
 from controller.commands.params import Duration, Seconds
-from controller.launch import LaunchResult, check_name, launch_many, read_fanout
+from controller.launch import LaunchResult, check_job_options, check_name, launch_many, read_fanout
 from controller.relaunch import Choice
 from controller.ssh import Ssh, settings_from_env
 from controller.userconfig import check_tracker_url
@@ -187,7 +187,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     for kv in opts.get("env") or ():
         if not ENV_NAME_RE.fullmatch(kv.partition("=")[0]) or "=" not in kv:
             raise UsageError("--env must look like KEY=VAL (KEY letters, digits and _), not %r" % kv)
-    _check_job_secrets(opts)
+    check_job_options(opts)
     if tracker is not None:
         tracker = check_tracker_url(tracker, "--tracker")
     elif tunnel:
@@ -336,31 +336,6 @@ def _record_launches(results: List[LaunchResult]) -> None:
     if problem:
         click.echo("onboxctl: warning: %s: the launch is not recorded (a relaunch on another box will not find "
                    "it by itself; --name names it)" % problem, err=True)
-
-
-def _check_job_secrets(opts: Dict[str, Any]) -> None:
-    """What `onbox run` on the box would refuse, refused here before any ssh: secret names, box paths, MLflow."""
-    from onbox.config import check_mlflow_experiment, parse_secret_spec, url_problem
-
-    for spec in opts.get("secret") or ():
-        parse_secret_spec(spec)
-    for what in [("--env-file", p) for p in opts.get("env_file") or ()] + \
-            [("--mlflow-token-file", opts.get("mlflow_token_file"))]:
-        flag, path = what
-        if path is not None and (not path or path.startswith("-") or any(ord(c) < 32 for c in path)):
-            raise UsageError("invalid %s %r" % (flag, path), hint="a file on the box, e.g. /workspace/job.env")
-    url = opts.get("mlflow")
-    if url is not None:
-        problem = url_problem(url) or ("spaces or control characters in it" if any(c.isspace() or ord(c) < 32
-                                                                                    for c in url) else None)
-        if not problem and "@" in url.split("//", 1)[-1].split("/", 1)[0]:
-            problem = "credentials in the URL: the agent reads the token from --mlflow-token-file"
-        if problem:
-            raise UsageError("--mlflow %r: %s" % (url, problem), hint="e.g. --mlflow http://mlflow.internal:5000")
-    if opts.get("mlflow_experiment") is not None:
-        check_mlflow_experiment(opts["mlflow_experiment"])
-    if opts.get("mlflow_experiment") is not None and opts.get("mlflow") is None:
-        raise UsageError("--mlflow-experiment goes with --mlflow", hint="e.g. --mlflow http://mlflow.internal:5000")
 
 
 def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[str], cmd: List[str],

@@ -23,6 +23,7 @@ verify, index, retain, restore. The supervisor drives it through onbox.checkpoin
   holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
+  localdir.py   the hook and the box's checkpoint dir: an unreadable newest entry, an empty dir, pruning (U6)
   verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
   runfacts.py   what a run's durable storage says of it, read only (newest committed step, its lease): `onbox match`
   listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read

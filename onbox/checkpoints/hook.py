@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -45,6 +44,7 @@ from onbox.checkpoints.detect import (
 from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.fencing import Fenced
 from onbox.checkpoints.holding import HolderMixin
+from onbox.checkpoints.localdir import LocalDirMixin
 from onbox.checkpoints.resuming import ResumeMixin
 from onbox.checkpoints.runlock import commit_lock
 from onbox.checkpoints.targets import make_target, overlap_problem
@@ -56,7 +56,6 @@ DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commi
 COMMIT_OVERHEAD_S = 0.5  # fsyncs, manifest, index: per commit, on top of bytes/throughput
 FINAL_SETTLE_S = 2.0  # at the final sync the child has stopped: a shorter quiet period suffices
 RESCAN_S = 1.0
-NO_CHECKPOINT_INTERVALS = 5  # sync intervals with an empty checkpoint dir before it is worth a warning
 SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint still inside its quiet period
 LOG_FILES = (paths.OUTPUT_LOG, paths.EVENTS_FILE)  # copied to <durable>/<run>/logs/<box>/ after each commit
 
@@ -66,7 +65,7 @@ def summary(r: CommitResult) -> Dict[str, Any]:
             "digest": r.digest, "durable": r.url}
 
 
-class CheckpointCommitHook(ResumeMixin, HolderMixin):
+class CheckpointCommitHook(ResumeMixin, HolderMixin, LocalDirMixin):
     def __init__(self, ctx: Any, target: Optional[DurableTarget] = None, lease: Any = None) -> None:
         """`lease`: the agent's fencing.RunLease; None for any other committer (a passive lease, holding.py)."""
         self.ctx = ctx
@@ -100,8 +99,6 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
         self._worker: Optional[threading.Thread] = None
         self.cands: List[Candidate] = []
         self.resumed: Optional[Dict[str, Any]] = None  # what the current attempt started from (restore())
-        self._first_look: Optional[float] = None
-        self._warned_none = False
         # this box and agent launch, for its own folder under <durable>/<run>/logs/ (containers may share a
         # hostname: the boot id tells boxes apart)
         self.box_logs = "%s-%s.%s" % (re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "box",
@@ -183,41 +180,6 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
         self._retry_now = False
         self._worker = threading.Thread(target=self.commit_one, args=(newest,), name="onbox-commit", daemon=True)
         self._worker.start()
-
-    def _watch_unreadable(self, cands: List[Candidate]) -> None:
-        """When the newest entry of the checkpoint dir cannot be read here (permissions, an I/O error), nothing
-        newer than what durable storage holds is committed, whatever the last sync's "ok" says: an event and a
-        status line when that starts (checkpoint_unreadable) and when it ends (checkpoint_readable)."""
-        # by time: a file that cannot be read may not tell its step either
-        newest = max(cands, key=lambda c: c.newest_mtime) if cands else None
-        bad = newest is not None and newest.reason.startswith("unreadable: ")
-        was = self.status.get("unreadable")
-        if bad and newest is not None and (not was or was.get("name") != newest.name):
-            problem = newest.reason[len("unreadable: "):]
-            self._update_status(unreadable={"name": newest.name, "path": newest.path, "problem": problem})
-            self.ctx.emit("checkpoint_unreadable", checkpoint=newest.name, path=newest.path, problem=problem)
-        elif not bad and was:
-            self._update_status(unreadable=None)
-            self.ctx.emit("checkpoint_readable", checkpoint=was.get("name"))
-
-    def _watch_for_none(self, now: float) -> None:
-        """Say so (once: an event, and a warning in checkpoint_status.json that `onbox status` shows) when the
-        checkpoint dir stayed empty for NO_CHECKPOINT_INTERVALS sync intervals: the trainer writes elsewhere,
-        or not at all, and a preemption would lose everything."""
-        if self._first_look is None:
-            self._first_look = now
-        if self.cands:
-            if self.status.get("warning"):
-                self._update_status(warning=None)
-            return
-        waited = now - self._first_look
-        if self._warned_none or waited < NO_CHECKPOINT_INTERVALS * self.cfg.sync_interval:
-            return
-        self._warned_none = True
-        msg = ("no checkpoint in %s after %.0f s: nothing can be committed or resumed; point the trainer's "
-               "saves at $ONBOX_CKPT_DIR or give --ckpt-dir its output dir" % (self.ckpt_dir, waited))
-        self.ctx.emit("no_checkpoint_yet", ckpt_dir=self.ckpt_dir, seconds=round(waited, 1))
-        self._update_status(warning=msg)
 
     def final(self, deadline: float) -> Optional[Dict[str, Any]]:
         self.join_worker(deadline)
@@ -381,32 +343,3 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin):
             self.target.put_logs(self.ctx.run_dir, names, self.box_logs)
         except (SyncFailed, OSError) as e:
             self.ctx.emit("log_sync_failed", files=names, error=str(e))
-
-    def prune_local(self, low_fraction: float = 0.05) -> List[str]:
-        """U6: when the local disk runs low, delete local copies already committed (never the newest)."""
-        assert self.committer is not None
-        complete = [c for c in self.cands if c.complete]
-        if len(complete) < 2:
-            return []
-        need = max(2 * complete[-1].bytes, 0)
-        removed = []
-        for c in complete[:-1]:
-            fs = fsutil.free_space(self.ckpt_dir)
-            if fs.free_bytes >= max(need, int(fs.total_bytes * low_fraction)):
-                break
-            if self.committer.find_same_source(c) is None:
-                continue  # not committed: the only copy
-            try:
-                if c.is_dir:
-                    shutil.rmtree(c.path, ignore_errors=True)
-                else:
-                    os.unlink(c.path)
-            except FileNotFoundError:
-                continue  # the trainer's own retention (Lightning's save_top_k) deleted it since the scan
-            except OSError as e:  # a failed prune frees less; it must not undo the commit it follows
-                self.ctx.emit("local_prune_failed", path=c.path, error=str(e))
-                continue
-            removed.append(c.name)
-        if removed:
-            self.ctx.emit("local_pruned", removed=removed, ckpt_dir=self.ckpt_dir)
-        return removed

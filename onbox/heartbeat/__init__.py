@@ -2,9 +2,11 @@
 the TelemetryHook that collects a beat from onbox.telemetry and onbox.gpu on each tick.
 
   schema.py       the heartbeat document, onbox.heartbeat/1 (heartbeat.schema.json documents it)
+  schemacheck.py  heartbeat.schema.json compiled into the validator the tracker runs on every beat
   spool.py        the on-disk spool: written first, pushed in order, removed only on acknowledgement
   sinks.py        the tracker (HTTP), a JSONL file, a ping URL; mlflow.py + mlflow_rest.py: the MLflow sink
   points.py       the trainer's own metric records since the previous beat, as the beat's `points` section
+  metricshint.py  whether the trainer's output is recognised as metrics, said once either way
   collect.py      the box readings a beat carries (host, disks, GPUs), each a seam
   hook.py         HeartbeatHook: the TelemetryHook the supervisor calls
 

@@ -9,7 +9,7 @@
 - on_event(event): a lifecycle event makes the next tick send a beat at once.
 - tick(state): send a beat when one is due (every `heartbeat_interval`, on a state change or event, on a new
   alert); once the child has printed for `metrics_hint_minutes` without a metric recognised, emit
-  `metrics_unrecognised` with the flag to use (and `metrics_recognised` when one finally is).
+  `metrics_unrecognised` with the flag to use (and `metrics_recognised` when one finally is: metricshint.py).
 - close(state): the final beat, then flush the spools within a short bound.
 
 Nothing here blocks on the network: beats are spooled (fsynced) and pushed by one sender thread per sink.
@@ -26,11 +26,13 @@ from onbox import paths
 from onbox.environment import Environment
 from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
+from onbox.heartbeat.metricshint import MetricsHint
 from onbox.heartbeat.points import beat_points
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
 from onbox.multinode.role import recorded_role
+from onbox.proc import env_pid_alive
 from onbox.slurm.job import heartbeat_fields
 from onbox.supervisor.childenv import secret_values
 from onbox.telemetry.alerts import AlertEngine, AlertSettings
@@ -60,15 +62,7 @@ def phase_fields(phase: Any) -> Optional[Dict[str, Any]]:
 
 
 def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and pid > 0 and env_pid_alive(pid)
 
 
 class HeartbeatHook:
@@ -94,15 +88,7 @@ class HeartbeatHook:
         os.makedirs(os.path.join(ctx.run_dir, paths.HEARTBEATS_DIR), mode=0o700, exist_ok=True)
         self.seq = SeqCounter(os.path.join(ctx.run_dir, paths.HEARTBEAT_SEQ_FILE), first=int(self.clock.time() * 1000))
         if sinks is None:
-            sinks = []
-            if cfg.tracker:
-                sinks.append(TrackerSink(cfg.tracker, cfg.tracker_token_file, timeout=request_timeout))
-            if cfg.heartbeat_file:
-                sinks.append(FileSink(cfg.heartbeat_file))
-            if cfg.mlflow:
-                from onbox.heartbeat.mlflow import sink_for
-
-                sinks.append(sink_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, emit=ctx.emit))
+            sinks = sinks_for(cfg, ctx.name, ctx.run_dir, self.box, request_timeout, ctx.emit)
         # Sinks that draw curves get every metric record, not only the newest, spooled with the next beat: the
         # tracker and the heartbeat file in the beat's `points` (bounded, thinned past MAX_POINTS), MLflow all of
         # them in its own spool document.
@@ -129,7 +115,6 @@ class HeartbeatHook:
         if ping is None and cfg.ping_url:
             ping = PingSink(cfg.ping_url, timeout=request_timeout)
         self.ping = ping
-        self._ping_thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._last_output_mono: Optional[float] = None
         self._started_mono = self.clock.monotonic()
@@ -139,14 +124,9 @@ class HeartbeatHook:
         self._last_alert_codes: Set[str] = set()
         self._stream_alert = False
         self._closed = False
-        self.hint_seconds = float(cfg.metrics_hint_minutes) * 60.0
+        self.hint = MetricsHint(float(cfg.metrics_hint_minutes) * 60.0)
         self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg, ctx.environ))
         self._secrets_attempt: Any = ctx.attempt()  # read just above: the next attempt reads them again
-        self._first_output_mono: Optional[float] = None
-        self._output_lines = 0
-        self._hinted = False  # metrics_unrecognised was emitted (once a supervision)
-        self._heard = False  # a progress record came (in this supervision)
-        self._recognised_pending = False
 
     # -- TelemetryHook
     def on_output(self, line: str) -> None:
@@ -154,9 +134,7 @@ class HeartbeatHook:
         self.log_tail.add(line)
         with self._lock:
             self._last_output_mono = mono
-            self._output_lines += 1
-            if self._first_output_mono is None:
-                self._first_output_mono = mono
+            self.hint.on_output(mono)
 
     def on_progress(self, fields: Dict[str, float]) -> None:
         """A record the feed has taken: its newest values (the step, the record's time) include it already."""
@@ -164,9 +142,7 @@ class HeartbeatHook:
         step = progress.values.get("step")
         wall = self.clock.time() if progress.updated_at is None else progress.updated_at
         with self._lock:
-            if self._hinted and not self._heard:
-                self._recognised_pending = True
-            self._heard = True
+            self.hint.on_record()
             if self.points is not None:
                 self.points.add(fields, step, wall)
             loss = fields.get("loss")
@@ -211,8 +187,8 @@ class HeartbeatHook:
             sender.flush(max(0.0, deadline - self.clock.monotonic()))
         for sender in self.senders:
             sender.stop(timeout=max(0.1, min(1.0, deadline - self.clock.monotonic())))
-        if self._ping_thread is not None:
-            self._ping_thread.join(max(0.0, deadline - self.clock.monotonic()))
+        if self.ping is not None:
+            self.ping.join(max(0.0, deadline - self.clock.monotonic()))
 
     # -- a run disk that refuses writes
     def _fault(self, what: str) -> Optional[Callable[[OSError], None]]:
@@ -257,26 +233,12 @@ class HeartbeatHook:
         return health
 
     def _metrics_hint(self, mono: float) -> None:
-        """Say once when the child has printed for hint_seconds and no line was recognised as metrics (and say
-        when one is, so the warning goes). Emitted outside the lock: emit() calls back into on_event."""
+        """Say whether the output is recognised as metrics (metricshint.py). Emitted outside the lock: emit() calls
+        back into on_event."""
         with self._lock:
-            recognised, self._recognised_pending = self._recognised_pending, False
-            due = (not self._hinted and self.hint_seconds > 0 and not self._heard
-                   and self._first_output_mono is not None and mono - self._first_output_mono >= self.hint_seconds)
-            if due:
-                self._hinted = True
-            lines = self._output_lines
-        if recognised:
-            self.ctx.emit("metrics_recognised")
-        if due:
-            minutes = self.hint_seconds / 60.0
-            self.ctx.emit("metrics_unrecognised", lines=lines, minutes=minutes,
-                          message="the job has printed %d lines in %s min and none of them was recognised as a "
-                                  "metric: no step, no loss in status or heartbeats" % (lines, "%g" % minutes),
-                          hint="give the shape with --metrics-regex, e.g. --metrics-regex "
-                               "'step (?P<step>\\d+) .*loss (?P<loss>[-+.\\deE]+)' (named groups: step, loss, "
-                               "eval_loss, lr, tokens_per_s, samples_per_s, epoch), or have the trainer append JSON "
-                               "lines to $ONBOX_METRICS_FILE")
+            said = self.hint.check(mono)
+        for kind, fields in said:
+            self.ctx.emit(kind, **fields)
 
     def _quiet_seconds(self, mono: float) -> Optional[float]:
         marks = [m for m in (self._last_output_mono, self.feed.progress.step_advanced_mono) if m is not None]
@@ -396,12 +358,7 @@ class HeartbeatHook:
             kind = "fail"
         else:
             kind = "success"
-        if self._ping_thread is not None and self._ping_thread.is_alive():
-            if reason != "final":
-                return
-            self._ping_thread.join(self.close_timeout / 2)  # the last word (success or /fail) must go out  # the previous ping is still under way: pings are liveness, the next beat sends a fresh one
-        self._ping_thread = threading.Thread(target=self.ping.ping, args=(kind,), name="onbox-ping", daemon=True)
-        self._ping_thread.start()
+        self.ping.ping_soon(kind, last=reason == "final", wait=self.close_timeout / 2)
 
 
 def _deadline(block: Any, wall: float) -> Optional[Dict[str, Any]]:
@@ -412,3 +369,18 @@ def _deadline(block: Any, wall: float) -> Optional[Dict[str, Any]]:
     if isinstance(out.get("at"), (int, float)):
         out["left_s"] = round(out["at"] - wall, 3)
     return out
+
+
+def sinks_for(cfg: Any, run: str, run_dir: str, box: str, request_timeout: float,
+              emit: Callable[..., None]) -> List[Any]:
+    """The sinks a run's configuration names: its tracker, its heartbeat file, its MLflow server (mlflow.py)."""
+    sinks: List[Any] = []
+    if cfg.tracker:
+        sinks.append(TrackerSink(cfg.tracker, cfg.tracker_token_file, timeout=request_timeout))
+    if cfg.heartbeat_file:
+        sinks.append(FileSink(cfg.heartbeat_file))
+    if cfg.mlflow:
+        from onbox.heartbeat.mlflow import sink_for
+
+        sinks.append(sink_for(cfg, run, run_dir, box, request_timeout, emit=emit))
+    return sinks

@@ -191,6 +191,23 @@ class PingSink:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._http: Any = None
+        self.thread: Optional[threading.Thread] = None  # the ping under way (ping_soon)
+
+    def ping_soon(self, kind: str, last: bool, wait: float) -> None:
+        """Ping in a thread of its own, so a beat never waits on it. While the previous ping is still under way the
+        next is skipped (pings are liveness: the next beat sends a fresh one), except the `last` word (success or
+        /fail): that waits up to `wait` seconds for the previous one, and goes out."""
+        if self.thread is not None and self.thread.is_alive():
+            if not last:
+                return
+            self.thread.join(wait)
+        self.thread = threading.Thread(target=self.ping, args=(kind,), name="onbox-ping", daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the ping under way."""
+        if self.thread is not None:
+            self.thread.join(timeout)
 
     def ping(self, kind: str) -> bool:
         """kind: "start" | "success" | "fail". True when the ping got a 2xx."""

@@ -7,6 +7,8 @@
   stop.py        the one stop procedure: StopStage, the timeline notices, `onbox stop` and phase ends share, the grace
   notices.py     a notice's stop: what asks for it (NoticeIntake) and its timeline acted out on the attempt (NoticeStop)
   deadline.py    the run's deadline: ask_at = deadline - (grace + commit estimate + margin), a session_limit notice
+  endings.py     how a run ends: the final commit, and what each end (stopped, preempted, session limit, fenced)
+                 records and says
   phases.py      [[phase]] curricula: which command an attempt runs, when a phase ends, what its end means
   phasespec.py   the [[phase]] tables checked into PhaseSpecs and their criteria
   output.py      where the trainer's output goes once read: the telemetry hook, the one ProgressFeed, the curriculum

@@ -36,6 +36,7 @@ class SessionDeadline:
         self.margin = float(margin)
         self.estimate = 0.0
         self.asked_at: Optional[float] = None  # wall time the checkpoint was asked for (the notice was taken)
+        self._saved_ask_at: Optional[float] = None  # the ask_at state.json holds (ask_at_moved)
 
     @classmethod
     def of(cls, cfg: Any, grace: float) -> Optional["SessionDeadline"]:
@@ -62,6 +63,14 @@ class SessionDeadline:
     def commit_by(self) -> float:
         """When the final commit must be done (wall-clock)."""
         return self.at - self.margin
+
+    def ask_at_moved(self) -> bool:
+        """True (once) when ask_at moved by a second or more since it was last said so: state.json is rewritten
+        then, so that `onbox status` shows it."""
+        if self._saved_ask_at is not None and abs(self.ask_at - self._saved_ask_at) < 1.0:
+            return False
+        self._saved_ask_at = self.ask_at
+        return True
 
     def due(self, now_wall: float) -> bool:
         return now_wall >= self.ask_at

@@ -2,22 +2,22 @@
 PyTorch's elastic agent's `_invoke_run`).
 
 Each step observes (signals, notices, stop.request, a fence, the run's deadline, the child's output and exit, the
-trainer's progress) and
-acts on the state: start an attempt (attempts.py), decide what follows its exit (phases.py, then restarts.py), begin or
-step a notice's stop (notices.py), end the run (`_end`: the final commit, then the transition). A fence (the
-checkpoint hook's `fenced()`: a newer lease holds the run on durable storage) is a stop like a notice's and ends
-FENCED. The run's deadline (deadline.py) is a notice too, taken once its ask_at has come (the checkpoint hook's
-`commit_estimate()` moves it); it ends PREEMPTED with the exit classified session_limit and how to continue. The trainer's progress is parsed once, into the ProgressFeed (onbox/telemetry/progress.py) that the hooks read
-through RunContext; the output route (output.py) takes each line and record to the telemetry hook and the
-curriculum. Events, state and progress writes go
-through the journal (journal.py); shutdown happens in `finally`.
+trainer's progress) and acts on the state: start an attempt (attempts.py), decide what follows its exit (phases.py,
+then restarts.py), begin or step a notice's stop (notices.py), end the run (`_end`: the final commit, then the
+transition; what each end records and says: endings.py). A fence (the checkpoint hook's `fenced()`: a newer lease
+holds the run on durable storage) is a stop like a notice's and ends FENCED. The run's deadline (deadline.py) is a
+notice too, taken once its ask_at has come (the checkpoint hook's `commit_estimate()` moves it); it ends PREEMPTED
+with the exit classified session_limit and how to continue. The trainer's progress is parsed once, into the
+ProgressFeed (onbox/telemetry/progress.py) that the hooks read through RunContext; the output route (output.py)
+takes each line and record to the telemetry hook and the curriculum. Events, state and progress writes go through
+the journal (journal.py); shutdown happens in `finally`.
 
 Signal handlers only record the signal number; the loop blocks in select() on the signal wakeup fd and the
 metadata poller's pipe, so a signal is acted on within milliseconds while an idle loop costs almost nothing.
 
 Past 400 lines on purpose: the loop and its acts are one state machine, read top to bottom like the elastic agent's
-`_invoke_run`; every decision it acts on lives in its own module (restarts, stop, notices, attempts, phases,
-journal, output). The Supervisor class is under 300 lines of code (the rest is its docstrings).
+`_invoke_run`; every decision it acts on lives in its own module (restarts, stop, notices, deadline, endings,
+attempts, phases, journal, output). The Supervisor class is under 300 lines of code (the rest is its docstrings).
 """
 from __future__ import annotations
 
@@ -34,17 +34,23 @@ from onbox.proc import Child, ProcessSeam, set_child_subreaper, start_time
 from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
-from onbox.supervisor.deadline import continue_hint
+from onbox.supervisor.endings import Ending, RunEndings
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
-from onbox.supervisor.notes import preempted_message
 from onbox.supervisor.notices import NoticeIntake, NoticeStop
 from onbox.supervisor.output import OutputRoute
 from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
-from onbox.supervisor.state import TRANSITIONS, IllegalTransition, RunState, check_transition, exit_code_for
+from onbox.supervisor.state import (
+    TRANSITIONS,
+    IllegalTransition,
+    RunState,
+    check_transition,
+    exit_code_for,
+    wait_for,
+)
 from onbox.telemetry.progress import ProgressFeed
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "RunState", "Seams", "Supervisor", "check_transition",
@@ -124,8 +130,9 @@ class Supervisor:
                                    self._hook("nodes.on_notice", self.hooks.nodes.on_notice, *notice))
         self.checkpoint_signal = parse_signal(cfg.checkpoint_signal, "checkpoint_signal")
         self.stop: Optional[NoticeStop] = None
-        self._final_summary: Optional[Dict[str, Any]] = None  # what the last final commit committed
-        self._saved_ask_at: Optional[float] = None  # the deadline's ask_at state.json holds
+        # the final commit, and what each end records and says (endings.py)
+        self.endings = RunEndings(rundir.name, self.intake, self.launcher, self._hook, lambda: self.hooks.checkpoints,
+                                  self.emit)
         self.notices = NoticePipe()  # cloud and peer notices, from their threads
         # every signal the agent must see, PID 1 included (a PID 1 ignores default-action signals it has no
         # handler for): the preemption ones, both USR signals, HUP (an SSH drop in --foreground), CHLD (reaping)
@@ -137,10 +144,6 @@ class Supervisor:
     def attempts(self) -> List[Dict[str, Any]]:
         """state.json's `attempts` (the launcher's records)."""
         return self.launcher.attempts
-
-    @attempts.setter
-    def attempts(self, records: List[Dict[str, Any]]) -> None:
-        self.launcher.attempts = records
 
     @property
     def notice(self) -> Optional[PreemptionNotice]:
@@ -220,7 +223,7 @@ class Supervisor:
             while not self.state.terminal:
                 self._step()
                 if not self.state.terminal and not self.inbox.pending:
-                    self.waiter(self._timeout())
+                    self.waiter(wait_for(self.state, self.clock.monotonic(), self.next_tick, self.backoff_until))
             return self.state
         finally:
             poller.stop()
@@ -251,17 +254,6 @@ class Supervisor:
             self.next_tick = now + self.cfg.tick_interval
             self._tick()
 
-    def _timeout(self) -> float:
-        now = self.clock.monotonic()
-        t = self.next_tick - now
-        if self.state == RunState.BACKOFF:
-            t = min(t, self.backoff_until - now)
-        if self.state == RunState.STOPPING:
-            t = min(t, 0.05)  # short: an adopted child sends no SIGCHLD, and the deadlines are close
-        if self.state == RunState.STARTING:
-            t = 0.0
-        return max(0.0, t)
-
     def _select_wait(self, timeout: float) -> None:
         self.inbox.wait(timeout, [self.notices.read_fd])
 
@@ -288,11 +280,15 @@ class Supervisor:
             self._chld = False
             self.proc.reap_zombies(keep=(self.child.pid,) if self.child else ())
 
+    def _ask_checkpoints(self, name: str) -> Optional[Callable[[], Any]]:
+        """The checkpoint hook's optional `name`, called through the journal; None for a hook without it (a test
+        double): it never fences, its commit estimate is 0 s."""
+        method = getattr(self.hooks.checkpoints, name, None)
+        return (lambda: self._hook("checkpoints." + name, method)) if method is not None else None
+
     def _look_for_fence(self, now_m: float, now_w: float) -> None:
         """Once a newer lease holds the run, it stops and ends FENCED (the intake's look_for_fence)."""
-        fenced = getattr(self.hooks.checkpoints, "fenced", None)  # a hook without it (a test double) never fences
-        ask = (lambda: self._hook("checkpoints.fenced", fenced)) if fenced is not None else None
-        if self.intake.look_for_fence(ask, now_m, now_w, self.stop):
+        if self.intake.look_for_fence(self._ask_checkpoints("fenced"), now_m, now_w, self.stop):
             self.journal.save()
 
     def _check_deadline(self, now_m: float, now_w: float) -> None:
@@ -301,14 +297,9 @@ class Supervisor:
         is rewritten when ask_at moves by a second or more (`onbox status` shows it)."""
         if self.intake.deadline is None or self.notice is not None:
             return
-        ask = getattr(self.hooks.checkpoints, "commit_estimate", None)  # a hook without it (a test double): 0 s
-        estimate = self._hook("checkpoints.commit_estimate", ask) if ask is not None else None
-        seconds = estimate.get("seconds") if isinstance(estimate, dict) else None
-        self.intake.check_deadline(seconds if isinstance(seconds, (int, float)) else None, now_m, now_w)
-        ask_at = self.intake.deadline.ask_at
-        if self.state in (RunState.RUNNING, RunState.BACKOFF) and (
-                self._saved_ask_at is None or abs(ask_at - self._saved_ask_at) >= 1.0):
-            self._saved_ask_at = ask_at
+        ask = self._ask_checkpoints("commit_estimate")
+        self.intake.check_deadline(ask() if ask is not None else None, now_m, now_w)
+        if self.state in (RunState.RUNNING, RunState.BACKOFF) and self.intake.deadline.ask_at_moved():
             self.journal.save()
 
     def _tick(self) -> None:
@@ -366,7 +357,7 @@ class Supervisor:
             return self._end(RunState.DONE if verdict.ok else RunState.FAILED, verdict.message)
         self.message = verdict.message
         self.journal.save()  # the new phase is recorded before the commit: a relaunch resumes in it
-        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout, phase=verdict.ended)
+        self.endings.final(self.clock.monotonic() + self.cfg.final_sync_timeout, phase=verdict.ended)
         self.transition(RunState.STARTING, reason=verdict.message)
 
     def _backoff(self, delay: float, why: str) -> None:
@@ -376,83 +367,37 @@ class Supervisor:
         self.transition(RunState.BACKOFF, reason=self.message, delay=delay)
 
     def _begin_stopping(self) -> None:
-        notice = self.notice
-        assert notice is not None
         self.journal.keep(paths.PREEMPT_FILE, lambda: open(self.rd.preempt_file, "a").close())  # for trainers that poll
-        # a fence's stop keeps no reserve: nothing is committed after a fence
-        self.stop = NoticeStop(notice, self.intake.by_request, self.clock.monotonic(),
-                               None if self.fence is not None else self.cfg.sync_reserve,
-                               self.checkpoint_signal, self.launcher, self._final)
-        self.stop.fence = self.fence
-        self.stop.begin()
-        self.transition(RunState.STOPPING, reason="notice from %s" % notice.source)
+        self.stop = NoticeStop.of(self.intake, self.clock.monotonic(), self.cfg.sync_reserve, self.checkpoint_signal,
+                                  self.launcher, self.endings.final)
+        self.transition(RunState.STOPPING, reason="notice from %s" % getattr(self.notice, "source", "?"))
 
     def _end_stopping(self) -> None:
         if self.fence is not None:
             return self._end_fenced()
-        if self.intake.by_request:
-            self.message = "stopped on request"
-            return self.transition(RunState.STOPPED, reason="onbox stop")
-        if self.intake.session_limit:
-            return self._end_session_limit()
-        source = self.notice.source if self.notice else "?"
-        self.message = "preempted (%s)" % source  # _shutdown says what comes next (requeued or not)
-        self.transition(RunState.PREEMPTED, reason=source)
-
-    def _end_session_limit(self) -> None:
-        """PREEMPTED by the run's deadline: the exit is classified session_limit, with how to continue (the
-        checkpoint the final commit made durable, or the newest one); _shutdown adds a Slurm requeue's outcome."""
-        d = self.intake.deadline
-        assert d is not None
-        summary = self._final_summary or {}
-        checkpoint = summary.get("name") or (os.path.basename(self.launcher.resume_from)
-                                             if self.launcher.resume_from else None)
-        hint = continue_hint(self.rd.name, checkpoint, d.source, requeued=False)
-        self.launcher.record_session_limit(hint)
-        self.message = "session limit: stopped before the %s deadline; %s" % (d.source, hint)
-        self.emit("session_limit", at=d.at, source=d.source, checkpoint=checkpoint,
-                  hint=(self.launcher.last_exit or {}).get("hint"))
-        self.transition(RunState.PREEMPTED, reason="session_limit")
+        self._conclude(self.endings.after_stop())
 
     def _end(self, state: RunState, message: str, reason: Optional[str] = None, **fields: Any) -> None:
         """The run ends without a notice (DONE, or FAILED for good): the newest complete checkpoint must still
         become durable. The periodic commit runs on an interval in a background thread; without this final one,
         the checkpoint written just before the exit (or a commit still in flight) would never be committed."""
         self.message = message
-        self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self.endings.final(self.clock.monotonic() + self.cfg.final_sync_timeout)
         self._look_for_fence(self.clock.monotonic(), self.clock.time())
         if self.fence is not None:  # the final commit found a newer lease: the run is another box's now
             return self._end_fenced(final_done=True)
-        self.transition(state, reason=message if reason is None else reason, **fields)
+        self._conclude(Ending(state, message, message if reason is None else reason, fields))
 
     def _end_fenced(self, final_done: bool = False) -> None:
-        """FENCED: exit 1, last_exit says fenced (also when no child was running to be stopped). The commit in
-        flight is waited for (bounded): it ends refused at its next lease check, or its manifest was written
-        before (a race-window orphan the new holder quarantines); the hook commits nothing new."""
+        """FENCED. The commit in flight is waited for (bounded): it ends refused at its next lease check, or its
+        manifest was written before (a race-window orphan the new holder quarantines); the hook commits nothing new."""
         if not final_done:
-            self._final(self.clock.monotonic() + self.cfg.final_sync_timeout)
-        if (self.launcher.last_exit or {}).get("classification") != "fenced":
-            self.launcher.record_fence(self.fence or {})
-        self.message = "fenced: %s" % (self.launcher.last_exit or {}).get("hint")
-        self.transition(RunState.FENCED, reason="fenced", newer_epoch=(self.fence or {}).get("newer_epoch"),
-                        newer_holder=(self.fence or {}).get("newer_holder"))
+            self.endings.final(self.clock.monotonic() + self.cfg.final_sync_timeout)
+        self._conclude(self.endings.fenced())
 
-    def _final(self, deadline: float, **fields: Any) -> None:
-        summary = self._hook("checkpoints.final", self.hooks.checkpoints.final, deadline)
-        if isinstance(summary, dict) and summary.get("name"):
-            self._final_summary = summary
-        self.emit("final_checkpoint", summary=summary, **fields)
-
-    def _session_limit_requeued(self) -> None:
-        """After a session limit under Slurm: when the job was requeued (the run asked for it), the hint says so."""
-        requeue = self.journal.notes.requeue
-        if not (requeue and requeue.get("ok")) or self.intake.deadline is None:
-            return
-        checkpoint = (self._final_summary or {}).get("name")
-        hint = continue_hint(self.rd.name, checkpoint, self.intake.deadline.source, requeued=True)
-        self.launcher.record_session_limit(hint)
-        self.message = "session limit: stopped before the deadline; requeued as Slurm job %s; %s" % (
-            requeue.get("job_id"), hint)
+    def _conclude(self, ending: Ending) -> None:
+        self.message = ending.message
+        self.transition(ending.state, reason=ending.reason, **ending.fields)
 
     def _shutdown(self) -> None:
         """Always runs (finally): flush the output and the progress, final state, telemetry close."""
@@ -467,11 +412,8 @@ class Supervisor:
                 slurm.on_run_end(self.state.value, self.notice.source if self.notice else None,
                                  self.cfg.preempt_signal, self.cfg.requeue, self.environ, self._log, self.emit,
                                  runner=self.seams.slurm_runner, requeue_fn=self.seams.requeue)
-                if self.state == RunState.PREEMPTED and self.intake.session_limit:
-                    self._session_limit_requeued()
-                elif self.state == RunState.PREEMPTED:
-                    self.message = preempted_message(self.notice.source if self.notice else "?",
-                                                     self.journal.notes.requeue, self.rd.name)
+                if self.state == RunState.PREEMPTED:
+                    self.message = self.endings.preempted_message(self.message, self.journal.notes.requeue)
             self.journal.save()
         finally:
             self._hook("telemetry.close", self.hooks.telemetry.close, self.state_doc())

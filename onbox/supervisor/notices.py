@@ -114,14 +114,16 @@ class NoticeIntake:
         """The notice is the run's deadline's: the run ends PREEMPTED, its exit classified session_limit."""
         return self.notice is not None and self.notice.source == SESSION_LIMIT
 
-    def check_deadline(self, estimate: Optional[float], now_m: float, now_w: float) -> bool:
-        """Move ask_at to the commit `estimate` now (seconds; None: nothing to commit) and, once it has come and no
-        notice came first, take the session_limit notice: KILL at the deadline less the margin and the commit,
-        the final commit until the deadline less the margin. True when the notice is new."""
+    def check_deadline(self, estimate: Any, now_m: float, now_w: float) -> bool:
+        """Move ask_at to the commit `estimate` now (the checkpoint hook's commit_estimate(): {"seconds": s, ...};
+        None or no number: nothing to commit, 0 s) and, once it has come and no notice came first, take the
+        session_limit notice: KILL at the deadline less the margin and the commit, the final commit until the
+        deadline less the margin. True when the notice is new."""
         d = self.deadline
         if d is None or self.notice is not None:
             return False
-        d.update(estimate)
+        seconds = estimate.get("seconds") if isinstance(estimate, dict) else None
+        d.update(seconds if isinstance(seconds, (int, float)) else None)
         if not d.due(now_w):
             return False
         d.asked_at = now_w
@@ -200,6 +202,18 @@ class NoticeStop:
         self.fence: Optional[Dict[str, Any]] = None
         self.session_limit = notice.source == SESSION_LIMIT
         self.commit_by = notice.commit_by  # the final commit's deadline when later than the KILL's (a session limit)
+
+    @classmethod
+    def of(cls, intake: NoticeIntake, now: float, reserve: float, checkpoint_signal: signal.Signals,
+           launcher: AttemptLauncher, commit: Callable[[float], None]) -> "NoticeStop":
+        """The stop of the intake's notice, begun at `now` (monotonic). A fence's stop keeps no reserve: nothing is
+        committed after a fence."""
+        assert intake.notice is not None
+        stop = cls(intake.notice, intake.by_request, now, None if intake.fence is not None else reserve,
+                   checkpoint_signal, launcher, commit)
+        stop.fence = intake.fence
+        stop.begin()
+        return stop
 
     def _commit_deadline(self) -> float:
         if self.commit_by is None or self.fence is not None:

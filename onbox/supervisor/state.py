@@ -59,6 +59,19 @@ def check_transition(old: RunState, new: RunState) -> None:
         raise IllegalTransition(old, new)
 
 
+def wait_for(state: RunState, now: float, next_tick: float, backoff_until: float) -> float:
+    """How long the loop may block before its next step (monotonic seconds): until the next tick, the backoff's end,
+    not at all in STARTING, briefly in STOPPING (an adopted child sends no SIGCHLD, and the deadlines are close)."""
+    t = next_tick - now
+    if state == RunState.BACKOFF:
+        t = min(t, backoff_until - now)
+    if state == RunState.STOPPING:
+        t = min(t, 0.05)
+    if state == RunState.STARTING:
+        t = 0.0
+    return max(0.0, t)
+
+
 def exit_code_for(state: RunState) -> int:
     """0 done/stopped · 1 failed or fenced · 75 preempted (README, exit codes)."""
     from onbox.errors import ExitCode

@@ -61,10 +61,10 @@ def test_ping_start_success_fail(recorder, tmp_path):
     hook = HeartbeatHook(ctx, readers=BoxReaders(gpu=lambda: {"available": False}, host=lambda: {}), sinks=[])
     state = {"state": "running", "attempt": 0}
     hook.tick(state)
-    hook._ping_thread.join(10)
+    hook.ping.join(10)
     clock.advance(31)
     hook.tick(state)
-    hook._ping_thread.join(10)
+    hook.ping.join(10)
     hook.close(dict(state, state="failed"))
     paths = [p for _, p, _, _ in recorder.requests]
     assert paths == ["/ping/abc/start", "/ping/abc", "/ping/abc/fail"]

@@ -172,7 +172,7 @@ def test_a_relaunch_never_kills_whoever_leads_the_old_attempts_session_id_now(tm
             old["start_time"] = ticks - 1 if ticks else 1
         else:
             old["boot_id"] = "00000000-0000-0000-0000-000000000000"
-        sup.attempts = [old]
+        sup.launcher.attempts = [old]
         assert sup.run() == RunState.DONE
         assert p.poll() is None, "the bystander session %d was killed" % p.pid
         assert sup.attempts[-1].get("boot_id")  # recorded for the next relaunch

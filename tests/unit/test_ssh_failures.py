@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controller.boxes import Box, Inventory
-from controller.ssh import Ssh, SshSettings, Target, classify, config_path, manages_host_keys, unreachable
+from controller.ssh import Ssh, SshSettings, Target, config_path, manages_host_keys
+from controller.sshfail import classify, unreachable
 
 CHANGED = """@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
 @    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @
