@@ -405,9 +405,16 @@ def test_a_recovery_by_the_keeper_is_marked_on_the_curves_and_listed_with_the_ev
         assert 0.6 < column_share(page, "loss", fail["x"] - 1, FAILED_RGB) < 0.95  # dashed
         page.screenshot(path=str(tmp_path / "dashboard-recovery-time.png"), full_page=True)
 
-        # the cursor: every poll asks for the events after the newest one it has
-        afters = [int(u.split("after=")[1].split("&")[0]) for u in asked]
-        assert afters[0] == 0 and afters == sorted(afters) and afters[-1] == js(page, "window.onboxDashboard.keeper.after")
+        # the cursor: every poll asks for the events after the newest one it has. The poll after the one that
+        # brought the newest event may still be on its way (a poll every 0.2 s): wait for it, bounded
+        def cursors():
+            js(page, "true")  # the page's request events are delivered while playwright talks to it
+            return [int(u.split("after=")[1].split("&")[0]) for u in asked]
+
+        newest = js(page, "window.onboxDashboard.keeper.after")
+        wait_for(lambda: cursors()[-1:] == [newest], 10, "a poll that asks for the events after the newest one")
+        afters = cursors()
+        assert afters[0] == 0 and afters == sorted(afters) and afters[-1] == newest
         assert afters[-1] > 0 and js(page, "window.onboxDashboard.keeper.events.length") == 7
         assert js(page, "document.getElementById('banner').hidden") is True
         assert problems == []
