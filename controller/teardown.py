@@ -8,13 +8,28 @@ re-commit under the same name, is not covered (U33: trust the artifact you loade
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
 from controller.boxes import Box
 from controller.profiles import MeterStop, meter_stop
 from controller.pull import PullsRecord, newest, remote_runs
 from controller.ssh import Ssh
+from onbox.errors import JobFailed, UnfitError, UsageError
+from onbox.toolrun import Says, Tool
 
+METER_STOP_TIMEOUT_S = 300.0
+# the profile's meter-stop command, run only with `down --execute-meter-stop`: through the one tool runner, so a
+# command that is not installed, hangs or fails says so (and that the box may still bill), never a traceback
+METER_STOP = Tool(
+    "the meter-stop command", error=JobFailed,
+    missing=Says("the meter-stop command `{cmd}` cannot run here: {program} is not installed (or not on PATH)",
+                 hint="install it here and run `onboxctl down {box} --execute-meter-stop` again, or stop the box "
+                      "the way its platform does: nothing was stopped", error=UnfitError),
+    timed_out=Says("the meter-stop command `{cmd}` did not finish within {timeout:.0f} s: it was stopped",
+                   hint="check on the platform whether {box} stopped; the box may still bill"),
+    failed=Says("the meter-stop command `{cmd}` failed (exit {rc}): {stderr}",
+                hint="the box may still bill: stop {box} the way its platform does"))
 LIVE_STATES = {"running", "starting", "restarting", "backoff", "preempting", "stopping"}
 
 
@@ -108,6 +123,28 @@ def meter_command(meter: MeterStop, box: Box) -> Optional[str]:
     if not meter.command:
         return None
     return meter.command.replace("{box}", box.name).replace("{host}", box.host)
+
+
+def meter_argv(cmd: Optional[str], profile: str) -> List[str]:
+    """The words of the profile's meter-stop command (run as a list argv, never through a shell). Refused before
+    anything is done when the profile has none or it does not split into words."""
+    if not cmd:
+        raise UsageError("profile %s has no meter-stop command to execute" % profile,
+                         hint="stop the box the way its platform does, or give the profile a [meter_stop] command")
+    try:
+        argv = shlex.split(cmd)
+    except ValueError as e:
+        raise UsageError("profile %s: its meter-stop command %r does not split into words (%s)" % (profile, cmd, e),
+                         hint="fix the command's quoting in the profile; nothing was run")
+    if not argv:
+        raise UsageError("profile %s: its meter-stop command is empty" % profile)
+    return argv
+
+
+def run_meter_stop(argv: Sequence[str], box: str, timeout: float = METER_STOP_TIMEOUT_S) -> Any:
+    """Run the meter-stop command, bounded; its output is captured (a --json document stays the only stdout) and
+    returned as the CompletedProcess for the caller to show. Raises METER_STOP's errors."""
+    return METER_STOP.run(argv, timeout, program=argv[0], box=box)
 
 
 def passed_line(report: GateReport) -> str:

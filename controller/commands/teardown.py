@@ -1,8 +1,6 @@
 """`onboxctl down BOX [--yes] [--json]`: the teardown gate. It never runs a destructive command by default."""
 from __future__ import annotations
 
-import shlex
-import subprocess
 import sys
 from typing import Tuple
 
@@ -11,7 +9,15 @@ import click
 from controller.boxes import Inventory
 from controller.launch import check_name
 from controller.ssh import Ssh, settings_from_env
-from controller.teardown import gate, meter_command, meter_sentence, passed_line, render
+from controller.teardown import (
+    gate,
+    meter_argv,
+    meter_command,
+    meter_sentence,
+    passed_line,
+    render,
+    run_meter_stop,
+)
 from onbox.commands.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
@@ -39,6 +45,7 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
     b = Inventory().resolve(box)
     report = gate(Ssh(settings_from_env()), b, abandoned=abandon)
     cmd = meter_command(report.meter, b)
+    argv = meter_argv(cmd, report.meter.profile) if execute_meter_stop else None  # refused before anything is done
     if as_json:
         doc = report.to_dict()
         doc["meter_stop_command"] = cmd
@@ -68,9 +75,11 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
                     click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
     except UsageError as e:  # a damaged tunnel record: say so, the teardown verdict stands
         click.echo("note: %s" % e.message, err=True)
-    if execute_meter_stop:
-        if not cmd:
-            raise UsageError("profile %s has no meter-stop command to execute" % report.meter.profile)
-        rc = subprocess.run(shlex.split(cmd), timeout=300).returncode
-        if rc != 0:
-            raise JobFailed("meter-stop command exited %d: %s" % (rc, cmd), hint="stop the box by hand on its platform")
+    if argv is not None:  # destructive, asked for: said before it runs and after (stderr: --json keeps stdout)
+        click.echo("onboxctl: running the meter-stop command of profile %s: %s" % (report.meter.profile, cmd),
+                   err=True)
+        done = run_meter_stop(argv, box)
+        for text in (done.stdout, done.stderr):
+            if text and text.strip():
+                click.echo(text.rstrip("\n"), err=True)
+        click.echo("onboxctl: the meter-stop command finished (exit 0): %s" % cmd, err=True)

@@ -324,3 +324,68 @@ def test_down_with_abandon_names_the_abandoned_run_and_how_to_stop_the_meter(ssh
     assert doc["meter_stop"]["how"].startswith("To stop the meter, stop or delete the box")
     Ssh(SshSettings(control_dir=ctl["ONBOX_SSH_CONTROL_DIR"])).close(Inventory(ctl["ONBOX_CONFIG_DIR"]).resolve(
         "b1").target())
+
+
+def test_down_execute_meter_stop_runs_the_profiles_command_only_when_asked_and_says_each_failure(
+        sshd_box, ctl, tmp_path, onbox_pyz):
+    """`down --execute-meter-stop` runs the profile's meter-stop command (a list argv, {box} filled in) once the gate
+    passed; without the flag nothing runs. A command that is not installed (exit 3), that fails (exit 1, its stderr
+    said), or that does not split into words (exit 2, refused before anything is done) is a message that says the box
+    may still bill, never a traceback; with --json the command's own output stays off stdout."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    marker = tmp_path / "meter-stopped"
+    stopper = tmp_path / "stop_meter.py"
+    stopper.write_text("import sys\nopen(%r, 'a').write(sys.argv[1] + '\\n')\nprint('stopping', sys.argv[1])\n"
+                       % str(marker))
+
+    def profile(command):
+        (profiles / "mycloud.toml").write_text('[meter_stop]\nverb = "stop"\ncommand = %s\n' % json.dumps(command))
+
+    env = dict(ctl, ONBOX_PROFILES_DIR=str(profiles))
+    profile("%s %s {box}" % (sys.executable, stopper))
+    e = sshd_box.inventory_entry()
+    argv = [sys.executable, "-m", "controller", "box", "add", "b1", "--host", e["host"], "--port", str(e["port"]),
+            "--user", "root", "--identity", e["identity"], "--python", e["python"], "--profile", "mycloud"]
+    for o in e["options"]:
+        argv += ["--ssh-option", o]
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=30)
+    assert onboxctl(env, "push", "b1", "--pyz", onbox_pyz).returncode == 0
+
+    r = onboxctl(env, "down", "b1", "--yes")  # no runs on the box: the gate passes; the command is only named
+    assert r.returncode == 0, r.stderr
+    assert "stop_meter.py b1" in r.stdout.decode() and not marker.exists()
+
+    r = onboxctl(env, "down", "b1", "--yes", "--execute-meter-stop")
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert marker.read_text() == "b1\n"
+    assert "running the meter-stop command of profile mycloud" in err and "stopping b1" in err, err
+    assert "finished (exit 0)" in err
+
+    r = onboxctl(env, "down", "b1", "--yes", "--execute-meter-stop", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["meter_stop_command"].endswith("stop_meter.py b1")  # stdout: the document only
+    assert marker.read_text() == "b1\nb1\n"
+
+    profile("no-such-meter-tool-for-onbox stop {box}")
+    r = onboxctl(env, "down", "b1", "--yes", "--execute-meter-stop")
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert "no-such-meter-tool-for-onbox is not installed" in err and "nothing was stopped" in err, err
+    assert "Traceback" not in err
+
+    profile("%s -c \"import sys; sys.stderr.write('quota exceeded'); sys.exit(7)\"" % sys.executable)
+    r = onboxctl(env, "down", "b1", "--yes", "--execute-meter-stop")
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert "failed (exit 7): quota exceeded" in err and "may still bill" in err, err
+
+    profile("%s %s '{box}" % (sys.executable, stopper))  # an unbalanced quote
+    r = onboxctl(env, "down", "b1", "--yes", "--execute-meter-stop")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "does not split into words" in err and "Traceback" not in err, err
+    assert "Gate passed" not in r.stdout.decode()  # refused before anything was done
+    assert marker.read_text() == "b1\nb1\n"
+    Ssh(SshSettings(control_dir=ctl["ONBOX_SSH_CONTROL_DIR"])).close(Inventory(ctl["ONBOX_CONFIG_DIR"]).resolve(
+        "b1").target())

@@ -171,3 +171,20 @@ def test_a_toml_file_that_is_not_utf8_is_a_clean_usage_error(tmp_path, onbox_hom
     with pytest.raises(UsageError) as e:
         load()
     assert path in e.value.message and "UTF-8" in e.value.message
+
+
+def test_a_meter_stop_command_that_hangs_is_stopped_at_its_timeout_and_said(tmp_path):
+    import sys
+    import time
+
+    import pytest
+
+    from controller.teardown import run_meter_stop
+    from onbox.errors import JobFailed
+
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as e:
+        run_meter_stop([sys.executable, "-c", "import time; time.sleep(60)"], "b1", timeout=1.0)
+    assert time.monotonic() - started < 30  # stopped at its timeout, not waited for
+    assert "did not finish within 1 s: it was stopped" in e.value.message
+    assert "b1" in (e.value.hint or "") and "may still bill" in (e.value.hint or "")
