@@ -236,7 +236,9 @@ class Helper:
 
     def stop(self, grace: float = 2.0, kill: bool = False) -> None:
         """TERM, up to `grace` s for it to go, then KILL (and as long again); `kill`: KILL at once. Nothing when it
-        is gone already or was started by another process (this one a fork of it)."""
+        is gone already or was started by another process (this one a fork of it). Not proc.escalate: that reaps
+        the zombies of other sessions while it waits, and in an agent one of them may be the trainer whose exit
+        status the supervisor is about to collect; this waits on the thread that reaps the helper alone."""
         from onbox.proc import ProcessSeam, ProcRef
 
         if not self.running() or self.pid is None or self.start_time is None:

@@ -141,7 +141,7 @@ class Rcd:
         deadline = time.monotonic() + self.start_timeout
         while True:  # bounded: the deadline, and the daemon's own end
             try:
-                status, doc = self._post("core/version", {}, self.start_timeout)
+                status, doc = self.call("core/version", {}, self.start_timeout)
                 break
             except RcdGone as e:  # no socket yet, or one bound and not yet listening: refused
                 if e.sent:
@@ -203,18 +203,15 @@ class Rcd:
         finally:
             conn.close()
 
-    def _post(self, method: str, params: Dict[str, Any], timeout: float) -> Tuple[int, Dict[str, Any]]:
+    def call(self, method: str, params: Dict[str, Any], timeout: float) -> Tuple[int, Dict[str, Any]]:
+        """(HTTP status, the JSON reply) of rc method `method`; 200 is success, else the reply's "error" says why.
+        RcdGone when the daemon did not answer, subprocess.TimeoutExpired after `timeout` s (the daemon killed)."""
         status, raw = self._request("POST", "/" + method, json.dumps(params).encode(), timeout, 1 << 30)
         try:
             doc = json.loads(raw or b"{}")
         except ValueError:
             doc = {"error": raw[:300].decode("utf-8", "replace")}
         return status, doc if isinstance(doc, dict) else {"error": "not a JSON object: %r" % raw[:100]}
-
-    def call(self, method: str, params: Dict[str, Any], timeout: float) -> Tuple[int, Dict[str, Any]]:
-        """(HTTP status, the JSON reply) of rc method `method`; 200 is success, else the reply's "error" says why.
-        RcdGone when the daemon did not answer, subprocess.TimeoutExpired after `timeout` s (the daemon killed)."""
-        return self._post(method, params, timeout)
 
     def read(self, fs: str, remote: str, limit: int, timeout: float) -> Tuple[int, bytes]:
         """(HTTP status, at most `limit` bytes) of the file `remote` of remote `fs` (404: there is none)."""
