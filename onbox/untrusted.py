@@ -224,3 +224,19 @@ def human(n: float) -> str:
         if n >= size:
             return "%.1f %s" % (n / size, unit) if n % size else "%d %s" % (n // size, unit)
     return "%d bytes" % n
+
+
+# Text from outside (a provision command's output, a box's name in a record, a checkpoint name listed from storage)
+# printed to a terminal: ESC starts sequences that retitle the window, move the cursor or rewrite earlier lines
+# (`ESC ]0;title BEL`), and a newline in a name forges a line of its own. Every C0 and C1 control character but
+# tab, and DEL, are shown as escapes instead.
+_CONTROL_CHARS = {c: "\\x%02x" % c for c in [*range(0x00, 0x09), *range(0x0a, 0x20), 0x7f, *range(0x80, 0xa0)]}
+
+
+def printable(text: Any, keep_newlines: bool = False) -> str:
+    """`text` safe to print: every control character (ESC, BEL, CR, NUL, C1 codes; newlines unless `keep_newlines`)
+    shown as its `\\xNN` escape, so that text from outside can neither drive the terminal nor forge lines."""
+    s = text if isinstance(text, str) else str(text)
+    if keep_newlines:
+        return "\n".join(part.translate(_CONTROL_CHARS) for part in s.split("\n"))
+    return s.translate(_CONTROL_CHARS)

@@ -106,3 +106,15 @@ def test_depth_counts_iteratively_and_stops_past_the_bound():
         node.append([])
         node = node[0]
     assert untrusted.depth(deep, bound=10) == 11
+
+
+def test_printable_shows_every_control_character_as_an_escape_and_keeps_the_rest():
+    from onbox.untrusted import printable
+
+    title = "gpu1\x1b]0;PWNED-TITLE\x07\x1b[2J"
+    assert printable(title) == "gpu1\\x1b]0;PWNED-TITLE\\x07\\x1b[2J"
+    assert printable("step_1\nverified: forged") == "step_1\\x0averified: forged"  # no line of its own
+    assert printable("a\rb\x00c\x7fd\x9be") == "a\\x0db\\x00c\\x7fd\\x9be"
+    assert printable("tab\there, ünïcode ok") == "tab\there, ünïcode ok"
+    assert printable("line 1\nline 2\x1b[K", keep_newlines=True) == "line 1\nline 2\\x1b[K"
+    assert printable(42) == "42"
