@@ -25,6 +25,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from onbox import untrusted
 from onbox.checkpoints import SyncFailed, hashcopy
 from onbox.checkpoints.durable import LEASES_DIR, DurableTarget
 from onbox.checkpoints.leases import (
@@ -428,16 +429,27 @@ def _older_winners(store: LeaseStore, files: List[LeaseFile], prev: LeaseFile) -
     return out
 
 
+class NotHeldHere(SyncFailed):
+    """A committer that is not the agent (`onbox sync`, `onbox verify`'s record, the stop of an agentless run) was
+    pointed at a target on which this box holds no lease of the run: it writes nothing there."""
+
+
 class PassiveLease:
     """The lease of a committer that is not the run's agent (`onbox sync`, the stop of an agentless run): the one
-    this box's agent recorded (`recorded`: {epoch, holder} from checkpoint_status.json, None when it held none).
-    It never takes, renews or releases; it fences like the agent's (the Fenced error, no thread)."""
+    this box's agent recorded (`recorded`: {epoch, holder, durable} from checkpoint_status.json, None when it held
+    none). It never takes, renews or releases; it fences like the agent's (the Fenced error, no thread).
+
+    A lease holds a run on ONE target: the recorded lease must be a file on the target written to. A box whose
+    run took its lease on another target (`onbox sync RUN --durable OTHER`) would otherwise pass the epoch check
+    against that target's leases and commit into another box's run there, whose retention then counted the
+    stranger's checkpoint as the newest and removed the holder's own (NotHeldHere instead)."""
 
     def __init__(self, target: DurableTarget, run: str, recorded: Optional[Dict[str, Any]]) -> None:
         self.store = LeaseStore(target, run)
         epoch, holder = (recorded or {}).get("epoch"), (recorded or {}).get("holder")
         self.mine = (LeaseFile(lease_name(epoch, holder), epoch, holder)
                      if isinstance(epoch, int) and isinstance(holder, str) else None)
+        self.recorded_on = (recorded or {}).get("durable")
         self.fence: Optional[Dict[str, Any]] = None
         self.lineage: Optional[Lineage] = None
 
@@ -445,8 +457,10 @@ class PassiveLease:
         if self.fence is not None:
             raise Fenced(self.fence)
         files = self.store.files()
-        if not files:
+        if not files and self.mine is None:
             return  # a run without leases (its agents predate them): nothing to fence
+        if self.mine is not None and self.mine not in files:
+            raise self._not_held_here(what)
         if self.mine is None:
             best = holder_of_run(files)
             assert best is not None
@@ -463,9 +477,21 @@ class PassiveLease:
                           "durable": self.store.url}
             raise Fenced(self.fence)
 
+    def _not_held_here(self, what: str) -> NotHeldHere:
+        assert self.mine is not None
+        on = self.recorded_on if isinstance(self.recorded_on, str) else "another target"
+        where = self.store.target.url
+        return NotHeldHere(
+            "refusing to write %s to %s: run %s's agent on this box holds its lease (epoch %d, %s) on %s, and no "
+            "such lease is on %s" % (what, where, self.store.run, self.mine.epoch, self.mine.holder,
+                                     untrusted.printable(on), where),
+            hint="a writer writes to a target only under the lease it holds there: commit to the run's own durable "
+                 "storage (leave out --durable), or launch the run with this --durable (`onbox run` takes its "
+                 "lease there)")
+
     def stamp(self) -> Optional[Dict[str, Any]]:
         return None if self.mine is None else {"epoch": self.mine.epoch, "holder": self.mine.holder}
 
 
-__all__ = ["Committed", "Fenced", "LeaseRefused", "LeaseStore", "PassiveLease", "RunLease", "continues_hint",
-           "default_check_every"]
+__all__ = ["Committed", "Fenced", "LeaseRefused", "LeaseStore", "NotHeldHere", "PassiveLease", "RunLease",
+           "continues_hint", "default_check_every"]

@@ -114,6 +114,24 @@ def durable_run_root(path: str) -> Optional[str]:
     return None
 
 
+def _lease_of(run_dir: Optional[str], target: Any, run: str) -> Any:
+    """The lease a writer on this box that is not the agent holds on `target`: what the run's agent recorded in
+    its checkpoint_status.json (fencing.PassiveLease), or none at all."""
+    from onbox import untrusted
+    from onbox.checkpoints.fencing import PassiveLease
+
+    recorded = None
+    if run_dir is not None:
+        try:
+            status = untrusted.read_json(os.path.join(run_dir, paths.CHECKPOINT_STATUS_FILE),
+                                         untrusted.CONFIG_MAX_BYTES, "checkpoint status")
+        except (OSError, ValueError):
+            status = None
+        lease = status.get("lease") if isinstance(status, dict) else None
+        recorded = lease if isinstance(lease, dict) else None
+    return PassiveLease(target, run, recorded)
+
+
 def record_verification(path: str, rows: List[Dict[str, Any]], now: float,
                         lock_timeout: float = LOCK_WAIT_S) -> Tuple[List[str], Optional[str]]:
     """Record `onbox verify`'s per-checkpoint results (VerifyReport.checkpoints) in the index of the durable run
@@ -130,12 +148,16 @@ def record_verification(path: str, rows: List[Dict[str, Any]], now: float,
                                                                           r.get("checked") or [], now)}
               for r in rows}
     run_dir = paths.run_dir(run)
-    lock = commit_lock(run_dir, lock_timeout) if paths.valid_run_name(run) and os.path.isdir(run_dir) \
-        else contextlib.nullcontext()
+    here = paths.valid_run_name(run) and os.path.isdir(run_dir)
+    lock = commit_lock(run_dir, lock_timeout) if here else contextlib.nullcontext()
     where = os.path.join(root, INDEX)
+    target = LocalPathTarget(base, run)
     try:
         with lock:
-            return record_checks(LocalPathTarget(base, run), checks, now), None
+            # a re-check's record rewrites the index: a write like any other, made only under the lease this box
+            # holds on this target (or on a run that has no leases); another box's holder may be rewriting it now
+            _lease_of(run_dir if here else None, target, run).check("the index record of a re-check")
+            return record_checks(target, checks, now), None
     except TimeoutError:
         return [], "not recorded in %s: run %s's commit lock stayed busy for %.0f s" % (where, run, lock_timeout)
     except (OSError, SyncFailed) as e:

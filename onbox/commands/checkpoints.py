@@ -72,6 +72,13 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     if not complete:
         raise SyncFailed(*_nothing_to_commit(name, ctx.ckpt_dir, hook, now))
     result = hook.commit_one(complete[-1])
+    fence = hook.fenced()
+    if result is None and fence is not None:
+        from onbox.checkpoints.fencing import Fenced
+
+        e = Fenced(fence)
+        raise SyncFailed("commit of %s to %s refused: %s" % (complete[-1].name, ctx.config.durable, e.message),
+                         hint=e.hint)
     if result is None or result.status == "source_changed":
         last = hook.status.get("last_sync") or {}
         raise SyncFailed("commit of %s to %s FAILED: %s" % (complete[-1].name, ctx.config.durable,

@@ -15,6 +15,7 @@ from onbox import fsutil
 from onbox.checkpoints import INDEX_SCHEMA, INDEX_SCHEMA_V1
 from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.index import MAX_CHECKS, record_verification
+from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.verify import verify_path
 from onbox.cli import cli
 from onbox.commands.clikit import run_cli
@@ -128,6 +129,29 @@ def test_a_check_of_what_was_since_recommitted_under_the_name_is_not_recorded(on
     rows = [dict(r, digest="0" * 64) for r in rows]  # what was checked is not what the index lists now
     assert record_verification(str(tmp_path / "durable" / "r1"), rows, 1.0) == ([], None)
     assert entry(tmp_path, "step_00010.pt")["verification"]["checks"] == []
+
+
+def test_a_recheck_is_recorded_only_under_a_lease_this_box_holds_on_that_target(onbox_home, tmp_path):
+    """Issue 30.1: recording a re-check rewrites the index, a write like any other. Where another box holds the
+    run's lease, the verdict stands and the record is skipped, said; the holder's own box records it."""
+    from onbox.checkpoints.fencing import RunLease
+    from onbox.clock import FakeClock
+
+    ctx = ctx_in_home(onbox_home, tmp_path)
+    commit_steps(ctx, [10])
+    run_root = str(tmp_path / "durable" / "r1")
+    target = LocalPathTarget(str(tmp_path / "durable"), "r1")
+    other = RunLease.take(target, "r1", 30.0, False, FakeClock(), lambda: [], 1.0, host="gpu9", box="gpu9-1234abcd",
+                          pid=4242, start_time=1, alive=lambda p, s: True)
+    rows = verify_path(run_root).checkpoints
+    recorded, warning = record_verification(run_root, rows, 5.0)
+    assert recorded == [] and "not recorded in %s" % os.path.join(run_root, "checkpoints_index.json") in warning
+    assert "fenced: %s (lease epoch 1) holds run r1" % other.holder in warning
+    assert entry(tmp_path, "step_00010.pt")["verification"]["checks"] == []
+    # the holder's box: its agent recorded the lease in checkpoint_status.json
+    with open(os.path.join(ctx.run_dir, "checkpoint_status.json"), "w") as f:
+        json.dump({"lease": {"epoch": other.epoch, "holder": other.holder, "durable": other.store.url}}, f)
+    assert record_verification(run_root, rows, 6.0) == (["step_00010.pt"], None)
 
 
 HOLD_LOCK = r"""

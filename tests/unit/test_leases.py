@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.checkpoints import SyncFailed
-from onbox.checkpoints.fencing import Fenced, LeaseRefused, LeaseStore, PassiveLease, RunLease
+from onbox.checkpoints.fencing import Fenced, LeaseRefused, LeaseStore, NotHeldHere, PassiveLease, RunLease
 from onbox.checkpoints.leases import (
     BadLease,
     Committed,
@@ -270,6 +270,29 @@ def test_a_passive_committer_writes_under_the_agents_recorded_lease_only(tmp_pat
     Box(tmp_path, clock, box=OTHER).take(take_over=True)
     with pytest.raises(Fenced):
         PassiveLease(target, "r", {"epoch": lease.epoch, "holder": lease.holder}).check("the manifest")
+
+
+def test_a_passive_committer_writes_only_where_the_lease_it_recorded_is(tmp_path):
+    """Issue 30.1: a lease holds a run on one target. A box whose run took epoch 3 on D2 must not write into the
+    run on D (epoch 1 there would not fence it), nor, in the same-epoch variant, one whose holder sorts first."""
+    clock = FakeClock()
+    here = Box(tmp_path / "D", clock).take()  # the run on D: epoch 1, held by another box
+    d2 = [Box(tmp_path / "D2", clock, box=OTHER).take(take_over=True) for _ in range(3)][-1]  # this box's run on D2: epoch 3
+    on_d = LocalPathTarget(str(tmp_path / "D" / "durable"), "r")
+    recorded = {"epoch": d2.epoch, "holder": d2.holder, "durable": d2.store.url}
+    with pytest.raises(NotHeldHere, match=r"lease \(epoch 3, %s\) on %s, and no such lease is on" % (
+            d2.holder, d2.store.url)) as e:
+        PassiveLease(on_d, "r", recorded).check("the manifest")
+    assert "leave out --durable" in e.value.hint
+    same = Box(tmp_path / "D3", clock, box="aaa-00000000").take()  # epoch 1, a holder that sorts before D's
+    assert same.epoch == here.epoch and same.holder < here.holder
+    with pytest.raises(NotHeldHere):
+        PassiveLease(on_d, "r", {"epoch": same.epoch, "holder": same.holder}).check("the index")
+    with pytest.raises(NotHeldHere):  # a target without any lease is no exception for a box that holds one
+        PassiveLease(LocalPathTarget(str(tmp_path / "empty"), "r"), "r", recorded).check("the manifest")
+    # the false-positive side: on its own target the recorded lease writes, whatever other targets hold
+    PassiveLease(d2.store.target, "r", recorded).check("the manifest")
+    PassiveLease(on_d, "r", {"epoch": here.epoch, "holder": here.holder}).check("the manifest")
 
 
 # -- lease files are untrusted input ------------------------------------------------------------------------------
