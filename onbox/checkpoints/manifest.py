@@ -5,7 +5,7 @@ A manifest is refused (BadManifest) unless every field a reader uses has the typ
 each file path relative, without `..`, `.`, empty parts or NUL (a restore joins it to the checkpoint dir: a path
 `../../x` would write outside it on every box that restores), at most one entry per path and no path that is
 also another's directory, sizes whole non-negative numbers, a hash algorithm onbox can compute and a digest of
-that algorithm's length for each file, a `local_name` that is one directory entry, a `kind` of "file" (exactly
+that algorithm's length for each file, a `local_name` that is one directory entry and not hidden, a `kind` of "file" (exactly
 one file, at the top) or "dir". A refused checkpoint does not exist for restore and verify; restore quarantines
 it and falls back to an older one.
 
@@ -43,6 +43,17 @@ def _time(v: Any) -> bool:
 
 def _optional_name(v: Any) -> Optional[str]:
     return None if v is None else untrusted.name_problem(v)
+
+
+def local_name_problem(v: Any) -> Optional[str]:
+    """Why `v` cannot be the name a checkpoint is restored under in the trainer's dir, or None. Besides being one
+    directory entry, it is never hidden: onbox never commits a dot entry (detection skips them), and its own
+    entries there are dot names (`.onbox-aside`, `.onbox-restore-*`): a manifest naming `.onbox-aside` made every
+    restore try to move that dir into itself and give up on the older good checkpoints too."""
+    why = _optional_name(v)
+    if why is None and v is not None and v.startswith("."):
+        return "a hidden name: onbox never commits one, and its own entries in the checkpoint dir are named so"
+    return why
 
 
 def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
@@ -90,7 +101,7 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
         return "kind %r is neither 'file' nor 'dir'" % (kind,)
     if kind == "file" and (len(files) != 1 or "/" in files[0]["path"]):
         return "kind 'file' with %d file(s) or a path with a directory in it" % len(files)
-    why = _optional_name(doc.get("local_name"))
+    why = local_name_problem(doc.get("local_name"))
     if why:
         return "local_name %r: %s" % (doc.get("local_name"), why)
     step = doc.get("step")
@@ -151,7 +162,7 @@ def entry_problem(e: Any) -> Optional[str]:
     why = untrusted.name_problem(e.get("name"))
     if why:
         return "name %r: %s" % (e.get("name"), why)
-    why = _optional_name(e.get("local_name"))
+    why = local_name_problem(e.get("local_name"))
     if why:
         return "local_name %r: %s" % (e.get("local_name"), why)
     if e.get("step") is not None and not _count(e["step"]):

@@ -86,20 +86,36 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
     for name in names_newest_first:
         try:
             manifest = target.read_manifest(name)
-            if manifest is None:
-                continue
-            local_path = untrusted.join_under(ckpt_dir, manifest.get("local_name") or name, "local_name")
-        except untrusted.UntrustedInput as e:  # manifest.BadManifest, or a local_name leading out through a link
+        except untrusted.UntrustedInput as e:  # manifest.BadManifest: it can never be restored, on any box
             rejected.append((name, str(e)))
             unusable.append((name, str(e)))
             emit("checkpoint_refused", checkpoint=name, problem=str(e), durable=target.url)
             continue
+        if manifest is None:
+            continue
+        local_name = manifest.get("local_name") or name
+        blocked = _blocked_locally(ckpt_dir, local_name)
+        if blocked is not None:  # this box's problem, not the checkpoint's: never quarantined for it
+            rejected.append((name, "%s; %s" % blocked))  # restore_rejected in checkpoint_status.json says both
+            emit("restore_blocked_locally", checkpoint=name, step=manifest.get("step"), problem=blocked[0],
+                 hint=blocked[1], durable=target.url)
+            continue
+        local_path = os.path.join(ckpt_dir, local_name)
         if local_wins is not None and local_wins(manifest):
             break
         if os.path.lexists(local_path) and local_matches(local_path, manifest):
             return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected,
                                  checks, unusable)
-        problem, checked = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit, hash_name_default)
+        try:
+            problem, checked = _fetch_verified(target, name, manifest, local_path, ckpt_dir, emit,
+                                               hash_name_default)
+        except OSError as e:  # the local side (a full disk, an entry in the way): say it, and try the next one
+            problem = "it could not be put at %s: %s" % (local_path, e.strerror or e)
+            rejected.append((name, problem))
+            emit("restore_blocked_locally", checkpoint=name, step=manifest.get("step"), problem=problem,
+                 hint="free or fix %s; the checkpoint itself is untouched on durable storage" % ckpt_dir,
+                 durable=target.url)
+            continue
         if checked:
             checks.append((name, manifest.get("digest"), problem is None, [problem] if problem else []))
         if problem is None:
@@ -112,6 +128,25 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
             unusable.append((name, problem))
         emit("restore_verify_failed", checkpoint=name, problem=problem, durable=target.url)
     return RestoreResult(None, None, None, "", None, rejected, checks, unusable)
+
+
+def _blocked_locally(ckpt_dir: str, local_name: str) -> Optional[Tuple[str, str]]:
+    """(problem, what to do) when the path a checkpoint is restored to cannot be written here: the trainer's dir
+    holds a symlink by that name leading outside it (onbox never writes through one). The checkpoint is good: the
+    next older one is tried, and this one is restored once the entry is removed."""
+    try:
+        untrusted.join_under(ckpt_dir, local_name, "local_name")
+    except untrusted.UntrustedInput:
+        path = os.path.join(ckpt_dir, local_name)
+        try:
+            to = " (to %s)" % os.readlink(path)
+        except OSError:
+            to = ""
+        return ("%s is a symlink leading outside the checkpoint dir%s: onbox does not write through it"
+                % (path, untrusted.printable(to)),
+                "remove it (`rm %s`): the next attempt restores this checkpoint; it stays on durable storage"
+                % path)
+    return None
 
 
 def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], local_path: str, ckpt_dir: str,

@@ -119,7 +119,46 @@ def test_a_local_name_through_a_symlink_out_of_the_checkpoint_dir_is_refused(onb
     box2, hook = replacement_box(onbox_home, tmp_path)
     assert hook.restore().endswith("step_00010.pt")
     assert os.listdir(tmp_path / "elsewhere") == []
-    assert "outside" in box2.emit.of("checkpoint_refused")[0]["problem"]
+    assert "outside" in box2.emit.of("restore_blocked_locally")[0]["problem"]
+
+
+def test_a_good_checkpoint_is_never_quarantined_for_a_symlink_in_the_trainers_own_dir(onbox_home, tmp_path):
+    """Issue 30.4: the trainer's own ck/step_00020.pt is a symlink leading outside. The restore does not write
+    through it, and the verified durable checkpoint stays where it is (the problem is this box's and removable):
+    it is rejected, the next older one is restored, the event says what to remove; once removed, it restores."""
+    ctx = ctx_in_home(onbox_home, tmp_path)
+    commit_steps(ctx, [10, 20])
+    (tmp_path / "box2" / "ckpt").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "box2" / "ckpt" / "step_00020.pt"
+    link.symlink_to(tmp_path / "elsewhere" / "step_00020.pt")
+    box2, hook = replacement_box(onbox_home, tmp_path)
+    assert hook.restore().endswith("step_00010.pt")
+    assert os.listdir(tmp_path / "elsewhere") == []  # nothing written through the link
+    assert not box2.emit.of("checkpoint_quarantined") and not (tmp_path / "durable" / "r1" / "quarantine").exists()
+    assert [e["name"] for e in index_of(tmp_path)["checkpoints"]] == ["step_00010.pt", "step_00020.pt"]
+    [blocked] = box2.emit.of("restore_blocked_locally")
+    assert blocked["checkpoint"] == "step_00020.pt" and "`rm %s`" % link in blocked["hint"]
+    [rejected] = hook.status["restore_rejected"]
+    assert rejected["name"] == "step_00020.pt" and "remove it" in rejected["problem"]
+    link.unlink()  # what the hint says: the next attempt restores the newest
+    assert hook.restore().endswith("step_00020.pt")
+
+
+def test_a_manifest_naming_onboxs_own_entries_is_refused_and_the_restore_falls_back(onbox_home, tmp_path):
+    """Issue 30.3: local_name `.onbox-aside` made every restore fail and train from scratch although two good
+    checkpoints were older. A hidden local_name is refused (onbox never commits one), and the restore goes on."""
+    ctx = ctx_in_home(onbox_home, tmp_path)
+    commit_steps(ctx, [10, 20, 30])
+    edit_manifest(tmp_path, "step_00030.pt", local_name=".onbox-aside")
+    edit_manifest(tmp_path, "step_00020.pt", local_name=".onbox-restore-step_00010.pt.1")
+    (tmp_path / "box2" / "ckpt" / ".onbox-aside").mkdir(parents=True)  # an earlier restore kept something aside
+    box2, hook = replacement_box(onbox_home, tmp_path)
+    assert hook.restore().endswith("step_00010.pt")
+    refused = {e["checkpoint"]: e["problem"] for e in box2.emit.of("checkpoint_refused")}
+    assert sorted(refused) == ["step_00020.pt", "step_00030.pt"]
+    assert all("a hidden name" in p for p in refused.values())
+    assert not box2.emit.of("resume_from_scratch") and not box2.emit.of("restore_failed")
 
 
 def test_a_payload_symlink_on_durable_storage_never_copies_a_file_of_this_box(onbox_home, tmp_path):
