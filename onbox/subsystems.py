@@ -86,7 +86,7 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
     storage cannot be reached, after a few tries)."""
     import time
 
-    from onbox.checkpoints import SyncFailed
+    from onbox.checkpoints import NotARealDir, SyncFailed
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.fencing import RunLease, default_check_every
     from onbox.checkpoints.targets import make_target
@@ -108,7 +108,7 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
                                  default_check_every(ttl, cfg.sync_interval),
                                  slurm_job=job.job_id if job is not None else None)
         except (SyncFailed, OSError) as e:
-            if attempt == 2:
+            if attempt == 2 or isinstance(e, NotARealDir):  # a planted link or file: no retry mends it
                 raise UnfitError("cannot take run %s's lease on %s: %s" % (run, target.url, e),
                                  hint="the durable storage must be reachable when a run starts (every write checks "
                                       "the lease); check the mount or the remote, then launch again")

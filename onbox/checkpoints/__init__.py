@@ -62,6 +62,11 @@ class DurableFull(SyncFailed):
     """The preflight found too few free bytes or inodes on the durable side (U7); no copy was started."""
 
 
+class NotARealDir(SyncFailed):
+    """A directory onbox writes under the durable root is a symlink or not a directory: nothing was written (a
+    retry cannot mend it; a person must look)."""
+
+
 def sync_failed_from_oserror(where: str, e: OSError) -> SyncFailed:
     name = LOUD_ERRNOS.get(e.errno or 0) or errno.errorcode.get(e.errno or 0, "E?")
     hints = {

@@ -1,13 +1,29 @@
 """The durable target on a mounted filesystem (network volume, NFS, a platform's shared FS): payload copied into a
-staging dir, renamed into place (atomic here), manifest last."""
+staging dir, renamed into place (atomic here), manifest last.
+
+Whoever can write the durable dir (another box of the fleet, anyone with the volume) could plant a symlink where
+onbox writes: `<run>/leases`, `logs`, `quarantine` or `checkpoints` pointing elsewhere once redirected the agent's
+lease files, logs, quarantined checkpoints and commits there, as root. So every directory onbox writes under the
+durable root is checked right before the write (`_real_dir`): each part below the root a real directory, none a
+symlink. The root itself (`--durable`) is the user's choice and may be a link.
+"""
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import INDEX, MANIFEST, hashcopy, manifest, phases, sync_failed_from_oserror
+from onbox.checkpoints import (
+    INDEX,
+    MANIFEST,
+    NotARealDir,
+    hashcopy,
+    manifest,
+    phases,
+    sync_failed_from_oserror,
+)
 from onbox.checkpoints.durable import (
     LEASE_MAX_BYTES,
     LEASES_DIR,
@@ -30,9 +46,48 @@ class LocalPathTarget:
 
     def _ensure(self) -> None:
         try:
-            os.makedirs(self.ckpts, exist_ok=True)
+            os.makedirs(self.base, exist_ok=True)
+            self._real_dir(self.ckpts)
         except OSError as e:  # U33: mkdir on an inode-exhausted disk fails; say so
             raise sync_failed_from_oserror(self.ckpts, e)
+
+    def _real_dir(self, path: str, create: bool = True) -> bool:
+        """Check (and make, with `create`) `path`, the durable root or a dir below it, as real directories all the
+        way down from the root: a part that is a symlink or not a directory is a NotARealDir naming it, and nothing
+        is written. False when a part is missing and `create` is not set."""
+        rel = os.path.relpath(path, self.base)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if parts and parts[0] == "..":
+            raise AssertionError("%s is not under the durable root %s" % (path, self.base))
+        cur = self.base
+        for part in parts:
+            cur = os.path.join(cur, part)
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                if not create:
+                    return False
+                try:
+                    os.mkdir(cur)
+                except FileExistsError:  # made at the same moment by another writer: judged below
+                    pass
+                st = os.lstat(cur)
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    to = " (to %s)" % untrusted.printable(os.readlink(cur))
+                except OSError:
+                    to = ""
+                raise NotARealDir("refusing to write under %s: %s is a symlink%s, and onbox writes only into real "
+                                  "directories below the durable root %s" % (path, cur, to, self.base),
+                                  hint="someone with write access to the durable storage may be redirecting "
+                                       "onbox's writes: remove the link (onbox makes the directory again) and check "
+                                       "who can write there", errno_name="ELOOP")
+            if not stat.S_ISDIR(st.st_mode):
+                what = "a regular file" if stat.S_ISREG(st.st_mode) else untrusted.describe_mode(st.st_mode)
+                raise NotARealDir("refusing to write under %s: %s is %s, where onbox keeps a directory of the run"
+                                  % (path, cur, what), hint="move it aside; onbox makes the directory again",
+                                  errno_name="ENOTDIR")
+        return True
 
     def free_space(self) -> Optional[fsutil.FreeSpace]:
         return fsutil.free_space(self.ckpts)
@@ -89,9 +144,9 @@ class LocalPathTarget:
             if os.path.lexists(final):  # a manifest-less leftover of an interrupted commit
                 if self.has_manifest(name):
                     raise FileExistsError("refusing to replace committed checkpoint %s" % final)
-                if not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
+                if os.path.islink(final) or not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
                     raise foreign_entry(self.run_root, name)
-                shutil.rmtree(final)
+                self._discard(name)
             with phases.phase("rename"):
                 os.rename(staging, final)
                 fsutil.fsync_dir(self.ckpts)
@@ -106,6 +161,8 @@ class LocalPathTarget:
 
     def put_manifest(self, name: str, manifest: Dict[str, Any]) -> None:
         try:
+            if not self._real_dir(os.path.join(self.ckpts, name), create=False):
+                raise FileNotFoundError(2, "the checkpoint's payload is gone", os.path.join(self.ckpts, name))
             fsutil.atomic_write_json(os.path.join(self.ckpts, name, MANIFEST), manifest)
         except OSError as e:
             raise sync_failed_from_oserror(self.ckpts, e)
@@ -115,24 +172,34 @@ class LocalPathTarget:
             pass
 
     def remove(self, name: str) -> None:
-        path = os.path.join(self.ckpts, name)
-        # one atomic rename to a staging name: the checkpoint stops existing at once, and a kill during the
-        # rmtree leaves a staging dir that the next start cleans (never a manifest-less dir without the marker)
-        # (unique: a leftover of a killed removal under the same pid, common in containers, must not block this one)
-        doomed = os.path.join(self.ckpts, fsutil.fit_name(name, ".del.%d.%s" % (os.getpid(), os.urandom(4).hex()),
-                                                          prefix=STAGING_PREFIX))
+        if not self._real_dir(self.ckpts, create=False):
+            return
         try:
-            os.rename(path, doomed)
-            fsutil.fsync_dir(self.ckpts)
+            self._discard(name)
         except FileNotFoundError:
             return
-        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _discard(self, name: str) -> None:
+        """Delete checkpoints/<name> (a checkpoint, or an interrupted commit's leftover): one atomic rename to a
+        staging name first, so that it stops existing at once and a kill during the delete leaves a staging dir
+        that the next start cleans. An in-place delete could remove the `.onbox-partial` marker first and be killed
+        after it: the manifest-less dir left then reads as not onbox's, is never removed, and blocks every later
+        commit of that name. (Unique: a leftover of a killed removal under the same pid, common in containers,
+        must not block this one.)"""
+        doomed = os.path.join(self.ckpts, fsutil.fit_name(name, ".del.%d.%s" % (os.getpid(), os.urandom(4).hex()),
+                                                          prefix=STAGING_PREFIX))
+        hashcopy.fault_point("before-discard")
+        os.rename(os.path.join(self.ckpts, name), doomed)
+        fsutil.fsync_dir(self.ckpts)
+        hashcopy.fault_point("after-discard")
+        _delete(doomed)
 
     def quarantine(self, name: str, stamp: str) -> str:
         qdir = os.path.join(self.run_root, QUARANTINE_DIR)
         dest = os.path.join(qdir, fsutil.fit_name(name, "." + stamp))
         try:
-            os.makedirs(qdir, exist_ok=True)
+            self._real_dir(self.ckpts, create=False)
+            self._real_dir(qdir)
             os.rename(os.path.join(self.ckpts, name), dest)  # one atomic rename: gone for readers at once
             fsutil.fsync_dir(self.ckpts)
             fsutil.fsync_dir(qdir)
@@ -149,6 +216,7 @@ class LocalPathTarget:
 
     def write_index(self, doc: Dict[str, Any]) -> None:
         try:
+            self._real_dir(self.run_root)
             fsutil.atomic_write_json(os.path.join(self.run_root, INDEX), doc)
         except OSError as e:
             raise sync_failed_from_oserror(self.run_root, e)
@@ -162,6 +230,8 @@ class LocalPathTarget:
                 assert before_write is not None
                 before_write()
         try:
+            if not self._real_dir(self.ckpts, create=False):
+                return []
             return self._clean_leftovers(writing)
         except FileNotFoundError:
             return []
@@ -173,14 +243,20 @@ class LocalPathTarget:
         names = os.listdir(self.ckpts)
         for n in names:
             path = os.path.join(self.ckpts, n)
+            if os.path.islink(path):
+                continue  # not ours (onbox never makes one here): never followed, never deleted
             if n.startswith(fsutil.TMP_PREFIX) and os.path.isfile(path):  # an atomic_write temp
                 writing()
                 os.unlink(path)
                 removed.append(n)
-            elif os.path.isdir(path) and (n.startswith(STAGING_PREFIX) or (
-                    not self.has_manifest(n) and os.path.lexists(os.path.join(path, PARTIAL_MARKER)))):
+            elif os.path.isdir(path) and n.startswith(STAGING_PREFIX):
                 writing()
-                shutil.rmtree(path, ignore_errors=True)
+                _delete(path)  # a kill here leaves it under its staging name: the next start goes on
+                removed.append(n)
+            elif os.path.isdir(path) and not self.has_manifest(n) and \
+                    os.path.lexists(os.path.join(path, PARTIAL_MARKER)):
+                writing()
+                self._discard(n)
                 removed.append(n)
             elif os.path.isdir(path) and not self.has_manifest(n):
                 continue  # not ours (no marker): never deleted, never listed as committed
@@ -210,7 +286,7 @@ class LocalPathTarget:
         logs = os.path.dirname(dest)
         tmp = os.path.join(logs, fsutil.fit_name(os.path.basename(name), prefix=fsutil.TMP_PREFIX))
         try:
-            os.makedirs(logs, exist_ok=True)
+            self._real_dir(logs)
             shutil.copyfile(local_path, tmp)
             hashcopy.fsync_file(tmp)
             os.replace(tmp, dest)
@@ -227,12 +303,16 @@ class LocalPathTarget:
             self._put_log(os.path.join(local_dir, n), "%s/%s" % (subdir, n))
 
     def list_leases(self) -> List[str]:
+        leases = os.path.join(self.run_root, LEASES_DIR)
         try:
-            return sorted(os.listdir(os.path.join(self.run_root, LEASES_DIR)))
-        except (FileNotFoundError, NotADirectoryError):
+            # fail closed: a `leases` that is a file or a link must not read as "no leases" (nothing fenced)
+            if not self._real_dir(leases, create=False):
+                return []
+            return sorted(os.listdir(leases))
+        except FileNotFoundError:
             return []
         except OSError as e:
-            raise sync_failed_from_oserror(os.path.join(self.run_root, LEASES_DIR), e)
+            raise sync_failed_from_oserror(leases, e)
 
     def read_lease(self, name: str) -> bytes:
         path = os.path.join(self.run_root, LEASES_DIR, name)
@@ -246,7 +326,8 @@ class LocalPathTarget:
     def put_lease(self, name: str, doc: Dict[str, Any]) -> None:
         leases = os.path.join(self.run_root, LEASES_DIR)
         try:
-            os.makedirs(leases, exist_ok=True)
+            os.makedirs(self.base, exist_ok=True)
+            self._real_dir(leases)
             fsutil.atomic_write_json(os.path.join(leases, name), doc)
         except OSError as e:
             raise sync_failed_from_oserror(leases, e)
@@ -255,6 +336,14 @@ class LocalPathTarget:
         from onbox.checkpoints.verify import check_manifest_files
 
         return check_manifest_files(os.path.join(self.ckpts, name), manifest, formats_too=False)
+
+
+def _delete(path: str) -> None:
+    """rmtree that never follows a link: a staging name that is a symlink (planted) is unlinked, not followed."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: int = 2) -> FileHashes:

@@ -68,3 +68,73 @@ def test_sync_from_another_box_never_writes_into_a_run_it_holds_no_lease_of_ther
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert json.loads(ok.stdout)["name"] == "b-step_99999.pt"
     assert "b-step_99999.pt" in manifests(os.path.join(d2, "fx"))
+
+
+def _tree(root: str) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in filenames:
+            with open(os.path.join(dirpath, n), "rb") as f:
+                out[os.path.relpath(os.path.join(dirpath, n), root)] = f.read()
+        out.update({os.path.relpath(os.path.join(dirpath, d), root): "dir" for d in dirnames})
+    return out
+
+
+@pytest.mark.parametrize("planted", ["leases", "checkpoints", "logs"])
+def test_a_symlink_planted_in_the_durable_dir_never_redirects_a_real_agents_writes(tmp_path, started, planted):
+    """Issue 30.5: `<durable>/<run>/leases|checkpoints|logs` a symlink to outside/ made the root agent write its
+    lease files, commits and logs there."""
+    d = str(tmp_path / "D")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "theirs").write_text("not onbox's\n")
+    os.makedirs(os.path.join(d, "fx"))
+    os.symlink(str(outside), os.path.join(d, "fx", planted))
+    before = _tree(str(outside))
+    a = Box(tmp_path, "a", d, started)
+    r = a.run()
+    if planted == "leases":  # the lease cannot be taken: the launch is refused at once, naming the link
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "%s is a symlink (to %s)" % (os.path.join(d, "fx", "leases"), outside) in r.stderr
+        assert "Traceback" not in r.stderr and not a.trainers()
+    else:
+        assert r.returncode == 0, r.stderr
+        event = "sync_failed" if planted == "checkpoints" else "log_sync_failed"
+        wait_for(lambda: a.events(event), timeout=60, what="a %s event" % event)
+        assert "is a symlink (to %s)" % outside in a.events(event)[0]["error"]
+        a.stop()
+    assert _tree(str(outside)) == before  # not one byte written, moved or deleted there
+
+
+def test_one_bad_manifest_and_a_link_in_the_trainers_dir_never_make_a_replacement_box_train_from_scratch(
+        tmp_path, started):
+    """Issues 30.3 and 30.4 with real agents: box a committed steps; the newest manifest names `.onbox-aside`, and
+    the replacement box's own checkpoint dir holds a symlink where the second newest goes. The replacement box
+    resumes from the third newest, quarantines only the refused one, and says what to remove for the other."""
+    d = str(tmp_path / "D")
+    root = os.path.join(d, "fx")
+    a = Box(tmp_path, "a", d, started)
+    assert a.run().returncode == 0
+    wait_for(lambda: len(a.events("checkpoint_committed")) >= 3, timeout=60, what="3 commits of box a")
+    a.stop()
+    names = sorted(manifests(root), key=lambda n: manifests(root)[n]["step"])
+    newest, second, third = names[-1], names[-2], names[-3]
+    path = os.path.join(root, "checkpoints", newest, "MANIFEST.json")
+    with open(path) as f:
+        doc = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(doc, local_name=".onbox-aside"), f)
+    b = Box(tmp_path, "b", d, started)
+    os.makedirs(str(b.disk))
+    (tmp_path / "elsewhere").mkdir()
+    link = os.path.join(str(b.disk), manifests(root)[second]["local_name"])
+    os.symlink(str(tmp_path / "elsewhere" / "x.pt"), link)
+    assert b.run().returncode == 0
+    wait_for(lambda: b.trainers(), timeout=60, what="box b's trainer")
+    assert os.path.basename(b.trainers()[0]["resume"]) == manifests(root)[third]["local_name"]
+    [blocked] = b.events("restore_blocked_locally")
+    assert blocked["checkpoint"] == second and "`rm %s`" % link in blocked["hint"]
+    assert [e["checkpoint"] for e in b.events("checkpoint_quarantined")] == [newest]
+    assert second in manifests(root) and not b.events("resume_from_scratch")
+    assert os.listdir(tmp_path / "elsewhere") == []
+    b.stop()
