@@ -11,13 +11,19 @@
     answers, its agent has no such run (a reset box)         any                 RELAUNCH_HERE (pushed first)
     answers, but the agent's records are unreadable          any                 WAIT (a person decides)
     fails ssh                                                ok                  SUSPECT (beats arrive: not lost)
-    fails ssh for less than --lost-after                     late/none           SUSPECT
+    fails ssh for less than --lost-after                     not ok              SUSPECT
+    fails ssh for --lost-after or longer                     unreadable          WAIT (said; never LOST, see below)
     fails ssh for --lost-after or longer                     late/none           LOST (recover elsewhere)
 
-A box that answers ssh is never declared lost. "late/none" is every liveness but `ok`: late, silent, ended, a run
-the tracker has not heard of, and no tracker at all (then ssh alone decides). A group (`--nodes`) is judged as
-one: any node LOST makes the group LOST (it recovers whole, on fresh boxes), any node SUSPECT keeps it SUSPECT, a
-live agent on any node keeps it HEALTHY (the nodes stop together), and with every agent gone node 0's run decides.
+A box that answers ssh is never declared lost. "late/none" is every liveness but `ok` and `unreadable`: late,
+silent, ended, a run the tracker lists no beat of (`absent`), and no tracker configured at all (`unknown`: then
+ssh alone decides). `unreadable` is a tracker that is configured but could not be read (down, an error page,
+garbage, a document past the reader's bounds, or a run list the keeper cannot use for this run): "I could not read
+the beats" is never "the beats stopped", so a box that fails ssh then is waited for (still SUSPECT: its suspicion
+is kept, and decided on the beats once they read again), never taken over; a healthy run behind a broken sshd
+must not be fenced because its tracker broke too. A group (`--nodes`) is judged as one: any node LOST makes the
+group LOST (it recovers whole, on fresh boxes), any node SUSPECT keeps it SUSPECT, a live agent on any node keeps it
+HEALTHY (the nodes stop together), and with every agent gone node 0's run decides.
 """
 from __future__ import annotations
 
@@ -59,20 +65,31 @@ class Observation:
     error: Optional[str] = None  # why ssh failed
 
 
+UNKNOWN = "unknown"  # no tracker configured for the run: ssh alone decides
+UNREADABLE = "unreadable"  # a tracker is configured, but its word on the run could not be read
+LIVENESS = ("ok", "late", "silent", "ended")  # what the tracker says of a run it lists (controller/tracker/API.md)
+
+
 @dataclasses.dataclass(frozen=True)
 class Beats:
-    """The tracker's word on a run: liveness ok | late | silent | ended | absent | unknown (no tracker to ask)."""
+    """The tracker's word on a run: liveness ok | late | silent | ended | absent (not listed) | unreadable (see
+    the module docstring; `problem` says why) | unknown (no tracker to ask)."""
 
-    liveness: str = "unknown"
+    liveness: str = UNKNOWN
     state: Optional[str] = None
     step: Optional[int] = None
     durable_step: Optional[int] = None
     durable_at: Optional[float] = None
     box: Optional[str] = None
+    problem: Optional[str] = None  # why the beats are unreadable
 
     @property
     def ok(self) -> bool:
         return self.liveness == "ok"
+
+    @property
+    def unreadable(self) -> bool:
+        return self.liveness == UNREADABLE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +98,7 @@ class Judgement:
     reason: str
     box: Optional[str] = None  # the box the reason is about
     needs_push: bool = False  # RELAUNCH_HERE on a box whose agent does not know the run
+    tracker: bool = False  # WAIT because the beats could not be read (the keeper stays SUSPECT, says it once)
 
 
 def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], now: float,
@@ -114,6 +132,11 @@ def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], no
     if failing < lost_after:
         return Judgement(Verdict.SUSPECT, "%s fails ssh (%s) for %.0f s of %.0f s; beats %s" % (
             obs.box, why, failing, lost_after, beats.liveness), obs.box)
+    if beats.unreadable:
+        return Judgement(Verdict.WAIT, "%s fails ssh for %.0f s (--lost-after %.0f s), but its beats could not be "
+                                       "read (%s): not declared lost until they can" % (
+                                           obs.box, failing, lost_after, beats.problem or "the tracker"), obs.box,
+                         tracker=True)
     return Judgement(Verdict.LOST, "%s failed ssh for %.0f s (--lost-after %.0f s) and its beats are %s: %s" % (
         obs.box, failing, lost_after, beats.liveness, why), obs.box)
 
@@ -127,7 +150,8 @@ def judge(observed: Sequence[Observation], beats: Sequence[Beats], suspect_since
     for verdict in (Verdict.LOST, Verdict.SUSPECT, Verdict.WAIT):
         hit = [j for j in each if j.verdict == verdict]
         if hit:
-            return Judgement(verdict, "node %d: %s" % (each.index(hit[0]), hit[0].reason), hit[0].box)
+            return Judgement(verdict, "node %d: %s" % (each.index(hit[0]), hit[0].reason), hit[0].box,
+                             tracker=hit[0].tracker)
     if any(j.verdict == Verdict.HEALTHY for j in each):
         alive = [j for j in each if j.verdict == Verdict.HEALTHY]
         return Judgement(Verdict.HEALTHY, alive[0].reason, alive[0].box)

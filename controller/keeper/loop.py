@@ -10,7 +10,9 @@ A pass over one run:
     RELAUNCH_HERE             a recovery on the same box (preempted, its agent gone)
     ENDED                     ENDED: the keeper leaves the run alone
     WAIT                      said once; a person decides (the box's records are unreadable)
-  and an open recovery whose run trained a new step is closed (first_new_step).
+    WAIT (beats unreadable)   SUSPECT kept: a box that fails ssh is not lost while its beats cannot be read
+  and an open recovery whose run trained a new step is closed (first_new_step). A tracker that cannot be read is
+  said once per streak (`tracker_unreadable`, then `tracker_readable`), kept in recovery.json across keepers.
 
 One keeper per config dir: a flock on its runs/ directory is held while it runs; a second one is refused. A keeper on
 another machine is not excluded by it: the agents' leases are (a launch under a live lease is refused).
@@ -120,8 +122,10 @@ class Keeper:
             # a failed probe may have waited out its timeout: the beats read before it are that old (a box that
             # died meanwhile still looked "ok"), and only they can keep a box that fails ssh from being lost
             beats = dict(beats, **self.world.beats([rec]))
-        # a run the tracker does not list is "absent"; no tracker (or none answered) is "unknown": neither is ok
-        seen = [beats.get(run, Beats(liveness="absent" if beats else "unknown")) for run in runs]
+        # World.beats has an entry for every run of a configured tracker (absent, or unreadable when it could not
+        # be read); none for a run without one ("unknown": ssh alone decides)
+        seen = [beats.get(run, Beats()) for run in runs]
+        self._tracker_streak(keep, seen)
         self._remember(keep, observed, seen)
         self.recoverer.note_first_step(keep, observed)
         now = self.clock.time()
@@ -141,6 +145,13 @@ class Keeper:
                 self._emit(keep, "suspect", j.reason)
             else:
                 keep.message = j.reason
+        elif j.verdict == Verdict.WAIT and j.tracker:
+            # the box fails ssh, and the beats that would tell whether it is lost cannot be read: stay SUSPECT (the
+            # suspicion and its start are kept, decided once the beats read again); said by _tracker_streak
+            if keep.state == KeepState.WATCHING:  # its first probe hung for --lost-after
+                keep.suspect_since = asked
+                keep.move(KeepState.SUSPECT, j.reason)
+            keep.message = j.reason
         elif j.verdict == Verdict.WAIT:
             if keep.message != j.reason:
                 keep.message = j.reason
@@ -173,6 +184,22 @@ class Keeper:
             self._publish_problem = problem
             self.say({"time": round(self.clock.time(), 3), "kind": "tracker_problem",
                       "text": "events not sent to the tracker (kept in recovery.json, sent later): %s" % problem})
+
+    def _tracker_streak(self, keep: RunKeep, seen: List[Beats]) -> None:
+        """One `tracker_unreadable` event when the run's beats stop being readable, one `tracker_readable` when
+        they read again: a streak is said once, also by `keep --once` from cron (it is kept in recovery.json)."""
+        bad = next((b for b in seen if b.unreadable), None)
+        now = self.clock.time()
+        if bad is not None and keep.tracker_unreadable_since is None:
+            keep.tracker_unreadable_since = now
+            self._emit(keep, "tracker_unreadable", "the beats of %s cannot be read: %s; a box of it that fails ssh "
+                                                   "is not declared lost while they cannot (the keeper waits: fix "
+                                                   "the tracker, or recover the run by hand)"
+                       % (keep.run, bad.problem or "the tracker could not be read"))
+        elif bad is None and keep.tracker_unreadable_since is not None:
+            self._emit(keep, "tracker_readable", "the beats of %s can be read again (after %.0f s)"
+                       % (keep.run, max(0.0, now - keep.tracker_unreadable_since)))
+            keep.tracker_unreadable_since = None
 
     def _remember(self, keep: RunKeep, observed: List[Observation], seen: List[Beats]) -> None:
         """The newest step and durable checkpoint known (from the box, else the beats): work at risk and the

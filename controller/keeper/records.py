@@ -104,6 +104,7 @@ class RunKeep:
     updated_at: float = 0.0
     event_seq: int = 0  # the number of the newest event (`n`; only grows)
     published: int = 0  # the newest event a tracker acknowledged (`n`)
+    tracker_unreadable_since: Optional[float] = None  # the run's beats could not be read since then (said once)
 
     def move(self, new: KeepState, message: Optional[str] = None) -> None:
         if new != self.state:
@@ -202,7 +203,8 @@ def keep_from_dict(doc: Any, where: str) -> RunKeep:
         message=doc.get("message") if isinstance(doc.get("message"), str) else None,
         updated_at=_time(doc.get("updated_at"), where, "updated_at") or 0.0,
         event_seq=_count(doc.get("event_seq", 0), where, "event_seq"),
-        published=_count(doc.get("published", 0), where, "published"))
+        published=_count(doc.get("published", 0), where, "published"),
+        tracker_unreadable_since=_time(doc.get("tracker_unreadable_since"), where, "tracker_unreadable_since"))
 
 
 def _count(v: Any, where: str, key: str) -> int:

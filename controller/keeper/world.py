@@ -8,16 +8,18 @@ Any other failure (no ssh client here, a bug) is raised: it must never read as "
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from controller.agent import ask
 from controller.boxes import Box, Inventory
-from controller.keeper.decide import Beats, Observation
+from controller.keeper.decide import LIVENESS, UNREADABLE, Beats, Observation
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.provision import run_provision
 from controller.launch import LaunchResult
 from controller.ssh import BoxUnreachable, RemoteTimeout, Ssh
+from onbox import untrusted
 from onbox.errors import OnboxError
 
 STATUS_SCHEMA = "onbox.status/1"
@@ -58,20 +60,46 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
 
 
 def beats_from_tracker(doc: Any) -> Dict[str, Beats]:
-    """Each run's Beats from `GET /api/v1/runs`."""
+    """Each run's Beats from `GET /api/v1/runs`. A run listed with a liveness the keeper does not know (or none,
+    or twice) is `unreadable`: a tracker's garbage must never read as late beats."""
     out: Dict[str, Beats] = {}
     entries = doc.get("runs") if isinstance(doc, dict) else None
+    seen: Dict[str, int] = {}
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict) or not isinstance(e.get("run"), str):
+            continue
+        run = e["run"]
+        seen[run] = seen.get(run, 0) + 1
+        liveness = e.get("liveness")
+        if seen[run] > 1 or liveness not in LIVENESS:
+            why = ("it lists run %s more than once" % run if seen[run] > 1 else
+                   "its liveness %s for run %s is not one the keeper knows (%s)" % (
+                       untrusted.printable(repr(liveness)[:40]), run, ", ".join(LIVENESS)))
+            out[run] = Beats(liveness=UNREADABLE, problem=why)
             continue
         latest = _obj(e.get("latest"))
         progress = _obj(latest.get("progress"))
         ckpt = _obj(latest.get("checkpoint"))
         durable = _obj(ckpt.get("latest_durable"))
-        out[e["run"]] = Beats(liveness=str(e.get("liveness") or "unknown"), state=_str(e.get("state")),
-                              step=_int(progress.get("step")), durable_step=_int(durable.get("step")),
-                              durable_at=_num(durable.get("committed_at")), box=_str(e.get("box")))
+        out[run] = Beats(liveness=liveness, state=_str(e.get("state")), step=_int(progress.get("step")),
+                         durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
+                         box=_str(e.get("box")))
     return out
+
+
+def tracker_problem(doc: Any) -> Optional[str]:
+    """Why a run the tracker's answer does not list may still be one it has beats of (None: the answer is a whole
+    run list, and a run missing from it has none): not a run list at all (an error marker, a proxy's page), entries
+    the keeper cannot read, or rows the tracker itself skipped (`skipped_rows`)."""
+    entries = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return "its answer is not a run list ({\"runs\": [...]})"
+    bad = sum(1 for e in entries if not isinstance(e, dict) or not isinstance(e.get("run"), str))
+    skipped = doc.get("skipped_rows")
+    skipped = skipped if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped > 0 else 0
+    if bad or skipped:
+        return "it could not read %d of its runs" % (bad + skipped)
+    return None
 
 
 class World:
@@ -101,17 +129,31 @@ class World:
         return observation_from_status(box_name, run, doc, res.returncode, res.err_text or res.text)
 
     def beats(self, runs: Sequence[LaunchRecord]) -> Dict[str, Beats]:
-        """The tracker's view of every run (one request per tracker); {} without a tracker or when it is down
-        (the keeper then decides on ssh alone, and says so)."""
+        """The tracker's view of every run's node runs (one request per tracker); none for a run without a tracker
+        (ssh alone decides: `unknown`). A tracker that is configured but cannot be read (down, an error, an answer
+        runview refuses or the keeper cannot use) makes each of its runs `unreadable`, never absent or late."""
         from controller.runview import fetch_tracker_runs
 
-        urls = {self.tracker} if self.tracker else {r.tracker for r in runs if r.tracker}
+        by_url: Dict[str, List[str]] = {}
+        for rec in runs:
+            url = self.tracker or rec.tracker
+            if url:
+                by_url.setdefault(url, []).extend(rec.node_runs())
         out: Dict[str, Beats] = {}
-        for url in sorted(u for u in urls if u):
+        for url in sorted(by_url):
+            read: Dict[str, Beats] = {}
             try:
-                out.update(beats_from_tracker(fetch_tracker_runs(url, self.token, timeout=10.0)))
-            except OnboxError:
-                continue
+                doc = fetch_tracker_runs(url, self.token, timeout=10.0)
+            except (OnboxError, ValueError, OSError, RecursionError) as e:  # down, HTTP errors, refused bodies
+                problem: Optional[str] = untrusted.printable(getattr(e, "message", None) or e)
+            else:
+                read, why = beats_from_tracker(doc), tracker_problem(doc)
+                problem = "the tracker at %s answered, but %s" % (url, why) if why else None
+            for run in by_url[url]:
+                b = read.get(run)
+                if b is not None and b.unreadable:
+                    b = dataclasses.replace(b, problem="the tracker at %s answered, but %s" % (url, b.problem))
+                out[run] = b or (Beats(liveness=UNREADABLE, problem=problem) if problem else Beats(liveness="absent"))
         return out
 
     def spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
