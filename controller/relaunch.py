@@ -119,9 +119,9 @@ def candidate_names(log: Sequence[Dict[str, Any]], box: str, fellow_boxes: Set[s
 
 
 def _ago(now: float, then: Any) -> str:
-    if not isinstance(then, (int, float)) or isinstance(then, bool):
-        return "at an unknown time"
-    return "%.0f s ago" % max(0.0, now - float(then))
+    from onbox.checkpoints.leases import renewed_ago
+
+    return renewed_ago(now, then)
 
 
 def _when(t: Any) -> str:

@@ -48,6 +48,7 @@ from onbox.checkpoints.leases import (
     lease_name,
     new_holder,
     parse,
+    renewed_ago,
     ttl_of,
 )
 from onbox.errors import UsageError
@@ -125,10 +126,6 @@ def default_check_every(ttl: float, sync_interval: float) -> float:
     return max(0.05, bound)
 
 
-def _ago(now: float, then: Any) -> str:
-    return "%.0f s ago" % max(0.0, now - float(then)) if isinstance(then, (int, float)) else "at an unknown time"
-
-
 class RunLease:
     """The lease this agent took: its file, its document, the lineage it restores, and whether it is fenced."""
 
@@ -203,7 +200,7 @@ class RunLease:
                     raise LeaseRefused(
                         "run %s is held by another agent: %s on %s (lease epoch %d), renewed %s (it stays live "
                         "%.0f s after a renewal)" % (run, prev.holder, prev_doc["host"], prev.epoch,
-                                                     _ago(now, prev_doc["renewed_at"]), ttl_of(prev_doc, ttl)),
+                                                     renewed_ago(now, prev_doc["renewed_at"]), ttl_of(prev_doc, ttl)),
                         hint="stop it there (`onbox stop %s` on %s); if that box is gone for good, relaunch with "
                              "--take-over (onboxctl keep does once it has declared the box lost)" % (
                                  run, prev_doc["host"]))

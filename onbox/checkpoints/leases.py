@@ -198,6 +198,29 @@ def ttl_of(doc: Dict[str, Any], default: float) -> float:
     return float(ttl) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl > 0 else default
 
 
+CLOCK_SLACK_S = 5.0  # a renewal this little ahead of the reader's clock is NTP's ordinary disagreement
+
+
+def renewed_ago(now: float, then: Any) -> str:
+    """When a lease was renewed, in words, by the reader's clock: "12 s ago". A renewal later than now is the two
+    boxes' clocks disagreeing (or a lease written by hand), said so: "0 s ago" for a lease renewed a year ahead
+    hid why it stays live."""
+    if not isinstance(then, (int, float)) or isinstance(then, bool) or not math.isfinite(then):
+        return "at an unknown time"
+    ahead = float(then) - now
+    if ahead <= CLOCK_SLACK_S:
+        return "%.0f s ago" % max(0.0, -ahead)
+    return ("%s IN THE FUTURE by this box's clock (the clocks of the two boxes disagree by that much, or the lease "
+            "was written by hand)" % _span(ahead))
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return "%.1f %s" % (seconds / size, unit)
+    return "%.0f s" % seconds
+
+
 def is_live(doc: Dict[str, Any], now: float, default_ttl: float) -> bool:
     """Renewed within its ttl and not released. Wall clocks of two boxes are compared here: they must agree to
     well within a ttl (NTP does; a box whose clock is off by minutes is not one to train on)."""

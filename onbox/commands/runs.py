@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 import click
 
 from onbox.commands.clikit import FiniteFloat, echo_json
-from onbox.errors import JobFailed, UsageError
+from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
 # `onbox stop --json`: the run's state.json plus `outcome` (stopped, already_ended, nothing_to_stop, asked), and with
@@ -162,6 +162,8 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
 
 def _lease_line(lease: Any, fenced: Any) -> Optional[str]:
     """The run's lease in words: held (epoch, holder, renewed how long ago), or FENCED by whom."""
+    from onbox.checkpoints.leases import renewed_ago
+
     fence = fenced if isinstance(fenced, dict) else (lease or {}).get("fenced") if isinstance(lease, dict) else None
     if isinstance(fence, dict):
         return "FENCED: lease epoch %s of %s%s holds the run now (this agent had epoch %s)" % (
@@ -170,7 +172,7 @@ def _lease_line(lease: Any, fenced: Any) -> Optional[str]:
     if not isinstance(lease, dict):
         return None
     renewed = lease.get("renewed_at")
-    ago = " %.0f s ago" % max(0.0, time.time() - renewed) if isinstance(renewed, (int, float)) else ""
+    ago = " " + renewed_ago(time.time(), renewed) if isinstance(renewed, (int, float)) else ""
     return "epoch %s held by %s, renewed%s%s" % (lease.get("epoch"), lease.get("holder"), ago,
                                                  " (ttl %.0f s)" % lease["ttl"] if isinstance(lease.get("ttl"),
                                                                                               (int, float)) else "")
@@ -361,6 +363,54 @@ def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None
                         % child if child else ""))
 
 
+def _take_lock(rd: Any, lock: Any) -> bool:
+    """The run's lock, taken (True: no live agent) or not (a live agent holds it). A lock file that cannot be opened
+    or created (a read-only or full ONBOX_HOME without one) is said as what it is, not a traceback."""
+    from onbox import fsutil
+    from onbox.launch.checks import unwritable_home
+
+    try:
+        return bool(lock.acquire())
+    except OSError as e:
+        if fsutil.disk_fault(e) is None and not fsutil.space_problem(rd.path):
+            raise UsageError("cannot open run %s's lock %s: %s" % (rd.name, rd.lock_path, e.strerror or e),
+                             hint="check the permissions of %s" % rd.path)
+        home = unwritable_home(rd.path)
+        raise UnfitError("run %s: cannot tell whether its agent lives: its lock %s cannot be opened (%s); %s" % (
+            rd.name, rd.lock_path, e.strerror or e, home.message), hint="make ONBOX_HOME writable again (%s), then "
+                                                                         "`onbox stop %s` again" % (home.hint, rd.name))
+
+
+def _wait_ran_out(rd: Any, state: Dict[str, Any], waited: float, written: bool) -> OnboxError:
+    """What `onbox stop` says when its wait runs out, as it is: the trainer may have stopped while its agent stays,
+    unable to record it (a full or read-only ONBOX_HOME: the agent holds the final state in memory for up to
+    final_sync_timeout) or still committing. "did not stop" is said only when the trainer has not stopped."""
+    from onbox import fsutil
+    from onbox.proc import ProcessSeam
+
+    child, start = state.get("child_pid"), state.get("child_start_time")
+    stopped = isinstance(child, int) and isinstance(start, int) and ProcessSeam().start_time_of(child) != start
+    disk = fsutil.space_problem(rd.path)
+    if stopped and disk:
+        home = os.path.dirname(os.path.dirname(rd.path))
+        return UnfitError("run %s: its trainer has stopped (child %d ended), but its final state is not recorded: "
+                          "ONBOX_HOME's filesystem %s is %s; the agent (pid %s) holds it and writes it, then exits, "
+                          "once the disk takes it" % (rd.name, child, home, disk, state.get("agent_pid") or "?"),
+                          hint="%s: `onbox status %s` then shows how the run ended and its final commit" % (
+                              "make it writable again (remount it read-write)" if disk == "read-only" else
+                              "free space there (`df -h %s`, `df -i %s`)" % (home, home), rd.name))
+    if stopped:
+        return JobFailed("run %s: its trainer has stopped (child %d ended), but its agent is still finishing after "
+                         "%g s (the final commit)" % (rd.name, child, waited),
+                         hint="`onbox status %s` follows it; a stuck agent: `onbox logs %s`, its agent.log" % (
+                             rd.name, rd.name))
+    records = _records_problem(rd, state, True)
+    return JobFailed("run %s did not stop within %g s%s" % (rd.name, waited, "; " + records if records else ""),
+                     hint="the %s and the agent still stops the run: `onbox status %s`; a stuck agent: `onbox logs "
+                          "%s`, its agent.log" % ("stop request stays in place" if written else
+                                                  "agent got the stop by signal", rd.name, rd.name))
+
+
 def _stop_doc(state: Dict[str, Any], outcome: str, **extra: Any) -> Dict[str, Any]:
     """What `onbox stop --json` prints: state.json as it is now, with the schema and what the command did."""
     return dict(state, schema=STOP_SCHEMA, outcome=outcome, **extra)
@@ -404,7 +454,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
         return 0
     written = _write_stop_request(rd, grace)
     lock = detach.RunLock(rd.lock_path)
-    if lock.acquire():  # no live agent: stop the orphaned child ourselves, through the same supervisor path
+    if _take_lock(rd, lock):  # no live agent: stop the orphaned child ourselves, through the same supervisor path
         child = detach.live_child(rd, ProcessSeam())
         if child is None:
             lock.release()
@@ -443,13 +493,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
                 lock.release()  # the agent is gone (it held the lock for its whole life)
                 break
             if time.monotonic() >= limit:  # not bad usage (2): the operation asked for did not finish
-                records = _records_problem(rd, state, True)
-                raise JobFailed("run %s did not stop within %g s%s" % (name, waited, "; " + records if records
-                                                                       else ""),
-                                hint="the %s and the agent still stops the run: `onbox status %s`; a stuck agent: "
-                                     "`onbox logs %s`, its agent.log" % (
-                                         "stop request stays in place" if written else "agent got the stop by signal",
-                                         name, name))
+                raise _wait_ran_out(rd, state, waited, written)
             time.sleep(0.1)
     final = rd.read_state() or {}
     if final.get("state") not in detach.TERMINAL:  # the agent ended without recording how the run ended

@@ -28,6 +28,7 @@ from onbox.checkpoints.leases import (
     lease_name,
     new_holder,
     parse_name,
+    renewed_ago,
 )
 from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.clock import FakeClock
@@ -270,6 +271,26 @@ def test_a_passive_committer_writes_under_the_agents_recorded_lease_only(tmp_pat
     Box(tmp_path, clock, box=OTHER).take(take_over=True)
     with pytest.raises(Fenced):
         PassiveLease(target, "r", {"epoch": lease.epoch, "holder": lease.holder}).check("the manifest")
+
+
+def test_a_lease_renewed_in_the_future_says_the_clock_skew_not_zero_seconds_ago(tmp_path):
+    """Issue 30.14: a lease renewed a year ahead of this box's clock read "renewed 0 s ago"; it stays live (the
+    safe side: never two writers), and the refusal says why."""
+    clock = FakeClock()
+    Box(tmp_path, clock, box=OTHER).take()
+    [f] = os.listdir(leases_dir(tmp_path))
+    path = os.path.join(leases_dir(tmp_path), f)
+    with open(path) as fh:
+        doc = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(doc, renewed_at=clock.time() + 365 * 86400), fh)
+    with pytest.raises(LeaseRefused, match=r"renewed 365\.0 days IN THE FUTURE by this box's clock \(the clocks of "
+                                           r"the two boxes disagree"):
+        Box(tmp_path, clock).take()
+    assert renewed_ago(100.0, 103.0) == "0 s ago"  # NTP's ordinary disagreement is not news
+    assert renewed_ago(100.0, 40.0) == "60 s ago" and renewed_ago(100.0, None) == "at an unknown time"
+    assert renewed_ago(100.0, 100.0 + 7200) == "2.0 h IN THE FUTURE by this box's clock (the clocks of the two " \
+                                               "boxes disagree by that much, or the lease was written by hand)"
 
 
 def test_a_passive_committer_writes_only_where_the_lease_it_recorded_is(tmp_path):
