@@ -2,26 +2,35 @@
 table a person reads at a glance.
 
 Sources:
-- the tracker: `GET /api/v1/runs` (controller/tracker/API.md) -> each run with its latest heartbeat and liveness;
+- the tracker: `GET /api/v1/runs` (controller/tracker/API.md) -> each run with its latest heartbeat and liveness,
+  read by controller/tracker/client.py (re-exported here): `read_tracker` tells "the tracker answered: these runs,
+  these skipped" (one bad run never hides the others) from "the tracker could not be read: why";
+  `fetch_tracker_runs` is the same read as a document, raising when it could not be read;
 - without a tracker: `onbox status --json` on each box over ssh (the run's state.json and progress).
+
+Text that arrived from outside (box names, states, alert codes, checkpoint names from beats) is printed through
+onbox.untrusted.printable: it can neither drive the terminal nor forge a line of the table.
 """
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import math
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Dict, Iterable, List, Optional
 
 from controller.keeper.atrisk import AtRisk, work_at_risk
-from onbox import untrusted
-from onbox.errors import UnfitError, UsageError
+from controller.tracker.client import (  # noqa: F401 (re-exported: status and the keeper read the tracker here)
+    RUNS_MAX_BYTES,
+    SkippedRun,
+    TrackerView,
+    check_runs,
+    fetch_tracker_runs,
+    read_tracker,
+)
+from onbox.untrusted import printable
 
 LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
-RUNS_MAX_BYTES = 64 * 1024 * 1024  # the tracker's run list: thousands of runs with their latest beat each
 
 
 @dataclasses.dataclass
@@ -175,33 +184,6 @@ def rows_from_tracker(doc: Any, now: Optional[float] = None) -> List[RunRow]:
     return sorted(rows, key=lambda r: (r.box, r.run))
 
 
-def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0, limit: int = RUNS_MAX_BYTES) -> Any:
-    """`GET /api/v1/runs`, at most `limit` bytes of it, parsed with the nesting bound: whatever answers at that URL
-    (a proxy, a broken or hostile tracker) gets a clear error, never onboxctl's memory or a RecursionError."""
-    req = urllib.request.Request(url.rstrip("/") + "/api/v1/runs", headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read(limit + 1)
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
-                             hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")
-        raise UnfitError("tracker %s answered HTTP %d" % (url, e.code))
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:  # not HTTP, cut short
-        raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)),
-                         hint="is `onboxctl tracker serve` running? Without --tracker, status asks each box over ssh")
-    if len(body) > limit:
-        raise UnfitError("the tracker at %s answered more than %s for its run list: refusing it" % (
-            url, untrusted.human(limit)), hint="is %s an onbox tracker? `onboxctl tracker serve` answers it" % url)
-    try:
-        return untrusted.loads_json(body, "its run list")
-    except ValueError as e:  # not JSON, not UTF-8, or nested past the bound (UntrustedInput)
-        raise UnfitError("the tracker at %s answered something unreadable: %s" % (url, untrusted.reason(e)),
-                         hint="is %s an onbox tracker? `onboxctl tracker serve` answers it" % url)
-
-
 def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> List[RunRow]:
     """Rows from `onbox status --json` run on a box (one run, a list, or {"runs": [...]})."""
     if isinstance(doc, dict) and isinstance(doc.get("runs"), list):
@@ -348,6 +330,7 @@ def render_table(rows: Iterable[RunRow], now: Optional[float] = None) -> str:
                       at_risk_label(r)) + ((keeper_label(r),) if kept else ()) + (
                       (deadline_label(r, now),) if walled else ()) + (
                       beat + ("  ! " + ",".join(r.alerts) if r.alerts else ""),))
+    lines = [tuple(printable(c) for c in line) for line in lines]  # box, state, alerts ... came in beats
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     out = []
     for line in lines:

@@ -16,8 +16,9 @@ from controller.launch import check_name
 from controller.push import REMOTE_PYZ
 from controller.runview import (
     RunRow,
+    SkippedRun,
     beat_hint,
-    fetch_tracker_runs,
+    read_tracker,
     render_table,
     rows_from_box_status,
     rows_from_tracker,
@@ -25,6 +26,7 @@ from controller.runview import (
 from controller.ssh import Ssh, settings_from_env
 from onbox.commands.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
+from onbox.untrusted import printable
 
 
 def box_rows(ssh: Ssh, box: Box) -> List[RunRow]:
@@ -37,11 +39,17 @@ def box_rows(ssh: Ssh, box: Box) -> List[RunRow]:
     return rows_from_box_status(box.name, doc)
 
 
-def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh) -> Tuple[List[RunRow], List[str]]:
-    """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems)."""
+def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...], ssh: Ssh
+            ) -> Tuple[List[RunRow], List[str], List[SkippedRun]]:
+    """Rows from the tracker when one is configured, else from each box over ssh. Returns (rows, problems, the runs
+    of the tracker's answer that were skipped or shown without their newest beat). A tracker that cannot be read
+    raises (exit 3; a refused token, exit 2); one bad run in its answer is said, never the end of the table."""
     if tracker:
-        from_tracker = rows_from_tracker(fetch_tracker_runs(tracker, token))
-        return [r for r in from_tracker if not boxes or r.box in boxes], []
+        view = read_tracker(tracker, token)
+        if view.problem is not None:
+            raise view.problem
+        from_tracker = rows_from_tracker(view.document())
+        return [r for r in from_tracker if not boxes or r.box in boxes], [], view.skipped
     inv = Inventory()
     names = list(boxes) or sorted(inv.load())
     if not names:
@@ -56,7 +64,7 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
         except OnboxError as e:
             problems.append("%s: %s" % (name, e.message))
             rows.append(RunRow(box=name, run="-", state="UNREACHABLE", liveness="unknown", source="ssh"))
-    return rows, problems
+    return rows, problems, []
 
 
 def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
@@ -119,16 +127,18 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     n = 0
     tty = sys.stdout.isatty()
     while True:
-        rows, problems = collect(url, token, boxes, ssh)
+        rows, problems, skipped = collect(url, token, boxes, ssh)
         rows, kept, record_problems = apply_keeper(rows, default_bound=max_at_risk)
         hint = beat_hint(rows)
         notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems + ([hint] if hint else [])
         if as_json:
             echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
-                       "problems": problems, "notes": notes, "keeper": kept})
+                       "problems": problems, "notes": notes, "keeper": kept, "skipped": [s.to_dict() for s in skipped]})
         else:
-            text = render_table(rows) + "".join("! %s\n" % p for p in problems) + "".join("note: %s\n" % x
-                                                                                         for x in notes)
+            # every line below may carry text from outside (box names, a tracker's word): shown, never obeyed
+            said = ["! %s" % s.describe() for s in skipped] + ["! %s" % p for p in problems] + [
+                "note: %s" % x for x in notes]
+            text = render_table(rows) + "".join(printable(line) + "\n" for line in said)
             if watch:
                 text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
                     "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text

@@ -129,15 +129,22 @@ def tracker() -> None:
 @click.option("--pulls-record", type=click.Path(dir_okay=False), default=None,
               help="The pulls record the dashboard reads to show whether a run's newest durable checkpoint was "
                    "pulled and verified here. Default: $ONBOX_CONFIG_DIR/pulls.json (what `onboxctl pull` writes).")
+@click.option("--allowed-host", "allowed_host", multiple=True, metavar="NAME",
+              help="Also answer requests naming this host (repeatable): a DNS name or a reverse proxy's public name "
+                   "the tracker is reached by. Addresses, localhost and the --host name are always answered; any "
+                   "other Host gets 421 (a page on another site must not read the tracker through DNS rebinding).")
 def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], public_read: bool,
           ready_file: Optional[str], max_body: int, tls_cert: Optional[str], tls_key: Optional[str],
           header_timeout: float, body_timeout: float, write_timeout: float, keep_alive: int, max_conns_per_client: int,
-          max_conns: int, pulls_record: Optional[str]) -> None:
+          max_conns: int, pulls_record: Optional[str], allowed_host: Tuple[str, ...]) -> None:
     """Serve the tracker API v1 (controller/tracker/API.md) and its dashboard at / until interrupted.
 
     Once it serves, it says on stderr where it listens, its database, the dashboard's URL and where the token is
-    (the file, or $ONBOX_TRACKER_TOKEN; never the token itself)."""
+    (the file, or $ONBOX_TRACKER_TOKEN; never the token itself). Requests naming a Host it does not serve (its
+    addresses, localhost, the --host name, this machine's name when it listens on every address, --allowed-host)
+    are refused with 421: controller/tracker/README.md says why."""
     from controller.tracker.guard import Limits
+    from controller.tracker.hosts import AllowedHosts, check_allowed_host
     from controller.tracker.server import bind, check_tls, is_loopback
     from controller.tracker.server import serve as run_server
     from controller.tracker.store import open_store
@@ -145,6 +152,7 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
     os.umask(0o077)  # the database, its WAL/SHM, the token and the ready file: this user's only
     db = os.path.abspath(os.path.expanduser(db or default_db()))
     # everything the user can get wrong is checked before anything is created (no half-made tracker dir)
+    allowed = AllowedHosts(host, [check_allowed_host(name) for name in allowed_host])
     token = read_token_file(token_file) if token_file else None
     if pulls_record is None:  # before anything is made: a config dir that is a file is refused here
         from controller.boxes import config_dir
@@ -178,4 +186,4 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
 
     run_server(store, sock, token, public_read=public_read, ready_file=ready_file, max_body=max_body,
                limits=limits, tls=tls, keep_alive=keep_alive, pulls_record=os.path.abspath(os.path.expanduser(pulls_record)),
-               on_ready=ready)
+               on_ready=ready, allowed_hosts=allowed)

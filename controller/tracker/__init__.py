@@ -5,6 +5,7 @@ and the dashboard.
   columns.py    the dashboard's columns of a stored beat (store.py writes them, series.py reads them)
   app.py        the HTTP API v1, a Starlette app; answers.py: its 4xx answers and the one reader of a request body
   session.py    who may read and write: the bearer token and the dashboard's session cookie
+  hosts.py      which Host names it answers (DNS rebinding: a foreign name gets 421), in front of every request
   guard.py      connection limits: stalled clients are timed out and never crowd others out
   server.py     serving it: the listening socket, TLS, the guard, uvicorn
   events.py     what happened to a run that no heartbeat says (the keeper's decisions), each with its time
@@ -12,4 +13,8 @@ and the dashboard.
   series.py     a run's curves: its beats as columns, and the trainer's own points
   pulled.py     what the tracker can say of "pulled home and verified" for a run's newest durable checkpoint
   dashboard.py  the pages (`/`, `/run/<run>`), the login form and the static files (static/: the page, uPlot)
+  client.py     the other side: reading a tracker's run list for `onboxctl status` and the keeper (via
+                controller/runview.py), each run checked on its own; imports nothing of the server
+
+README.md says what each surface reads from whom and what stops a bad input (the threat model).
 """

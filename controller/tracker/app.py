@@ -2,8 +2,10 @@
 beside it (controller/tracker/dashboard.py).
 
 Never a 500 on bad input: malformed JSON, wrong shapes, bad query values and oversized bodies are answered with
-a 4xx and a one-line message. Bearer tokens are compared in constant time (hmac.compare_digest); who may read and
-who may write is controller/tracker/session.py.
+a 4xx and a one-line message; a beat is refused when its readers could not read it (onbox.heartbeat.schema's
+bounds: nesting, unknown keys), naming the beat. Bearer tokens are compared in constant time (hmac.compare_digest);
+who may read and who may write is controller/tracker/session.py; which Host names it answers (DNS rebinding),
+controller/tracker/hosts.py, in front of everything.
 """
 from __future__ import annotations
 
@@ -17,15 +19,18 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from controller.tracker.answers import BadRequest, int_param
 from controller.tracker.events import MAX_EVENTS, add_events, check_event, ensure_table, run_events
+from controller.tracker.hosts import AllowedHosts, HostCheck
 from controller.tracker.session import Auth
 from controller.tracker.store import Store
 from onbox.heartbeat.schema import RUN_RE, loads_strict, validate_and_dump
+from onbox.untrusted import printable
 
 log = logging.getLogger("onbox.tracker")
 
@@ -90,11 +95,23 @@ def _resolve(fut: "asyncio.Future[Any]", res: Any) -> None:
         fut.set_result(res)
 
 
+def beat_label(beat: Any) -> str:
+    """" (run 'x', seq 5)" for a refused beat whose run and seq can be read: which of the agent's beats it was."""
+    if not isinstance(beat, dict):
+        return ""
+    run, seq = beat.get("run"), beat.get("seq")
+    parts = (["run '%s'" % printable(run)[:130]] if isinstance(run, str) else []) + (
+        ["seq %d" % seq] if isinstance(seq, int) and not isinstance(seq, bool) else [])
+    return " (%s)" % ", ".join(parts) if parts else ""
+
+
 def create_app(store: Store, token: Optional[str], public_read: bool = False, max_body: int = MAX_BODY,
                thin_every_s: float = 3600.0, thin_older_than_s: float = 7 * 86400.0,
                checkpoint_every_s: float = 1.0,
                connection_stats: Optional[Callable[[], Dict[str, int]]] = None,
-               pulls_record: Optional[str] = None) -> Starlette:
+               pulls_record: Optional[str] = None, allowed_hosts: Optional[AllowedHosts] = None) -> Starlette:
+    """The app over `store`. `allowed_hosts`: the Host names it answers (server.py always gives them; None, only
+    in-process tests, answers any)."""
     from controller.tracker.dashboard import dashboard_routes
 
     auth = Auth(token, public_read=public_read, now=store.now)
@@ -124,10 +141,10 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             raise BadRequest(408, "the body did not arrive in time")
         return b"".join(chunks)
 
-    async def read_batch(request: Request, key: str, most: int,
-                         check: Callable[[Any], Tuple[List[str], str]]) -> Tuple[List[Any], List[str]]:
+    async def read_batch(request: Request, key: str, most: int, check: Callable[[Any], Tuple[List[str], str]],
+                         label: Callable[[Any], str] = lambda item: "") -> Tuple[List[Any], List[str]]:
         """A write's body `{key: [...]}`: (the items, each checked and dumped by `check`); one bad item refuses
-        the batch, naming its index."""
+        the batch, naming its index (and what `label` says of it)."""
         require(request, write=True)
         body = await read_body(request)
         try:
@@ -145,13 +162,13 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
         for i, item in enumerate(items):
             errors, text = check(item)
             if errors:
-                raise BadRequest(400, "%s[%d]: %s" % (key, i, "; ".join(errors[:5])), index=i)
+                raise BadRequest(400, "%s[%d]%s: %s" % (key, i, label(item), "; ".join(errors[:5])), index=i)
             texts.append(text)
         return items, texts
 
     async def post_heartbeats(request: Request) -> JSONResponse:
         # every section against heartbeat.schema.json, plus the tracker's own bounds
-        beats, texts = await read_batch(request, "heartbeats", MAX_BEATS, validate_and_dump)
+        beats, texts = await read_batch(request, "heartbeats", MAX_BEATS, validate_and_dump, beat_label)
         if not beats:
             return JSONResponse({"accepted": 0, "duplicates": 0})
         try:
@@ -242,6 +259,7 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             store.checkpoint()
 
     return Starlette(
+        middleware=[Middleware(HostCheck, allowed=allowed_hosts)] if allowed_hosts is not None else [],
         routes=[
             Route("/api/v1/heartbeats", post_heartbeats, methods=["POST"]),
             Route("/api/v1/runs", list_runs, methods=["GET"]),

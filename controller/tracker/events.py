@@ -4,8 +4,8 @@ declared_lost, box_chosen, pushed, relaunched, first_new_step, failed_no_resourc
 
 Table `events(id, run, time, kind, source, doc)`, UNIQUE (run, time, kind, source): a sender that resends an event
 whose acknowledgement it never saw gets it counted under `duplicates`, stored once (the keeper resends from its
-own record after a restart). The document is the event as sent (compact, strict JSON, at most 16 KiB); `id` only
-grows and is the reader's cursor.
+own record after a restart). The document is the event as sent (compact, strict JSON, at most 16 KiB, nesting at
+most onbox.untrusted.MAX_DEPTH levels like a beat); `id` only grows and is the reader's cursor.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Tuple
 
 from controller.tracker.store import Store, parse_doc
 from onbox.heartbeat.schema import MAX_TIME, RUN_RE
+from onbox.untrusted import MAX_DEPTH, depth
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS events (
@@ -37,6 +38,9 @@ def check_event(doc: Any) -> Tuple[List[str], str]:
     `text` strings; anything else is kept as sent."""
     if not isinstance(doc, dict):
         return ["an event must be a JSON object"], ""
+    if depth(doc, MAX_DEPTH) > MAX_DEPTH:  # the bound every reader of the tracker keeps (as for beats)
+        deep = [k for k, v in doc.items() if 1 + depth(v, MAX_DEPTH) > MAX_DEPTH]
+        return ["%s nests more than %d levels deep" % (str(deep[0])[:64] if deep else "the event", MAX_DEPTH)], ""
     errs = []
     if not isinstance(doc.get("run"), str) or not RUN_RE.fullmatch(doc["run"]):
         errs.append("run must be a run name")

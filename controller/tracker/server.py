@@ -14,6 +14,7 @@ import ssl
 from typing import Callable, Optional, Tuple
 
 from controller.tracker.guard import Limits, Registry, guarded
+from controller.tracker.hosts import AllowedHosts
 from controller.tracker.store import Store
 from onbox.errors import UsageError
 
@@ -76,9 +77,10 @@ def check_tls(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, st
 def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: bool = False,
           ready_file: Optional[str] = None, max_body: int = 4 * 1024 * 1024, limits: Optional[Limits] = None,
           tls: Optional[Tuple[str, str]] = None, keep_alive: int = 30, pulls_record: Optional[str] = None,
-          on_ready: Optional[Callable[[], None]] = None) -> None:
+          on_ready: Optional[Callable[[], None]] = None, allowed_hosts: Optional[AllowedHosts] = None) -> None:
     """Run the tracker on `sock` until SIGTERM/SIGINT (uvicorn shuts down gracefully); closes `store`.
-    `on_ready` is called once it serves (after the ready file is written)."""
+    `on_ready` is called once it serves (after the ready file is written). `allowed_hosts`: the Host names it
+    answers (controller/tracker/hosts.py); by default those of the address `sock` listens on."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -86,8 +88,10 @@ def serve(store: Store, sock: socket.socket, token: Optional[str], public_read: 
     from onbox.fsutil import atomic_write_json
 
     registry = Registry(limits or Limits())
+    if allowed_hosts is None:
+        allowed_hosts = AllowedHosts(str(sock.getsockname()[0]))
     app = create_app(store, token, public_read=public_read, max_body=max_body, connection_stats=registry.stats,
-                     pulls_record=pulls_record)
+                     pulls_record=pulls_record, allowed_hosts=allowed_hosts)
     # limit_concurrency stays off: uvicorn would count stalled sockets toward it and answer 503 to everyone;
     # guard.py caps connections per client and in total, displacing stalled ones first
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

@@ -26,8 +26,10 @@ Liveness is judged on the tracker's clock (received), never the box's: ok, late 
 (healthchecks.io's late/down; W&B calls a run crashed after ~5 min), ended once the run reported a final state.
 
 A read never fails on one bad row: a row whose document does not parse as strict JSON (an older tracker stored a
-beat holding 1e400 as `Infinity`), is not an object, or whose columns are not what this store writes, is skipped,
-counted (`skipped_rows`) and logged once. The database, its WAL and SHM are created 0600 (they hold every run's
+beat holding 1e400 as `Infinity`), is not an object, nests deeper than onbox.untrusted.MAX_DEPTH (an older tracker
+took beats ~980 deep, and one made every reader refuse the whole run list), or whose columns are not what this
+store writes, is skipped, counted (`skipped_rows`) and logged once; a run whose newest beat is such a row stays in
+the run list without it, marked with its `problem`. The database, its WAL and SHM are created 0600 (they hold every run's
 hosts, paths and errors); an existing one with wider permissions is narrowed.
 
 Past 400 lines on purpose: every statement that touches the database sits behind its one writer connection and
@@ -60,6 +62,7 @@ from controller.tracker.columns import (
 )
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
+from onbox.untrusted import MAX_DEPTH, depth
 
 log = logging.getLogger("onbox.tracker")
 
@@ -103,12 +106,19 @@ def _finite(v: Any) -> bool:
 
 
 def _doc(text: Any) -> Dict[str, Any]:
-    """A stored document, parsed strictly: what parses can always be served (no NaN/Infinity)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    doc = loads_strict(text)
+    """A stored document, parsed strictly: what parses can always be served (no NaN/Infinity), and no deeper than
+    the readers read (onbox.untrusted.MAX_DEPTH: an older tracker stored beats nested ~980 deep). A ValueError
+    says what is wrong in words that follow "its newest beat": "nests more than 64 levels deep"."""
+    try:
+        doc = loads_strict(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except RecursionError:
+        raise ValueError("nests too deep to parse")
+    except ValueError as e:
+        raise ValueError("is not strict JSON (%s)" % str(e)[:160])
     if not isinstance(doc, dict):
-        raise ValueError("stored document is not a JSON object")
+        raise ValueError("is not a JSON object")
+    if depth(doc, MAX_DEPTH) > MAX_DEPTH:
+        raise ValueError("nests more than %d levels deep" % MAX_DEPTH)
     return doc
 
 
@@ -366,18 +376,23 @@ class Store:
                     raise ValueError("bad runs columns")
                 if interval is not None and not _finite(interval):
                     interval = None
-                doc = None
+                doc, problem = None, None
                 if latest is not None:
                     try:
                         doc = _doc(latest)
-                    except (ValueError, TypeError, RecursionError) as e:  # the run stays listed, without it
+                    except (ValueError, TypeError, RecursionError) as e:  # the run stays listed, marked, without it
                         skipped += 1
+                        problem = "its newest beat %s" % (str(e)[:200] if isinstance(e, ValueError) else
+                                                          "is unreadable (%s)" % type(e).__name__)
                         self._note_skip("newest beat of run %r" % (run,), e)
-                out.append({"run": run, "box": box if isinstance(box, str) else None, "attempt": attempt, "seq": seq,
-                            "state": state if isinstance(state, str) else None, "received": received,
-                            "age_s": round(now - received, 3),
-                            "liveness": liveness(state if isinstance(state, str) else None, received, interval, now),
-                            "latest": doc})
+                entry = {"run": run, "box": box if isinstance(box, str) else None, "attempt": attempt, "seq": seq,
+                         "state": state if isinstance(state, str) else None, "received": received,
+                         "age_s": round(now - received, 3),
+                         "liveness": liveness(state if isinstance(state, str) else None, received, interval, now),
+                         "latest": doc}
+                if problem:
+                    entry["problem"] = problem
+                out.append(entry)
             except (ValueError, TypeError, RecursionError) as e:
                 skipped += 1
                 self._note_skip("run %r" % (run,), e)

@@ -4,7 +4,9 @@
 exception, whatever the input. It checks the document against heartbeat.schema.json itself (every section, by a
 compiled validator of the schema keywords that file uses, schemacheck.py: a keyword it does not know fails loudly
 at load, never silently) plus the tracker's own bounds (seq, time, non-finite numbers anywhere). Unknown keys are allowed so the
-format can grow compatibly. `loads_strict()` is the JSON parser for anything a tracker stores or serves.
+format can grow compatibly, within a bound: a beat nests at most onbox.untrusted.MAX_DEPTH levels (what every reader
+of the tracker's answers reads), and the keys the schema does not name hold at most MAX_UNKNOWN_BYTES together.
+`loads_strict()` is the JSON parser for anything a tracker stores or serves.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from onbox.heartbeat.schemacheck import Check, Pred, compile_schema
+from onbox.untrusted import MAX_DEPTH, depth, human
 
 SCHEMA = "onbox.heartbeat/1"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
@@ -27,6 +30,7 @@ LIST_SECTIONS = ("disks", "alerts")
 PROGRESS_NUMBERS = ("loss", "eval_loss", "lr", "tokens_per_s", "samples_per_s", "epoch", "steps_per_s")
 MAX_BEAT_POINTS = 10000  # records in one beat's `points` that a tracker takes (an agent sends at most 500)
 NONFINITE = ("NaN", "Infinity", "-Infinity")
+MAX_UNKNOWN_BYTES = 64 * 1024  # the keys the schema does not name, together, as compact JSON (a real beat has none)
 
 
 def _is_int(v: Any) -> bool:
@@ -46,6 +50,9 @@ def validate_and_dump(doc: Any) -> Tuple[List[str], str]:
     """(problems, the document as compact JSON): the text a tracker stores, made once while checking."""
     if not isinstance(doc, dict):
         return ["a heartbeat must be a JSON object"], ""
+    deep = _too_deep(doc)
+    if deep:  # first: every later check (and every reader of the stored beat) may recurse
+        return [deep], ""
     errs: List[str] = []
     if doc.get("schema") != SCHEMA:
         errs.append("schema must be %r" % SCHEMA)
@@ -95,7 +102,36 @@ def validate_and_dump(doc: Any) -> Tuple[List[str], str]:
         text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError, RecursionError) as e:
         return [_nonfinite(doc, "", 0) or "not storable as JSON: %s" % str(e)[:120]], ""
+    unknown = _unknown_problem(doc)
+    if unknown:
+        return [unknown], ""
     return schema_problems(doc)[:MAX_ERRORS], text
+
+
+def _too_deep(doc: Dict[str, Any]) -> Optional[str]:
+    """Which top-level key of the beat makes it nest past MAX_DEPTH levels (the beat itself is the first), or None.
+    Readers of the tracker refuse such a document (onbox.untrusted's bound): one beat must not blind them."""
+    if depth(doc, MAX_DEPTH) <= MAX_DEPTH:
+        return None
+    for key, value in doc.items():
+        levels = 1 + depth(value, 1 << 20)  # iterative: the real figure, however deep
+        if levels > MAX_DEPTH:
+            return "%s nests %d levels deep, more than %d" % (str(key)[:64], levels, MAX_DEPTH)
+    return "nests more than %d levels deep" % MAX_DEPTH
+
+
+def _unknown_problem(doc: Dict[str, Any]) -> Optional[str]:
+    """Why the keys heartbeat.schema.json does not name are too large together (None: within MAX_UNKNOWN_BYTES)."""
+    known = _known_keys()
+    extra = [k for k in doc if k not in known]
+    if not extra:
+        return None
+    size = len(json.dumps({k: doc[k] for k in extra}, separators=(",", ":")).encode("utf-8"))
+    if size <= MAX_UNKNOWN_BYTES:
+        return None
+    names = ", ".join(str(k)[:32] for k in extra[:3]) + (", ..." if len(extra) > 3 else "")
+    return "the keys the schema does not name (%s) hold %s, more than %s" % (names, human(size),
+                                                                              human(MAX_UNKNOWN_BYTES))
 
 
 MAX_ERRORS = 10
@@ -160,6 +196,15 @@ def loads_strict(text: str) -> Any:
 
 
 _compiled: Optional[Tuple[Pred, Check]] = None
+_known: Optional[frozenset] = None
+
+
+def _known_keys() -> frozenset:
+    """The top-level keys heartbeat.schema.json names."""
+    global _known
+    if _known is None:
+        _known = frozenset(load_schema()["properties"])
+    return _known
 
 
 def schema_problems(doc: Any) -> List[str]:

@@ -81,7 +81,7 @@ def test_a_client_that_never_reads_its_answer_is_dropped(tmp_path):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.bind(("127.0.0.9", 0))
         sock.connect(("127.0.0.1", t.port))
-        request = "GET /api/v1/runs HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\n\r\n" % t.token
+        request = "GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n\r\n" % t.token
         sock.sendall(request.encode() * 20)  # ~12 MB of answers it never reads
         wait_for(lambda: health(t)["connections"].get("write_timeouts", 0) >= 1, 30, "the write timeout")
         assert requests.get(t.url + "/api/v1/runs", headers=t.headers(), timeout=30).status_code == 200
@@ -114,7 +114,7 @@ def test_over_a_cap_a_stalled_connection_makes_room_and_busy_ones_never_do(tmp_p
     def busy(n):
         """A request in flight: headers read by the server (it said 100 Continue), the body never sent."""
         s = connect(n)
-        s.sendall(b"POST /api/v1/heartbeats HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n"
+        s.sendall(b"POST /api/v1/heartbeats HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
                   b"Authorization: Bearer %s\r\nExpect: 100-continue\r\n\r\n" % t.token.encode())
         assert s.recv(4096).startswith(b"HTTP/1.1 100"), n
         return s
