@@ -63,7 +63,7 @@ def plant(target: LocalPathTarget, rel: str, outside) -> None:
 
 
 def _commit_newest(target, ck):
-    cand = [c for c in complete_cands(str(ck)) if c.name == "step_00020.pt"][0]
+    cand = next(c for c in complete_cands(str(ck)) if c.name == "step_00020.pt")
     return CheckpointCommitter(target, "fx", SystemClock(), _noop).commit(cand)
 
 
