@@ -15,11 +15,13 @@ import os
 import re
 import stat
 import subprocess
+import tempfile
 import threading
 import time
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from controller.boxes import Box
+from controller.secretfiles import Selection
 from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link
 from controller.sshfail import unreachable
 from onbox.environment import Environment
@@ -50,6 +52,9 @@ class PushReport:
     code_files_changed: int = 0
     seconds: float = 0.0
     steps: List[str] = dataclasses.field(default_factory=list)
+    secrets_left_out: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    secrets_included: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    warnings: List[str] = dataclasses.field(default_factory=list)  # what was left out, in words, for stderr
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -72,23 +77,85 @@ def default_pyz() -> str:
     return os.path.join(repo, "dist", "onbox.pyz")
 
 
-def code_filter_args(code_dir: str) -> List[str]:
-    """rsync filters: the user's .gitignore files (per directory), never .git itself."""
-    return ["--filter=:- .gitignore", "--exclude=/.git/"]
+def code_filter_args(code_dir: str, excludes: Optional[Sequence[str]] = None) -> List[str]:
+    """rsync filters: the secret-looking paths left out (`excludes`, as code_selection made them; None: made now,
+    with none included), first so that no .gitignore rule can bring them back, then the user's .gitignore files
+    (per directory)."""
+    if excludes is None:
+        excludes = code_selection(code_dir)[1]
+    return [*excludes, "--filter=:- .gitignore"]
+
+
+RSYNC_LIST = Tool("rsync", JobFailed, missing=RSYNC_MISSING,
+                  timed_out=Says("listing the code dir with rsync did not finish within {timeout:.0f} s",
+                                 "is --code a directory of millions of files? give the code's own directory"),
+                  failed=Says("listing the code dir with rsync failed (exit {rc}): {stderr}", "check --code"))
+_RSYNC_ESCAPE = re.compile(rb"\\#([0-7]{3})")
+
+
+def _rsync_pattern(rel: str) -> str:
+    """An rsync filter pattern matching exactly `rel` from the transfer's root: rsync reads `*`, `?` and `[` as
+    wildcards, and then a backslash as an escape; without them, the pattern is taken literally."""
+    if any(c in rel for c in "*?["):
+        rel = re.sub(r"([\\*?\[])", r"\\\1", rel)
+    return "/" + rel
+
+
+def code_selection(code_dir: str, include: Sequence[str] = (), timeout: float = 120.0) -> Tuple[Selection, List[str]]:
+    """What of `code_dir` a push sends, as rsync itself lists it (.gitignore honoured), with its secret-looking
+    paths (controller/secretfiles.py) left out unless `include`d: the Selection (what was left out and why), and
+    the --exclude rules that leave them out (anchored, escaped)."""
+    src = os.path.abspath(code_dir).rstrip("/") + "/"
+    sel = Selection(code_dir, include)
+    with tempfile.TemporaryDirectory(prefix="onbox-list-") as empty:
+        # a dry run into a directory that does not exist: rsync names every entry it would send, in order, a
+        # directory before what is in it; `%i` says what each is (d, f, L for a symlink: sent as a link)
+        done = RSYNC_LIST.run(["rsync", "-a", "--dry-run", "--out-format=%i %n", "--filter=:- .gitignore", src,
+                               os.path.join(empty, "none") + "/"], timeout, stdin=subprocess.DEVNULL, binary=True)
+    pruned: List[str] = []
+    for line in done.stdout.split(b"\n"):
+        item, _, raw = line.partition(b" ")
+        if len(item) < 2 or not raw:
+            continue
+        rel = os.fsdecode(_RSYNC_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw)).rstrip("/")
+        if rel in ("", ".") or any(rel.startswith(p + "/") for p in pruned):
+            continue
+        if item[1:2] == b"d" and not sel.keep_dir(rel):
+            pruned.append(rel)
+        elif item[1:2] == b"f":
+            sel.keep_file(rel, os.path.join(src, rel))
+    sel.finish()
+    return sel, ["--exclude=" + _rsync_pattern(f.path) for f in sel.left_out]
 
 
 def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: bool = False,
-         io_timeout: int = 60, progress: Optional[Callable[[str], None]] = None) -> PushReport:
-    """Copy the pyz (when its hash differs) and the code dir; verify both on the box. Raises on any mismatch."""
+         io_timeout: int = 60, progress: Optional[Callable[[str], None]] = None,
+         include_secrets: Sequence[str] = ()) -> PushReport:
+    """Copy the pyz (when its hash differs) and the code dir; verify both on the box. Raises on any mismatch.
+
+    Secret-looking files of the code dir (.env, keys, kaggle.json, .netrc, .git/, ...) are left out unless
+    `include_secrets` names them; the report names them (`warnings`, for stderr). Left out, not only warned about:
+    a box is someone else's machine (a marketplace host has root on it, an image may ship its disk elsewhere) and
+    a code dir is pushed again and again, so a warning alone would be read once and the key would still go every
+    time; a secret the job needs travels by `onboxctl secrets push` (stdin, mode 0600, U34), or on purpose with
+    --include-secret. Decided before any connection."""
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     if not os.path.isfile(pyz):
         raise UsageError("no onbox.pyz at %s" % pyz, hint="build it with `make zipapp` or pass --pyz PATH")
     if code_dir is not None and not os.path.isdir(code_dir):
         raise UsageError("--code %s is not a directory" % code_dir)
+    if include_secrets and code_dir is None:
+        raise UsageError("--include-secret goes with --code: it names a file of the code directory")
     target = box.target()
     local_sha = sha256_file(pyz)
     report = PushReport(box=box.name, pyz_sha256=local_sha, pyz_copied=False, remote_version="")
+    excludes: List[str] = []
+    if code_dir is not None:
+        selection, excludes = code_selection(code_dir, include_secrets)
+        report.secrets_left_out = [f.to_dict() for f in selection.left_out]
+        report.secrets_included = [f.to_dict() for f in selection.included]
+        report.warnings = selection.summary("--code %s" % code_dir)
 
     # one call: create the dirs (U13: never assume a sibling made them) and read the remote hash
     script = "umask 022; mkdir -p %s %s && mkdir -p -m 700 %s && %s" % (
@@ -105,14 +172,15 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
     if code_dir is not None:
         src = os.path.abspath(code_dir).rstrip("/")
         remote_code = "%s/%s" % (REMOTE_CODE, os.path.basename(src))
-        extra = code_filter_args(src) + ["--itemize-changes"] + (["--delete"] if delete else [])
+        # --delete spares what the excludes leave out: a file sent before stays on the box (rsync's rule)
+        extra = code_filter_args(src, excludes) + ["--itemize-changes"] + (["--delete"] if delete else [])
         say("syncing %s to %s:%s" % (src, box.name, remote_code))
         res = ssh_rsync(ssh, box, [src + "/"], remote_code + "/", extra=extra, io_timeout=io_timeout)
         report.code_files_changed = sum(1 for line in res.splitlines() if line[:1] in "<>ch" and line[1:2] == "f")
         report.code_dir = remote_code
 
     # U42: verify what is ON the box, not what we think we sent
-    verify_pushed(ssh, box, local_sha, code_dir, remote_code, io_timeout)
+    verify_pushed(ssh, box, local_sha, code_dir, remote_code, io_timeout, excludes)
     version = ssh.run(target, [box.python, REMOTE_PYZ, "--version"], timeout=60, what="onbox --version").text
     report.remote_version = version.strip()
     record = {"pyz_sha256": local_sha, "code": remote_code, "time": time.time(), "version": report.remote_version}
@@ -123,7 +191,7 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
 
 
 def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], remote_code: Optional[str],
-                  io_timeout: int) -> None:
+                  io_timeout: int, excludes: Optional[Sequence[str]] = None) -> None:
     target = box.target()
     got = ssh.run(target, script=_REMOTE_SHA % REMOTE_PYZ, what="hash onbox.pyz").text.strip()
     if got != local_sha:
@@ -131,7 +199,7 @@ def verify_pushed(ssh: Ssh, box: Box, local_sha: str, code_dir: Optional[str], r
                         hint="the copy did not land (disk full? U7); check `df -h -i` on the box and push again")
     if code_dir is not None and remote_code is not None:
         # a checksum dry run: any file that would still be sent differs on the box (or is missing there)
-        extra = [*code_filter_args(code_dir), "--dry-run", "--checksum", "--itemize-changes"]
+        extra = [*code_filter_args(code_dir, excludes), "--dry-run", "--checksum", "--itemize-changes"]
         out = ssh_rsync(ssh, box, [os.path.abspath(code_dir).rstrip("/") + "/"], remote_code + "/", extra=extra,
                         io_timeout=io_timeout)
         differ = [line[12:] for line in out.splitlines() if line[:2] in ("<f", ">f")]

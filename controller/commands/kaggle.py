@@ -8,12 +8,14 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from controller.commands.pull import say_pulled
-from controller.kaggle import folder
+from controller.kaggle import folder, onboxargs
 from controller.kaggle.cli import ACTIVE, KaggleCli, credentials, log_lines
 from controller.kaggle.output import outcome_in_log, pull
 from controller.launch import check_name
+from controller.secretfiles import Selection
 from onbox.commands.clikit import echo_json
-from onbox.errors import UsageError
+from onbox.errors import UnfitError, UsageError
+from onbox.untrusted import printable
 
 PUSH_SCHEMA = "onbox.kaggle.push/1"
 STATUS_SCHEMA = "onbox.kaggle.status/1"
@@ -33,9 +35,17 @@ def kaggle() -> None:
     """
 
 
-def _who(owner: Optional[str]) -> Tuple[str, str]:
-    """(the kernel's owner, where the credentials are)."""
-    creds = credentials()
+def _who(owner: Optional[str], offline: bool = False) -> Tuple[str, str]:
+    """(the kernel's owner, where the credentials are). `offline` (--no-push): none are needed, only a name."""
+    if offline and owner:
+        return owner, "--owner (no credentials needed: --no-push asks Kaggle nothing)"
+    try:
+        creds = credentials()
+    except UnfitError:
+        if not offline:
+            raise
+        raise UsageError("--no-push without Kaggle credentials needs --owner YOUR_KAGGLE_USERNAME",
+                         hint="the kernel's id is OWNER/onbox-NAME; --no-push itself needs no credentials")
     who = owner or creds.owner
     if not who:
         raise UsageError("the Kaggle credentials (%s) do not name a user" % creds.source,
@@ -78,13 +88,20 @@ def _pyz(path: Optional[str]) -> bytes:
 @click.option("--owner", help="Your Kaggle username, when the credentials do not name it (an access token).")
 @click.option("--pyz", type=click.Path(dir_okay=False), help="The onbox.pyz to embed (default dist/onbox.pyz "
               "or $ONBOX_PYZ).")
-@click.option("--no-push", is_flag=True, help="Write the kernel folder only; `kaggle kernels push -p DIR` it later.")
+@click.option("--include-secret", "include_secrets", multiple=True, metavar="PATH", help="Pack this secret-looking "
+              "file or directory of --code anyway (the path the warning names, relative to --code; repeatable). "
+              "Without it such files (.env*, keys, kaggle.json, .netrc, credentials*, .git/, .ssh/, ...) are left "
+              "out, and named on stderr.")
+@click.option("--yes-publish-secrets", is_flag=True, help="With --public and --include-secret: publish those files "
+              "(refused without it).")
+@click.option("--no-push", is_flag=True, help="Write the kernel folder only, asking Kaggle nothing (no network, no "
+              "credentials with --owner); `kaggle kernels push -p DIR` it later.")
 @click.option("--json", "as_json", is_flag=True, help="One onbox.kaggle.push/1 document on stdout.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def push(directory: str, run: str, accelerator: Optional[str], durable: Optional[str], code_dir: Optional[str],
          datasets: Tuple[str, ...], resume_args: Tuple[str, ...], onbox_args: Tuple[str, ...], internet: bool,
-         public: bool, owner: Optional[str], pyz: Optional[str], no_push: bool, as_json: bool,
-         command: Tuple[str, ...]) -> None:
+         public: bool, owner: Optional[str], pyz: Optional[str], include_secrets: Tuple[str, ...],
+         yes_publish_secrets: bool, no_push: bool, as_json: bool, command: Tuple[str, ...]) -> None:
     """Write DIR (kernel-metadata.json and a script carrying onbox.pyz) for run NAME and push it: Kaggle runs
     COMMAND under `onbox run --foreground` with the session's deadline, and a push after the first continues from
     the newest checkpoint the previous session committed.
@@ -96,38 +113,62 @@ def push(directory: str, run: str, accelerator: Optional[str], durable: Optional
     if durable is not None and not REMOTE_RE.match(durable):
         raise UsageError("--durable %r is no rclone remote (REMOTE:PATH): a kernel has no disk of yours" % durable,
                          hint="leave it out: /kaggle/working is the commit target and the next push resumes from it")
-    who, _ = _who(owner)
+    if include_secrets and not code_dir:
+        raise UsageError("--include-secret goes with --code: it names a file of the code directory")
+    onboxargs.check(onbox_args, resume_args, run, code=code_dir is not None)  # the agent's own checks, here
+    who, _ = _who(owner, offline=no_push)
     spec = folder.KernelSpec(owner=who, run=run, command=list(command), accelerator=accelerator,
                              internet=internet, private=not public, durable=durable, datasets=list(datasets),
                              resume_args=list(resume_args), onbox_args=list(onbox_args))
     spec.check()
     folder.check_folder(directory)
-    payload, code = _pyz(pyz), folder.pack_code(code_dir) if code_dir else None
-    cli = KaggleCli()  # everything above is checked here, before Kaggle is asked anything
-    before = cli.status(spec.ref)
-    if before is not None and before["state"] in ACTIVE:
-        raise UsageError("%s (run %s) is %s on Kaggle: a push now would start another session beside it"
-                         % (spec.ref, run, before["state"]),
-                         hint="wait until it ends (onboxctl kaggle status %s), or stop it on Kaggle" % run)
-    spec.continuing = before is not None
+    selection = Selection(code_dir, include_secrets) if code_dir else None
+    payload, code = _pyz(pyz), folder.pack_code(code_dir, selection) if code_dir else None
+    if selection is not None:
+        _say_secrets(selection.finish(), code_dir or "", public, yes_publish_secrets)
+    cli = None if no_push else KaggleCli()  # everything above is checked here, before Kaggle is asked anything
+    continuing: Optional[bool] = None
+    if cli is None:
+        spec.continuing = True  # nothing asked: the kernel lists itself as a source, skipped (said) on a first version
+    else:
+        before = cli.status(spec.ref)
+        if before is not None and before["state"] in ACTIVE:
+            raise UsageError("%s (run %s) is %s on Kaggle: a push now would start another session beside it"
+                             % (spec.ref, run, before["state"]),
+                             hint="wait until it ends (onboxctl kaggle status %s), or stop it on Kaggle" % run)
+        spec.continuing = continuing = before is not None
     written = folder.write(directory, spec, payload, code)
-    version = None if no_push else cli.push(directory)
+    version = None if cli is None else cli.push(directory)
     resumes = None if not spec.continuing and not durable else ("remote" if durable else "previous_output")
     doc: Dict[str, Any] = {"schema": PUSH_SCHEMA, "run": run, "kernel": spec.ref, "version": version,
                            "pushed": version is not None, "folder": os.path.abspath(directory), "files": written,
-                           "continuing": spec.continuing, "resumes_from": resumes, "durable": durable,
-                           "accelerator": accelerator}
+                           "continuing": continuing, "resumes_from": resumes, "durable": durable,
+                           "accelerator": accelerator, **(selection.to_dict() if selection else
+                                                          {"secrets_left_out": [], "secrets_included": []})}
     if as_json:
         echo_json(doc)
         return
     how = {"remote": "resuming from %s" % durable, "previous_output": "resuming from the previous version's output",
            None: "a new kernel, from scratch"}[resumes]
     if version is None:
+        if continuing is None and resumes == "previous_output":
+            how = "resuming from the previous version's output when there is one"
         click.echo("wrote %s for run %s (%s); push it with: kaggle kernels push -p %s" % (directory, run, how,
                                                                                          directory))
     else:
         click.echo("pushed run %s as version %d of %s (%s); onboxctl kaggle status %s" % (run, version, spec.ref,
                                                                                          how, run))
+
+
+def _say_secrets(selection: Selection, code_dir: str, public: bool, yes: bool) -> None:
+    """Refuse to publish secret-looking files without --yes-publish-secrets; say what was left out and sent."""
+    if public and selection.included and not yes:
+        raise UsageError("--public would publish secret-looking files of --code %s: %s" % (
+            code_dir, ", ".join(printable(f.path) for f in selection.included)),
+            hint="a public kernel's script is anyone's to read: push it private, leave --include-secret out, or "
+                 "add --yes-publish-secrets")
+    for line in selection.summary("--code %s" % code_dir):
+        click.echo("onboxctl: warning: %s" % line, err=True)
 
 
 @kaggle.command("status")
@@ -146,7 +187,8 @@ def status(run: str, owner: Optional[str], as_json: bool) -> None:
     onbox = outcome_in_log(log_lines(cli.log(ref))) if st["state"] in ("complete", "error") else None
     outcome = (onbox or {}).get("outcome")
     doc = {"schema": STATUS_SCHEMA, "run": run, "kernel": ref, "state": st["state"], "failure": st["failure"],
-           "onbox": onbox, "next": NEXT[outcome].format(run=run) if outcome in NEXT else None}
+           "onbox": onbox, "next": NEXT[outcome].format(run=run) if isinstance(outcome, str) and outcome in NEXT
+           else None}
     if as_json:
         echo_json(doc)
         return
@@ -155,7 +197,7 @@ def status(run: str, owner: Optional[str], as_json: bool) -> None:
         line += " — %s" % st["failure"]
     if onbox:
         line += "; onbox: %s (exit %s)" % (outcome, onbox.get("exit_code"))
-    click.echo(line)
+    click.echo(printable(line))  # Kaggle's failure message and the log's outcome line: text from outside
     if doc["next"]:
         click.echo("  next: %s" % doc["next"])
 
@@ -168,7 +210,9 @@ def logs(run: str, owner: Optional[str], raw: bool) -> None:
     """The log of RUN's newest session on Kaggle (`kaggle kernels logs`)."""
     who, _ = _who(owner)
     text = KaggleCli().log(_ref(who, run))
-    click.echo(text.rstrip("\n") if raw else "\n".join(log_lines(text)))
+    # the session's output, from Kaggle: control characters shown as escapes (a trainer's ESC sequence, or a
+    # dependency's, must not drive this terminal); tqdm's carriage returns already split lines in log_lines
+    click.echo(printable(text.rstrip("\n") if raw else "\n".join(log_lines(text)), keep_newlines=True))
 
 
 @kaggle.command("pull")

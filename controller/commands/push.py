@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import IO, Optional, Union
+from typing import IO, Optional, Tuple, Union
 
 import click
 
@@ -18,16 +18,23 @@ from onbox.commands.clikit import echo_json
 @click.option("--code", "code_dir", type=click.Path(file_okay=False), default=None,
               help="Code directory to sync to the box (.gitignore honoured).")
 @click.option("--pyz", default=None, type=click.Path(dir_okay=False), help="onbox.pyz to push (default: dist/onbox.pyz).")
+@click.option("--include-secret", "include_secrets", multiple=True, metavar="PATH", help="Send this secret-looking "
+              "file or directory of --code anyway (the path the warning names, relative to --code; repeatable). "
+              "Without it such files (.env*, keys, kaggle.json, .netrc, credentials*, .git/, .ssh/, ...) are left "
+              "out, and named on stderr; `onboxctl secrets push` moves a secret the job needs.")
 @click.option("--delete", is_flag=True, help="Also delete files on the box that are gone locally.")
 @click.option("--connect-timeout", type=click.IntRange(1, 600), default=None, help="ssh ConnectTimeout seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-def push(box: str, code_dir: Optional[str], pyz: Optional[str], delete: bool, connect_timeout: Optional[int],
-         as_json: bool) -> None:
+def push(box: str, code_dir: Optional[str], include_secrets: Tuple[str, ...], pyz: Optional[str], delete: bool,
+         connect_timeout: Optional[int], as_json: bool) -> None:
     """Copy onbox.pyz (only when its hash differs) and your code to BOX, then verify on the box (U42)."""
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env(connect_timeout=connect_timeout))
     say = None if as_json else (lambda m: click.echo("push: " + m))
-    report = push_core(ssh, b, pyz or default_pyz(), code_dir=code_dir, delete=delete, progress=say)
+    report = push_core(ssh, b, pyz or default_pyz(), code_dir=code_dir, delete=delete, progress=say,
+                       include_secrets=include_secrets)
+    for line in report.warnings:  # on stderr, --json or not: the document carries them as secrets_left_out
+        click.echo("onboxctl: warning: %s" % line, err=True)
     if as_json:
         echo_json(report.to_dict())
         return

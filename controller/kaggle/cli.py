@@ -12,7 +12,6 @@ time, data}. Those shapes are parsed here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -35,6 +34,8 @@ STATUS_RE = re.compile(r'has status "([^"]*)"')
 FAILURE_RE = re.compile(r'Failure message: "(.*)"')
 PUSH_ERROR = "Kernel push error:"
 
+_TAIL = toolrun.stderr_tail(chars=600, or_stdout=True)
+# what the CLI printed is Kaggle's text (and a kernel's): one line, control characters shown as escapes
 KAGGLE = toolrun.Tool(
     "kaggle", error=JobFailed,
     missing=toolrun.Says("the kaggle CLI is not installed", error=UnfitError,
@@ -43,7 +44,7 @@ KAGGLE = toolrun.Tool(
     timed_out=toolrun.Says("`{cmd}` did not finish within {timeout:.0f} s",
                            hint="Kaggle did not answer in time: try again"),
     failed=toolrun.Says("`{cmd}` failed (exit {rc}): {stderr}", hint="{hint}"),
-    tail=toolrun.stderr_tail(chars=600, or_stdout=True))
+    tail=lambda err, out: untrusted.printable(" ".join(_TAIL(err, out).splitlines())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +107,11 @@ class KaggleCli:
                          "the kernel folder is in %s: fix what Kaggle said and push again" % folder)
         out = done.stdout or ""
         if PUSH_ERROR in out:
-            raise JobFailed("Kaggle refused the push: %s" % out.split(PUSH_ERROR, 1)[1].strip()[:600],
+            raise JobFailed("Kaggle refused the push: %s" % _said(out.split(PUSH_ERROR, 1)[1].strip()[:600]),
                             hint="the kernel folder is in %s" % folder)
         m = VERSION_RE.search(out)
         if not m:
-            raise JobFailed("`kaggle kernels push` said no version: %s" % out.strip()[-600:],
+            raise JobFailed("`kaggle kernels push` said no version: %s" % _said(out.strip()[-600:]),
                             hint="see the kernel on Kaggle; the folder is in %s" % folder)
         return int(m.group(1))
 
@@ -124,10 +125,11 @@ class KaggleCli:
             KAGGLE.check(done, hint="check the kernel %s on Kaggle" % ref)
         m = STATUS_RE.search(done.stdout or "")
         if not m:
-            raise JobFailed("`kaggle kernels status %s` said no status: %s" % (ref, text.strip()[-400:]))
+            raise JobFailed("`kaggle kernels status %s` said no status: %s" % (ref, _said(text.strip()[-400:])))
         state = m.group(1).rsplit(".", 1)[-1].lower()
         if state not in STATES:
-            raise JobFailed("`kaggle kernels status %s` said %r, a status onbox does not know" % (ref, m.group(1)))
+            raise JobFailed("`kaggle kernels status %s` said %s, a status onbox does not know"
+                            % (ref, _said(repr(m.group(1)))))
         failure = FAILURE_RE.search(done.stdout or "")
         return {"state": state, "failure": failure.group(1) if failure else None}
 
@@ -142,12 +144,17 @@ class KaggleCli:
                   "run the same pull again: files already there are fetched anew")
 
 
+def _said(text: str) -> str:
+    """Text the kaggle CLI printed (Kaggle's words), for a one-line message."""
+    return untrusted.printable(" ".join(text.splitlines()))
+
+
 def log_lines(raw: str) -> List[str]:
     """A kernel's log as lines of text: the `data` of each {stream_name, time, data} entry of Kaggle's JSON array,
-    or the raw lines when it is not one."""
+    or the raw lines when it is not one (nor one of at most MAX_DEPTH levels: the log is Kaggle's, and a trainer's)."""
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        doc = untrusted.loads_json(raw, "the kernel's log")
+    except ValueError:  # malformed, or nested past the bound (UntrustedInput): its lines as they are
         return raw.splitlines()
     entries = doc if isinstance(doc, list) else [doc]
     text = "".join(str(e.get("data", "")) for e in entries if isinstance(e, dict))

@@ -24,6 +24,7 @@ import re
 import tarfile
 from typing import Any, Dict, List, Optional
 
+from controller.secretfiles import Selection
 from onbox import __version__
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write
@@ -32,7 +33,9 @@ METADATA_FILE = "kernel-metadata.json"
 SCRIPT_FILE = "onbox_kernel.py"
 MAIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_main.py")
 CODE_MAX_BYTES = 20 * 1024 * 1024  # compressed: it travels inside the script, with every version
-CODE_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"}
+# left out without a word: caches and virtualenvs (secret-looking paths, .git among them, are left out and named:
+# controller/secretfiles.py)
+CODE_SKIP_DIRS = {"__pycache__", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"}
 TITLE_PREFIX = "onbox "  # Kaggle wants a title of at least 5 characters; a run name may be shorter
 SLUG_MAX = 50
 OWNER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -84,6 +87,9 @@ class KernelSpec:
         for src in self.datasets:
             if not SOURCE_RE.fullmatch(src):
                 raise UsageError("--dataset %r is not OWNER/DATASET-SLUG" % src)
+            if src.split("/", 1)[1] == self.slug:  # it would mount where the previous output is looked for
+                raise UsageError("--dataset %s has the kernel's own slug (%s)" % (src, self.slug),
+                                 hint="a session resumes from what is mounted under that name: rename the dataset")
         if self.accelerator is not None and not re.fullmatch(r"[A-Za-z0-9]{2,64}", self.accelerator):
             raise UsageError("--accelerator %r is no machine shape (e.g. NvidiaTeslaT4, TpuV38, cpu)"
                              % self.accelerator)
@@ -139,19 +145,26 @@ def script(spec: KernelSpec, pyz: bytes, code: Optional[bytes] = None) -> str:
             + "CODE_B64 = " + _wrapped(base64.b64encode(code).decode("ascii") if code else "") + "\n\n" + main)
 
 
-def pack_code(path: str) -> bytes:
-    """The --code tree as a reproducible tar.gz (sorted, fixed times and owners; VCS, caches and venvs left out)."""
+def pack_code(path: str, selection: Optional[Selection] = None) -> bytes:
+    """The --code tree as a reproducible tar.gz (sorted, fixed times and owners; caches and venvs left out, and
+    secret-looking files unless `selection` includes them: it records what was left out, for the caller to say)."""
     if not os.path.isdir(path):
         raise UsageError("--code %s is not a directory" % path)
+    sel = selection or Selection(path)
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if d not in CODE_SKIP_DIRS)
+            here = os.path.relpath(dirpath, path)
+            prefix = "" if here == "." else here.replace(os.sep, "/") + "/"
+            dirnames[:] = [d for d in sorted(dirnames) if d not in CODE_SKIP_DIRS
+                           and not os.path.islink(os.path.join(dirpath, d)) and sel.keep_dir(prefix + d)]
             for name in sorted(filenames):
                 full = os.path.join(dirpath, name)
                 if os.path.islink(full) or not os.path.isfile(full) or name.endswith(".pyc"):
                     continue
-                info = tar.gettarinfo(full, arcname=os.path.relpath(full, path))
+                if not sel.keep_file(prefix + name, full):
+                    continue
+                info = tar.gettarinfo(full, arcname=prefix + name)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 with open(full, "rb") as f:
                     tar.addfile(info, f)

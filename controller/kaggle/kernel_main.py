@@ -11,10 +11,11 @@ One session, on Kaggle:
      trained state should become the version's output); the --code tree is unpacked beside it.
   2. Without an rclone remote the commit target is /kaggle/working/onbox-durable, which Kaggle keeps as the
      version's output. When it does not hold the run yet, the newest copy of `onbox-durable/<run>` found under
-     /kaggle/input (the previous version's output, mounted read-only because the kernel lists itself as a source)
-     is copied there first: the agent then finds the run's committed checkpoints in its durable target, restores
-     the newest verified one and hands it to the trainer (ONBOX_RESUME_FROM), as on a replacement box. The copy
-     keeps the chain whole: a session that commits nothing new still hands the previous checkpoints on.
+     /kaggle/input with the kernel's slug in its path (the previous version's output, mounted read-only because
+     the kernel lists itself as a source; never a dataset's) is copied there first: the agent then finds the
+     run's committed checkpoints in its durable target, restores the newest verified one and hands it to the
+     trainer (ONBOX_RESUME_FROM), as on a replacement box. The copy keeps the chain whole: a session that commits
+     nothing new still hands the previous checkpoints on.
   3. `onbox run --foreground --profile kaggle --name RUN`: the profile's [session] hours from the kernel's start
      (PID 1) are the run's deadline, so the checkpoint is asked for and committed before Kaggle's clock ends the
      session; the run exits 75 (session_limit) and the next push continues it.
@@ -98,22 +99,26 @@ def newest_step(run_dir):
         try:
             with open(os.path.join(ckpts, name, "MANIFEST.json")) as f:
                 step = json.load(f).get("step")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):  # a manifest nested 100,000 deep: no step
             continue
         if isinstance(step, int) and not isinstance(step, bool):
             best = max(best, step)
     return best
 
 
-def find_previous(input_dir, run):
-    """The copy of onbox-durable/<run> under the kernel's inputs whose newest committed step is highest (None
-    when there is none). Bounded: SEARCH_DEPTH levels, directories only, no symlinks followed."""
+def find_previous(input_dir, run, slug):
+    """The copy of onbox-durable/<run> in the kernel's own previous output under the inputs whose newest committed
+    step is highest (None when there is none). Only a copy with the kernel's slug in its path counts: a dataset
+    the kernel also mounts (--dataset, anyone's to publish) must not hand the session a checkpoint (a pickle the
+    trainer loads) by holding an onbox-durable/<run> of its own. Bounded: SEARCH_DEPTH levels, directories only,
+    no symlinks followed."""
     found = []
     base_depth = input_dir.rstrip(os.sep).count(os.sep)
     for dirpath, dirnames, _ in os.walk(input_dir):
         if os.path.basename(dirpath) == DURABLE_DIR:
             dirnames[:] = []
-            if os.path.isdir(os.path.join(dirpath, run)):
+            mount = os.path.relpath(dirpath, input_dir).split(os.sep)[:-1]
+            if slug in mount and os.path.isdir(os.path.join(dirpath, run)):
                 found.append(os.path.join(dirpath, run))
             continue
         if dirpath.count(os.sep) - base_depth >= SEARCH_DEPTH:
@@ -140,7 +145,8 @@ def seed(lay, run):
     if os.path.isdir(target):
         say("%s already holds run %s: it is continued from there" % (target_root, run))
         return {"seeded": False, "from": target, "step": newest_step(target)}
-    source = find_previous(lay["input"], run) if os.path.isdir(lay["input"]) else None
+    slug = str(SPEC.get("kernel") or "/").split("/", 1)[1]
+    source = find_previous(lay["input"], run, slug) if os.path.isdir(lay["input"]) else None
     if source is None:
         say("no earlier output of run %s under %s: it starts from scratch" % (run, lay["input"]))
         return {"seeded": False, "from": None, "step": None}

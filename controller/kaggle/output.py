@@ -10,10 +10,10 @@ pulls record under the box `kaggle:<owner>` (a name no inventory box can have), 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
+import stat
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -36,8 +36,8 @@ def outcome_in_log(lines: List[str]) -> Optional[Dict[str, Any]]:
     for line in reversed(lines):
         if line.startswith(LOG_PREFIX + "{"):
             try:
-                doc = json.loads(line[len(LOG_PREFIX):])
-            except ValueError:
+                doc = untrusted.loads_json(line[len(LOG_PREFIX):], "the session's outcome line")
+            except ValueError:  # malformed, or nested past the bound
                 return None
             return doc if isinstance(doc, dict) and doc.get("schema") == OUTCOME_SCHEMA else None
     return None
@@ -52,8 +52,35 @@ def _step(manifest_path: str) -> Optional[int]:
 
 
 def _sha256(path: str) -> str:
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def output_pattern(run: str) -> str:
+    """The --file-pattern of a pull: the run's committed tree and the session's outcome, and no name with a `.` or
+    `..` part, an empty part, a backslash or a control character. The kaggle CLI joins each listed name to the
+    download dir; the names come from the kernel's output, which the session's code (the trainer, anything it
+    installs) writes: one leading out of DEST is never even fetched (the pinned CLI refuses such a name too, but
+    by failing the whole download)."""
+    part = r"(?!\.\.?(?:/|\Z))[^/\\\x00-\x1f\x7f-\x9f]+"
+    return r"\A(?:%s/%s(?:/%s)+|%s)\Z" % (re.escape(DURABLE_DIR), re.escape(run), part, re.escape(OUTCOME_FILE))
+
+
+def check_tree(root: str) -> None:
+    """What a download left under `root` is regular files and directories only, all of them inside it (JobFailed
+    naming the first that is not: nothing of it is moved into DEST)."""
+    real = os.path.realpath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not untrusted.is_under(path, real):
+                raise JobFailed("the downloaded output holds %s, which is no plain file: nothing was moved into "
+                                "the destination" % untrusted.printable(os.path.relpath(path, root)),
+                                hint="see what the session wrote to /kaggle/working (onboxctl kaggle logs)")
 
 
 def _replace(src: str, dst: str, aside: str) -> None:
@@ -76,7 +103,8 @@ def pull(cli: KaggleCli, ref: str, owner: str, run: str, dest: str, load: Option
     os.makedirs(staging)
     try:
         say("downloading the output of %s (the run's committed tree only)" % ref)
-        cli.output(ref, staging, r"^(%s/%s/|%s$)" % (DURABLE_DIR, re.escape(run), re.escape(OUTCOME_FILE)))
+        cli.output(ref, staging, output_pattern(run))
+        check_tree(staging)
         tree = os.path.join(staging, DURABLE_DIR, run)
         ckpt_root = os.path.join(tree, "checkpoints")
         names = sorted(n for n in os.listdir(ckpt_root) if os.path.isfile(os.path.join(ckpt_root, n, MANIFEST))) \
@@ -89,13 +117,14 @@ def pull(cli: KaggleCli, ref: str, owner: str, run: str, dest: str, load: Option
         for name in names:
             if untrusted.name_problem(name):
                 continue
+            # one name (listed, checked): it cannot lead out of DEST; DEST's own symlinks are the user's choice
             staged, local = os.path.join(ckpt_root, name), os.path.join(local_root, "checkpoints", name)
             fresh = _sha256(os.path.join(staged, MANIFEST))
             if not (os.path.isfile(os.path.join(local, MANIFEST)) and _sha256(os.path.join(local, MANIFEST)) == fresh):
                 _replace(staged, local, os.path.join(staging, "replaced-" + name))
             step = _step(os.path.join(local, MANIFEST))
             v = verify_local(local, load)
-            say(verified_line(name, v))
+            say(untrusted.printable(verified_line(name, v)))  # the manifest's names are the session's
             result = {"name": name, "step": step, "manifest_sha256": fresh, "path": local, "attempts": 1,
                       "pulled_at": time.time(), "ok": v["ok"], "loaded": v.get("loaded"), "checked": v.get("checked"),
                       "error": v.get("error"), "verified_at": time.time(), "kernel": ref}

@@ -179,11 +179,11 @@ def test_the_previous_output_with_the_newest_step_is_found_within_the_depth_boun
         d.mkdir(parents=True)
         (d / "MANIFEST.json").write_text(json.dumps({"step": step}))
         return str(tmp_path / base / kernel_main.DURABLE_DIR / "r")
-    committed("old", 5)
+    committed("onbox-r", 5)
     newer = committed("notebooks/tester/onbox-r", 9)
-    committed("a/b/c/d/e/too-deep", 99)
-    assert kernel_main.find_previous(str(tmp_path), "r") == newer
-    assert kernel_main.find_previous(str(tmp_path), "other") is None
+    committed("a/b/c/d/onbox-r/too-deep", 99)
+    assert kernel_main.find_previous(str(tmp_path), "r", "onbox-r") == newer
+    assert kernel_main.find_previous(str(tmp_path), "other", "onbox-r") is None
 
 
 def test_the_session_runs_the_agent_in_the_foreground_with_the_profile_its_target_and_the_options_passed_on(
