@@ -27,6 +27,7 @@ from controller.tracker.client import (  # noqa: F401 (re-exported: status and t
     check_runs,
     fetch_tracker_runs,
     read_tracker,
+    view_of_answer,
 )
 from onbox.untrusted import printable
 

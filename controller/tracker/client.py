@@ -77,11 +77,24 @@ class TrackerView:
 def read_tracker(url: str, token: Optional[str], timeout: float = 10.0, limit: int = RUNS_MAX_BYTES) -> TrackerView:
     """One read of the tracker's run list. Never raises for anything the tracker (or whatever answers at `url`)
     does: a TrackerView whose `problem` (an OnboxError: UsageError when the token was refused, UnfitError
-    otherwise) says why it could not be read, or whose `runs` and `skipped` say what it answered."""
+    otherwise) says why it could not be read, or whose `runs` and `skipped` say what it answered. A caller that
+    decides from beats treats a problem as "cannot tell now", never as "the beats stopped"."""
     try:
-        doc = _get(url, token, timeout, limit)
+        body = _get(url, token, timeout, limit)
     except OnboxError as e:
         return TrackerView(url, problem=e)
+    return view_of_answer(url, body)
+
+
+def view_of_answer(url: str, body: bytes) -> TrackerView:
+    """The TrackerView of the body `GET /api/v1/runs` answered at `url`: parsed with ENVELOPE_ROOM levels of room,
+    then each run checked on its own (check_runs)."""
+    try:
+        doc = untrusted.loads_json(body, "its run list", bound=ENVELOPE_ROOM)
+    except untrusted.UntrustedInput:  # past the room: deeper than any beat's bound too
+        return TrackerView(url, problem=_unreadable(url, "it nests more than %d levels deep" % MAX_DEPTH))
+    except ValueError as e:  # not JSON, not UTF-8
+        return TrackerView(url, problem=_unreadable(url, untrusted.reason(e)))
     entries = doc.get("runs") if isinstance(doc, dict) else doc
     if not isinstance(entries, list):
         return TrackerView(url, problem=UnfitError("the tracker at %s answered no run list" % url, hint=HINT % url))
@@ -89,6 +102,10 @@ def read_tracker(url: str, token: Optional[str], timeout: float = 10.0, limit: i
     extra = {k: v for k, v in doc.items() if k != "runs" and depth(v, MAX_DEPTH) <= MAX_DEPTH} \
         if isinstance(doc, dict) else {}
     return TrackerView(url, runs, skipped, extra=extra)
+
+
+def _unreadable(url: str, why: str) -> UnfitError:
+    return UnfitError("the tracker at %s answered something unreadable: %s" % (url, why), hint=HINT % url)
 
 
 def fetch_tracker_runs(url: str, token: Optional[str], timeout: float = 10.0, limit: int = RUNS_MAX_BYTES) -> Any:
@@ -134,9 +151,9 @@ def check_runs(entries: List[Any]) -> Tuple[List[Dict[str, Any]], List[SkippedRu
     return runs, skipped
 
 
-def _get(url: str, token: Optional[str], timeout: float, limit: int) -> Any:
-    """The answer, at most `limit` bytes, parsed with ENVELOPE_ROOM levels of room; an OnboxError when it cannot
-    be had: never onboxctl's memory, a RecursionError or a traceback."""
+def _get(url: str, token: Optional[str], timeout: float, limit: int) -> bytes:
+    """The answer's body, at most `limit` bytes; an OnboxError when it cannot be had (never onboxctl's memory or a
+    traceback)."""
     req = urllib.request.Request(url.rstrip("/") + "/api/v1/runs", headers={"Accept": "application/json"})
     if token:
         req.add_header("Authorization", "Bearer " + token)
@@ -154,13 +171,7 @@ def _get(url: str, token: Optional[str], timeout: float, limit: int) -> Any:
     if len(body) > limit:
         raise UnfitError("the tracker at %s answered more than %s for its run list: refusing it" % (
             url, untrusted.human(limit)), hint=HINT % url)
-    try:
-        return untrusted.loads_json(body, "its run list", bound=ENVELOPE_ROOM)
-    except untrusted.UntrustedInput:  # past the room: deeper than any beat's bound too
-        why = "it nests more than %d levels deep" % MAX_DEPTH
-    except ValueError as e:  # not JSON, not UTF-8
-        why = untrusted.reason(e)
-    raise UnfitError("the tracker at %s answered something unreadable: %s" % (url, why), hint=HINT % url)
+    return body
 
 
 def _error_of(e: urllib.error.HTTPError) -> str:
