@@ -5,21 +5,21 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import FiniteFloat, echo_json
+from onbox.commands.clikit import FiniteFloat, PathValue, echo_json
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
 
 @click.command("audit")
-@click.option("--ckpt-dir", type=click.Path(file_okay=False), help="Where the trainer will write checkpoints "
+@click.option("--ckpt-dir", type=PathValue(click.Path(file_okay=False)), help="Where the trainer will write checkpoints "
               "(default: the profile's fast disk if present, else $ONBOX_HOME).")
-@click.option("--durable", help="Durable target: a mounted path or an rclone remote (default: the profile's).")
+@click.option("--durable", type=PathValue(), help="Durable target: a mounted path or an rclone remote (default: the profile's).")
 @click.option("--min-free-gb", type=FiniteFloat(0.0, 1e9), default=10.0, show_default=True,
               help="Free space the checkpoint dir needs; less is unfit (exit 3).")
 @click.option("--min-free-inodes", type=click.IntRange(min=0), default=10000, show_default=True,
               help="Free inodes the checkpoint dir needs; fewer is unfit (exit 3) (U7).")
 @click.option("--profile", help="Platform profile to judge by (default: detected; see `onbox profiles`).")
-@click.option("--profile-file", type=click.Path(dir_okay=False), help="A profile file merged over the profile.")
+@click.option("--profile-file", type=PathValue(click.Path(dir_okay=False)), help="A profile file merged over the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema onbox.audit/1).")
 def audit(ckpt_dir: Optional[str], durable: Optional[str], min_free_gb: float, min_free_inodes: int,
           profile: Optional[str], profile_file: Optional[str], as_json: bool) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import PathValue, echo_json, echo_line
 from onbox.errors import ExitCode, OnboxError, UsageError
 
 MiB = 1024 * 1024
@@ -38,7 +38,8 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
         cfg.durable = durable
     if ckpt_dir:
         cfg.ckpt_dir = ckpt_dir
-    if create:
+    if create:  # a writer: `onbox run`'s rule for the durable dir holds here too
+        _check_durable(cfg.durable)
         os.makedirs(run_dir, exist_ok=True)
     events = rd.events_path
     clock = SystemClock()
@@ -50,11 +51,22 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
                       config=cfg, clock=clock, emit=emit, attempt=lambda: 0)
 
 
+def _check_durable(durable: Optional[str]) -> None:
+    """A mounted durable dir that `onbox run` would refuse (the root, a system directory) is refused here too."""
+    from onbox.config import is_remote
+    from onbox.launch.checks import DURABLE_HINT, durable_problem
+
+    if durable and not is_remote(durable):
+        problem = durable_problem(os.path.abspath(os.path.expanduser(durable)))
+        if problem:
+            raise UsageError("--durable %s %s" % (durable, problem), hint=DURABLE_HINT)
+
+
 @click.command("sync")
 @click.argument("name")
 @click.option("--now", is_flag=True, help="Do not wait for the settle interval (format checks still apply).")
-@click.option("--durable", default=None, help="Durable target (path or rclone remote); default: the run's.")
-@click.option("--ckpt-dir", default=None, help="Local checkpoint dir; default: the run's.")
+@click.option("--durable", default=None, type=PathValue(), help="Durable target (path or rclone remote); default: the run's.")
+@click.option("--ckpt-dir", default=None, type=PathValue(), help="Local checkpoint dir; default: the run's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], as_json: bool) -> None:
     """Commit run NAME's newest complete checkpoint to durable storage (MANIFEST.json last).
@@ -63,34 +75,36 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     """
     from onbox.checkpoints import SyncFailed
     from onbox.checkpoints.hook import CheckpointCommitHook, summary
+    from onbox.untrusted import printable
 
     ctx = _context(name, durable, ckpt_dir)
     if not ctx.config.durable:
         raise UsageError("run %r has no durable target" % name, hint="give --durable PATH or an rclone remote")
     hook = CheckpointCommitHook(ctx)
     complete = hook.scan_now(settle=0.0 if now else None)
-    if not complete:
-        raise SyncFailed(*_nothing_to_commit(name, ctx.ckpt_dir, hook, now))
+    if not complete:  # the names are the trainer's (printable: one line, no terminal escapes)
+        message, hint = _nothing_to_commit(name, ctx.ckpt_dir, hook, now)
+        raise SyncFailed(printable(message), hint=hint)
     result = hook.commit_one(complete[-1])
     fence = hook.fenced()
     if result is None and fence is not None:
         from onbox.checkpoints.fencing import Fenced
 
         e = Fenced(fence)
-        raise SyncFailed("commit of %s to %s refused: %s" % (complete[-1].name, ctx.config.durable, e.message),
-                         hint=e.hint)
+        raise SyncFailed(printable("commit of %s to %s refused: %s" % (complete[-1].name, ctx.config.durable,
+                                                                      e.message)), hint=e.hint)
     if result is None or result.status == "source_changed":
         last = hook.status.get("last_sync") or {}
-        raise SyncFailed("commit of %s to %s FAILED: %s" % (complete[-1].name, ctx.config.durable,
-                                                            last.get("error") or "the file changed while copying"),
+        raise SyncFailed(printable("commit of %s to %s FAILED: %s" % (
+            complete[-1].name, ctx.config.durable, last.get("error") or "the file changed while copying")),
                          hint="the local checkpoint is untouched; see events.jsonl, fix the cause, re-run")
     if as_json:
         echo_json(summary(result))
         return
     if result.status == "already":
-        click.echo("already committed: %s (step %s) at %s" % (result.name, result.step, result.url))
+        echo_line("already committed: %s (step %s) at %s" % (result.name, result.step, result.url))
     else:
-        click.echo("committed %s (step %s, %.1f MiB in %.2f s) to %s" % (
+        echo_line("committed %s (step %s, %.1f MiB in %.2f s) to %s" % (
             result.name, result.step, result.bytes / MiB, result.seconds, result.url))
 
 
@@ -115,8 +129,8 @@ def _nothing_to_commit(name: str, ckpt_dir: str, hook: Any, now: bool) -> Tuple[
 @click.argument("name", required=False)
 @click.option("--all", "every", is_flag=True, help="Every run on this box (what `onboxctl pull` and `down` read); "
                                                   "an rclone remote is not asked then.")
-@click.option("--durable", default=None, help="Durable target; default: the run's.")
-@click.option("--ckpt-dir", default=None, help="Local checkpoint dir; default: the run's.")
+@click.option("--durable", default=None, type=PathValue(), help="Durable target; default: the run's.")
+@click.option("--ckpt-dir", default=None, type=PathValue(), help="Local checkpoint dir; default: the run's.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema onbox.checkpoints/1 a run).")
 def checkpoints(name: Optional[str], every: bool, durable: Optional[str], ckpt_dir: Optional[str],
                 as_json: bool) -> None:
@@ -139,7 +153,7 @@ def checkpoints(name: Optional[str], every: bool, durable: Optional[str], ckpt_d
         return
     for doc in docs:
         if every:
-            click.echo("== %s ==" % doc["run"])
+            echo_line("== %s ==" % doc["run"])
         _print_listing(doc)
 
 
@@ -197,28 +211,28 @@ def _listing_or_problem(name: str) -> Dict[str, Any]:
 
 def _print_listing(doc: Dict[str, Any]) -> None:
     if doc.get("problem"):
-        click.echo("  %s" % doc["problem"])
+        echo_line("  %s" % doc["problem"])
         return
-    click.echo("local (%s; %s):" % (doc["ckpt_dir"], "the trainer runs" if doc["trainer_alive"] else
-                                    "no trainer running"))
+    echo_line("local (%s; %s):" % (doc["ckpt_dir"], "the trainer runs" if doc["trainer_alive"] else
+                                   "no trainer running"))
     if doc["local_problem"]:
-        click.echo("  WARNING: %s" % doc["local_problem"])
+        echo_line("  WARNING: %s" % doc["local_problem"])
     for c in doc["local"]:
-        click.echo("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
-                                                       ("complete, " if c["complete"] else "") + c["reason"]))
-    click.echo("durable (%s):" % (doc["durable"] or "none configured"))
+        echo_line("  %-40s step %-8s %10.1f MiB  %s" % (c["name"], c["step"], c["bytes"] / MiB,
+                                                      ("complete, " if c["complete"] else "") + c["reason"]))
+    echo_line("durable (%s):" % (doc["durable"] or "none configured"))
     if doc["committed"] is None:
-        click.echo("  (a remote: `onbox checkpoints %s` lists it)" % doc["run"])
+        echo_line("  (a remote: `onbox checkpoints %s` lists it)" % doc["run"])
     for e in doc["committed"] or []:
-        click.echo("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,
-                                                          _verification(e), (e.get("digest") or "")[:12]))
+        echo_line("  %-40s step %-8s %10.1f MiB  %s %s" % (e["name"], e.get("step"), (e.get("bytes") or 0) / MiB,
+                                                         _verification(e), (e.get("digest") or "")[:12]))
     for m in doc["manifests"]:
         if m["problem"]:
-            click.echo("  %-40s %s" % (m["name"], m["problem"]))
+            echo_line("  %-40s %s" % (m["name"], m["problem"]))
     last = doc["status"].get("last_sync")
     if last:
-        click.echo("last sync: %s%s" % ("ok" if last.get("ok") else "FAILED", "" if last.get("ok") else
-                                        ": %s" % last.get("error")))
+        echo_line("last sync: %s%s" % ("ok" if last.get("ok") else "FAILED", "" if last.get("ok") else
+                                       ": %s" % last.get("error")))
 
 
 def _verification(entry: Dict[str, Any]) -> str:
@@ -232,7 +246,7 @@ def _verification(entry: Dict[str, Any]) -> str:
 
 
 @click.command("verify")
-@click.argument("path", type=click.Path(exists=True, dir_okay=True, file_okay=True))
+@click.argument("path", type=PathValue(click.Path(exists=True, dir_okay=True, file_okay=True)))
 @click.option("--load", is_flag=True, help="Also torch.load(weights_only=True) each torch file; fails if torch "
                                            "cannot be imported here (see --no-load-ok).")
 @click.option("--no-load-ok", is_flag=True, help="With --load: when torch cannot be imported, accept the format and "
@@ -267,28 +281,28 @@ def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json:
         for row in report.files:
             mark = "--  " if row["kind"] == "uncommitted" else "ok  " if row["ok"] else "BAD "
             detail = row["problem"] or row.get("note") or ""
-            click.echo("%s %s%s%s" % (mark, row["path"], " [%s]" % row["kind"] if row["kind"] not in ("", "uncommitted")
-                                      else "", ": %s" % detail if detail else ""))
+            echo_line("%s %s%s%s" % (mark, row["path"], " [%s]" % row["kind"] if row["kind"] not in ("", "uncommitted")
+                                     else "", ": %s" % detail if detail else ""))
         if report.step is not None:
             said = ""
             if report.has_manifest and report.manifest_step != report.step:
                 said = "; the manifest says %s" % ("no step" if report.manifest_step is None else report.manifest_step)
-            click.echo("step %d (read from %s%s)" % (report.step, report.step_source, said))
+            echo_line("step %d (read from %s%s)" % (report.step, report.step_source, said))
         if report.load_note:
-            click.echo(report.load_note)
+            echo_line(report.load_note)
         for p in report.problems:
-            click.echo("onbox: %s: %s" % (report.path, p), err=True)
+            echo_line("onbox: %s: %s" % (report.path, p), err=True)
         if report.ok:
-            click.echo("verified: %s (%s)" % (report.path, "; ".join(report.checked)))
+            echo_line("verified: %s (%s)" % (report.path, "; ".join(report.checked)))
         else:
-            click.echo("NOT VERIFIED: %s (%d problem(s))" % (report.path, len(report.problems)))
+            echo_line("NOT VERIFIED: %s (%d problem(s))" % (report.path, len(report.problems)))
             if report.load_unavailable:
-                click.echo("hint: run it where torch imports, or add --no-load-ok to accept the format and hash "
-                           "checks alone", err=True)
+                echo_line("hint: run it where torch imports, or add --no-load-ok to accept the format and hash "
+                          "checks alone", err=True)
         if recorded:
-            click.echo("recorded in checkpoints_index.json: %s" % ", ".join(recorded))
+            echo_line("recorded in checkpoints_index.json: %s" % ", ".join(recorded))
         if warning:
-            click.echo("onbox: warning: %s" % warning, err=True)
+            echo_line("onbox: warning: %s" % warning, err=True)
     if report.load_unavailable and len(report.problems) == 1:
         ctx.exit(int(ExitCode.UNFIT))  # nothing is known wrong with the checkpoint; this box cannot load it
     if not report.ok:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.errors import ExitCode, OnboxError
+from onbox.errors import ExitCode, OnboxError, UsageError
 
 
 class LazyGroup(click.Group):
@@ -68,11 +68,56 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class PathValue(click.ParamType):
+    """Every path option and argument of the agent's commands: a value that is an option (`--`, `-x`, `--durable`)
+    or nothing is refused, naming the flag, before it can be taken for a path. An unset variable does that:
+    `--durable $UNSET -- cmd` made `--` the durable dir (`<cwd>/--`: every commit went to the local disk),
+    `--ckpt-dir $UNSET --durable D` made `--durable` the checkpoint dir and D the command. `checks`: click's own
+    Path checks where the option had them (dir_okay, exists, ...). `stdin_dash`: `-` alone is a value
+    (`--node-group -`: read it from stdin)."""
+
+    name = "path"
+
+    def __init__(self, checks: Optional[click.Path] = None, stdin_dash: bool = False) -> None:
+        self.checks, self.stdin_dash = checks, stdin_dash
+        self.name = checks.name if checks is not None else "path"  # the metavar --help shows (FILE, DIRECTORY)
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, str) and option_like(value, self.stdin_dash):
+            label = param_label(param)
+            raise UsageError("%s needs a value: got %r (an unset variable?)" % (label, value),
+                             hint=PATH_VALUE_HINT % ((label + " ") if label.startswith("-") else ""))
+        return self.checks.convert(value, param, ctx) if self.checks is not None else value
+
+
+PATH_VALUE_HINT = ("give it a path; from a variable, quote it and check that it is set (%s\"$DIR\"); a path that "
+                   "starts with a dash goes as ./-name")
+
+
+def option_like(value: str, stdin_dash: bool = False) -> bool:
+    """True when `value` cannot be a path option's value: nothing, blanks, or an option (`-` alone is stdin where
+    `stdin_dash`)."""
+    return not value.strip() or (value.startswith("-") and not (stdin_dash and value == "-"))
+
+
+def param_label(param: Optional[click.Parameter]) -> str:
+    """How a message names a parameter: its long flag (`--durable`), or an argument's metavar (`DIRECTORY`)."""
+    if param is None:
+        return "the path"
+    opts = getattr(param, "opts", None) or []
+    if isinstance(param, click.Option) and opts:
+        return max(opts, key=len)
+    return (param.name or "PATH").upper()
+
+
 def report_error(prog: str, err: OnboxError) -> int:
     """Print a domain error as `prog: message` (+ `hint: ...`) on stderr and return its exit code."""
-    click.echo("%s: %s" % (prog, err.message), err=True)
+    from onbox.untrusted import printable
+
+    # a message may carry a name from outside (a checkpoint's, a lease holder's): no terminal escapes from it
+    click.echo(printable("%s: %s" % (prog, err.message), keep_newlines=True), err=True)
     if err.hint:
-        click.echo("hint: %s" % err.hint, err=True)
+        click.echo(printable("hint: %s" % err.hint, keep_newlines=True), err=True)
     return int(err.exit_code)
 
 
@@ -93,6 +138,16 @@ def run_cli(group: click.Group, prog: str, argv: Optional[List[str]] = None) -> 
     except BrokenPipeError:
         sys.exit(0)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def echo_line(text: str, err: bool = False) -> None:
+    """One line of text output that carries names or text from outside (a checkpoint name from durable storage or
+    the trainer's dir, a lease holder, the trainer's last words): its control characters shown as escapes
+    (onbox.untrusted.printable), so that none can forge a line of its own or drive the terminal. --json output
+    stays exact (echo_json)."""
+    from onbox.untrusted import printable
+
+    click.echo(printable(text), err=err)
 
 
 def echo_json(obj: Any) -> None:

@@ -5,13 +5,13 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import PathValue, echo_json
 from onbox.templates import KINDS, TEMPLATES
 
 
 @click.command("init")
 @click.argument("kind", type=click.Choice(KINDS))
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=PathValue(click.Path(file_okay=False)))
 @click.option("--force", is_flag=True, help="Overwrite the template's files where DIR already has them (other "
                                             "files stay).")
 @click.option("--name", default=None, help="The run name train.sh uses (default: KIND-<DIR's name>).")

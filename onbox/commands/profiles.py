@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import PathValue, echo_json
 
 MONEY_TABLES = ("billing", "preemption", "paths", "session", "accelerators")  # the tables with a source
 
@@ -77,7 +77,7 @@ def _show_text(p: Any) -> None:
 
 @profiles.command("show")
 @click.argument("name")
-@click.option("--profile-file", type=click.Path(dir_okay=False), help="A user file merged over the built-in one.")
+@click.option("--profile-file", type=PathValue(click.Path(dir_okay=False)), help="A user file merged over the built-in one.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(name: str, profile_file: Optional[str], as_json: bool) -> None:
     """Show one profile (NAME, or FAMILY/PLATFORM such as china/gpushare) with sources and dates."""

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import PathValue, echo_json
 from onbox.config import RANGES
 
 if TYPE_CHECKING:
@@ -24,10 +24,10 @@ def run_options(f: Any) -> Any:
     opts = [
         click.option("--name", help="Run name (default: <program>-<UTC time>, as onboxctl run names it)."),
         click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
-        click.option("-f", "--run-file", "run_file", type=click.Path(dir_okay=False),
+        click.option("-f", "--run-file", "run_file", type=PathValue(click.Path(dir_okay=False)),
                      help="A TOML run file holding the same options (a [run] table)."),
-        click.option("--ckpt-dir", help="Where the trainer writes checkpoints (ONBOX_CKPT_DIR)."),
-        click.option("--durable", help="Durable target: a mounted path or an rclone remote:path."),
+        click.option("--ckpt-dir", type=PathValue(), help="Where the trainer writes checkpoints (ONBOX_CKPT_DIR)."),
+        click.option("--durable", type=PathValue(), help="Durable target: a mounted path or an rclone remote:path."),
         click.option("--sync-interval", type=float, help="Seconds between commits of a new complete checkpoint "
                      "(%s, default 60)." % _r("sync_interval")),
         click.option("--lease-ttl", type=float, help="Seconds the run's lease on durable storage stays live after "
@@ -66,30 +66,30 @@ def run_options(f: Any) -> Any:
                      help="Argument appended when a checkpoint exists; {ckpt} expands to its path. Repeatable."),
         click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable. Recorded in "
                      "config.json and visible in `ps`: secrets go in --secret or --env-file."),
-        click.option("--env-file", "env_files", multiple=True, metavar="PATH",
+        click.option("--env-file", "env_files", multiple=True, metavar="PATH", type=PathValue(),
                      help="KEY=VAL lines for the child, read when each attempt starts; only the path is "
                      "recorded. Repeatable."),
         click.option("--secret", "secrets", multiple=True, metavar="[VAR=]NAME",
                      help="The child gets VAR (default NAME) from the file $ONBOX_HOME/secrets/NAME (where "
                      "`onboxctl secrets push` puts it), read when each attempt starts, never recorded. Repeatable."),
-        click.option("--workdir", type=click.Path(file_okay=False), help="Child's working directory."),
+        click.option("--workdir", type=PathValue(click.Path(file_okay=False)), help="Child's working directory."),
         click.option("--notice-source", type=click.Choice(["auto", "aws", "gcp", "azure", "none"]),
                      help="Cloud preemption notices from the metadata service."),
         click.option("--metadata-url", help="Base URL of the metadata service (override)."),
         click.option("--requeue/--no-requeue", default=None, help="Under Slurm: scontrol requeue on preemption."),
         click.option("--tracker", help="Tracker URL heartbeats go to (or ONBOX_TRACKER)."),
-        click.option("--tracker-token-file", type=click.Path(dir_okay=False),
+        click.option("--tracker-token-file", type=PathValue(click.Path(dir_okay=False)),
                      help="File holding the tracker's bearer token (or ONBOX_TRACKER_TOKEN; never a flag value)."),
         click.option("--heartbeat-interval", type=float, help="Seconds between heartbeats (%s, default 30)."
                      % _r("heartbeat_interval")),
-        click.option("--heartbeat-file", type=click.Path(dir_okay=False),
+        click.option("--heartbeat-file", type=PathValue(click.Path(dir_okay=False)),
                      help="Also append every heartbeat to this JSONL file (e.g. on the durable dir)."),
         click.option("--ping-url", help="healthchecks.io-style ping URL (/start, success pings, /fail)."),
         click.option("--mlflow", metavar="URL", help="Also send heartbeats and metrics to this MLflow tracking "
                      "server (or ONBOX_MLFLOW): one MLflow run per onbox run, found again by its tag onbox.run."),
         click.option("--mlflow-experiment", metavar="NAME", help="MLflow experiment of the run (or "
                      "ONBOX_MLFLOW_EXPERIMENT; default onbox; created when missing)."),
-        click.option("--mlflow-token-file", type=click.Path(dir_okay=False), help="File holding the MLflow bearer "
+        click.option("--mlflow-token-file", type=PathValue(click.Path(dir_okay=False)), help="File holding the MLflow bearer "
                      "token (else MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN from the agent's "
                      "environment; never a flag value, never given to the child)."),
         click.option("--metrics-regex", "metrics_regex", multiple=True, metavar="REGEX",
@@ -98,7 +98,7 @@ def run_options(f: Any) -> Any:
         click.option("--resume", "resume_existing", is_flag=True,
                      help="Continue the existing run NAME although CMD, --ckpt-dir or --durable differ from what "
                           "it recorded (without it, a different command under an existing name is refused)."),
-        click.option("--node-group", "node_group", metavar="PATH|-",
+        click.option("--node-group", "node_group", metavar="PATH|-", type=PathValue(stdin_dash=True),
                      help="This run is one node of a multi-node group: the group file (`-`: read it from stdin, "
                           "as `onboxctl run --nodes` sends it; stored 0600, only its path is recorded)."),
         click.option("--docker", "docker_image", metavar="IMAGE",

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import FiniteFloat, echo_json
+from onbox.commands.clikit import FiniteFloat, echo_json, echo_line
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
@@ -219,10 +219,10 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
 
     for doc in docs:
         if doc.get("corrupt"):
-            click.echo("%s: CORRUPT — %s" % (doc.get("run"), doc["corrupt"]))
+            echo_line("%s: CORRUPT — %s" % (doc.get("run"), doc["corrupt"]))
             continue
         last = doc.get("last_exit") or {}
-        click.echo("%s: %s (attempt %s, restarts %s, child %s, agent %s)" % (
+        echo_line("%s: %s (attempt %s, restarts %s, child %s, agent %s)" % (
             doc.get("run"), doc.get("state"), doc.get("attempt"), doc.get("restarts"), doc.get("child_pid") or "-",
             "alive" if doc.get("agent_alive") else "not running"))
         for label, line in (("progress", _progress_line(doc.get("progress"))),
@@ -233,17 +233,17 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
                              if isinstance(doc.get("deadline"), dict) else None),
                             ("mlflow", (doc.get("mlflow") or {}).get("run_url"))):
             if line:
-                click.echo("  %s: %s" % (label, line))
+                echo_line("  %s: %s" % (label, line))
         if last:
-            click.echo("  last exit: %s — %s" % (last.get("classification"), last.get("message")))
+            echo_line("  last exit: %s — %s" % (last.get("classification"), last.get("message")))
         if doc.get("message"):
-            click.echo("  %s" % doc["message"])
+            echo_line("  %s" % doc["message"])
         for w in doc.get("warnings") or []:
             if isinstance(w, dict) and not (w.get("code") == "no_metrics" and has_metrics(doc.get("progress"))):
-                click.echo("  %s: %s%s" % ("WARNING" if w.get("severity") == "critical" else "warning",
-                                           w.get("message"), (" — %s" % w["hint"]) if w.get("hint") else ""))
+                echo_line("  %s: %s%s" % ("WARNING" if w.get("severity") == "critical" else "warning",
+                                          w.get("message"), (" — %s" % w["hint"]) if w.get("hint") else ""))
         if doc.get("note"):
-            click.echo("  note: %s" % doc["note"])
+            echo_line("  note: %s" % doc["note"])
 
 
 @click.command()
@@ -255,10 +255,10 @@ def ls(as_json: bool) -> int:
         echo_json([{k: r.get(k) for k in ("run", "state", "attempt", "child_pid", "agent_alive", "updated_at")}
                    for r in rows])
         return 0
-    click.echo("%-40s %-10s %-7s %-8s %s" % ("RUN", "STATE", "ATTEMPT", "CHILD", "UPDATED"))
+    echo_line("%-40s %-10s %-7s %-8s %s" % ("RUN", "STATE", "ATTEMPT", "CHILD", "UPDATED"))
     for r in rows:
         upd = r.get("updated_at")
-        click.echo("%-40s %-10s %-7s %-8s %s" % (
+        echo_line("%-40s %-10s %-7s %-8s %s" % (
             r.get("run"), r.get("state"), r.get("attempt"), r.get("child_pid") or "-",
             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(upd)) if isinstance(upd, (int, float)) else "-"))
     return 0
@@ -366,41 +366,50 @@ def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None
 def _take_lock(rd: Any, lock: Any) -> bool:
     """The run's lock, taken (True: no live agent) or not (a live agent holds it). A lock file that cannot be opened
     or created (a read-only or full ONBOX_HOME without one) is said as what it is, not a traceback."""
-    from onbox import fsutil
-    from onbox.launch.checks import unwritable_home
+    from onbox import fsutil, paths
 
     try:
         return bool(lock.acquire())
     except OSError as e:
-        if fsutil.disk_fault(e) is None and not fsutil.space_problem(rd.path):
+        disk = fsutil.space_problem(rd.path)
+        if fsutil.disk_fault(e) is None and not disk:
             raise UsageError("cannot open run %s's lock %s: %s" % (rd.name, rd.lock_path, e.strerror or e),
                              hint="check the permissions of %s" % rd.path)
-        home = unwritable_home(rd.path)
-        raise UnfitError("run %s: cannot tell whether its agent lives: its lock %s cannot be opened (%s); %s" % (
-            rd.name, rd.lock_path, e.strerror or e, home.message), hint="make ONBOX_HOME writable again (%s), then "
-                                                                         "`onbox stop %s` again" % (home.hint, rd.name))
+        raise UnfitError("run %s: cannot tell whether its agent lives: its lock %s cannot be opened (%s) and "
+                         "ONBOX_HOME %s is %s" % (rd.name, rd.lock_path, e.strerror or e, paths.onbox_home(),
+                                                  disk or fsutil.disk_fault(e)),
+                         hint="%s, then `onbox stop %s` again" % (_disk_fix(disk), rd.name))
+
+
+def _disk_fix(disk: Optional[str]) -> str:
+    """What makes ONBOX_HOME's filesystem take writes again, for a hint."""
+    from onbox import paths
+
+    home = paths.onbox_home()
+    if disk == "read-only":
+        return "remount ONBOX_HOME's filesystem (%s) read-write" % home
+    return "free space on ONBOX_HOME (`df -h %s`, `df -i %s`)" % (home, home)
 
 
 def _wait_ran_out(rd: Any, state: Dict[str, Any], waited: float, written: bool) -> OnboxError:
     """What `onbox stop` says when its wait runs out, as it is: the trainer may have stopped while its agent stays,
     unable to record it (a full or read-only ONBOX_HOME: the agent holds the final state in memory for up to
     final_sync_timeout) or still committing. "did not stop" is said only when the trainer has not stopped."""
-    from onbox import fsutil
+    from onbox import fsutil, paths
     from onbox.proc import ProcessSeam
 
     child, start = state.get("child_pid"), state.get("child_start_time")
     stopped = isinstance(child, int) and isinstance(start, int) and ProcessSeam().start_time_of(child) != start
     disk = fsutil.space_problem(rd.path)
     if stopped and disk:
-        home = os.path.dirname(os.path.dirname(rd.path))
-        return UnfitError("run %s: its trainer has stopped (child %d ended), but its final state is not recorded: "
+        return UnfitError("run %s: its trainer has stopped (child %s ended), but its final state is not recorded: "
                           "ONBOX_HOME's filesystem %s is %s; the agent (pid %s) holds it and writes it, then exits, "
-                          "once the disk takes it" % (rd.name, child, home, disk, state.get("agent_pid") or "?"),
+                          "once the disk takes it" % (rd.name, child, paths.onbox_home(), disk,
+                                                      state.get("agent_pid") or "?"),
                           hint="%s: `onbox status %s` then shows how the run ended and its final commit" % (
-                              "make it writable again (remount it read-write)" if disk == "read-only" else
-                              "free space there (`df -h %s`, `df -i %s`)" % (home, home), rd.name))
+                              _disk_fix(disk), rd.name))
     if stopped:
-        return JobFailed("run %s: its trainer has stopped (child %d ended), but its agent is still finishing after "
+        return JobFailed("run %s: its trainer has stopped (child %s ended), but its agent is still finishing after "
                          "%g s (the final commit)" % (rd.name, child, waited),
                          hint="`onbox status %s` follows it; a stuck agent: `onbox logs %s`, its agent.log" % (
                              rd.name, rd.name))
@@ -450,7 +459,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
         if as_json:
             echo_json(_stop_doc(state, "already_ended"))
         else:
-            click.echo("%s is already %s" % (name, state.get("state")))
+            echo_line("%s is already %s" % (name, state.get("state")))
         return 0
     written = _write_stop_request(rd, grace)
     lock = detach.RunLock(rd.lock_path)
@@ -464,9 +473,9 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
             if as_json:
                 echo_json(_stop_doc(now, "already_ended" if ended else "nothing_to_stop"))
             elif ended:
-                click.echo("%s is already %s" % (name, now.get("state")))
+                echo_line("%s is already %s" % (name, now.get("state")))
             else:
-                click.echo("%s has no live agent and no live child; nothing to stop" % name)
+                echo_line("%s has no live agent and no live child; nothing to stop" % name)
             return 0
         try:
             from onbox import subsystems
@@ -484,7 +493,7 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
             if as_json:
                 echo_json(_stop_doc(now, "asked", grace=effective, wait_s=effective + STOP_MARGIN))
             else:
-                click.echo("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, effective, name))
+                echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, effective, name))
             return 0
         limit = time.monotonic() + waited
         while True:
@@ -503,5 +512,5 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
     if as_json:
         echo_json(_stop_doc(final, "stopped"))
     else:
-        click.echo("%s: %s" % (name, final.get("state")))
+        echo_line("%s: %s" % (name, final.get("state")))
     return 0

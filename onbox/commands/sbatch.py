@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import PathValue, echo_json
 from onbox.errors import UsageError
 
 
@@ -32,7 +32,7 @@ class _CommandAfterDashes(click.Command):
               help="Nodes; > 1 runs one agent per node under srun (torchrun rendezvous via MASTER_ADDR).")
 @click.option("--array", help="sbatch --array (a sweep): each task is its own run, named <run>-<task>.")
 @click.option("--job-name", "-J", help="sbatch --job-name (default: the run name, else 'onbox').")
-@click.option("--output", "-o", help="sbatch --output (default onbox-%j.out, onbox-%A_%a.out for arrays).")
+@click.option("--output", "-o", type=PathValue(), help="sbatch --output (default onbox-%j.out, onbox-%A_%a.out for arrays).")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="OPT",
               help="Any other sbatch option, as --sbatch-arg=--mem=64G (repeatable).")
 @click.option("--signal", "signal_", metavar="SIG", help="The warning signal (default from the slurm profile, "

@@ -10,16 +10,28 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional
 
-from onbox.errors import UsageError
+from onbox.errors import UnfitError, UsageError
 from onbox.supervisor.rundir import RunDir
 
 # Names that usually hold credentials (HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...).
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 # Directories that are never a checkpoint dir: the agent scans every file of its checkpoint dir (and restores into
 # it), and `--ckpt-dir "$OUT/"` with OUT unset is `/`. Compared with symlinks resolved (on a merged-/usr system
-# /lib is /usr/lib, so that one is refused too); what lies below them (/var/tmp/ckpt) stays allowed.
+# /lib is /usr/lib, so that one is refused too).
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
                "/run", "/sbin", "/sys", "/usr", "/var")
+# The system's own trees: nothing in them is a checkpoint dir or a durable dir either (`--ckpt-dir /usr/share`
+# had the first attempt told to resume from /usr/share/glib-2.0; `--durable /usr/share` wrote leases there) ...
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc", "/run",
+                "/sbin", "/sys", "/usr", "/var")
+# ... but for the places in them meant for users' files: /var/tmp (FHS: temporary files kept across reboots,
+# writable by every user; Slurm sites and TMPDIR use it) and /dev/shm (RAM-backed scratch some trainers save to) ...
+USER_PLACES = ("/var/tmp", "/dev/shm")
+# ... and, in these, a filesystem mounted below them: a data disk. AWS's Deep Learning AMI mounts the instance NVMe
+# at /opt/dlami/nvme (profiles/aws.toml), SageMaker mounts /opt/ml, udisks /run/media/<user>/<disk>.
+DATA_DISK_TREES = ("/opt", "/run", "/var")
+DURABLE_HINT = ("give --durable a directory on a disk that outlives the box (a mounted volume: /workspace/durable, "
+                "/mnt/..., a network disk) or an rclone remote:path")
 CKPT_DIR_HINT = ("give --ckpt-dir the directory your trainer saves its checkpoints in (e.g. /workspace/ckpt), or "
                  "leave it out: the run then has <run dir>/checkpoints, which the trainer finds in $ONBOX_CKPT_DIR")
 
@@ -34,6 +46,9 @@ def check_paths(cfg: Any, run_dir: str) -> None:
             check_path(key, getattr(cfg, key))
     if cfg.durable and not is_remote(cfg.durable):
         check_path("durable", cfg.durable)
+        problem = durable_problem(cfg.durable)
+        if problem:
+            raise UsageError("--durable %s %s" % (cfg.durable, problem), hint=DURABLE_HINT)
     if cfg.ckpt_dir:
         problem = ckpt_dir_problem(cfg.ckpt_dir, run_dir)
         if problem:
@@ -47,18 +62,21 @@ def check_paths(cfg: Any, run_dir: str) -> None:
 
 def ckpt_dir_problem(ckpt_dir: str, run_dir: str) -> Optional[str]:
     """Why `ckpt_dir` (absolute) can never be a run's checkpoint dir, in words that follow its name; else None.
-    Refused: the root, a system directory, the home directory, $ONBOX_HOME or anything in it (but the run's own
-    <run dir>/checkpoints), and a directory holding $ONBOX_HOME. Symlinks are resolved first."""
+    Refused: the root, $ONBOX_HOME or anything in it (but the run's own <run dir>/checkpoints), a directory holding
+    $ONBOX_HOME, the home directory, a system directory or anything in one (system_dir_problem). Symlinks are
+    resolved first."""
     from onbox import paths
     from onbox.untrusted import is_under
 
     real = os.path.realpath(ckpt_dir)
-    shown = "" if real == os.path.normpath(ckpt_dir) else " (%s, symlinks resolved)" % real
+    shown = _resolved(ckpt_dir, real)
     if real == "/":
         return "is the root of the filesystem%s: onbox would scan every file of the machine as a possible " \
                "checkpoint, and restore into it" % shown
     home = paths.onbox_home()
-    if is_under(ckpt_dir, home) and real != os.path.realpath(os.path.join(run_dir, paths.CHECKPOINTS_DIR)):
+    if is_under(ckpt_dir, home):
+        if real == os.path.realpath(os.path.join(run_dir, paths.CHECKPOINTS_DIR)):
+            return None  # the run's own default, wherever ONBOX_HOME is
         return "is inside ONBOX_HOME (%s)%s, where onbox keeps its own state: run dirs and the heartbeat spool " \
                "would be committed as checkpoints" % (home, shown)
     if is_under(home, ckpt_dir):
@@ -69,7 +87,69 @@ def ckpt_dir_problem(ckpt_dir: str, run_dir: str) -> Optional[str]:
         return "is your home directory%s: onbox would scan every file in it as a possible checkpoint" % shown
     if any(real == os.path.realpath(d) for d in SYSTEM_DIRS):
         return "is a system directory%s: onbox scans every file of its checkpoint dir and restores into it" % shown
+    problem = system_dir_problem(real)
+    if problem:
+        return "%s%s: onbox scans every file of its checkpoint dir and restores into it" % (problem, shown)
     return None
+
+
+def durable_problem(durable: str) -> Optional[str]:
+    """Why the mounted path `durable` (absolute) can never be a durable target, in words that follow its name; else
+    None: the root (`--durable "$DIR/"` with DIR unset), a system directory or anything in one. Symlinks are
+    resolved first."""
+    real = os.path.realpath(durable)
+    shown = _resolved(durable, real)
+    if real == "/":
+        return "is the root of the filesystem%s: the run's checkpoints, leases and logs would go to /<run> on " \
+               "the system disk, which is not durable storage" % shown
+    problem = system_dir_problem(real)
+    if problem:
+        return "%s%s: the run's checkpoints, leases and logs would be written among the system's files" % (
+            problem, shown)
+    return None
+
+
+def system_dir_problem(real: str) -> Optional[str]:
+    """"is a system directory" or "is inside the system directory /usr" for the resolved path `real` when it is
+    one of SYSTEM_TREES or lies in one (not in a USER_PLACES entry or the user's home, nor on a data disk mounted
+    inside one of DATA_DISK_TREES); else None."""
+    from onbox.untrusted import is_under
+
+    for tree in SYSTEM_TREES:
+        top = os.path.realpath(tree)
+        if top == "/" or not is_under(real, top):
+            continue
+        if any(is_under(real, place) for place in _user_places()):
+            return None
+        if tree in DATA_DISK_TREES and real != top and _on_a_disk_of_its_own(real, top):
+            continue
+        return "is a system directory" if real == top else "is inside the system directory %s" % tree
+    return None
+
+
+def _user_places() -> List[str]:
+    """USER_PLACES, and the user's home directory where it lies in a system tree (a service account's home such as
+    /var/lib/jenkins): what is in it is the user's own."""
+    given = os.path.expanduser("~")
+    home = os.path.realpath(given)
+    tops = {os.path.realpath(d) for d in SYSTEM_TREES + SYSTEM_DIRS}
+    return list(USER_PLACES) + ([home] if os.path.isabs(given) and home != "/" and home not in tops else [])
+
+
+def _on_a_disk_of_its_own(real: str, top: str) -> bool:
+    """`real` (or its nearest existing ancestor: it may be created later) is on another filesystem than `top`: a
+    disk mounted inside a system tree."""
+    from onbox.fsutil import nearest_existing
+
+    try:
+        return os.stat(nearest_existing(real)).st_dev != os.stat(top).st_dev
+    except OSError:
+        return False
+
+
+def _resolved(path: str, real: str) -> str:
+    """" (X, symlinks resolved)" when resolving symlinks changed `path`, else ""."""
+    return "" if real == os.path.normpath(path) else " (%s, symlinks resolved)" % real
 
 
 def written_file_problem(path: str) -> Optional[str]:
@@ -103,16 +183,38 @@ def check_executable(exe: str, workdir: str, env: Dict[str, str]) -> None:
 
 
 def check_runs_dir(runs: str) -> None:
-    """Refuse early (exit 2, nothing created) when the runs directory cannot be created or written."""
+    """Refuse early, nothing created: a runs directory under a regular file (exit 2: ONBOX_HOME names a file) or
+    in a directory no file can be created in (exit 3, unwritable_home)."""
     from onbox.fsutil import is_writable_dir, nearest_existing
 
     probe = nearest_existing(runs)
-
-    if not os.path.isdir(probe) or not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
-        raise UsageError("the runs directory %s is not writable (%s)" % (runs, probe),
-                         hint="set ONBOX_HOME to a writable directory")
+    if not os.path.isdir(probe):
+        raise UsageError("the runs directory %s is not writable: %s is not a directory" % (runs, probe),
+                         hint="set ONBOX_HOME to a directory (unset, it is ~/.onbox)")
+    if not is_writable_dir(probe):  # access(2) lies for root and read-only mounts
+        raise unwritable_home(probe)
     if sys.platform != "linux":  # pragma: no cover
         raise UsageError("onbox runs jobs on Linux only")
+
+
+def unwritable_home(where: str) -> UnfitError:
+    """ONBOX_HOME cannot take a file at `where` (exit 3: the environment is unfit, the input was fine): read-only,
+    full, or not this user's to write; the message names it and the fix."""
+    from onbox import fsutil, paths
+
+    home = paths.onbox_home()
+    why = fsutil.space_problem(where)
+    if why == "read-only":
+        return UnfitError("ONBOX_HOME %s is read-only: nothing can be created in %s" % (home, where),
+                          hint="remount its filesystem read-write, or set ONBOX_HOME to a writable directory "
+                               "(e.g. export ONBOX_HOME=/workspace/.onbox)")
+    if why:
+        return UnfitError("ONBOX_HOME %s is %s: nothing can be created in %s" % (home, why, where),
+                          hint="free space there (`df -h %s`, `df -i %s`), or set ONBOX_HOME to a directory on "
+                               "another disk" % (home, home))
+    return UnfitError("ONBOX_HOME %s is not writable by this user (uid %d): nothing can be created in %s" % (
+        home, os.geteuid(), where), hint="fix its owner or permissions, or set ONBOX_HOME to a directory you can "
+                                         "write (e.g. export ONBOX_HOME=~/.onbox)")
 
 
 RECORDED = ("command", "ckpt_dir", "durable")  # what makes a run this run: another one needs another name
@@ -225,7 +327,6 @@ def shared_durable_check(cfg: Any, group: Any) -> None:
     read the same id there; a path that is only node 0's local disk fails here, before the job starts. An rclone
     remote is the same for every node by its name."""
     from onbox import fsutil, untrusted
-    from onbox.errors import UnfitError
 
     if not cfg.durable or not os.path.isabs(cfg.durable):
         return
