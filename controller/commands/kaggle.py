@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -92,8 +92,8 @@ def _pyz(path: Optional[str]) -> bytes:
               "file or directory of --code anyway (the path the warning names, relative to --code; repeatable). "
               "Without it such files (.env*, keys, kaggle.json, .netrc, credentials*, .git/, .ssh/, ...) are left "
               "out, and named on stderr.")
-@click.option("--yes-publish-secrets", is_flag=True, help="With --public and --include-secret: publish those files "
-              "(refused without it).")
+@click.option("--yes-publish-secrets", is_flag=True, help="With --public: publish the files --include-secret names "
+              "and the value of an --onbox-arg=--env whose name looks like a secret (refused without it).")
 @click.option("--no-push", is_flag=True, help="Write the kernel folder only, asking Kaggle nothing (no network, no "
               "credentials with --owner); `kaggle kernels push -p DIR` it later.")
 @click.option("--json", "as_json", is_flag=True, help="One onbox.kaggle.push/1 document on stdout.")
@@ -115,7 +115,9 @@ def push(directory: str, run: str, accelerator: Optional[str], durable: Optional
                          hint="leave it out: /kaggle/working is the commit target and the next push resumes from it")
     if include_secrets and not code_dir:
         raise UsageError("--include-secret goes with --code: it names a file of the code directory")
-    onboxargs.check(onbox_args, resume_args, run, code=code_dir is not None)  # the agent's own checks, here
+    secret_env = onboxargs.check(onbox_args, resume_args, run, code=code_dir is not None)  # the agent's checks
+    if secret_env:
+        _say_secret_env(secret_env, public, yes_publish_secrets)
     who, _ = _who(owner, offline=no_push)
     spec = folder.KernelSpec(owner=who, run=run, command=list(command), accelerator=accelerator,
                              internet=internet, private=not public, durable=durable, datasets=list(datasets),
@@ -158,6 +160,18 @@ def push(directory: str, run: str, accelerator: Optional[str], durable: Optional
     else:
         click.echo("pushed run %s as version %d of %s (%s); onboxctl kaggle status %s" % (run, version, spec.ref,
                                                                                          how, run))
+
+
+def _say_secret_env(names: List[str], public: bool, yes: bool) -> None:
+    """An --onbox-arg=--env NAME=VALUE whose name looks like a secret: its value is in the kernel's script."""
+    shown = ", ".join(printable(n) for n in names)
+    if public and not yes:
+        raise UsageError("--public would publish the value of --env %s: every --onbox-arg is in the kernel's "
+                         "script, anyone's to read" % shown,
+                         hint="give the trainer the secret through Kaggle's Secrets (Add-ons > Secrets), push it "
+                              "private, or add --yes-publish-secrets")
+    click.echo("onboxctl: warning: the value of --env %s is written into the kernel's script, which Kaggle keeps "
+               "with every version: Kaggle's Secrets (Add-ons > Secrets) keep it out" % shown, err=True)
 
 
 def _say_secrets(selection: Selection, code_dir: str, public: bool, yes: bool) -> None:

@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -46,6 +47,7 @@ DURABLE_DIR = "onbox-durable"  # under /kaggle/working: the runs' commit target,
 OUTCOME_FILE = "onbox-kaggle.json"
 OUTCOME_SCHEMA = "onbox.kaggle.session/1"
 LOG_PREFIX = "onbox-kaggle: "
+MANIFEST_MAX_BYTES = 64 * 1024 * 1024  # onbox.untrusted's bound: a manifest past it has no step
 SEARCH_DEPTH = 5  # /kaggle/input/<slug>/onbox-durable is 2 deep; newer mounts nest the owner and kind too
 STATUS_TIMEOUT = 60
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -98,7 +100,8 @@ def newest_step(run_dir):
     for name in sorted(os.listdir(ckpts)) if os.path.isdir(ckpts) else []:
         try:
             with open(os.path.join(ckpts, name, "MANIFEST.json")) as f:
-                step = json.load(f).get("step")
+                text = f.read(MANIFEST_MAX_BYTES + 1)
+            step = json.loads(text).get("step") if len(text) <= MANIFEST_MAX_BYTES else None
         except (OSError, ValueError, AttributeError, RecursionError):  # a manifest nested 100,000 deep: no step
             continue
         if isinstance(step, int) and not isinstance(step, bool):
@@ -118,8 +121,9 @@ def find_previous(input_dir, run, slug):
         if os.path.basename(dirpath) == DURABLE_DIR:
             dirnames[:] = []
             mount = os.path.relpath(dirpath, input_dir).split(os.sep)[:-1]
-            if slug in mount and os.path.isdir(os.path.join(dirpath, run)):
-                found.append(os.path.join(dirpath, run))
+            here = os.path.join(dirpath, run)
+            if slug in mount and os.path.isdir(here) and not os.path.islink(here):
+                found.append(here)
             continue
         if dirpath.count(os.sep) - base_depth >= SEARCH_DEPTH:
             dirnames[:] = []
@@ -127,6 +131,20 @@ def find_previous(input_dir, run, slug):
     if not found:
         return None
     return max(found, key=newest_step)
+
+
+def not_plain(dirpath, names):
+    """What a seed copy leaves out (shutil.copytree's `ignore`): symlinks, FIFOs, devices. The previous output is
+    what the previous session's code wrote: a link in the run's durable tree could point the agent's reads and
+    writes anywhere, a FIFO hang the copy."""
+    out = []
+    for name in names:
+        mode = os.lstat(os.path.join(dirpath, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            out.append(name)
+    if out:
+        say("left out of the copy of %s (not plain files): %s" % (dirpath, ", ".join(repr(n) for n in out[:5])))
+    return out
 
 
 def make_writable(tree):
@@ -154,7 +172,7 @@ def seed(lay, run):
     staging = os.path.join(target_root, ".onbox-seed-" + run)
     if os.path.exists(staging):
         shutil.rmtree(staging)
-    shutil.copytree(source, staging, symlinks=True)
+    shutil.copytree(source, staging, symlinks=True, ignore=not_plain)
     make_writable(staging)
     os.rename(staging, target)  # whole or not at all: the agent never sees half a copy
     step = newest_step(target)

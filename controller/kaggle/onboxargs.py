@@ -36,11 +36,13 @@ def session_workdir(run: str, code: bool) -> str:
                                                                                                   "working")
 
 
-def check(onbox_args: Sequence[str], resume_args: Sequence[str], run: str, code: bool) -> None:
-    """UsageError (exit 2) naming the first option the agent on Kaggle would refuse, or the script could not pass."""
+def check(onbox_args: Sequence[str], resume_args: Sequence[str], run: str, code: bool) -> List[str]:
+    """UsageError (exit 2) naming the first option the agent on Kaggle would refuse, or the script could not pass.
+    Returns the names of the --env variables that look like secrets (onbox's own rule, SECRET_NAME_RE): their
+    values are written into the kernel's script, which Kaggle keeps with every version."""
     from onbox.commands.run import check_run_options
     from onbox.commands.run import run as run_command
-    from onbox.launch.checks import CKPT_DIR_HINT, ckpt_dir_problem
+    from onbox.launch.checks import CKPT_DIR_HINT, SECRET_NAME_RE, ckpt_dir_problem
 
     args: List[str] = list(onbox_args)
     if "--" in args:
@@ -71,3 +73,5 @@ def check(onbox_args: Sequence[str], resume_args: Sequence[str], run: str, code:
         if problem:
             shown = "" if where == ckpt else " (%s on Kaggle)" % where
             raise _refuse(args, "--ckpt-dir %s%s %s" % (untrusted.printable(ckpt), shown, problem), CKPT_DIR_HINT)
+    names = [str(e).split("=", 1)[0] for e in ctx.params.get("env") or ()]
+    return sorted({n for n in names if SECRET_NAME_RE.search(n)})

@@ -83,6 +83,8 @@ ROWS = [
       "of --code TMP/c: .env", files=CODE),
     R("public-secret-dir", "--public --code TMP/c --include-secret .ssh ", "--public would publish secret-looking "
       "files of --code TMP/c: .ssh/", files=dict(CODE, **{"c/.ssh/id_rsa": "k"})),
+    R("public-secret-env", "--public --onbox-arg=--env=WANDB_API_KEY=x ", "--public would publish the value of --env "
+      "WANDB_API_KEY"),
     # item 13: --no-push asks Kaggle nothing, so it needs no credentials, only a name
     R("no-push-no-owner", "--no-push ", "--no-push without Kaggle credentials needs --owner", env=OFFLINE),
     # a dataset mounted where the kernel's previous output is looked for

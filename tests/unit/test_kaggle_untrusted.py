@@ -184,3 +184,35 @@ def test_the_pull_asks_for_the_committed_tree_only(tmp_path):
     report = pull(cli, "me/onbox-r", "me", "r", str(tmp_path / "home"), load=False,
                   record=PullsRecord(str(tmp_path / "pulls.json")))
     assert report.ok and report.newest == "step_00002" and cli.patterns == [output.output_pattern("r")]
+
+
+def test_an_env_option_that_looks_like_a_secret_is_named_and_a_plain_one_is_not():
+    assert onboxargs.check(["--env", "WANDB_API_KEY=x", "--env=HF_TOKEN=y", "--env=BATCH=4"], [], "r", False) == [
+        "HF_TOKEN", "WANDB_API_KEY"]
+    assert onboxargs.check(["--env=BATCH=4", "--env=LR=0.1"], [], "r", False) == []
+
+
+def test_a_seed_copies_the_kernels_own_previous_output_without_links_or_fifos(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_main, "SPEC", {"run": "r", "kernel": "me/onbox-r"})
+    lay = {"input": str(tmp_path / "input"), "working": str(tmp_path / "working")}
+    mount = tmp_path / "input" / "onbox-r"
+    committed(mount, "r", "step_00004", 4)
+    run_dir = mount / kernel_main.DURABLE_DIR / "r"
+    (tmp_path / "secret").write_text("outside")
+    os.symlink(str(tmp_path / "secret"), run_dir / "checkpoints" / "step_00004" / "link")
+    os.symlink("/", run_dir / "logs")
+    os.mkfifo(run_dir / "fifo")
+    done = kernel_main.seed(lay, "r")
+    assert done["seeded"] and done["step"] == 4
+    copy = tmp_path / "working" / kernel_main.DURABLE_DIR / "r"
+    got = sorted(os.path.relpath(os.path.join(d, n), copy) for d, ds, fs in os.walk(copy) for n in ds + fs)
+    assert got == ["checkpoints", "checkpoints/step_00004", "checkpoints/step_00004/MANIFEST.json",
+                   "checkpoints/step_00004/ok.txt"]
+
+
+def test_a_run_dir_that_is_a_symlink_in_the_previous_output_is_not_resumed_from(tmp_path):
+    durable = tmp_path / "input" / "onbox-r" / kernel_main.DURABLE_DIR
+    durable.mkdir(parents=True)
+    committed(tmp_path / "elsewhere", "r", "step_00004", 4)
+    os.symlink(str(tmp_path / "elsewhere" / kernel_main.DURABLE_DIR / "r"), durable / "r")
+    assert kernel_main.find_previous(str(tmp_path / "input"), "r", "onbox-r") is None
