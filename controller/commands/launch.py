@@ -33,6 +33,18 @@ class DashDashCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
+def _provision_timeout(ctx: click.Context, param: click.Parameter, value: Optional[float]) -> Optional[float]:
+    """--provision-timeout in its range (1s to 24h): at 0 every try of the keeper would fail (issue 30.13)."""
+    if value is None:
+        return None
+    from controller.keeper.policy import check_provision_timeout
+
+    try:
+        return check_provision_timeout(value, what="")
+    except UsageError as e:
+        raise click.BadParameter(e.message, ctx=ctx, param=param)
+
+
 def _forward(flag: str, value: Any) -> List[str]:
     if value is None or value == () or value is False:
         return []
@@ -125,8 +137,8 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--recover-tries", type=click.IntRange(1, 1000), default=None,
               help="With --recover: tries to find a box (or to launch) before the run ends failed_no_resource "
                    "(default 3).")
-@click.option("--provision-timeout", type=Duration(), default=None, metavar="DUR",
-              help="With --provision: how long the command may take (default 10m).")
+@click.option("--provision-timeout", type=Duration(), default=None, metavar="DUR", callback=_provision_timeout,
+              help="With --provision: how long the command may take, 1s to 24h (default 10m).")
 @click.option("--code", "code", type=click.Path(file_okay=False), default=None,
               help="With --recover: the local code dir the keeper pushes to a replacement box (as `onboxctl push "
                    "--code`).")

@@ -8,10 +8,16 @@ Modules:
   records.py    the per-run files (launch.json, recovery.json), the keeper's states and a recovery's phases
   decide.py     the judgement of one run from what was observed (a pure function; its table is the docstring)
   provision.py  the user's provision command: run, bounded, its one JSON line checked
+  provision_options.py  the ssh options a provision's output may set (an allow-list; ProxyCommand & co refused)
+  provision_run.py      running it: a timeout, 64 KiB of stdout and of stderr kept in memory, leftovers said
+  provision_reaper.py   the process between the keeper and the command: a subreaper that stops what it left
   world.py      the seam to boxes, the tracker and the inventory (ssh + `onbox ... --json` only)
   recovery.py   one recovery, phase by phase, each decision written before it is acted on
   loop.py       the keeper's one loop (a pass over every run), its lock, and the per-run summary
   enrol.py      `onboxctl run --recover`: the checks before the launch and the records written after it
   view.py       what `onboxctl status` adds from the keeper's records (read-only)
   atrisk.py     work at risk: time and steps since the newest durable checkpoint
+
+The threat model of each surface the keeper reads (a provision's output, the records, the boxes' answers, the
+tracker's beats) is in README.md here.
 """

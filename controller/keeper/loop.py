@@ -28,6 +28,7 @@ from controller.keeper.decide import Beats, Observation, Verdict, judge
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, RecordProblem, RecordStore, RunKeep
 from controller.keeper.recovery import Recoverer
+from onbox import untrusted
 from onbox.clock import Clock, SystemClock
 from onbox.errors import UsageError
 
@@ -69,7 +70,9 @@ class Keeper:
         self.store.save_keep(keep, self.clock.time())
 
     def _emit(self, keep: RunKeep, kind: str, text: str, **fields: Any) -> None:
-        ev = keep.event(self.clock.time(), kind, text, boxes=list(keep.boxes),
+        # what the boxes, the tracker and a provision command said reaches `keep`'s output and recovery.json
+        # with its control characters as escapes (no terminal escapes, no forged lines)
+        ev = keep.event(self.clock.time(), kind, untrusted.printable(text), boxes=list(keep.boxes),
                         recovery=keep.current.id if keep.current else None, **fields)
         if self._report is not None:
             self._report.events.append(ev)
@@ -94,7 +97,8 @@ class Keeper:
         texts = {str(p["text"]) for p in report.problems}
         for p in report.problems:
             if p["text"] not in self._said_problems:  # said once, not every pass
-                self.say({"time": report.time, "kind": "record_problem", "text": p["text"], "hint": p["hint"]})
+                self.say({"time": report.time, "kind": "record_problem", "text": untrusted.printable(p["text"]),
+                          "hint": p["hint"]})
         self._said_problems = texts
         active = [(rec, keep) for rec, keep in loaded if not keep.state.final]
         beats = self.world.beats([rec for rec, _ in active]) if active else {}
@@ -144,17 +148,17 @@ class Keeper:
                 keep.move(KeepState.SUSPECT, j.reason)
                 self._emit(keep, "suspect", j.reason)
             else:
-                keep.message = j.reason
+                keep.message = untrusted.printable(j.reason)
         elif j.verdict == Verdict.WAIT and j.tracker:
             # the box fails ssh, and the beats that would tell whether it is lost cannot be read: stay SUSPECT (the
             # suspicion and its start are kept, decided once the beats read again); said by _tracker_streak
             if keep.state == KeepState.WATCHING:  # its first probe hung for --lost-after
                 keep.suspect_since = asked
                 keep.move(KeepState.SUSPECT, j.reason)
-            keep.message = j.reason
+            keep.message = untrusted.printable(j.reason)
         elif j.verdict == Verdict.WAIT:
-            if keep.message != j.reason:
-                keep.message = j.reason
+            if keep.message != untrusted.printable(j.reason):  # said once, not every pass
+                keep.message = untrusted.printable(j.reason)
                 self._emit(keep, "needs_a_person", j.reason)
         elif j.verdict == Verdict.ENDED:
             keep.close_current()
@@ -183,7 +187,8 @@ class Keeper:
         elif problem != self._publish_problem:
             self._publish_problem = problem
             self.say({"time": round(self.clock.time(), 3), "kind": "tracker_problem",
-                      "text": "events not sent to the tracker (kept in recovery.json, sent later): %s" % problem})
+                      "text": "events not sent to the tracker (kept in recovery.json, sent later): %s"
+                              % untrusted.printable(problem)})
 
     def _tracker_streak(self, keep: RunKeep, seen: List[Beats]) -> None:
         """One `tracker_unreadable` event when the run's beats stop being readable, one `tracker_readable` when

@@ -23,6 +23,8 @@ MIN_LOST_AFTER = 5.0  # seconds: below this a single slow ssh handshake could de
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 POOL_PREFIX = "pool:"
+PROVISION_TIMEOUT_RANGE = (1.0, 86400.0)  # seconds: renting a box takes seconds to tens of minutes, never 0 or a year
+MAX_NUMBER = 1e10  # any number in a record (a time in seconds: the year 2286; a count): past it a hand edit
 
 
 def parse_duration(text: Any, what: str) -> float:
@@ -33,6 +35,23 @@ def parse_duration(text: Any, what: str) -> float:
         raise UsageError("%s %r is not a duration" % (what, text),
                          hint="a number with an optional unit: 45, 90s, 30m, 2h, 1d (at most 366 days)")
     return value
+
+
+def check_provision_timeout(seconds: float, what: str = "--provision-timeout") -> float:
+    """The provision command's timeout, refused (UsageError naming the flag and the range) outside 1 s to 24 h: at
+    0 every try would fail before the command could print a box."""
+    lo, hi = PROVISION_TIMEOUT_RANGE
+    if not (finite(seconds) and lo <= seconds <= hi):
+        raise UsageError(("%s %s" % (what, _shown(seconds))).strip() + " is out of range: it takes 1s to 24h",
+                         hint="how long the provision command may take to rent a box and print it, e.g. "
+                              "--provision-timeout 15m")
+    return seconds
+
+
+def _shown(seconds: Any) -> str:
+    if finite(seconds) and abs(seconds) < 1e7:
+        return "%gd" % (seconds / 86400.0) if abs(seconds) >= 86400 else "%gs" % seconds
+    return repr(seconds)[:40]
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -90,7 +109,7 @@ class RecoveryPolicy:
 
     def backoff_s(self, failed_tries: int) -> float:
         """The wait after `failed_tries` failed tries (1, 2, ...): backoff, doubled each time, capped."""
-        return min(self.backoff_max, self.backoff * (2.0 ** max(0, failed_tries - 1)))
+        return min(self.backoff_max, self.backoff * (2.0 ** min(60, max(0, failed_tries - 1))))
 
 
 @dataclasses.dataclass
@@ -134,16 +153,45 @@ class LaunchRecord:
 LAUNCH_SCHEMA = "onboxctl.launch/1"
 
 
+def finite(v: Any) -> bool:
+    """A number a record may hold: no bool, nan, inf, 1e400 or 10**400 (which float() cannot even convert)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return abs(v) <= MAX_NUMBER and (isinstance(v, int) or math.isfinite(v))
+
+
 def _want(doc: Dict[str, Any], key: str, kind: Any, where: str, optional: bool = False) -> Any:
-    v = doc.get(key)
+    v: Any = doc.get(key)
     if v is None and optional:
         return None
-    ok = isinstance(v, kind) and not (kind in (int, float, (int, float)) and isinstance(v, bool))
-    if ok and isinstance(v, float) and not math.isfinite(v):
+    number = kind in (int, float, (int, float))
+    ok = isinstance(v, kind) and not (number and isinstance(v, bool))
+    if ok and number and not finite(v):
         ok = False
     if not ok:
-        raise ValueError("%s: %s is %r" % (where, key, v))
+        raise ValueError("%s: %s is %s" % (where, key, repr(v)[:80]))
     return v
+
+
+def box_name_problem(name: Any) -> Optional[str]:
+    """Why `name` is no box a record may name (None: it is one): an inventory name or an ssh alias, as
+    `onboxctl run` takes them (controller/boxes.py Inventory.resolve). It is handed to ssh and printed: never empty,
+    never starting with '-' (ssh would read an option), no whitespace or control characters."""
+    if not isinstance(name, str) or not name or len(name) > 255:
+        return "box %s is not a box name" % repr(name)[:80]
+    if name.startswith("-") or any(c.isspace() or ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        return "box %s is not a box name (an inventory name or an ssh alias: no leading '-', no spaces or control " \
+               "characters)" % repr(name)[:80]
+    return None
+
+
+def box_names(v: Any, where: str, key: str) -> List[str]:
+    """A list of box names (ValueError naming the first bad one)."""
+    names = _strings(v, where, key)
+    bad = next((p for p in map(box_name_problem, names) if p), None)
+    if bad:
+        raise ValueError("%s: %s: %s" % (where, key, bad))
+    return names
 
 
 def _strings(v: Any, where: str, key: str) -> List[str]:
@@ -170,6 +218,11 @@ def policy_from_dict(doc: Any, where: str) -> RecoveryPolicy:
         tries=_want(doc, "tries", int, where), provision_timeout=_want(doc, "provision_timeout", (int, float), where))
     if p.provision == []:
         raise ValueError("%s: provision is an empty command" % where)
+    try:
+        check_provision_timeout(p.provision_timeout)
+    except UsageError:
+        raise ValueError("%s: provision_timeout %s is out of range (--provision-timeout takes 1s to 24h)"
+                         % (where, _shown(p.provision_timeout)))
     for key in ("lost_after", "max_at_risk", "backoff", "backoff_max", "provision_timeout", "max_recoveries", "tries"):
         v = getattr(p, key)
         if v is not None and v < 0:
@@ -188,7 +241,7 @@ def launch_from_dict(doc: Any, where: str) -> LaunchRecord:
         check_name(run)
     except UsageError as e:
         raise ValueError("%s: %s" % (where, e.message))
-    boxes = _strings(doc.get("boxes"), where, "boxes")
+    boxes = box_names(doc.get("boxes"), where, "boxes")
     if not boxes:
         raise ValueError("%s: boxes is empty" % where)
     env = doc.get("onbox_env") or {}

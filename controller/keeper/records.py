@@ -14,7 +14,7 @@ import enum
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.keeper.policy import LaunchRecord, launch_from_dict
+from controller.keeper.policy import MAX_NUMBER, LaunchRecord, box_names, finite, launch_from_dict
 from onbox import untrusted
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json
@@ -115,7 +115,7 @@ class RunKeep:
                     ", ".join(s.value for s in allowed) or "none (final)"))
             self.state = new
         if message is not None:
-            self.message = message
+            self.message = untrusted.printable(message)  # it holds what boxes and commands said: shown as escapes
 
     def event(self, now: float, kind: str, text: str, **fields: Any) -> Dict[str, Any]:
         self.event_seq += 1
@@ -144,32 +144,36 @@ class RunKeep:
 
 
 def recovery_from_dict(doc: Any, where: str) -> Recovery:
+    """One recovery read back (ValueError naming what is wrong): every box name as policy.box_name_problem wants
+    it, every time and count a finite number."""
     if not isinstance(doc, dict):
         raise ValueError("%s: a recovery must be an object" % where)
     fields = {f.name for f in dataclasses.fields(Recovery)}
-    unknown = sorted(set(doc) - fields)
+    unknown = sorted(repr(k)[:40] for k in set(doc) - fields)
     if unknown:
-        raise ValueError("%s: unknown key(s) %s" % (where, ", ".join(unknown)))
+        raise ValueError("%s: unknown key(s) %s" % (where, ", ".join(unknown[:5])))
     try:
         rec = Recovery(**doc)
     except TypeError as e:
         raise ValueError("%s: %s" % (where, e))
-    if not isinstance(rec.id, int) or rec.kind not in ("same_box", "elsewhere") or not isinstance(rec.phases, dict):
+    if not _whole(rec.id) or rec.kind not in ("same_box", "elsewhere") or not isinstance(rec.phases, dict):
         raise ValueError("%s: id, kind or phases is wrong" % where)
     for key in ("from_boxes", "to_boxes", "rejected", "provisioned"):
-        v = getattr(rec, key)
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ValueError("%s: %s must be a list of box names" % (where, key))
+        setattr(rec, key, box_names(getattr(rec, key), where, key))
     for phase, t in rec.phases.items():
-        if phase not in PHASES or isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise ValueError("%s: phase %r is not one of %s with a time" % (where, phase, ", ".join(PHASES)))
+        if phase not in PHASES or _time(t, where, "phase") is None:
+            raise ValueError("%s: phase %s is not one of %s with a time" % (where, repr(phase)[:40], ", ".join(PHASES)))
     for key in ("tries", "launch_failures"):
-        if not isinstance(getattr(rec, key), int) or isinstance(getattr(rec, key), bool):
-            raise ValueError("%s: %s must be a whole number" % (where, key))
+        _count(getattr(rec, key), where, key)
     for key in ("next_try_at", "launch_started_at"):
-        v = getattr(rec, key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ValueError("%s: %s must be a time" % (where, key))
+        _time(getattr(rec, key), where, key)
+    for key in ("resume_step", "first_step"):
+        if getattr(rec, key) is not None and not _whole(getattr(rec, key)):
+            raise ValueError("%s: %s must be a step" % (where, key))
+    if not isinstance(rec.reason, str) or (rec.error is not None and not isinstance(rec.error, str)):
+        raise ValueError("%s: reason and error must be text" % where)
+    rec.reason, rec.error = untrusted.printable(rec.reason), rec.error and untrusted.printable(rec.error)
+    rec.needs_push, rec.take_over = rec.needs_push is True, rec.take_over is True
     return rec
 
 
@@ -179,44 +183,66 @@ def keep_from_dict(doc: Any, where: str) -> RunKeep:
         raise ValueError("%s is not a recovery record (schema %s)" % (where, RECOVERY_SCHEMA))
     try:
         state = KeepState(doc.get("state"))
-    except ValueError:
-        raise ValueError("%s: state %r is not one of %s" % (where, doc.get("state"),
+    except (ValueError, TypeError):
+        raise ValueError("%s: state %s is not one of %s" % (where, repr(doc.get("state"))[:40],
                                                             ", ".join(s.value for s in KeepState)))
     boxes = doc.get("boxes")
-    if not isinstance(boxes, list) or not boxes or not all(isinstance(b, str) for b in boxes):
+    if not isinstance(boxes, list) or not boxes:
         raise ValueError("%s: boxes must be a non-empty list of box names" % where)
-    rc = doc.get("recoveries")
-    if not isinstance(rc, int) or isinstance(rc, bool) or rc < 0:
-        raise ValueError("%s: recoveries must be a whole number >= 0" % where)
+    rc = _count(doc.get("recoveries"), where, "recoveries")
     for key in ("events", "history"):
         if not isinstance(doc.get(key, []), list):
             raise ValueError("%s: %s must be a list" % (where, key))
     cur = doc.get("current")
+    message = doc.get("message")
     return RunKeep(
-        run=str(doc.get("run")), state=state, boxes=list(boxes), recoveries=rc,
+        run=str(doc.get("run")), state=state, boxes=box_names(boxes, where, "boxes"), recoveries=rc,
         suspect_since=_time(doc.get("suspect_since"), where, "suspect_since"),
         last_ok=_time(doc.get("last_ok"), where, "last_ok"),
-        last_seen=doc["last_seen"] if isinstance(doc.get("last_seen"), dict) else {},
+        last_seen=_last_seen(doc.get("last_seen")),
         current=recovery_from_dict(cur, where + " current") if cur is not None else None,
         history=[recovery_from_dict(h, where + " history") for h in doc.get("history", [])],
         events=[e for e in doc.get("events", []) if isinstance(e, dict)],
-        message=doc.get("message") if isinstance(doc.get("message"), str) else None,
+        message=untrusted.printable(message) if isinstance(message, str) else None,
         updated_at=_time(doc.get("updated_at"), where, "updated_at") or 0.0,
         event_seq=_count(doc.get("event_seq", 0), where, "event_seq"),
         published=_count(doc.get("published", 0), where, "published"),
         tracker_unreadable_since=_time(doc.get("tracker_unreadable_since"), where, "tracker_unreadable_since"))
 
 
+def _last_seen(v: Any) -> Dict[str, Any]:
+    """What the keeper last knew of the run (work at risk, the resume point): the values of the right kind only, the
+    rest dropped (a hand edit must not become a TypeError in `onboxctl status`)."""
+    if not isinstance(v, dict):
+        return {}
+    out: Dict[str, Any] = {}
+    for key in ("step", "durable_step"):
+        if _whole(v.get(key)):
+            out[key] = v[key]
+    for key in ("durable_at", "time"):
+        x = v.get(key)
+        if finite(x):
+            out[key] = x
+    if isinstance(v.get("state"), str):
+        out["state"] = untrusted.printable(v["state"])[:64]
+    return out
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_NUMBER * 1000
+
+
 def _count(v: Any, where: str, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if not _whole(v):
         raise ValueError("%s: %s must be a whole number >= 0" % (where, key))
-    return v
+    return int(v)
 
 
 def _time(v: Any, where: str, key: str) -> Optional[float]:
+    """A wall-clock time in seconds (None stays None); nan, inf and 1e400 are refused."""
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not finite(v):
         raise ValueError("%s: %s must be a time in seconds" % (where, key))
     return float(v)
 
@@ -258,6 +284,12 @@ class RecordStore:
         return [n for n in names if os.path.lexists(os.path.join(self.root, n, "launch.json"))]
 
     def _read(self, path: str, what: str) -> Any:
+        others = _others_may_write(path)
+        if others:
+            raise RecordProblem("%s %s is %s: refused (the keeper would run its provision command, push its code dir "
+                                "and launch on its boxes as you)" % (what, path, others),
+                                hint="chmod go-w %s %s (onboxctl writes its records 0600 in a 0700 dir), if its "
+                                     "content is yours" % (path, os.path.dirname(path)))
         try:
             return untrusted.read_json(path, untrusted.CONFIG_MAX_BYTES, what)
         except (ValueError, OSError) as e:  # refused (UntrustedInput), not JSON, not UTF-8, unreadable
@@ -290,6 +322,13 @@ class RecordStore:
         return keep
 
     def load(self, run: str) -> Tuple[LaunchRecord, RunKeep]:
+        from controller.launch import check_name
+
+        try:
+            check_name(run)
+        except UsageError:
+            raise RecordProblem("%s holds %s, which is not a run name: no record of `onboxctl run --recover`"
+                                % (self.root, repr(run)[:80]), hint="move it out of %s" % self.root)
         launch = self.load_launch(run)
         keep = self.load_keep(run)
         if keep is None:
@@ -304,6 +343,22 @@ class RecordStore:
         keep.updated_at = round(now, 3)
         os.makedirs(self.run_dir(keep.run), mode=0o700, exist_ok=True)
         atomic_write_json(self.keep_path(keep.run), keep.to_dict())
+
+
+def _others_may_write(path: str) -> Optional[str]:
+    """Why a record (or its dir) is not the user's alone (None: it is): owned by another user than this one or
+    root, or writable by its group or others. ssh's StrictModes, for a file whose content the keeper acts on."""
+    me = os.geteuid()
+    for p in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None  # missing or unreadable: the read says so
+        if st.st_uid not in (me, 0):
+            return "owned by uid %d%s" % (st.st_uid, "" if p == path else " (its dir %s)" % p)
+        if st.st_mode & 0o022:
+            return "writable by others (mode %04o%s)" % (st.st_mode & 0o7777, "" if p == path else ", its dir %s" % p)
+    return None
 
 
 def hint_for(path: str) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol,
 from controller.keeper.decide import Observation, first_new_step
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, Recovery, RunKeep
+from onbox import untrusted
 from onbox.clock import Clock
 from onbox.errors import OnboxError
 
@@ -53,6 +54,7 @@ class Recoverer:
     def start(self, rec: LaunchRecord, keep: RunKeep, kind: str, reason: str, needs_push: bool = False) -> None:
         """Open a recovery (same_box or elsewhere), or end the run's watch when it has had its max."""
         now = self.clock.time()
+        reason = untrusted.printable(reason)  # what a box said (its ssh error): kept in recovery.json, printed
         if keep.recoveries >= rec.policy.max_recoveries:
             keep.move(KeepState.FAILED_MAX_RECOVERIES, "needed a recovery after %d (--max-recoveries %d): %s" % (
                 keep.recoveries, rec.policy.max_recoveries, reason))
@@ -143,7 +145,8 @@ class Recoverer:
             node = len(chosen)
             key = "%s-r%d-n%d" % (rec.run, cur.id, node)
             try:
-                box = self.world.provision(rec, key, node)
+                box = self.world.provision(rec, key, node,
+                                           note=lambda kind, text: self.emit(keep, kind, text))  # leftovers, cuts
                 self.world.add_box(box)
             except OnboxError as e:
                 self.emit(keep, "provision_failed", e.message)
@@ -237,6 +240,7 @@ class Recoverer:
 
     def _launch_failed(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, why: str) -> bool:
         now = self.clock.time()
+        why = untrusted.printable(why)  # what the box answered: kept in recovery.json
         cur.launch_failures += 1
         cur.launch_started_at = None  # the call returned: nothing of ours is in flight
         if cur.launch_failures >= rec.policy.tries:

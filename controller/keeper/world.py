@@ -16,7 +16,7 @@ from controller.agent import ask
 from controller.boxes import Box, Inventory
 from controller.keeper.decide import LIVENESS, UNREADABLE, Beats, Observation
 from controller.keeper.policy import LaunchRecord
-from controller.keeper.provision import run_provision
+from controller.keeper.provision import Note, run_provision
 from controller.launch import LaunchResult
 from controller.ssh import BoxUnreachable, RemoteTimeout, Ssh
 from onbox import untrusted
@@ -34,9 +34,11 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
         return Observation(box, run, reached=True, known=False)  # the box was reset: no agent at all
     if not isinstance(doc, dict) or doc.get("schema") != STATUS_SCHEMA:
         line = said.strip().splitlines()[-1][:300] if said.strip() else "exit %d, no status document" % rc
-        return Observation(box, run, reached=True, known=True, problem="its agent did not say: %s" % line)
+        return Observation(box, run, reached=True, known=True,
+                           problem="its agent did not say: %s" % untrusted.printable(line))
     if doc.get("state") == "corrupt":
-        return Observation(box, run, reached=True, known=True, problem=str(doc.get("corrupt") or "state corrupt"))
+        return Observation(box, run, reached=True, known=True,
+                           problem=untrusted.printable(doc.get("corrupt") or "state corrupt")[:300])
     last_exit = _obj(doc.get("last_exit"))
     progress = _obj(doc.get("progress"))
     ckpt = _obj(doc.get("checkpoint"))
@@ -125,7 +127,7 @@ class World:
             box = self.box(box_name)
             doc, res, _what = ask(self.ssh, box, ["status", run, "--json"], timeout=self.probe_timeout)
         except (BoxUnreachable, RemoteTimeout) as e:
-            return Observation(box_name, run, reached=False, error=e.message)
+            return Observation(box_name, run, reached=False, error=untrusted.printable(e.message))
         return observation_from_status(box_name, run, doc, res.returncode, res.err_text or res.text)
 
     def beats(self, runs: Sequence[LaunchRecord]) -> Dict[str, Beats]:
@@ -158,7 +160,12 @@ class World:
 
     def spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
         """Why box `name` cannot take the run now (None: healthy and idle): it must answer ssh, pass `onbox audit`
-        for the run's durable and checkpoint dirs, and run no live agent. Its pyz is pushed first when missing."""
+        for the run's durable and checkpoint dirs, and run no live agent. Its pyz is pushed first when missing.
+        What the box said is shown with its control characters as escapes."""
+        problem = self._spare_problem(name, rec)
+        return untrusted.printable(problem)[:600] if problem else None
+
+    def _spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
         try:
             box = self.box(name)
             doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
@@ -212,11 +219,13 @@ class World:
         return None
 
     # -- acting ----------------------------------------------------------------------------------------------
-    def provision(self, rec: LaunchRecord, key: str, node: int) -> Box:
+    def provision(self, rec: LaunchRecord, key: str, node: int, note: Optional[Note] = None) -> Box:
+        """One try of the run's provision command (provision.py); `note` hears what it left running or printed
+        too much of."""
         assert rec.policy.provision
         env = {"ONBOX_RUN": rec.run, "ONBOX_POOL": rec.policy.pool, "ONBOX_NODE": str(node),
                "ONBOX_PROVISION_KEY": key}
-        return run_provision(rec.policy.provision, rec.policy.provision_timeout, env, rec.policy.pool)
+        return run_provision(rec.policy.provision, rec.policy.provision_timeout, env, rec.policy.pool, note=note)
 
     def add_box(self, box: Box) -> None:
         """Into the inventory; a name already there for the same host and port is kept (a script that found its
