@@ -69,9 +69,12 @@ SSH_KEY_RE = re.compile(r"^(id_(rsa|dsa|ecdsa|ed25519|xmss)(_sk)?(-cert)?([_-][a
 CREDENTIAL_RE = re.compile(r"^\.?(.*[._-])?credentials?([._-].*)?$"
                            r"|^\.?(secrets?|client_secrets?|service[-_]?account)([._-].*)?$"
                            r"|^\.?(token|access_token|hf_token|api[-_]?key)$")
-# a PEM private key at a line's start (the file is a key), or inside a JSON string (a service account's key file)
-PRIVATE_KEY_RE = re.compile(rb"(?m)^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----\r?$"
-                            rb'|"private_key"\s*:\s*"-----BEGIN ')
+# a PEM private key: its header at a line's start, then key material (a line of base64, after the armor headers
+# of an encrypted or a PGP key); or the same inside a JSON string (a service account's key file). A header alone, as code that
+# looks for keys spells it, is no key.
+PRIVATE_KEY_RE = re.compile(rb"(?m)^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----\r?\n"
+                            rb"(?:[A-Za-z-]+:[^\r\n]*\r?\n)*(?:\r?\n)?[A-Za-z0-9+/=]{40,}"
+                            rb'|"private_key"\s*:\s*"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----\\n[A-Za-z0-9+/=]{40,}')
 
 
 def _placeholder(name: str) -> bool:

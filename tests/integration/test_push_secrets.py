@@ -21,7 +21,7 @@ LEGIT = {"train.py": "print(1)\n", "src/keyboard.py": "x\n", "environment.py": "
          "id_map.csv": "1\n", "id_rsa.pub": "ssh-ed25519 AAAA\n", ".env.example": "WANDB_API_KEY=\n",
          ".gitignore": "data/\n"}
 SECRET = {".env": "WANDB_API_KEY=hunter2\n", "kaggle.json": '{"username": "me", "key": "k"}\n',
-          ".ssh/id_rsa": "k\n", ".git/config": "[remote]\n", "notes/deploy": "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n"}
+          ".ssh/id_rsa": "k\n", ".git/config": "[remote]\n", "notes/deploy": "-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEpAIBAAKCAQEA" * 4 + "\n"}
 IGNORED = {"data/.env": "x\n"}  # .gitignore'd: never sent, so never named either
 
 

@@ -45,13 +45,22 @@ def test_a_look_alike_is_a_file_like_any_other(rel):
     assert secretfiles.reason(rel) is None
 
 
+B64 = b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"  # a key's first line
+
+
 def test_a_pem_private_key_is_found_by_its_content_under_any_name_and_a_mention_in_code_is_not():
-    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
-    assert secretfiles.content_reason(key)
-    assert secretfiles.content_reason(b"-----BEGIN RSA PRIVATE KEY-----\r\nMIIE\r\n")
-    assert secretfiles.content_reason(b'{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\n')
+    assert secretfiles.content_reason(b"-----BEGIN OPENSSH PRIVATE KEY-----\n" + B64 + b"\n-----END OPENSSH")
+    assert secretfiles.content_reason(b"x\n-----BEGIN RSA PRIVATE KEY-----\r\n" + B64 + b"\r\n")
+    assert secretfiles.content_reason(b"-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,"
+                                      b"00\n\n" + B64 + b"\n")
+    assert secretfiles.content_reason(b"-----BEGIN PGP PRIVATE KEY BLOCK-----\nComment: x\n\n" + B64 + b"\n")
+    assert secretfiles.content_reason(b'{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\n'
+                                      + B64 + b'"}')
+    # code that looks for keys, or a test that spells a header: no key material, no secret
     assert secretfiles.content_reason(b'HEADER = "-----BEGIN RSA PRIVATE KEY-----"\n') is None
-    assert secretfiles.content_reason(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n") is None
+    assert secretfiles.content_reason(b"-----BEGIN RSA PRIVATE KEY-----\nMIIE\n") is None
+    assert secretfiles.content_reason(b'{"private_key": "-----BEGIN PRIVATE KEY-----\\n..."}') is None
+    assert secretfiles.content_reason(b"-----BEGIN CERTIFICATE-----\n" + B64 + b"\n-----END CERTIFICATE-----") is None
     assert secretfiles.content_reason(b"print('hello')\n") is None
 
 
@@ -69,7 +78,7 @@ def names_in(archive):
 
 
 CA = b"# Issuer: x\n-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-KEY = b"-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----\n"
+KEY = b"-----BEGIN EC PRIVATE KEY-----\n" + B64 + b"\n-----END EC PRIVATE KEY-----\n"
 CODE = {"train.py": "x", "src/keyboard.py": "x", "environment.py": "x", "tokenizer.json": "{}", "id_map.csv": "1",
         ".env": "KEY=v", "kaggle.json": '{"username": "u", "key": "k"}', ".ssh/id_rsa": "k", ".ssh/id_rsa.pub": "p",
         ".git/config": "[remote]", "vendor/certifi/cacert.pem": CA, "notes/server": KEY, "cert-and-key.pem": CA + KEY}
