@@ -159,3 +159,35 @@ def test_the_dashboard_writes_tracker_values_as_text_never_as_html():
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in js, sink
     assert js.count("textContent") >= 20
+
+
+# -- the bound itself, as the tracker checks every beat (onbox/heartbeat/schema.py) -------------------------------
+@pytest.mark.parametrize("extra,says", [
+    ({"x": nest(63)}, None),  # 64 levels with the beat: the bound passes
+    ({"x": nest(64)}, "x nests 65 levels deep, more than 64"),
+    ({"x": [[[[nest(60)]]]]}, "x nests 65 levels deep, more than 64"),
+    ({"points": {"time": [1.0] * 600, "step": list(range(600)), "loss": [2.0] * 600}}, None),
+    ({"alerts": [{"code": "c", "data": nest(70)}]}, "alerts nests 73 levels deep, more than 64"),
+    ({"x": "y" * 65500}, None),
+    ({"x": "y" * 65536}, "the keys the schema does not name (x) hold 64.0 KiB, more than 64 KiB"),
+])
+def test_a_beat_is_bounded_in_depth_and_unknown_keys(extra, says):
+    from collections import OrderedDict
+
+    from onbox.heartbeat.schema import validate
+
+    problems = validate(beat(1, **extra))
+    assert problems == ([] if says is None else [says])
+    if says and "nests" in says:  # a dict or list of another class nests the same (not only what json.loads makes)
+        key = next(iter(extra))
+        assert validate(OrderedDict(beat(1), **{key: _as_ordered(extra[key])})) == [says]
+
+
+def _as_ordered(v):
+    from collections import OrderedDict
+
+    if isinstance(v, dict):
+        return OrderedDict((k, _as_ordered(x)) for k, x in v.items())
+    if isinstance(v, list):
+        return [_as_ordered(x) for x in v]
+    return v
