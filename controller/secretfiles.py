@@ -6,7 +6,8 @@ with --include-secret PATH (then it goes, and is named as sent).
 
 By name (extensions compared in lower case):
 - directories, with everything in them: `.git` (its config can carry credentials in remote URLs, its history a
-  secret removed from the tree), `.ssh`, `.gnupg`, `.aws`, `.azure`, `.kube`, `.kaggle`, `.huggingface`, `.env`;
+  secret removed from the tree), `.ssh`, `.gnupg`, `.aws`, `.azure`, `.kube`, `.kaggle`, `.huggingface`, `.env`
+  (and a code dir that is one of them itself: `--code ~/.ssh` sends nothing unasked);
 - environment files: `.env`, `.env.*`, `.envrc`, `*.env`;
 - keys and key stores: `*.pem` (but one holding certificates only: a CA bundle), `*.key`, `*.p12`, `*.pfx`,
   `*.ppk`, `*.jks`, `*.keystore`, `*.kdbx`, `*.ovpn`;
@@ -170,6 +171,9 @@ class Selection:
         self.root = root
         self.flag = flag
         self.include = {self._relative(p): p for p in include}
+        # `--code ~/.ssh` itself: everything in it is as secret as it would be below a code dir
+        top = os.path.basename(os.path.realpath(root))
+        self.root_why = ("in %s/: %s" % (top, SECRET_DIRS[top])) if top in SECRET_DIRS else None
         self.left_out: List[Finding] = []
         self.included: List[Finding] = []
         self._used: set = set()
@@ -226,6 +230,7 @@ class Selection:
             why = None
         if why is None and path is not None:
             why = content_reason(read_head(path))
+        why = why or self.root_why
         if why is None:
             return True
         cover = self._included(rel)

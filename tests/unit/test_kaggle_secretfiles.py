@@ -132,3 +132,13 @@ def test_the_push_to_a_box_sends_what_rsync_would_minus_the_secrets_and_its_filt
                     "tokenizer.json", "train.py", "vendor/certifi/cacert.pem"]
     with pytest.raises(UsageError, match="names no secret-looking file that would be sent"):
         code_selection(root, include=["ignored/.env"])  # .gitignore'd: it would not go, whatever the flag says
+
+
+def test_a_code_dir_that_is_itself_a_secret_directory_sends_nothing_unless_asked(tmp_path):
+    root = str(tmp_path / ".ssh")
+    tree(root, {"config": "Host x\n", "known_hosts": "x\n", "id_rsa": "k"})
+    sel = Selection(root)
+    assert names_in(folder.pack_code(root, sel)) == []
+    assert sorted(f.path for f in sel.left_out) == ["config", "id_rsa", "known_hosts"]
+    sel = Selection(root, ["config"])
+    assert names_in(folder.pack_code(root, sel)) == ["config"]
