@@ -87,6 +87,8 @@ class PathValue(click.ParamType):
             label = param_label(param)
             raise UsageError("%s needs a value: got %r (an unset variable?)" % (label, value),
                              hint=PATH_VALUE_HINT % ((label + " ") if label.startswith("-") else ""))
+        if isinstance(value, str) and "\0" in value:  # no argv carries one, but os.stat would raise on it
+            raise UsageError("%s: the path holds a NUL byte, which no path can carry" % param_label(param))
         return self.checks.convert(value, param, ctx) if self.checks is not None else value
 
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.commands.clikit import echo_json, echo_line
 from onbox.commands.run import run_options
 
 SCHEMA = "onbox.match/1"
@@ -59,14 +59,14 @@ def match(command: List[str], run_file: Optional[str], foreground: bool, as_json
         echo_json(doc)
     else:
         for r in doc["runs"]:
-            click.echo("%s  %s%s  step %s%s" % (r["run"], r["state"], " (agent alive)" if r["agent_alive"] else "",
-                                                 r["step"] if r["step"] is not None else "-",
-                                                 "  differs: %s" % ", ".join(r["differ"]) if r["differ"] else ""))
+            echo_line("%s  %s%s  step %s%s" % (r["run"], r["state"], " (agent alive)" if r["agent_alive"] else "",
+                                                r["step"] if r["step"] is not None else "-",
+                                                "  differs: %s" % ", ".join(r["differ"]) if r["differ"] else ""))
         for c in doc["candidates"]:
             facts = c["durable"] or {}
-            click.echo("%s  %s  step %s" % (c["run"], "on this box" if c["on_box"] else "on durable storage"
-                                            if facts.get("exists") else "not found",
-                                            facts.get("step") if facts.get("step") is not None else "-"))
+            echo_line("%s  %s  step %s" % (c["run"], "on this box" if c["on_box"] else "on durable storage"
+                                           if facts.get("exists") else "not found",
+                                           facts.get("step") if facts.get("step") is not None else "-"))
     return 0
 
 

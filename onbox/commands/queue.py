@@ -180,7 +180,10 @@ def render_queue(doc: Dict[str, Any]) -> str:
         elif lost:
             lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` records that, or resumes it")
     lines += ["! %s" % p for p in doc.get("problems") or []]
-    return "\n".join(lines) + "\n"
+    from onbox.untrusted import printable
+
+    # an entry's message and command come from the run's records and the user's argv: one line each, no escapes
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 @queue.command("ls")

@@ -144,8 +144,9 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed or fenced, 75
     preempted, or stopped by its --deadline: session_limit), 2 bad input (nothing is created, a --deadline that has
-    passed or is too near; a platform's end too near is a warning) or another agent holds the run, 3 the box is
-    unfit (--deadline slurm unreadable).
+    passed or is too near; a platform's end too near is a warning; a path option given an option or nothing: `--durable
+    -- cmd`, `--durable ""`; a checkpoint or durable dir that is `/` or in a system directory) or another agent holds
+    the run, 3 the box is unfit (--deadline slurm unreadable; ONBOX_HOME read-only, full or not writable).
     """
     from onbox.launch.plan import prepare
 

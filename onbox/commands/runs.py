@@ -2,7 +2,8 @@
 
 Exit codes beyond 0: 2 for a bad name or value, an ONBOX_HOME that is not a directory, and a corrupt state.json
 (a malformed file, like a malformed run file: `onbox status` still prints every other run first); 1 when
-`onbox stop` gave up waiting (the stop request stays: the agent still stops the run).
+`onbox stop` gave up waiting (the stop request stays: the agent still stops the run); 3 when ONBOX_HOME's disk
+keeps `onbox stop` from knowing or recording the end (read-only, full): the message says what did happen.
 
 Past 400 lines on purpose: the four commands that read run directories share one summary of a run (state,
 records, progress, checkpoint and lease lines), and `onbox stop`'s request/signal fallback sits beside the state it
@@ -442,8 +443,10 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
 
     Waits for the agent (--wait, default the grace plus 30 s; --no-wait: not at all). Exit 0 when the run stopped
     (or had already ended, or the live agent has the request with --no-wait); 1 when the wait ran out: the stop
-    request stays in place and the agent still stops the run (`onbox status NAME`); 2 for bad input, an unknown
-    run or a corrupt state.json.
+    request stays in place and the agent still stops the run (`onbox status NAME`), or the trainer has stopped and
+    the agent is still finishing (the final commit); 2 for bad input, an unknown run or a corrupt state.json; 3
+    when ONBOX_HOME's filesystem is full or read-only and the trainer has stopped but its agent cannot record the
+    end (it does once the disk takes writes), or the run's lock cannot be opened there.
     """
     from onbox.proc import ProcessSeam
     from onbox.supervisor import detach
