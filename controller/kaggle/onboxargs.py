@@ -51,6 +51,8 @@ def check(onbox_args: Sequence[str], resume_args: Sequence[str], run: str, code:
         ctx = run_command.make_context("onbox run", list(args))
     except click.ClickException as e:
         raise _refuse(args, "`onbox run` refuses it: %s" % e.format_message().rstrip("."))
+    except UsageError as e:  # an option's own type refused its value (a path option given `--x` or nothing)
+        raise _refuse(args, e.message, e.hint)
     stray = list(ctx.params.get("command") or ())
     if stray:
         raise _refuse(args, "%s is no `onbox run` option" % untrusted.printable(stray[0]),

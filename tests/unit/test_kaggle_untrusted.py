@@ -35,6 +35,7 @@ DEEP = "[" * 100000 + "]" * 100000
     (["--keep-last=2", "--"], "`--` ends the options"),
     (["--restart", "sometimes"], "Invalid value for '--restart'"),
     (["--deadline=soon"], "--deadline 'soon'"),
+    (["--ckpt-dir="], "--ckpt-dir needs a value"),
 ])
 def test_a_session_option_the_agent_would_refuse_is_refused_here_naming_it(args, says):
     with pytest.raises(UsageError, match=re.escape(says)) as e:
