@@ -18,7 +18,7 @@ from controller.boxes import Box
 from controller.push import REMOTE_PUSHED, REMOTE_PYZ
 from controller.ssh import Ssh
 from onbox import untrusted
-from onbox.errors import JobFailed, OnboxError, UsageError
+from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.paths import valid_run_name
 
 
@@ -125,7 +125,15 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         res.workdir = box_workdir(home, pushed, workdir)
         # the agent daemonizes itself and returns once the child runs
         script = box_script(box, res.workdir, onbox_run_argv(box, home, name, cmd, onbox_args), onbox_env)
-        out = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run", input_bytes=stdin).text
+        ran = ssh.run(box.target(), script=script, timeout=timeout, what="onbox run", input_bytes=stdin,
+                      check=False)
+        if ran.returncode in (2, 3):  # the agent refused (a live lease, bad input) or the box is unfit: its words
+            raise agent_refusal(box.name, name, ran.returncode, ran.err_text or ran.text)
+        if ran.returncode != 0:
+            from controller.ssh import SSH
+
+            SSH.check(ran, what="onbox run", box=box.name)
+        out = ran.text
         doc = parse_json_tail(out)
         res.name = str(doc.get("name") or doc.get("run") or name)
         res.pid = _int(doc.get("pid") or doc.get("child_pid"))
@@ -150,6 +158,19 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         res.error, res.hint, res.exit_code = e.message, e.hint, int(e.exit_code)
     res.seconds = round(time.monotonic() - t0, 3)
     return res
+
+
+def agent_refusal(box: str, name: str, rc: int, said: str) -> OnboxError:
+    """`onbox run`'s own refusal on `box` (exit 2: bad usage or input, such as a run whose live lease another agent
+    holds; exit 3: the box is unfit), kept as ITS exit code with its message and hint: wrapped as a remote failure
+    it read as exit 1, the job failed."""
+    lines = [untrusted.printable(ln.strip()) for ln in said.splitlines() if ln.strip()]
+    said = [ln[len("onbox: "):] for ln in lines if ln.startswith("onbox: ")]
+    errors = [ln for ln in said if not ln.startswith("warning:")]  # a warning before the refusal is not it
+    line = errors[-1] if errors else said[-1] if said else lines[-1] if lines else ""
+    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
+    error = UsageError if rc == 2 else UnfitError
+    return error("onbox run on %s: %s" % (box, line or "refused %s (exit %d), saying nothing" % (name, rc)), hint=hint)
 
 
 def probe(ssh: Ssh, box: Box, home: str, name: str, timeout: float = 30.0) -> Optional[str]:

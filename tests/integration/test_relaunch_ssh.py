@@ -287,3 +287,18 @@ def test_a_fan_out_relaunch_resumes_each_box_s_own_run(rig):
     assert sorted((s["box"], s["start"]) for s in rig.starts()[2:]) == [("a", newest["a"]), ("b", newest["b"])]
     for box in ("a", "b"):
         rig.preempt(box, runs[box])
+
+
+def test_a_hand_relaunch_with_name_refused_by_a_live_lease_exits_2_with_the_agents_words(rig):
+    """Issue 31 (also found): with --name, the launch goes straight to `onbox run`, whose refusal (exit 2: the run's
+    lease is live on another box) was wrapped as a remote failure and exited 1; the README's table says 2."""
+    rig.box("a")
+    rig.box("b")
+    rig.launch("a", "--name", "held")
+    wait_for(lambda: rig.state("a", "held").get("state") == "running", 60, "the run on a")
+    r = rig.launch("b", "--name", "held", check=False)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "onbox run on b: run held failed to start: run held is held by another agent:" in r.stderr, r.stderr
+    assert "--take-over" in r.stderr and "Traceback" not in r.stderr
+    assert rig.state("a", "held").get("state") == "running"  # the false-positive side: the holder trains on
+    rig.preempt("a", "held")
