@@ -165,9 +165,9 @@ def agent_refusal(box: str, name: str, rc: int, said: str) -> OnboxError:
     holds; exit 3: the box is unfit), kept as ITS exit code with its message and hint: wrapped as a remote failure
     it read as exit 1, the job failed."""
     lines = [untrusted.printable(ln.strip()) for ln in said.splitlines() if ln.strip()]
-    said = [ln[len("onbox: "):] for ln in lines if ln.startswith("onbox: ")]
-    errors = [ln for ln in said if not ln.startswith("warning:")]  # a warning before the refusal is not it
-    line = errors[-1] if errors else said[-1] if said else lines[-1] if lines else ""
+    own = [ln[len("onbox: "):] for ln in lines if ln.startswith("onbox: ")]
+    errors = [ln for ln in own if not ln.startswith("warning:")]  # a warning before the refusal is not it
+    line = errors[-1] if errors else own[-1] if own else lines[-1] if lines else ""
     hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
     error = UsageError if rc == 2 else UnfitError
     return error("onbox run on %s: %s" % (box, line or "refused %s (exit %d), saying nothing" % (name, rc)), hint=hint)
