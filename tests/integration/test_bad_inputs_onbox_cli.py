@@ -182,15 +182,23 @@ def test_stop_on_a_full_onbox_home_says_the_trainer_stopped_and_what_was_not_rec
             started.add(*child)
             wait_for(lambda: state(home, "x").get("state") == "running", timeout=30, what="the run's state")
             filler = _fill(home)
-            s = onbox(home, "stop", "x", "--wait", "3")
-            assert "Traceback" not in s.stderr
-            assert not is_alive(*child)  # the trainer did stop
-            assert s.returncode == 3, s.stderr
-            lines = [ln for ln in s.stderr.splitlines() if not ln.startswith("onbox: warning:")]
-            assert lines[0].startswith("onbox: run x: its trainer has stopped"), s.stderr
-            assert "final state is not recorded" in lines[0] and "%s is full" % home in lines[0], s.stderr
-            assert "did not stop" not in s.stderr
-            assert lines[1].startswith("hint: free space"), s.stderr
+            # the whole --wait passes (the disk stays full): long enough for the trainer's stop on a busy machine
+            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--wait", "6"], env=env_for(home),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_for(lambda: not is_alive(*child), timeout=30, what="the trainer stopped by `onbox stop`")
+                _out, err = stop.communicate(timeout=60)
+            finally:
+                if stop.poll() is None:
+                    stop.kill()
+                    stop.wait()
+            assert "Traceback" not in err
+            assert stop.returncode == 3, err
+            lines = [ln for ln in err.splitlines() if not ln.startswith("onbox: warning:")]
+            assert lines[0].startswith("onbox: run x: its trainer has stopped"), err
+            assert "final state is not recorded" in lines[0] and "%s is full" % home in lines[0], err
+            assert "did not stop" not in err
+            assert lines[1].startswith("hint: free space"), err
             os.unlink(filler)
             wait_for(lambda: not is_alive(*agent), timeout=30, what="the agent's exit once there is space")
             assert state(home, "x")["state"] == "stopped"
