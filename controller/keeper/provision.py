@@ -100,7 +100,8 @@ def box_from_line(line: str, pool: str, cmd: str = "the provision command") -> B
                               '{"host", "port", "user", "name"}' % (cmd, shown))
     unknown = sorted(set(doc) - KEYS)
     if unknown:
-        raise ProvisionFailed("the provision command %s printed unknown key(s) %s" % (cmd, ", ".join(unknown)),
+        raise ProvisionFailed("the provision command %s printed unknown key(s) %s" % (
+            cmd, untrusted.printable(", ".join(k[:40] for k in unknown[:5]))),
                               hint="known keys: %s" % ", ".join(sorted(KEYS)))
     name, host, port = doc.get("name"), doc.get("host"), doc.get("port")
     problem: Optional[str] = None

@@ -59,7 +59,7 @@ YES_NO = ("yes", "no")
 NUMBER = re.compile(r"^[0-9]{1,6}$")
 WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ALGORITHMS = re.compile(r"^[+^-]?[A-Za-z0-9@.,_+-]{1,1024}$")
-PATH_CHARS = re.compile(r"^[^\s\"'\\%$]{1,4096}$")  # no quoting, no ssh %tokens, no ${VAR}: the path is the path
+PATH_CHARS = re.compile(r"^[^\s\"'\\%$\x00-\x1f\x7f]{1,4096}$")  # no quoting, %tokens, ${VAR}, control characters
 
 
 def _choice(*values: str) -> Callable[[str], Optional[str]]:
@@ -132,7 +132,7 @@ def key_path_problem(value: str) -> Optional[str]:
     """Why `value` is no key or known-hosts path a provision may name (None: it is one). ssh reads a key file and
     appends to a known-hosts file: a line must not make it read or write anywhere else on this machine."""
     if not PATH_CHARS.fullmatch(value):
-        return "holds a space, a quote, a %token or a $variable (give the plain path)"
+        return "holds a space, a quote, a %token, a $variable or a control character (give the plain path)"
     path = os.path.realpath(os.path.expanduser(value))
     if not os.path.isabs(os.path.expanduser(value)):
         return "is not an absolute path (or ~/...)"

@@ -97,8 +97,10 @@ def tracker_problem(doc: Any) -> Optional[str]:
     if not isinstance(entries, list):
         return "its answer is not a run list ({\"runs\": [...]})"
     bad = sum(1 for e in entries if not isinstance(e, dict) or not isinstance(e.get("run"), str))
-    skipped = doc.get("skipped_rows")
-    skipped = skipped if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped > 0 else 0
+    skipped = doc.get("skipped_rows", 0) if isinstance(doc, dict) else 0
+    if skipped is not None and not (isinstance(skipped, int) and not isinstance(skipped, bool) and skipped >= 0):
+        return "its skipped_rows %s is no count of the runs it could not read" % untrusted.printable(
+            repr(skipped)[:40])
     if bad or skipped:
         return "it could not read %d of its runs" % (bad + skipped)
     return None

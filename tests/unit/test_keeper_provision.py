@@ -91,6 +91,7 @@ def test_an_ssh_option_a_provision_may_not_set_is_refused_naming_it(home, option
 @pytest.mark.parametrize("doc, says", [
     ({"identity": "/etc/shadow"}, "identity /etc/shadow"),
     ({"identity": "~/../outside/key"}, "identity"),
+    ({"identity": "~/.ssh/key\u0000"}, "control character"),  # found by tests/unit/test_keeper_fuzz.py
     ({"profile": "../../../tmp/evil"}, "profile"),
     ({"profile": "nosuch-platform"}, "unknown profile"),
     ({"options": "ProxyCommand=x"}, 'options must be a list of "Key=Value"'),
