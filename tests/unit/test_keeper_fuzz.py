@@ -68,8 +68,8 @@ DANGEROUS = {"proxycommand", "localcommand", "permitlocalcommand", "include", "m
              "pkcs11provider", "securitykeyprovider", "identityagent", "hostname", "localforward", "remoteforward",
              "dynamicforward", "proxyusefdpass"}
 options = st.lists(st.one_of(st.builds(lambda k, v: "%s=%s" % (k, v), st.sampled_from(OPTION_KEYS),
-                                       st.one_of(st.sampled_from(HOSTILE_STR + ["22", "yes", "accept-new",
-                                                                               "~/.ssh/id", "/dev/null"]),
+                                       st.one_of(st.sampled_from([*HOSTILE_STR, "22", "yes", "accept-new",
+                                                                  "~/.ssh/id", "/dev/null"]),
                                                  st.text(max_size=10))),
                              json_leaf), max_size=3)
 VALID_LINE = {"name": "gpu-7", "host": "203.0.113.7", "port": 22, "user": "root",
@@ -78,9 +78,9 @@ FIELD_VALUES = {  # a legitimate value about as often as a hostile one
     "name": st.one_of(st.sampled_from(["gpu-8", "a.b_c"]), st.sampled_from(HOSTILE_STR), json_leaf),
     "host": st.one_of(st.sampled_from(["10.0.0.9", "box.example"]), st.sampled_from(HOSTILE_STR), json_leaf),
     "port": st.one_of(st.integers(-1, 70000), json_leaf), "user": st.one_of(st.sampled_from(HOSTILE_STR), json_leaf),
-    "identity": st.one_of(st.sampled_from(HOSTILE_STR + ["~/.ssh/k", "~/.ssh/../.ssh/k"]), json_leaf),
+    "identity": st.one_of(st.sampled_from([*HOSTILE_STR, "~/.ssh/k", "~/.ssh/../.ssh/k"]), json_leaf),
     "options": st.one_of(options, options, json_any), "profile": st.one_of(st.sampled_from(HOSTILE_STR), json_leaf),
-    "python": st.one_of(st.sampled_from(HOSTILE_STR + ["/opt/conda/bin/python"]), json_leaf)}
+    "python": st.one_of(st.sampled_from([*HOSTILE_STR, "/opt/conda/bin/python"]), json_leaf)}
 
 
 @st.composite
@@ -193,7 +193,7 @@ RECOVERY = {"schema": "onboxctl.recovery/1", "run": "kp", "state": "watching", "
 CURRENT = {"id": 1, "kind": "elsewhere", "reason": "lost", "from_boxes": ["b"], "to_boxes": [], "phases": {
     "detected": 1.0}, "tries": 0}
 value = st.one_of(json_any, st.sampled_from(HOSTILE_STR), st.just("RAW"))
-raw_value = st.sampled_from(RAW_NUMBERS + ["[" * 200 + "]" * 200])
+raw_value = st.sampled_from([*RAW_NUMBERS, "[" * 200 + "]" * 200])
 
 
 @st.composite
@@ -209,7 +209,7 @@ def records(draw: Any) -> Dict[str, str]:
                "current": keep["current"]}[where]
         if not isinstance(doc, dict):
             continue
-        key = draw(st.sampled_from(sorted(doc) + ["extra"]))
+        key = draw(st.sampled_from([*sorted(doc), "extra"]))
         doc[key] = draw(value)
         if doc[key] == "RAW":
             raw[key] = draw(raw_value)
