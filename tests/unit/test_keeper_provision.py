@@ -248,3 +248,33 @@ def test_the_provision_runs_in_a_session_and_group_of_its_own(tmp_path, marked):
     sid, pgid, pid = words[:3]
     assert sid == pgid == pid and "stdin-open" not in words
 
+
+
+def test_a_keeper_killed_mid_provision_takes_the_command_and_what_it_started_along(tmp_path, marked):
+    """SIGKILL to the keeper while its provision command runs: the reaper between them gets its parent-death
+    signal and stops the command and what it left (a /proc walk in the keeper would have died with it)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+    from tests.polling import wait_for
+
+    argv = script(tmp_path, "sleep 300 & echo $! >> $PIDS\n(setsid sleep 301 & echo $! >> $PIDS)\nexec sleep 302")
+    code = "import sys\nfrom controller.keeper.provision import run_provision\nrun_provision(sys.argv[1:], 60, {}, 'p')"
+    keeper = subprocess.Popen([sys.executable, "-c", code, *argv], env=subprocess_env(marked.env),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def both_started():
+            if not os.path.exists(marked.pids):
+                return False
+            with open(marked.pids) as f:
+                return len(f.read().split()) == 2
+        wait_for(both_started, 30, "the provision command's two children")
+        assert len(marked.alive()) >= 4  # the keeper, its reaper, the command, its children
+        keeper.kill()
+        keeper.wait(timeout=10)
+        wait_for(lambda: marked.alive() == [], 20, "the command and what it started, stopped by the reaper")
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
