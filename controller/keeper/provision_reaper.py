@@ -15,7 +15,9 @@ keeper SIGKILLed mid-provision takes the command and its leftovers along (TERM, 
 /proc walk would have died with it.
 
 Each stop is the one escalation (onbox.proc.escalate: TERM, GRACE seconds, KILL, every signal checked against the
-process's start time). What it saw is written to REPORT_FD as JSON lines, never to its stdout or stderr (those are
+process's start time), then a KILL to the command's process group. The command is not reaped before that (waitid
+WNOWAIT): its zombie holds its pid, so its group id cannot have passed to another process. Where there is no /proc
+to walk (a macOS laptop), only that group is stopped: TERM, GRACE seconds, KILL. What it saw is written to REPORT_FD as JSON lines, never to its stdout or stderr (those are
 the command's, read by the keeper): {"started": pid} or {"error": "missing" | "not_executable" | "oserror", ...},
 {"exited": code} or {"signal": n} when the command ends, {"stopped": [...], ...} once its leftovers are gone.
 
@@ -30,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, List
+from typing import Any, Dict, List, Optional, Sequence
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 POLL = 0.05  # seconds between looks at the command while it runs
@@ -46,6 +48,30 @@ def _die_with(parent: int) -> bool:
     except (OSError, AttributeError):
         pass
     return os.getppid() == parent
+
+
+def _ended(pid: int) -> Optional[Dict[str, int]]:
+    """How the command ended ({"exited": code} or {"signal": n}), None while it runs. Where the OS can, the command
+    is NOT reaped here: its zombie keeps its pid, so the process group it leads cannot be handed to another process
+    while this one still signals it."""
+    if hasattr(os, "waitid"):
+        res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if res is None or res.si_pid == 0:
+            return None
+        killed = res.si_code in (getattr(os, "CLD_KILLED", 2), getattr(os, "CLD_DUMPED", 3))
+        return {"signal": res.si_status} if killed else {"exited": res.si_status}
+    done, status = os.waitpid(pid, os.WNOHANG)  # pragma: no cover (no waitid): reaped, so no group signal after it
+    if not done:
+        return None
+    ended = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exited": os.WEXITSTATUS(status)}
+    return dict(ended, reaped=1)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def main(args: List[str]) -> int:
@@ -81,20 +107,29 @@ def main(args: List[str]) -> int:
         say(error="oserror", text=str(e))
         return 0
     say(started=child.pid)
+    ended: Optional[Dict[str, int]] = None
     while not stop:
-        pid, status = os.waitpid(child.pid, os.WNOHANG)
-        if pid:
-            say(**({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exited": os.WEXITSTATUS(status)}))
+        ended = _ended(child.pid)
+        if ended is not None:
+            say(**{k: v for k, v in ended.items() if k != "reaped"})
             break
         time.sleep(POLL)
-    child.returncode = 0  # reaped here or by the stop below: keep Popen from looking for it again
+    child.returncode = 0  # reaped below: keep Popen from looking for it again
 
-    seam = ProcessSeam()
+    class Seam(ProcessSeam):
+        def reap_zombies(self, keep: Sequence[int] = ()) -> List[int]:  # the command's zombie holds its group id
+            return super().reap_zombies(keep=[*keep, child.pid])
+
+    seam = Seam()
     me = ProcRef(os.getpid(), start_time(os.getpid()) or 0)
+    group = ended is None or not ended.get("reaped")  # its group id is still its own to signal
 
     def left() -> List[ProcRef]:  # the subreaper's whole tree: the command (at a timeout) and all it left
-        return [p.ref for p in seam.descendants(me)]
+        return [p.ref for p in seam.descendants(me) if p.pid != child.pid or ended is None]
 
+    walk = os.path.isdir("/proc/self")  # Linux: the tree is walked (and said); elsewhere only the group is known
+    if group and not walk:
+        _signal_group(child.pid, signal.SIGTERM)  # its process group: everything that stayed in it
     found, killed, survived, commands = [], [], [], {}
     for _ in range(3):  # again for what forked while being stopped (a KILL ends that)
         out = escalate(seam, left, grace, SystemClock(), what="process(es) the provision command left")
@@ -104,6 +139,14 @@ def main(args: List[str]) -> int:
         killed += out.killed
         survived += out.survived
         commands.update(out.commands)
+    if group:  # the last sweep of its group (with no tree to walk: after the group's grace)
+        if not walk:
+            time.sleep(grace)
+        _signal_group(child.pid, signal.SIGKILL)
+    try:
+        os.waitpid(child.pid, 0)
+    except ChildProcessError:
+        pass
     while True:  # whatever ended meanwhile is ours to reap
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:

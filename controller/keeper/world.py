@@ -102,7 +102,7 @@ def tracker_problem(doc: Any) -> Optional[str]:
         return "its skipped_rows %s is no count of the runs it could not read" % untrusted.printable(
             repr(skipped)[:40])
     if bad or skipped:
-        return "it could not read %d of its runs" % (bad + skipped)
+        return "it could not read %d of its runs" % (bad + (skipped or 0))
     return None
 
 

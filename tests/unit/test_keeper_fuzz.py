@@ -144,7 +144,7 @@ run_scripts = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(drawn=run_scripts)
 def test_no_provision_run_raises_anything_else_says_a_control_character_or_leaves_a_process(keeper_home, drawn):
@@ -160,7 +160,7 @@ def test_no_provision_run_raises_anything_else_says_a_control_character_or_leave
         mark, pids = uuid.uuid4().hex, os.path.join(root, "pids")
         try:
             try:
-                run_provision([script], 1.0, {"KEEPER_FUZZ_MARK": mark, "PIDS": pids}, "a100", grace=0.2)
+                run_provision([script], 0.5, {"KEEPER_FUZZ_MARK": mark, "PIDS": pids}, "a100", grace=0.2)
                 event("box")
             except ProvisionFailed as e:
                 event("refused")
