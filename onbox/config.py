@@ -19,6 +19,7 @@ from onbox.errors import UsageError
 from onbox.paths import valid_run_name, valid_secret_name
 
 RESTART_POLICIES = ("on-failure", "always", "never")
+ON_HANG = ("alert", "restart", "stop")
 NOTICE_SOURCES = ("auto", "aws", "gcp", "azure", "none")
 BEST_MODES = ("min", "max")
 # U34: the agent's own secrets stay with the agent. Trainers print and log their environment (W&B/MLflow record
@@ -71,6 +72,10 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "notice_interval": (0.01, HOUR, "seconds"),  # 0 would hammer the metadata service
     "heartbeat_interval": (0.01, DAY, "seconds"),
     "stall_minutes": (0.01, 7 * 24 * 60.0, "minutes"),  # 0 would call every run stalled
+    "hang_after": (0.0, WEEK, "seconds"),  # 0: never judged hung
+    "hang_factor": (1.0, 1000.0, "x the typical step interval"),
+    "hang_floor": (0.0, DAY, "seconds"),
+    "hang_startup": (0.01, WEEK, "seconds"),
     "metrics_hint_minutes": (0.0, 7 * 24 * 60.0, "minutes"),  # 0: never hint
     "max_restarts": (0, 100000, "restarts"),
     "keep_last": (0, 100000, "checkpoints"),
@@ -90,6 +95,7 @@ FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "final_sync_timeout", "restore_probation", "restart", "max_restarts", "checkpoint_signal", "preempt_signal", "grace", "env",
     "workdir", "notice_source", "metadata_url", "requeue", "deadline", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex", "mlflow", "mlflow_experiment", "mlflow_token_file")}
+FLAGS.update(hang_after="--hang-after", on_hang="--on-hang")
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
              env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
              docker_args="--docker-arg", docker_shm_size="--shm-size")
@@ -174,6 +180,14 @@ class RunConfig:
     metrics_hint_minutes: float = 10.0  # output for this long and no metric recognised: say so once (0: never)
     log_tail_lines: int = 20  # the last lines of output sent with each beat, secrets redacted (0: none)
     stall_minutes: float = 30.0
+    # a hung trainer (onbox/telemetry/cadence.py, onbox/supervisor/hang.py): no new step, no output and no checkpoint
+    # write for max(hang_factor x its typical step interval, hang_floor) seconds (hang_startup before an attempt's
+    # first step); then its stacks are saved and --on-hang acts
+    hang_after: Optional[float] = None  # --hang-after DUR: a fixed bound instead of the learned one; 0 (`off`): never
+    on_hang: str = "restart"  # --on-hang alert|restart|stop (restart: bounded by the restart policy)
+    hang_factor: float = 10.0
+    hang_floor: float = 120.0
+    hang_startup: float = 1200.0
     # how much of the checkpoint dir one scan may read: a dir past these bounds is implausibly large for checkpoints
     # (a wrong --ckpt-dir); the scan stops there and the run says so (onbox/checkpoints/detect.py)
     scan_max_entries: int = 500000
@@ -212,7 +226,7 @@ class RunConfig:
         if self.name and not valid_run_name(self.name):
             raise UsageError("invalid run name %r" % self.name,
                              hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
-        for key, choices in (("restart", RESTART_POLICIES), ("notice_source", NOTICE_SOURCES),
+        for key, choices in (("restart", RESTART_POLICIES), ("notice_source", NOTICE_SOURCES), ("on_hang", ON_HANG),
                              ("keep_best_mode", BEST_MODES)):
             if getattr(self, key) not in choices:
                 raise UsageError("%s must be one of %s, not %r" % (label(key), "|".join(choices), getattr(self, key)))
@@ -479,6 +493,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if isinstance(value, bool) and kind is not list:
             raise ValueError("expected %s, not true/false" % ("a number" if "float" in ann or "int" in ann
                                                               else "a string"))
+        if key == "hang_after":
+            return hang_after_seconds(value)
         if "float" in ann:
             if not isinstance(value, (int, float, str)):
                 raise ValueError("expected a number")
@@ -575,6 +591,21 @@ ABSOLUTE_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\
                          r"(Z|[+-]\d\d:?\d\d)?$", re.IGNORECASE)
 DEADLINE_HINT = ("an absolute time with its zone (2026-11-25T18:00:00Z, 2026-11-25T19:00+01:00), a duration from the "
                  "launch (11h40m, 90m, 1d2h, 3600s), `slurm` (the job's end time) or `none`")
+
+
+def hang_after_seconds(value: Any) -> float:
+    """--hang-after: seconds (a number, or a duration: 90s, 5m, 1h30m), `off` (or `none`, 0) for never judged hung.
+    ValueError for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip().lower()
+    if text in ("off", "none", "never"):
+        return 0.0
+    m = DURATION_RE.match(text)
+    if not text or m is None or not any(m.groups()):
+        raise ValueError("expected seconds or a duration (90s, 5m, 1h30m), or off")
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+    return days * DAY + hours * HOUR + minutes * MINUTE + seconds
 
 
 def parse_deadline(text: Any, now: float) -> Optional[float]:

@@ -126,9 +126,22 @@ def make_hooks(ctx: RunContext, lease: Any = None) -> Hooks:
     if ctx.config.node_group:
         return _group_hooks(ctx, HeartbeatHook(ctx), ReaperHook(ctx), lease)
     # Multi-node Slurm: only node 0 commits; the other nodes restore but never commit (onbox/slurm/job.py).
-    checkpoints = checkpoint_hook_for_node(_commit_hook(ctx, lease), os.environ if ctx.environ is None
-                                           else ctx.environ, ctx.emit)
-    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx))
+    inner = _commit_hook(ctx, lease)
+    checkpoints = checkpoint_hook_for_node(inner, os.environ if ctx.environ is None else ctx.environ, ctx.emit)
+    return Hooks(checkpoints=checkpoints, telemetry=HeartbeatHook(ctx), reaper=ReaperHook(ctx),
+                 logs=_log_sync(inner, ctx) if checkpoints is inner else None)
+
+
+def _log_sync(hook: Any, ctx: RunContext) -> Any:
+    """Hooks.logs: the run's logs (a hang's stacks file among them) to durable storage now, after the commit in
+    flight (bounded by final_sync_timeout); None without durable storage."""
+    if getattr(hook, "target", None) is None:
+        return None
+
+    def sync() -> None:
+        hook.join_worker(ctx.clock.monotonic() + ctx.config.final_sync_timeout)
+        hook.sync_logs()
+    return sync
 
 
 def _commit_hook(ctx: RunContext, lease: Any) -> Any:
@@ -155,13 +168,16 @@ def _group_hooks(ctx: RunContext, telemetry: object, reaper: object, lease: Any)
     point = mn.ResumePoint()
     nodes = mn.GroupNotices(group, RunDir(ctx.run_dir).stop_request, ctx.emit, point)
     checkpoints: object
+    logs = None
     if group.role.primary:
-        checkpoints = mn.GroupPrimary(_commit_hook(ctx, lease), point, ctx.clock, cfg.final_sync_timeout)
+        inner = _commit_hook(ctx, lease)
+        checkpoints, logs = mn.GroupPrimary(inner, point, ctx.clock, cfg.final_sync_timeout), _log_sync(inner, ctx)
     else:
         restore = mn.GroupRestore(group, cfg.durable, ctx.ckpt_dir, ctx.emit, lambda: nodes.channel,
                                   wait_s=cfg.final_sync_timeout + mn.ASK_TIMEOUT_EXTRA, abort=nodes.stopping.is_set)
         checkpoints = mn.PrimaryOnlyCommits(None, group.rank, ctx.emit, restore=restore, source="ssh")
-    return Hooks(checkpoints=checkpoints, telemetry=telemetry, reaper=reaper, nodes=nodes)  # type: ignore[arg-type]
+    return Hooks(checkpoints=checkpoints, telemetry=telemetry, reaper=reaper, nodes=nodes,  # type: ignore[arg-type]
+                 logs=logs)
 
 
 def launch_commit_estimate(cfg: RunConfig, run_dir: str) -> float:

@@ -339,6 +339,7 @@ class CheckpointCommitHook(ResumeMixin, HolderMixin, LocalDirMixin):
             return  # fenced (said), or the leases cannot be listed: the logs wait for the next commit
         names = [n for n in LOG_FILES if os.path.isfile(os.path.join(self.ctx.run_dir, n))]
         names += sorted(n for n in os.listdir(self.ctx.run_dir) if re.match(r"^%s\.\d+$" % re.escape(paths.OUTPUT_LOG), n))
+        names += sorted(n for n in os.listdir(self.ctx.run_dir) if paths.HANG_STACKS_RE.match(n))  # a hang's evidence
         try:
             self.target.put_logs(self.ctx.run_dir, names, self.box_logs)
         except (SyncFailed, OSError) as e:

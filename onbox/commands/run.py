@@ -49,6 +49,16 @@ def run_options(f: Any) -> Any:
                      "within this many seconds, before getting past its step, quarantines it and the next attempt "
                      "falls back to an older one (%s, default 900; 0: never)." % _r("restore_probation")),
         click.option("--restart", type=click.Choice(["on-failure", "always", "never"]), help="Restart policy."),
+        click.option("--hang-after", metavar="DUR", help="A trainer that reported steps is HUNG after this long "
+                     "with no new step, no output and no checkpoint write (90s, 5m, seconds; 0 or `off`: never). "
+                     "Default: learned from its cadence, max(hang_factor (10) x its median step interval, "
+                     "hang_floor (120 s)); an eval it announces gets 2 x the longest eval silence seen; before "
+                     "an attempt's first step, hang_startup (1200 s)."),
+        click.option("--on-hang", type=click.Choice(["alert", "restart", "stop"]),
+                     help="What a hang does, once the stacks of every process of the attempt and the GPU state are "
+                     "saved (<run dir>/hang-stacks.<attempt>.txt, and with the logs on --durable): alert only; "
+                     "restart (default) stops the whole attempt and restarts it from the newest checkpoint, "
+                     "bounded by the restart policy; stop ends the run failed (`hung`)."),
         click.option("--max-restarts", type=int, help="Restarts after failures before giving up (%s, default 5)."
                      % _r("max_restarts")),
         click.option("--checkpoint-signal", help="Signal forwarded to the child on preemption (default TERM; "
@@ -133,6 +143,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     Every number must be finite and inside its range (shown with each option; the run-file and ONBOX_* knobs:
     tick_interval 0.001-60 s, deadline_margin 0-86400 s (default 60), backoff_initial 0-86400 s, backoff_max 0-604800 s, term_timeout 0-3600 s,
     reap_wait 0-3600 s, sync_reserve 0-86400 s, notice_interval 0.01-3600 s, stall_minutes 0.01-10080,
+    hang_factor 1-1000 (default 10), hang_floor 0-86400 s (default 120), hang_startup 0.01-604800 s (default 1200),
     metrics_hint_minutes 0-10080 (default 10; 0: never), crash_loop_threshold 0-1000, log_max_bytes 0-2^40,
     log_backups 0-1000, log_tail_lines 0-200 (default 20; 0: no output leaves the box), scan_max_entries
     1-10^8, scan_max_depth 1-1000, scan_max_seconds 0.001-3600 (one scan of the checkpoint dir; defaults 500000,
@@ -141,6 +152,13 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     With --durable the agent takes the run's lease there first (`<durable>/<run>/leases/`): while another agent's
     lease is live the launch is refused (exit 2, naming it) unless --take-over; an agent that finds a newer lease
     writes nothing more, stops its trainer and ends `fenced` (exit 1).
+
+    A hung trainer: once it has reported a step, no new step, no output byte and no write in its checkpoint dir
+    for longer than its bound (--hang-after; an eval it announces with a line such as `eval ...` or `Evaluating`
+    has its own) gets the Python stacks of every process of the attempt saved (py-spy on PATH; else faulthandler in
+    a trainer that registered SIGUSR2 into $ONBOX_STACKS_DIR/<pid>.txt; else /proc's state, wchan and kernel stack),
+    then --on-hang acts (a `hang_detected` event, a warning in `onbox status` and the beats). A trainer whose
+    output onbox never reads as a step is never judged hung.
 
     Exit codes: 0 started (or, with --foreground, the run's own: 0 done/stopped, 1 failed or fenced, 75
     preempted, or stopped by its --deadline: session_limit), 2 bad input (nothing is created, a --deadline that has

@@ -251,6 +251,13 @@ class ReaperHook:
         self.poll_s = poll_s
         self.memory_poll_s = memory_poll_s
 
+    def gpu_state(self) -> Dict[str, Any]:
+        """Every GPU's readings now (onbox.gpu.readings: utilisation, memory, processes, Xid), for a hang's
+        evidence; on a box without a driver: available False and why."""
+        from onbox.gpu.readings import gpu_readings
+
+        return gpu_readings(self.seam)
+
     def before_attempt(self, earlier_sessions: List[int]) -> None:
         from onbox.gpu.holders import HolderScan
         from onbox.gpu.nvml import NvmlSeam

@@ -18,7 +18,9 @@
   notes.py       what the supervisor learns from events and must show (warnings, the requeue outcome)
   runsummary.py  training_status.md, rendered from state.json's document
   hooks.py       the seams the loop drives (checkpoints, telemetry, reaper, nodes): interfaces, no-op versions
-  exits.py       what a child's exit means (OOM, NCCL, CUDA, signal) and what to do about it
+  exits.py       what a child's exit means (OOM, NCCL, CUDA, signal, hung) and what to do about it
+  hang.py        the hang watch: the trainer's cadence judged each step, the evidence kept, then --on-hang
+  stacks.py      a hung attempt's evidence: every process's Python stack (py-spy, opted-in faulthandler, /proc)
   leftovers.py   what an attempt left running (its tree, its marker) and how it is stopped
   preempt.py     signals and cloud metadata notices -> one PreemptionNotice
   childenv.py    the child's argv and environment

@@ -13,7 +13,7 @@ import os
 import signal
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import paths
+from onbox import fsutil, paths
 from onbox.config import RunConfig, agent_only_vars
 from onbox.errors import UsageError
 from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id
@@ -22,6 +22,7 @@ from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, se
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
 from onbox.supervisor.rundir import LogTailer, RunDir
+from onbox.supervisor.stacks import STACKS_VAR
 
 
 class AttemptLauncher:
@@ -83,6 +84,9 @@ class AttemptLauncher:
                         self.rd.preempt_file, {**self.cfg.env, **extra_env, **secrets}, cpu_quota_cores(),
                         agent_only=agent_only_vars(self.cfg))
         marker = env[MARKER_VAR] = new_marker(self.rd.name, n)  # what the attempt's processes inherit
+        # where a trainer that opted into faulthandler dumps its stacks on a hang (stacks.py)
+        env[STACKS_VAR] = self.rd.file(paths.STACKS_DIR)
+        self.journal.keep(paths.STACKS_DIR, fsutil.make_private_dir, env[STACKS_VAR])
         for stale in (self.rd.preempt_file,):
             if os.path.exists(stale):
                 self.journal.keep(paths.PREEMPT_FILE, os.unlink, stale)
@@ -165,22 +169,52 @@ class AttemptLauncher:
         return self.journal.clock.time() - started if isinstance(started, (int, float)) else float("inf")
 
     def finish(self, preempted: bool = False, stopped: bool = False,
-               fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False) -> cls.Classification:
+               fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False,
+               hung: Optional[Dict[str, Any]] = None) -> cls.Classification:
         """The child has ended (or a stop gave up on it): classify and record its exit, stop what it left.
-        `fenced`: the stop was a fence's (the fenced event's fields); `session_limit`: the run's deadline's."""
+        `fenced`: the stop was a fence's (the fenced event's fields); `session_limit`: the run's deadline's; `hung`:
+        the hang watch's (the hang_detected event's fields): the child still runs, and is stopped with the rest of
+        the attempt (its exit status is then what the stop made of it, or unknown once reaped)."""
+        if hung is not None and self.cfg.reap_orphans is False and self.child is not None:
+            self.tree = AttemptProcesses(self.proc, self._root(), None)  # the hung attempt goes, whatever the setting
         status = self.exit_status or ExitStatus()
         result = cls.classify(status, list(self.tailer.tail), self.oom_before, self.oom_reader(),
-                              preempted=preempted, stopped=stopped, fenced=fenced, session_limit=session_limit)
+                              preempted=preempted, stopped=stopped, fenced=fenced, session_limit=session_limit,
+                              hung=hung)
         rec = self.attempts[-1]
         rec.update(ended_at=self.journal.clock.time(), exit=result.to_dict())
         self.last_exit = result.to_dict()
         self.journal.keep(paths.OUTPUT_LOG, self.rd.log_line, "attempt %d ended: %s" % (rec["n"], result.message))
         self.journal.emit("exit", **result.to_dict())
-        if self.cfg.reap_orphans:
+        if self.cfg.reap_orphans or hung is not None:
             self._stop_leftovers(rec)
+        if hung is not None and self.child is not None and self.exit_status is None:
+            self.proc.poll(self.child)  # reap the stopped child (the stop's own reaping may have been first)
         self.child = None
         self.exit_status = None
         return result
+
+    def _root(self) -> Optional[ProcRef]:
+        child = self.child
+        return ProcRef(child.pid, child.start_time) if child is not None and child.start_time is not None else None
+
+    def processes(self) -> List[ProcRef]:
+        """Every live process of the attempt under way, each by pid and start time: its child, its session's
+        members, its tracked tree and whatever carries its marker (leftovers.py). Reads every process's
+        environment once: for rare calls (a hang's evidence)."""
+        root = self._root()
+        if root is None:
+            return []
+        marker = self.attempts[-1].get("marker") if self.attempts else None
+        tree = self.tree if self.tree is not None else AttemptProcesses(self.proc, root, marker)
+        found = [root, *tree.discover()]
+        for pid in self.proc.session_members(self.child.sid) if self.child is not None else []:
+            start = self.proc.start_time_of(pid)
+            if start is not None and start >= root.start_time:
+                found.append(ProcRef(pid, start))
+        me = os.getpid()
+        return sorted({r for r in found if r.pid != me and self.proc.start_time_of(r.pid) == r.start_time},
+                      key=lambda r: r.pid)
 
     def record_session_limit(self, hint: str) -> None:
         """The run's deadline stopped it: its last exit (and the attempt's, when one ran) carries the hint that

@@ -26,6 +26,7 @@ STOPPED = "stopped"
 SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
 FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
 UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
+HUNG = "hung"  # no step, no output, no checkpoint write past its bound: the agent stopped it (supervisor/hang.py)
 # failures that no restart can mend (the host must be changed first): the run fails at the first one, with its fix,
 # instead of spending its backoffs and restarts on the same refusal
 RESTART_CANNOT_FIX = frozenset({NO_GPU_RUNTIME})
@@ -120,6 +121,22 @@ def fenced_exit(status: Optional[ExitStatus], fence: Dict[str, Any]) -> Classifi
                           "the run continues on %s; nothing to do on this box" % where)
 
 
+HANG_HINT = ("read the stacks file: the frame each process waits in tells which rank or worker is stuck (a rank "
+             "still in all_reduce while another is not is the straggler or the dead one; a main process waiting on a "
+             "DataLoader queue has a stuck worker); a hang that repeats is not fixed by restarting: check the "
+             "interconnect (NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO), the workers (num_workers, U9) and the GPUs (Xid)")
+
+
+def hung_exit(status: ExitStatus, hang: Dict[str, Any]) -> Classification:
+    """The exit of an attempt the hang watch stopped (`hang`: the hang_detected event's fields)."""
+    where = hang.get("stacks") or hang.get("stacks_problem") or "not captured"
+    return Classification(HUNG, status.code, status.signal,
+                          "hung: no new step and no output for %.0f s at step %s (%s; bound %.0f s: %s); the agent "
+                          "stopped every process of the attempt; stacks: %s" % (
+                              hang.get("quiet_s") or 0, hang.get("step"), hang.get("phase"), hang.get("bound_s") or 0,
+                              hang.get("rule"), where), HANG_HINT)
+
+
 def session_limit_exit(status: Optional[ExitStatus], hint: str = "") -> Classification:
     """The exit of a run its deadline stopped (supervisor/deadline.py); `status` None: no child was running (a
     backoff). The hint (how to continue, naming the checkpoint) is the supervisor's, once the final commit ran."""
@@ -131,12 +148,16 @@ def session_limit_exit(status: Optional[ExitStatus], hint: str = "") -> Classifi
 
 def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optional[int] = None,
              oom_after: Optional[int] = None, preempted: bool = False, stopped: bool = False,
-             fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False) -> Classification:
+             fenced: Optional[Dict[str, Any]] = None, session_limit: bool = False,
+             hung: Optional[Dict[str, Any]] = None) -> Classification:
     """Turn an exit status plus evidence into a Classification with a message and a hint. `fenced`: the stop was
-    a fence's (its event's fields); `session_limit`: the run's deadline asked for it (session_limit_exit)."""
+    a fence's (its event's fields); `session_limit`: the run's deadline asked for it (session_limit_exit); `hung`:
+    the hang watch stopped it (hung_exit)."""
     code, sig = status.code, status.signal
     if fenced is not None:
         return fenced_exit(status, fenced)
+    if hung is not None:
+        return hung_exit(status, hung)
     if session_limit:
         return session_limit_exit(status)
     if preempted:

@@ -97,6 +97,8 @@ class TelemetryHook(Protocol):
 
 
 class ReapHook(Protocol):
+    """May also have `gpu_state()`: the GPUs' readings now (onbox.gpu.readings), for a hang's evidence (hang.py)."""
+
     def before_attempt(self, earlier_sessions: List[int]) -> None:
         """Kill GPU holders left by earlier attempts (their session ids) and wait, bounded, for memory to return."""
 
@@ -175,6 +177,9 @@ class Hooks:
     telemetry: TelemetryHook
     reaper: ReapHook
     nodes: NodeHook = dataclasses.field(default_factory=NoNodes)  # a single-node run has no peers
+    # copy the run's logs (a hang's stacks file among them) to durable storage now, after the commit in flight;
+    # None: this agent writes no logs there (no --durable, or a node that does not commit)
+    logs: Optional[Callable[[], None]] = None
 
 
 def no_hooks(ctx: RunContext) -> Hooks:

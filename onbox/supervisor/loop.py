@@ -35,6 +35,7 @@ from onbox.slurm import job as slurm
 from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.endings import Ending, RunEndings
+from onbox.supervisor.hang import HangWatch
 from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.notices import NoticeIntake, NoticeStop
@@ -69,6 +70,7 @@ class Seams:
     waiter: Optional[Callable[[float], None]] = None
     requeue: Optional[Callable[[str], bool]] = None  # Slurm only; None: `scontrol requeue` (onbox/slurm/job.py)
     slurm_runner: Optional[Callable[..., Any]] = None  # Slurm only: runs scontrol; None: subprocess.run
+    stacks: Optional[Callable[[List[Any]], List[Any]]] = None  # a hung attempt's stacks; None: stacks.capture
 
 
 def stderr_log(message: str) -> None:
@@ -112,8 +114,11 @@ class Supervisor:
         # from what an earlier agent recorded; its output and records routed to the hooks and the curriculum
         self.progress = ProgressFeed(rundir.metrics_file, cfg.metrics_regex, self.clock,
                                      saved=rundir.side_doc(paths.PROGRESS_FILE))
+        # the trainer's cadence and what a hang does (hang.py); it hears the output and the records first-hand
+        self.hang = HangWatch(cfg, rundir, self.ckpt_dir, self.clock, self.emit, self._log, self.proc, self.progress,
+                              self.environ, lambda: self.launcher.number, seams.stacks)
         self.output = OutputRoute(self.progress, self._hook, lambda: self.hooks.telemetry, lambda: self.phases,
-                                  lambda: self.launcher.child is not None)
+                                  lambda: self.launcher.child is not None, self.hang)
         self.launcher = AttemptLauncher(cfg, rundir, self.proc, self.journal, self.environ, self.ckpt_dir,
                                         seams.oom_reader, prev, self.output.on_line)
         self.phases = curriculum_for(cfg, prev.get("phase"), self.clock, self.emit)
@@ -246,6 +251,7 @@ class Supervisor:
             self._after_exit()
         elif self.state == RunState.RUNNING:
             self._phase_tick(now)
+            self._watch_hang(now)
         elif self.state == RunState.BACKOFF and now >= self.backoff_until:
             self.transition(RunState.STARTING, reason="backoff over")
         if self.state == RunState.STOPPING and self.stop is not None and self.stop.step(now):
@@ -330,13 +336,15 @@ class Supervisor:
         self.transition(RunState.RUNNING, reason="attempt %d pid %d" % (self.launcher.number, child.pid),
                         pid=child.pid)
 
-    def _after_exit(self) -> None:
-        result = self.launcher.finish()
+    def _after_exit(self, result: Optional[cls.Classification] = None) -> None:
+        """`result`: an exit already recorded (a hung attempt the hang watch stopped), else the child's, now."""
+        result = result or self.launcher.finish()
         verdict = self.phases.after_exit(result.failed)
         if verdict is not None:
             return self._phase_ended(verdict)
-        fell_back = result.failed and bool(self._hook("checkpoints.after_failure", self.hooks.checkpoints.after_failure,
-                                                      self.launcher.seconds_run()))
+        # a hang says nothing against the checkpoint the attempt resumed from: it is not taken out of use
+        fell_back = result.failed and result.classification != cls.HUNG and bool(self._hook(
+            "checkpoints.after_failure", self.hooks.checkpoints.after_failure, self.launcher.seconds_run()))
         decision = self.policy.decide(result, self.restarts, fell_back)
         if decision.state == RunState.BACKOFF:
             return self._backoff(decision.delay, decision.reason)
@@ -349,6 +357,20 @@ class Supervisor:
             pgid = self.launcher.signal(sig)
             self.emit("signal_forwarded", signal=sig.name, pgid=pgid, reason="phase end")
             self.journal.save()  # `ending` is on disk: an adopting agent keeps the deadline
+
+    def _watch_hang(self, now: float) -> None:
+        """A hung trainer (hang.py): its evidence first, then --on-hang: alert only; restart (the attempt stopped,
+        its `hung` exit handed to the restart policy); stop (the run ends FAILED)."""
+        verdict = self.hang.check(now, self.launcher, ending=getattr(self.phases, "stop", None) is not None)
+        result = self.hang.respond(verdict, self.launcher, self.hooks, self._hook) if verdict is not None else None
+        if result is None:
+            return
+        if self.cfg.on_hang == "stop":
+            self._end(RunState.FAILED, result.message, cls.HUNG, classification=cls.HUNG)
+        else:
+            self._after_exit(result)
+        self.hang.acted(self.state.value, self.message, restarts=self.restarts, max_restarts=self.cfg.max_restarts,
+                        restart_in_s=round(self.backoff_until - now, 3) if self.state == RunState.BACKOFF else None)
 
     def _phase_ended(self, verdict: Verdict) -> None:
         """The next phase starts at once from this one's final checkpoint, committed first; or the run ends."""

@@ -1,5 +1,6 @@
-"""What the supervisor learns from events and must show: a background thread that died, a run whose output no
-metric parser recognises, a heartbeat sink that is down (until it answers again), a run directory that refuses
+"""What the supervisor learns from events and must show: a background thread that died, a hung trainer (what was
+seen, where its stacks are, what was done about it, whether it came back), a run whose output no metric parser
+recognises, a heartbeat sink that is down (until it answers again), a run directory that refuses
 writes (until it takes them again), the Slurm requeue outcome, and when training_status.md is due again.
 
 Events reach `RunNotes.on_event` from any thread (the metadata poller, the heartbeat senders and the checkpoint
@@ -17,6 +18,10 @@ SUMMARY_EVENTS = {"checkpoint_committed", "sync_failed", "durable_full", "checkp
                   "restore_failed", "local_pruned", "final_checkpoint", "final_sync_none", "final_sync_skipped"}
 # A node of a multi-node group that could not start from node 0's checkpoint (onbox/multinode/hooks.py).
 NODE_RESUME_PROBLEMS = {"node_resume_failed", "node_resume_mismatch", "node_resume_fallback"}
+HANG_EVENTS = {"hang_detected", "hang_action", "hang_recovered"}  # onbox/supervisor/hang.py
+HANG_HINT = ("read the stacks in %s: the frame each process waits in tells which rank or worker is stuck; a hang that "
+             "repeats is not fixed by restarting (look for a dead or slow rank, a stuck DataLoader worker, the "
+             "interconnect: NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO)")
 AGENT_RESTART_HINT = ("restart the agent to restart its threads: `kill -KILL %s` (the child keeps running), then "
                       "`onbox adopt %s`")
 
@@ -58,6 +63,9 @@ class RunNotes:
                 self._state_due = True
             elif kind == "run_dir_writable" and self._warnings.pop("run_dir_unwritable", None) is not None:
                 self._state_due = True
+            elif kind in HANG_EVENTS:
+                self._hang(kind, ev)
+                self._state_due = True
             elif kind == "metrics_unrecognised":
                 self._warnings["no_metrics"] = {"code": "no_metrics", "severity": "warning", "at": ev.get("time"),
                                                 "message": ev.get("message"), "hint": ev.get("hint")}
@@ -97,6 +105,30 @@ class RunNotes:
                 self._requeue = {"ok": False, "job_id": ev.get("job_id"), "detail": ev.get("reason")}
             elif kind in SUMMARY_EVENTS:
                 self._status_due = True
+
+    def _hang(self, kind: str, ev: Dict[str, Any]) -> None:
+        """The `hang` warning: critical from the detection until the trainer reports a step again (then a warning
+        that says it came back), naming the stacks file and, once acted on, what was done."""
+        if kind == "hang_detected":
+            self._warnings["hang"] = {
+                "code": "hang", "severity": "critical", "at": ev.get("time"), "stacks": ev.get("stacks"),
+                "message": "attempt %s hung at step %s (%s): no new step and no output for %.0f s, past its bound "
+                           "%.0f s (%s); stacks of %s process(es): %s" % (
+                               ev.get("attempt"), ev.get("step"), ev.get("phase"), ev.get("quiet_s") or 0,
+                               ev.get("bound_s") or 0, ev.get("rule"), ev.get("process_count"),
+                               ev.get("stacks") or ev.get("stacks_problem")),
+                "hint": HANG_HINT % (ev.get("stacks") or "the stacks file")}
+            return
+        w = self._warnings.get("hang")
+        if w is None:
+            return
+        if kind == "hang_action":
+            w["message"] = "%s; %s" % (w["message"], ev.get("message"))
+            w["action"] = ev.get("action")
+        else:  # hang_recovered
+            w["severity"] = "warning"
+            w["message"] = "%s; recovered: step %s reported %.0f s after the hang was detected" % (
+                w["message"], ev.get("step"), ev.get("after_s") or 0)
 
     def summary_due(self) -> None:
         """What training_status.md shows changed without an event (a hook's file beside state.json, progress.json):

@@ -35,6 +35,9 @@ def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None
     relaunch = "`onbox run --name %s`" % run
     resumes = ("it resumes from the newest checkpoint" if newest_checkpoint(state, checkpoint)
                else "it starts from scratch: no checkpoint was committed")
+    hung = hang_next(state, relaunch, resumes)
+    if hung:
+        return hung
     if st == "starting":
         return "the agent is starting attempt %s" % state.get("attempt")
     if st == "running":
@@ -61,6 +64,25 @@ def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None
         return ("nothing restarts it by itself: relaunch with %s (here, or on a replacement box with the same "
                 "--durable), or let the scheduler requeue it; %s" % (relaunch, resumes))
     return "`onbox status %s`" % run
+
+
+def hang_next(state: Dict[str, Any], relaunch: str, resumes: str) -> Optional[str]:
+    """`next:` while a hang stands (the `hang` warning is critical until the trainer reports a step again)."""
+    w = next((w for w in state.get("warnings") or [] if isinstance(w, dict) and w.get("code") == "hang"
+              and w.get("severity") == "critical"), None)
+    st = state.get("state")
+    if w is None or st not in ("running", "backoff", "starting", "failed"):
+        return None
+    stacks = w.get("stacks") or "the stacks file (see the hang_detected event)"
+    if st == "failed":
+        return "fix the hang (read the stacks in %s), then relaunch with %s: %s" % (stacks, relaunch, resumes)
+    if st == "running" and w.get("action") in (None, "alert"):
+        return ("the trainer is HUNG and left as it is (--on-hang alert): read the stacks in %s, then stop it "
+                "(`onbox stop %s`) and relaunch, or wait for it to come back" % (stacks, state.get("run")))
+    if st == "backoff":
+        return "the agent restarts it at %s after a hang: read the stacks in %s" % (_iso(state.get("backoff_until")),
+                                                                                  stacks)
+    return "the agent restarted it after a hang, from the newest checkpoint: read the stacks in %s" % stacks
 
 
 def newest_checkpoint(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]]) -> Any:

@@ -8,6 +8,7 @@ redacted) and the alert rules over them.
                   incremental metrics file reader
   logtail.py      the last lines of the job's output, bounded, secrets redacted
   alerts.py       the alert rules: NaN/spikes, stall, disks, GPUs, OOM kills, sync failures, crash loops
+  cadence.py      the hang rule: the trainer's step cadence per phase (startup, train, eval) and when it is hung
 
 GPU readings live in onbox.gpu, beside the NVML seam they share with the reaper. May import: onbox.errors only;
 the supervisor, heartbeats and `onbox audit` read from here.

@@ -117,8 +117,10 @@ class AlertEngine:
             cur["stall"] = Alert("stall", "critical",
                                  "no new step and no output for %d min while the child (pid %s) lives"
                                  % (quiet_seconds // 60, pid),
-                                 "see where it hangs: `py-spy dump --pid %s` (pip install py-spy); a NCCL hang or "
-                                 "a dead DataLoader worker is typical; U43: is stdout block-buffered?" % pid,
+                                 "see where it hangs, in every process of the job (pip install py-spy): `py-spy "
+                                 "dump --pid %s` is only the child (torchrun, a shell); its workers and their "
+                                 "DataLoader workers are its descendants (`pstree -p %s`): dump each; a NCCL hang or "
+                                 "a dead DataLoader worker is typical; U43: is stdout block-buffered?" % (pid, pid),
                                  {"quiet_seconds": round(quiet_seconds, 1), "pid": child_pid})
         for disk in disks:
             self._disk(cur, disk)
@@ -158,7 +160,7 @@ class AlertEngine:
                 prev.message += "; %s" % w.get("message")
                 continue
             cur[code] = Alert(code, str(severity), str(w.get("message") or code), str(w.get("hint") or ""),
-                              {k: w[k] for k in ("thread", "at") if w.get(k) is not None})
+                              {k: w[k] for k in ("thread", "at", "stacks", "action") if w.get(k) is not None})
 
     def _disk(self, cur: Dict[str, Alert], disk: Mapping[str, Any]) -> None:
         s = self.settings
