@@ -19,6 +19,7 @@ A box whose `options` set StrictHostKeyChecking or UserKnownHostsFile (or the li
     profile = "runpod"
     identity = "~/.ssh/id_ed25519"
     pool = "a100"                 # a spare of pool a100: `onboxctl keep` may recover a run onto it
+    price = 0.44                  # per hour: `onboxctl report` shows what each part of a run's time cost
     options = ["StrictHostKeyChecking=accept-new"]
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Box:
     python: str = "python3"  # the box's interpreter that runs onbox.pyz (AutoDL: /root/miniconda3/bin/python)
     options: List[str] = dataclasses.field(default_factory=list)
     pool: Optional[str] = None  # the pool this box serves as a spare of (`run --recover pool:P`, controller/keeper)
+    price: Optional[float] = None  # what an hour of it costs (`onboxctl report`; else its profile's, prices.toml)
     in_inventory: bool = True
     # onbox's known_hosts for this box (the inventory's, set where it is read); never written to the inventory
     known_hosts: Optional[str] = dataclasses.field(default=None, compare=False)
@@ -250,12 +252,19 @@ def box_from_entry(name: str, entry: Any, source: str) -> Box:
     port = entry.get("port")
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         raise UsageError("box inventory %s: box %r: port must be 1-65535, not %r" % (source, name, port))
+    price = entry.get("price")
+    if price is not None:
+        from controller.goodput.prices import price_problem
+
+        why = price_problem(price)
+        if why:
+            raise UsageError("box inventory %s: box %r: price: %s" % (source, name, why), hint="e.g. price = 0.44")
     options = entry.get("options", [])
     if not isinstance(options, list) or not all(isinstance(o, str) and OPTION_RE.fullmatch(o) for o in options):
         raise UsageError("box inventory %s: box %r: options must be a list of \"Key=Value\"" % (source, name))
     return Box(name=name, host=entry["host"], port=port, user=entry.get("user"), profile=entry.get("profile"),
                identity=entry.get("identity"), python=entry.get("python", "python3"), options=list(options),
-               pool=entry.get("pool"))
+               pool=entry.get("pool"), price=float(price) if price is not None else None)
 
 
 def _toml_value(v: Any) -> str:
@@ -263,6 +272,8 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int):
         return str(v)
+    if isinstance(v, float):
+        return repr(v)  # TOML's float: 0.44, 1e-05
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))  # a JSON string is a valid TOML basic string for these values

@@ -23,6 +23,7 @@ COMMANDS = {
     "tracker": (C + "tracker", "tracker", "The embedded heartbeat tracker (serve)."),
     "tunnel": (C + "tunnel", "tunnel", "Show, re-open or close the ssh tunnels that carry boxes' heartbeats home."),
     "keep": (C + "keep", "keep", "Watch runs launched with --recover and bring them back without you."),
+    "report": (C + "report", "report", "Goodput: how much of each run's time (and cost) became training it kept."),
     "kaggle": (C + "kaggle", "kaggle", "Kaggle kernels as a target: push a run's next session, its status, logs, "
                                        "pull its output."),
 }

@@ -11,6 +11,7 @@
   tracker.py   `tracker serve`
   queue.py     `queue BOX`: a box's run queue
   keep.py      `keep`: the recovery loop (controller/keeper/)
+  report.py    `report`: the goodput ledgers, per run, box, profile or pool (controller/goodput/)
   kaggle.py    `kaggle push|status|logs|pull` (controller/kaggle/)
   params.py    click parameter types: finite numbers in range
 """

@@ -32,14 +32,19 @@ def box() -> None:
 @click.option("--ssh-option", "options", multiple=True, metavar="KEY=VALUE", help="Extra ssh -o option (repeatable).")
 @click.option("--pool", default=None, help="A spare of this pool: `onboxctl keep` may recover a run launched with "
                                             "`--recover pool:POOL` onto it (when it is healthy and idle).")
+@click.option("--price", default=None, metavar="PER_HOUR",
+              help="What an hour of this box costs (e.g. 0.44): `onboxctl report` shows what each part of a run's "
+                   "time cost. Without it, its profile's price in prices.toml, if any.")
 @click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
 def add(name: str, host: str, port: Optional[int], user: Optional[str], profile: Optional[str],
-        identity: Optional[str], python: str, options: Tuple[str, ...], pool: Optional[str], replace: bool) -> None:
+        identity: Optional[str], python: str, options: Tuple[str, ...], pool: Optional[str], price: Optional[str],
+        replace: bool) -> None:
     """Add box NAME to the inventory."""
     check_name(name)
     check_box_fields(host, user, python)
     if pool is not None:
         check_pool(pool)
+    per_hour = _price(price) if price is not None else None
     for opt in options:
         if not OPTION_RE.fullmatch(opt):
             raise UsageError("--ssh-option must look like Key=Value, not %r" % opt)
@@ -50,8 +55,23 @@ def add(name: str, host: str, port: Optional[int], user: Optional[str], profile:
         _check_profile(profile)
     inv = Inventory()
     inv.add(Box(name=name, host=host, port=port, user=user, profile=profile, identity=identity, python=python,
-                options=list(options), pool=pool), replace=replace)
-    click.echo("added box %s (%s%s) to %s" % (name, host, ", pool %s" % pool if pool else "", inv.path()))
+                options=list(options), pool=pool, price=per_hour), replace=replace)
+    click.echo("added box %s (%s%s%s) to %s" % (name, host, ", pool %s" % pool if pool else "",
+                                                ", %g an hour" % per_hour if per_hour is not None else "", inv.path()))
+
+
+def _price(text: str) -> float:
+    """--price as a number of money per hour (exit 2 naming the flag otherwise)."""
+    from controller.goodput.prices import price_problem
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError("--price %r is not a number" % text, hint="the box's price per hour, e.g. --price 0.44")
+    why = price_problem(value)
+    if why:
+        raise UsageError("--price %r: %s" % (text, why), hint="the box's price per hour, e.g. --price 0.44")
+    return value
 
 
 @box.command("ls")
@@ -65,9 +85,11 @@ def ls(as_json: bool) -> None:
     if not boxes:
         click.echo("no boxes yet: add one with `onboxctl box add NAME --host HOST`")
         return
-    rows = [("NAME", "HOST", "PORT", "USER", "PROFILE", "POOL")]
+    priced = any(b.price is not None for b in boxes.values())  # the column only once a box has a price
+    rows = [("NAME", "HOST", "PORT", "USER", "PROFILE", "POOL") + (("PRICE/H",) if priced else ())]
     for n, b in sorted(boxes.items()):
-        rows.append((n, b.host, str(b.port or "-"), b.user or "-", b.profile or "-", b.pool or "-"))
+        rows.append((n, b.host, str(b.port or "-"), b.user or "-", b.profile or "-", b.pool or "-")
+                    + (("%g" % b.price if b.price is not None else "-",) if priced else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -13,6 +13,11 @@ and the dashboard.
   series.py     a run's curves: its beats as columns, and the trainer's own points
   pulled.py     what the tracker can say of "pulled home and verified" for a run's newest durable checkpoint
   dashboard.py  the pages (`/`, `/run/<run>`), the login form and the static files (static/: the page, uPlot)
+  goodput.py    every run's goodput ledger (controller/goodput/), its beats folded as they are stored
+  ledgers.py    the routes over the ledgers: `GET /api/v1/goodput` and `GET /metrics`
+  metrics.py    the /metrics text: every run and its GPUs, OpenMetrics (METRICS.md: the series, DCGM's names)
+  runfacts.py   what the onboxctl config dir says of a run: its launch record, its box's profile, pool, price
+  runpage.py    a run page's facts: command line, start, elapsed, durable target, work at risk, next step
   client.py     the other side: reading a tracker's run list for `onboxctl status` and the keeper (via
                 controller/runview.py), each run checked on its own; imports nothing of the server
 

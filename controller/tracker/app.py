@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -111,12 +112,18 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
                connection_stats: Optional[Callable[[], Dict[str, int]]] = None,
                pulls_record: Optional[str] = None, allowed_hosts: Optional[AllowedHosts] = None) -> Starlette:
     """The app over `store`. `allowed_hosts`: the Host names it answers (server.py always gives them; None, only
-    in-process tests, answers any)."""
+    in-process tests, answers any). The inventory and launch records (runfacts.py) are read from the onboxctl
+    config dir that holds `pulls_record`."""
     from controller.tracker.dashboard import dashboard_routes
+    from controller.tracker.goodput import GoodputBook
+    from controller.tracker.ledgers import ledger_routes
+    from controller.tracker.runfacts import RunFacts
 
     auth = Auth(token, public_read=public_read, now=store.now)
     writer = GroupCommitter(store)
     ensure_table(store)
+    book = GoodputBook(store)
+    facts = RunFacts(os.path.dirname(pulls_record) if pulls_record else None)
 
     def require(request: Request, write: bool) -> None:
         # a write takes the bearer header only, never the dashboard's cookie (no cross-site request can send it)
@@ -267,7 +274,8 @@ def create_app(store: Store, token: Optional[str], public_read: bool = False, ma
             Route("/api/v1/events", post_events, methods=["POST"]),
             Route("/api/v1/runs/{run}/events", get_run_events, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
-            *dashboard_routes(store, auth, require, pulls_record),
+            *ledger_routes(store, book, facts, require),
+            *dashboard_routes(store, auth, require, pulls_record, book, facts),
         ],
         exception_handlers={BadRequest: bad_request, HTTPException: http_error},
         lifespan=lifespan,

@@ -27,8 +27,11 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from controller.tracker.answers import BadRequest, int_param
+from controller.tracker.goodput import GoodputBook
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
+from controller.tracker.runfacts import RunFacts
+from controller.tracker.runpage import run_page
 from controller.tracker.series import read_series, read_trainer, series_body
 from controller.tracker.session import Auth, same_origin
 from controller.tracker.store import Store
@@ -80,9 +83,12 @@ def _next_path(raw: Optional[str]) -> str:
 
 
 def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool], None],
-                     pulls_record: Optional[str]) -> List[Route]:
+                     pulls_record: Optional[str], book: Optional[GoodputBook] = None,
+                     facts: Optional[RunFacts] = None) -> List[Route]:
     static = load_static()
     overview = Overview(store, PullsView(pulls_record))
+    book = book if book is not None else GoodputBook(store)
+    facts = facts if facts is not None else RunFacts(None)
 
     def json_answer(request: Request, doc: Dict[str, Any]) -> JSONResponse:
         resp = JSONResponse(doc, headers={"Cache-Control": "no-store"})
@@ -179,6 +185,8 @@ def dashboard_routes(store: Store, auth: Auth, require: Callable[[Request, bool]
             summary = overview.run(run)
             if summary is not None and after >= 0 and series["next_after"] == after:
                 summary.pop("log_tail", None)  # nothing new since the last poll: no need to send it again
+            if summary is not None:  # what the run is: its launch, start, ledger, work at risk, next step
+                summary["page"] = run_page(store, facts, run, summary, book.ledger(run, store.now()))
             return series_body(series, {"summary": summary}, trainer)
 
         resp = Response(await run_in_threadpool(read), media_type="application/json",

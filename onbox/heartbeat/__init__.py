@@ -8,6 +8,7 @@ the TelemetryHook that collects a beat from onbox.telemetry and onbox.gpu on eac
   points.py       the trainer's own metric records since the previous beat, as the beat's `points` section
   metricshint.py  whether the trainer's output is recognised as metrics, said once either way
   collect.py      the box readings a beat carries (host, disks, GPUs), each a seam
+  times.py        the beat's `times`: when its agent started, its attempt's setup began, its child was spawned
   hook.py         HeartbeatHook: the TelemetryHook the supervisor calls
 
 May import: the shared leaves, onbox.telemetry, onbox.gpu, onbox.slurm.job, onbox.multinode.role (a node's rank),

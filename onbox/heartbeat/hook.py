@@ -6,8 +6,8 @@
   loop, from the output and ONBOX_METRICS_FILE): its loss to the alert engine, all of it to the sinks that draw
   curves. Each beat carries the feed's newest values (`progress`) and every record since the previous beat
   (`points`, bounded: onbox/heartbeat/points.py).
-- on_event(event): a lifecycle event makes the next tick send a beat at once; a `state` event into `starting`
-  (a backoff's end) marks when the next attempt's setup began, `adopted` that this agent did not set it up.
+- on_event(event): a lifecycle event makes the next tick send a beat at once; the events that say when an
+  attempt's setup began go to the beat's `times` (times.py).
 - tick(state): send a beat when one is due (every `heartbeat_interval`, on a state change or event, on a new
   alert); once the child has printed for `metrics_hint_minutes` without a metric recognised, emit
   `metrics_unrecognised` with the flag to use (and `metrics_recognised` when one finally is: metricshint.py).
@@ -32,6 +32,7 @@ from onbox.heartbeat.points import beat_points
 from onbox.heartbeat.schema import SCHEMA
 from onbox.heartbeat.sinks import Backoff, FileSink, PingSink, Sender, TrackerSink
 from onbox.heartbeat.spool import SeqCounter, Spool
+from onbox.heartbeat.times import AttemptTimes
 from onbox.multinode.role import recorded_role
 from onbox.proc import env_pid_alive
 from onbox.slurm.job import heartbeat_fields
@@ -128,12 +129,7 @@ class HeartbeatHook:
         self.hint = MetricsHint(float(cfg.metrics_hint_minutes) * 60.0)
         self.log_tail = LogTail(cfg.log_tail_lines, secret_values(cfg, ctx.environ))
         self._secrets_attempt: Any = ctx.attempt()  # read just above: the next attempt reads them again
-        # The beat's `times`: when this agent started and when the current attempt's setup (restore, verify) began,
-        # so a reader can tell the time before the trainer's start (restoring) from the time no agent ran (down).
-        # The first attempt's setup begins with the agent; later ones when a backoff ends (a `starting` event).
-        self._agent_started = self.clock.time()
-        self._setup_pending: Optional[float] = self._agent_started
-        self._setup_of: Dict[Any, Optional[float]] = {}
+        self.times = AttemptTimes(self.clock.time())  # the beat's `times` (times.py)
 
     # -- TelemetryHook
     def on_output(self, line: str) -> None:
@@ -159,11 +155,7 @@ class HeartbeatHook:
     def on_event(self, event: Dict[str, Any]) -> None:
         with self._lock:
             self._event_pending = True
-            kind, at = event.get("type"), event.get("time")
-            if kind == "state" and event.get("new") == "starting" and isinstance(at, (int, float)):
-                self._setup_pending = float(at)
-            elif kind == "adopted":  # a child an earlier agent set up: when that began is not known here
-                self._setup_pending = None
+        self.times.on_event(event)
 
     def tick(self, state: Dict[str, Any]) -> None:
         if self._closed:
@@ -310,7 +302,7 @@ class HeartbeatHook:
             # the run's deadline (onbox/supervisor/deadline.py): {at, source, ask_at, left_s, commit_estimate_s, ...}
             "deadline": _deadline(state.get("deadline"), wall),
             "slurm": self.slurm,  # job id, array task, node list, restart count (onbox/slurm/job.py); None outside
-            "times": self._times(state, attempt),
+            "times": self.times.block(state, attempt),
             "progress": progress,
             # every record parsed since the previous beat (None: no sink draws curves)
             "points": beat_points(points, points_dropped) if self.points is not None else None,
@@ -340,21 +332,6 @@ class HeartbeatHook:
                 self._position_saved = position
         self._send_ping(reason, st, alerts)
         return doc
-
-    def _times(self, state: Dict[str, Any], attempt: Any) -> Dict[str, Any]:
-        """When this agent started, when the current attempt's setup began (None: not this agent's, or not known)
-        and when its child was spawned (None before): the agent's own clock, like `time`."""
-        attempts = state.get("attempts")
-        last = attempts[-1] if isinstance(attempts, list) and attempts and isinstance(attempts[-1], dict) else {}
-        child = last.get("started_at")
-        child = float(child) if isinstance(child, (int, float)) and not isinstance(child, bool) else None
-        with self._lock:
-            if attempt not in self._setup_of and child is not None:  # this attempt's child is up: its setup is done
-                pending = self._setup_pending
-                self._setup_of[attempt] = pending if pending is not None and pending <= child else None
-                self._setup_pending = None
-            setup = self._setup_of.get(attempt)
-        return {"agent_started_at": self._agent_started, "setup_at": setup, "child_started_at": child}
 
     def _read(self, what: str, reader: Any) -> Dict[str, Any]:
         try:

@@ -1,0 +1,162 @@
+"""A run's beats, in seq order, folded into its attempts: one `Context` per life of the trainer (an attempt of one
+agent on one box), with when its setup began, when its child was spawned, the steps it completed and when, the
+stall alerts, how it ended. The ledger (ledger.py) is computed from the contexts.
+
+Seq order is the run's order: an agent's seq grows by one per beat and a fresh run dir starts it at the wall clock in
+milliseconds, so a replacement box's beats come after the box it replaced, and a partitioned box's late beats (sent
+after the heal) before them, whatever their times say. A new context starts when the box, the attempt, the agent
+(times.agent_started_at) or the child (times.child_started_at) changes, or a beat follows one whose state was final.
+
+A step belongs to a context only when it was reported after its child started: a relaunched agent carries the run's
+last step in its progress (progress.json) until the trainer reports a new one, and an attempt after a backoff starts
+with the crashed attempt's newest step. The fold is incremental (the tracker feeds it the beats it stores) and
+bounded: a context keeps every step sample since its newest durable checkpoint (a loss sends the run back there) and
+thins the older ones (every other one, past MAX_SAMPLES), so a week-long attempt costs what its last commit
+interval holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple
+
+from controller.goodput.records import BACKOFF_STATE, FINAL_STATES, STOPPING_STATE, Beat
+
+MAX_SAMPLES = 4096  # step samples a context keeps at full resolution before the older ones are thinned
+DEFAULT_INTERVAL = 30.0  # the agent's default heartbeat interval
+
+
+@dataclasses.dataclass
+class Context:
+    """One life of the trainer: an attempt of one agent on one box."""
+
+    index: int
+    box: str
+    attempt: int
+    first_beat: float
+    last_beat: float
+    agent_at: Optional[float] = None
+    setup_at: Optional[float] = None  # when its setup began (restore, verify): the agent's start or a backoff's end
+    child_at: Optional[float] = None  # when its child was spawned
+    interval: float = DEFAULT_INTERVAL
+    samples: List[Tuple[float, int, int]] = dataclasses.field(default_factory=list)  # (time, step, phase) completed
+    stalls: List[float] = dataclasses.field(default_factory=list)  # times of beats carrying the stall alert
+    stopping_at: Optional[float] = None  # the first beat saying `stopping` (a notice, a stop, a fence)
+    backoff_at: Optional[float] = None  # the first beat saying `backoff` (its child exited, a restart follows)
+    end_state: Optional[str] = None  # the final state it reported (None: it never did)
+    last_state: str = ""
+    durable_step: Optional[int] = None
+    durable_at: Optional[float] = None
+    preempted: bool = False  # a preemption notice was under way
+    thinned: int = 0  # samples dropped by the bound
+
+    @property
+    def begin(self) -> float:
+        """When this life began: its setup, else its child's spawn, else its first beat."""
+        t = self.setup_at if self.setup_at is not None else self.child_at if self.child_at is not None \
+            else self.first_beat
+        return min(t, self.first_beat)
+
+    @property
+    def last_step(self) -> Optional[Tuple[float, int, int]]:
+        return self.samples[-1] if self.samples else None
+
+
+class Fold:
+    """The contexts of one run, fed its beats in seq order (`add`). A beat whose seq is not above the last one fed
+    is a duplicate (ignored) or out of order: `add` says False, and the caller folds the run again from the start."""
+
+    def __init__(self, max_samples: int = MAX_SAMPLES) -> None:
+        self.contexts: List[Context] = []
+        self.last_seq = -1
+        self.max_samples = max_samples
+        self.beats = 0
+        self._stale: Optional[Tuple[float, int, int]] = None  # the previous life's newest step: a new one carries it
+
+    def add(self, b: Beat) -> bool:
+        if b.seq <= self.last_seq:
+            return b.seq == self.last_seq  # a resend is fine; an older beat arriving now is not
+        self.last_seq = b.seq
+        self.beats += 1
+        cur = self.contexts[-1] if self.contexts else None
+        if cur is None or self._new_life(cur, b):
+            prev = cur
+            cur = Context(index=len(self.contexts), box=b.box, attempt=b.attempt, first_beat=b.time, last_beat=b.time,
+                          agent_at=b.agent_at, setup_at=b.setup_at, child_at=b.child_at)
+            if prev is not None and prev.durable_step is not None and b.durable_step is None:
+                cur.durable_step, cur.durable_at = prev.durable_step, prev.durable_at
+            self.contexts.append(cur)
+            self._stale = prev.last_step if prev is not None else None
+        self._update(cur, b)
+        return True
+
+    @staticmethod
+    def _new_life(cur: Context, b: Beat) -> bool:
+        if b.box != cur.box or b.attempt != cur.attempt:
+            return True
+        if b.agent_at is not None and cur.agent_at is not None and b.agent_at != cur.agent_at:
+            return True
+        if b.child_at is not None and cur.child_at is not None and b.child_at != cur.child_at:
+            return True
+        return cur.end_state is not None and b.state not in FINAL_STATES
+
+    def _update(self, c: Context, b: Beat) -> None:
+        c.last_beat = max(c.last_beat, b.time)
+        c.last_state = b.state
+        if b.interval is not None and b.interval > 0:
+            c.interval = b.interval
+        for name in ("agent_at", "setup_at", "child_at"):
+            if getattr(c, name) is None and getattr(b, name) is not None:
+                setattr(c, name, getattr(b, name))
+        if b.durable_step is not None and (c.durable_step is None or b.durable_step >= c.durable_step):
+            c.durable_step, c.durable_at = b.durable_step, b.durable_at
+        phase = b.phase or 0
+        ref = c.child_at if c.child_at is not None else c.first_beat
+        if b.first_point is not None and b.first_point[0] >= ref:
+            self._sample(c, b.first_point[0], b.first_point[1], phase)
+        if b.step is not None:
+            if b.step_time is not None:
+                if b.step_time >= ref:
+                    self._sample(c, b.step_time, b.step, phase)
+            elif c.samples or self._stale is None or self._stale[1] != b.step:  # a thinned beat: its time is the beat's
+                self._sample(c, b.time, b.step, phase)
+        if b.stalled:
+            c.stalls.append(b.time)
+        if b.preempted:
+            c.preempted = True
+        if b.state == STOPPING_STATE and c.stopping_at is None:
+            c.stopping_at = b.time
+        if b.state == BACKOFF_STATE and c.backoff_at is None:
+            c.backoff_at = b.time
+        if b.state in FINAL_STATES and c.end_state is None:
+            c.end_state = b.state
+            if b.state == "preempted":
+                c.preempted = True
+
+    def _sample(self, c: Context, t: float, step: int, phase: int) -> None:
+        last = c.samples[-1] if c.samples else None
+        if last is not None and (t < last[0] or (step == last[1] and phase == last[2])):
+            return  # no new step (its time goes to the next one), or a record older than the newest
+        c.samples.append((t, step, phase))
+        if len(c.samples) > self.max_samples:
+            self._thin(c)
+
+    @staticmethod
+    def _thin(c: Context) -> None:
+        """Every other sample at or below the durable step (never the first), the rest whole: a loss sends the run
+        back to its newest durable checkpoint, and the steps after it are where the time must be exact."""
+        keep = c.durable_step if c.durable_step is not None else -1
+        old = [s for s in c.samples if s[1] <= keep]
+        if len(old) < 4:
+            old = c.samples[:len(c.samples) // 2]  # no durable step yet: the older half
+        new = c.samples[len(old):]
+        kept = old[:1] + old[1:-1][1::2] + old[-1:]
+        c.thinned += len(old) - len(kept)
+        c.samples = kept + new
+
+
+def fold(beats: List[Beat]) -> Fold:
+    """The contexts of a run whose beats are `beats` (any order: sorted by seq here)."""
+    f = Fold()
+    for b in sorted(beats, key=lambda x: x.seq):
+        f.add(b)
+    return f

@@ -1,0 +1,235 @@
+"""`GET /metrics`: every run and its GPUs in the OpenMetrics text format, for Prometheus (its `authorization`
+scrape setting carries the tracker's bearer token). The series and the GPU names (those of NVIDIA's DCGM exporter,
+so its dashboards and alerts read them as they are) are in METRICS.md.
+
+Bounded cost: a run's lines are rendered once per newest beat and kept (the runs that beat since the last scrape
+are rendered again: their newest documents are read in one query); per scrape, each run's ledger (the goodput
+book's fold, fed the beats stored since) and the keeper's recoveries (one grouped query) are added. Rendering runs in
+a worker thread, never on the event loop that takes the agents' beats.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+from controller.goodput.ledger import CATEGORIES
+from controller.tracker.goodput import GoodputBook
+from controller.tracker.runfacts import RunFacts
+from controller.tracker.store import Store, parse_doc
+
+CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+MIB = 1048576.0
+
+# (family, type, help): the order of the exposition. Counters' samples carry `_total`, the info's `_info`.
+RUN_FAMILIES: Tuple[Tuple[str, str, str], ...] = (
+    ("onbox_run", "info", "A run: its box, the box's profile and pool (the inventory), its state (value 1)."),
+    ("onbox_run_step", "gauge", "The newest step the trainer reported."),
+    ("onbox_run_loss", "gauge", "The newest training loss the trainer reported."),
+    ("onbox_run_tokens_per_second", "gauge", "The newest tokens/s the trainer reported."),
+    ("onbox_run_last_beat_timestamp_seconds", "gauge", "When the tracker received the run's newest beat."),
+    ("onbox_run_heartbeat_interval_seconds", "gauge", "The agent's heartbeat interval (late after 2, silent after 5)."),
+    ("onbox_run_work_at_risk_seconds", "gauge", "Training time since the newest durable checkpoint (lost if the box "
+                                                "is lost now)."),
+    ("onbox_run_work_at_risk_steps", "gauge", "Steps since the newest durable checkpoint."),
+    ("onbox_run_durable_checkpoint_step", "gauge", "The step of the newest durable checkpoint."),
+    ("onbox_run_durable_checkpoint_timestamp_seconds", "gauge", "When the newest durable checkpoint was committed."),
+    ("onbox_run_restarts", "counter", "Lives of the run after its first (a restart after a crash, a relaunch, a "
+                                      "recovery, a requeue)."),
+    ("onbox_run_preemptions", "counter", "Preemptions the run's agents handled."),
+    ("onbox_run_recoveries", "counter", "Recoveries the keeper relaunched."),
+    ("onbox_run_goodput_ratio", "gauge", "Productive training time over the run's wall time since its first launch."),
+    ("onbox_run_wall_seconds", "gauge", "The run's wall time since its first launch."),
+    ("onbox_run_ledger_seconds", "gauge", "The run's wall time by part: productive, recomputed, down, restoring, "
+                                          "starting, stalled (they sum to onbox_run_wall_seconds)."),
+)
+# NVIDIA DCGM exporter's names and units (METRICS.md has the mapping to the beat's readings)
+GPU_FAMILIES: Tuple[Tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Throttling reasons (NVML's bitmask)."),
+    # counters in DCGM's text exposition; OpenMetrics would add `_total` to a counter's name, so gauges here
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "gauge", "Single-bit volatile ECC errors (a count that only grows)."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gauge", "Double-bit volatile ECC errors (a count that only grows)."),
+)
+_SUFFIX = {"counter": "_total", "info": "_info"}
+
+
+def label(v: Any) -> str:
+    """A label value as OpenMetrics writes it: backslash, double quote and newline escaped."""
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def labels(**kv: Any) -> str:
+    return "{%s}" % ",".join('%s="%s"' % (k, label(v)) for k, v in kv.items() if v is not None)
+
+
+def value(v: Any) -> Optional[str]:
+    """A sample's value (None: not a number, the sample is left out); the beats' "NaN"/"Infinity" strings too."""
+    if isinstance(v, str):
+        return {"NaN": "NaN", "Infinity": "+Inf", "-Infinity": "-Inf"}.get(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def _dig(doc: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(k)
+    return doc
+
+
+def _add(out: Dict[str, List[str]], family: str, kind: str, lab: str, v: Any) -> None:
+    text = value(v)
+    if text is not None:
+        out.setdefault(family, []).append("%s%s%s %s" % (family, _SUFFIX.get(kind, ""), lab, text))
+
+
+_KINDS = {f: k for f, k, _ in RUN_FAMILIES + GPU_FAMILIES}
+
+
+def render_beat(run: str, box: Optional[str], state: Optional[str], doc: Optional[Dict[str, Any]],
+                facts: Dict[str, Any]) -> Dict[str, List[str]]:
+    """The lines of one run that its newest beat decides, by family."""
+    out: Dict[str, List[str]] = {}
+    r = labels(run=run)
+    _add(out, "onbox_run", "info", labels(run=run, box=box or "", profile=facts.get("profile") or "",
+                                           pool=facts.get("pool") or "", state=state or ""), 1)
+    if doc is None:
+        return out
+    for family, path in (("onbox_run_step", ("progress", "step")), ("onbox_run_loss", ("progress", "loss")),
+                         ("onbox_run_tokens_per_second", ("progress", "tokens_per_s")),
+                         ("onbox_run_heartbeat_interval_seconds", ("interval_s",)),
+                         ("onbox_run_durable_checkpoint_step", ("checkpoint", "latest_durable", "step")),
+                         ("onbox_run_durable_checkpoint_timestamp_seconds",
+                          ("checkpoint", "latest_durable", "committed_at"))):
+        _add(out, family, _KINDS[family], r, _dig(doc, *path))
+    gpus = _dig(doc, "gpus", "gpus")
+    for g in gpus if isinstance(gpus, list) else []:
+        if not isinstance(g, dict):
+            continue
+        lab = labels(gpu=g.get("index") if isinstance(g.get("index"), int) else "", UUID=g.get("uuid"),
+                     modelName=g.get("name"), Hostname=box or "", run=run)
+        used: Any = g.get("memory_used_bytes")
+        total: Any = g.get("memory_total_bytes")
+        xids = [e.get("xid") for e in g.get("xid_events") or [] if isinstance(e, dict)] \
+            if isinstance(g.get("xid_events"), list) else []
+        ecc: Dict[str, Any] = g["ecc"] if isinstance(g.get("ecc"), dict) else {}
+        for family, v in (("DCGM_FI_DEV_GPU_UTIL", g.get("util_percent")),
+                          ("DCGM_FI_DEV_MEM_COPY_UTIL", g.get("memory_util_percent")),
+                          ("DCGM_FI_DEV_FB_USED", _mib(used)),
+                          ("DCGM_FI_DEV_FB_FREE", _mib(total - used) if _num(total) and _num(used) else None),
+                          ("DCGM_FI_DEV_GPU_TEMP", g.get("temperature_c")),
+                          ("DCGM_FI_DEV_POWER_USAGE", g.get("power_w")),
+                          ("DCGM_FI_DEV_SM_CLOCK", g.get("sm_clock_mhz")),
+                          ("DCGM_FI_DEV_XID_ERRORS", xids[-1] if xids else 0),
+                          ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", g.get("throttle_mask")),
+                          ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", ecc.get("corrected_volatile")),
+                          ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", ecc.get("uncorrected_volatile"))):
+            _add(out, family, _KINDS[family], lab, v)
+    return out
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _mib(v: Any) -> Optional[float]:
+    return round(v / MIB, 3) if _num(v) else None
+
+
+class Exposition:
+    """The /metrics text, built from the store, the goodput book and the inventory."""
+
+    def __init__(self, store: Store, book: GoodputBook, facts: RunFacts) -> None:
+        self.store, self.book, self.facts = store, book, facts
+        self._cache: Dict[str, Tuple[Tuple[Any, ...], Dict[str, List[str]]]] = {}
+        self._lock = threading.Lock()
+
+    def _heads(self) -> List[Tuple[Any, ...]]:
+        return self.store.query("SELECT run, box, attempt, seq, received, state FROM runs ORDER BY run")
+
+    def _beat_lines(self, heads: List[Tuple[Any, ...]]) -> Dict[str, Dict[str, List[str]]]:
+        boxes = self.facts.boxes()
+        stale = [h for h in heads if isinstance(h[0], str) and self._cache.get(h[0], ((),))[0] != (
+            h[1], h[2], h[3], h[5], str(boxes.get(h[1] or "", "")))]
+        docs: Dict[str, Any] = {}
+        for i in range(0, len(stale), 500):  # the newest documents of the runs that beat since, a page at a time
+            part = stale[i:i + 500]
+            keys = " OR ".join(["(run=? AND attempt=? AND seq=?)"] * len(part))
+            for run, doc in self.store.query("SELECT run, doc FROM beats WHERE " + keys,
+                                             tuple(x for h in part for x in (h[0], h[2], h[3]))):
+                docs[run] = doc
+        for run, box, attempt, seq, _received, state in stale:
+            doc = None
+            if docs.get(run) is not None:
+                try:
+                    doc = parse_doc(docs[run])
+                except (ValueError, TypeError, RecursionError) as e:
+                    self.store.note_skip("newest beat of run %r" % (run,), e)
+            key = (box, attempt, seq, state, str(boxes.get(box or "", "")))
+            self._cache[run] = (key, render_beat(run, box if isinstance(box, str) else None,
+                                                 state if isinstance(state, str) else None, doc,
+                                                 boxes.get(box or "", {})))
+        names = {h[0] for h in heads}
+        for gone in set(self._cache) - names:
+            del self._cache[gone]
+        return {run: lines for run, (_, lines) in self._cache.items()}
+
+    def render(self) -> str:
+        with self._lock:
+            now = self.store.now()
+            heads = self._heads()
+            per_run = self._beat_lines(heads)
+            ledgers = self.book.ledgers(now)
+            recoveries = dict(self.store.query(
+                "SELECT run, count(DISTINCT json_extract(doc, '$.recovery')) FROM events WHERE kind='relaunched' "
+                "AND json_valid(doc) GROUP BY run"))
+            dyn: Dict[str, List[str]] = {}
+            for run, _box, _attempt, _seq, received, _state in heads:
+                if not isinstance(run, str):
+                    continue
+                r = labels(run=run)
+                _add(dyn, "onbox_run_last_beat_timestamp_seconds", "gauge", r, received)
+                _add(dyn, "onbox_run_recoveries", "counter", r, recoveries.get(run, 0))
+                led = ledgers.get(run)
+                if led is None:
+                    continue
+                _add(dyn, "onbox_run_work_at_risk_seconds", "gauge", r, led.at_risk_s)
+                _add(dyn, "onbox_run_work_at_risk_steps", "gauge", r, led.at_risk_steps)
+                _add(dyn, "onbox_run_restarts", "counter", r, led.restarts)
+                _add(dyn, "onbox_run_preemptions", "counter", r, led.preemptions)
+                _add(dyn, "onbox_run_goodput_ratio", "gauge", r, led.goodput)
+                _add(dyn, "onbox_run_wall_seconds", "gauge", r, round(led.wall, 3))
+                parts = led.parts
+                for part in CATEGORIES:
+                    _add(dyn, "onbox_run_ledger_seconds", "gauge", labels(run=run, part=part), round(parts[part], 3))
+            out: List[str] = []
+            for family, kind, text in RUN_FAMILIES + GPU_FAMILIES:
+                lines = [line for run in sorted(per_run) for line in per_run[run].get(family, ())]
+                lines += dyn.get(family, [])
+                out.append("# TYPE %s %s\n# HELP %s %s\n" % (family, kind, family, text))
+                if lines:
+                    out.append("\n".join(lines) + "\n")
+            tracker = [("onbox_tracker_runs", "gauge", "Runs the tracker knows.", len(heads)),
+                       ("onbox_tracker_skipped_rows", "counter", "Stored rows a read skipped as unreadable.",
+                        self.store.skipped_total)]
+            for family, kind, text, v in tracker:
+                out.append("# TYPE %s %s\n# HELP %s %s\n%s%s %s\n" % (family, kind, family, text, family,
+                                                                    _SUFFIX.get(kind, ""), v))
+            out.append("# EOF\n")
+            return "".join(out)
