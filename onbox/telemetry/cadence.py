@@ -36,6 +36,7 @@ TRAIN_LINE = re.compile(r"\"phase\"\s*:\s*\"train")
 EVAL_FACTOR = 2.0  # x the longest silence of an earlier eval
 MIN_INTERVALS = 5  # step intervals before the train cadence counts as learned
 WINDOW = 50  # recent intervals (and eval silences) kept
+SAME_READ_S = 0.005  # step reports closer than this were read together (one loop step), not made this fast
 
 
 @dataclasses.dataclass
@@ -121,8 +122,8 @@ class HangDetector:
         step = fields.get("step")
         if not isinstance(step, int) or step == self.step:
             return False
-        if self.phase == TRAIN and self.last_step_at is not None and now > self.last_step_at:
-            # reports read in one loop step share `now`: only the first of them measures an interval
+        if self.phase == TRAIN and self.last_step_at is not None and now - self.last_step_at >= SAME_READ_S:
+            # reports read in one loop step come microseconds apart: only the first of them measures an interval
             self.intervals.append(now - self.last_step_at)
         if self.phase == EVAL:
             self._end_eval(now)

@@ -216,8 +216,9 @@ def test_without_py_spy_the_opted_in_faulthandler_and_proc_give_the_stacks(onbox
 def test_a_stopped_dataloader_worker_is_a_hang_too(onbox_home, tmp_path, stopped):
     run = "loader"
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH") or os.defpath])  # its py-spy
+    beats = str(tmp_path / "beats.jsonl")
     launch(onbox_home, run, [sys.executable, TRAINER, "--workers", "1", "--sleep", "0.2"], "--on-hang", "stop",
-           env={"PATH": path})
+           "--heartbeat-file", beats, env={"PATH": path})
     wait_for(lambda: any(x.get("step", -1) >= 12 for x in lines(onbox_home, run)), 120, "steps")
     child, _ = attempt_child(onbox_home, run, 0)
     worker = wait_for(lambda: next(iter(children(child)), None), 30, "the DataLoader worker")
@@ -232,7 +233,15 @@ def test_a_stopped_dataloader_worker_is_a_hang_too(onbox_home, tmp_path, stopped
                   "the run to end")
     assert st["last_exit"]["classification"] == "hung"
     wait_for(lambda: not pid_alive(worker), 30, "the stopped worker to be gone")
-    assert onbox(onbox_home, "status", run).stdout.count("hung") >= 1
+    # said everywhere: onbox status (text and --json), training_status.md's next line, the beats' alerts
+    text = onbox(onbox_home, "status", run).stdout
+    assert "WARNING: attempt 0 hung at step" in text and hang["stacks"] in text
+    assert [w["code"] for w in json.loads(onbox(onbox_home, "status", run, "--json").stdout)["warnings"]] == ["hang"]
+    with open(os.path.join(str(onbox_home), "runs", run, "training_status.md")) as f:
+        assert "- next: fix the hang (read the stacks in %s)" % hang["stacks"] in f.read()
+    with open(beats) as f:
+        alerts = [a for line in f for a in json.loads(line)["alerts"] if a["code"] == "hang"]
+    assert alerts and alerts[-1]["data"]["stacks"] == hang["stacks"] and alerts[-1]["data"]["action"] == "stop"
 
 
 def test_a_slow_checkpoint_save_and_a_long_silent_eval_are_no_hang(onbox_home, tmp_path, cleanup):

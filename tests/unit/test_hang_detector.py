@@ -176,6 +176,6 @@ def test_reports_read_together_measure_one_interval():
     t = 0.0
     for i in range(10):
         t += 0.5
-        for j in range(5):  # five steps printed between two reads of the output
-            det.record({"step": i * 5 + j}, t)
-    assert list(det.intervals) == [0.5] * 9
+        for j in range(5):  # five steps printed between two reads of the output, handed on microseconds apart
+            det.record({"step": i * 5 + j}, t + j * 2e-5)
+    assert [round(x, 3) for x in det.intervals] == [0.5] * 9
