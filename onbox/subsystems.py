@@ -19,8 +19,8 @@ def preflight(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> None:
     `onbox run` calls this in the foreground, before anything is created or detached, because an error inside
     the detached agent only reaches a log nobody reads. Creates nothing. Keep it in step with make_hooks."""
     from onbox import fsutil, paths
-    from onbox.checkpoints.targets import overlap_problem
-    from onbox.checkpoints.targets import preflight as durable_preflight
+    from onbox.checkpoints.durable.targets import overlap_problem
+    from onbox.checkpoints.durable.targets import preflight as durable_preflight
     from onbox.errors import UnfitError, UsageError
     from onbox.heartbeat.sinks import preflight as heartbeat_preflight
 
@@ -88,8 +88,8 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
 
     from onbox.checkpoints import NotARealDir, SyncFailed
     from onbox.checkpoints.commit import CheckpointCommitter
+    from onbox.checkpoints.durable.targets import make_target
     from onbox.checkpoints.fencing import RunLease, default_check_every
-    from onbox.checkpoints.targets import make_target
     from onbox.clock import SystemClock
     from onbox.errors import UnfitError
     from onbox.slurm.job import SlurmJob

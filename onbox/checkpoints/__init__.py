@@ -1,39 +1,35 @@
 """Checkpoints that outlive the box: detect complete ones, commit them to durable storage (manifest last),
 verify, index, retain, restore. The supervisor drives it through onbox.checkpoints.hook.CheckpointCommitHook.
 
+This module is the base every part shares: the names onbox writes (MANIFEST, INDEX, the schemas), a lease
+holder's name rule, and the errors of a commit (SyncFailed and its kin).
+
+  durable/      the durable side: the DurableTarget protocol, a mounted path or an rclone remote as the target,
+                hashcopy, manifest, index, retention, the commit lock, phases (its __init__ names each module)
   formats.py    format checks of torch zips, legacy torch pickles, safetensors and JSON, without torch
   torchpickle.py  the layouts torch.save writes and a safe unpickler (imports nothing, runs nothing)
   stepread.py   the step a checkpoint records about itself (trainer_state.json, global_step, iter_num ...)
   layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
   detect.py     candidates in the local checkpoint dir and when each is complete (by marker, format or quiet)
-  hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
-  manifest.py   what a MANIFEST.json or an index entry read from durable storage must hold before it is used
-  durable.py    the DurableTarget protocol and the names every target shares
-  localpath.py  a mounted path as the target (rename is atomic); rclone.py: an rclone remote (S3, sftp, ...)
-  rclonecall.py  how the rclone target calls rclone: one long-lived `rclone rcd` (rcd.py) when it starts, the
-                same command lines turned into rc methods (rclonerc.py); an rclone process per call otherwise
-  targets.py    which target a --durable value means, and what `onbox run` checks about it first
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
-  phases.py     where a commit's time goes: seconds per step, in its checkpoint_committed event
-  retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
-  index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
-  runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
   leases.py     run leases, pure: file names, the lease document and its checks, who holds a run, lineage
   fencing.py    the lease an agent holds: take, the check before every write, renewals, release; PassiveLease
   holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   localdir.py   the hook and the box's checkpoint dir: an unreadable newest entry, an empty dir, pruning (U6)
-  verify.py     `onbox verify`; hook.py: the CheckpointHook the supervisor calls
+  verify.py     `onbox verify`; recheck.py: its record in the index, under the commit lock and the lease
+  hook.py       the CheckpointHook the supervisor calls
   runfacts.py   what a run's durable storage says of it, read only (newest committed step, its lease): `onbox match`
   listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read
 
-May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun, paths). Never the supervisor: hook.py
-implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
+May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun, paths, environment). Never the
+supervisor: hook.py implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations
 
 import errno
+import re
 from typing import Any, Dict, Optional
 
 from onbox.errors import JobFailed
@@ -43,6 +39,8 @@ INDEX = "checkpoints_index.json"
 MANIFEST_SCHEMA = "onbox.manifest/1"
 INDEX_SCHEMA = "onbox.checkpoints_index/2"  # a superset of /1 (index.py)
 INDEX_SCHEMA_V1 = "onbox.checkpoints_index/1"
+# a lease holder's name (leases): what a manifest's `holder` must match, read back from durable storage
+HOLDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
 LOUD_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EIO: "EIO", errno.EACCES: "EACCES",
                errno.EPERM: "EPERM", errno.EROFS: "EROFS"}

@@ -26,8 +26,8 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import untrusted
-from onbox.checkpoints import SyncFailed, hashcopy
-from onbox.checkpoints.durable import LEASES_DIR, DurableTarget
+from onbox.checkpoints import SyncFailed
+from onbox.checkpoints.durable import LEASES_DIR, DurableTarget, hashcopy
 from onbox.checkpoints.leases import (
     ENDED_STATES,
     MAX_EPOCH,

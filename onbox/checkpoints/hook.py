@@ -42,12 +42,12 @@ from onbox.checkpoints.detect import (
     read_progress,
 )
 from onbox.checkpoints.durable import DurableTarget
+from onbox.checkpoints.durable.runlock import commit_lock
+from onbox.checkpoints.durable.targets import make_target, overlap_problem
 from onbox.checkpoints.fencing import Fenced
 from onbox.checkpoints.holding import HolderMixin
 from onbox.checkpoints.localdir import LocalDirMixin
 from onbox.checkpoints.resuming import ResumeMixin
-from onbox.checkpoints.runlock import commit_lock
-from onbox.checkpoints.targets import make_target, overlap_problem
 from onbox.errors import UsageError
 from onbox.proc import boot_id
 

@@ -32,7 +32,6 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set
 from onbox import untrusted
 
 LEASE_SCHEMA = "onbox.lease/1"
-HOLDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 LEASE_NAME_RE = re.compile(r"^([0-9]{10})\.([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.json$")
 MAX_EPOCH = 10 ** 10 - 1
 MAX_BASE = 100_000

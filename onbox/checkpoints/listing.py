@@ -15,7 +15,8 @@ import os
 from typing import Any, Dict, List, Optional
 
 from onbox import fsutil, paths, untrusted
-from onbox.checkpoints import INDEX, MANIFEST, manifest
+from onbox.checkpoints import INDEX, MANIFEST
+from onbox.checkpoints.durable import manifest
 
 SCHEMA = "onbox.checkpoints/1"
 LIST_SCHEMA = "onbox.checkpoints_list/1"  # `--all`: {"schema", "runs": [one onbox.checkpoints/1 document a run]}
@@ -47,8 +48,8 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
         read_progress,
         scan,
     )
+    from onbox.checkpoints.durable.localpath import LocalPathTarget
     from onbox.checkpoints.hook import CheckpointCommitHook
-    from onbox.checkpoints.localpath import LocalPathTarget
 
     hook = CheckpointCommitHook(ctx)
     writing = trainer_alive(ctx.run_dir)

@@ -15,8 +15,8 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import SyncFailed, formats, hashcopy
-from onbox.checkpoints.durable import DurableTarget
+from onbox.checkpoints import SyncFailed, formats
+from onbox.checkpoints.durable import DurableTarget, hashcopy
 
 ASIDE_DIR = ".onbox-aside"  # hidden: detection ignores it, so nothing kept aside is committed or resumed from
 

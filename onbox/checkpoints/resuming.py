@@ -9,8 +9,8 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
+from onbox.checkpoints.durable.index import make_check
 from onbox.checkpoints.fencing import Fenced
-from onbox.checkpoints.index import make_check
 from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
 
 

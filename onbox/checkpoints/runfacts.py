@@ -23,11 +23,11 @@ def durable_facts(durable: str, run: str, default_ttl: float, now: Optional[floa
     `step` the newest committed checkpoint (by step, as retention orders them; None without one); `lease` the
     lease that holds the run ({epoch, holder, host, renewed_at, released_at, ended, live, blocks}; None without
     one); `problem` what could not be read (the target, the lease)."""
-    from onbox.checkpoints import retention
     from onbox.checkpoints.commit import CheckpointCommitter
+    from onbox.checkpoints.durable import retention
+    from onbox.checkpoints.durable.targets import make_target
     from onbox.checkpoints.fencing import LeaseStore
     from onbox.checkpoints.leases import BadLease, blocks, box_id, holder_of_run, is_live
-    from onbox.checkpoints.targets import make_target
     from onbox.clock import SystemClock
     from onbox.proc import is_alive
 

@@ -13,9 +13,10 @@ import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from onbox import untrusted
-from onbox.checkpoints import MANIFEST, formats, hashcopy, stepread
-from onbox.checkpoints import manifest as manifest_mod
+from onbox.checkpoints import MANIFEST, formats, stepread
 from onbox.checkpoints.detect import walk_files
+from onbox.checkpoints.durable import hashcopy
+from onbox.checkpoints.durable import manifest as manifest_mod
 from onbox.errors import UsageError
 
 TORCH_SUFFIXES = formats.TORCH_SUFFIXES

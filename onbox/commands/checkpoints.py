@@ -268,7 +268,7 @@ def verify(ctx: click.Context, path: str, load: bool, no_load_ok: bool, as_json:
     """
     import time
 
-    from onbox.checkpoints.index import record_verification
+    from onbox.checkpoints.recheck import record_verification
     from onbox.checkpoints.verify import verify_path
 
     report = verify_path(path, load=load, no_load_ok=no_load_ok)

@@ -146,7 +146,7 @@ class GroupRestore:
 
     def _target(self) -> Any:
         if self.target is None and self.durable:
-            from onbox.checkpoints.targets import make_target
+            from onbox.checkpoints.durable.targets import make_target
 
             self.target = make_target(self.durable, self.group.run)  # node 0's run: read, never written
         return self.target
@@ -218,7 +218,7 @@ class GroupRestore:
 
     @staticmethod
     def _newest_first(target: Any) -> List[str]:
-        from onbox.checkpoints.manifest import BadManifest
+        from onbox.checkpoints.durable.manifest import BadManifest
 
         entries: List[Tuple[Any, str]] = []
         for n in target.list_names():

@@ -126,7 +126,7 @@ def _split(phases: Dict[str, float], total: float) -> str:
 def main() -> int:
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.detect import CompletionTracker, scan
-    from onbox.checkpoints.localpath import LocalPathTarget
+    from onbox.checkpoints.durable.localpath import LocalPathTarget
     from onbox.checkpoints.verify import verify_path
     from onbox.clock import SystemClock
 

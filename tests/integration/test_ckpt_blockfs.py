@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from onbox.checkpoints import SyncFailed, hashcopy
+from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.localpath import LocalPathTarget
+from onbox.checkpoints.durable import hashcopy
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import complete_cands, write_torch_zip

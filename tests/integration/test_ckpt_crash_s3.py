@@ -20,9 +20,10 @@ import time
 
 import pytest
 
-from onbox.checkpoints import MANIFEST, hashcopy
+from onbox.checkpoints import MANIFEST
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.durable import hashcopy
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.verify import check_manifest_files
 from onbox.clock import SystemClock
 from tests.integration.test_ckpt_crash import _candidate, _noop, _write_checkpoint

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from onbox.checkpoints import DurableFull, SyncFailed, hashcopy
+from onbox.checkpoints import DurableFull, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
+from onbox.checkpoints.durable import hashcopy
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_torch_zip

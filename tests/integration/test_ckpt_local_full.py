@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from onbox.checkpoints import hashcopy
+from onbox.checkpoints.durable import hashcopy
 from onbox.checkpoints.hook import CheckpointCommitHook
 from tests.checkpoint_files import write_torch_zip
 from tests.fakes.run_context import run_context

@@ -16,8 +16,8 @@ import pytest
 from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.rclone import RcloneTarget
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
@@ -64,7 +64,7 @@ UPLOADER = r"""
 import sys
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
-from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.clock import SystemClock
 remote, src = sys.argv[1], sys.argv[2]
 target = RcloneTarget(remote, "r1", extra_flags=["--bwlimit", "1M"])

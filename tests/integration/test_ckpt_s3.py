@@ -14,7 +14,7 @@ import pytest
 from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
-from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_torch_zip
@@ -29,7 +29,7 @@ UPLOADER = r"""
 import sys
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, scan
-from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.clock import SystemClock
 remote, src = sys.argv[1], sys.argv[2]
 target = RcloneTarget(remote, "r1", extra_flags=["--bwlimit", "4M"])

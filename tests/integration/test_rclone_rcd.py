@@ -21,11 +21,12 @@ from typing import Dict, List
 
 import pytest
 
-from onbox.checkpoints import SyncFailed, rclonerc
+from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.durable import rclonerc
+from onbox.checkpoints.durable.rcd import MAX_ENDED, Rcd
+from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.fencing import Fenced, RunLease
-from onbox.checkpoints.rcd import MAX_ENDED, Rcd
-from onbox.checkpoints.rclone import RcloneTarget
 from onbox.clock import SystemClock
 from onbox.proc import is_alive
 from tests.checkpoint_files import write_torch_zip
@@ -162,7 +163,7 @@ def test_a_commit_starts_one_rclone_the_daemon_which_only_this_process_can_reach
 
 DIES_WITH = r"""
 import sys, time
-from onbox.checkpoints.rclone import RcloneTarget
+from onbox.checkpoints.durable.rclone import RcloneTarget
 target = RcloneTarget(sys.argv[1], "r1")
 target.list_names()
 print(target.rcd.pid, flush=True)

@@ -11,10 +11,10 @@ from onbox import fsutil
 from onbox.checkpoints import MANIFEST, DurableFull, SyncFailed, formats
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.detect import CompletionTracker, durable_name, scan
+from onbox.checkpoints.durable.localpath import LocalPathTarget
+from onbox.checkpoints.durable.retention import select_keep
+from onbox.checkpoints.durable.targets import make_target
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.localpath import LocalPathTarget
-from onbox.checkpoints.retention import select_keep
-from onbox.checkpoints.targets import make_target
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
@@ -455,7 +455,7 @@ def test_verify_a_whole_durable_run_dir(tmp_path):
 
 @pytest.mark.parametrize("stop_after", [0, 2])
 def test_copy_survives_a_copy_file_range_that_stops_short(tmp_path, monkeypatch, stop_after):
-    from onbox.checkpoints import hashcopy
+    from onbox.checkpoints.durable import hashcopy
 
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(50_000))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 
-from onbox.checkpoints import hashcopy
 from onbox.checkpoints.commit import CheckpointCommitter
+from onbox.checkpoints.durable import hashcopy
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.clock import FakeClock
 from tests.checkpoint_files import complete_cands, write_torch_zip
 from tests.fakes.recorders import EventRecorder
@@ -77,7 +77,7 @@ def test_a_retention_failure_after_a_commit_is_said_and_the_commit_stands(tmp_pa
     logs are copied, and `retention_failed` says why the old ones are still there."""
     import errno
 
-    from onbox.checkpoints.targets import make_target
+    from onbox.checkpoints.durable.targets import make_target
 
     class DyingMount(LocalPathTarget):  # the durable-storage seam: a mount that fails deletes
         def remove(self, name: str) -> None:
@@ -102,7 +102,7 @@ def test_a_retention_failure_after_a_commit_is_said_and_the_commit_stands(tmp_pa
 
 
 def test_a_leftover_of_a_killed_removal_under_the_same_pid_does_not_block_the_next(tmp_path):
-    from onbox.checkpoints.localpath import STAGING_PREFIX
+    from onbox.checkpoints.durable.localpath import STAGING_PREFIX
 
     target = LocalPathTarget(str(tmp_path / "dur"), "r1")
     os.makedirs(os.path.join(target.ckpts, "step_1.pt"))

@@ -13,9 +13,10 @@ import pytest
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX_SCHEMA, INDEX_SCHEMA_V1
+from onbox.checkpoints.durable.index import MAX_CHECKS
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.index import MAX_CHECKS, record_verification
-from onbox.checkpoints.localpath import LocalPathTarget
+from onbox.checkpoints.recheck import record_verification
 from onbox.checkpoints.verify import verify_path
 from onbox.cli import cli
 from onbox.commands.clikit import run_cli

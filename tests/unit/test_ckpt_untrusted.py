@@ -14,9 +14,9 @@ from typing import Any, Dict
 
 import pytest
 
-from onbox.checkpoints import manifest
+from onbox.checkpoints.durable import manifest
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.checkpoints.restore import restore_newest
 from onbox.checkpoints.verify import verify_path
 from onbox.errors import UsageError

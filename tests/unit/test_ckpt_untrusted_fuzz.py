@@ -16,9 +16,9 @@ from typing import Any, Dict
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from onbox.checkpoints import manifest, retention
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.localpath import LocalPathTarget
+from onbox.checkpoints.durable import manifest, retention
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.restore import restore_newest
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import FakeClock

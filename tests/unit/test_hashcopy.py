@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
-from onbox.checkpoints import hashcopy, phases
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.localpath import LocalPathTarget
+from onbox.checkpoints.durable import hashcopy, phases
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.clock import FakeClock
 from tests.checkpoint_files import complete_cands, write_torch_zip
 from tests.fakes.recorders import EventRecorder

@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.checkpoints import SyncFailed
+from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.fencing import Fenced, LeaseRefused, LeaseStore, NotHeldHere, PassiveLease, RunLease
 from onbox.checkpoints.leases import (
     BadLease,
@@ -30,7 +31,6 @@ from onbox.checkpoints.leases import (
     parse_name,
     renewed_ago,
 )
-from onbox.checkpoints.localpath import LocalPathTarget
 from onbox.clock import FakeClock
 
 TTL = 30.0

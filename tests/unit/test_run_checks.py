@@ -230,7 +230,7 @@ def test_check_paths_names_the_option(places):
 
 
 def test_is_remote_matches_the_durable_targets_rule():
-    from onbox.checkpoints.targets import make_target
+    from onbox.checkpoints.durable.targets import make_target
 
     for durable in ("remote:b", ":s3,provider=AWS:b/c", "/mnt/a:b", "rel/a:b", "rel"):
         assert config.is_remote(durable) == (type(make_target(durable, "r")).__name__ == "RcloneTarget"), durable

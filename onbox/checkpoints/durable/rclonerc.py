@@ -23,7 +23,7 @@ import json
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox.checkpoints.rcd import Rcd
+from onbox.checkpoints.durable.rcd import Rcd
 
 FILTERS = {"--include": "IncludeRule", "--exclude": "ExcludeRule", "--files-from-raw": "FilesFromRaw"}
 CONFIG = {"--fast-list": "UseListR", "--no-traverse": "NoTraverse", "--no-check-dest": "NoCheckDest",

@@ -15,15 +15,7 @@ import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import (
-    INDEX,
-    MANIFEST,
-    NotARealDir,
-    hashcopy,
-    manifest,
-    phases,
-    sync_failed_from_oserror,
-)
+from onbox.checkpoints import INDEX, MANIFEST, NotARealDir, sync_failed_from_oserror
 from onbox.checkpoints.durable import (
     LEASE_MAX_BYTES,
     LEASES_DIR,
@@ -32,6 +24,9 @@ from onbox.checkpoints.durable import (
     STAGING_PREFIX,
     FileHashes,
     foreign_entry,
+    hashcopy,
+    manifest,
+    phases,
 )
 
 

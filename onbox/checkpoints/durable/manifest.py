@@ -19,6 +19,7 @@ import math
 from typing import Any, Dict, Optional
 
 from onbox import untrusted
+from onbox.checkpoints import HOLDER_RE
 
 # the algorithms a manifest may name, with their hex digest length: hashlib's guaranteed set, less the
 # variable-length SHAKE functions (their digest has no fixed length to check)
@@ -182,8 +183,6 @@ def entry_problem(e: Any) -> Optional[str]:
 def lease_problem(doc: Dict[str, Any]) -> Optional[str]:
     """The lease a checkpoint was committed under (fencing.py), optional: `epoch` a whole number, `holder` a
     holder's name (both absent or null for one committed without leases)."""
-    from onbox.checkpoints.leases import HOLDER_RE
-
     epoch, holder = doc.get("epoch"), doc.get("holder")
     if epoch is not None and not _count(epoch):
         return "epoch %r is not a whole non-negative number" % (epoch,)

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from onbox import fsutil, untrusted
-from onbox.checkpoints import INDEX, MANIFEST, SyncFailed, hashcopy, manifest, rclonerc
+from onbox.checkpoints import INDEX, MANIFEST, SyncFailed
 from onbox.checkpoints.durable import (
     LEASE_MAX_BYTES,
     LEASES_DIR,
@@ -38,9 +38,12 @@ from onbox.checkpoints.durable import (
     QUARANTINE_DIR,
     FileHashes,
     foreign_entry,
+    hashcopy,
+    manifest,
+    rclonerc,
 )
-from onbox.checkpoints.rcd import Rcd, RcdGone
-from onbox.checkpoints.rclonecall import (
+from onbox.checkpoints.durable.rcd import Rcd, RcdGone
+from onbox.checkpoints.durable.rclonecall import (
     FRESH_UPLOAD_FLAGS,
     LEASE_LIST_FLAGS,
     LIST_FLAGS,

@@ -13,10 +13,10 @@ from onbox.checkpoints.durable import DurableTarget
 def make_target(durable: str, run: str, runner: Optional[Callable[..., Any]] = None) -> DurableTarget:
     """A mounted path (absolute or relative) or an rclone remote (`remote:path`, `:sftp,host=...:path`)."""
     if os.path.isabs(durable) or ":" not in durable.split("/", 1)[0]:
-        from onbox.checkpoints.localpath import LocalPathTarget
+        from onbox.checkpoints.durable.localpath import LocalPathTarget
 
         return LocalPathTarget(durable, run)
-    from onbox.checkpoints.rclone import RcloneTarget
+    from onbox.checkpoints.durable.rclone import RcloneTarget
 
     return RcloneTarget(durable, run, runner=runner)
 

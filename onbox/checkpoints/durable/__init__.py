@@ -1,6 +1,19 @@
-"""What every durable target shares: the DurableTarget protocol, the names onbox writes on durable storage, and
-the error for a directory that is not onbox's. The implementations (localpath.LocalPathTarget,
-rclone.RcloneTarget) import this module; targets.make_target picks one.
+"""The durable side: where committed checkpoints live, and everything that reads or writes them there. This
+module is what every durable target shares: the DurableTarget protocol, the names onbox writes on durable storage,
+and the error for a directory that is not onbox's.
+
+  localpath.py  a mounted path as the target (rename is atomic): LocalPathTarget
+  rclone.py     an rclone remote (S3, sftp, ...): RcloneTarget; rclonecall.py: the flags and errors of its calls,
+                made over one long-lived `rclone rcd` (rcd.py) as rc methods (rclonerc.py) where it can start
+  targets.py    which target a --durable value means, and what `onbox run` checks about it first
+  hashcopy.py   one read pass that copies and hashes; the manifest hash (SHA-256)
+  manifest.py   what a MANIFEST.json or an index entry read from durable storage must hold before it is used
+  index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
+  retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
+  runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
+  phases.py     where a commit's time goes: seconds per step, in its checkpoint_committed event
+
+May import: the shared leaves and onbox.checkpoints (the base: names, errors). Nothing else of the package.
 
 Layout, under the target's base:
   <run>/checkpoints/<ckpt-name>/...files...    payload
@@ -9,7 +22,7 @@ Layout, under the target's base:
   <run>/logs/
   <run>/quarantine/<ckpt-name>.<time>/        a checkpoint a resumed attempt crashed on, or a fenced orphan
                                                (kept, never read)
-  <run>/leases/<epoch:010d>.<holder>.json      one per agent launch that took the run (leases.py, fencing.py)
+  <run>/leases/<epoch:010d>.<holder>.json      one per agent launch that took the run (onbox.checkpoints.leases)
 A checkpoint dir without a MANIFEST.json does not exist for any reader.
 """
 from __future__ import annotations
