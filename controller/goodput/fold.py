@@ -9,7 +9,9 @@ after the heal) before them, whatever their times say. A new context starts when
 
 A step belongs to a context only when it was reported after its child started: a relaunched agent carries the run's
 last step in its progress (progress.json) until the trainer reports a new one, and an attempt after a backoff starts
-with the crashed attempt's newest step. The fold is incremental (the tracker feeds it the beats it stores) and
+with the crashed attempt's newest step. A life resumed from the newest checkpoint its beats know before its first
+step (durable or local; a run's first life from 0): its first reported step equal to that one is the step it resumed from ("resumed
+from step 400"), not one it trained, and the steps up to its first report were trained while it started. The fold is incremental (the tracker feeds it the beats it stores) and
 bounded: a context keeps every step sample since its newest durable checkpoint (a loss sends the run back there) and
 thins the older ones (every other one, past MAX_SAMPLES), so a week-long attempt costs what its last commit
 interval holds.
@@ -48,6 +50,7 @@ class Context:
     durable_at: Optional[float] = None
     preempted: bool = False  # a preemption notice was under way
     thinned: int = 0  # samples dropped by the bound
+    resumed_step: Optional[int] = None  # the newest checkpoint's step when it began: what it most likely resumed from
 
     @property
     def begin(self) -> float:
@@ -84,6 +87,9 @@ class Fold:
                           agent_at=b.agent_at, setup_at=b.setup_at, child_at=b.child_at)
             if prev is not None and prev.durable_step is not None and b.durable_step is None:
                 cur.durable_step, cur.durable_at = prev.durable_step, prev.durable_at
+            # what it resumed from: the newest checkpoint its beats know before its first step (the agent restores
+            # the newest that verifies); a run's first life with none starts from scratch
+            cur.resumed_step = cur.durable_step if cur.durable_step is not None else (0 if prev is None else None)
             self.contexts.append(cur)
             self._stale = prev.last_step if prev is not None else None
         self._update(cur, b)
@@ -109,6 +115,9 @@ class Fold:
                 setattr(c, name, getattr(b, name))
         if b.durable_step is not None and (c.durable_step is None or b.durable_step >= c.durable_step):
             c.durable_step, c.durable_at = b.durable_step, b.durable_at
+        if not c.samples:
+            known = [x for x in (b.durable_step, b.local_step, c.resumed_step) if x is not None]
+            c.resumed_step = max(known) if known else None
         phase = b.phase or 0
         ref = c.child_at if c.child_at is not None else c.first_beat
         if b.first_point is not None and b.first_point[0] >= ref:
@@ -133,6 +142,8 @@ class Fold:
                 c.preempted = True
 
     def _sample(self, c: Context, t: float, step: int, phase: int) -> None:
+        if not c.samples and step == c.resumed_step:
+            return  # "resumed from step 400": the step it starts from, not one it trained
         last = c.samples[-1] if c.samples else None
         if last is not None and (t < last[0] or (step == last[1] and phase == last[2])):
             return  # no new step (its time goes to the next one), or a record older than the newest

@@ -36,6 +36,7 @@ PRODUCTIVE, RECOMPUTED, DOWN, RESTORING, STARTING, STALLED = (
     "productive", "recomputed", "down", "restoring", "starting", "stalled")
 CATEGORIES = (PRODUCTIVE, RECOMPUTED, DOWN, RESTORING, STARTING, STALLED)
 TRAINING = "training"  # a claim the lineage splits into productive and recomputed
+FIRST = "first"  # a life's first step: judged by the lineage, no time of its own
 SILENT_AFTER = 5.0  # heartbeat intervals without a beat: the trainer is no longer taken to be running (the tracker's)
 LOST_FOR_GOOD = frozenset({"failed", "crash_loop", "crashloop", "fenced"})
 
@@ -126,6 +127,7 @@ class Ledger:
     at_risk_steps: Optional[int] = None  # the newest step less the newest durable checkpoint's
     at_risk_s: Optional[float] = None  # the newest step's time less that checkpoint's commit time
     durable_step: Optional[int] = None
+    kept_steps: int = 0  # the steps of the lineage, each once (productive); recomputed_steps: those trained again
 
     @property
     def wall(self) -> float:
@@ -180,22 +182,27 @@ class Ledger:
             "by_box": {b: {k: round(v, 3) for k, v in p.items()} for b, p in sorted(self.by_box().items())},
             "overlap_s": {b: round(v, 3) for b, v in sorted(self.overlap_by_box().items())},
             "losses": [dataclasses.asdict(x) for x in self.losses], "recomputed_steps": self.recomputed_steps,
-            "steps_known": self.steps_known, "restarts": self.restarts, "preemptions": self.preemptions,
+            "steps_known": self.steps_known, "kept_steps": self.kept_steps, "restarts": self.restarts, "preemptions": self.preemptions,
             "at_risk": {"steps": self.at_risk_steps, "seconds": self.at_risk_s, "durable_step": self.durable_step}}
         if segments:
             doc["segments"] = [[round(s.start, 3), round(s.end, 3), s.category, s.box] for s in self.segments]
         return doc
 
 
-def _kind(c: Context, live: bool) -> str:
-    """How a life ended: clean, live, or the loss (preempted, failed, crash_loop, fenced, crashed, lost)."""
+def _kind(c: Context, live: bool, nxt: Optional[Context]) -> str:
+    """How a life ended: clean, live, or the loss (preempted, failed, crash_loop, fenced, crashed: its child exited
+    and its agent restarted it, lost: its beats stopped)."""
     if c.end_state in CLEAN_STATES:
         return "clean"
     if c.end_state is not None:
         return c.end_state
+    if c.last_state == BACKOFF:
+        return "crashed"
     if live:
-        return "crashed" if c.last_state == BACKOFF else "live"
-    return "crashed" if c.last_state == BACKOFF else "lost"
+        return "live"
+    if nxt is not None and nxt.box == c.box and nxt.agent_at is not None and nxt.agent_at == c.agent_at:
+        return "crashed"  # its own agent started the next attempt (a backoff too short for a beat to see)
+    return "lost"
 
 
 def _stall_cut(c: Context, a: float, b: float) -> Optional[float]:
@@ -204,14 +211,15 @@ def _stall_cut(c: Context, a: float, b: float) -> Optional[float]:
     return c.stalls[i] if i >= 0 and c.stalls[i] > a else None
 
 
-def _claims(c: Context, end: float, kind: str, measured: bool, trainer_end: float,
+def _claims(c: Context, end: float, kind: str, measured: bool, dead: float, notice: Optional[float],
             ) -> List[Tuple[float, float, str, Optional[Slice]]]:
     """What one life did over [begin, end], in time order: restoring, starting, training (steps to be judged),
     stalled, its tail (the step it was in: productive while it lives or when it ended clean, else recomputed) and
-    the time after its trainer stopped (down, or productive for a clean stop)."""
+    the time after the notice (a trainer that trains on through its grace is training until its last step; then it
+    saves and exits) or after its trainer died (a backoff): down, or productive for a clean stop."""
     out: List[Tuple[float, float, str, Optional[Slice]]] = []
     begin = c.begin
-    child = min(max(c.child_at if c.child_at is not None else begin, begin), trainer_end)
+    child = min(max(c.child_at if c.child_at is not None else begin, begin), dead)
 
     def add(a: float, b: float, cat: str, sl: Optional[Slice] = None) -> None:
         cut = _stall_cut(c, a, b)
@@ -223,18 +231,43 @@ def _claims(c: Context, end: float, kind: str, measured: bool, trainer_end: floa
 
     if c.setup_at is not None and child > c.setup_at:
         out.append((max(c.setup_at, begin), child, RESTORING, None))
-    samples = [s for s in c.samples if child <= s[0] <= trainer_end]
+    samples = [s for s in c.samples if child <= s[0] <= dead]
+    after = PRODUCTIVE if kind == "clean" else DOWN
+    if notice is not None and not child <= notice < dead:
+        notice = None
     if not samples:
-        add(child, trainer_end, STARTING if measured else PRODUCTIVE)
+        stop = notice if notice is not None else dead
+        add(child, stop, STARTING if measured else PRODUCTIVE)
+        out.append((stop, dead, after, None))
     else:
-        add(child, samples[0][0], STARTING)
+        first = samples[0]
+        low = c.resumed_step if c.resumed_step is not None and c.resumed_step < first[1] else first[1] - 1
+        at = first[0]
+        if low < first[1] - 1 and len(samples) > 1 and samples[1][1] > first[1] and samples[1][2] == first[2]:
+            # several steps before its first report (a beat's progress, no trainer points): its first step is
+            # placed back at the rate of the next ones, not at the report
+            rate = (samples[1][0] - first[0]) / (samples[1][1] - first[1])
+            at = min(first[0], max(child, first[0] - (first[1] - low - 1) * rate))
+        add(child, at, STARTING)
+        # its first step, trained while it was starting: judged like any, its time stays starting
+        out.append((at, at, FIRST, (low, low + 1 if at < first[0] else first[1], first[2])))
+        if at < first[0]:
+            add(at, first[0], TRAINING, (low + 1, first[1], first[2]))
         for a, b in zip(samples, samples[1:]):
             s0 = a[1] if b[1] > a[1] and b[2] == a[2] else b[1] - 1  # a reset counter or a new phase: one step
             add(a[0], b[0], TRAINING, (s0, b[1], b[2]))
-        add(samples[-1][0], trainer_end, PRODUCTIVE if kind in ("live", "clean") else RECOMPUTED)
-    if end > trainer_end:
-        out.append((trainer_end, end, PRODUCTIVE if kind == "clean" else DOWN, None))
-    return [x for x in out if x[1] > x[0]]
+        last = samples[-1][0]
+        tail = PRODUCTIVE if kind in ("live", "clean") else RECOMPUTED
+        if notice is not None and notice > last:  # the step it was in when the notice came, then the stop
+            add(last, notice, tail)
+            out.append((notice, dead, after, None))
+        elif notice is not None:  # it trained on after the notice: from its last step it saved and exited
+            out.append((last, dead, after, None))
+        else:
+            add(last, dead, tail)
+    if end > dead:
+        out.append((dead, end, after, None))
+    return [x for x in out if x[1] > x[0] or x[2] == FIRST]
 
 
 def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after: float = SILENT_AFTER) -> Ledger:
@@ -244,25 +277,29 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
         return Ledger(t, t, False, "", [], [], [], False, 0, 0)
     last = contexts[-1]
     measured = any(c.samples for c in contexts)
-    ends, kinds, trainer_ends = [], [], []
+    ends: List[float] = []
+    kinds: List[str] = []
+    deads: List[float] = []
+    notices: List[Optional[float]] = []
     live = False
-    for c in contexts:
+    for i, c in enumerate(contexts):
         fresh = c is last and c.end_state is None and now is not None and now - c.last_beat <= silent_after * c.interval
-        end = max(now, c.last_beat) if fresh and now is not None else c.last_beat
-        kind = _kind(c, fresh)
+        end = max(now if fresh and now is not None else c.last_beat, c.begin)
+        kind = _kind(c, fresh, contexts[i + 1] if i + 1 < len(contexts) else None)
         live = live or kind == "live"
-        stops = [t for t in (c.stopping_at, c.backoff_at) if t is not None and c.begin <= t <= end]
-        if kind == "crashed" and not stops:
-            stops = [c.last_beat]
-        ends.append(max(end, c.begin))
+        dead = end  # when its trainer stopped running: a backoff's start (its child exited), else its end
+        if kind == "crashed":
+            dead = c.backoff_at if c.backoff_at is not None and c.begin <= c.backoff_at <= end else c.last_beat
+        ends.append(end)
         kinds.append(kind)
-        trainer_ends.append(min(stops) if stops else max(end, c.begin))
+        deads.append(dead)
+        notices.append(c.stopping_at if c.stopping_at is not None and c.begin <= c.stopping_at <= dead else None)
     start = min(c.begin for c in contexts)
     final = kinds[-1] in ("clean",) or kinds[-1] in LOST_FOR_GOOD
     run_end = max(ends) if final or now is None else max(max(ends), now)
 
-    claims = [_claims(c, ends[i], kinds[i], measured, trainer_ends[i]) for i, c in enumerate(contexts)]
-    resolved, lost_steps = _lineage(contexts, claims, kinds)
+    claims = [_claims(c, ends[i], kinds[i], measured, deads[i], notices[i]) for i, c in enumerate(contexts)]
+    resolved, lost_steps, kept_steps = _lineage(contexts, claims, kinds)
 
     # overlap: newer lives own the instants they cover; an older life's claims there are counted apart
     taken = Spans()
@@ -291,8 +328,9 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
 
     losses = []
     for i, c in enumerate(contexts):
-        if kinds[i] not in ("clean", "live") and (i < len(contexts) - 1 or kinds[i] in LOST_FOR_GOOD or lost_steps[i]):
-            losses.append(Loss(trainer_ends[i], c.box, c.attempt, kinds[i], lost_steps[i], round(recomputed_s[i], 3),
+        if kinds[i] not in ("clean", "live"):
+            notice = notices[i]
+            losses.append(Loss(notice if notice is not None else deads[i], c.box, c.attempt, kinds[i], lost_steps[i], round(recomputed_s[i], 3),
                                round(hidden_s[i], 3)))
     tip = last.last_step
     at_steps = at_s = None
@@ -302,16 +340,19 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
             at_s = round(max(0.0, tip[0] - last.durable_at), 3)
     return Ledger(start=start, end=run_end, live=live, state=last.last_state, segments=_merge(visible),
                   overlap=_merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
-                  preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (c.preempted and c.stopping_at)),
-                  at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step)
+                  preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (
+                      c.end_state is None and c.preempted and c.stopping_at is not None)),  # (a fence is no notice)
+                  at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step, kept_steps=kept_steps)
 
 
 def _lineage(contexts: List[Context], claims: List[List[Tuple[float, float, str, Optional[Slice]]]],
-             kinds: List[str]) -> Tuple[List[List[Tuple[float, float, str]]], List[int]]:
+             kinds: List[str]) -> Tuple[List[List[Tuple[float, float, str]]], List[int], int]:
     """Each training claim split into productive and recomputed, judged from the newest life back: a step trained
-    again by a newer life, or past the final durable step of a run that failed for good, was recomputed."""
+    again by a newer life, or past the final durable step of a run that failed for good, was recomputed. Returns the
+    claims resolved, the steps each life lost, and the steps kept (each counted once: the lineage's length)."""
     done: Dict[int, Spans] = {}
     lost = [0] * len(contexts)
+    kept = 0
     last = contexts[-1]
     if kinds[-1] in LOST_FOR_GOOD and last.samples:
         final = last.durable_step if last.durable_step is not None else -1
@@ -330,16 +371,16 @@ def _lineage(contexts: List[Context], claims: List[List[Tuple[float, float, str,
             spans.add(float(s0), float(s1))
             frac = min(1.0, gone / n) if n > 0 else 0.0
             lost[i] += round(gone)
+            kept += round(n - gone)
+            if cat == FIRST:  # the life's first step: its time is the trainer's start, only the step is judged
+                continue
             cut = b - frac * (b - a)
             if b > cut:
                 mine.append((cut, b, RECOMPUTED))
             if cut > a:
                 mine.append((a, cut, PRODUCTIVE))
         out[i] = mine[::-1]
-        first = contexts[i].samples[0] if contexts[i].samples else None
-        if first is not None:  # its first step (trained while it was starting) is done again too, for older lives
-            done.setdefault(first[2], Spans()).add(float(first[1] - 1), float(first[1]))
-    return out, lost
+    return out, lost, kept
 
 
 def _merge(segs: Iterable[Segment]) -> List[Segment]:

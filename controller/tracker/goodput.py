@@ -30,7 +30,7 @@ log = logging.getLogger("onbox.tracker")
 PAGE = 50000  # beats folded per read
 _PATHS = ("$.progress.time", "$.checkpoint.latest_durable.step", "$.checkpoint.latest_durable.committed_at",
           "$.times.agent_started_at", "$.times.setup_at", "$.times.child_started_at", "$.phase.index",
-          "$.interval_s", "$.preemption", "$.alerts")
+          "$.interval_s", "$.preemption", "$.alerts", "$.checkpoint.latest_local.step")
 _COLS = ("SELECT b.id, b.run, b.seq, b.time, b.box, b.attempt, b.state, b.step, %s, "
          "json_extract(p.time, '$[0]'), json_extract(p.step, '$[0]') "
          "FROM beats b LEFT JOIN points p ON p.run = b.run AND p.bid = b.id " % (
@@ -60,7 +60,7 @@ def _beat_of_row(row: Tuple[Any, ...]) -> Optional[Beat]:
     return Beat(seq=seq, time=t, box=box if isinstance(box, str) and box else "?", attempt=attempt,
                 state=state.lower(), step=whole(step), step_time=number(f[0]),
                 first_point=(pt, ps) if pt is not None and ps is not None else None,
-                durable_step=whole(f[1]), durable_at=number(f[2]),
+                durable_step=whole(f[1]), durable_at=number(f[2]), local_step=whole(f[10]),
                 stalled=isinstance(alerts, list) and any(isinstance(a, dict) and a.get("code") == "stall"
                                                          for a in alerts),
                 agent_at=number(f[3]), setup_at=number(f[4]), child_at=number(f[5]), phase=whole(f[6]),
