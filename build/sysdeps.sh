@@ -4,7 +4,10 @@
 # Debian's docker.io with the Python 3.11 packages the container tests' local image is made of (build/python_image.py;
 # the tests start a private dockerd of their own: a system daemon that the package may start is not used),
 # qemu-user-static (the aarch64 pyz runs under it, with build/arm64-sysroot.sh's Python), and e2fsprogs with
-# mount (a loop-mounted ext4 volume: commits to a durable disk of its own, tests/hosts/blockfs.py).
+# mount (a loop-mounted ext4 volume: commits to a durable disk of its own, tests/hosts/blockfs.py), and Debian's
+# prometheus with promtool (the tracker's /metrics scraped by a real Prometheus the test starts on loopback with its
+# own config and data dir, and the example alert rules checked and fired: tests/hosts/prometheus.py; its packaged
+# service is never used).
 # Idempotent and quick when everything is present. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -27,6 +30,7 @@ command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || need+=(docker.
 command -v fc-list >/dev/null 2>&1 || need+=(fontconfig)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
