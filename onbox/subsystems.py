@@ -89,7 +89,7 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
     from onbox.checkpoints import NotARealDir, SyncFailed
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.durable.targets import make_target
-    from onbox.checkpoints.fencing import RunLease, default_check_every
+    from onbox.checkpoints.leases.fencing import RunLease, default_check_every
     from onbox.clock import SystemClock
     from onbox.errors import UnfitError
     from onbox.slurm.job import SlurmJob

@@ -12,8 +12,8 @@ holder's name rule, and the errors of a commit (SyncFailed and its kin).
   layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
   detect.py     candidates in the local checkpoint dir and when each is complete (by marker, format or quiet)
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
-  leases.py     run leases, pure: file names, the lease document and its checks, who holds a run, lineage
-  fencing.py    the lease an agent holds: take, the check before every write, renewals, release; PassiveLease
+  leases/       run leases: the pure rules (file names, the document, who holds a run, lineage) and fencing.py,
+                the lease an agent holds (take, the check before every write, renewals, release; PassiveLease)
   holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
   restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key
-from onbox.checkpoints.fencing import Fenced, PassiveLease
+from onbox.checkpoints.leases.fencing import Fenced, PassiveLease
 from onbox.checkpoints.restore import set_aside
 
 

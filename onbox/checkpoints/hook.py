@@ -44,8 +44,8 @@ from onbox.checkpoints.detect import (
 from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.durable.runlock import commit_lock
 from onbox.checkpoints.durable.targets import make_target, overlap_problem
-from onbox.checkpoints.fencing import Fenced
 from onbox.checkpoints.holding import HolderMixin
+from onbox.checkpoints.leases.fencing import Fenced
 from onbox.checkpoints.localdir import LocalDirMixin
 from onbox.checkpoints.resuming import ResumeMixin
 from onbox.errors import UsageError

@@ -13,7 +13,7 @@ from onbox.checkpoints import INDEX, SyncFailed
 from onbox.checkpoints.durable.index import make_check, record_checks
 from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.durable.runlock import commit_lock
-from onbox.checkpoints.fencing import PassiveLease
+from onbox.checkpoints.leases.fencing import PassiveLease
 
 LOCK_WAIT_S = 120.0  # how long `onbox verify` waits for a commit in flight before it skips recording
 

@@ -10,7 +10,7 @@ from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
 from onbox.checkpoints.durable.index import make_check
-from onbox.checkpoints.fencing import Fenced
+from onbox.checkpoints.leases.fencing import Fenced
 from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
 
 

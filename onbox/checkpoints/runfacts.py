@@ -26,8 +26,8 @@ def durable_facts(durable: str, run: str, default_ttl: float, now: Optional[floa
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.durable import retention
     from onbox.checkpoints.durable.targets import make_target
-    from onbox.checkpoints.fencing import LeaseStore
     from onbox.checkpoints.leases import BadLease, blocks, box_id, holder_of_run, is_live
+    from onbox.checkpoints.leases.fencing import LeaseStore
     from onbox.clock import SystemClock
     from onbox.proc import is_alive
 

@@ -88,7 +88,7 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     result = hook.commit_one(complete[-1])
     fence = hook.fenced()
     if result is None and fence is not None:
-        from onbox.checkpoints.fencing import Fenced
+        from onbox.checkpoints.leases.fencing import Fenced
 
         e = Fenced(fence)
         raise SyncFailed(printable("commit of %s to %s refused: %s" % (complete[-1].name, ctx.config.durable,

@@ -26,7 +26,7 @@ from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable import rclonerc
 from onbox.checkpoints.durable.rcd import MAX_ENDED, Rcd
 from onbox.checkpoints.durable.rclone import RcloneTarget
-from onbox.checkpoints.fencing import Fenced, RunLease
+from onbox.checkpoints.leases.fencing import Fenced, RunLease
 from onbox.clock import SystemClock
 from onbox.proc import is_alive
 from tests.checkpoint_files import write_torch_zip

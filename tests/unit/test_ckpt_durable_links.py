@@ -16,8 +16,8 @@ from onbox.checkpoints import NotARealDir, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable import PARTIAL_MARKER, STAGING_PREFIX
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.fencing import LeaseStore
 from onbox.checkpoints.leases import LeaseFile, document, lease_name
+from onbox.checkpoints.leases.fencing import LeaseStore
 from onbox.clock import SystemClock
 from tests.checkpoint_files import complete_cands, write_torch_zip
 

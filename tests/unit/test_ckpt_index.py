@@ -135,7 +135,7 @@ def test_a_check_of_what_was_since_recommitted_under_the_name_is_not_recorded(on
 def test_a_recheck_is_recorded_only_under_a_lease_this_box_holds_on_that_target(onbox_home, tmp_path):
     """Issue 30.1: recording a re-check rewrites the index, a write like any other. Where another box holds the
     run's lease, the verdict stands and the record is skipped, said; the holder's own box records it."""
-    from onbox.checkpoints.fencing import RunLease
+    from onbox.checkpoints.leases.fencing import RunLease
     from onbox.clock import FakeClock
 
     ctx = ctx_in_home(onbox_home, tmp_path)

@@ -10,8 +10,8 @@ from typing import Any, Dict, List
 from onbox import fsutil
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.fencing import RunLease
 from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.leases.fencing import RunLease
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.supervisor.hooks import RunContext

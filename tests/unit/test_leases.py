@@ -13,7 +13,6 @@ import pytest
 
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.fencing import Fenced, LeaseRefused, LeaseStore, NotHeldHere, PassiveLease, RunLease
 from onbox.checkpoints.leases import (
     BadLease,
     Committed,
@@ -30,6 +29,14 @@ from onbox.checkpoints.leases import (
     new_holder,
     parse_name,
     renewed_ago,
+)
+from onbox.checkpoints.leases.fencing import (
+    Fenced,
+    LeaseRefused,
+    LeaseStore,
+    NotHeldHere,
+    PassiveLease,
+    RunLease,
 )
 from onbox.clock import FakeClock
 

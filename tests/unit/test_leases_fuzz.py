@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.fencing import Fenced, LeaseRefused, NotHeldHere, PassiveLease, RunLease
 from onbox.checkpoints.leases import beats, document, lease_name, parse_name
+from onbox.checkpoints.leases.fencing import Fenced, LeaseRefused, NotHeldHere, PassiveLease, RunLease
 from onbox.clock import FakeClock
 
 HOLDER = "gpu1-0a1b2c3d-11111111"

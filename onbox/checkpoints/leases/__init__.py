@@ -1,5 +1,10 @@
-"""Run leases, the pure part: lease file names, the lease document and its checks, who holds a run, and the lineage
-a new holder restores from. No I/O here: fencing.py reads and writes the files through the durable target.
+"""Run leases. This module is the pure part: lease file names, the lease document and its checks, who holds a run,
+and the lineage a new holder restores from. No I/O here:
+
+  fencing.py    the lease an agent holds: take, the check before every write, renewals, release; PassiveLease for
+                every other committer on the box. It reads and writes the lease files through the durable target.
+
+May import: the shared leaves, onbox.checkpoints (the base) and onbox.checkpoints.durable.
 
 A lease is one file per agent launch that took the run, never deleted:
 
