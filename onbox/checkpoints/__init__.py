@@ -6,16 +6,13 @@ holder's name rule, and the errors of a commit (SyncFailed and its kin).
 
   durable/      the durable side: the DurableTarget protocol, a mounted path or an rclone remote as the target,
                 hashcopy, manifest, index, retention, the commit lock, phases (its __init__ names each module)
-  formats.py    format checks of torch zips, legacy torch pickles, safetensors and JSON, without torch
-  torchpickle.py  the layouts torch.save writes and a safe unpickler (imports nothing, runs nothing)
-  stepread.py   the step a checkpoint records about itself (trainer_state.json, global_step, iter_num ...)
-  layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
-  detect.py     candidates in the local checkpoint dir and when each is complete (by marker, format or quiet)
+  formats/      format checks without torch (torch zips and pickles, safetensors, JSON), the step a checkpoint
+                records, what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed)
+  local/        the box's checkpoint dir: candidates and when each is complete (detect.py), restore into it
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
   leases/       run leases: the pure rules (file names, the document, who holds a run, lineage) and fencing.py,
                 the lease an agent holds (take, the check before every write, renewals, release; PassiveLease)
   holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
-  restore.py    the newest committed checkpoint that verifies, put where the trainer reads it
   resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
   localdir.py   the hook and the box's checkpoint dir: an unreadable newest entry, an empty dir, pruning (U6)
   verify.py     `onbox verify`; recheck.py: its record in the index, under the commit lock and the lease

@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX_SCHEMA, MANIFEST_SCHEMA, DurableFull, SyncFailed, formats
-from onbox.checkpoints.detect import Candidate, durable_name, fingerprint_of
 from onbox.checkpoints.durable import DurableTarget, FileHashes, hashcopy, manifest, phases, retention
 from onbox.checkpoints.durable.index import entry_from_manifest, record_checks, upgrade_entry
+from onbox.checkpoints.local.detect import Candidate, durable_name, fingerprint_of
 
 MiB = 1024 * 1024
 

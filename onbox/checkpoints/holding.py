@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox.checkpoints import SyncFailed
-from onbox.checkpoints.detect import Candidate, order_key
 from onbox.checkpoints.leases.fencing import Fenced, PassiveLease
-from onbox.checkpoints.restore import set_aside
+from onbox.checkpoints.local.detect import Candidate, order_key
+from onbox.checkpoints.local.restore import set_aside
 
 
 class HolderMixin:

@@ -33,7 +33,12 @@ from typing import Any, Dict, Iterator, List, Optional
 from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter, CommitResult
-from onbox.checkpoints.detect import (
+from onbox.checkpoints.durable import DurableTarget
+from onbox.checkpoints.durable.runlock import commit_lock
+from onbox.checkpoints.durable.targets import make_target, overlap_problem
+from onbox.checkpoints.holding import HolderMixin
+from onbox.checkpoints.leases.fencing import Fenced
+from onbox.checkpoints.local.detect import (
     BoundedScan,
     Candidate,
     CheckpointDirTooLarge,
@@ -41,11 +46,6 @@ from onbox.checkpoints.detect import (
     ScanBound,
     read_progress,
 )
-from onbox.checkpoints.durable import DurableTarget
-from onbox.checkpoints.durable.runlock import commit_lock
-from onbox.checkpoints.durable.targets import make_target, overlap_problem
-from onbox.checkpoints.holding import HolderMixin
-from onbox.checkpoints.leases.fencing import Fenced
 from onbox.checkpoints.localdir import LocalDirMixin
 from onbox.checkpoints.resuming import ResumeMixin
 from onbox.errors import UsageError

@@ -41,15 +41,15 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     belongs to the live agent (a read-modify-write from here could put back a stale last_sync). `ask_remote`:
     list what an rclone remote holds (`committed`); without it `committed` is None for a remote target. `state`
     (state.json) and `node` ({rank, run, nnodes} of a multi-node group's node) come from the caller."""
-    from onbox.checkpoints.detect import (
+    from onbox.checkpoints.durable.localpath import LocalPathTarget
+    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.checkpoints.local.detect import (
         CheckpointDirTooLarge,
         CompletionTracker,
         ScanBound,
         read_progress,
         scan,
     )
-    from onbox.checkpoints.durable.localpath import LocalPathTarget
-    from onbox.checkpoints.hook import CheckpointCommitHook
 
     hook = CheckpointCommitHook(ctx)
     writing = trainer_alive(ctx.run_dir)

@@ -10,7 +10,7 @@ import shutil
 from typing import Any, Callable, Dict, List, Optional
 
 from onbox import fsutil
-from onbox.checkpoints.detect import Candidate
+from onbox.checkpoints.local.detect import Candidate
 
 NO_CHECKPOINT_INTERVALS = 5  # sync intervals with an empty checkpoint dir before it is worth a warning
 

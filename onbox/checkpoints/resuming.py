@@ -8,10 +8,10 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from onbox import fsutil, paths
 from onbox.checkpoints import SyncFailed
-from onbox.checkpoints.detect import Candidate, order_key, path_fingerprint, read_progress
 from onbox.checkpoints.durable.index import make_check
 from onbox.checkpoints.leases.fencing import Fenced
-from onbox.checkpoints.restore import RestoreResult, restore_newest, set_aside
+from onbox.checkpoints.local.detect import Candidate, order_key, path_fingerprint, read_progress
+from onbox.checkpoints.local.restore import RestoreResult, restore_newest, set_aside
 
 
 def newer(c: Candidate, manifest: Dict[str, Any]) -> bool:

@@ -13,10 +13,11 @@ import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from onbox import untrusted
-from onbox.checkpoints import MANIFEST, formats, stepread
-from onbox.checkpoints.detect import walk_files
+from onbox.checkpoints import MANIFEST, formats
 from onbox.checkpoints.durable import hashcopy
 from onbox.checkpoints.durable import manifest as manifest_mod
+from onbox.checkpoints.formats import stepread
+from onbox.checkpoints.local.detect import walk_files
 from onbox.errors import UsageError
 
 TORCH_SUFFIXES = formats.TORCH_SUFFIXES

@@ -190,7 +190,7 @@ class GroupRestore:
 
     def _restore(self, name: Optional[str]) -> Optional[str]:
         from onbox.checkpoints import SyncFailed
-        from onbox.checkpoints.restore import restore_newest
+        from onbox.checkpoints.local.restore import restore_newest
 
         target = self._target()
         if target is None:

@@ -125,8 +125,8 @@ def _split(phases: Dict[str, float], total: float) -> str:
 
 def main() -> int:
     from onbox.checkpoints.commit import CheckpointCommitter
-    from onbox.checkpoints.detect import CompletionTracker, scan
     from onbox.checkpoints.durable.localpath import LocalPathTarget
+    from onbox.checkpoints.local.detect import CompletionTracker, scan
     from onbox.checkpoints.verify import verify_path
     from onbox.clock import SystemClock
 

@@ -39,7 +39,8 @@ def main() -> int:
     except ImportError:
         print("torch is not importable: skipped")
         return 0
-    from onbox.checkpoints import formats, stepread
+    from onbox.checkpoints import formats
+    from onbox.checkpoints.formats import stepread
     from tests.torch_checkpoints import nanogpt_checkpoint, save
 
     base = tempfile.mkdtemp(prefix="onbox-bench-formats-", dir=os.environ.get("ONBOX_BENCH_DIR", "/var/tmp"))

@@ -17,9 +17,9 @@ import pytest
 
 from onbox import fsutil
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.detect import CompletionTracker, scan
 from onbox.checkpoints.durable import hashcopy
 from onbox.checkpoints.durable.localpath import LocalPathTarget
+from onbox.checkpoints.local.detect import CompletionTracker, scan
 from onbox.checkpoints.verify import check_manifest_files
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip

@@ -15,9 +15,9 @@ import pytest
 
 from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.detect import CompletionTracker, scan
 from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.local.detect import CompletionTracker, scan
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
@@ -63,7 +63,7 @@ def test_commit_and_restore(tmp_path, rclone_remote):
 UPLOADER = r"""
 import sys
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.detect import CompletionTracker, scan
+from onbox.checkpoints.local.detect import CompletionTracker, scan
 from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.clock import SystemClock
 remote, src = sys.argv[1], sys.argv[2]

@@ -10,11 +10,11 @@ import pytest
 from onbox import fsutil
 from onbox.checkpoints import MANIFEST, DurableFull, SyncFailed, formats
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.detect import CompletionTracker, durable_name, scan
 from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.durable.retention import select_keep
 from onbox.checkpoints.durable.targets import make_target
 from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.local.detect import CompletionTracker, durable_name, scan
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig

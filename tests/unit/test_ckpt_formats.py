@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from onbox.checkpoints import formats, torchpickle
+from onbox.checkpoints import formats
+from onbox.checkpoints.formats import torchpickle
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from tests.checkpoint_files import flip_byte, safetensors_bytes, write_torch_zip
 from tests.conftest import subprocess_env

@@ -10,7 +10,7 @@ import pytest
 
 from onbox import fsutil
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.restore import ASIDE_DIR
+from onbox.checkpoints.local.restore import ASIDE_DIR
 from onbox.checkpoints.verify import verify_path
 from onbox.paths import CHECKPOINT_STATUS_FILE
 from tests.fakes.run_context import run_context

@@ -10,9 +10,9 @@ from typing import List
 
 import pytest
 
-from onbox.checkpoints import detect
-from onbox.checkpoints.detect import BoundedScan, CheckpointDirTooLarge, ScanBound, scan, walk_files
 from onbox.checkpoints.hook import CheckpointCommitHook
+from onbox.checkpoints.local import detect
+from onbox.checkpoints.local.detect import BoundedScan, CheckpointDirTooLarge, ScanBound, scan, walk_files
 from onbox.config import RunConfig
 from onbox.paths import CHECKPOINT_STATUS_FILE
 from tests.checkpoint_files import write_torch_zip

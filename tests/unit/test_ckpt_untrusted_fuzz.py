@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable import manifest, retention
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.restore import restore_newest
+from onbox.checkpoints.local.restore import restore_newest
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import FakeClock
 from tests.fakes.recorders import EventRecorder

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from onbox.checkpoints import torchpickle
-from onbox.checkpoints.stepread import StepReading, step_of_dir, step_of_file
+from onbox.checkpoints.formats import torchpickle
+from onbox.checkpoints.formats.stepread import StepReading, step_of_dir, step_of_file
 from tests.checkpoint_files import write_torch_zip
 from tests.torch_checkpoints import lightning_checkpoint, nanogpt_checkpoint, save
 

@@ -1,4 +1,10 @@
-"""Format checks for checkpoint files, without torch.
+"""Format checks for checkpoint files, without torch. The package also holds:
+
+  torchpickle.py  the layouts torch.save writes and a safe unpickler (imports nothing, runs nothing)
+  stepread.py   the step a checkpoint records about itself (trainer_state.json, global_step, iter_num ...)
+  layouts.py    what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed) and its last file
+
+May import: the shared leaves and onbox.checkpoints (the base). Nothing else of the package.
 
 A file named like a torch checkpoint (.pt .pth .ckpt .bin) must be one of the two layouts torch.save writes
 (torchpickle.py): a torch zip or a legacy torch pickle. Anything else — zero-filled, text, random, cut short —
@@ -28,7 +34,7 @@ import zipfile
 from typing import NamedTuple, Optional
 
 from onbox import untrusted
-from onbox.checkpoints import torchpickle
+from onbox.checkpoints.formats import torchpickle
 
 ZIP_MAGIC = b"PK\x03\x04"
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit

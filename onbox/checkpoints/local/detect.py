@@ -33,7 +33,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from onbox import fsutil, paths
-from onbox.checkpoints import formats, layouts, stepread
+from onbox.checkpoints import formats
+from onbox.checkpoints.formats import layouts, stepread
 
 CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
 SIDE_MARKERS = (".done", ".complete")

@@ -15,7 +15,8 @@ import os
 import zipfile
 from typing import Any, List, NamedTuple, Optional
 
-from onbox.checkpoints import formats, torchpickle
+from onbox.checkpoints import formats
+from onbox.checkpoints.formats import torchpickle
 
 # top-level keys, most specific first: Lightning and HF-style `global_step`, DeepSpeed's `global_steps`
 # (mp_rank_*_model_states.pt), nanoGPT's `iter_num`, then what hand-written loops use
