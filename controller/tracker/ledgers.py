@@ -19,7 +19,7 @@ from starlette.routing import Route
 from controller.goodput.ledger import Ledger
 from controller.tracker.answers import BadRequest
 from controller.tracker.goodput import GoodputBook
-from controller.tracker.metrics import CONTENT_TYPE, Exposition
+from controller.tracker.metrics import CONTENT_TYPE, TEXT_CONTENT_TYPE, Exposition
 from controller.tracker.runfacts import RunFacts
 from controller.tracker.store import Store
 from onbox.heartbeat.schema import RUN_RE
@@ -93,7 +93,10 @@ def ledger_routes(store: Store, book: GoodputBook, facts: RunFacts,
 
     async def metrics(request: Request) -> Response:
         require(request, False)
-        return Response(await run_in_threadpool(exposition.render), media_type=CONTENT_TYPE,
-                        headers={"Cache-Control": "no-store"})
+        # Prometheus asks for OpenMetrics (Accept: application/openmetrics-text;...); curl and promtool get the
+        # classic text format of the same samples
+        om = "application/openmetrics-text" in request.headers.get("accept", "")
+        return Response(await run_in_threadpool(exposition.render, om), media_type=CONTENT_TYPE if om else
+                        TEXT_CONTENT_TYPE, headers={"Cache-Control": "no-store"})
 
     return [Route("/api/v1/goodput", goodput, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]

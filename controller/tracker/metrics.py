@@ -19,11 +19,15 @@ from controller.tracker.runfacts import RunFacts
 from controller.tracker.store import Store, parse_doc
 
 CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+# the classic text format, for a client that does not ask for OpenMetrics (curl, `promtool check metrics`): the same
+# samples; an info family is a gauge named <family>_info and a counter's family carries its `_total`; no `# EOF`
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MIB = 1048576.0
 
 # (family, type, help): the order of the exposition. Counters' samples carry `_total`, the info's `_info`.
 RUN_FAMILIES: Tuple[Tuple[str, str, str], ...] = (
     ("onbox_run", "info", "A run: its box, the box's profile and pool (the inventory), its state (value 1)."),
+    ("onbox_run_alert", "gauge", "An alert the agent has open on the run (value 1): its code and severity."),
     ("onbox_run_step", "gauge", "The newest step the trainer reported."),
     ("onbox_run_loss", "gauge", "The newest training loss the trainer reported."),
     ("onbox_run_tokens_per_second", "gauge", "The newest tokens/s the trainer reported."),
@@ -118,6 +122,13 @@ def render_beat(run: str, box: Optional[str], state: Optional[str], doc: Optiona
                          ("onbox_run_durable_checkpoint_timestamp_seconds",
                           ("checkpoint", "latest_durable", "committed_at"))):
         _add(out, family, _KINDS[family], r, _dig(doc, *path))
+    alerts = doc.get("alerts")
+    seen = set()
+    for a in alerts if isinstance(alerts, list) else []:
+        if isinstance(a, dict) and isinstance(a.get("code"), str) and a["code"] not in seen:
+            seen.add(a["code"])
+            _add(out, "onbox_run_alert", "gauge", labels(run=run, code=a["code"][:64], severity=str(
+                a.get("severity") or "warning")[:16]), 1)
     gpus = _dig(doc, "gpus", "gpus")
     for g in gpus if isinstance(gpus, list) else []:
         if not isinstance(g, dict):
@@ -190,7 +201,8 @@ class Exposition:
             del self._cache[gone]
         return {run: lines for run, (_, lines) in self._cache.items()}
 
-    def render(self) -> str:
+    def render(self, openmetrics: bool = True) -> str:
+        """The exposition: OpenMetrics (what Prometheus asks for), else the classic text format."""
         with self._lock:
             now = self.store.now()
             heads = self._heads()
@@ -222,14 +234,20 @@ class Exposition:
             for family, kind, text in RUN_FAMILIES + GPU_FAMILIES:
                 lines = [line for run in sorted(per_run) for line in per_run[run].get(family, ())]
                 lines += dyn.get(family, [])
-                out.append("# TYPE %s %s\n# HELP %s %s\n" % (family, kind, family, text))
+                out.append(_head(family, kind, text, openmetrics))
                 if lines:
                     out.append("\n".join(lines) + "\n")
             tracker = [("onbox_tracker_runs", "gauge", "Runs the tracker knows.", len(heads)),
                        ("onbox_tracker_skipped_rows", "counter", "Stored rows a read skipped as unreadable.",
                         self.store.skipped_total)]
             for family, kind, text, v in tracker:
-                out.append("# TYPE %s %s\n# HELP %s %s\n%s%s %s\n" % (family, kind, family, text, family,
-                                                                    _SUFFIX.get(kind, ""), v))
-            out.append("# EOF\n")
+                out.append(_head(family, kind, text, openmetrics) + "%s%s %s\n" % (family, _SUFFIX.get(kind, ""), v))
+            if openmetrics:
+                out.append("# EOF\n")
             return "".join(out)
+
+
+def _head(family: str, kind: str, text: str, openmetrics: bool) -> str:
+    if not openmetrics:  # the classic format names the family as its samples are named
+        family, kind = family + _SUFFIX.get(kind, ""), "gauge" if kind == "info" else kind
+    return "# TYPE %s %s\n# HELP %s %s\n" % (family, kind, family, text)
