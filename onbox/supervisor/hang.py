@@ -6,7 +6,8 @@ bounds), and, once it says hung, the evidence kept BEFORE anything is stopped, t
   respond()  the verdict acted on: the Python stacks of every process of the attempt (stacks.py), the GPU state
              (the reaper hook's `gpu_state`), both in <run dir>/hang-stacks.<attempt>.txt, and a `hang_detected`
              event with the evidence; then
-               alert    nothing more: the run goes on (the warning stays until the trainer reports a step again)
+               alert    nothing more: the run goes on (the `hang` warning is critical until the trainer reports a
+                        step again, then says it came back)
                restart  the attempt stopped (every process of it: its session, its tree, its marker, in the one
                         escalation, leftovers.py) with its exit classified `hung`; the loop hands that exit to the
                         restart policy (backoff, restore of the newest durable checkpoint, the reaper before the
@@ -150,10 +151,21 @@ class HangWatch:
                  float(self.cfg.term_timeout))
         return result  # type: ignore[no-any-return]
 
-    def acted(self, state: str, message: str, **fields: Any) -> None:
-        """The `hang_action` event: what --on-hang did and what comes next (the warning says it)."""
-        self.emit("hang_action", action=self.cfg.on_hang, state=state, message=message,
-                  stacks=self.last.get("stacks"), **fields)
+    def acted(self, state: str, message: str, restarts: Optional[int] = None, max_restarts: Optional[int] = None,
+              restart_in_s: Optional[float] = None) -> None:
+        """The `hang_action` event: what --on-hang did and what comes next, in words the warning repeats. `message`:
+        the run's own (state.json's), kept as `detail`."""
+        said = message
+        if state == "backoff":
+            said = ("the attempt was stopped (all its processes); it restarts from the newest checkpoint in %.1f s "
+                    "(restart %s of at most %s)" % (restart_in_s or 0.0, restarts, max_restarts))
+        elif state == "failed" and self.cfg.on_hang == "stop":
+            said = "the attempt was stopped (all its processes) and the run ended failed (--on-hang stop)"
+        elif state == "failed":
+            said = "the attempt was stopped (all its processes); the restart policy ends the run: %s" % message[:300]
+        self.emit("hang_action", action=self.cfg.on_hang, state=state, message=said, detail=message[:1000],
+                  stacks=self.last.get("stacks"), restarts=restarts, max_restarts=max_restarts,
+                  restart_in_s=restart_in_s)
 
     def _evidence(self, verdict: HangVerdict, launcher: Any, hooks: Any, hook: Callable[..., Any]) -> Dict[str, Any]:
         refs = launcher.processes()
