@@ -50,6 +50,7 @@ class Context:
     durable_at: Optional[float] = None
     preempted: bool = False  # a preemption notice was under way
     thinned: int = 0  # samples dropped by the bound
+    after: float = float("-inf")  # without its child's spawn time: steps reported after the previous life's last beat
     resumed_step: Optional[int] = None  # the newest checkpoint's step when it began: what it most likely resumed from
 
     @property
@@ -57,7 +58,7 @@ class Context:
         """When this life began: its setup, else its child's spawn, else its first beat."""
         t = self.setup_at if self.setup_at is not None else self.child_at if self.child_at is not None \
             else self.first_beat
-        return min(t, self.first_beat)
+        return min(t, self.first_beat, self.samples[0][0] if self.samples else t)
 
     @property
     def last_step(self) -> Optional[Tuple[float, int, int]]:
@@ -90,6 +91,8 @@ class Fold:
             # what it resumed from: the newest checkpoint its beats know before its first step (the agent restores
             # the newest that verifies); a run's first life with none starts from scratch
             cur.resumed_step = cur.durable_step if cur.durable_step is not None else (0 if prev is None else None)
+            if prev is not None:
+                cur.after = prev.last_beat
             self.contexts.append(cur)
             self._stale = prev.last_step if prev is not None else None
         self._update(cur, b)
@@ -119,7 +122,7 @@ class Fold:
             known = [x for x in (b.durable_step, b.local_step, c.resumed_step) if x is not None]
             c.resumed_step = max(known) if known else None
         phase = b.phase or 0
-        ref = c.child_at if c.child_at is not None else c.first_beat
+        ref = c.child_at if c.child_at is not None else c.after
         if b.first_point is not None and b.first_point[0] >= ref:
             self._sample(c, b.first_point[0], b.first_point[1], phase)
         if b.step is not None:
