@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import click
 
 from controller.boxes import Box, Inventory
-from controller.commands.params import Duration, Seconds
+from controller.commands.params import Duration, HangAfter, Seconds
 from controller.launch import LaunchResult, check_job_options, check_name, launch_many, read_fanout
 from controller.relaunch import Choice
 from controller.ssh import Ssh, settings_from_env
@@ -43,19 +43,6 @@ def _provision_timeout(ctx: click.Context, param: click.Parameter, value: Option
         return check_provision_timeout(value, what="")
     except UsageError as e:
         raise click.BadParameter(e.message, ctx=ctx, param=param)
-
-
-def _hang_after(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    """--hang-after as `onbox run` takes it (seconds, a duration, off), refused here before any ssh."""
-    if value is None:
-        return None
-    from onbox.config import check_range, hang_after_seconds
-
-    try:
-        check_range("hang_after", hang_after_seconds(value))
-    except (ValueError, UsageError) as e:
-        raise click.BadParameter(getattr(e, "message", None) or str(e), ctx=ctx, param=param)
-    return value
 
 
 def _forward(flag: str, value: Any) -> List[str]:
@@ -98,11 +85,9 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--max-restarts", type=click.IntRange(0, 1000000), default=None)
 @click.option("--grace", type=Seconds(0, 86400), default=None, help="Seconds from a preemption notice to the hard kill.")
 @click.option("--checkpoint-signal", default=None, help="Signal forwarded to the trainer on preemption.")
-@click.option("--hang-after", default=None, metavar="DUR", callback=_hang_after,
-              help="The trainer is hung after this long with no new step, no output and no checkpoint write (90s, "
-                   "5m; 0 or off: never); default learned from its step cadence (`onbox run --help`).")
-@click.option("--on-hang", type=click.Choice(["alert", "restart", "stop"]), default=None,
-              help="What a hang does once its stacks are saved: alert, restart (the default) or stop.")
+@click.option("--hang-after", type=HangAfter(), metavar="DUR", help="No step, output or checkpoint write this long "
+              "(90s, 5m; off: never) and the trainer is hung; default: learned from its cadence (`onbox run --help`).")
+@click.option("--on-hang", type=click.Choice(["alert", "restart", "stop"]), help="What a hang does, its stacks saved.")
 @click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
 @click.option("--secret", "secret", multiple=True, metavar="NAME|VAR=NAME",

@@ -46,3 +46,20 @@ class Duration(click.ParamType):
             return parse_duration(value, "")
         except UsageError:
             self.fail("%r is not a duration (45, 90s, 30m, 2h, 1d)" % (value,), param, ctx)
+
+
+class HangAfter(click.ParamType):
+    """--hang-after as `onbox run` takes it: seconds, a duration (90s, 5m) or off; anything else is exit 2, here,
+    before any ssh."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
+        from onbox.config import check_range, hang_after_seconds
+        from onbox.errors import UsageError
+
+        try:
+            check_range("hang_after", hang_after_seconds(value))
+        except (ValueError, UsageError) as e:
+            self.fail("%r: %s" % (value, getattr(e, "message", None) or e), param, ctx)
+        return str(value)
