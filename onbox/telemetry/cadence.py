@@ -9,7 +9,8 @@ redrawn with a carriage return counts), no write in the checkpoint dir (a save i
   startup  before the attempt's first step (the model loads, a resume reads its checkpoint, NCCL initialises):
            hang_startup (default 1200 s);
   train    max(hang_factor x the typical time between two step reports, hang_floor): the median of the last 50
-           intervals, once 5 are known (defaults 10 x, 120 s); before that, the startup bound;
+           intervals, once 5 are known (defaults 10 x, 120 s); before that, the startup bound. The output is read
+           once a loop step (tick_interval, 0.5 s): steps faster than that measure as one tick;
   eval     from a line that announces an eval (`eval ...`, `Evaluating`, `***** Running Evaluation *****`,
            `Validation ...`, `{"phase": "eval"}`) to the next step: max(hang_floor, 2 x the longest silence seen
            in an earlier eval); before any eval was seen, the startup bound.
