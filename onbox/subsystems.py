@@ -185,7 +185,8 @@ def launch_commit_estimate(cfg: RunConfig, run_dir: str) -> float:
     checkpoint and the throughput an earlier agent of the run measured (its checkpoint_status.json), else none
     and the assumed throughput; 0 without durable storage (nothing is committed)."""
     from onbox import fsutil, paths
-    from onbox.checkpoints.hook import COMMIT_OVERHEAD_S, DEFAULT_THROUGHPUT, FINAL_SETTLE_S
+    from onbox.checkpoints.hook.scheduler import COMMIT_OVERHEAD_S, FINAL_SETTLE_S
+    from onbox.checkpoints.hook.status import DEFAULT_THROUGHPUT
 
     if not cfg.durable:
         return 0.0

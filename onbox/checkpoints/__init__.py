@@ -12,16 +12,14 @@ holder's name rule, and the errors of a commit (SyncFailed and its kin).
   commit.py     the commit protocol (payload, fsyncs, manifest last, index, retention)
   leases/       run leases: the pure rules (file names, the document, who holds a run, lineage) and fencing.py,
                 the lease an agent holds (take, the check before every write, renewals, release; PassiveLease)
-  holding.py    the hook as lease holder: the committer's guard and stamp, lineage, fenced orphans, fenced()
-  resuming.py   the restore before each attempt, keeping torn saves aside, quarantine and fallback
-  localdir.py   the hook and the box's checkpoint dir: an unreadable newest entry, an empty dir, pruning (U6)
   verify.py     `onbox verify`; recheck.py: its record in the index, under the commit lock and the lease
-  hook.py       the CheckpointHook the supervisor calls
+  hook/         CheckpointCommitHook, the CheckpointHook the supervisor calls: a thin façade over its parts (the
+                status file, the local dir scanner, the lease holder, the commit scheduler, the restorer)
   runfacts.py   what a run's durable storage says of it, read only (newest committed step, its lease): `onbox match`
   listing.py    the onbox.checkpoints/1 document (`onbox checkpoints --json`) that onboxctl's pull and gate read
 
 May import: the shared leaves (errors, fsutil, untrusted, clock, proc, toolrun, paths, environment). Never the
-supervisor: hook.py implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
+supervisor: hook/ implements the seam in onbox.supervisor.hooks structurally, and onbox.subsystems wires it in.
 """
 from __future__ import annotations
 

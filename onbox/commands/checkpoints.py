@@ -74,7 +74,8 @@ def sync(name: str, now: bool, durable: Optional[str], ckpt_dir: Optional[str], 
     Exit 0 only when the checkpoint is committed (or already was); 1 when the commit failed, with the reason.
     """
     from onbox.checkpoints import SyncFailed
-    from onbox.checkpoints.hook import CheckpointCommitHook, summary
+    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.checkpoints.hook.scheduler import summary
     from onbox.untrusted import printable
 
     ctx = _context(name, durable, ckpt_dir)

@@ -262,7 +262,7 @@ def test_each_status_write_tells_the_supervisor_that_its_summary_is_due(tmp_path
     os.unlink(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))
     os.mkdir(os.path.join(ctx.run_dir, CHECKPOINT_STATUS_FILE))  # no file can be written there
     calls = len(seen)
-    hook._update_status(warning="x")
+    hook.status_file.update(warning="x")
     assert len(seen) == calls and ctx.emit.of("checkpoint_status_unwritable")
 
 
@@ -298,7 +298,7 @@ def test_restore_onto_empty_dir_and_fallback_on_corruption(tmp_path):
     hook = CheckpointCommitHook(ctx)
     for s in (1, 2):
         write_torch_zip(os.path.join(ctx.ckpt_dir, "checkpoint-%d" % s, "model.pt"), payload=bytes([s]) * 4096)
-        hook._last_sync = float("-inf")
+        hook.scheduler.last_sync = float("-inf")
         hook.periodic()
         hook.join_worker(None)
         ctx.clock.advance(2)
@@ -344,11 +344,11 @@ def test_restore_waits_for_the_commit_in_flight_then_resumes_from_what_it_commit
         threading.Event().wait(0.3)  # the commit is still copying when the restart comes
         hook.commit_one(cand)
 
-    hook._worker = threading.Thread(target=slow_commit, daemon=True)
-    hook._worker.start()
+    hook.scheduler.worker = threading.Thread(target=slow_commit, daemon=True)
+    hook.scheduler.worker.start()
     started.wait(5)
     assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")
-    assert not hook._worker.is_alive()  # restore() returned only after the commit in flight
+    assert not hook.scheduler.worker.is_alive()  # restore() returned only after the commit in flight
     assert [e["checkpoint"] for e in ctx.emit.of("checkpoint_committed")] == ["step_5.pt"]
     assert ctx.emit.of("restore_durable_skipped") == []
 
@@ -360,8 +360,8 @@ def test_restore_does_not_wait_forever_for_a_hung_commit(tmp_path):
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_5.pt"))
     release = threading.Event()
-    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a commit hung on a dead mount
-    hook._worker.start()
+    hook.scheduler.worker = threading.Thread(target=release.wait, daemon=True)  # a commit hung on a dead mount
+    hook.scheduler.worker.start()
     try:
         assert hook.restore() == os.path.join(ctx.ckpt_dir, "step_5.pt")  # the local one: newest anyway
         assert "still runs" in ctx.emit.of("restore_durable_skipped")[0]["reason"]
@@ -425,8 +425,8 @@ def test_final_does_not_wait_past_the_deadline_for_a_running_commit(tmp_path):
     ctx = run_context(tmp_path, settle_seconds=0.0)
     hook = CheckpointCommitHook(ctx)
     release = threading.Event()
-    hook._worker = threading.Thread(target=release.wait, daemon=True)  # a periodic commit that takes long
-    hook._worker.start()
+    hook.scheduler.worker = threading.Thread(target=release.wait, daemon=True)  # a periodic commit that takes long
+    hook.scheduler.worker.start()
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
     try:
         assert hook.final(ctx.clock.monotonic()) is None
@@ -678,7 +678,7 @@ def test_retention_keeps_the_checkpoint_the_attempt_resumed_from_while_it_runs(t
     assert [e["name"] for e in hook.committer.committed()] == ["step_100.pt", "step_400.pt"]
     retired = [n for ev in ctx.emit.of("checkpoints_retired") for n in ev["removed"]]
     assert retired == ["step_200.pt", "step_300.pt"]
-    hook.resumed = {"name": "step_400.pt"}  # the next attempt resumed from step 400: step 100 is retired
+    hook.restorer.resumed = {"name": "step_400.pt"}  # the next attempt resumed from step 400: step 100 is retired
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_500.pt"), payload=b"\x05" * 4096)
     hook.commit_one(next(c for c in complete_cands(ctx.ckpt_dir) if c.name == "step_500.pt"))
     assert [e["name"] for e in hook.committer.committed()] == ["step_400.pt", "step_500.pt"]

@@ -37,7 +37,7 @@ def commit_steps(ctx, steps):
         fsutil.atomic_write_json(os.path.join(ctx.run_dir, "progress.json"),
                                  {"step": step, "loss": 1.0 / step, "eval_loss": 2.0 / step, "time": ctx.clock.time()})
         write_torch_zip(os.path.join(ctx.ckpt_dir, "step_%05d.pt" % step), payload=bytes([step]) * 4096)
-        hook._last_sync = float("-inf")
+        hook.scheduler.last_sync = float("-inf")
         hook.periodic()
         hook.join_worker(None)
         ctx.clock.advance(2)

@@ -31,7 +31,7 @@ def read(path: str) -> bytes:
 
 
 def commit_now(hook: CheckpointCommitHook) -> None:
-    hook._last_sync = float("-inf")
+    hook.scheduler.last_sync = float("-inf")
     hook.periodic()
     hook.join_worker(None)
     hook.ctx.clock.advance(2)
@@ -289,12 +289,12 @@ def test_a_quarantine_does_not_wait_forever_for_a_hung_commit(tmp_path):
     release, holding = threading.Event(), threading.Event()
 
     def hung_commit() -> None:
-        with hook._locked():
+        with hook.scheduler.locked():
             holding.set()
             release.wait(60)
 
-    hook._worker = threading.Thread(target=hung_commit, daemon=True)
-    hook._worker.start()
+    hook.scheduler.worker = threading.Thread(target=hung_commit, daemon=True)
+    hook.scheduler.worker.start()
     out: list = []
     caller = threading.Thread(target=lambda: out.append(hook.after_failure(3.0)), daemon=True)
     try:

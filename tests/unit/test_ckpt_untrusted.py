@@ -254,7 +254,7 @@ def test_a_long_legal_checkpoint_name_commits_and_restores(onbox_home, tmp_path)
 
     write_torch_zip(os.path.join(ctx.ckpt_dir, name), payload=b"x" * 4096)
     hook = CheckpointCommitHook(ctx)
-    hook._last_sync = float("-inf")
+    hook.scheduler.last_sync = float("-inf")
     hook.periodic()
     hook.join_worker(None)
     [done] = ctx.emit.of("checkpoint_committed")

@@ -296,7 +296,8 @@ def test_the_resolved_deadline_is_recorded_for_an_adopting_agent_and_never_taken
 def test_the_commit_hook_estimates_the_newest_checkpoint_by_its_size_and_the_measured_throughput(tmp_path):
     """What moves ask_at: the newest complete checkpoint's bytes / the measured throughput, plus the commit's
     overhead and the final quiet period; none without durable storage."""
-    from onbox.checkpoints.hook import COMMIT_OVERHEAD_S, CheckpointCommitHook
+    from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.checkpoints.hook.scheduler import COMMIT_OVERHEAD_S
     from tests.checkpoint_files import write_torch_zip
     from tests.fakes.run_context import run_context
 
@@ -312,5 +313,5 @@ def test_the_commit_hook_estimates_the_newest_checkpoint_by_its_size_and_the_mea
     assert hook.commit_estimate()["seconds"] == round(size / 1000.0 + COMMIT_OVERHEAD_S, 3)
     hook.throughput = 4000.0  # measured faster: the estimate, and so ask_at's lead, shrinks
     assert hook.commit_estimate()["seconds"] == round(size / 4000.0 + COMMIT_OVERHEAD_S, 3)
-    hook.committer = None  # no durable storage: nothing to commit
+    hook.scheduler.committer = None  # no durable storage: nothing to commit
     assert hook.commit_estimate() is None

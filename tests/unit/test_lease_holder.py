@@ -91,7 +91,7 @@ def test_a_fenced_hook_writes_nothing_more(tmp_path):
     assert a.hook.final(clock.monotonic() + 60) is None
     assert a.emit.of("final_sync_none")[-1]["reason"].startswith("fenced")
     a.hook.periodic()  # nothing is started
-    assert a.hook._worker is None
+    assert a.hook.scheduler.worker is None
     status = fsutil.read_json(os.path.join(a.ctx.run_dir, "checkpoint_status.json"))
     assert status["fenced"]["newer_holder"] == b.lease.holder
 
