@@ -63,57 +63,14 @@ class VerifyReport:
 
 def check_manifest_files(ckpt_dir: str, manifest: Dict[str, Any], formats_too: bool = True,
                          rows: Optional[List[Dict[str, Any]]] = None) -> List[str]:
-    """Every file the manifest lists: present, the right size, the right hash (and formats when asked).
+    """Every file the manifest lists: present, the right size, the right hash (and formats when asked: the full
+    check, every zip member's CRC too). See manifest_mod.check_files."""
+    return manifest_mod.check_files(ckpt_dir, manifest, _full_format_check if formats_too else None, rows)
 
-    The hash of one file and the CRC pass of another run in parallel threads (hashlib and zlib release the GIL
-    on large buffers), so a verify costs about one hash pass of wall time on a box with two cores or more.
-    """
-    from concurrent.futures import Future, ThreadPoolExecutor
 
-    problems = []
-    algo = manifest.get("hash", hashcopy.HASH_NAME)
-    entries = [e for e in manifest.get("files", []) if isinstance(e, dict)]
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs: List[Tuple[Optional["Future[Tuple[int, str]]"], Optional["Future[formats.FormatResult]"]]] = []
-        paths: List[Optional[str]] = []
-        for entry in entries:
-            try:  # a listed path outside the checkpoint (../, absolute, a symlink out) is never opened
-                path: Optional[str] = untrusted.join_under(ckpt_dir, entry.get("path"), "listed path")
-            except untrusted.UntrustedInput:
-                path = None
-            paths.append(path)
-            if (path is not None and os.path.isfile(path) and not os.path.islink(path)
-                    and os.path.getsize(path) == entry.get("size")):
-                jobs.append((pool.submit(hashcopy.hash_file, path, algo),
-                             pool.submit(formats.check_file, path, True) if formats_too else None))
-            else:
-                jobs.append((None, None))
-        for entry, path, (hash_job, format_job) in zip(entries, paths, jobs):
-            rel = entry.get("path", "")
-            row: Dict[str, Any] = {"path": rel, "size": entry.get("size"), "kind": "", "ok": True, "problem": None,
-                                   "note": ""}
-            problem = None
-            if path is None:
-                problem = "refused: %s" % (untrusted.relpath_problem(rel) or "it leads outside the checkpoint")
-            elif os.path.islink(path):
-                problem = "a symlink (%s), not a file of the checkpoint" % os.readlink(path)
-            elif not os.path.isfile(path):
-                problem = "missing"
-            elif hash_job is None:
-                problem = "size %d, manifest says %s (truncated or replaced)" % (os.path.getsize(path), entry.get("size"))
-            elif hash_job.result()[1] != entry.get(algo, entry.get("hash")):
-                problem = "%s mismatch (content corrupted)" % algo
-            elif format_job is not None:
-                res = format_job.result()
-                row.update(kind=res.kind, note=res.note or ("" if res.kind in KIND_CHECKS else "hash only"))
-                problem = res.problem
-            if problem:
-                problems.append("%s: %s" % (rel, problem))
-                row.update(ok=False, problem=problem)
-            if rows is not None:
-                rows.append(row)
-    return problems
+def _full_format_check(path: str) -> Tuple[str, str, Optional[str]]:
+    res = formats.check_file(path, True)
+    return res.kind, res.note or ("" if res.kind in KIND_CHECKS else "hash only"), res.problem
 
 
 KERNEL_FILESYSTEMS = ("/proc", "/sys", "/dev")

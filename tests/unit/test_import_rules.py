@@ -152,6 +152,41 @@ def part_graph(g: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
     return out
 
 
+# Inside onbox.checkpoints: each folder (and each top-level module) over the base layer (the package's own
+# __init__: names and errors). A part may import only what stands below it here; the package docstrings say the same.
+CKPT = "onbox.checkpoints"
+CHECKPOINT_LAYERS: Dict[str, Set[str]] = {
+    CKPT: set(),
+    CKPT + ".durable": {CKPT},  # targets, manifest, index, hashcopy, retention, the commit lock
+    CKPT + ".formats": {CKPT},  # one module per format, in a registry
+    CKPT + ".leases": {CKPT, CKPT + ".durable"},
+    CKPT + ".local": {CKPT, CKPT + ".durable", CKPT + ".formats"},  # the box's checkpoint dir
+    CKPT + ".commit": {CKPT, CKPT + ".durable", CKPT + ".formats", CKPT + ".local"},
+    CKPT + ".verify": {CKPT, CKPT + ".durable", CKPT + ".formats", CKPT + ".local"},
+    CKPT + ".recheck": {CKPT, CKPT + ".durable", CKPT + ".leases"},
+    CKPT + ".hook": {CKPT, CKPT + ".durable", CKPT + ".formats", CKPT + ".leases", CKPT + ".local",
+                     CKPT + ".commit"},
+    CKPT + ".runfacts": {CKPT, CKPT + ".durable", CKPT + ".leases", CKPT + ".commit"},
+    CKPT + ".listing": {CKPT, CKPT + ".durable", CKPT + ".formats", CKPT + ".local", CKPT + ".hook"},
+}
+
+
+def checkpoint_part(module: str) -> str:
+    """onbox.checkpoints.durable.rclone -> onbox.checkpoints.durable; onbox.checkpoints -> onbox.checkpoints."""
+    return ".".join(module.split(".")[:3])
+
+
+def checkpoint_part_graph(g: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    out: Dict[str, Set[str]] = {}
+    for m, ts in internal(g).items():
+        if m != CKPT and not m.startswith(CKPT + "."):
+            continue
+        a = checkpoint_part(m)
+        out.setdefault(a, set()).update(checkpoint_part(t) for t in ts if (t == CKPT or t.startswith(CKPT + "."))
+                                        and checkpoint_part(t) != a)
+    return out
+
+
 def test_the_checker_finds_a_circle_and_a_clean_graph_has_none():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
@@ -220,3 +255,17 @@ def test_each_package_docstring_names_every_module_of_the_package(package, modul
     missing = [m for m in modules if m not in doc]
     assert not missing, "%s/__init__.py's docstring says nothing of %s: a newcomer reads it first" % (
         package, ", ".join(missing))
+
+
+def test_every_part_of_the_checkpoints_package_has_a_layer():
+    assert set(checkpoint_part_graph(graph())) - set(CHECKPOINT_LAYERS) == set()
+
+
+@pytest.mark.parametrize("part", sorted(CHECKPOINT_LAYERS))
+def test_each_part_of_the_checkpoints_package_imports_only_what_stands_below_it(part):
+    actual = checkpoint_part_graph(graph()).get(part, set())
+    assert actual - CHECKPOINT_LAYERS[part] == set(), "widen CHECKPOINT_LAYERS (and the package docstring) on purpose"
+
+
+def test_the_checkpoint_layers_have_no_circle():
+    assert cycles(CHECKPOINT_LAYERS) == []

@@ -28,6 +28,7 @@ from onbox.checkpoints.durable import (
     manifest,
     phases,
 )
+from onbox.checkpoints.durable.manifest import check_files as manifest_check_files
 
 
 class LocalPathTarget:
@@ -328,9 +329,7 @@ class LocalPathTarget:
             raise sync_failed_from_oserror(leases, e)
 
     def verify(self, name: str, manifest: Dict[str, Any]) -> List[str]:
-        from onbox.checkpoints.verify import check_manifest_files
-
-        return check_manifest_files(os.path.join(self.ckpts, name), manifest, formats_too=False)
+        return manifest_check_files(os.path.join(self.ckpts, name), manifest)
 
 
 def _delete(path: str) -> None:
