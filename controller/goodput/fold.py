@@ -13,17 +13,19 @@ with the crashed attempt's newest step. A life resumed from the newest checkpoin
 step (durable or local; a run's first life from 0): its first reported step equal to that one is the step it resumed from ("resumed
 from step 400"), not one it trained, and the steps up to its first report were trained while it started. The fold is incremental (the tracker feeds it the beats it stores) and
 bounded: a context keeps every step sample since its newest durable checkpoint (a loss sends the run back there) and
-thins the older ones (every other one, past MAX_SAMPLES), so a week-long attempt costs what its last commit
-interval holds.
+thins the older ones (past MAX_SAMPLES, and to CLOSED_SAMPLES once the context ended), so a week-long attempt costs
+what its last commit interval holds, and computing a ledger stays a few milliseconds however long the run.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 from controller.goodput.records import BACKOFF_STATE, FINAL_STATES, STOPPING_STATE, Beat
 
-MAX_SAMPLES = 4096  # step samples a context keeps at full resolution before the older ones are thinned
+MAX_SAMPLES = 1024  # step samples a live context keeps before the older ones are thinned (to half of it)
+CLOSED_SAMPLES = 128  # and one that ended: its part before its newest durable step is settled unless a loss
 DEFAULT_INTERVAL = 30.0  # the agent's default heartbeat interval
 
 
@@ -93,6 +95,8 @@ class Fold:
             cur.resumed_step = cur.durable_step if cur.durable_step is not None else (0 if prev is None else None)
             if prev is not None:
                 cur.after = prev.last_beat
+            if prev is not None:  # it ended: what a later loss could still take is past its durable step
+                thin(prev, CLOSED_SAMPLES)
             self.contexts.append(cur)
             self._stale = prev.last_step if prev is not None else None
         self._update(cur, b)
@@ -152,20 +156,32 @@ class Fold:
             return  # no new step (its time goes to the next one), or a record older than the newest
         c.samples.append((t, step, phase))
         if len(c.samples) > self.max_samples:
-            self._thin(c)
+            thin(c, self.max_samples // 2)
 
-    @staticmethod
-    def _thin(c: Context) -> None:
-        """Every other sample at or below the durable step (never the first), the rest whole: a loss sends the run
-        back to its newest durable checkpoint, and the steps after it are where the time must be exact."""
-        keep = c.durable_step if c.durable_step is not None else -1
-        old = [s for s in c.samples if s[1] <= keep]
-        if len(old) < 4:
-            old = c.samples[:len(c.samples) // 2]  # no durable step yet: the older half
-        new = c.samples[len(old):]
-        kept = old[:1] + old[1:-1][1::2] + old[-1:]
-        c.thinned += len(old) - len(kept)
-        c.samples = kept + new
+
+
+def thin(c: Context, budget: int) -> None:
+    """At most `budget` samples in `c`: those past its durable step (where a loss sends the run back: the time must
+    be exact there; at most half the budget, the newest) and those beside a stall alert kept whole, the older ones
+    evenly fewer (the first and the last always kept). A merged stretch keeps its steps: the lineage counts them all,
+    only the time inside it is taken as evenly spent."""
+    samples = c.samples
+    if len(samples) <= budget:
+        return
+    cut = len(samples)
+    if c.durable_step is not None:
+        cut = next((i for i, s in enumerate(samples) if s[1] > c.durable_step), len(samples))
+    cut = max(cut, len(samples) - budget // 2)
+    old, hot = samples[:cut], samples[cut:]
+    keep: Set[int] = set()
+    for t in c.stalls:  # the samples around a stall bound it: keep them
+        k = bisect.bisect_left(old, (t,))
+        keep.update((k - 1, k))
+    room = max(2, budget - len(hot) - len(keep))
+    stride = max(1, -(-len(old) // room))
+    kept = [x for i, x in enumerate(old) if i % stride == 0 or i in keep or i == len(old) - 1]
+    c.thinned += len(samples) - len(kept) - len(hot)
+    c.samples = kept + hot
 
 
 def fold(beats: List[Beat]) -> Fold:

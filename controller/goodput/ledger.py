@@ -128,6 +128,8 @@ class Ledger:
     at_risk_s: Optional[float] = None  # the newest step's time less that checkpoint's commit time
     durable_step: Optional[int] = None
     kept_steps: int = 0  # the steps of the lineage, each once (productive); recomputed_steps: those trained again
+    final: bool = False  # the run ended (done, stopped, failed for good): later `now`s change nothing
+    live_until: Optional[float] = None  # a live run is taken as training until then (its beats' silence)
 
     @property
     def wall(self) -> float:
@@ -159,6 +161,19 @@ class Ledger:
     @property
     def recomputed_steps(self) -> int:
         return sum(x.steps for x in self.losses)
+
+    def at(self, now: Optional[float]) -> Optional["Ledger"]:
+        """This ledger as of a later `now` without folding again: a live run's training, or a waiting run's down
+        time, runs on to `now`. None when `now` changes more than that (a live run fell silent: compute it again)."""
+        if now is None or self.final or now <= self.end or not self.segments:
+            return self
+        if self.live and (self.live_until is None or now > self.live_until):
+            return None
+        last = self.segments[-1]
+        part = PRODUCTIVE if self.live else DOWN
+        segs = self.segments[:-1] + ([dataclasses.replace(last, end=now)] if last.category == part and
+                                     last.end == self.end else [last, Segment(self.end, now, part, last.box)])
+        return dataclasses.replace(self, end=now, segments=segs)
 
     def window(self, since: Optional[float] = None, until: Optional[float] = None) -> "Ledger":
         """The same ledger over [since, until] (its segments cut there, the losses in it)."""
@@ -342,7 +357,8 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
                   overlap=_merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
                   preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (
                       c.end_state is None and c.preempted and c.stopping_at is not None)),  # (a fence is no notice)
-                  at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step, kept_steps=kept_steps)
+                  at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step, kept_steps=kept_steps,
+                  final=final, live_until=last.last_beat + silent_after * last.interval if live else None)
 
 
 def _lineage(contexts: List[Context], claims: List[List[Tuple[float, float, str, Optional[Slice]]]],

@@ -18,6 +18,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from controller.goodput.fold import Fold
@@ -88,6 +89,9 @@ class GoodputBook:
         self.cursor = 0  # the highest beat id folded
         self.skipped = 0
         self._lock = threading.Lock()
+        # each run's ledger as of its fold's newest beat, carried on to a later `now` while only its live tail or its
+        # down time grows (Ledger.at): a scrape of 1,000 runs computes again only those that beat since
+        self._ledgers: Dict[str, Tuple[Tuple[int, int], Ledger, float]] = {}
 
     def _rows(self, sql: str, params: Tuple[Any, ...]) -> List[Tuple[Any, Any, Optional[Beat]]]:
         """(id, run, Beat) of each row; SQLite's JSON path, else the Python one."""
@@ -119,6 +123,7 @@ class GoodputBook:
                     break
             for run in again:
                 self._refold(run)
+                self._ledgers.pop(run, None)
             return total
 
     def _refold(self, run: str) -> None:
@@ -146,25 +151,40 @@ class GoodputBook:
             return None
         return t + max(0.0, now - received)
 
+    def _ledger_of(self, run: str, f: Fold, box_now: Optional[float], max_age: float = 0.0) -> Ledger:
+        """The run's ledger as of `box_now`: the cached one carried on when the fold did not change (or, with
+        `max_age`, when it was computed less than that many seconds ago: a scrape's ledgers may lag by so much)."""
+        version = (f.last_seq, len(f.contexts))
+        cached = self._ledgers.get(run)
+        now = self.store.now()
+        if cached is not None and (cached[0] == version or now - cached[2] < max_age):
+            led = cached[1].at(box_now)
+            if led is not None:
+                return led
+        led = ledger_of(list(f.contexts), box_now)
+        self._ledgers[run] = (version, led, now)
+        return led
+
     def ledger(self, run: str, now: float, refresh: bool = True) -> Optional[Ledger]:
         """The ledger of `run` as of `now` (the tracker's clock), None for a run without beats."""
         if refresh:
             self.refresh()
+        box_now = self.box_now(run, now)
         with self._lock:
             f = self.folds.get(run)
-            contexts = list(f.contexts) if f is not None else None
-        if not contexts:
-            return None
-        return ledger_of(contexts, self.box_now(run, now))
+            return self._ledger_of(run, f, box_now) if f is not None and f.contexts else None
 
-    def ledgers(self, now: float) -> Dict[str, Ledger]:
-        """Every run's ledger as of `now`."""
+    def ledgers(self, now: float, max_age: float = 0.0) -> Dict[str, Ledger]:
+        """Every run's ledger as of `now` (each computed at most `max_age` seconds ago)."""
         self.refresh()
         heads = {r: (number(t), number(rec)) for r, t, rec in self.store.query("SELECT run, time, received FROM runs")}
-        with self._lock:
-            folds = {run: list(f.contexts) for run, f in self.folds.items() if f.contexts}
         out = {}
-        for run, contexts in folds.items():
-            t, rec = heads.get(run, (None, None))
-            out[run] = ledger_of(contexts, t + max(0.0, now - rec) if t is not None and rec is not None else None)
+        with self._lock:
+            for n, (run, f) in enumerate(self.folds.items()):
+                if n % 20 == 19:
+                    time.sleep(0)  # the event loop takes the agents' beats meanwhile (the lock is this book's only)
+                if f.contexts:
+                    t, rec = heads.get(run, (None, None))
+                    box_now = t + max(0.0, now - rec) if t is not None and rec is not None else None
+                    out[run] = self._ledger_of(run, f, box_now, max_age)
         return out

@@ -9,8 +9,11 @@ a worker thread, never on the event loop that takes the agents' beats.
 """
 from __future__ import annotations
 
+import json
 import math
+import sqlite3
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from controller.goodput.ledger import CATEGORIES
@@ -63,6 +66,8 @@ GPU_FAMILIES: Tuple[Tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gauge", "Double-bit volatile ECC errors (a count that only grows)."),
 )
 _SUFFIX = {"counter": "_total", "info": "_info"}
+YIELD_EVERY = 10  # runs rendered between two chances for the event loop to run
+MAX_AGE = 5.0  # seconds a run's ledger may lag its beats in a scrape (carried on meanwhile: GoodputBook.ledgers)
 
 
 def label(v: Any) -> str:
@@ -131,28 +136,53 @@ def render_beat(run: str, box: Optional[str], state: Optional[str], doc: Optiona
                 a.get("severity") or "warning")[:16]), 1)
     gpus = _dig(doc, "gpus", "gpus")
     for g in gpus if isinstance(gpus, list) else []:
-        if not isinstance(g, dict):
-            continue
-        lab = labels(gpu=g.get("index") if isinstance(g.get("index"), int) else "", UUID=g.get("uuid"),
-                     modelName=g.get("name"), Hostname=box or "", run=run)
-        used: Any = g.get("memory_used_bytes")
-        total: Any = g.get("memory_total_bytes")
-        xids = [e.get("xid") for e in g.get("xid_events") or [] if isinstance(e, dict)] \
-            if isinstance(g.get("xid_events"), list) else []
-        ecc: Dict[str, Any] = g["ecc"] if isinstance(g.get("ecc"), dict) else {}
-        for family, v in (("DCGM_FI_DEV_GPU_UTIL", g.get("util_percent")),
-                          ("DCGM_FI_DEV_MEM_COPY_UTIL", g.get("memory_util_percent")),
-                          ("DCGM_FI_DEV_FB_USED", _mib(used)),
-                          ("DCGM_FI_DEV_FB_FREE", _mib(total - used) if _num(total) and _num(used) else None),
-                          ("DCGM_FI_DEV_GPU_TEMP", g.get("temperature_c")),
-                          ("DCGM_FI_DEV_POWER_USAGE", g.get("power_w")),
-                          ("DCGM_FI_DEV_SM_CLOCK", g.get("sm_clock_mhz")),
-                          ("DCGM_FI_DEV_XID_ERRORS", xids[-1] if xids else 0),
-                          ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", g.get("throttle_mask")),
-                          ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", ecc.get("corrected_volatile")),
-                          ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", ecc.get("uncorrected_volatile"))):
-            _add(out, family, _KINDS[family], lab, v)
+        if isinstance(g, dict):
+            _gpu_lines(out, g, box, run)
     return out
+
+
+def _gpu_lines(out: Dict[str, List[str]], g: Dict[str, Any], box: Optional[str], run: str) -> None:
+    """One GPU's DCGM samples: the hot loop of a scrape (8,000 GPUs), so the values are formatted inline."""
+    lab = labels(gpu=g.get("index") if isinstance(g.get("index"), int) else "", UUID=g.get("uuid"),
+                 modelName=g.get("name"), Hostname=box or "", run=run)
+    used: Any = g.get("memory_used_bytes")
+    total: Any = g.get("memory_total_bytes")
+    events = g.get("xid_events")
+    xids = [e.get("xid") for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+    ecc: Dict[str, Any] = g["ecc"] if isinstance(g.get("ecc"), dict) else {}
+    values: Tuple[Any, ...] = (g.get("util_percent"), g.get("memory_util_percent"), _mib(used),
+              _mib(total - used) if _num(total) and _num(used) else None, g.get("temperature_c"), g.get("power_w"),
+              g.get("sm_clock_mhz"), xids[-1] if xids else 0, g.get("throttle_mask"), ecc.get("corrected_volatile"),
+              ecc.get("uncorrected_volatile"))
+    for family, v in zip(_GPU_NAMES, values):
+        kind = type(v)
+        if kind is float:
+            text = repr(v) if v - v == 0 else value(v)  # finite, else NaN/+Inf/-Inf
+        elif kind is int:
+            text = str(v)
+        else:
+            text = value(v)
+        if text is not None:
+            lines = out.get(family)
+            if lines is None:
+                lines = out[family] = []
+            lines.append(family + lab + " " + text)
+
+
+_GPU_NAMES = tuple(f for f, _, _ in GPU_FAMILIES)
+
+
+_PATHS = ("$.progress.step", "$.progress.loss", "$.progress.tokens_per_s", "$.interval_s",
+          "$.checkpoint.latest_durable.step", "$.checkpoint.latest_durable.committed_at", "$.alerts", "$.gpus.gpus")
+
+
+def _picked(text: Any) -> Optional[List[Any]]:
+    """The _PATHS of a stored document read whole (None: unreadable, skipped like any bad row)."""
+    try:
+        doc = parse_doc(text)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return [_dig(doc, *p[2:].split(".")) for p in _PATHS]
 
 
 def _num(v: Any) -> bool:
@@ -178,20 +208,11 @@ class Exposition:
         boxes = self.facts.boxes()
         stale = [h for h in heads if isinstance(h[0], str) and self._cache.get(h[0], ((),))[0] != (
             h[1], h[2], h[3], h[5], str(boxes.get(h[1] or "", "")))]
-        docs: Dict[str, Any] = {}
-        for i in range(0, len(stale), 500):  # the newest documents of the runs that beat since, a page at a time
-            part = stale[i:i + 500]
-            keys = " OR ".join(["(run=? AND attempt=? AND seq=?)"] * len(part))
-            for run, doc in self.store.query("SELECT run, doc FROM beats WHERE " + keys,
-                                             tuple(x for h in part for x in (h[0], h[2], h[3]))):
-                docs[run] = doc
-        for run, box, attempt, seq, _received, state in stale:
-            doc = None
-            if docs.get(run) is not None:
-                try:
-                    doc = parse_doc(docs[run])
-                except (ValueError, TypeError, RecursionError) as e:
-                    self.store.note_skip("newest beat of run %r" % (run,), e)
+        docs = self._newest(stale)
+        for n, (run, box, attempt, seq, _received, state) in enumerate(stale):
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # let the event loop take the agents' beats now, not at the GIL's next switch (5 ms)
+            doc = docs.get(run)
             key = (box, attempt, seq, state, str(boxes.get(box or "", "")))
             self._cache[run] = (key, render_beat(run, box if isinstance(box, str) else None,
                                                  state if isinstance(state, str) else None, doc,
@@ -201,18 +222,55 @@ class Exposition:
             del self._cache[gone]
         return {run: lines for run, (_, lines) in self._cache.items()}
 
+    def _newest(self, heads: List[Tuple[Any, ...]]) -> Dict[str, Dict[str, Any]]:
+        """What render_beat reads of each run's newest beat, a page of runs per query: SQLite picks the fields out of
+        the documents (one parse each, in C, without the GIL); a document that is not JSON (never written here)
+        makes that page read whole documents, each checked on its own."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for i in range(0, len(heads), 500):
+            part = heads[i:i + 500]
+            keys = " OR ".join(["(run=? AND attempt=? AND seq=?)"] * len(part))
+            params = tuple(x for h in part for x in (h[0], h[2], h[3]))
+            try:
+                rows = self.store.query("SELECT run, CASE WHEN doc IS NOT NULL THEN json_extract(doc, %s) END FROM "
+                                        "beats WHERE %s" % (", ".join("'%s'" % p for p in _PATHS), keys), params)
+            except sqlite3.OperationalError:
+                rows = [(run, _picked(doc)) for run, doc in self.store.query("SELECT run, doc FROM beats WHERE " + keys,
+                                                                              params)]
+            for run, picked in rows:
+                try:
+                    got = json.loads(picked) if isinstance(picked, str) else picked
+                except (ValueError, RecursionError) as e:
+                    self.store.note_skip("newest beat of run %r" % (run,), e)
+                    continue
+                if isinstance(got, list) and len(got) == len(_PATHS):
+                    step, loss, tps, interval, dstep, dat, alerts, gpus = got
+                    out[run] = {"progress": {"step": step, "loss": loss, "tokens_per_s": tps}, "interval_s": interval,
+                                "checkpoint": {"latest_durable": {"step": dstep, "committed_at": dat}},
+                                "alerts": alerts, "gpus": {"gpus": gpus}}
+        return out
+
+    def _recoveries(self) -> Dict[str, int]:
+        """run -> the keeper's recoveries that relaunched it (its events; none on a store without them)."""
+        try:
+            rows = self.store.query("SELECT run, count(DISTINCT json_extract(doc, '$.recovery')) FROM events WHERE "
+                                    "kind='relaunched' AND json_valid(doc) GROUP BY run")
+        except sqlite3.OperationalError:  # no events table (a store the app did not open), no JSON functions
+            return {}
+        return {r: n for r, n in rows if isinstance(r, str) and isinstance(n, int)}
+
     def render(self, openmetrics: bool = True) -> str:
         """The exposition: OpenMetrics (what Prometheus asks for), else the classic text format."""
         with self._lock:
             now = self.store.now()
             heads = self._heads()
             per_run = self._beat_lines(heads)
-            ledgers = self.book.ledgers(now)
-            recoveries = dict(self.store.query(
-                "SELECT run, count(DISTINCT json_extract(doc, '$.recovery')) FROM events WHERE kind='relaunched' "
-                "AND json_valid(doc) GROUP BY run"))
+            ledgers = self.book.ledgers(now, max_age=MAX_AGE)
+            recoveries = self._recoveries()
             dyn: Dict[str, List[str]] = {}
-            for run, _box, _attempt, _seq, received, _state in heads:
+            for n, (run, _box, _attempt, _seq, received, _state) in enumerate(heads):
+                if n % (YIELD_EVERY * 10) == 0:
+                    time.sleep(0)
                 if not isinstance(run, str):
                     continue
                 r = labels(run=run)
@@ -231,8 +289,10 @@ class Exposition:
                 for part in CATEGORIES:
                     _add(dyn, "onbox_run_ledger_seconds", "gauge", labels(run=run, part=part), round(parts[part], 3))
             out: List[str] = []
+            order = [per_run[run] for run in sorted(per_run)]
             for family, kind, text in RUN_FAMILIES + GPU_FAMILIES:
-                lines = [line for run in sorted(per_run) for line in per_run[run].get(family, ())]
+                time.sleep(0)
+                lines = [line for lines_of in order for line in lines_of.get(family, ())]
                 lines += dyn.get(family, [])
                 out.append(_head(family, kind, text, openmetrics))
                 if lines:

@@ -178,12 +178,12 @@ def test_a_resume_message_is_not_a_trained_step():
 
 
 def test_a_long_life_keeps_every_sample_since_its_checkpoint_and_thins_the_rest():
-    f = Fold(max_samples=150)
+    f = Fold(max_samples=400)
     for t in range(1, 1001):
         f.add(Beat(seq=t, time=float(t), box="b0", attempt=0, state="running", step=t, step_time=float(t),
                    durable_step=900, child_at=0.5))
     c = f.contexts[0]
-    assert len(c.samples) < 200 and [s[1] for s in c.samples if s[1] > 900] == list(range(901, 1001))
+    assert len(c.samples) <= 400 and [s[1] for s in c.samples if s[1] > 900] == list(range(901, 1001))
     led = ledger_of(f.contexts, 1000.0)
     assert led.kept_steps == 1000 and sum(led.parts.values()) == pytest.approx(led.wall)
 
@@ -203,6 +203,26 @@ def test_odd_fields_of_a_beat_are_read_as_unknown():
                        "points": {"time": [1.0, "x"], "step": [None, 3]}, "phase": {"index": -1}})
     assert (b.step, b.step_time, b.durable_step, b.setup_at, b.child_at, b.phase) == (None,) * 6
     assert b.state == "running" and b.stalled and b.first_point is None
+
+
+def test_a_ledger_carried_to_a_later_now_is_the_one_computed_then():
+    live = Run().beat(1).steps(2, 50, 1)
+    waiting = Run().beat(1).steps(2, 20, 1, durable_step=20).beat(21, 20, state="preempted", durable_step=20)
+    done = Run().beat(1).steps(2, 20, 1).beat(21, 20, state="done")
+    for run, later in ((live, 53.0), (waiting, 90.0), (done, 500.0)):
+        then = ledger_of(fold(run.beats).contexts, 51.0 if run is live else 30.0)
+        assert then.at(later).to_dict() == ledger_of(fold(run.beats).contexts, later).to_dict()
+    assert ledger_of(fold(live.beats).contexts, 51.0).at(80.0) is None  # it fell silent meanwhile: compute again
+
+
+def test_an_ended_life_keeps_few_samples_but_every_step():
+    run = Run().beat(1).steps(2, 2000, 1, durable_step=1990).beat(2001, 2000, state="backoff", durable_step=1990)
+    run.steps(2004, 2010, 1991, attempt=1, setup=2002.0, child=2003.0, durable_step=1990)
+    f = fold(run.beats)
+    assert len(f.contexts[0].samples) <= 128 and f.contexts[0].thinned > 1800
+    led = ledger_of(f.contexts, 2010.0)
+    assert led.kept_steps == 2000 and led.recomputed_steps == 7  # 1991-1997 trained twice
+    assert led.parts["recomputed"] == pytest.approx(7.0)  # the stretch past the durable step is exact
 
 
 def test_no_beats_is_an_empty_ledger():
