@@ -28,14 +28,21 @@ def _line(ev: Dict[str, Any]) -> str:
 @click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
 @click.option("--probe-timeout", type=Seconds(1, 600), default=20.0, show_default=True,
               help="Seconds one ssh probe of a box may take before it counts as failed.")
+@click.option("--suspect-timeout", type=Seconds(0.5, 120), default=3.0, show_default=True,
+              help="Seconds a box in doubt (its beats late, or a probe of it failed) may take to answer at all: "
+                   "with its beats late and no answer in that time it is lost at once.")
 @click.option("--json", "as_json", is_flag=True, help="Every event as a JSON line, and each pass's summary.")
 def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[str],
-         tracker_token_file: Optional[str], probe_timeout: float, as_json: bool) -> None:
+         tracker_token_file: Optional[str], probe_timeout: float, suspect_timeout: float, as_json: bool) -> None:
     """Watch every run launched with `--recover pool:NAME` and bring it back without you.
 
     A run preempted on a box that answers is relaunched there; a run whose beats are late AND whose box fails ssh
-    for --lost-after is recovered on the first healthy idle spare of its pool, else on a box its --provision
-    command brings up, with `onbox run --take-over`. Every decision is written to $ONBOX_CONFIG_DIR/runs/<run>/
+    for --lost-after (or, beats late, does not answer at all within --suspect-timeout) is recovered on the first
+    healthy idle spare of its pool, else on a box its --provision command brings up, with `onbox run --take-over`;
+    the lost box is asked once more right before, and a run whose agent answers alive is left where it is. Every
+    box is asked at once, and recoveries go on at once. A keeper that reaches too few of its boxes (under a quarter,
+    and no tracker beyond this machine answers) suspects its own network and declares nothing lost until it sees
+    again. Every decision is written to $ONBOX_CONFIG_DIR/runs/<run>/
     recovery.json before it is acted on: a keeper killed at any point and started again finishes the same
     recovery, never launching twice. Nothing is ever torn down. Foreground; run it under systemd or tmux.
 
@@ -74,7 +81,7 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
             sys.stdout.flush()
 
     world = World(Ssh(settings_from_env()), Inventory(), probe_timeout=probe_timeout, tracker=url, token=token)
-    keeper = Keeper(store, world, say=say, runs=list(runs))
+    keeper = Keeper(store, world, say=say, runs=list(runs), suspect_timeout=suspect_timeout)
     if not as_json:
         click.echo("keep: watching %d run(s) in %s%s" % (len(runs or known), store.root,
                                                         "" if once else " every %gs (Ctrl-C to stop)" % interval))

@@ -145,6 +145,8 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--code", "code", type=click.Path(file_okay=False), default=None,
               help="With --recover: the local code dir the keeper pushes to a replacement box (as `onboxctl push "
                    "--code`).")
+@click.option("--include-secret", "include_secret", multiple=True, metavar="PATH", help="With --code: a secret-looking "
+              "file of the code dir the keeper sends to a replacement box too (as `onboxctl push --include-secret`).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
@@ -171,7 +173,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     """
     cmd: List[str] = ctx.meta.get("cmd", [])
     keep_opts = {k: opts.pop(k) for k in ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff",
-                                          "recover_tries", "provision_timeout", "code")}
+                                          "recover_tries", "provision_timeout", "code", "include_secret")}
     new = opts.pop("new")
     # --take-over is for this launch only: never in what the keeper records and relaunches with
     take_over = ["--take-over"] if opts.pop("take_over") else []
@@ -232,7 +234,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     policy = None
     recorded = dict(opts, **keep_opts)
     recorded["durable"] = opts.get("durable") or onbox_env.get("ONBOX_DURABLE")
-    if recover is not None or any(v is not None for v in keep_opts.values()):
+    if recover is not None or any(v not in (None, ()) for v in keep_opts.values()):
         from controller.keeper.enrol import check_recovery
 
         policy = check_recovery(recover, recorded, cmd if as_nodes else list(planned[0][1]), recorded["durable"],
@@ -241,11 +243,9 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     def enrol(run_name: str, run_boxes: List[str], run_cmd: List[str]) -> None:
         if policy is None:
             return
-        from controller.keeper.enrol import enrol as write_records
-        from controller.keeper.records import RecordStore
-
-        write_records(RecordStore(), policy, run_name, run_boxes, run_cmd, as_nodes, forwarded, onbox_env, workdir,
-                      recorded, tracker, tunnel_to is not None, timeout)
+        from controller.keeper.enrol import enrol_checked
+        enrol_checked(policy, run_name, run_boxes, run_cmd, as_nodes, forwarded, onbox_env, workdir, recorded, tracker,
+                      tunnel_to is not None, timeout, warn=lambda text: click.echo("onboxctl: warning: " + text, err=True))
 
     if as_nodes:
         from controller.nodes import launch_group

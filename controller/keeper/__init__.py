@@ -13,6 +13,10 @@ Modules:
   provision_reaper.py   the process between the keeper and the command: a subreaper that stops what it left
   world.py      the seam to boxes, the tracker and the inventory (ssh + `onbox ... --json` only)
   recovery.py   one recovery, phase by phase, each decision written before it is acted on
+  takeover.py   the guards of a take-over: the lost box asked once more; an earlier keeper's launch in flight
+  probes.py     every box asked at once, in a bounded pool; a probe still out taken later; `silent` boxes
+  sight.py      "these boxes died" or "I lost the network": the witnesses, the keeper's blindness said once
+  watch.py      one observed run judged, its record moved, what changed said
   loop.py       the keeper's one loop (a pass over every run), its lock, and the per-run summary
   enrol.py      `onboxctl run --recover`: the checks before the launch and the records written after it
   view.py       what `onboxctl status` adds from the keeper's records (read-only)

@@ -14,6 +14,7 @@
     fails ssh for less than --lost-after                     not ok              SUSPECT
     fails ssh for --lost-after or longer                     unreadable          WAIT (said; never LOST, see below)
     fails ssh for --lost-after or longer                     late/none           LOST (recover elsewhere)
+    no answer at all within --suspect-timeout (armed)        late/silent         LOST (the fast path, below)
 
 A box that answers ssh is never declared lost. "late/none" is every liveness but `ok` and `unreadable`: late,
 silent, ended, a run the tracker lists no beat of (`absent`), and no tracker configured at all (`unknown`: then
@@ -24,6 +25,24 @@ is kept, and decided on the beats once they read again), never taken over; a hea
 must not be fenced because its tracker broke too. A group (`--nodes`) is judged as one: any node LOST makes the
 group LOST (it recovers whole, on fresh boxes), any node SUSPECT keeps it SUSPECT, a live agent on any node keeps it
 HEALTHY (the nodes stop together), and with every agent gone node 0's run decides.
+
+The fast path: a box whose beats are LATE by the tracker's own rule (no beat received for 2 heartbeat intervals,
+evaluated at the moment of the judgement from the age the tracker reported) and whose probe got no answer at all
+(`silent`: it timed out, or there is no route to it; a refused connection is an answer: the machine is up) is lost
+at once, without waiting out --lost-after: two independent signals, the beats and ssh, both say nothing of it is
+left. The keeper arms it (`fast`) only once it has seen its boxes and the tracker without a gap for --lost-after
+(after its own start, after it was blind, after the tracker could not be read): beats that went late while the
+keeper's own network or the tracker was away are no evidence against a box.
+
+The keeper's own sight (`sight`): a keeper whose network went away sees every box fail at once, and a tracker on
+its own machine then sees every beat go late too. It suspects itself, and declares nothing lost, when no tracker
+beyond its own machine answered and fewer than a quarter of the boxes it asked answered ssh (none of two to four,
+at most one of five to eight, ...). At least two must have been asked: with one box it cannot tell its own
+blindness from that box's death, and decides as before. Why a quarter: a reclaim wave leaves the spares (and
+whatever else the keeper watches) answering, while a keeper whose own network went reaches nothing, or only a box
+or two it reaches by another path (one on its own LAN while its uplink is down). A wave that leaves fewer than a
+quarter of the boxes answering is waited out as blindness: recovering a healthy run behind a blip throws away its
+work, recovering a dead one a little later costs only the wait.
 """
 from __future__ import annotations
 
@@ -32,6 +51,8 @@ import enum
 from typing import Any, Dict, List, Optional, Sequence
 
 TERMINAL = ("done", "failed", "preempted", "stopped", "fenced")
+LATE_AFTER = 2.0  # heartbeat intervals without a beat before the tracker calls a run late (controller/tracker/store.py)
+BLIND_FLOOR = 2  # boxes asked: with fewer, the keeper cannot tell its own blindness from one box's death
 
 
 class Verdict(str, enum.Enum):
@@ -63,6 +84,7 @@ class Observation:
     lease: Optional[Dict[str, Any]] = None
     resumed_step: Optional[int] = None  # the step of the checkpoint the newest attempt resumed from
     error: Optional[str] = None  # why ssh failed
+    silent: bool = False  # ssh got no answer at all (a timeout, no route), not a refusal: see the fast path
 
 
 UNKNOWN = "unknown"  # no tracker configured for the run: ssh alone decides
@@ -82,10 +104,27 @@ class Beats:
     durable_at: Optional[float] = None
     box: Optional[str] = None
     problem: Optional[str] = None  # why the beats are unreadable
+    age: Optional[float] = None  # seconds since the tracker received the newest beat, when it answered
+    interval: Optional[float] = None  # the agent's heartbeat interval (seconds), as the tracker knows it
+    read_at: Optional[float] = None  # when the keeper read it (its clock)
 
     @property
     def ok(self) -> bool:
         return self.liveness == "ok"
+
+    def late(self, now: float) -> bool:
+        """Late or silent by the tracker's rule at `now`: as it said, or an `ok` beat that has aged past LATE_AFTER
+        intervals since the read (the same rule, applied at the judgement instead of at the read)."""
+        if self.liveness in ("late", "silent"):
+            return True
+        due = self.late_at()
+        return due is not None and now > due
+
+    def late_at(self) -> Optional[float]:
+        """When an `ok` beat turns late if no newer one arrives (the keeper's clock); None when it cannot say."""
+        if self.liveness != "ok" or self.age is None or not self.interval or self.read_at is None:
+            return None
+        return self.read_at + LATE_AFTER * self.interval - self.age
 
     @property
     def unreadable(self) -> bool:
@@ -102,8 +141,8 @@ class Judgement:
 
 
 def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], now: float,
-              lost_after: float) -> Judgement:
-    """One box and its run (the table in the module docstring)."""
+              lost_after: float, fast: bool = False) -> Judgement:
+    """One box and its run (the table in the module docstring); `fast`: the fast path is armed."""
     if obs.reached:
         if obs.problem:
             return Judgement(Verdict.WAIT, "%s answers, but %s" % (obs.box, obs.problem), obs.box)
@@ -126,6 +165,9 @@ def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], no
         return Judgement(Verdict.RELAUNCH_HERE, "%s answers, but the agent of %s is gone (state %s)"
                          % (obs.box, obs.run, obs.state), obs.box)
     why = obs.error or "ssh failed"
+    if fast and obs.silent and beats.late(now):
+        return Judgement(Verdict.LOST, "%s did not answer (%s) and its beats are late (%s): nothing of it is left" % (
+            obs.box, why, _beat_age(beats, now)), obs.box)
     if beats.ok:
         return Judgement(Verdict.SUSPECT, "%s fails ssh (%s), but its beats arrive: not lost" % (obs.box, why), obs.box)
     failing = 0.0 if suspect_since is None else max(0.0, now - suspect_since)
@@ -141,10 +183,16 @@ def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], no
         obs.box, failing, lost_after, beats.liveness, why), obs.box)
 
 
+def _beat_age(beats: Beats, now: float) -> str:
+    if beats.age is None or beats.read_at is None:
+        return beats.liveness
+    return "none for %.0f s at %g s beats" % (beats.age + max(0.0, now - beats.read_at), beats.interval or 0)
+
+
 def judge(observed: Sequence[Observation], beats: Sequence[Beats], suspect_since: Optional[float], now: float,
-          lost_after: float) -> Judgement:
+          lost_after: float, fast: bool = False) -> Judgement:
     """A run on one box, or a group over several (node 0 first): the module docstring's rules."""
-    each: List[Judgement] = [judge_box(o, b, suspect_since, now, lost_after) for o, b in zip(observed, beats)]
+    each: List[Judgement] = [judge_box(o, b, suspect_since, now, lost_after, fast) for o, b in zip(observed, beats)]
     if len(each) == 1:
         return each[0]
     for verdict in (Verdict.LOST, Verdict.SUSPECT, Verdict.WAIT):
@@ -170,3 +218,12 @@ def first_new_step(obs: Observation) -> Optional[int]:
     if obs.attempt_started is not None and obs.step_time is not None:
         return obs.step if obs.step_time >= obs.attempt_started else None
     return None
+
+
+def sight(answered: int, asked: int, tracker_seen: bool) -> Optional[str]:
+    """Why the keeper suspects its own network (None: it sees): `answered` of the `asked` boxes answered ssh this
+    pass, and whether a tracker beyond its own machine answered (the module docstring's rule)."""
+    if tracker_seen or asked < BLIND_FLOOR or answered * 4 >= asked:
+        return None
+    return ("%d of the %d boxes it asked answered ssh, and no tracker beyond this machine answered: its own network "
+            "may be down" % (answered, asked))

@@ -7,12 +7,16 @@ recovery elsewhere restores from it) and a command (a relaunch from the box's ow
 a spare). Written after: launch.json (policy.py) and a fresh recovery.json in WATCHING on the boxes just used;
 the counts, history and events of an earlier life of the run are kept, an unreadable recovery.json is moved aside
 (`recovery.json.unreadable`), never deleted.
+
+Checked once the run is launched (`spares_unfit`): whether a spare of its pool can take it now (`onbox audit` on
+each, as the keeper would at a loss). With none fit and no --provision it is said then, on stderr and in
+recovery.json: otherwise the first loss would end it failed_no_resource with nobody told until then.
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from controller.keeper.policy import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -25,14 +29,14 @@ from controller.keeper.records import KeepState, RecordProblem, RecordStore, Run
 from onbox.errors import UsageError
 
 RECOVERY_FLAGS = ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff", "recover_tries",
-                  "provision_timeout", "code")
+                  "provision_timeout", "code", "include_secret")
 
 
 def check_recovery(recover: Optional[str], opts: Dict[str, Any], cmd: List[str], durable: Optional[str],
                    boxes: Dict[str, Any]) -> Optional[RecoveryPolicy]:
     """The policy `--recover` and its companions describe (None without --recover), or a UsageError."""
     if recover is None:
-        given = [f for f in RECOVERY_FLAGS if opts.get(f) is not None]
+        given = [f for f in RECOVERY_FLAGS if opts.get(f) not in (None, ())]
         if given:
             raise UsageError("--%s goes with --recover pool:NAME" % given[0].replace("_", "-"),
                              hint="e.g. onboxctl run gpu1 --durable /workspace/durable --recover pool:a100 -- python "
@@ -61,6 +65,13 @@ def check_recovery(recover: Optional[str], opts: Dict[str, Any], cmd: List[str],
     if code is not None and not os.path.isdir(code):
         raise UsageError("--code %s is not a directory" % code,
                          hint="the local code dir the keeper pushes to a replacement box (as `onboxctl push --code`)")
+    if opts.get("include_secret"):
+        if code is None:
+            raise UsageError("--include-secret goes with --code: it names a file of the code dir the keeper pushes",
+                             hint="e.g. --code ./train --include-secret .env")
+        from controller.push import code_selection
+
+        code_selection(code, list(opts["include_secret"]))  # a name that matches no secret-looking file: refused now
     return RecoveryPolicy(
         pool=pool, provision=provision, lost_after=opts.get("lost_after"),
         max_recoveries=opts["max_recoveries"] if opts.get("max_recoveries") is not None else 10,
@@ -84,6 +95,7 @@ def enrol(store: RecordStore, policy: RecoveryPolicy, run: str, boxes: List[str]
         onbox_env=dict(onbox_env), workdir=workdir, code=os.path.abspath(opts["code"]) if opts.get("code") else None,
         pyz=os.path.abspath(pyz) if os.path.isfile(pyz) else None, durable=opts.get("durable"),
         ckpt_dir=opts.get("ckpt_dir"), tracker=tracker, tunnel=tunnel, secrets=list(opts.get("secret") or ()),
+        include_secrets=list(opts.get("include_secret") or ()),
         heartbeat_interval=float(hb) if hb else DEFAULT_HEARTBEAT_INTERVAL, timeout=timeout, created=round(now, 3))
     store.save_launch(rec)
     try:
@@ -100,4 +112,49 @@ def enrol(store: RecordStore, policy: RecoveryPolicy, run: str, boxes: List[str]
     keep.event(now, "launched", "launched by `onboxctl run` on %s; kept by `onboxctl keep` (pool %s)" % (
         ", ".join(boxes), policy.pool), boxes=list(boxes), recovery=None)
     store.save_keep(keep, now)
+    return rec
+
+
+def spares_unfit(store: RecordStore, rec: LaunchRecord, world: Any, now: Optional[float] = None) -> Optional[str]:
+    """Whether any spare of the run's pool can take it now (`onbox audit` for its durable and checkpoint dirs, no
+    live agent: World.spare_problem; nothing is written to a spare, one without onbox.pyz is named as unchecked):
+    when none can and there is no --provision, a run lost later would end failed_no_resource at once. That is said now, one line (returned for
+    stderr) and a `spares_unfit` event in recovery.json; None when a spare is fit, or the provision command is the
+    plan anyway."""
+    import concurrent.futures
+
+    if rec.policy.provision:
+        return None
+    names = sorted(n for n, b in world.boxes().items() if b.pool == rec.policy.pool and n not in rec.boxes)
+    need = len(rec.boxes)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+        problems = list(pool.map(lambda n: world.spare_problem(n, rec, push=False), names))
+    fit = [n for n, p in zip(names, problems) if not p]
+    if len(fit) >= need:
+        return None
+    said = "; ".join("%s %s" % (n, p) for n, p in zip(names, problems) if p) or "the pool has no other box"
+    text = ("no %s of pool %s can take run %s now (%s): at its first loss the keeper would find no box and end it "
+            "failed_no_resource" % ("spare" if need == 1 else "%d spares" % need, rec.policy.pool, rec.run, said))
+    keep = store.load_keep(rec.run)
+    if keep is not None:
+        keep.event(time.time() if now is None else now, "spares_unfit", text, boxes=list(keep.boxes), recovery=None)
+        store.save_keep(keep, time.time() if now is None else now)
+    return text
+
+
+def enrol_checked(policy: RecoveryPolicy, run: str, boxes: List[str], cmd: List[str], nodes: bool,
+                  onbox_args: List[str], onbox_env: Dict[str, str], workdir: Optional[str], opts: Dict[str, Any],
+                  tracker: Optional[str], tunnel: bool, timeout: float, warn: Callable[[str], None]) -> LaunchRecord:
+    """`onboxctl run --recover`'s records (enrol), then its spares checked (spares_unfit): a pool that cannot take
+    the run is said now through `warn`, not at the run's first loss."""
+    from controller.boxes import Inventory
+    from controller.keeper.world import World
+    from controller.ssh import Ssh, settings_from_env
+
+    store = RecordStore()
+    rec = enrol(store, policy, run, boxes, cmd, nodes, onbox_args, onbox_env, workdir, opts, tracker, tunnel, timeout)
+    unfit = spares_unfit(store, rec, World(Ssh(settings_from_env()), Inventory()))
+    if unfit is not None:
+        warn("%s: fix a spare, add one (onboxctl box add NAME --host HOST --pool %s) or give --provision"
+             % (unfit, policy.pool))
     return rec

@@ -1,33 +1,39 @@
 """`onboxctl keep`: ONE loop, as the elastic agent's `_invoke_run`: each pass observes every watched run, judges it
-(decide.py), acts on the verdict (recovery.py), writes the record, and sleeps `interval` seconds on the clock seam.
+(watch.py, decide.py), acts on the verdict (recovery.py), writes the record, and sleeps `interval` seconds on the
+clock seam, waking early when a run's beats are about to turn late (its box is then asked at once).
 
-A pass over one run:
-  RECOVERING                  advance the open recovery (choose a box, push, relaunch)
-  otherwise                   ask each of its boxes (`onbox status RUN --json`) and the tracker, then
-    HEALTHY                   WATCHING again (a SUSPECT box answers again)
-    SUSPECT                   WATCHING -> SUSPECT, the first failed probe's start kept (detected)
-    LOST                      a recovery elsewhere (declared_lost, then a spare or a provisioned box)
-    RELAUNCH_HERE             a recovery on the same box (preempted, its agent gone)
-    ENDED                     ENDED: the keeper leaves the run alone
-    WAIT                      said once; a person decides (the box's records are unreadable)
-    WAIT (beats unreadable)   SUSPECT kept: a box that fails ssh is not lost while its beats cannot be read
-  and an open recovery whose run trained a new step is closed (first_new_step). A tracker that cannot be read is
-  said once per streak (`tracker_unreadable`, then `tracker_readable`), kept in recovery.json across keepers.
+A pass:
+  1. the records, and the tracker's beats (one request per tracker)
+  2. every box of every run that is not recovering is asked at once (probes.py: a bounded pool; a probe still out
+     is taken by a later pass; a box in doubt that has not answered within --suspect-timeout is `silent`)
+  3. the keeper's sight (sight.py): too few boxes answered and no tracker beyond this machine: it is blind, and
+     declares nothing lost
+  4. each observed run judged (watch.py), in turn: cheap, no remote call but what a same-box relaunch needs
+  5. every open recovery advanced, all at once, each in a thread of its own (its own record and phases; spares are
+     handed out once, under the Recoverer's lock); a recovery still under way when its pass ends (a provision
+     command renting a box) goes on, and its run is left out of the passes until it returns
+`tick(wait=None)` (tests, `keep --once`) waits for every probe and recovery; `run()` waits --suspect-timeout for
+the probes and not at all for the recoveries.
 
 One keeper per config dir: a flock on its runs/ directory is held while it runs; a second one is refused. A keeper on
 another machine is not excluded by it: the agents' leases are (a launch under a live lease is refused).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import fcntl
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from controller.keeper.decide import Beats, Observation, Verdict, judge
+from controller.keeper.decide import Beats, Observation
 from controller.keeper.policy import LaunchRecord
+from controller.keeper.probes import WORKERS, Probes
 from controller.keeper.records import KeepState, RecordProblem, RecordStore, RunKeep
 from controller.keeper.recovery import Recoverer
+from controller.keeper.sight import Sight, Witnesses
+from controller.keeper.watch import RunWatch
 from onbox import untrusted
 from onbox.clock import Clock, SystemClock
 from onbox.errors import UsageError
@@ -36,6 +42,9 @@ if TYPE_CHECKING:
     from controller.keeper.world import World
 
 Say = Callable[[Dict[str, Any]], None]
+SUSPECT_TIMEOUT = 3.0  # seconds a box in doubt may take to answer before it is `silent` (keep --suspect-timeout)
+BEAT_POLL = 1.0  # seconds between the tracker reads of a keeper waiting for its next pass, once a beat is due
+SPARE_COOLDOWN = 600.0  # seconds a box declared lost is no spare: its run was just taken off it (it may come back)
 
 
 @dataclasses.dataclass
@@ -47,6 +56,8 @@ class PassReport:
     events: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     problems: List[Dict[str, Optional[str]]] = dataclasses.field(default_factory=list)  # {text, hint}: a record
     failed: List[str] = dataclasses.field(default_factory=list)  # runs that reached a FAILED_* state in this pass
+    blind: Optional[str] = None  # why the keeper could not see in this pass (sight.py)
+    sight: Tuple[int, int] = (0, 0)  # (boxes that answered, boxes asked)
 
     def to_dict(self) -> Dict[str, Any]:
         return dict(dataclasses.asdict(self), schema="onboxctl.keep_pass/1")
@@ -54,16 +65,27 @@ class PassReport:
 
 class Keeper:
     def __init__(self, store: RecordStore, world: "World", clock: Optional[Clock] = None,
-                 say: Optional[Say] = None, runs: Optional[List[str]] = None) -> None:
+                 say: Optional[Say] = None, runs: Optional[List[str]] = None,
+                 suspect_timeout: float = SUSPECT_TIMEOUT, workers: int = WORKERS) -> None:
         self.store = store
         self.world = world
         self.clock = clock or SystemClock()
         self.say = say or (lambda _e: None)
         self.only = set(runs or [])
+        self.suspect_timeout = suspect_timeout
         self._report: Optional[PassReport] = None
         self._said_problems: Set[str] = set()
         self._publish_problem: Optional[str] = None
-        self.recoverer = Recoverer(world, self.clock, self._save, self._emit)
+        self._lock = threading.Lock()  # the report and `say`: recoveries tell from their threads
+        self.probes = Probes(world.observe, self.clock, workers)
+        self._tasks = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="keep-run")
+        self._busy: Dict[str, Tuple["concurrent.futures.Future[None]", RunKeep, KeepState]] = {}
+        self.sight = Sight()
+        self._fresh: Dict[str, float] = {}
+        self._due: Dict[str, Beats] = {}  # the beats of the runs watched in the newest pass, not late then
+        self._watched: List[LaunchRecord] = []
+        self.recoverer = Recoverer(world, self.clock, self._save, self._emit, recheck=self._recheck)
+        self.watch = RunWatch(self.clock, self._emit, self._save, self.recoverer, self._fresh_since, self._renew)
 
     # -- records and events ----------------------------------------------------------------------------------
     def _save(self, keep: RunKeep) -> None:
@@ -74,13 +96,88 @@ class Keeper:
         # with its control characters as escapes (no terminal escapes, no forged lines)
         ev = keep.event(self.clock.time(), kind, untrusted.printable(text), boxes=list(keep.boxes),
                         recovery=keep.current.id if keep.current else None, **fields)
-        if self._report is not None:
-            self._report.events.append(ev)
-        self.say(ev)
+        with self._lock:
+            if self._report is not None:
+                self._report.events.append(ev)
+            self.say(ev)
+
+    def _fresh_since(self, run: str) -> float:
+        since = self.sight.since if self.sight.since is not None else self.clock.time()
+        return max(since, self._fresh.get(run, since))
+
+    def _renew(self, run: str, now: float) -> None:
+        self._fresh[run] = now
+
+    def _recheck(self, box: str, run: str) -> Observation:
+        """Box `box` asked about `run` once more, at most --suspect-timeout (a probe of it still out is that one)."""
+        self.probes.ask(box, run)
+        self.probes.wait([(box, run)], self.suspect_timeout)
+        got = self.probes.take(box, run, silent_after=self.suspect_timeout, give_up=True)
+        return got[0] if got else Observation(box, run, reached=False, silent=True, error="no answer")
 
     # -- one pass --------------------------------------------------------------------------------------------
-    def tick(self) -> PassReport:
+    def tick(self, wait: Optional[float] = None) -> PassReport:
+        """One pass. `wait`: how long the probes are waited for (None: every probe and recovery is waited for)."""
         report = self._report = PassReport(time=round(self.clock.time(), 3))
+        self._collect(report)
+        loaded = self._load(report)
+        active = [(rec, keep) for rec, keep in loaded if not keep.state.final and rec.run not in self._busy]
+        beats = self._beats([rec for rec, _ in active]) if active else {}
+        looking = [(rec, keep) for rec, keep in active if keep.state != KeepState.RECOVERING]
+        keys = {rec.run: list(zip(keep.boxes, _node_runs(rec, keep))) for rec, keep in looking}
+        for pairs in keys.values():
+            for box, run in pairs:
+                self.probes.ask(box, run)
+        self.probes.wait([k for pairs in keys.values() for k in pairs], None if wait is None else self.suspect_timeout)
+        answers: Dict[str, Tuple[List[Observation], float]] = {}
+        now = self.clock.time()
+        for rec, keep in looking:
+            doubt = keep.state == KeepState.SUSPECT or any(
+                beats.get(run, Beats()).late(now + self.suspect_timeout) for _, run in keys[rec.run])
+            taken = [self.probes.take(box, run, self.suspect_timeout if doubt else None,
+                                      give_up=doubt and wait is not None) for box, run in keys[rec.run]]
+            if all(t is not None for t in taken):  # else: still being asked, judged once it answers
+                answers[rec.run] = ([t[0] for t in taken if t], min(t[1] for t in taken if t))
+        if beats and any(not o.reached for obs, _ in answers.values() for o in obs):
+            # a failed probe may have waited out its timeout: the beats read before it are that old (a box that
+            # died meanwhile still looked "ok"), and only they can keep a box that fails ssh from being lost
+            beats = dict(beats, **self._beats([rec for rec, _ in looking]))
+        busy = _in_use(loaded, "", self.clock.time())
+        witnesses = Witnesses(self.probes, self.world.boxes, [rec for rec, _ in active], busy, self.suspect_timeout,
+                              wait)
+        blind = report.blind = self.sight.look(self.clock.time(), [o for obs, _ in answers.values() for o in obs],
+                                               bool(getattr(self.world, "tracker_elsewhere_answered", False)),
+                                               witnesses)
+        report.sight = self.sight.counts
+        for rec, keep in active:
+            self.watch.blind(keep, blind)
+            if rec.run in answers:
+                obs, asked = answers[rec.run]
+                self.watch.judge(rec, keep, obs, [beats.get(run, Beats()) for _, run in keys[rec.run]], asked, blind)
+        self._watched = [rec for rec, _ in active]
+        self._due = {run: b for run, b in beats.items() if not b.late(self.clock.time() + self.suspect_timeout)}
+        for rec, keep in active:
+            if keep.state == KeepState.RECOVERING and not (blind and keep.current and keep.current.kind == "elsewhere"):
+                self._busy[rec.run] = (self._tasks.submit(self._advance, rec, keep, _in_use(loaded, rec.run,
+                                                                                             self.clock.time())),
+                                       keep, keep.state)
+        if wait is None:
+            concurrent.futures.wait([f for f, _, _ in self._busy.values()])
+        self._collect(report)
+        for rec, keep in active:
+            if rec.run not in self._busy:
+                self._publish(rec, keep)
+        report.runs = [summary(rec, keep) for rec, keep in loaded]
+        self._report = None
+        return report
+
+    def _beats(self, recs: List[LaunchRecord]) -> Dict[str, Beats]:
+        """The tracker's word on `recs`, each stamped with when it was read (an `ok` beat's age goes on from then)."""
+        now = self.clock.time()
+        return {run: dataclasses.replace(b, read_at=now) for run, b in self.world.beats(recs).items()}
+
+    def _load(self, report: PassReport) -> List[Tuple[LaunchRecord, RunKeep]]:
+        """Every run's records, their problems said once."""
         loaded: List[Tuple[LaunchRecord, RunKeep]] = []
         try:
             names = self.store.runs()
@@ -91,89 +188,36 @@ class Keeper:
             if self.only and name not in self.only:
                 continue
             try:
-                loaded.append(self.store.load(name))
+                rec, keep = self.store.load(name)
             except RecordProblem as e:
                 report.problems.append({"text": e.message, "hint": e.hint})
+                continue
+            loaded.append((rec, keep))  # a run whose recovery is under way: as its thread last wrote it
         texts = {str(p["text"]) for p in report.problems}
         for p in report.problems:
             if p["text"] not in self._said_problems:  # said once, not every pass
                 self.say({"time": report.time, "kind": "record_problem", "text": untrusted.printable(p["text"]),
                           "hint": p["hint"]})
         self._said_problems = texts
-        active = [(rec, keep) for rec, keep in loaded if not keep.state.final]
-        beats = self.world.beats([rec for rec, _ in active]) if active else {}
-        for rec, keep in active:
-            before = keep.state
-            self._one(rec, keep, beats, _in_use(loaded, rec.run))
-            self._publish(rec, keep)
-            if keep.state.final and keep.state != KeepState.ENDED and before != keep.state:
-                report.failed.append(rec.run)
-        report.runs = [summary(rec, keep) for rec, keep in loaded]
-        self._report = None
-        return report
+        return loaded
 
-    def _one(self, rec: LaunchRecord, keep: RunKeep, beats: Dict[str, Beats], in_use: Set[str]) -> None:
-        if keep.state == KeepState.RECOVERING:
+    def _advance(self, rec: LaunchRecord, keep: RunKeep, in_use: Set[str]) -> None:
+        try:
             while self.recoverer.advance(rec, keep, in_use):
                 pass
-            return
-        runs = _node_runs(rec, keep)
-        # a box that does not answer is failing from the moment it was asked, not from when the probe gave up
-        # (a probe of a dead box waits out its timeout: stamped at its end, --lost-after would start that much late)
-        asked = self.clock.time()
-        observed = [self.world.observe(box, run) for box, run in zip(keep.boxes, runs)]
-        if beats and any(not o.reached for o in observed):
-            # a failed probe may have waited out its timeout: the beats read before it are that old (a box that
-            # died meanwhile still looked "ok"), and only they can keep a box that fails ssh from being lost
-            beats = dict(beats, **self.world.beats([rec]))
-        # World.beats has an entry for every run of a configured tracker (absent, or unreadable when it could not
-        # be read); none for a run without one ("unknown": ssh alone decides)
-        seen = [beats.get(run, Beats()) for run in runs]
-        self._tracker_streak(keep, seen)
-        self._remember(keep, observed, seen)
-        self.recoverer.note_first_step(keep, observed)
-        now = self.clock.time()
-        # the first failed probe counts too: one that hung for --lost-after is that long without an answer
-        since = keep.suspect_since if keep.suspect_since is not None else asked
-        j = judge(observed, seen, since, now, rec.lost_after_s())
-        if j.verdict == Verdict.HEALTHY:
-            keep.last_ok = now
-            if keep.state == KeepState.SUSPECT:
-                keep.suspect_since = None
-                keep.move(KeepState.WATCHING, j.reason)
-                self._emit(keep, "suspect_cleared", "%s: not lost" % j.reason)
-        elif j.verdict == Verdict.SUSPECT:
-            if keep.state == KeepState.WATCHING:
-                keep.suspect_since = asked
-                keep.move(KeepState.SUSPECT, j.reason)
-                self._emit(keep, "suspect", j.reason)
-            else:
-                keep.message = untrusted.printable(j.reason)
-        elif j.verdict == Verdict.WAIT and j.tracker:
-            # the box fails ssh, and the beats that would tell whether it is lost cannot be read: stay SUSPECT (the
-            # suspicion and its start are kept, decided once the beats read again); said by _tracker_streak
-            if keep.state == KeepState.WATCHING:  # its first probe hung for --lost-after
-                keep.suspect_since = asked
-                keep.move(KeepState.SUSPECT, j.reason)
-            keep.message = untrusted.printable(j.reason)
-        elif j.verdict == Verdict.WAIT:
-            if keep.message != untrusted.printable(j.reason):  # said once, not every pass
-                keep.message = untrusted.printable(j.reason)
-                self._emit(keep, "needs_a_person", j.reason)
-        elif j.verdict == Verdict.ENDED:
-            keep.close_current()
-            keep.move(KeepState.ENDED, j.reason)
-            self._emit(keep, "ended", "%s: the keeper leaves it alone" % j.reason)
-        elif j.verdict == Verdict.RELAUNCH_HERE:
-            self.recoverer.start(rec, keep, "same_box", j.reason, needs_push=j.needs_push)
-        elif j.verdict == Verdict.LOST:
-            if keep.suspect_since is None:  # lost at its first failed probe (it hung for --lost-after)
-                keep.suspect_since = asked
-            self.recoverer.start(rec, keep, "elsewhere", j.reason)
-        self._save(keep)
-        if keep.state == KeepState.RECOVERING:
-            while self.recoverer.advance(rec, keep, in_use):
-                pass
+        finally:
+            self.recoverer.release(rec.run)
+
+    def _collect(self, report: PassReport) -> None:
+        """The recoveries that returned: what they raised is raised here (a bug must stop the keeper, never read as
+        a box's failure); a run that reached a FAILED_* state is reported."""
+        for run, (future, keep, before) in list(self._busy.items()):
+            if not future.done():
+                continue
+            del self._busy[run]
+            future.result()
+            if keep.state.final and keep.state != KeepState.ENDED and before != keep.state:
+                report.failed.append(run)
 
     def _publish(self, rec: LaunchRecord, keep: RunKeep) -> None:
         """The run's new events to the tracker, when there is one; what it did not take is sent again next pass."""
@@ -190,51 +234,50 @@ class Keeper:
                       "text": "events not sent to the tracker (kept in recovery.json, sent later): %s"
                               % untrusted.printable(problem)})
 
-    def _tracker_streak(self, keep: RunKeep, seen: List[Beats]) -> None:
-        """One `tracker_unreadable` event when the run's beats stop being readable, one `tracker_readable` when
-        they read again: a streak is said once, also by `keep --once` from cron (it is kept in recovery.json)."""
-        bad = next((b for b in seen if b.unreadable), None)
-        now = self.clock.time()
-        if bad is not None and keep.tracker_unreadable_since is None:
-            keep.tracker_unreadable_since = now
-            self._emit(keep, "tracker_unreadable", "the beats of %s cannot be read: %s; a box of it that fails ssh "
-                                                   "is not declared lost while they cannot (the keeper waits: fix "
-                                                   "the tracker, or recover the run by hand)"
-                       % (keep.run, bad.problem or "the tracker could not be read"))
-        elif bad is None and keep.tracker_unreadable_since is not None:
-            self._emit(keep, "tracker_readable", "the beats of %s can be read again (after %.0f s)"
-                       % (keep.run, max(0.0, now - keep.tracker_unreadable_since)))
-            keep.tracker_unreadable_since = None
-
-    def _remember(self, keep: RunKeep, observed: List[Observation], seen: List[Beats]) -> None:
-        """The newest step and durable checkpoint known (from the box, else the beats): work at risk and the
-        resume point stay known after the box is gone."""
-        o, b = observed[0], seen[0]
-        last = dict(keep.last_seen)
-        for key, a, c in (("step", o.step, b.step), ("durable_step", o.durable_step, b.durable_step),
-                          ("durable_at", o.durable_at, b.durable_at)):
-            v = a if a is not None else c
-            if v is not None:
-                last[key] = v
-        if o.reached and o.state:
-            last["state"] = o.state
-        last["time"] = round(self.clock.time(), 3)
-        keep.last_seen = last
-
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, interval: float, once: bool = False, passes: Optional[int] = None,
             on_pass: Optional[Callable[[PassReport], None]] = None) -> PassReport:
-        """Pass after pass until interrupted (or one with `once`, or `passes`)."""
+        """Pass after pass until interrupted (or one with `once`, or `passes`, each waiting for everything)."""
         n = 0
+        try:
+            while True:
+                t0 = self.clock.monotonic()
+                report = self.tick(wait=None if once or passes is not None else self.suspect_timeout)
+                n += 1
+                if on_pass is not None:
+                    on_pass(report)
+                if once or (passes is not None and n >= passes):
+                    return report
+                self._sleep_until(t0 + interval)
+        finally:
+            self.close()
+
+    def _sleep_until(self, deadline: float) -> None:
+        """Until `deadline` (monotonic), or earlier once a watched run's beats are about to turn late: the tracker
+        is read again then (every BEAT_POLL s while one is due), and a run whose beats turned late since the pass
+        starts the next pass at once (its box is asked while its beats turn late, not up to --interval after)."""
         while True:
-            t0 = self.clock.monotonic()
-            report = self.tick()
-            n += 1
-            if on_pass is not None:
-                on_pass(report)
-            if once or (passes is not None and n >= passes):
-                return report
-            self.clock.sleep(max(0.0, interval - (self.clock.monotonic() - t0)))
+            now = self.clock.monotonic()
+            if now >= deadline:
+                return
+            due = [b.late_at() for b in self._due.values()]
+            first = min((d for d in due if d is not None), default=None)
+            wall = self.clock.time()
+            wake = deadline if first is None else min(deadline, now + max(BEAT_POLL, first - self.suspect_timeout
+                                                                          - wall))
+            self.clock.sleep(wake - now)
+            if first is None or self.clock.time() < first - self.suspect_timeout or not self._watched:
+                continue
+            beats = self._beats(self._watched)
+            later = self.clock.time() + self.suspect_timeout
+            if any(b.late(later) for run, b in beats.items() if run in self._due):
+                return
+            self._due = {run: b for run, b in beats.items() if run in self._due}
+
+    def close(self) -> None:
+        """Stop taking probes and recoveries; those under way finish on their own bounds."""
+        self.probes.close()
+        self._tasks.shutdown(wait=False)
 
 
 def _node_runs(rec: LaunchRecord, keep: RunKeep) -> List[str]:
@@ -245,10 +288,16 @@ def _node_runs(rec: LaunchRecord, keep: RunKeep) -> List[str]:
     return [node_run_name(rec.run, i) for i in range(len(keep.boxes))]
 
 
-def _in_use(loaded: List[Tuple[LaunchRecord, RunKeep]], me: str) -> Set[str]:
-    """Boxes another watched run lives on, or a recovery of another run has chosen."""
+def _in_use(loaded: List[Tuple[LaunchRecord, RunKeep]], me: str, now: float) -> Set[str]:
+    """Boxes another watched run lives on, or a recovery of another run has chosen, and boxes a recovery declared
+    lost within SPARE_COOLDOWN: its run was taken off it a moment ago (a blip's heal must not make it a spare that
+    another run is shuffled onto)."""
     out: Set[str] = set()
     for rec, keep in loaded:
+        for r in keep.history + ([keep.current] if keep.current else []):
+            lost_at = r.phases.get("declared_lost")
+            if r.kind == "elsewhere" and lost_at is not None and now - lost_at < SPARE_COOLDOWN and not r.cancelled:
+                out.update(r.lost or r.from_boxes)
         if rec.run == me or keep.state.final:
             continue
         out.update(keep.boxes)
@@ -264,7 +313,7 @@ def summary(rec: LaunchRecord, keep: RunKeep) -> Dict[str, Any]:
     cur = keep.current
     return {"run": rec.run, "state": "recovering" if keep.recovering else keep.state.value,
             "keeper_state": keep.state.value, "boxes": list(keep.boxes), "recoveries": keep.recoveries,
-            "pool": rec.policy.pool, "message": keep.message, "phase": open_phase(cur),
+            "pool": rec.policy.pool, "message": keep.message, "phase": open_phase(cur) if keep.recovering else None,
             "current": dict(cur.to_dict(), split=split(cur)) if cur else None,
             "last": keep.history[-1].to_dict() if keep.history else None, "last_seen": keep.last_seen,
             "max_at_risk": rec.policy.max_at_risk}

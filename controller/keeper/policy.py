@@ -4,7 +4,8 @@ keep` can launch the same run again, on the same box or elsewhere, without the p
 The launch record holds what `controller.launch.launch` (or `controller.nodes.launch_group`) needs to start the run
 again: the command, the `onbox run` options onboxctl forwarded (secrets by name only: `--secret NAME`, never a
 value), the `ONBOX_<FIELD>` settings, the work dir, the tracker and whether it is tunnelled, plus what a fresh box
-needs first (the local code dir and onbox.pyz to push). Values are checked when the record is read back: it is a
+needs first (the local code dir and onbox.pyz to push, and the secret-looking files of that dir the user sent on
+purpose with `--include-secret`: paths, never contents). Values are checked when the record is read back: it is a
 file a person may edit.
 """
 from __future__ import annotations
@@ -131,6 +132,7 @@ class LaunchRecord:
     tracker: Optional[str] = None  # the tracker URL as given to `onboxctl run` (reachable from here)
     tunnel: bool = False  # the tracker is reached through a reverse ssh tunnel per box
     secrets: List[str] = dataclasses.field(default_factory=list)  # `--secret` specs: names, never values
+    include_secrets: List[str] = dataclasses.field(default_factory=list)  # `--include-secret` paths of `code`
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     timeout: float = 60.0  # seconds one launch may take
     created: float = 0.0
@@ -256,10 +258,13 @@ def launch_from_dict(doc: Any, where: str) -> LaunchRecord:
         ckpt_dir=_want(doc, "ckpt_dir", str, where, optional=True),
         tracker=_want(doc, "tracker", str, where, optional=True), tunnel=doc.get("tunnel") is True,
         secrets=_strings(doc.get("secrets", []), where, "secrets"),
+        include_secrets=_strings(doc.get("include_secrets", []), where, "include_secrets"),
         heartbeat_interval=_want(doc, "heartbeat_interval", (int, float), where),
         timeout=_want(doc, "timeout", (int, float), where), created=_want(doc, "created", (int, float), where))
     if not rec.command:
         raise ValueError("%s: command is empty" % where)
+    if rec.include_secrets and not rec.code:
+        raise ValueError("%s: include_secrets names files of a code dir, and code is not set" % where)
     if rec.heartbeat_interval <= 0 or rec.timeout <= 0:
         raise ValueError("%s: heartbeat_interval and timeout must be > 0" % where)
     return rec

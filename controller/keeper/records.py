@@ -81,6 +81,8 @@ class Recovery:
     resume_step: Optional[int] = None  # the step it resumed from (its agent's word; before that, the newest known)
     first_step: Optional[int] = None
     error: Optional[str] = None
+    lost: List[str] = dataclasses.field(default_factory=list)  # the boxes declared lost (asked again before take-over)
+    cancelled: Optional[str] = None  # why it was called off before its launch (a lost box answered again)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,6 +107,7 @@ class RunKeep:
     event_seq: int = 0  # the number of the newest event (`n`; only grows)
     published: int = 0  # the newest event a tracker acknowledged (`n`)
     tracker_unreadable_since: Optional[float] = None  # the run's beats could not be read since then (said once)
+    blind_since: Optional[float] = None  # the keeper could not see this run's boxes since then (said once)
 
     def move(self, new: KeepState, message: Optional[str] = None) -> None:
         if new != self.state:
@@ -132,7 +135,10 @@ class RunKeep:
 
     @property
     def recovering(self) -> bool:
-        """RECOVERING, or relaunched and waiting for the first new step."""
+        """RECOVERING, or relaunched and waiting for the first new step; never in a final state (a run that ended
+        failed_no_resource keeps its last recovery as `current`, and may train on where it was, unwatched)."""
+        if self.state.final:
+            return False
         return self.state == KeepState.RECOVERING or (self.current is not None
                                                       and "first_new_step" not in self.current.phases)
 
@@ -158,7 +164,7 @@ def recovery_from_dict(doc: Any, where: str) -> Recovery:
         raise ValueError("%s: %s" % (where, e))
     if not _whole(rec.id) or rec.kind not in ("same_box", "elsewhere") or not isinstance(rec.phases, dict):
         raise ValueError("%s: id, kind or phases is wrong" % where)
-    for key in ("from_boxes", "to_boxes", "rejected", "provisioned"):
+    for key in ("from_boxes", "to_boxes", "rejected", "provisioned", "lost"):
         setattr(rec, key, box_names(getattr(rec, key), where, key))
     for phase, t in rec.phases.items():
         if phase not in PHASES or _time(t, where, "phase") is None:
@@ -170,9 +176,11 @@ def recovery_from_dict(doc: Any, where: str) -> Recovery:
     for key in ("resume_step", "first_step"):
         if getattr(rec, key) is not None and not _whole(getattr(rec, key)):
             raise ValueError("%s: %s must be a step" % (where, key))
-    if not isinstance(rec.reason, str) or (rec.error is not None and not isinstance(rec.error, str)):
-        raise ValueError("%s: reason and error must be text" % where)
+    if not isinstance(rec.reason, str) or any(v is not None and not isinstance(v, str) for v in (rec.error,
+                                                                                                    rec.cancelled)):
+        raise ValueError("%s: reason, error and cancelled must be text" % where)
     rec.reason, rec.error = untrusted.printable(rec.reason), rec.error and untrusted.printable(rec.error)
+    rec.cancelled = rec.cancelled and untrusted.printable(rec.cancelled)
     rec.needs_push, rec.take_over = rec.needs_push is True, rec.take_over is True
     return rec
 
@@ -207,7 +215,8 @@ def keep_from_dict(doc: Any, where: str) -> RunKeep:
         updated_at=_time(doc.get("updated_at"), where, "updated_at") or 0.0,
         event_seq=_count(doc.get("event_seq", 0), where, "event_seq"),
         published=_count(doc.get("published", 0), where, "published"),
-        tracker_unreadable_since=_time(doc.get("tracker_unreadable_since"), where, "tracker_unreadable_since"))
+        tracker_unreadable_since=_time(doc.get("tracker_unreadable_since"), where, "tracker_unreadable_since"),
+        blind_since=_time(doc.get("blind_since"), where, "blind_since"))
 
 
 def _last_seen(v: Any) -> Dict[str, Any]:

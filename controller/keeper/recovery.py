@@ -6,21 +6,32 @@
 (or at once when a step finished). What makes it safe to kill the keeper anywhere and start it again:
 - box_chosen is recorded before anything is pushed to the box, a provisioned box is in the inventory (in the run's
   pool) before anything else is done with it;
-- `launch_started_at` is recorded BEFORE `onbox run` is called. Before launching (again), the chosen box is asked
-  whether it already runs the run: then the recovery is marked relaunched and nothing is launched. While a launch
-  of an earlier keeper may still be in flight (less than the launch timeout ago) it is waited for, never repeated;
-  and `onbox run` itself refuses a second agent under a live name, so even then two agents never run.
+- `launch_started_at` is recorded BEFORE `onbox run` is called. Before launching again, the chosen box is asked
+  whether it already runs the run: then the recovery is marked relaunched and nothing is launched. A keeper started
+  again after a crash mid-launch says so (`launch_in_flight`) and asks what can tell whether the earlier launch is
+  still on its way: the box (its agent takes the run's lock, and says it alive, within a second of starting) and
+  this machine (the earlier keeper's ssh carrying the launch outlives it: World.launch_in_flight). With none on
+  its way it launches at once: the launch is idempotent by the agent's lock and lease (a second `onbox run` under
+  a live name is refused, and that refusal reads as the launch landed). Only where neither can be asked is the
+  earlier launch waited for up to the launch timeout + LAUNCH_GRACE.
 - a recovery elsewhere launches with `--take-over` (the old box was declared lost; its agent, if it still runs
   behind a partition, is fenced by the newer lease); a relaunch on the same box does not (its agent is gone).
+  Right before that take-over, and before each new try to find a box, the lost box is asked once more (at most
+  --suspect-timeout): if it answers and its agent lives, the recovery is called off (`recovery_cancelled`) and the
+  run is watched where it was.
+- recoveries of several runs go on at once, each in a thread of its own: a spare is claimed, under one lock, before
+  it is checked, so two recoveries never choose the same box.
 Nothing is ever torn down: a box provisioned for a recovery that then fails stays in the inventory, and says so.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 from controller.keeper.decide import Observation, first_new_step
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, Recovery, RunKeep
+from controller.keeper.takeover import LAUNCH_GRACE, landed_nowhere, lost_box_lives
 from onbox import untrusted
 from onbox.clock import Clock
 from onbox.errors import OnboxError
@@ -28,7 +39,6 @@ from onbox.errors import OnboxError
 if TYPE_CHECKING:
     from controller.keeper.world import World
 
-LAUNCH_GRACE = 30.0  # seconds beyond the launch timeout that an earlier keeper's launch may still land in
 
 
 
@@ -42,17 +52,41 @@ class Emit(Protocol):
 
 
 class Recoverer:
-    """Advances open recoveries. `world`: controller/keeper/world.World or a test's scripted one."""
+    """Advances open recoveries. `world`: controller/keeper/world.World or a test's scripted one. `recheck` asks a
+    lost box once more, bounded (the keeper's probes); without it, World.observe."""
 
-    def __init__(self, world: "World", clock: Clock, save: Callable[[RunKeep], None], emit: Emit) -> None:
+    def __init__(self, world: "World", clock: Clock, save: Callable[[RunKeep], None], emit: Emit,
+                 recheck: Optional[Callable[[str, str], Observation]] = None) -> None:
         self.world = world
         self.clock = clock
         self.save = save
         self.emit = emit
+        self.recheck = recheck or world.observe
+        self._claims: Dict[str, str] = {}  # box -> the run whose recovery holds it (chosen, or being checked)
+        self._lock = threading.Lock()
+
+    def _claim(self, box: str, run: str) -> bool:
+        with self._lock:
+            if self._claims.get(box, run) != run:
+                return False
+            self._claims[box] = run
+            return True
+
+    def unclaim(self, box: str) -> None:
+        with self._lock:
+            self._claims.pop(box, None)
+
+    def release(self, run: str) -> None:
+        """The boxes run `run` held while its recovery chose them: its record names them from now on."""
+        with self._lock:
+            for box in [b for b, r in self._claims.items() if r == run]:
+                del self._claims[box]
 
     # -- starting --------------------------------------------------------------------------------------------
-    def start(self, rec: LaunchRecord, keep: RunKeep, kind: str, reason: str, needs_push: bool = False) -> None:
-        """Open a recovery (same_box or elsewhere), or end the run's watch when it has had its max."""
+    def start(self, rec: LaunchRecord, keep: RunKeep, kind: str, reason: str, needs_push: bool = False,
+              lost: Optional[List[str]] = None) -> None:
+        """Open a recovery (same_box or elsewhere; `lost`: the boxes declared lost, asked again before the take-over),
+        or end the run's watch when it has had its max."""
         now = self.clock.time()
         reason = untrusted.printable(reason)  # what a box said (its ssh error): kept in recovery.json, printed
         if keep.recoveries >= rec.policy.max_recoveries:
@@ -73,6 +107,7 @@ class Recoverer:
         else:
             cur.phases["declared_lost"] = now
             cur.take_over = True
+            cur.lost = [b for b in (lost or cur.from_boxes) if b in cur.from_boxes] or list(cur.from_boxes)
         keep.current = cur
         keep.move(KeepState.RECOVERING, "recovery %d: %s" % (cur.id, reason))
         self.emit(keep, "detected", reason)
@@ -94,6 +129,8 @@ class Recoverer:
         if cur.next_try_at is not None and now < cur.next_try_at:
             return False
         if "box_chosen" not in cur.phases:
+            if cur.tries and lost_box_lives(self, rec, keep, cur):  # a box is sought again: is it still lost?
+                return False
             return self._choose(rec, keep, cur, in_use)
         if "pushed" not in cur.phases:
             return self._push(rec, keep, cur)
@@ -136,8 +173,11 @@ class Recoverer:
         for name in pool:
             if len(chosen) == need:
                 break
+            if not self._claim(name, rec.run):  # another run's recovery holds it (chosen, or being checked)
+                continue
             problem = self.world.spare_problem(name, rec)
             if problem:
+                self.unclaim(name)
                 self.emit(keep, "spare_skipped", "spare %s: %s" % (name, problem))
             else:
                 chosen.append(name)
@@ -151,6 +191,7 @@ class Recoverer:
             except OnboxError as e:
                 self.emit(keep, "provision_failed", e.message)
                 break
+            self._claim(box.name, rec.run)
             cur.provisioned.append(box.name)
             self.emit(keep, "provisioned", "the provision command brought up %s (%s), added to the inventory in pool "
                                            "%s" % (box.name, box.host, rec.policy.pool))
@@ -193,13 +234,17 @@ class Recoverer:
     def _relaunch(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
         now = self.clock.time()
         run0 = rec.node_runs()[0]
+        if cur.kind == "elsewhere" and cur.launch_started_at is None:
+            # a spare checked a moment ago (no live agent), no launch of ours ever started: nothing to ask it
+            return self._launch(rec, keep, cur)
         obs = self.world.observe(cur.to_boxes[0], run0)
         if obs.reached and obs.known and obs.agent_alive:
             self.emit(keep, "relaunched", "%s already runs %s (an earlier launch landed): not launched again"
                       % (cur.to_boxes[0], run0), to_boxes=list(cur.to_boxes))
             return self._relaunched(rec, keep, cur)
         waited = None if cur.launch_started_at is None else now - cur.launch_started_at
-        if waited is not None and waited < rec.timeout + LAUNCH_GRACE:
+        if waited is not None and waited < rec.timeout + LAUNCH_GRACE and not landed_nowhere(self, rec, keep, cur, obs,
+                                                                                                 waited):
             return False  # an earlier keeper's launch may still be in flight: wait for it, never launch twice
         if not obs.reached and cur.kind == "elsewhere":
             return self._box_failed(rec, keep, cur, cur.to_boxes[0], "chosen box %s stopped answering: %s"
@@ -211,6 +256,12 @@ class Recoverer:
             keep.move(KeepState.WATCHING, "%s stopped answering before its relaunch" % cur.from_boxes[0])
             self.save(keep)
             return False
+        return self._launch(rec, keep, cur)
+
+    def _launch(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
+        if cur.take_over and lost_box_lives(self, rec, keep, cur):
+            return False
+        now = self.clock.time()
         cur.launch_started_at = now
         self.save(keep)  # the intent, before the act
         boxes = [self.world.box(n) for n in cur.to_boxes]
@@ -219,6 +270,8 @@ class Recoverer:
         except OnboxError as e:
             return self._launch_failed(rec, keep, cur, "launch on %s failed: %s" % (", ".join(cur.to_boxes), e.message))
         bad = [r for r in results if not r.ok]
+        if bad and bad[0].exit_code == 2 and self._alive_on(cur.to_boxes[0], rec.node_runs()[0]):
+            bad = []  # refused because the run lives there now: an earlier launch of this recovery landed
         if bad:
             return self._launch_failed(rec, keep, cur, "launch on %s failed: %s%s" % (
                 bad[0].box, bad[0].error, " (hint: %s)" % bad[0].hint if bad[0].hint else ""))
@@ -226,6 +279,10 @@ class Recoverer:
                                                                  " with --take-over" if cur.take_over else ""),
                   to_boxes=list(cur.to_boxes))
         return self._relaunched(rec, keep, cur)
+
+    def _alive_on(self, box: str, run: str) -> bool:
+        obs = self.world.observe(box, run)
+        return obs.reached and obs.known and obs.agent_alive
 
     def _relaunched(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery) -> bool:
         cur.phases["relaunched"] = self.clock.time()

@@ -3,14 +3,19 @@ beats, check a spare, run the provision command, push, launch. The keeper (loop.
 tests pass a scripted one (tests/unit/test_keeper.py), as the elastic agent's tests script their observations.
 
 Every remote call is an `onbox ... --json` command over ssh (controller/agent.py), never a script; an ssh that
-does not reach the box (BoxUnreachable, or no answer within the probe timeout) is an observation, never an error.
+does not reach the box (BoxUnreachable, or no answer within the probe timeout) is an observation, never an error
+(`silent` when nothing answered at all: a timeout, no route; a refused connection is the box's kernel answering).
 Any other failure (no ssh client here, a bug) is raised: it must never read as "every box is lost".
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import shlex
+import socket
 from typing import Any, Dict, List, Optional, Sequence
+from urllib.parse import urlsplit
 
 from controller.agent import ask
 from controller.boxes import Box, Inventory
@@ -50,7 +55,7 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
     resumed = None
     for name in (lease.get("resumed_from"), doc.get("resume_from")):  # the lease's checkpoint, else the local path
         if resumed is None and isinstance(name, str) and name:
-            from onbox.checkpoints.detect import step_from_name
+            from onbox.checkpoints.local.detect import step_from_name
 
             resumed = step_from_name(os.path.basename(name))
     return Observation(
@@ -83,10 +88,34 @@ def beats_from_tracker(doc: Any) -> Dict[str, Beats]:
         progress = _obj(latest.get("progress"))
         ckpt = _obj(latest.get("checkpoint"))
         durable = _obj(ckpt.get("latest_durable"))
+        age, interval = _num(e.get("age_s")), _num(latest.get("interval_s"))
         out[run] = Beats(liveness=liveness, state=_str(e.get("state")), step=_int(progress.get("step")),
                          durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
-                         box=_str(e.get("box")))
+                         box=_str(e.get("box")), age=age if age is not None and age >= 0 else None,
+                         interval=interval if interval is not None and interval > 0 else None)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def on_this_machine(url: str) -> bool:
+    """Whether the tracker at `url` runs on this machine (loopback, or an address of one of its interfaces: this
+    machine can bind it, whatever its links do). Such a tracker answering says nothing of the keeper's network. A
+    name that does not resolve counts as here: it proves nothing either (asked once per URL: a name is resolved
+    while the network works, at the keeper's first read)."""
+    host = urlsplit(url).hostname or ""
+    try:
+        addrs = {str(a[4][0]) for a in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return True
+    for addr in addrs:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((addr, 0))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def tracker_problem(doc: Any) -> Optional[str]:
@@ -116,6 +145,7 @@ class World:
         self.probe_timeout = probe_timeout
         self.tracker = tracker
         self.token = token
+        self.tracker_elsewhere_answered = False  # in the newest beats(): a tracker beyond this machine answered
 
     # -- looking ---------------------------------------------------------------------------------------------
     def box(self, name: str) -> Box:
@@ -129,7 +159,8 @@ class World:
             box = self.box(box_name)
             doc, res, _what = ask(self.ssh, box, ["status", run, "--json"], timeout=self.probe_timeout)
         except (BoxUnreachable, RemoteTimeout) as e:
-            return Observation(box_name, run, reached=False, error=untrusted.printable(e.message))
+            silent = isinstance(e, RemoteTimeout) or getattr(e, "kind", None) in ("timeout", "no_route")
+            return Observation(box_name, run, reached=False, error=untrusted.printable(e.message), silent=silent)
         return observation_from_status(box_name, run, doc, res.returncode, res.err_text or res.text)
 
     def beats(self, runs: Sequence[LaunchRecord]) -> Dict[str, Beats]:
@@ -144,6 +175,7 @@ class World:
             if url:
                 by_url.setdefault(url, []).extend(rec.node_runs())
         out: Dict[str, Beats] = {}
+        elsewhere = False
         for url in sorted(by_url):
             read: Dict[str, Beats] = {}
             try:
@@ -153,25 +185,31 @@ class World:
             else:
                 read, why = beats_from_tracker(doc), tracker_problem(doc)
                 problem = "the tracker at %s answered, but %s" % (url, why) if why else None
+                elsewhere = elsewhere or not on_this_machine(url)
             for run in by_url[url]:
                 b = read.get(run)
                 if b is not None and b.unreadable:
                     b = dataclasses.replace(b, problem="the tracker at %s answered, but %s" % (url, b.problem))
                 out[run] = b or (Beats(liveness=UNREADABLE, problem=problem) if problem else Beats(liveness="absent"))
+        self.tracker_elsewhere_answered = elsewhere
         return out
 
-    def spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
+    def spare_problem(self, name: str, rec: LaunchRecord, push: bool = True) -> Optional[str]:
         """Why box `name` cannot take the run now (None: healthy and idle): it must answer ssh, pass `onbox audit`
-        for the run's durable and checkpoint dirs, and run no live agent. Its pyz is pushed first when missing.
-        What the box said is shown with its control characters as escapes."""
-        problem = self._spare_problem(name, rec)
+        for the run's durable and checkpoint dirs, and run no live agent. Its pyz is pushed first when missing (not
+        with `push` False: then a box without one cannot be checked, and says so). What the box said is shown with
+        its control characters as escapes."""
+        problem = self._spare_problem(name, rec, push)
         return untrusted.printable(problem)[:600] if problem else None
 
-    def _spare_problem(self, name: str, rec: LaunchRecord) -> Optional[str]:
+    def _spare_problem(self, name: str, rec: LaunchRecord, push: bool = True) -> Optional[str]:
         try:
             box = self.box(name)
             doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
             said = res.err_text or res.text
+            if "can't open file" in said and "onbox.pyz" in said and not push:
+                return ("has no onbox.pyz yet, so `onbox audit` cannot run there (`onboxctl push %s` puts it there; "
+                        "the keeper does at a loss)" % name)
             if "can't open file" in said and "onbox.pyz" in said:
                 self.push(box, rec, code=False)
                 doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
@@ -252,7 +290,31 @@ class World:
 
             raise UsageError("no onbox.pyz to push to %s at %s" % (box.name, pyz),
                              hint="build it (`make zipapp`) or set ONBOX_PYZ for the keeper")
-        push(self.ssh, box, pyz, code_dir=rec.code if code else None)
+        # the secret-looking files the user sent on purpose (`onboxctl run --include-secret`) go to a replacement box
+        # too: without them the relaunched trainer would miss a file its first box had
+        push(self.ssh, box, pyz, code_dir=rec.code if code else None,
+             include_secrets=rec.include_secrets if code and rec.code else ())
+
+    def launch_in_flight(self, rec: LaunchRecord, boxes: Sequence[str]) -> Optional[bool]:
+        """Whether an ssh carrying an `onbox run` of the run to one of `boxes` still runs on this machine (an earlier
+        keeper's launch: its ssh, in a session of its own, outlives the keeper); None when this cannot be known."""
+        try:
+            import psutil
+        except ImportError:
+            return None
+        try:
+            dests = {self.box(n).target().destination for n in boxes}
+            mark = "run --json --name %s " % shlex.quote(rec.run)
+            for p in psutil.process_iter(["cmdline"]):
+                argv = p.info.get("cmdline") or []
+                if not argv or os.path.basename(argv[0]) != "ssh" or "--" not in argv:
+                    continue
+                i = argv.index("--")
+                if argv[i + 1:i + 2] and argv[i + 1] in dests and any(mark in a for a in argv[i + 2:]):
+                    return True
+        except (psutil.Error, OSError, OnboxError):
+            return None
+        return False
 
     def launch(self, rec: LaunchRecord, boxes: Sequence[Box], take_over: bool) -> List[LaunchResult]:
         """`onbox run` of the recorded run on `boxes` (node 0 first for a group), as `onboxctl run` did."""
