@@ -187,7 +187,26 @@ def read_series(store: Store, run: str, after: int = -1, limit: int = 5000, pyth
     the events among them (the beat at `after` is compared with the first new one, so no event falls between
     two pages), `next_after` to page on, `more` when a full page came back. `python`: skip SQLite's path."""
     found = None if python else _read_sql(store, run, after, limit)
-    return found if found is not None else _read_python(store, run, after, limit)
+    found = found if found is not None else _read_python(store, run, after, limit)
+    _commit_steps(store, run, found["events"])
+    return found
+
+
+def _commit_steps(store: Store, run: str, events: List[Dict[str, Any]]) -> None:
+    """Each commit event's `ckpt_step`: the step of the checkpoint committed (its beat's latest_durable), which the
+    page ticks the axis at, not the step the beat that saw it was at (null when the beat's document is gone)."""
+    commits = [e for e in events if e["kind"] == "commit"]
+    for i in range(0, len(commits), 500):
+        part = commits[i:i + 500]
+        try:
+            rows = store.query("SELECT seq, CASE WHEN json_valid(doc) THEN json_extract(doc, "
+                               "'$.checkpoint.latest_durable.step') END FROM beats WHERE run=? AND seq IN (%s)"
+                               % ",".join("?" * len(part)), (run, *[e["seq"] for e in part]))
+        except sqlite3.OperationalError:  # an SQLite without JSON functions: the beat's step stays the tick's
+            rows = []
+        steps = {seq: step for seq, step in rows if type(step) is int}
+        for e in part:
+            e["ckpt_step"] = steps.get(e["seq"])
 
 
 # -- the trainer's own points (the `points` table: every record the agent parsed, not one per beat) ---------------

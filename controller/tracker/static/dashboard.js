@@ -9,7 +9,12 @@
  * event id it has (the keeper's decisions, marked as recoveries and failures; a tracker without events answers
  * 404 or 405 and the page then draws no such marks). A chart with nothing to draw is not shown; each chart's
  * legend shows the newest values until the pointer is over it; `?compare=<run>` (or the "compare loss with"
- * picker) draws another run's loss and eval loss on the loss chart. Polls pause while the tab is hidden. Every
+ * picker) draws another run's loss and eval loss on the loss chart. A legend's value is each curve's NEWEST point
+ * (by arrival: after a restart from scratch, a step below the old ones), over time a curve breaks where nothing was
+ * reported, and a commit's tick sits at its checkpoint's step. A run page says what the run is (command, start,
+ * elapsed, durable target, profile, heartbeat, deadline, work at risk, the next step of a run that stopped short)
+ * and where its time went (its goodput ledger: a bar and a row per part); the list adds the fleet's ledgers
+ * (`/api/v1/goodput`, every 10 s). Polls pause while the tab is hidden. Every
  * value from the tracker is written with textContent, never as HTML. State for tests and the curious:
  * window.onboxDashboard.
  */
@@ -56,6 +61,8 @@
                  "steps_per_s"];
   var FROM_TRAINER = {loss: true, eval_loss: true, lr: true, tokens_per_s: true};  // the rest: from the beats
   var TRAINER_PAGE = 100000;
+  // a run's goodput ledger (API.md, "Goodput"): the parts of its wall time, in this order everywhere
+  var PARTS = ["productive", "recomputed", "down", "restoring", "starting", "stalled"];
 
   // -- small helpers ---------------------------------------------------------------------------------------------
   function el(tag, cls, text) {
@@ -174,7 +181,60 @@
     table.appendChild(el("tbody"));
     main.appendChild(table);
     main.appendChild(el("p", "note")).id = "pulls-note";
+    var fleet = main.appendChild(el("section"));
+    fleet.id = "fleet";
+    fleet.hidden = true;
+    fleet.appendChild(el("h2", null, "Goodput: where each run's time went"));
+    var ft = fleet.appendChild(el("table", "runs fleet"));
+    ft.id = "fleet-table";
+    var fh = ft.appendChild(el("thead")).appendChild(el("tr"));
+    FLEET_HEAD.forEach(function (h) { fh.appendChild(el("th", null, h)); });
+    ft.appendChild(el("tbody"));
+    fleet.appendChild(el("p", "note", "Each run's wall time since its first launch, split as `onboxctl report` " +
+                                      "splits it (the parts add up to it); cost at its boxes' prices per hour."));
     return pollList();
+  }
+
+  var FLEET_HEAD = ["run", "wall", "goodput", "split"].concat(PARTS, ["losses", "cost", "lost"]);
+  var fleetServed = null, fleetAt = 0;
+
+  function pollFleet() {  // the fleet's ledgers, every 10 s (a tracker without them: 404, asked no more)
+    if (fleetServed === false || Date.now() - fleetAt < 10000) return Promise.resolve();
+    fleetAt = Date.now();
+    return api("/api/v1/goodput?segments=1").then(function (d) {
+      fleetServed = true;
+      S.fleet = d.runs;
+      var tbody = document.querySelector("#fleet-table tbody");
+      if (!tbody) return;
+      document.getElementById("fleet").hidden = !d.runs.length;
+      tbody.textContent = "";
+      d.runs.forEach(function (r) {
+        var tr = tbody.appendChild(el("tr"));
+        tr.dataset.run = r.run;
+        var a = tr.appendChild(el("td")).appendChild(el("a", null, r.run));
+        a.href = "/run/" + encodeURIComponent(r.run);
+        tr.appendChild(el("td", "num", fmtDur(r.wall_s)));
+        tr.appendChild(el("td", "num", r.goodput === null ? "-" : (100 * r.goodput).toFixed(1) + "%"));
+        var bar = tr.appendChild(el("td")).appendChild(el("div", "ledger-bar mini"));
+        (r.segments || []).forEach(function (sg) {
+          var seg = bar.appendChild(el("span", "seg part-" + sg[2]));
+          seg.style.width = (100 * (sg[1] - sg[0]) / r.wall_s) + "%";
+          seg.title = sg[2] + " on " + sg[3] + ": " + fmtDur(sg[1] - sg[0]);
+        });
+        PARTS.forEach(function (p) { tr.appendChild(el("td", "num", fmtDur(r.parts[p]))).dataset.part = p; });
+        tr.appendChild(el("td", "num", r.losses.length));
+        var m = r.money || {}, parts = m.parts || {}, keys = Object.keys(parts);
+        var cost = keys.reduce(function (t, k) { return t + parts[k]; }, 0);
+        tr.appendChild(el("td", "num", keys.length ? cost.toFixed(2) : "-"));
+        tr.appendChild(el("td", "num", keys.length ? (cost - (parts.productive || 0)).toFixed(2) : "-"));
+      });
+    }, function (e) {
+      if (e && (e.status === 404 || e.status === 405)) {
+        fleetServed = false;
+        return;
+      }
+      throw e;
+    });
   }
 
   function listRow(name) {
@@ -269,6 +329,7 @@
         (d.pulls_problem ? d.pulls_problem + "; " : "") + d.pulls_note;
       document.getElementById("status").textContent = "updated " + new Date().toLocaleTimeString();
       afterPaint("list");
+      return pollFleet();
     });
   }
 
@@ -307,6 +368,18 @@
     var al = panels.appendChild(el("div", "panel"));
     al.appendChild(el("h2", null, "Open alerts"));
     al.appendChild(el("div")).id = "alerts";
+    var what = main.appendChild(el("div", "panels"));
+    var ru = what.appendChild(el("div", "panel"));
+    ru.id = "run-panel";
+    ru.appendChild(el("h2", null, "What it is"));
+    ru.appendChild(el("dl", "kv")).id = "run-facts";
+    ru.appendChild(el("div", "next-step")).id = "next-step";
+    var gp = what.appendChild(el("div", "panel"));
+    gp.id = "goodput-panel";
+    gp.appendChild(el("h2", null, "Where its time went"));
+    gp.appendChild(el("div", "ledger-bar")).id = "ledger-bar";
+    gp.appendChild(el("table", "ledger")).id = "ledger";
+    gp.appendChild(el("div", "note")).id = "ledger-note";
     var bar = main.appendChild(el("div", "toolbar"));
     bar.appendChild(el("span", "muted", "x axis:"));
     [["step", "steps"], ["time", "time"]].forEach(function (m) {
@@ -491,12 +564,97 @@
     var alerts = document.getElementById("alerts");
     if (r.alerts && r.alerts.length) alertsInto(alerts, r.alerts, true);
     else alerts.textContent = "none";
+    showPage(r.page, r);
     if (r.log_tail) {
       document.getElementById("log").hidden = false;
       document.getElementById("log-tail").textContent = r.log_tail.join("\n");
       document.getElementById("log-count").textContent = r.log_lines_total ?
         " (the last " + r.log_tail.length + " of " + r.log_lines_total + " lines)" : "";
     }
+  }
+
+  // -- what the run is: its launch, start, elapsed time, durable target, profile, heartbeat, work at risk, next step
+  function fmtDur(s) {  // 3h 12m, 4m 05s, 12.5s
+    if (s === null || s === undefined) return "-";
+    if (s < 60) return (s < 10 ? s.toFixed(1) : Math.round(s)) + "s";
+    var h = Math.floor(s / 3600), m = Math.floor(s % 3600 / 60), sec = Math.floor(s % 60);
+    return h ? h + "h " + (m < 10 ? "0" : "") + m + "m" : m + "m " + (sec < 10 ? "0" : "") + sec + "s";
+  }
+  function quoteWord(w) {  // as a shell would need it
+    return /^[A-Za-z0-9_@%+=:,./-]+$/.test(w) ? w : "'" + String(w).replace(/'/g, "'\\''") + "'";
+  }
+  var PART_TEXT = {productive: "training it kept", recomputed: "steps trained again", down: "no trainer running",
+                   restoring: "fetch and verify before the start", starting: "start to the first step",
+                   stalled: "no step, stall alert up"};
+
+  function showPage(pg, r) {
+    var dl = document.getElementById("run-facts");
+    if (!dl) return;
+    dl.textContent = "";
+    pg = pg || {};
+    var risk = pg.at_risk || {};
+    var rows = [
+      ["command", pg.command ? pg.command.map(quoteWord).join(" ") : "not launched from this machine"],
+      ["started", pg.started_at ? fmtTime(pg.started_at) : "-"],
+      ["elapsed", fmtDur(pg.elapsed_s)],
+      ["durable target", pg.durable || "-"],
+      ["profile", (pg.profile || "-") + (pg.pool ? " (pool " + pg.pool + ")" : "") +
+        (isNum(pg.price) ? ", " + pg.price + " an hour" : "")],
+      ["heartbeat", isNum(pg.interval_s) ? "every " + fmtDur(pg.interval_s) : "-"],
+      ["deadline", r.deadline && r.deadline.at ? deadlineText(r.deadline) : "none"],
+      ["work at risk", risk.steps === null || risk.steps === undefined ? "-" :
+        risk.steps + " steps" + (isNum(risk.seconds) ? ", " + fmtDur(risk.seconds) : "") +
+        (isNum(risk.durable_step) ? " since step " + risk.durable_step + " (durable)" : " (nothing durable yet)")]];
+    rows.forEach(function (kv) {
+      var dt = dl.appendChild(el("dt", null, kv[0]));
+      var dd = dl.appendChild(el("dd", kv[0] === "command" ? "cmd" : null, kv[1]));
+      dd.dataset.fact = dt.dataset.fact = kv[0].replace(/ /g, "-");
+    });
+    var next = document.getElementById("next-step");
+    next.textContent = "";
+    next.hidden = !pg.next_step;
+    if (pg.next_step) {
+      next.dataset.by = pg.next_step.by;
+      next.appendChild(el("b", null, "next: "));
+      next.appendChild(document.createTextNode(pg.next_step.text));
+    }
+    showLedger(pg.ledger);
+  }
+
+  function showLedger(led) {  // a bar of the run's wall time, each segment where it went; a row per part
+    var bar = document.getElementById("ledger-bar"), table = document.getElementById("ledger");
+    var note = document.getElementById("ledger-note");
+    bar.textContent = "";
+    table.textContent = "";
+    if (!led || !led.wall_s) {
+      note.textContent = "No ledger yet: it starts with the run's first beat.";
+      return;
+    }
+    (led.segments || []).forEach(function (sg) {
+      var seg = bar.appendChild(el("span", "seg part-" + sg[2]));
+      seg.style.width = (100 * (sg[1] - sg[0]) / led.wall_s) + "%";
+      seg.dataset.part = sg[2];
+      seg.title = sg[2] + " on " + sg[3] + ": " + fmtDur(sg[1] - sg[0]) + " from " + fmtTime(sg[0]);
+    });
+    var money = led.money && led.money.parts ? led.money.parts : {};
+    var head = table.appendChild(el("tr"));
+    ["", "part", "time", "share", "cost"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+    PARTS.forEach(function (part) {
+      var tr = table.appendChild(el("tr"));
+      tr.dataset.part = part;
+      tr.appendChild(el("td")).appendChild(el("span", "swatch part-" + part));
+      var name = tr.appendChild(el("td", null, part));
+      name.title = PART_TEXT[part];
+      tr.appendChild(el("td", "num", fmtDur(led.parts[part])));
+      tr.appendChild(el("td", "num", (100 * led.parts[part] / led.wall_s).toFixed(1) + "%"));
+      tr.appendChild(el("td", "num", isNum(money[part]) ? money[part].toFixed(2) : "-"));
+    });
+    note.textContent = "goodput " + (led.goodput === null ? "-" : (100 * led.goodput).toFixed(1) + "%") +
+      " of " + fmtDur(led.wall_s) + "; " + led.kept_steps + " steps kept, " + led.recomputed_steps +
+      " trained again over " + led.losses.length + (led.losses.length === 1 ? " loss" : " losses") +
+      (Object.keys(led.overlap_s || {}).length ? "; " + Object.keys(led.overlap_s).map(function (b) {
+        return fmtDur(led.overlap_s[b]) + " on " + b + " beside a newer life";
+      }).join(", ") : "");
   }
 
   // -- the keeper's marks: a recovery (one mark, whatever its number of events) and the keeper's failures -------
@@ -621,18 +779,25 @@
     return idx;
   }
 
-  function curve(R, col, xmode, order) {
+  function curve(R, col, xmode, order, join) {
     // one column of a run as a Map x -> value, over steps (a step done twice, after a resume from an older
     // checkpoint, keeps its newest value) or over time. The trainer's own points where the tracker sent them; the
     // beats for the rest (GPU), and for the trainer's columns the beats before the first that brought points (an
     // agent older than them) or all of them (a tracker older than them). A value that is not a finite number is a
     // gap (null) in a beat; in a trainer's point, a field its record did not carry.
+    // The x of the newest point (the last in seq and arrival order, not the largest x: after a restart from scratch
+    // the newest step is below the old ones) is kept as out.newest, for the legend.
     var out = new Map(), P = R.points, T = R.trainer, i, j, x, v;
     var useT = FROM_TRAINER[col] && R.served && T.seq.length > 0;
+    out.newest = null;
     for (i = 0; i < P.seq.length; i++) {
       if (useT && P.seq[i] >= R.tfirst) break;  // the beats are in seq order
       x = xmode === "step" ? P.step[i] : P.time[i];
-      if (x !== null && !(useT && P[col][i] === null)) out.set(x, P[col][i]);  // (with points: not a gap, nothing yet)
+      // (with points: not a gap, nothing yet; a sparse curve, eval loss: a beat without one is no point of it)
+      if (x !== null && !((useT || join) && P[col][i] === null)) {
+        out.set(x, P[col][i]);
+        if (P[col][i] !== null) out.newest = x;
+      }
     }
     if (useT) {
       var ys = T[col], xs = xmode === "step" ? T.step : T.time;
@@ -640,7 +805,10 @@
         i = order[j];
         v = ys[i];
         x = xs[i];
-        if (v !== null && x !== null) out.set(x, v);
+        if (v !== null && x !== null) {
+          out.set(x, v);
+          out.newest = x;
+        }
       }
     }
     return out;
@@ -662,15 +830,31 @@
     // `undefined` there (uPlot draws across it), a gap in a beat is null (uPlot breaks the line)
     var orders = new Map(), maps = chartSeries(def).map(function (s) {
       if (!orders.has(s[0])) orders.set(s[0], FROM_TRAINER[s[1]] ? trainerOrder(s[0]) : []);
-      return curve(s[0], s[1], S.xmode, orders.get(s[0]));
+      return curve(s[0], s[1], S.xmode, orders.get(s[0]), s[5]);
     });
     var seen = new Set();
     maps.forEach(function (m) { m.forEach(function (_, x) { seen.add(x); }); });
     var xs = Array.from(seen).sort(function (a, b) { return a - b; });
+    var breaks = new Set();
+    if (S.xmode === "time") {  // the axis breaks where nothing was reported (a preemption, a box lost): no flat line
+      var gap = gapSeconds(), broken = [];
+      xs.forEach(function (x, i) {
+        if (i && x - xs[i - 1] > gap) {
+          var mid = (x + xs[i - 1]) / 2;
+          broken.push(mid);
+          breaks.add(mid);
+        }
+        broken.push(x);
+      });
+      xs = broken;
+    }
     var data = [xs];
+    data.newest = [null];
     chartSeries(def).forEach(function (s, k) {
       var m = maps[k], scale = s[4];
+      data.newest.push(m.newest);
       data.push(xs.map(function (x) {
+        if (breaks.has(x)) return null;
         var v = m.get(x);
         return v === undefined ? undefined : v === null ? null : v * scale;
       }));
@@ -678,12 +862,18 @@
     return data;
   }
 
+  function gapSeconds() {  // no point for this long over time: a gap (three heartbeat intervals, at least 2 s)
+    var pg = S.summary && S.summary.page, interval = pg && isNum(pg.interval_s) ? pg.interval_s : 30;
+    return Math.max(2, 3 * interval);
+  }
+
   function drawEvents(u, id) {
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, right = left + u.bbox.width;
     var px = devicePixelRatio || 1;
     var drawn = S.drawn[id] = [];
     S.events.forEach(function (ev) {
-      var xv = S.xmode === "step" ? ev.step : ev.time;
+      // a commit's tick sits at the checkpoint's own step (the beat that saw it was further on)
+      var xv = S.xmode === "step" ? (ev.kind === "commit" && isNum(ev.ckpt_step) ? ev.ckpt_step : ev.step) : ev.time;
       if (xv === null || xv === undefined) return;
       var x = Math.round(u.valToPos(xv, "x", true));
       if (x < left || x > right) return;
@@ -740,8 +930,10 @@
   function latestText(u) {  // the newest value of each curve, in its legend, while the pointer is not on the chart
     if (u.cursor.idx !== null && u.cursor.idx !== undefined) return;
     var cells = u.root.querySelectorAll(".u-legend .u-series .u-value"), xs = u.data[0], newest = [];
+    var at = u.onboxNewest || [];  // the x of each curve's newest point (chartData), not its largest x
     u.series.forEach(function (ser, k) {
       var ys = u.data[k], i = ys.length - 1;
+      if (k > 0 && at[k] !== null && at[k] !== undefined) i = xs.indexOf(at[k]);
       if (k > 0) while (i >= 0 && (ys[i] === null || ys[i] === undefined)) i--;
       var text = i < 0 ? "-" : k === 0 ? (S.xmode === "step" ? String(xs[i]) : fmtTime(xs[i])) : fmtNum(ys[i], 4);
       if (k > 0 && i >= 0 && i < xs.length - 1) {  // older than the chart's newest x (an eval loss): say where
@@ -772,7 +964,9 @@
         width: chartWidth(holder), height: 220,
         scales: {x: {time: S.xmode === "time", range: xRange}},
         series: [{label: S.xmode === "step" ? "step" : "time"}].concat(chartSeries(def).map(function (s) {
-          return {label: s[2], stroke: s[3], width: 1.5, spanGaps: s[5], points: {show: s[5], size: 4},
+          // no spanGaps: a curve joins its points across x's it has none at (undefined), and breaks at a null (a
+          // value that was not a number, a gap in time); a sparse curve's beats without one are no points of it
+          return {label: s[2], stroke: s[3], width: 1.5, spanGaps: false, points: {show: s[5], size: 4},
                   value: function (u, v) { return v === null || v === undefined ? "-" : fmtNum(v, 4); }};
         })),
         axes: [{space: S.xmode === "time" ? 90 : 60, label: S.xmode === "step" ? "step" : "time (the box's clock)",
@@ -782,6 +976,8 @@
       };
       var u = new uPlot(opts, data, holder);
       u.onboxId = def.id;
+      u.onboxNewest = data.newest;
+      latestText(u);
       S.charts.push(u);
     });
     showCharts();
@@ -811,7 +1007,11 @@
   function updateCharts() {
     if (!S.charts.length) return;  // the first draw happens once the history is loaded
     buildMarks();
-    S.charts.forEach(function (u, i) { u.setData(chartData(CHARTS[i])); });
+    S.charts.forEach(function (u, i) {
+      var data = chartData(CHARTS[i]);
+      u.onboxNewest = data.newest;
+      u.setData(data);
+    });
     showCharts();
     showEvents();
   }
