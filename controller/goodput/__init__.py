@@ -9,5 +9,6 @@ already records (its beats: states, steps and when, durable checkpoints, the `ti
   report.py   `onboxctl report`: the ledgers from a tracker, grouped by run, box, profile or pool, over a window
 
 May import controller's leaves (boxes, the tracker's client side) and onbox's; the tracker serves the ledgers
-(controller/tracker/goodput.py), the dashboard and /metrics read them from there.
+(controller/tracker/goodput.py), the dashboard and /metrics read them from there. README.md defines each part and
+lists the ledgers of the real scenarios the tests record.
 """
