@@ -5,6 +5,7 @@ already records (its beats: states, steps and when, durable checkpoints, the `ti
   fold.py     a run's beats in seq order folded into its lives (`Context`: an attempt of one agent on one box)
   ledger.py   the split of the wall time (productive, recomputed, down, restoring, starting, stalled): a pure
               function of the contexts, whose parts sum to the wall time
+  spans.py    a ledger's segments and their merge; disjoint intervals (of time, of steps)
   prices.py   what an hour of a box costs: `onboxctl box add --price`, else its profile's in prices.toml
   report.py   `onboxctl report`: the ledgers from a tracker, grouped by run, box, profile or pool, over a window
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from controller.goodput.fold import Context
 from controller.goodput.records import BACKOFF_STATE as BACKOFF
 from controller.goodput.records import CLEAN_STATES
+from controller.goodput.spans import Segment, Spans, free, merge
 
 PRODUCTIVE, RECOMPUTED, DOWN, RESTORING, STARTING, STALLED = (
     "productive", "recomputed", "down", "restoring", "starting", "stalled")
@@ -44,18 +45,6 @@ Slice = Tuple[int, int, int]  # steps (s0, s1] of a phase
 
 
 @dataclasses.dataclass(frozen=True)
-class Segment:
-    start: float
-    end: float
-    category: str
-    box: str
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
-
-
-@dataclasses.dataclass(frozen=True)
 class Loss:
     """One life of the run that ended in a loss, and what it cost in work."""
 
@@ -66,47 +55,6 @@ class Loss:
     steps: int  # steps it trained that were trained again (or lost for good)
     seconds: float  # the recomputed time it spent (in the parts)
     overlap_s: float = 0.0  # and beside a newer life (not in the parts)
-
-
-class Spans:
-    """Disjoint half-open intervals, sorted: what is taken (time by newer lives, steps by newer training)."""
-
-    def __init__(self) -> None:
-        self.lo: List[float] = []
-        self.hi: List[float] = []
-
-    def overlap(self, a: float, b: float) -> List[Tuple[float, float]]:
-        """The parts of [a, b) that are taken."""
-        out = []
-        i = max(0, bisect.bisect_right(self.hi, a))
-        while i < len(self.lo) and self.lo[i] < b:
-            lo, hi = max(a, self.lo[i]), min(b, self.hi[i])
-            if hi > lo:
-                out.append((lo, hi))
-            i += 1
-        return out
-
-    def add(self, a: float, b: float) -> None:
-        if b <= a:
-            return
-        i = bisect.bisect_left(self.hi, a)
-        j = i
-        while j < len(self.lo) and self.lo[j] <= b:
-            a, b = min(a, self.lo[j]), max(b, self.hi[j])
-            j += 1
-        self.lo[i:j], self.hi[i:j] = [a], [b]
-
-
-def _free(spans: Spans, a: float, b: float) -> List[Tuple[float, float]]:
-    """The parts of [a, b) not taken."""
-    out, cur = [], a
-    for lo, hi in spans.overlap(a, b):
-        if lo > cur:
-            out.append((cur, lo))
-        cur = max(cur, hi)
-    if cur < b:
-        out.append((cur, b))
-    return out
 
 
 @dataclasses.dataclass
@@ -325,7 +273,7 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
     for i in range(len(contexts) - 1, -1, -1):
         c = contexts[i]
         for a, b, cat in resolved[i]:
-            for lo, hi in _free(taken, a, b):
+            for lo, hi in free(taken, a, b):
                 visible.append(Segment(lo, hi, cat, c.box))
                 if cat == RECOMPUTED:
                     recomputed_s[i] += hi - lo
@@ -336,7 +284,7 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
         taken.add(c.begin, ends[i])
     # down: what no life covers, charged to the box the run went on on (the last one's after the last life)
     begins = sorted((c.begin, c.box) for c in contexts)
-    for lo, hi in _free(taken, start, run_end):
+    for lo, hi in free(taken, start, run_end):
         j = bisect.bisect_left(begins, (hi, ""))
         box = begins[j][1] if j < len(begins) else last.box
         visible.append(Segment(lo, hi, DOWN, box))
@@ -353,8 +301,8 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
         at_steps = max(0, tip[1] - last.durable_step) if last.durable_step is not None else tip[1]
         if last.durable_at is not None:
             at_s = round(max(0.0, tip[0] - last.durable_at), 3)
-    return Ledger(start=start, end=run_end, live=live, state=last.last_state, segments=_merge(visible),
-                  overlap=_merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
+    return Ledger(start=start, end=run_end, live=live, state=last.last_state, segments=merge(visible),
+                  overlap=merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
                   preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (
                       c.end_state is None and c.preempted and c.stopping_at is not None)),  # (a fence is no notice)
                   at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step, kept_steps=kept_steps,
@@ -397,16 +345,3 @@ def _lineage(contexts: List[Context], claims: List[List[Tuple[float, float, str,
                 mine.append((a, cut, PRODUCTIVE))
         out[i] = mine[::-1]
     return out, lost, kept
-
-
-def _merge(segs: Iterable[Segment]) -> List[Segment]:
-    """Sorted by time, neighbours of one category and box joined."""
-    out: List[Segment] = []
-    for s in sorted(segs, key=lambda x: (x.start, x.end)):
-        if s.end <= s.start:
-            continue
-        if out and out[-1].category == s.category and out[-1].box == s.box and abs(out[-1].end - s.start) < 1e-9:
-            out[-1] = dataclasses.replace(out[-1], end=max(out[-1].end, s.end))
-        else:
-            out.append(s)
-    return out
