@@ -96,6 +96,7 @@ FLAGS = {k: "--" + k.replace("_", "-") for k in (
     "workdir", "notice_source", "metadata_url", "requeue", "deadline", "tracker", "tracker_token_file", "heartbeat_interval",
     "heartbeat_file", "ping_url", "metrics_regex", "mlflow", "mlflow_experiment", "mlflow_token_file")}
 FLAGS.update(hang_after="--hang-after", on_hang="--on-hang")
+FLAGS.update(ckpt_pattern="--ckpt-pattern", ckpt_ignore="--ckpt-ignore")
 FLAGS.update(keep_best_metric="--keep-best", keep_every_steps="--keep-every", resume_args="--resume-arg",
              env_files="--env-file", secrets="--secret", node_group="--node-group", docker_image="--docker",
              docker_args="--docker-arg", docker_shm_size="--shm-size")
@@ -124,6 +125,10 @@ class RunConfig:
     # launch is refused while it is live). None: max(60 s, 3 x sync_interval). onbox/checkpoints/fencing.py
     lease_ttl: Optional[float] = None
     settle_seconds: float = 10.0  # a checkpoint untouched this long (and format-valid) is complete
+    # top-level names of ckpt_dir that are checkpoints (globs; empty: any name) and that never are (logs, events,
+    # samples the trainer also writes there): onbox/checkpoints/local/detect.py
+    ckpt_pattern: List[str] = dataclasses.field(default_factory=list)
+    ckpt_ignore: List[str] = dataclasses.field(default_factory=list)
     keep_last: int = 3
     keep_best_metric: Optional[str] = None
     keep_best_mode: str = "min"
@@ -274,6 +279,11 @@ class RunConfig:
         for path in self.env_files:
             if not path.strip():
                 raise UsageError("--env-file needs a path")
+        for key in ("ckpt_pattern", "ckpt_ignore"):
+            for glob in getattr(self, key):
+                if not glob.strip() or "/" in glob or "\0" in glob:
+                    raise UsageError("%s %r is not a glob of a name in the checkpoint dir" % (label(key), glob),
+                                     hint="e.g. %s '*.json' (a name at the top of --ckpt-dir, no /)" % label(key))
         image = self.docker_image
         if image is not None and (not image or image.startswith("-") or any(c.isspace() or ord(c) < 32 for c in image)):
             raise UsageError("--docker %r is not an image name" % image, hint="e.g. --docker pytorch/pytorch@sha256:...")

@@ -10,7 +10,8 @@ import struct
 import zipfile
 from typing import Any, Dict, List, Optional
 
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 
 
 def torch_zip_bytes(payload: bytes = b"\x01" * 4096, members: int = 2, obj: Optional[Dict] = None) -> bytes:

@@ -282,14 +282,17 @@ class CheckpointCommitter:
         copied are the bytes checked. A problem string, or None."""
         if cand.is_dir or cand.complete_by != "format":
             return None
-        res = formats.check_file(cand.path, full=True)
-        return None if res.ok else "the source failed its full check after the copy: %s" % res.problem
+        for rel in cand.files:  # one file, or a group's (TensorFlow's index and shards)
+            res = formats.check_file(os.path.join(cand.root, rel), full=True)
+            if not res.ok:
+                return "the source failed its full check after the copy: %s" % res.problem
+        return None
 
     def _manifest(self, name: str, cand: Candidate, hashes: FileHashes) -> Dict[str, Any]:
         files = [{"path": rel, "size": hashes[rel][0], self.hash_name: hashes[rel][1]} for rel in cand.files]
         return {
             "schema": MANIFEST_SCHEMA, "run": self.run, "name": name, "local_name": cand.name,
-            "kind": "dir" if cand.is_dir else "file", "step": cand.step, "step_source": cand.step_source,
+            "kind": "dir" if cand.is_dir else "files" if cand.group else "file", "step": cand.step, "step_source": cand.step_source,
             "created": self.clock.time(),
             "hash": self.hash_name, "files": files, "bytes": sum(f["size"] for f in files),
             "digest": checkpoint_digest(files, self.hash_name), "metrics": cand.metrics,

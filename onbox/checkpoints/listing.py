@@ -43,13 +43,8 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     (state.json) and `node` ({rank, run, nnodes} of a multi-node group's node) come from the caller."""
     from onbox.checkpoints.durable.localpath import LocalPathTarget
     from onbox.checkpoints.hook import CheckpointCommitHook
-    from onbox.checkpoints.local.detect import (
-        CheckpointDirTooLarge,
-        CompletionTracker,
-        ScanBound,
-        read_progress,
-        scan,
-    )
+    from onbox.checkpoints.local.completion import CompletionTracker, read_progress
+    from onbox.checkpoints.local.detect import CheckpointDirTooLarge, ScanBound, Selection, scan
 
     hook = CheckpointCommitHook(ctx)
     writing = trainer_alive(ctx.run_dir)
@@ -57,7 +52,7 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     # stays incomplete, and nothing is "still changing"
     problem = None
     try:
-        found = scan(ctx.ckpt_dir, ScanBound.of(ctx.config))
+        found = scan(ctx.ckpt_dir, ScanBound.of(ctx.config), select=Selection.of(ctx.config))
     except CheckpointDirTooLarge as too_large:
         found, problem = [], str(too_large)
     cands = CompletionTracker(ctx.config.settle_seconds if writing else 0.0).update(

@@ -72,6 +72,13 @@ def run_options(f: Any) -> Any:
                      "`none`: no deadline. Default: the platform's (Slurm's EndTime, a Kaggle session, the "
                      "profile's session hours). The checkpoint is asked for at deadline - (grace + commit + "
                      "deadline_margin); the run exits 75 session_limit."),
+        click.option("--ckpt-pattern", "ckpt_pattern", multiple=True, metavar="GLOB",
+                     help="Which names in --ckpt-dir are checkpoints (a glob, e.g. '*.json'): only those are "
+                     "committed and restored; each is complete by its format, its rename into the dir, its close "
+                     "or quiet. Repeatable; default: any name but logs, TensorBoard events and images."),
+        click.option("--ckpt-ignore", "ckpt_ignore", multiple=True, metavar="GLOB",
+                     help="Names in --ckpt-dir that are never checkpoints (logs, events, samples the trainer also "
+                     "writes there), e.g. 'samples_*'. Repeatable."),
         click.option("--resume-arg", "resume_args", multiple=True,
                      help="Argument appended when a checkpoint exists; {ckpt} expands to its path. Repeatable."),
         click.option("--env", "env", multiple=True, help="KEY=VAL for the child. Repeatable. Recorded in "

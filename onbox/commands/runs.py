@@ -150,6 +150,11 @@ def _checkpoint_line(c: Optional[Dict[str, Any]]) -> Optional[str]:
         return "%s (step %s)" % (entry.get("name"), entry.get("step")) if isinstance(entry, dict) else "none"
 
     line = "newest local %s · durable %s" % (name(c.get("latest_local")), name(c.get("latest_durable")))
+    chosen = c.get("selection")
+    for key, flag in (("patterns", "--ckpt-pattern"), ("ignore", "--ckpt-ignore")):  # what the user said counts
+        globs = chosen.get(key) if isinstance(chosen, dict) else None
+        if isinstance(globs, list) and globs:
+            line += " · %s %s" % (flag, " ".join(repr(str(g)) for g in globs))
     last = c.get("last_sync") or {}
     if last.get("ok") is False:
         line += " · LAST SYNC FAILED: %s" % last.get("error")  # U33: never let a failed sync look fine

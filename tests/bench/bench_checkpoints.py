@@ -126,7 +126,8 @@ def _split(phases: Dict[str, float], total: float) -> str:
 def main() -> int:
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.durable.localpath import LocalPathTarget
-    from onbox.checkpoints.local.detect import CompletionTracker, scan
+    from onbox.checkpoints.local.completion import CompletionTracker
+    from onbox.checkpoints.local.detect import scan
     from onbox.checkpoints.verify import verify_path
     from onbox.clock import SystemClock
 

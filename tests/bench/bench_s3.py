@@ -94,7 +94,8 @@ def _calls(done: List[Tuple[float, List[str], str]], title: str) -> None:
 def main() -> int:
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.durable.rclone import RcloneTarget
-    from onbox.checkpoints.local.detect import CompletionTracker, scan
+    from onbox.checkpoints.local.completion import CompletionTracker
+    from onbox.checkpoints.local.detect import scan
     from onbox.clock import SystemClock
     from tests.bench.bench_checkpoints import _make_checkpoint
     from tests.hosts.s3 import RCLONE, S3Server, unavailable_reason

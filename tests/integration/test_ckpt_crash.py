@@ -19,7 +19,8 @@ from onbox import fsutil
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable import hashcopy
 from onbox.checkpoints.durable.localpath import LocalPathTarget
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.verify import check_manifest_files
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip

@@ -14,7 +14,8 @@ from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable import hashcopy
 from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_torch_zip

@@ -17,7 +17,8 @@ from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_safetensors, write_torch_zip
@@ -63,7 +64,8 @@ def test_commit_and_restore(tmp_path, rclone_remote):
 UPLOADER = r"""
 import sys
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.clock import SystemClock
 remote, src = sys.argv[1], sys.argv[2]

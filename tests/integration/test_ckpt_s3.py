@@ -14,7 +14,8 @@ import pytest
 from onbox.checkpoints import MANIFEST, SyncFailed
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.durable.rclone import RcloneTarget
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.verify import verify_path
 from onbox.clock import SystemClock
 from tests.checkpoint_files import write_torch_zip
@@ -28,7 +29,8 @@ MiB = 1024 * 1024
 UPLOADER = r"""
 import sys
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.local.detect import CompletionTracker, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import scan
 from onbox.checkpoints.durable.rclone import RcloneTarget
 from onbox.clock import SystemClock
 remote, src = sys.argv[1], sys.argv[2]

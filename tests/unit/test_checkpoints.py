@@ -14,7 +14,8 @@ from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.checkpoints.durable.retention import select_keep
 from onbox.checkpoints.durable.targets import make_target
 from onbox.checkpoints.hook import CheckpointCommitHook
-from onbox.checkpoints.local.detect import CompletionTracker, durable_name, scan
+from onbox.checkpoints.local.completion import CompletionTracker
+from onbox.checkpoints.local.detect import durable_name, scan
 from onbox.checkpoints.verify import NO_MANIFEST, verify_path
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
@@ -92,7 +93,7 @@ def test_quiescence_settle_and_torn_files(tmp_path):
     d = tmp_path / "ck"
     p = write_torch_zip(str(d / "ckpt.pt"))
     (d / "run7").mkdir()
-    (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x00" * 100)  # no format rule: quiescence decides
+    (d / "run7" / "weights.raw").write_bytes(b"\x17RAW" + b"\x00" * 100)  # no format rule: quiescence decides
     tr = CompletionTracker(settle_seconds=3.0)
     t0 = os.stat(p).st_mtime
     ck, rd = by_name(tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 42, "loss": 1.5, "time": t0 - 1}))
@@ -105,7 +106,7 @@ def test_quiescence_settle_and_torn_files(tmp_path):
     tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 50, "time": t0 + 4})
     write_torch_zip(p, payload=b"\x02" * 5000)
     os.utime(p, (t0 + 10, t0 + 10))
-    (d / "run7" / "weights.npy").write_bytes(b"\x93NUMPY" + b"\x01" * 100)  # the settle interval starts again
+    (d / "run7" / "weights.raw").write_bytes(b"\x17RAW" + b"\x01" * 100)  # the settle interval starts again
     ck, rd = by_name(tr.update(scan(str(d)), clock.monotonic(), clock.time(), {"step": 77, "time": t0 + 11}))
     assert ck.complete and ck.step == 50 and not rd.complete  # the last step reported before it was written
     clock.advance(3.0)
@@ -392,7 +393,7 @@ def test_final_commits_a_just_saved_self_checking_checkpoint(tmp_path):
     ctx = run_context(tmp_path, settle_seconds=30.0)
     hook = CheckpointCommitHook(ctx)
     write_torch_zip(os.path.join(ctx.ckpt_dir, "step_1.pt"))
-    (tmp_path / "ckpt" / "step_1.json").write_text("{}")  # not a candidate (not a checkpoint suffix)
+    (tmp_path / "ckpt" / "step_1.log").write_text("{}")  # not a candidate (a log, ignored by default)
     os.makedirs(os.path.join(ctx.ckpt_dir, "checkpoint-2"))
     (tmp_path / "ckpt" / "checkpoint-2" / "notes.txt").write_text("no self-check")  # needs the quiet period
     # a short grace: no room to wait for checkpoint-2's quiet period as well as commit step_1.pt
@@ -614,7 +615,7 @@ def test_listing_says_what_is_true_after_the_trainer_died(tmp_path, onbox_home):
     (ck / "checkpoint-60" / "config.json").write_text("{}")
     (ck / "checkpoint-60" / "training_args.bin").write_bytes(torch_zip_bytes())
     (ck / "mine").mkdir()
-    (ck / "mine" / "weights.npy").write_bytes(b"\x93NUMPY")
+    (ck / "mine" / "weights.raw").write_bytes(b"\x17RAW")  # no format rule
     run = onbox_home / "runs" / "r1"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"name": "r1", "command": ["x"], "ckpt_dir": str(ck),

@@ -352,7 +352,8 @@ def test_a_checkpoint_name_that_links_to_a_device_is_no_candidate_and_never_read
     """A .pt symlink to /dev/zero (or a FIFO) was judged "empty file (torn ...)": it is no checkpoint at all, is
     never opened by the scan (a FIFO would block it), and its format check says what it is."""
     from onbox.checkpoints import formats
-    from onbox.checkpoints.local.detect import CompletionTracker, scan
+    from onbox.checkpoints.local.completion import CompletionTracker
+    from onbox.checkpoints.local.detect import scan
 
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "step_00005.pt").symlink_to("/dev/zero")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onbox.checkpoints.formats.layouts import HF_NAME_RE
+from onbox.checkpoints.formats.hf import HF_NAME_RE
 from onbox.config import check_env_entry, parse_secret_spec
 from onbox.errors import UsageError
 from onbox.multinode.role import check_addr

@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from onbox import fsutil
-from onbox.checkpoints.local.detect import read_progress
+from onbox.checkpoints.local.completion import read_progress
 from onbox.clock import FakeClock
 from onbox.config import RunConfig
 from onbox.heartbeat.collect import BoxReaders

@@ -5,7 +5,7 @@ A manifest is refused (BadManifest) unless every field a reader uses has the typ
 each file path relative, without `..`, `.`, empty parts or NUL (a restore joins it to the checkpoint dir: a path
 `../../x` would write outside it on every box that restores), at most one entry per path and no path that is
 also another's directory, sizes whole non-negative numbers, a hash algorithm onbox can compute and a digest of
-that algorithm's length for each file, a `local_name` that is one directory entry and not hidden, a `kind` of "file" (exactly
+that algorithm's length for each file, a `local_name` that is one directory entry and not hidden, a `kind` of "files" (top-level files that are one checkpoint, as TensorFlow's), "file" (exactly
 one file, at the top) or "dir". A refused checkpoint does not exist for restore and verify; restore quarantines
 it and falls back to an older one.
 
@@ -100,10 +100,12 @@ def problem(doc: Any, name: Optional[str] = None) -> Optional[str]:
                 return "%r is listed as a file and as the directory of %r" % (parent, p)
             parent = parent.rpartition("/")[0]
     kind = doc.get("kind", "dir")
-    if not isinstance(kind, str) or kind not in ("file", "dir"):
-        return "kind %r is neither 'file' nor 'dir'" % (kind,)
+    if not isinstance(kind, str) or kind not in ("file", "dir", "files"):
+        return "kind %r is not 'file', 'dir' or 'files'" % (kind,)
     if kind == "file" and (len(files) != 1 or "/" in files[0]["path"]):
         return "kind 'file' with %d file(s) or a path with a directory in it" % len(files)
+    if kind == "files" and (not files or any("/" in f["path"] or f["path"].startswith(".") for f in files)):
+        return "kind 'files' with no file, a path with a directory in it, or a hidden name"
     why = local_name_problem(doc.get("local_name"))
     if why:
         return "local_name %r: %s" % (doc.get("local_name"), why)

@@ -22,6 +22,8 @@ import struct
 import zipfile
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from onbox.checkpoints.formats.base import StepReading, step_in
+
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001  # torch.serialization.PROTOCOL_VERSION
 MAGIC_PICKLE = pickle.dumps(MAGIC_NUMBER, protocol=2)  # what torch.save's default pickle_protocol=2 writes first
@@ -290,3 +292,27 @@ def walk_legacy_storages(path: str, lf: LegacyFile) -> Optional[str]:
                 return "truncated: storage %d of %d ends at byte %d, past the end of the file (%d bytes)" % (
                     i + 1, len(lf.keys), off, size)
     return None
+
+
+def step_of_torch_file(path: str, label: str) -> Optional[StepReading]:
+    """The step a torch checkpoint file (zip or legacy pickle) records in its top-level dict, or None (not a torch
+    file, unreadable, torn or too large to read cheaply: the caller falls back to other evidence). Cost: a zip's
+    central directory and data.pkl (the tensors are separate members, never read), or a legacy file's leading
+    pickles, both bounded by PICKLE_LIMIT."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(64)
+        if head[:4] == b"PK\x03\x04":
+            with zipfile.ZipFile(path) as zf:
+                layout = zip_layout(zf)
+                if layout.problem is not None:
+                    return None
+                obj, _ = read_zip_object(zf, layout)
+        elif looks_legacy(head):
+            obj = read_legacy(path).obj
+        else:
+            return None
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, Unreadable, TooLarge):
+        return None
+    found = step_in(obj)
+    return StepReading(found.step, "%s:%s" % (label, found.source)) if found else None

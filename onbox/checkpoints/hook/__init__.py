@@ -39,7 +39,8 @@ from onbox.checkpoints.hook.localdir import LocalDirScanner
 from onbox.checkpoints.hook.restorer import Restorer
 from onbox.checkpoints.hook.scheduler import CommitScheduler
 from onbox.checkpoints.hook.status import StatusFile
-from onbox.checkpoints.local.detect import BoundedScan, Candidate, CompletionTracker, read_progress
+from onbox.checkpoints.local.completion import CompletionTracker, read_progress
+from onbox.checkpoints.local.detect import BoundedScan, Candidate
 from onbox.errors import UsageError
 
 

@@ -11,13 +11,15 @@ from typing import Any, Callable, Dict, List, Optional
 from onbox import fsutil
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.hook.status import StatusFile
+from onbox.checkpoints.local.completion import CompletionTracker
 from onbox.checkpoints.local.detect import (
     BoundedScan,
     Candidate,
     CheckpointDirTooLarge,
-    CompletionTracker,
     ScanBound,
+    Selection,
 )
+from onbox.checkpoints.local.watch import DirWatch
 
 NO_CHECKPOINT_INTERVALS = 5  # sync intervals with an empty checkpoint dir before it is worth a warning
 
@@ -34,8 +36,9 @@ class LocalDirScanner:
         self.emit = emit
         self.status = status
         self.progress = progress
+        self.watch: Optional[DirWatch] = None
         self.tracker = CompletionTracker(cfg.settle_seconds)
-        self.scans = BoundedScan(ckpt_dir, ScanBound.of(cfg), clock.monotonic)
+        self.scans = BoundedScan(ckpt_dir, ScanBound.of(cfg), clock.monotonic, Selection.of(cfg))
         self.cands: List[Candidate] = []
         self._first_look: Optional[float] = None
         self._warned_none = False
@@ -44,8 +47,22 @@ class LocalDirScanner:
         """The complete candidates of the last scan, newest last (no scan)."""
         return [c for c in self.cands if c.complete]
 
+    def _watching(self) -> None:
+        """The dir's inotify watch, started once the dir exists (the trainer may create it): a rename into it or a
+        close after writing finishes an entry at once; without one, quiet does (watch.py)."""
+        if self.watch is None and os.path.isdir(self.ckpt_dir):
+            self.watch = DirWatch(self.ckpt_dir)
+            self.tracker.watch = self.watch
+            select = self.scans.select
+            fields = {"watch": None if self.watch.available else self.watch.problem,
+                      "selection": {"patterns": list(select.patterns), "ignore": list(select.ignore)}
+                      if select.patterns or select.ignore else None}
+            if any(self.status.get(k) != v for k, v in fields.items()):
+                self.status.update(**fields)
+
     def scan(self, settle: Optional[float] = None) -> List[Candidate]:
         """Rescan the checkpoint dir; the complete candidates, newest last (all of them stay in `cands`)."""
+        self._watching()
         try:
             found = self.scans.scan()
         except CheckpointDirTooLarge as e:  # nothing in it is a checkpoint onbox can know: said once, found none

@@ -1,22 +1,11 @@
-"""Find complete checkpoints in a run's local checkpoint dir.
+"""The candidates in a run's local checkpoint dir: what each entry is (a file, a directory, or a group of files that
+make one checkpoint, as TensorFlow's `P.index` + `P.data-*`) and its fingerprint (relative path, size, mtime,
+inode per file), read within a bound. completion.py judges which are complete.
 
-What trainers write: single files (*.pt, *.pth, *.ckpt, *.safetensors, *.bin; nanoGPT rewrites ckpt.pt in place
-with a non-atomic torch.save), and directories (Hugging Face checkpoint-<step>/, save_pretrained dirs,
-torch.distributed.checkpoint dirs whose `.metadata` is written last, DeepSpeed tags). An entry is COMPLETE when
-every file passes its format's structural checks (formats.py: a torn file is never complete) AND
-  - the trainer marked it: a `<entry>.done`/`<entry>.complete` file beside it, a COMPLETE/.complete/DONE file
-    inside a dir (atomic renames need no marker: a tmp name is never a candidate);           complete_by "marker"
-  - or its own format says so: a torch zip or safetensors file whose structure is whole (the last bytes torch.save
-    writes are the zip's central directory), a directory of a known layout whose last-written file is there
-    (layouts.py: HF trainer_state.json, DCP .metadata, DeepSpeed `latest`);                  complete_by "format"
-  - or, for a directory of no known layout or a legacy pickle, nothing in it changed (size, mtime, inode) for the
-    settle interval.                                                                          complete_by "quiescent"
-A directory of a known layout is never completed by quiescence: a Trainer killed mid-save leaves a quiet dir
-without trainer_state.json that no trainer can resume from.
-
-Past 400 lines on purpose: the bounded walk, the candidates and the completion rules read one fingerprint
-(relative path, size, mtime, inode) and must agree on it; the format and layout rules themselves live in
-formats.py and layouts.py.
+Every top-level entry is a candidate unless its name is work in progress (formats.in_progress: `*.tmp`, `*.part`,
+dot files, `tmp-*`, Orbax's `*.orbax-checkpoint-tmp*`, ...), a marker beside another (`<name>.done`), ignored
+(`--ckpt-ignore`, and by default logs, TensorBoard events and images: DEFAULT_IGNORE), or, when the user named
+what a checkpoint is (`--ckpt-pattern`), matched by none of those patterns.
 
 A scan is bounded (ScanBound: entries listed, directory levels, seconds): a checkpoint dir past them is not one
 (`--ckpt-dir /`, a dataset dir). It stops there with CheckpointDirTooLarge, so that an agent pointed at the wrong
@@ -25,22 +14,22 @@ and walks it again only SCAN_RETRY_S later.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
+import fnmatch
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from onbox import fsutil, paths
+from onbox import fsutil
 from onbox.checkpoints import formats
-from onbox.checkpoints.formats import layouts, stepread
 
-CKPT_SUFFIXES = (*formats.TORCH_SUFFIXES, ".safetensors")
 SIDE_MARKERS = (".done", ".complete")
 DIR_MARKERS = ("COMPLETE", ".complete", "DONE", ".onbox-complete")
-# names that are work in progress by convention: HF's tmp-checkpoint-N, torch.save-then-rename temps
-IN_PROGRESS_RE = re.compile(r"(^tmp[-_.])|(\.(tmp|part|partial|incomplete|lock)$)|(^\.)", re.I)
+IN_PROGRESS_RE = formats.IN_PROGRESS_RE  # by convention; formats.in_progress adds each format's own
+# what a trainer writes beside its checkpoints that is never one: logs, TensorBoard events, samples, tables
+DEFAULT_IGNORE = ("*.log", "*.log.[0-9]*", "*.jsonl", "*.out", "*.err", "events.out.tfevents.*", "*.png", "*.jpg",
+                  "*.jpeg", "*.gif", "*.svg", "*.wav", "*.mp4", "*.csv", "*.tsv", "*.md", "*.txt")
 STEP_RE = re.compile(r"(?:checkpoint|global_step|step|iter|iteration|ckpt)[-_=]?(\d+)", re.I)
 
 Fingerprint = Tuple[Tuple[str, int, int, int], ...]  # (relpath, size, mtime_ns, inode) per file
@@ -61,6 +50,28 @@ class ScanBound:
     @classmethod
     def of(cls, cfg: Any) -> "ScanBound":
         return cls(cfg.scan_max_entries, cfg.scan_max_depth, cfg.scan_max_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which top-level names may be checkpoints: `patterns` (--ckpt-pattern; empty: any name) and `ignore`
+    (--ckpt-ignore, then DEFAULT_IGNORE unless a pattern names the entry)."""
+
+    patterns: Tuple[str, ...] = ()
+    ignore: Tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: Any) -> "Selection":
+        return cls(tuple(cfg.ckpt_pattern), tuple(cfg.ckpt_ignore))
+
+    def admits(self, name: str, members: Tuple[str, ...] = ()) -> bool:
+        """`name` (and for a group, its member files) may be a checkpoint."""
+        names = (name, *members)
+        if any(fnmatch.fnmatchcase(n, g) for n in names for g in self.ignore):
+            return False
+        if self.patterns:
+            return any(fnmatch.fnmatchcase(n, g) for n in names for g in self.patterns)
+        return not any(fnmatch.fnmatchcase(name, g) for g in DEFAULT_IGNORE)
 
 
 class CheckpointDirTooLarge(OSError):
@@ -124,8 +135,10 @@ class Candidate:
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     complete: bool = False
     reason: str = ""  # why complete, or why not, in words
-    format: str = ""  # "torch-zip", "safetensors", "torch-legacy", "other"; dirs: layouts.Layout.format
-    complete_by: str = ""  # "marker" | "format" | "quiescent" ("" while not complete)
+    format: str = ""  # the format's name ("torch-zip", "json", "other", ...); dirs and groups: its Layout's
+    # "marker" | "format" | "renamed" | "closed" | "quiescent" ("" while not complete)
+    complete_by: str = ""
+    group: bool = False  # several top-level files of the dir that make one checkpoint (`name` is no file)
 
     @property
     def root(self) -> str:
@@ -207,8 +220,8 @@ def fingerprint_of(cand: Candidate) -> Fingerprint:
     return _fingerprint(cand.root, cand.files)
 
 
-def scan(ckpt_dir: str, bound: Optional[ScanBound] = None,
-         now: Callable[[], float] = time.monotonic) -> List[Candidate]:
+def scan(ckpt_dir: str, bound: Optional[ScanBound] = None, now: Callable[[], float] = time.monotonic,
+         select: Selection = Selection()) -> List[Candidate]:
     """Every checkpoint entry in ckpt_dir (complete or not), without format checks. CheckpointDirTooLarge when
     the dir is past `bound` (default ScanBound()): nothing of a scan cut short is returned, as a candidate whose
     walk was cut would look like a checkpoint missing files."""
@@ -219,9 +232,22 @@ def scan(ckpt_dir: str, bound: Optional[ScanBound] = None,
         return []
     present = set(names)
     out = []
+    grouped: Set[str] = set()
+    for g in formats.groups([n for n in names if not formats.in_progress(n)]):
+        grouped.update(g.files)
+        if not select.admits(g.name, g.files):
+            continue
+        try:
+            fp = _fingerprint(ckpt_dir, list(g.files))
+        except FileNotFoundError:
+            continue
+        out.append(Candidate(name=g.name, path=os.path.join(ckpt_dir, g.name), is_dir=False, files=list(g.files),
+                             fingerprint=fp, bytes=sum(f[1] for f in fp), newest_mtime=max(f[2] for f in fp) / 1e9,
+                             marked=any((g.name + s) in present for s in SIDE_MARKERS), format=g.format,
+                             group=True, step=step_from_name(g.name)))
     for name in names:
         budget.clock()
-        if IN_PROGRESS_RE.search(name) or name.endswith(SIDE_MARKERS):
+        if name in grouped or formats.in_progress(name) or name.endswith(SIDE_MARKERS) or not select.admits(name):
             continue
         path = os.path.join(ckpt_dir, name)
         try:
@@ -234,7 +260,7 @@ def scan(ckpt_dir: str, bound: Optional[ScanBound] = None,
                 marked = any(m in files for m in DIR_MARKERS)
                 fp = _fingerprint(path, files)
                 is_dir = True
-            elif os.path.isfile(path) and name.endswith(CKPT_SUFFIXES):
+            elif os.path.isfile(path):
                 files = [name]
                 fp = _fingerprint(ckpt_dir, files)
                 marked = False
@@ -259,8 +285,9 @@ class BoundedScan:
     the same CheckpointDirTooLarge is raised at once; `first` is True only when a dir that was fine (or not yet
     looked at) is found too large, so the caller says it once."""
 
-    def __init__(self, ckpt_dir: str, bound: ScanBound, now: Callable[[], float] = time.monotonic) -> None:
-        self.ckpt_dir, self.bound, self.now = ckpt_dir, bound, now
+    def __init__(self, ckpt_dir: str, bound: ScanBound, now: Callable[[], float] = time.monotonic,
+                 select: Selection = Selection()) -> None:
+        self.ckpt_dir, self.bound, self.now, self.select = ckpt_dir, bound, now, select
         self._failed: Optional[CheckpointDirTooLarge] = None
         self._retry_at = 0.0
 
@@ -274,181 +301,13 @@ class BoundedScan:
         if failed is not None and self.now() < self._retry_at:
             raise CheckpointDirTooLarge(str(failed), failed.fields, first=False)
         try:
-            found = scan(self.ckpt_dir, self.bound, self.now)
+            found = scan(self.ckpt_dir, self.bound, self.now, self.select)
         except CheckpointDirTooLarge as e:
             e.first = failed is None
             self._failed, self._retry_at = e, self.now() + SCAN_RETRY_S
             raise
         self._failed = None
         return found
-
-
-def read_progress(ctx: Any) -> Dict[str, Any]:
-    """The trainer's newest progress (progress.json's document) for the hook built on `ctx` (a RunContext): inside a
-    supervisor its progress feed; outside one (`onbox sync`, `onbox checkpoints`) progress.json as the agent last
-    wrote it, or {} when absent or unreadable."""
-    if ctx.progress is not None:
-        return ctx.progress.snapshot()
-    try:
-        doc = fsutil.read_json(os.path.join(ctx.run_dir, paths.PROGRESS_FILE))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-class ProgressHistory:
-    """The steps the trainer reported and when (read_progress's `time`, wall clock), so that a checkpoint whose
-    format and name carry no step is labelled with the last step reported BEFORE its file was written, not
-    with whatever step the trainer reached by the time onbox looked."""
-
-    def __init__(self, keep: int = 4096) -> None:
-        self.points: "collections.deque[Tuple[float, int]]" = collections.deque(maxlen=keep)
-        self.reports: "collections.deque[Dict[str, Any]]" = collections.deque(maxlen=keep)  # progress, per step
-
-    def observe(self, progress: Optional[Dict[str, Any]]) -> None:
-        step, at = (progress or {}).get("step"), (progress or {}).get("time")
-        if not isinstance(step, int) or isinstance(step, bool):
-            return
-        if isinstance(at, (int, float)) and (not self.points or self.points[-1] != (float(at), step)):
-            self.points.append((float(at), step))
-        if not self.reports or self.reports[-1].get("step") != step:
-            self.reports.append(dict(progress or {}))
-        else:
-            self.reports[-1] = dict(progress or {})  # the same step, reported again (eval loss arrived): newest
-
-    def metrics_at(self, step: int) -> Optional[Dict[str, Any]]:
-        """The newest report at or before `step` (a resumed run reports lower steps again: the newest wins); None
-        when the trainer reported nothing up to that step yet. Never a later step's metrics."""
-        for report in reversed(self.reports):
-            if report["step"] <= step:
-                return report
-        return None
-
-    def step_before(self, when: float) -> Optional[int]:
-        best = None
-        for at, step in self.points:
-            if at <= when:
-                best = step
-        return best
-
-
-SELF_CHECKING = ("torch-zip", "zip", "safetensors")  # kinds whose structure exposes a torn or unfinished write
-
-
-class CompletionTracker:
-    """Judges each candidate's completeness (module docstring); remembers when each entry's fingerprint last
-    changed, to judge quiescence across loop ticks, and caches each file's format check by its identity.
-
-    `now_mono`/`now_wall` come from the clock seam. An entry whose files are older than the settle interval by
-    their mtimes (an old checkpoint found at start-up) is quiescent at once.
-    """
-
-    def __init__(self, settle_seconds: float) -> None:
-        self.settle = settle_seconds
-        self.history = ProgressHistory()
-        self._seen: Dict[str, Tuple[Fingerprint, float, Optional[int], Dict[str, Any]]] = {}
-        self._checked: Dict[Tuple[str, int, int, int], "formats.FormatResult"] = {}
-        self._layouts: Dict[Tuple[str, Fingerprint], layouts.Layout] = {}
-        self._steps: Dict[Tuple[str, Fingerprint], Optional[stepread.StepReading]] = {}
-
-    def update(self, cands: List[Candidate], now_mono: float, now_wall: float,
-               progress: Optional[Dict[str, Any]] = None, settle: Optional[float] = None) -> List[Candidate]:
-        """Fill in step/metrics/format/complete/reason on each candidate; returns them (newest last).
-        `settle` (default: the tracker's) is the quiet period of entries that only quiescence can complete."""
-        settle = self.settle if settle is None else settle
-        self.history.observe(progress)
-        names = {c.name for c in cands}
-        for gone in set(self._seen) - names:
-            del self._seen[gone]
-        for c in cands:
-            seen = self._seen.get(c.name)
-            if seen is None or seen[0] != c.fingerprint:
-                # first sight of this content: the newest metrics now are the metrics "at save time"
-                p = dict(progress or {})
-                step = p.get("step") if isinstance(p.get("step"), int) else None
-                seen = (c.fingerprint, now_mono, step, p)
-                self._seen[c.name] = seen
-            reading = self._content_step(c)
-            if reading is not None:  # what the checkpoint records about itself beats its name and the log
-                c.step, c.step_source = reading.step, reading.source
-            elif c.step is None:
-                c.step = self.history.step_before(c.newest_mtime)
-                if c.step is not None:
-                    c.step_source = "progress before the file's mtime"
-            if c.step is None:
-                c.metrics = seen[3]  # no step to match: the newest metrics when the content was first seen
-            else:  # the metrics AT its step: the trainer's last report up to it, never a later step's
-                c.metrics = self.history.metrics_at(c.step) or {}
-            quiet = (now_mono - seen[1] >= settle) or (now_wall - c.newest_mtime >= settle)
-            self._judge(c, quiet, settle)
-        if len(self._checked) > 16384:
-            self._checked.clear()
-        if len(self._layouts) > 4096:
-            self._layouts.clear()
-        if len(self._steps) > 4096:
-            self._steps.clear()
-        return sorted(cands, key=order_key)
-
-    def _content_step(self, c: Candidate) -> Optional[stepread.StepReading]:
-        key = (c.path, c.fingerprint)
-        if key not in self._steps:
-            self._steps[key] = stepread.step_of_dir(c.path) if c.is_dir else stepread.step_of_file(c.path)
-        return self._steps[key]
-
-    def _file_check(self, c: Candidate, fp: Tuple[str, int, int, int]) -> "formats.FormatResult":
-        path = os.path.join(c.root, fp[0])
-        key = (path, fp[1], fp[2], fp[3])
-        res = self._checked.get(key)
-        if res is None:
-            res = self._checked[key] = formats.check_file(path, full=False)
-        return res
-
-    def _judge(self, c: Candidate, quiet: bool, settle: float) -> None:
-        problem, kinds = None, set()
-        for fp in c.fingerprint:
-            res = self._file_check(c, fp)
-            kinds.add(res.kind)
-            if problem is None and not res.ok:
-                problem = "%s: %s" % (fp[0], res.problem)
-        if c.is_dir:
-            key = (c.path, c.fingerprint)
-            layout = self._layouts.get(key)
-            if layout is None:
-                try:
-                    layout = layouts.dir_layout(c.path, c.files)
-                except OSError as e:  # a file vanished or changed under us: judge again at the next scan
-                    layout = layouts.Layout("unknown", "cannot read: %s" % e)
-                self._layouts[key] = layout
-            c.format = layout.format
-        else:
-            layout = None
-            c.format = next(iter(kinds)) if kinds else "other"
-        c.complete, c.complete_by = False, ""
-        if not c.files:
-            c.reason = "empty directory (a save cut short before its first file)"
-        elif problem and problem.split(": ", 1)[-1].startswith(formats.UNREADABLE):
-            # not torn: the bytes may be fine, this box cannot read them (permissions, an I/O error, a device)
-            c.reason = "unreadable: %s" % problem
-        elif problem:
-            # a file being written fails the same checks as a torn one; only time tells them apart
-            c.reason = ("torn: %s" if quiet else "still being written (%s)") % problem
-        elif c.marked:
-            c.complete, c.complete_by, c.reason = True, "marker", "marked complete by the trainer"
-        elif layout is not None and layout.format != "unknown":
-            if layout.problem:
-                c.reason = "%s: %s" % (layout.format, layout.problem)
-            else:
-                c.complete, c.complete_by, c.reason = True, "format", "%s: %s" % (layout.format, layout.done_by)
-        elif layout is None and kinds <= set(SELF_CHECKING):
-            c.complete, c.complete_by = True, "format"
-            c.reason = "%s: structure whole (its last bytes are written last)" % c.format
-        elif quiet:
-            c.complete, c.complete_by = True, "quiescent"
-            c.reason = "unchanged for %.3gs (%s: no format rule says when it is complete)" % (
-                settle, "a directory of no known layout" if c.is_dir else c.format)
-        else:
-            c.reason = "still changing (settle %.3gs; %s)" % (
-                settle, "a directory of no known layout" if c.is_dir else c.format)
 
 
 def order_key(c: Candidate) -> Tuple[int, float]:
@@ -458,8 +317,9 @@ def order_key(c: Candidate) -> Tuple[int, float]:
 
 def durable_name(c: Candidate) -> str:
     """The name a checkpoint gets on durable storage. An entry rewritten in place (ckpt.pt) holds many
-    checkpoints over time, so its durable name carries the step (or the mtime when no step is known)."""
-    if step_from_name(c.name) is not None:
+    checkpoints over time, so its durable name carries the step (or the mtime when no step is known); one whose
+    name carries its step (checkpoint-500, Orbax's 500/, XGBoost's model_4.ubj) keeps it."""
+    if step_from_name(c.name) is not None or c.step_source.startswith("name"):
         return c.name
     if c.step is not None:
         return fsutil.fit_name(c.name, ".step-%d" % c.step)

@@ -103,7 +103,8 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
         local_path = os.path.join(ckpt_dir, local_name)
         if local_wins is not None and local_wins(manifest):
             break
-        if os.path.lexists(local_path) and local_matches(local_path, manifest):
+        if _present(local_path, manifest) and local_matches(local_path, manifest):
+            _after_restore(ckpt_dir, local_name, manifest, emit)
             return RestoreResult(local_path, name, manifest.get("step"), "local", manifest.get("created"), rejected,
                                  checks, unusable)
         try:
@@ -128,6 +129,24 @@ def restore_newest(target: DurableTarget, names_newest_first: List[str], ckpt_di
             unusable.append((name, problem))
         emit("restore_verify_failed", checkpoint=name, problem=problem, durable=target.url)
     return RestoreResult(None, None, None, "", None, rejected, checks, unusable)
+
+
+def _present(local_path: str, manifest: Dict[str, Any]) -> bool:
+    """Something is at the restored checkpoint's place (for a group, every member file)."""
+    if manifest.get("kind") == "files":
+        root = os.path.dirname(local_path)
+        return all(os.path.lexists(os.path.join(root, f["path"])) for f in manifest["files"])
+    return os.path.lexists(local_path)
+
+
+def _after_restore(ckpt_dir: str, local_name: str, manifest: Dict[str, Any], emit: Callable[..., None]) -> None:
+    """What the checkpoint's format needs beside it (TensorFlow's `checkpoint` state file naming it)."""
+    fmt = formats.named(manifest.get("format") or "")
+    if fmt is None:
+        return
+    wrote = fmt.after_restore(ckpt_dir, local_name, [f["path"] for f in manifest["files"]])
+    if wrote is not None:
+        emit("checkpoint_restore_state", path=wrote, checkpoint=manifest.get("name"), format=fmt.name)
 
 
 def _blocked_locally(ckpt_dir: str, local_name: str) -> Optional[Tuple[str, str]]:
@@ -183,13 +202,19 @@ def _fetch_verified(target: DurableTarget, name: str, manifest: Dict[str, Any], 
             p = os.path.join(staging, rel)  # rel is one of the file list's paths (manifest.problem checks it)
             if os.path.isfile(p):
                 os.utime(p, ns=(mtime_ns, mtime_ns))
-        if os.path.lexists(local_path):  # the trainer's own (torn, empty, older or quarantined) copy
-            set_aside(ckpt_dir, local_path, "replaced by the verified copy of %s from durable storage" % name, emit)
+        # the trainer's own (torn, empty, older or quarantined) copy: kept aside, never deleted
+        for there in ([os.path.join(parent, f) for f in files] if manifest.get("kind") == "files" else [local_path]):
+            if os.path.lexists(there):
+                set_aside(ckpt_dir, there, "replaced by the verified copy of %s from durable storage" % name, emit)
         if manifest.get("kind") == "dir":
             os.rename(staging, local_path)
+        elif manifest.get("kind") == "files":  # a group (TensorFlow's index and shards): each under its name
+            for f in files:
+                os.rename(os.path.join(staging, f), os.path.join(parent, f))
         else:
             os.rename(os.path.join(staging, files[0]), local_path)
         fsutil.fsync_dir(parent)
+        _after_restore(ckpt_dir, os.path.basename(local_path), manifest, emit)
         return None, True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
