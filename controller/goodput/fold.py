@@ -9,8 +9,9 @@ after the heal) before them, whatever their times say. A new context starts when
 
 A step belongs to a context only when it was reported after its child started: a relaunched agent carries the run's
 last step in its progress (progress.json) until the trainer reports a new one, and an attempt after a backoff starts
-with the crashed attempt's newest step. A life resumed from the newest checkpoint its beats know before its first
-step (durable or local; a run's first life from 0): its first reported step equal to that one is the step it resumed from ("resumed
+with the crashed attempt's newest step. A life resumed from the newest checkpoint it began with (the run's durable
+step, one committed before its child started, the local one a later life's first beat found; a run's first life
+from 0): its first reported step equal to that one is the step it resumed from ("resumed
 from step 400"), not one it trained, and the steps up to its first report were trained while it started. The fold is incremental (the tracker feeds it the beats it stores) and
 bounded: a context keeps every step sample since its newest durable checkpoint (a loss sends the run back there) and
 thins the older ones (past MAX_SAMPLES, and to CLOSED_SAMPLES once the context ended), so a week-long attempt costs
@@ -90,9 +91,9 @@ class Fold:
                           agent_at=b.agent_at, setup_at=b.setup_at, child_at=b.child_at)
             if prev is not None and prev.durable_step is not None and b.durable_step is None:
                 cur.durable_step, cur.durable_at = prev.durable_step, prev.durable_at
-            # what it resumed from: the newest checkpoint its beats know before its first step (the agent restores
-            # the newest that verifies); a run's first life with none starts from scratch
-            cur.resumed_step = cur.durable_step if cur.durable_step is not None else (0 if prev is None else None)
+            # what it resumed from (the agent restores the newest checkpoint that verifies): at least the durable step
+            # the run had; a run's first life with none starts from scratch
+            cur.resumed_step = 0 if prev is None else prev.durable_step
             if prev is not None:
                 cur.after = prev.last_beat
             if prev is not None:  # it ended: what a later loss could still take is past its durable step
@@ -123,7 +124,12 @@ class Fold:
         if b.durable_step is not None and (c.durable_step is None or b.durable_step >= c.durable_step):
             c.durable_step, c.durable_at = b.durable_step, b.durable_at
         if not c.samples:
-            known = [x for x in (b.durable_step, b.local_step, c.resumed_step) if x is not None]
+            # what it resumed from: a checkpoint committed before its child started (one committed later is its own
+            # work), or the local one its first beat found; never one this life made
+            start = c.child_at if c.child_at is not None else c.first_beat
+            known = [x for x in (c.resumed_step, b.local_step if b.time == c.first_beat and c.index else None,
+                                 b.durable_step if b.durable_at is not None and b.durable_at <= start else None)
+                     if x is not None]
             c.resumed_step = max(known) if known else None
         phase = b.phase or 0
         ref = c.child_at if c.child_at is not None else c.after
