@@ -7,6 +7,7 @@ and trainer of its run as the box's state.json names them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -16,7 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from tests.checkpoint_files import committed_steps
 from tests.conftest import REPO_ROOT, subprocess_env
@@ -192,3 +193,37 @@ class Rig:
         names the lease it superseded)."""
         return any(e.get("type") == "lease_taken" and (e.get("previous") or {}).get("epoch") is not None
                    for e in self.events(name))
+
+    @contextlib.contextmanager
+    def named(self, run: str) -> Iterator["Rig"]:
+        """The rig's helpers about run `run` for a while (a second run in the same config dir)."""
+        was, self.run = self.run, run
+        try:
+            yield self
+        finally:
+            self.run = was
+
+    def newest_step(self, name: str) -> int:
+        """The newest step the run's trainer on box `name` printed (its output log), 0 before the first."""
+        log = os.path.join(self.boxes[name].home, ".onbox", "runs", self.run_on(name), "output.log")
+        step = 0
+        try:
+            with open(log, errors="replace") as f:
+                lines = f.readlines()[-50:]
+        except OSError:
+            return 0
+        for line in lines:
+            try:
+                step = max(step, int(json.loads(line).get("step", 0)))
+            except (ValueError, AttributeError, TypeError):
+                continue
+        return step
+
+    def provision_marker(self) -> str:
+        """A provision command that notes each call in a file and fails (for tests where none may be called): its
+        path; the file is `<path>.called`."""
+        path = str(self.tmp / "new-box.sh")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\necho \"$ONBOX_PROVISION_KEY\" >> %s.called\necho 'no capacity' >&2\nexit 1\n" % path)
+        os.chmod(path, 0o755)
+        return path

@@ -4,6 +4,7 @@
         box.run(["python3", "-c", "..."])    # argv runs inside the namespace (ip netns exec)
         box.cut(); ...; box.restore()        # drop / bring back the box's link
     box.host_ip  (10.200.X.1, this machine's side)   box.box_ip (10.200.X.2, inside)
+    cut_keeper_side(boxes); ...; heal_keeper_side(boxes)   # this machine's side of every box's link (sshd boxes)
 
 Safety: an `unreachable` route for the /24 with a high metric is added FIRST, before any link
 exists, so that packets for the box can never follow the default route out of the machine, whatever link is
@@ -18,7 +19,7 @@ import os
 import shutil
 import subprocess
 import time
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -152,3 +153,36 @@ def netns_host():
         pytest.skip(reason)
     with NetnsHost() as host:
         yield host
+
+
+def _route_stays_here(addr: str) -> None:
+    """A packet for `addr` goes to one of this machine's links or is refused: never via a gateway (out of it)."""
+    res = _ip("route", "get", addr, check=False)
+    out = res.stdout + res.stderr
+    if " via " in out and "unreachable" not in out.lower():
+        raise NetnsError("route to %s would leave the machine: %s" % (addr, out.strip()))
+
+
+def cut_keeper_side(boxes: Sequence[Any]) -> None:
+    """The keeper's own network goes: the host side of every box's link (its veth's end on this machine) down, the
+    boxes themselves untouched (they train on, and reach neither this machine's tracker nor anything else here).
+    Each box's /24 must hold its `unreachable` route first (the box fixtures add it before any link exists): checked
+    before the cut, and every box's route checked after it."""
+    for b in boxes:
+        ns = b.netns
+        routes = _ip("route", "show", "type", "unreachable", ns.subnet, check=False).stdout
+        if "metric %d" % UNREACHABLE_METRIC not in routes:
+            raise NetnsError("no unreachable route for %s: refusing to cut (packets could leave the machine)"
+                             % ns.subnet)
+    for b in boxes:
+        _ip("link", "set", b.netns.host_if, "down")
+    for b in boxes:
+        _route_stays_here(b.netns.box_addr)
+
+
+def heal_keeper_side(boxes: Sequence[Any]) -> None:
+    """The keeper's links back up (cut_keeper_side undone)."""
+    for b in boxes:
+        _ip("link", "set", b.netns.host_if, "up")
+    for b in boxes:
+        _route_stays_here(b.netns.box_addr)
