@@ -116,3 +116,10 @@ def test_since_takes_a_duration(text, seconds):
 def test_since_refuses_what_is_no_duration(text):
     with pytest.raises(UsageError, match="--since"):
         parse_since(text)
+
+
+def test_a_total_over_priced_and_unpriced_groups_says_so():
+    runs = [entry("a", {"g1": {"productive": 3600.0}}), entry("b", {"x": {"productive": 3600.0}})]
+    lines = render(group(runs, "run", {"g1": {"price": 1.0}}, {}), "run", [])
+    assert lines[-2].startswith("total") and lines[-2].split()[-2:] == ["1.00*", "0.00*"]
+    assert lines[-1].startswith("* some hours are on boxes without a price")
