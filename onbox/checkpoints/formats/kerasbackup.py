@@ -1,11 +1,11 @@
 """Keras 3 BackupAndRestore(backup_dir): every epoch (or every save_freq batches) it rewrites, in place,
-`latest.weights.h5` and then `training_metadata.json` ({"epoch": E, "batch": B}); `fit()` reloads them at its start
-and goes on from epoch E + 1. A directory rewritten every epoch is never quiet for long, so quiet would commit it
+`latest.weights.h5` and then `training_metadata.json` ({"epoch": E, "batch": B}: E epochs done, keras 3.15);
+`fit()` reloads them at its start and goes on with epoch index E. A directory rewritten every epoch is never quiet for long, so quiet would commit it
 only at the final stop; its own completion signal is the metadata file, written after the weights.
 
   complete  training_metadata.json parses with an int epoch, is at least as new as latest.weights.h5, and the
             weights pass the HDF5 check (its end-of-file address is the file's size);
-  step      the epochs done: epoch + 1 (Keras counts from 0);
+  step      the epochs done: the metadata's epoch;
   restore   the dir as a dir, at its name (BackupAndRestore's backup_dir).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class KerasBackupFormat(Format):
         doc = read_json_object(os.path.join(path, METADATA))
         epoch = doc.get("epoch") if doc is not None else None
         if type(epoch) is int and epoch >= 0:
-            return StepReading(epoch + 1, "%s:epoch+1" % METADATA)
+            return StepReading(epoch, "%s:epoch" % METADATA)
         return None
 
 

@@ -10,6 +10,7 @@ bytes their tensors need. Self-checking: a whole zip is a finished save, committ
 from __future__ import annotations
 
 import os
+import re
 import struct
 import zipfile
 from typing import Optional
@@ -21,6 +22,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length (30 bytes)
 CHUNK = 8 * 1024 * 1024
 ZIP_KINDS = {".keras": "keras", ".npz": "npz"}  # named kinds; a stable-baselines3 .zip, like any other, is "zip"
+# Keras' ModelCheckpoint names: `{epoch:02d}` in the file name (`model.03.keras`, `weights.03-0.52.keras`): the
+# first number standing alone is the epochs done
+KERAS_EPOCH_RE = re.compile(r"(?:^|[._-])(\d+)(?=[._-])")
 
 
 def check_zip(path: str, size: int, full: bool, torch_named: bool) -> FormatResult:
@@ -109,6 +113,10 @@ class ZipFormat(Format):
 
     def step_of_file(self, path: str) -> Optional[StepReading]:
         return torchpickle.step_of_torch_file(path, os.path.basename(path))
+
+    def step_of_name(self, name: str) -> Optional[int]:
+        m = KERAS_EPOCH_RE.search(name) if name.endswith(".keras") else None
+        return int(m.group(1)) if m else None
 
 
 FORMAT = ZipFormat()

@@ -138,7 +138,10 @@ class CompletionTracker:
     def _step(self, c: Candidate) -> None:
         """What the checkpoint records about itself beats its name, which beats the trainer's log."""
         reading = self._content_step(c)
-        fmt = formats.named(c.format)
+        if c.is_dir or c.group or not c.fingerprint:
+            fmt = formats.named(c.format)
+        else:  # the format that claimed the file (its kind may be a variant's: "keras" of the zip format)
+            fmt = self._file_check(c, c.fingerprint[0])[1]
         named = fmt.step_of_name(c.name) if fmt is not None else None
         if reading is not None:
             c.step, c.step_source = reading.step, reading.source
