@@ -29,7 +29,7 @@ from tests.hosts import require_built
 from tests.integration.supervisor_helpers import env_for, onbox, state
 from tests.polling import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 PY = sys.executable
 QUIET_ENV = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
@@ -115,11 +115,11 @@ def test_a_real_framework_resumes_on_a_replacement_box_at_the_newest_committed_s
     try:
         if c.die_at:
             # the save killed midway: the restarted attempt resumes at the save before it, never the torn one
-            wait_for(lambda: resumed_steps(home1, name), timeout=120, what="the restart after the torn save")
+            wait_for(lambda: resumed_steps(home1, name), timeout=90, what="the restart after the torn save")
             assert resumed_steps(home1, name) == [c.resumed_after_crash], output(home1, name)[-3000:]
             assert "onbox-test: SIGKILL at %s" % c.die_at.split("@")[0] in output(home1, name)
         floor = (c.resumed_after_crash or 0) + 2 * c.steps_per_save
-        wait_for(lambda: [s for s, _n, _l in committed(durable, name) if s >= floor], timeout=180,
+        wait_for(lambda: [s for s, _n, _l in committed(durable, name) if s >= floor], timeout=90,
                  what="commits past step %d" % floor)
         if case == "jax-orbax":  # preempted inside an async save: its tmp dir is there when the agent is stopped
             wait_for(lambda: [n for n in os.listdir(str(ck1)) if ".orbax-checkpoint-tmp" in n], timeout=60,
