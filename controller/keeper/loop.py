@@ -110,8 +110,8 @@ class Keeper:
 
     def _recheck(self, box: str, run: str) -> Observation:
         """Box `box` asked about `run` once more, at most --suspect-timeout (a probe of it still out is that one)."""
-        self.probes.ask(box, run)
-        self.probes.wait([(box, run)], self.suspect_timeout)
+        self.probes.ask(box, run)  # none when one is out: then only what is left of its --suspect-timeout is waited
+        self.probes.wait([(box, run)], self.probes.left(box, run, self.suspect_timeout))
         got = self.probes.take(box, run, silent_after=self.suspect_timeout, give_up=True)
         return got[0] if got else Observation(box, run, reached=False, silent=True, error="no answer")
 
@@ -149,9 +149,12 @@ class Keeper:
                                                bool(getattr(self.world, "tracker_elsewhere_answered", False)),
                                                witnesses)
         report.sight = self.sight.counts
-        for rec, keep in active:
+        held = self._held(answers, beats, keys) if wait is not None else {}
+        for rec, keep in sorted(active, key=lambda rk: rk[0].run in held):
             self.watch.blind(keep, blind)
             if rec.run in answers:
+                if rec.run in held:  # after every other run's judgement
+                    self.clock.sleep(max(0.0, held[rec.run] - self.clock.time()))
                 obs, asked = answers[rec.run]
                 self.watch.judge(rec, keep, obs, [beats.get(run, Beats()) for _, run in keys[rec.run]], asked, blind)
         self._watched = [rec for rec, _ in active]
@@ -175,6 +178,20 @@ class Keeper:
         """The tracker's word on `recs`, each stamped with when it was read (an `ok` beat's age goes on from then)."""
         now = self.clock.time()
         return {run: dataclasses.replace(b, read_at=now) for run, b in self.world.beats(recs).items()}
+
+    def _held(self, answers: Dict[str, Tuple[List[Observation], float]], beats: Dict[str, Beats],
+              keys: Dict[str, List[Tuple[str, str]]]) -> Dict[str, float]:
+        """The runs with a silent box whose beats turn late within --suspect-timeout, and when: judged at that moment
+        (the keeper woke for them a little early, to ask while the beats turn late), not a pass later."""
+        now, out = self.clock.time(), {}
+        for run, (obs, _) in answers.items():
+            if not any(o.silent for o in obs):
+                continue
+            due = [b.late_at() for b in (beats.get(r, Beats()) for _, r in keys[run])]
+            soon = [d for d in due if d is not None and now < d <= now + self.suspect_timeout]
+            if soon:
+                out[run] = min(soon) + 0.05
+        return out
 
     def _load(self, report: PassReport) -> List[Tuple[LaunchRecord, RunKeep]]:
         """Every run's records, their problems said once."""

@@ -56,6 +56,12 @@ class Probes:
         if futures:
             concurrent.futures.wait(futures, timeout=budget)
 
+    def left(self, box: str, run: str, within: float) -> float:
+        """Seconds until the probe of (box, run) has been out for `within` (0 once it has, or when none is out)."""
+        with self._lock:
+            p = self._out.get((box, run))
+            return 0.0 if p is None else max(0.0, within - (self._clock.monotonic() - p.started))
+
     def take(self, box: str, run: str, silent_after: Optional[float] = None, give_up: bool = False
              ) -> Optional[Tuple[Observation, float]]:
         """(the answer, when it was asked), once it came; a silent observation when the probe has been out for

@@ -14,7 +14,9 @@ import functools
 import os
 import shlex
 import socket
-from typing import Any, Dict, List, Optional, Sequence
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from controller.agent import ask
@@ -28,6 +30,7 @@ from onbox import untrusted
 from onbox.errors import OnboxError
 
 STATUS_SCHEMA = "onbox.status/1"
+PUSH_FRESH = 60.0  # seconds a push this keeper verified on a box stands for the next one (without a code dir)
 AUDIT_SCHEMA = "onbox.audit/1"
 
 
@@ -146,6 +149,8 @@ class World:
         self.tracker = tracker
         self.token = token
         self.tracker_elsewhere_answered = False  # in the newest beats(): a tracker beyond this machine answered
+        self._pushed: Dict[Tuple[str, str, Optional[str]], float] = {}  # (box, pyz, code): when pushed and verified
+        self._guard = threading.Lock()
 
     # -- looking ---------------------------------------------------------------------------------------------
     def box(self, name: str) -> Box:
@@ -211,8 +216,8 @@ class World:
                 return ("has no onbox.pyz yet, so `onbox audit` cannot run there (`onboxctl push %s` puts it there; "
                         "the keeper does at a loss)" % name)
             if "can't open file" in said and "onbox.pyz" in said:
-                self.push(box, rec, code=False)
-                doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
+                self.push(box, rec, code=False, again=True)
+                doc = []  # no onbox.pyz a moment ago: no agent of any run there (not asked again: a python less)
             if not isinstance(doc, list):
                 return "its agent did not list its runs (exit %d)" % res.returncode
             live = [str(d.get("run")) for d in doc if isinstance(d, dict) and d.get("agent_alive")]
@@ -281,7 +286,10 @@ class World:
                                   hint="let the script name its boxes uniquely (e.g. after ONBOX_PROVISION_KEY)")
         self.inv.add(box)
 
-    def push(self, box: Box, rec: LaunchRecord, code: bool = True) -> None:
+    def push(self, box: Box, rec: LaunchRecord, code: bool = True, again: bool = False) -> None:
+        """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there. Without the code dir, a push
+        this keeper made and verified within PUSH_FRESH seconds is not made again (unless `again`): the spare's check
+        pushed it a moment before the recovery's push phase."""
         from controller.push import default_pyz, push
 
         pyz = rec.pyz or default_pyz()
@@ -290,10 +298,17 @@ class World:
 
             raise UsageError("no onbox.pyz to push to %s at %s" % (box.name, pyz),
                              hint="build it (`make zipapp`) or set ONBOX_PYZ for the keeper")
+        code_dir = rec.code if code else None
+        key = (box.name, pyz, code_dir)
+        with self._guard:
+            fresh = time.monotonic() - self._pushed.get(key, -PUSH_FRESH) < PUSH_FRESH
+        if code_dir is None and fresh and not again:
+            return
         # the secret-looking files the user sent on purpose (`onboxctl run --include-secret`) go to a replacement box
         # too: without them the relaunched trainer would miss a file its first box had
-        push(self.ssh, box, pyz, code_dir=rec.code if code else None,
-             include_secrets=rec.include_secrets if code and rec.code else ())
+        push(self.ssh, box, pyz, code_dir=code_dir, include_secrets=rec.include_secrets if code_dir else ())
+        with self._guard:
+            self._pushed[key] = time.monotonic()
 
     def launch_in_flight(self, rec: LaunchRecord, boxes: Sequence[str]) -> Optional[bool]:
         """Whether an ssh carrying an `onbox run` of the run to one of `boxes` still runs on this machine (an earlier

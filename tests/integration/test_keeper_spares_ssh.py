@@ -95,5 +95,6 @@ def test_a_secret_sent_on_purpose_is_recorded_and_sent_to_a_replacement_box(rig,
     world = World(Ssh(settings_from_env()), Inventory())
     world.push(world.box("s0"), rec)  # what the keeper does to a replacement box
     sent = os.path.join(two_boxes[1].home, ".onbox", "code", "train")
-    assert open(os.path.join(sent, ".env")).read() == "WANDB_API_KEY=k-123\n"
+    with open(os.path.join(sent, ".env")) as f:
+        assert f.read() == "WANDB_API_KEY=k-123\n"
     assert os.path.exists(os.path.join(sent, "train.py")) and not os.path.exists(os.path.join(sent, "id_rsa"))

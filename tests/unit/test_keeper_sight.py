@@ -358,3 +358,28 @@ def test_a_launch_refused_because_the_run_is_alive_there_reads_as_landed(store):
     Keeper(store, world, clock=clock).tick()
     _, keep = store.load("r1")
     assert keep.state == KeepState.WATCHING and keep.boxes == ["s1"] and "relaunched" in keep.current.phases
+
+
+# -- what run --recover records -----------------------------------------------------------------------------------
+def test_include_secret_is_recorded_by_path_with_its_code_dir_and_refused_without_one(tmp_path):
+    from controller.keeper.enrol import check_recovery, enrol
+    from onbox.errors import UsageError
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / ".env").write_text("TOKEN=t-1\n")
+    inv = {"s1": Box(name="s1", host="h", pool="a100")}
+    with pytest.raises(UsageError, match="--include-secret goes with --recover"):
+        check_recovery(None, {"include_secret": (".env",)}, ["python"], "/d", inv)
+    with pytest.raises(UsageError, match="--include-secret goes with --code"):
+        check_recovery("pool:a100", {"include_secret": (".env",)}, ["python"], "/d", inv)
+    with pytest.raises(UsageError, match="names no"):
+        check_recovery("pool:a100", {"code": str(code), "include_secret": ("nope.env",)}, ["python"], "/d", inv)
+    assert check_recovery(None, {"include_secret": ()}, ["python"], None, inv) is None  # not given: nothing asked
+    opts = {"code": str(code), "include_secret": (".env",), "durable": "/d"}
+    p = check_recovery("pool:a100", opts, ["python"], "/d", inv)
+    store = RecordStore(str(tmp_path / "cfg"))
+    rec = enrol(store, p, "kp", ["b1"], ["python"], False, [], {}, None, opts, None, False, 60.0)
+    assert rec.include_secrets == [".env"] and store.load_launch("kp").include_secrets == [".env"]
+    with open(store.launch_path("kp")) as f:
+        assert "t-1" not in f.read()
