@@ -37,6 +37,7 @@ MLFLOW_RUN_FILE = os.path.join(HEARTBEATS_DIR, "mlflow.json")  # the MLflow run 
 HANG_STACKS_FILE = "hang-stacks.%d.txt"  # % attempt: a hung attempt's stacks and GPU state (supervisor/hang.py)
 HANG_STACKS_RE = re.compile(r"^hang-stacks\.\d+(?:\.\d+)?\.txt$")  # those files (a 2nd hang of one attempt: .<n>)
 STACKS_DIR = "stacks"  # ONBOX_STACKS_DIR: where a trainer that opted in has faulthandler dump its stacks
+CHILD_EXIT_FILE = "child-exit.json"  # the attempt's keeper: how its child ended, for an adopting agent (shim.py)
 
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # what `onboxctl secrets push` accepts

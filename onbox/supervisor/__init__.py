@@ -27,6 +27,9 @@
   container.py   training in a container: the docker client as the supervised child
   rundir.py      the run directory's files, their writers, and the one reader of config.json
   detach.py      daemonize, the per-run lock, re-adopting a live child, stopping one whose agent is gone
+  shim.py        the keeper of an attempt's child (a shim): the child's exit status outlives the agent, an adopting
+                 agent reads it (KeptProcessSeam); why a fork of the agent, and what it keeps the same for the child
+  shimproc.py    the keeper's own life in the forked process: signals, session, descriptors, wait, report, record
 
 May import: the shared leaves (errors, clock, paths, fsutil, proc, config, tomlread), onbox.telemetry (host
 readings for exit classification) and onbox.slurm.job (requeue, KillWait). Never a subsystem that plugs into the

@@ -1,8 +1,9 @@
 """The attempt launcher: one attempt of the run from its start to its end.
 
 Starting an attempt builds the child's argv and environment (childenv.py, with a per-attempt marker: leftovers.py),
-logs the command line into output.log, spawns the child in its own session through the process seam and records
-the attempt (state.json `attempts`: pid, session, start time, boot id, marker). Its end is classified (exits.py)
+logs the command line into output.log, spawns the child in its own session through the process seam (under its
+keeper: shim.py) and records the attempt (state.json `attempts`: pid, session, start time, boot id, marker, keeper).
+Its end is classified (exits.py)
 from the exit status, the output's tail and the host's OOM counter, recorded (`last_exit`, an `exit` event), and
 what the attempt left running is stopped. What the attempt runs (the phase's command, the checkpoint it resumes
 from) and what follows its end are the loop's to decide.
@@ -18,6 +19,7 @@ from onbox.config import RunConfig, agent_only_vars
 from onbox.errors import UsageError
 from onbox.proc import Child, ExitStatus, ProcessSeam, ProcRef, boot_id
 from onbox.supervisor import exits as cls
+from onbox.supervisor import shim
 from onbox.supervisor.childenv import child_argv, child_env, cpu_quota_cores, secret_env
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.leftovers import MARKER_VAR, AttemptProcesses, new_marker, stop_attempt
@@ -53,6 +55,11 @@ class AttemptLauncher:
     def number(self) -> int:
         """The current attempt's number (0 on the first)."""
         return max(0, len(self.attempts) - 1)
+
+    def wake_fds(self) -> List[int]:
+        """What the loop may wait on besides signals: the keeper's report of the child's exit."""
+        fd = shim.wake_fd(self.child) if self.running else None
+        return [fd] if fd is not None else []
 
     @property
     def running(self) -> bool:
@@ -116,6 +123,8 @@ class AttemptLauncher:
             return result
         record.update(pid=self.child.pid, sid=self.child.sid, pgid=self.child.pgid,
                       start_time=self.child.start_time, boot_id=boot_id())
+        if isinstance(self.child, shim.KeptChild) and self.child.keeper is not None:
+            record.update(keeper=self.child.keeper.to_dict())  # an adopting agent reads the child's exit through it
         if self.cfg.reap_orphans:
             self.tree = AttemptProcesses(self.proc, ProcRef(self.child.pid, self.child.start_time)
                                          if self.child.start_time is not None else None, marker)
@@ -190,6 +199,7 @@ class AttemptLauncher:
             self._stop_leftovers(rec)
         if hung is not None and self.child is not None and self.exit_status is None:
             self.proc.poll(self.child)  # reap the stopped child (the stop's own reaping may have been first)
+        shim.release(self.child)
         self.child = None
         self.exit_status = None
         return result

@@ -267,7 +267,10 @@ def seam_for(cfg: Any, rd: Any, ckpt_dir: str, agent_env: Mapping[str, str],
     """The container seam when the run is a container job, else None (the plain ProcessSeam)."""
     if not cfg.docker_image and not is_client_command(cfg.command):
         return None
-    from onbox.proc import ProcessSeam
+    from onbox import paths
+    from onbox.supervisor.shim import KeptProcessSeam
 
-    return ContainerSeam(ProcessSeam(), cfg, rd.name, rd.path, ckpt_dir, agent_env, log=log)
+    # the docker client under its keeper, as any attempt's child (shim.py): its exit outlives the agent
+    return ContainerSeam(KeptProcessSeam(rd.file(paths.CHILD_EXIT_FILE)), cfg, rd.name, rd.path, ckpt_dir, agent_env,
+                         log=log)
 

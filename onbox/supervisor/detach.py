@@ -1,5 +1,5 @@
-"""Daemonize the agent, hold the per-run lock, find a live child to re-adopt after an agent restart, and stop a
-live child whose agent is gone (`onbox stop`).
+"""Daemonize the agent, hold the per-run lock, find a child to re-adopt after an agent restart (a live one, or one
+that ended while its keeper kept its exit: shim.py), and stop a live child whose agent is gone (`onbox stop`).
 
 Why a double fork (U1-U4, U18): `ssh box 'onbox run -- ...'` must come back at once and the job must outlive the
 SSH session. The first child calls setsid() (no controlling terminal, no SIGHUP when the session ends), the
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 from onbox import fsutil, paths, untrusted
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
+from onbox.supervisor import shim
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TERMINAL_VALUES
 
@@ -99,11 +100,14 @@ def lock_holder(rd: RunDir, proc: ProcessSeam) -> Optional[ProcRef]:
 
 def live_child(rd: RunDir, proc: ProcessSeam) -> Optional[Child]:
     """The child recorded in state.json if it still runs — same pid AND same start time (a recycled PID is
-    someone else's process and must never be adopted or signalled)."""
+    someone else's process and must never be adopted or signalled) — or, when it ended while no agent watched it,
+    as long as its keeper kept its exit (shim.py): adopting it then records how it really ended (done, or a failure
+    the restart policy restarts) instead of starting a new attempt after a run that may have finished."""
     state = rd.read_state()
     if not state or state.get("state") in TERMINAL or not state.get("child_pid"):
         return None
-    return proc.adopt(int(state["child_pid"]), state.get("child_start_time"))
+    live = proc.adopt(int(state["child_pid"]), state.get("child_start_time"))
+    return shim.recorded_child(state, rd.file(paths.CHILD_EXIT_FILE), live)
 
 
 def stop_without_agent(rd: RunDir, child: Child, hooks_factory: Callable[["RunContext"], "Hooks"],

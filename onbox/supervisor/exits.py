@@ -25,7 +25,7 @@ PREEMPTED = "preempted"
 STOPPED = "stopped"
 SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
 FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
-UNKNOWN = "unknown"  # adopted child: the exit status cannot be known
+UNKNOWN = "unknown"  # the exit status cannot be known: an adopted child whose keeper was killed (supervisor/shim.py)
 HUNG = "hung"  # no step, no output, no checkpoint write past its bound: the agent stopped it (supervisor/hang.py)
 # failures that no restart can mend (the host must be changed first): the run fails at the first one, with its fix,
 # instead of spending its backoffs and restarts on the same refusal
@@ -183,9 +183,10 @@ def classify(status: ExitStatus, log_tail: Sequence[str] = (), oom_before: Optio
             if pattern.search(line):
                 return Classification(kind, code, sig, "%s (%s): %s" % (meaning, describe_status(status),
                                                                           line.strip()[:200]), hint)
-    if code is None and sig is None:
+    if code is None and sig is None:  # a LostExit (supervisor/shim.py) says why
         return Classification(UNKNOWN, None, None,
-                              "the child ended while adopted; its exit status cannot be known",
+                              getattr(status, "why", "") or "the child ended while adopted; its exit status cannot "
+                                                            "be known",
                               "see the end of the output log (`onbox logs NAME`)")
     exc = last_exception(lines)
     if sig is not None:

@@ -44,6 +44,7 @@ from onbox.supervisor.phases import Verdict, curriculum_for
 from onbox.supervisor.preempt import STOP_SIGNAL, NoticePipe, PreemptionNotice, SignalInbox
 from onbox.supervisor.restarts import RestartPolicy
 from onbox.supervisor.rundir import RunDir
+from onbox.supervisor.shim import KeptProcessSeam
 from onbox.supervisor.state import (
     TRANSITIONS,
     IllegalTransition,
@@ -91,7 +92,8 @@ class Supervisor:
         self.cfg = cfg
         self.rd = rundir
         self.seams = seams = seams or Seams()
-        self.proc = proc or ProcessSeam()
+        # every attempt's child under its keeper, whose record of the child's exit outlives this agent (shim.py)
+        self.proc = proc or KeptProcessSeam(rundir.file(paths.CHILD_EXIT_FILE))
         self.clock = clock or SystemClock()
         self.waiter = seams.waiter or self._select_wait
         self.environ = dict(os.environ if seams.environ is None else seams.environ)
@@ -217,12 +219,7 @@ class Supervisor:
             if adopt is None:
                 self.restarts = 0  # a fresh supervision (a relaunch) gets the full restart budget again
             else:
-                self.launcher.adopt(adopt)
-                self.state = RunState.RUNNING
-                self.message = "adopted the live child %d after an agent restart" % adopt.pid
-                self.journal.save()
-                self.emit("adopted", pid=adopt.pid, start_time=adopt.start_time)
-                self._ready()
+                self._adopt(adopt)
             poller.start()
             self._hook("nodes.start", self.hooks.nodes.start, self.notices.put)  # peers' notices: like the poller's
             while not self.state.terminal:
@@ -238,6 +235,23 @@ class Supervisor:
             self.notices.close()
             if was_subreaper is False:  # leave an embedding process (a test runner) as it was
                 set_child_subreaper(False)
+
+    def _adopt(self, child: Child) -> None:
+        """An earlier (dead) agent's child becomes this agent's attempt: alive, or ended while no agent watched it
+        with its exit kept by its keeper (shim.py), which is then recorded at once (before any stop asked meanwhile):
+        a finished run ends done, a failure goes to the restart policy; nothing is started again on a guess."""
+        self.launcher.adopt(child)
+        self.state = RunState.RUNNING
+        self.launcher.poll()
+        ended = self.launcher.exit_status is not None
+        keeper = getattr(child, "keeper", None)
+        self.message = "adopted the %s child %d after an agent restart" % ("ended" if ended else "live", child.pid)
+        self.journal.save()
+        self.emit("adopted", pid=child.pid, start_time=child.start_time, ended=ended,
+                  keeper=keeper.pid if keeper is not None else None)
+        self._ready()
+        if ended:
+            self._after_exit()
 
     def _step(self) -> None:
         """observe -> decide -> act, once."""
@@ -261,7 +275,7 @@ class Supervisor:
             self._tick()
 
     def _select_wait(self, timeout: float) -> None:
-        self.inbox.wait(timeout, [self.notices.read_fd])
+        self.inbox.wait(timeout, [self.notices.read_fd, *self.launcher.wake_fds()])
 
     def _idle(self, timeout: float) -> None:
         """The wait for a disk to take the final state: nothing acts on a late notice now, but a notice left in

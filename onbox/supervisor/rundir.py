@@ -8,7 +8,7 @@
                       hint}, preemption_notice {source, detail, grace}, notice_ignored, signal_forwarded {signal,
                       pgid}, escalated {signal}, final_checkpoint {summary}, requeue {job_id, ok},
                       attempt_leftovers_signal {signal, pids, commands}, attempt_leftovers_stopped {sid, pids,
-                      commands, killed, survived}, adopted {pid, start_time}, log_rotated, hook_error {hook,
+                      commands, killed, survived}, adopted {pid, start_time, ended, keeper}, log_rotated, hook_error {hook,
                       error}, thread_died {thread, what, error, hint}, stop_grace_ignored {grace, reason},
                       run_dir_unwritable {errno, error, what, path, hint}, run_dir_writable {after_s, errno,
                       dropped_events} (records.py: while the disk refuses writes, events wait in memory);
@@ -17,6 +17,8 @@
   output.log          the child's stdout+stderr, written by the child itself (O_APPEND), rotated by copy-truncate
   training_status.md  a human summary (runsummary.py), regenerated on each state change, commit and progress change
   lock                flock(2) held by the live agent (detach.py)
+  child-exit.json     the current attempt's keeper: how its child ended {pid, start_time, boot_id, code, signal},
+                      for an agent that adopts the run after the one that started it died (shim.py)
   PREEMPTED           exists once a preemption is under way (ONBOX_PREEMPT_FILE)
   metrics.jsonl       the trainer may append {"step":..,"loss":..} lines (ONBOX_METRICS_FILE)
   stop.request        written by `onbox stop`; the agent acts on it at its next tick (a disk that refuses it:

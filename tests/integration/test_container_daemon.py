@@ -167,7 +167,10 @@ def test_a_container_whose_client_died_is_stopped_after_the_attempt(docker_daemo
 def test_a_relaunch_stops_the_container_that_outlived_a_killed_agent_before_its_own_starts(
         docker_daemon, job, tmp_path, onbox_home, reap_orphans):
     env = dict(job, ONBOX_REAP_ORPHANS=reap_orphans)
-    argv = docker_job(docker_daemon, tmp_path, "d5", "--steps", "400", extra=["--ckpt-dir", str(tmp_path / "ck")])
+    # restarts allowed: the relaunch first records how the killed client ended (its keeper kept it: signal 9), and
+    # the restart policy then starts the next attempt, as the killed agent would have
+    argv = docker_job(docker_daemon, tmp_path, "d5", "--steps", "400",
+                      extra=["--ckpt-dir", str(tmp_path / "ck"), "--restart", "on-failure"])
     with Started(onbox_home) as started:
         agent = started.popen(argv, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         wait_for(lambda: any(x.get("step", -1) >= 1 for x in output(onbox_home, "d5")), 60, "the trainer to run")

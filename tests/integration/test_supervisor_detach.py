@@ -124,10 +124,12 @@ def test_agent_sigkilled_then_readopted_and_second_launch_refused(onbox_home, tm
     info2 = json.loads(r2.stdout)
     assert info2["adopted"] is True and info2["pid"] == info["pid"] and info2["agent_pid"] != info["agent_pid"]
     assert len(state(onbox_home, "adopt")["attempts"]) == 1
-    # supervision continues: the adopted child's exit is seen and (status unknown) restarted
-    _set_flag(flag, 0)
+    # supervision continues: the adopted child's exit is seen (its keeper reports it: exit 3, not `unknown`) and
+    # restarted by the restart policy
+    _set_flag(flag, 3)
     wait_for(lambda: _child_up(onbox_home, "adopt", attempt=1), what="restart of the adopted run")
-    assert state(onbox_home, "adopt")["attempts"][0]["exit"]["classification"] == "unknown"
+    first = state(onbox_home, "adopt")["attempts"][0]["exit"]
+    assert first["classification"] == "failed" and first["code"] == 3, first
     assert any(e["type"] == "adopted" for e in events(onbox_home, "adopt"))
     r3 = onbox(onbox_home, "stop", "adopt", "--grace", "5", "--json")
     assert r3.returncode == 0 and json.loads(r3.stdout)["state"] == "stopped"
