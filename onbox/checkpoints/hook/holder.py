@@ -15,7 +15,7 @@ from onbox.checkpoints.durable import DurableTarget
 from onbox.checkpoints.hook.status import StatusFile
 from onbox.checkpoints.leases import Lineage
 from onbox.checkpoints.leases.fencing import Fenced, PassiveLease, RunLease
-from onbox.checkpoints.local.detect import Candidate, order_key
+from onbox.checkpoints.local.detect import Candidate, entry_paths, order_key
 from onbox.checkpoints.local.restore import set_aside
 
 Lease = Union[RunLease, PassiveLease]
@@ -120,11 +120,12 @@ class LeaseHolder:
             if keep is not None and (c.step <= step if c.step is not None and step is not None
                                      else order_key(c)[1] <= (when or 0.0)):
                 continue
-            try:
-                set_aside(self.ckpt_dir, c.path, "written under an older lease, outside the lineage of lease epoch "
-                          "%s" % (lineage.epoch if lineage is not None else "?"), self.emit)
-            except OSError as e:
-                self.emit("set_aside_failed", path=c.path, error=str(e))
+            for path in entry_paths(c):
+                try:
+                    set_aside(self.ckpt_dir, path, "written under an older lease, outside the lineage of lease "
+                              "epoch %s" % (lineage.epoch if lineage is not None else "?"), self.emit)
+                except OSError as e:
+                    self.emit("set_aside_failed", path=path, error=str(e))
 
     def note_resumed(self, name: Optional[str]) -> None:
         """The first restore of this launch is done (from committed checkpoint `name`, or None): the lease says

@@ -18,6 +18,7 @@ from onbox.checkpoints.local.detect import (
     CheckpointDirTooLarge,
     ScanBound,
     Selection,
+    entry_paths,
 )
 from onbox.checkpoints.local.watch import DirWatch
 
@@ -134,7 +135,8 @@ class LocalDirScanner:
                 if c.is_dir:
                     shutil.rmtree(c.path, ignore_errors=True)
                 else:
-                    os.unlink(c.path)
+                    for path in entry_paths(c):  # one file, or a group's
+                        os.unlink(path)
             except FileNotFoundError:
                 continue  # the trainer's own retention (Lightning's save_top_k) deleted it since the scan
             except OSError as e:  # a failed prune frees less; it must not undo the commit it follows

@@ -17,7 +17,13 @@ from onbox.checkpoints.hook.localdir import LocalDirScanner
 from onbox.checkpoints.hook.scheduler import CommitScheduler
 from onbox.checkpoints.hook.status import StatusFile
 from onbox.checkpoints.leases.fencing import Fenced
-from onbox.checkpoints.local.detect import Candidate, order_key, path_fingerprint
+from onbox.checkpoints.local.detect import (
+    Candidate,
+    current_fingerprint,
+    entry_paths,
+    order_key,
+    path_fingerprint,
+)
 from onbox.checkpoints.local.restore import RestoreResult, restore_newest, set_aside
 
 
@@ -263,17 +269,18 @@ class Restorer:
         for c in list(self.scanner.cands):
             if c.complete or c.newest_mtime < started or c.path == keep:
                 continue
-            if path_fingerprint(c.path) != c.fingerprint:  # not what was judged (or gone): leave it
+            if current_fingerprint(c) != c.fingerprint:  # not what was judged (or gone): leave it
                 continue
             if step is not None and c.step is not None:
                 if c.step <= step:
                     continue
             elif when is not None and c.newest_mtime <= when:
                 continue
-            try:
-                set_aside(self.ckpt_dir, c.path, c.reason, self.emit)
-            except OSError as e:
-                self.emit("set_aside_failed", path=c.path, error=str(e))
+            for path in entry_paths(c):  # its file or dir, or a group's files
+                try:
+                    set_aside(self.ckpt_dir, path, c.reason, self.emit)
+                except OSError as e:
+                    self.emit("set_aside_failed", path=path, error=str(e))
 
     def _run_state(self) -> Dict[str, Any]:
         try:

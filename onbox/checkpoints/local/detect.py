@@ -215,6 +215,21 @@ def path_fingerprint(path: str) -> Optional[Fingerprint]:
         return None
 
 
+def entry_paths(cand: Candidate) -> List[str]:
+    """The directory entries a candidate is: its file or dir, or a group's files."""
+    return [os.path.join(cand.root, f) for f in cand.files] if cand.group else [cand.path]
+
+
+def current_fingerprint(cand: Candidate) -> Optional[Fingerprint]:
+    """The candidate's fingerprint as it is now (a group's files too), or None when any of it is gone."""
+    if not cand.group:
+        return path_fingerprint(cand.path)
+    try:
+        return _fingerprint(cand.root, cand.files)
+    except OSError:
+        return None
+
+
 def fingerprint_of(cand: Candidate) -> Fingerprint:
     """Re-read the fingerprint now (to notice a file changed while it was being copied)."""
     return _fingerprint(cand.root, cand.files)
