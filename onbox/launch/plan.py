@@ -152,7 +152,7 @@ def cli_layer(values: Mapping[str, Any]) -> Dict[str, Any]:
                          hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
     if "env" in cli:
         cli["env"] = _parse_env(cli["env"])
-    for key in ("resume_args", "env_files", "secrets", "metrics_regex", "docker_args"):
+    for key in ("resume_args", "env_files", "secrets", "metrics_regex", "docker_args", "ckpt_pattern", "ckpt_ignore"):
         if key in cli:
             cli[key] = list(cli[key])
     if "keep_best" in cli:
