@@ -111,8 +111,12 @@ class Keeper:
     def _recheck(self, box: str, run: str) -> Observation:
         """Box `box` asked about `run` once more, at most --suspect-timeout (a probe of it still out is that one)."""
         self.probes.ask(box, run)  # none when one is out: then only what is left of its --suspect-timeout is waited
-        self.probes.wait([(box, run)], self.probes.left(box, run, self.suspect_timeout))
-        got = self.probes.take(box, run, silent_after=self.suspect_timeout, give_up=True)
+        got = None
+        for _ in range(3):  # a probe still queued for a thread has not had its --suspect-timeout yet
+            self.probes.wait([(box, run)], self.probes.left(box, run, self.suspect_timeout))
+            got = self.probes.take(box, run, silent_after=self.suspect_timeout, give_up=True)
+            if got is not None:
+                break
         return got[0] if got else Observation(box, run, reached=False, silent=True, error="no answer")
 
     # -- one pass --------------------------------------------------------------------------------------------

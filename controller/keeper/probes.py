@@ -21,14 +21,14 @@ from controller.keeper.decide import Observation
 from onbox.clock import Clock
 
 Key = Tuple[str, str]  # (box, run)
-WORKERS = 32  # probes at once: an ssh client each, mostly waiting on the network
+WORKERS = 64  # probes at once: an ssh client each, mostly waiting on the network
 
 
 @dataclasses.dataclass
 class Probe:
     asked: float  # wall clock (records, --lost-after)
-    started: float  # monotonic (the suspect-timeout)
-    future: "concurrent.futures.Future[Observation]"
+    future: "Optional[concurrent.futures.Future[Observation]]" = None
+    started: Optional[float] = None  # monotonic, once a thread runs it: time queued for a thread is no silence
 
 
 class Probes:
@@ -45,14 +45,19 @@ class Probes:
         with self._lock:
             if (box, run) in self._out:
                 return
-            self._out[(box, run)] = Probe(self._clock.time(), self._clock.monotonic(),
-                                          self._pool.submit(self._observe, box, run))
+            p = self._out[(box, run)] = Probe(self._clock.time())
+            p.future = self._pool.submit(self._run, p, box, run)
+
+    def _run(self, p: Probe, box: str, run: str) -> Observation:
+        with self._lock:
+            p.started = self._clock.monotonic()
+        return self._observe(box, run)
 
     def wait(self, keys: Iterable[Key], budget: Optional[float]) -> None:
         """Until every probe of `keys` has answered, or `budget` seconds (None: no bound; each probe is bounded by its
         own ssh timeouts)."""
         with self._lock:
-            futures = [self._out[k].future for k in keys if k in self._out]
+            futures = [f for f in (self._out[k].future for k in keys if k in self._out) if f is not None]
         if futures:
             concurrent.futures.wait(futures, timeout=budget)
 
@@ -60,7 +65,9 @@ class Probes:
         """Seconds until the probe of (box, run) has been out for `within` (0 once it has, or when none is out)."""
         with self._lock:
             p = self._out.get((box, run))
-            return 0.0 if p is None else max(0.0, within - (self._clock.monotonic() - p.started))
+            if p is None:
+                return 0.0
+            return within if p.started is None else max(0.0, within - (self._clock.monotonic() - p.started))
 
     def take(self, box: str, run: str, silent_after: Optional[float] = None, give_up: bool = False
              ) -> Optional[Tuple[Observation, float]]:
@@ -71,9 +78,11 @@ class Probes:
             p = self._out.get((box, run))
             if p is None:
                 return None
+            assert p.future is not None
             if p.future.done():
                 del self._out[(box, run)]
-            elif silent_after is not None and (give_up or self._clock.monotonic() - p.started >= silent_after):
+            elif silent_after is not None and p.started is not None and (
+                    give_up or self._clock.monotonic() - p.started >= silent_after):
                 return Observation(box, run, reached=False, silent=True,
                                    error="no answer within %g s (--suspect-timeout)" % silent_after), p.asked
             else:
