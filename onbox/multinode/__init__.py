@@ -5,7 +5,8 @@ Two ways a run becomes a node of a group, one notion of a node's role (role.Node
 - plain SSH boxes (`onboxctl run gpu1 gpu2 --nodes`): onboxctl hands every agent a node-group document (rank,
   peers, the rendezvous address, a shared key) over ssh's stdin (role.NodeGroup).
 Node 0 alone commits checkpoints; the others restore what node 0 committed and never commit (hooks.py). On SSH
-boxes the agents tell each other about a preemption or a stop over small authenticated UDP notices (notices.py).
+boxes the agents tell each other about a preemption, a stop or a hang restart over small authenticated UDP notices
+(notices.py): the group stops, and restarts after a hang, together.
 
   role.py         a node's role, and the node-group document an SSH group's agents start with
   hooks.py        what a node's role changes in a run's hooks (who commits, where a node restores from)

@@ -6,7 +6,10 @@
 - SSH group, node N > 0: GroupRestore asks node 0 (bounded) and restores that checkpoint, read-only, from node 0's
   durable run dir (`<durable>/<node 0's run>`): every node of an attempt starts from the same step.
 - SSH group, every node: GroupNotices (the supervisor's `nodes` seam) sends a preemption or a stop to the peers
-  and turns theirs into this agent's own notice.
+  and turns theirs into this agent's own notice; and a hang restart, so the group restarts together (a node whose
+  rank is stopped, or that prints no step, is covered by the judging node's word), each node's stacks taken first.
+  A restart names the group attempt it ends (node 0's resume point seq): a late one, for an attempt the group has
+  left already, is ignored, never a reason to stop the next one.
 
 Without coordination a failure-restart could split the group: node 0 resumes from a checkpoint it commits a
 moment later, another node restores the older committed one, and the ranks run different steps. While any node
@@ -14,6 +17,7 @@ has not rejoined, the group cannot train, so nothing newer can be saved: node 0'
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -25,6 +29,7 @@ from onbox.multinode.role import NodeGroup, NodeRole
 
 Emit = Callable[..., Any]
 ASK_TIMEOUT_EXTRA = 30.0  # seconds a non-primary waits for node 0 beyond node 0's own bound (its commit)
+RESTART_KEYS = ("step", "quiet_s", "bound_s", "rule", "phase", "stacks")  # what a restart says of the judgement
 
 
 class PrimaryOnlyCommits:
@@ -168,6 +173,9 @@ class GroupRestore:
 
     def __call__(self) -> Optional[str]:
         reply = self.wait_for_node0()
+        ch = self.channel()
+        if ch is not None:  # the group attempt this node's next attempt joins (GroupNotices.group_seq)
+            ch.joined = self.last_seq if reply is not None else None
         if reply is None and self.abort():
             self.emit("node_resume", node=self.group.rank, checkpoint=None,
                       reason="a peer stopped the group while this node waited for node 0's resume point")
@@ -271,7 +279,34 @@ class GroupNotices:
         self.emit("peer_notice_sent", kind="stop" if source == "stop" else "preempt",
                   to=[p.rank for p in self.group.others()])
 
+    def group_seq(self) -> Optional[int]:
+        """The group attempt this node's attempt belongs to: node 0's resume point seq (its own on node 0, the one
+        this node restored for elsewhere); None when unknown."""
+        if self.group.role.primary:
+            return int(self.point.answer()["seq"])
+        return self.channel.joined if self.channel is not None else None
+
+    def on_restart(self, detail: Dict[str, Any]) -> None:
+        """This node's hang watch restarts its attempt: every peer restarts its own (NodeHook.on_restart)."""
+        if self.channel is None:
+            return
+        self.channel.broadcast("restart", seq=self.group_seq(), **{k: v for k, v in detail.items() if k in RESTART_KEYS})
+        self.emit("peer_notice_sent", kind="restart", to=[p.rank for p in self.group.others()])
+
+    def _peer_restart(self, rank: int, msg: Dict[str, Any]) -> None:
+        theirs, mine = msg.get("seq"), self.group_seq()
+        if isinstance(theirs, int) and isinstance(mine, int) and theirs != mine:
+            self.emit("peer_restart_ignored", node=rank, seq=theirs, joined=mine,
+                      reason="node %d restarts group attempt %d; this node runs group attempt %d already"
+                             % (rank, theirs, mine))
+            return
+        self.emit("peer_notice", kind="restart", node=rank, seq=theirs, stacks=msg.get("stacks"))
+        if self._put is not None:  # the supervisor's own wire for it (hooks.NodeHook.start)
+            self._put((None, "restart:node%d" % rank, json.dumps({k: msg.get(k) for k in RESTART_KEYS})))
+
     def _on_peer(self, kind: str, rank: int, msg: Dict[str, Any]) -> None:
+        if kind == "restart":
+            return self._peer_restart(rank, msg)
         lead = msg.get("lead") if kind == "preempt" else msg.get("grace")
         lead = float(lead) if isinstance(lead, (int, float)) and not isinstance(lead, bool) and lead >= 0 else None
         self.stopping.set()

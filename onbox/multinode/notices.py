@@ -2,7 +2,8 @@
 
 A preemption (or `onbox stop`) reaches one node's agent; the others must stop too, or their trainers hang in a
 collective with a dead peer until NCCL's timeout. So the agent that got the notice tells every peer, and each peer
-starts the same checkpoint-then-exit it would for its own notice. Non-primary agents also ask node 0 which
+starts the same checkpoint-then-exit it would for its own notice. A hang one node's agent judges is restarted by
+the whole group the same way (`restart`: hooks.GroupNotices), or a node whose rank is stopped would never be. Non-primary agents also ask node 0 which
 checkpoint it resumes from, so every node of an attempt starts from the same step (hooks.py).
 
 Wire format: b"OBN1" + HMAC-SHA256(key, b"OBN1" + payload) + payload, the payload a JSON object
@@ -11,7 +12,7 @@ every agent over ssh's stdin: a datagram without the right tag, from another gro
 outside the group is dropped and counted. A replayed datagram is no lever: a replayed `preempt` repeats a stop
 already under way (ids are de-duplicated), and an `answer` counts only for the request id it names.
 
-Bounded everywhere: `preempt`/`stop` are resent every RESEND_S until each peer acknowledges or SEND_TRIES are spent
+Bounded everywhere: `preempt`/`stop`/`restart` are resent every RESEND_S until each peer acknowledges or SEND_TRIES are spent
 (a background thread; the supervisor loop never waits on the network); an `ask` waits at most its timeout. UDP
 needs no connection that could hang, and a lost datagram is just resent.
 """
@@ -35,7 +36,7 @@ TAG = 32
 MAX_DATAGRAM = 8192
 RESEND_S = 0.2
 SEND_TRIES = 25  # 5 s of resends: longer than any link blip worth waiting for, shorter than a preemption grace
-RELIABLE = ("preempt", "stop")
+RELIABLE = ("preempt", "stop", "restart")
 # A relaunch from the same node-group file (`onbox run --name X` from a box's start-up script) keeps the group's key:
 # a notice sealed in the agent's previous life, replayed, would still authenticate. Notices sent (by the sender's
 # clock) more than this long before this channel started are dropped; the allowance is for clock skew between boxes.
@@ -89,6 +90,9 @@ class PeerChannel:
         self._senders: list = []
         self.started_wall = time.time()
         self._stale_logged: set = set()
+        # the group attempt (node 0's resume point seq) this non-primary node's attempt joined, as GroupRestore
+        # fetched it; None when unknown (no answer: it restored on its own)
+        self.joined: Optional[int] = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> "PeerChannel":

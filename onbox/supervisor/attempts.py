@@ -130,13 +130,16 @@ class AttemptLauncher:
                                          if self.child.start_time is not None else None, marker)
         return None
 
-    def adopt(self, child: Child) -> None:
-        """The live child of an earlier (dead) agent becomes the current attempt's."""
+    def adopt(self, child: Child) -> bool:
+        """The child of an earlier (dead) agent becomes the current attempt's. True when it has ended already (its
+        keeper kept its exit: shim.py), its exit status then known (`exit_status`)."""
         self.child = child
         if self.cfg.reap_orphans:
             self.tree = AttemptProcesses(self.proc, ProcRef(child.pid, child.start_time)
                                          if child.start_time is not None else None,
                                          self.attempts[-1].get("marker") if self.attempts else None)
+        self.poll()
+        return self.exit_status is not None
 
     def read_output(self) -> None:
         """Hand on what the child wrote since the last call."""

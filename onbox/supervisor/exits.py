@@ -128,8 +128,17 @@ HANG_HINT = ("read the stacks file: the frame each process waits in tells which 
 
 
 def hung_exit(status: ExitStatus, hang: Dict[str, Any]) -> Classification:
-    """The exit of an attempt the hang watch stopped (`hang`: the hang_detected event's fields)."""
+    """The exit of an attempt the hang watch stopped (`hang`: the hang_detected event's fields; `peer` in them:
+    a peer node's judgement, the group restarts together)."""
     where = hang.get("stacks") or hang.get("stacks_problem") or "not captured"
+    peer = hang.get("peer")
+    if isinstance(peer, dict):
+        return Classification(HUNG, status.code, status.signal,
+                              "hung with its group: node %s judged it hung (no new step for %.0f s there, bound %.0f "
+                              "s); the agent stopped every process of this node's attempt so that the group restarts "
+                              "together; stacks here: %s, node %s's: %s" % (
+                                  peer.get("node"), peer.get("quiet_s") or 0, peer.get("bound_s") or 0, where,
+                                  peer.get("node"), peer.get("stacks") or "not captured"), HANG_HINT)
     return Classification(HUNG, status.code, status.signal,
                           "hung: no new step and no output for %.0f s at step %s (%s; bound %.0f s: %s); the agent "
                           "stopped every process of the attempt; stacks: %s" % (

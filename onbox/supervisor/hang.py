@@ -17,9 +17,17 @@ bounds), and, once it says hung, the evidence kept BEFORE anything is stopped, t
              the stacks file goes to durable storage with the run's logs (Hooks.logs) right after the stop
   acted()    the `hang_action` event: what was done, and what comes next
 A `hang_recovered` event says when the trainer reported a new step again, how long after the detection.
+
+A multi-node group restarts together (Hooks.nodes, onbox/multinode/hooks.py): a node that judges its own attempt
+hung (--on-hang restart) tells its peers once its stacks are kept and before it stops anything, so the peers take
+their stacks of the group as it hung; a peer's word (`peer_restart`) is a verdict of its own at the next check:
+this node's stacks, then its attempt stopped and restarted under the restart policy, whatever its own --on-hang
+says (the judging node decided for the group), and never sent on. So a node whose trainer reports no step (a rank
+stopped, or one that logs from rank 0 only), which its own cadence can never judge, is covered by node K's.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -94,6 +102,26 @@ class HangWatch:
         self.pending: Optional[Dict[str, Any]] = None  # the last hang, until a step comes again
         self.count = 0
         self.last: Dict[str, Any] = {}  # the last hang_detected event's fields
+        self.feed = feed
+        self.peer: Optional[Tuple[int, Dict[str, Any]]] = None  # (attempt, a peer's restart) until the next check
+        self._acting: Optional[Dict[str, Any]] = None  # the peer's restart the verdict being acted on comes from
+        self.action = cfg.on_hang  # what the last verdict got: --on-hang, or restart for a peer's
+
+    def peer_word(self, name: str, detail: str, launcher: Any, state: str) -> None:
+        """A peer's agent restarts the group (its hang watch judged node `name`, "node<K>", hung; `detail`: the
+        JSON of its judgement): the attempt under way (the run `state` is "running" and its child runs) is stopped
+        at the next check, its own stacks taken first. With none (a backoff, a stop) the word is ignored: the next
+        attempt joins the group's restart anyway."""
+        node: Any = int(name[4:]) if name.startswith("node") and name[4:].isdigit() else name
+        if state != "running" or not launcher.running:
+            self.emit("peer_restart_ignored", node=node, state=state,
+                      reason="no attempt runs here: the next one joins the group's restart")
+            return
+        try:
+            info = json.loads(detail)
+        except ValueError:
+            info = None
+        self.peer = (launcher.number, dict(info if isinstance(info, dict) else {}, node=node))
 
     # ---- what the loop hands on ---------------------------------------------------------------------------
     def on_line(self, line: str) -> None:
@@ -119,6 +147,12 @@ class HangWatch:
         if launcher.tailer.offset != self._offset:  # bytes, not lines: a tqdm bar redrawn with \r is output
             self._offset = launcher.tailer.offset
             self.detector.alive(now)
+        peer, self.peer = self.peer, None
+        if peer is not None and peer[0] == launcher.number:  # an earlier attempt's is over already
+            self._acting = peer[1]
+            return HangVerdict("group", _num(peer[1].get("quiet_s")), _num(peer[1].get("bound_s")),
+                               "node %s judged the group hung (%s)" % (peer[1]["node"], peer[1].get("rule")),
+                               _step(self.feed.progress.values.get("step")), None)
         return self.detector.check(now, self._probe)
 
     def _probe(self) -> Optional[float]:
@@ -136,16 +170,23 @@ class HangWatch:
     # ---- the verdict acted on ------------------------------------------------------------------------------
     def respond(self, verdict: HangVerdict, launcher: Any, hooks: Any, hook: Callable[..., Any]
                 ) -> Optional[cls.Classification]:
-        """Evidence first, then --on-hang: None for `alert`; else the stopped attempt's exit (classified hung)."""
-        fields = self._evidence(verdict, launcher, hooks, hook)
+        """Evidence first, then --on-hang (a peer's restart: restart): None for `alert`; else the stopped attempt's
+        exit (classified hung). A verdict of this node's own, restarted, is told to the peers before the stop."""
+        peer, self._acting = self._acting, None
+        fields = self._evidence(verdict, launcher, hooks, hook, peer)
+        self.action = "restart" if peer is not None else self.cfg.on_hang
         self.pending = {"attempt": launcher.number, "at": self.clock.monotonic(), "step": verdict.step}
-        if self.cfg.on_hang == "alert":
+        if self.action == "alert":
             self.acted("running", "only alerted (--on-hang alert): the trainer was left as it is")
             return None
+        tell = getattr(hooks.nodes, "on_restart", None)
+        if peer is None and self.action == "restart" and tell is not None:
+            hook("nodes.on_restart", tell, {k: fields.get(k) for k in ("step", "quiet_s", "bound_s", "rule", "phase",
+                                                                       "stacks")})
         result = launcher.finish(hung=fields)
         if hooks.logs is not None:  # the stacks to durable storage now, with the run's logs
             hook("logs.sync", hooks.logs)
-        if self.cfg.on_hang == "stop":
+        if self.action == "stop":
             hook("reaper.before_attempt", hooks.reaper.before_attempt, launcher.sessions())
             hook("nodes.on_notice", hooks.nodes.on_notice, "stop", "node hung: stopping the group",
                  float(self.cfg.term_timeout))
@@ -156,18 +197,24 @@ class HangWatch:
         """The `hang_action` event: what --on-hang did and what comes next, in words the warning repeats. `message`:
         the run's own (state.json's), kept as `detail`."""
         said = message
-        if state == "backoff":
+        group = self.last.get("peer")
+        if state == "backoff" and group:
+            said = ("the attempt was stopped (all its processes) with its group: node %s judged it hung; it restarts "
+                    "from the newest checkpoint in %.1f s (restart %s of at most %s)" % (
+                        group.get("node"), restart_in_s or 0.0, restarts, max_restarts))
+        elif state == "backoff":
             said = ("the attempt was stopped (all its processes); it restarts from the newest checkpoint in %.1f s "
                     "(restart %s of at most %s)" % (restart_in_s or 0.0, restarts, max_restarts))
-        elif state == "failed" and self.cfg.on_hang == "stop":
+        elif state == "failed" and self.action == "stop":
             said = "the attempt was stopped (all its processes) and the run ended failed (--on-hang stop)"
         elif state == "failed":
             said = "the attempt was stopped (all its processes); the restart policy ends the run: %s" % message[:300]
-        self.emit("hang_action", action=self.cfg.on_hang, state=state, message=said, detail=message[:1000],
+        self.emit("hang_action", action=self.action, state=state, message=said, detail=message[:1000],
                   stacks=self.last.get("stacks"), restarts=restarts, max_restarts=max_restarts,
-                  restart_in_s=restart_in_s)
+                  restart_in_s=restart_in_s, peer=group.get("node") if group else None)
 
-    def _evidence(self, verdict: HangVerdict, launcher: Any, hooks: Any, hook: Callable[..., Any]) -> Dict[str, Any]:
+    def _evidence(self, verdict: HangVerdict, launcher: Any, hooks: Any, hook: Callable[..., Any],
+                  peer: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         refs = launcher.processes()
         started = self.clock.monotonic()
         self.count += 1
@@ -188,7 +235,8 @@ class HangWatch:
             problem = None if path else "the run directory refused the stacks file"
         self.last = dict(verdict.to_dict(), stacks=path, stacks_problem=problem, on_hang=self.cfg.on_hang,
                          processes=[s.summary() for s in taken[:32]], process_count=len(refs),
-                         gpus=_gpu_summary(gpu_state), capture_s=round(self.clock.monotonic() - started, 3))
+                         gpus=_gpu_summary(gpu_state), capture_s=round(self.clock.monotonic() - started, 3),
+                         **({"peer": peer} if peer is not None else {}))
         self.log("hung: %s for %.1f s at step %s (bound %.1f s: %s); stacks %s" % (
             verdict.phase, verdict.quiet_s, verdict.step, verdict.bound_s, verdict.rule, path or problem))
         self.emit("hang_detected", **self.last)
@@ -200,12 +248,17 @@ class HangWatch:
         while os.path.exists(self.rd.file(name)):  # this attempt hung before (--on-hang alert): keep both
             n += 1
             name = "%s.%d.txt" % ((paths.HANG_STACKS_FILE % attempt)[:-len(".txt")], n)
-        header = ["onbox hang evidence: run %s, attempt %d" % (self.rd.name, attempt),
-                  "detected: %s; phase %s, step %s: no new step, no output and no checkpoint write for %.1f s, past "
-                  "its bound %.1f s (%s)" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time())),
-                                             verdict.phase, verdict.step, verdict.quiet_s, verdict.bound_s,
-                                             verdict.rule),
-                  "action: --on-hang %s" % self.cfg.on_hang]
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
+        if verdict.phase == "group":  # a peer's word: its judgement, this node's evidence
+            said = ["detected: %s by a peer: %s (no new step for %.1f s there, bound %.1f s); this node at step %s"
+                    % (when, verdict.rule, verdict.quiet_s, verdict.bound_s, verdict.step),
+                    "action: this node's attempt stopped and restarted with its group"]
+        else:
+            said = ["detected: %s; phase %s, step %s: no new step, no output and no checkpoint write for %.1f s, "
+                    "past its bound %.1f s (%s)" % (when, verdict.phase, verdict.step, verdict.quiet_s,
+                                                    verdict.bound_s, verdict.rule),
+                    "action: --on-hang %s" % self.cfg.on_hang]
+        header = ["onbox hang evidence: run %s, attempt %d" % (self.rd.name, attempt), *said]
         try:
             fsutil.atomic_write(self.rd.file(name), st.render(header, gpus, taken))
         except OSError as e:
@@ -223,3 +276,11 @@ def _gpu_summary(state: Any) -> Any:
         return {"available": False, "reason": state.get("reason")}
     return [{k: g.get(k) for k in ("index", "util_percent", "memory_used_bytes", "verdict")}
             for g in state.get("gpus") or [] if isinstance(g, dict)]
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _step(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -103,16 +103,27 @@ class ReapHook(Protocol):
         """Kill GPU holders left by earlier attempts (their session ids) and wait, bounded, for memory to return."""
 
 
+PEER_RESTART = "restart:"  # the source of a peer's group restart: "restart:node<K>" (NodeHook.start)
+
+
 class NodeHook(Protocol):
-    """The other agents of a multi-node group (onbox/multinode/): they hear of this node's notices, and theirs
-    become this node's own."""
+    """The other agents of a multi-node group (onbox/multinode/): they hear of this node's notices and of its hang
+    restarts, and theirs become this node's own."""
 
     def start(self, put_notice: Callable[[Tuple[Optional[float], str, str]], None]) -> None:
         """Begin listening; a peer's notice arrives as put_notice((lead seconds or None, source, detail)), from
-        any thread."""
+        any thread. A peer's group restart (its hang watch stopped its attempt) arrives as put_notice((None,
+        "restart:node<K>", detail)), `detail` the JSON of what on_restart was given: this node stops its own
+        attempt the same way (its stacks first) and restarts it, so a node whose trainer reports nothing (its
+        rank stopped, or one that prints no steps) is covered by node K's judgement."""
 
     def on_notice(self, source: str, detail: str, lead: float) -> None:
         """This agent accepted a notice (`lead`: seconds to its deadline): tell the peers."""
+
+    def on_restart(self, detail: Dict[str, Any]) -> None:
+        """This node's hang watch judged the attempt hung and restarts it (its stacks are kept): tell the peers,
+        whose agents restart theirs. `detail`: the hang_detected event's judgement (step, quiet_s, bound_s, rule,
+        stacks). Called before this node's attempt is stopped, so the peers take their stacks of the hung group."""
 
     def close(self) -> None:
         """Stop listening, after the notices under way are delivered (bounded)."""
@@ -165,6 +176,9 @@ class NoNodes:
         return None
 
     def on_notice(self, source: str, detail: str, lead: float) -> None:
+        return None
+
+    def on_restart(self, detail: Dict[str, Any]) -> None:
         return None
 
     def close(self) -> None:

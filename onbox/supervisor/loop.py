@@ -36,7 +36,7 @@ from onbox.supervisor import exits as cls
 from onbox.supervisor.attempts import AttemptLauncher
 from onbox.supervisor.endings import Ending, RunEndings
 from onbox.supervisor.hang import HangWatch
-from onbox.supervisor.hooks import Hooks, RunContext, no_hooks
+from onbox.supervisor.hooks import PEER_RESTART, Hooks, RunContext, no_hooks
 from onbox.supervisor.journal import RunJournal
 from onbox.supervisor.notices import NoticeIntake, NoticeStop
 from onbox.supervisor.output import OutputRoute
@@ -240,15 +240,12 @@ class Supervisor:
         """An earlier (dead) agent's child becomes this agent's attempt: alive, or ended while no agent watched it
         with its exit kept by its keeper (shim.py), which is then recorded at once (before any stop asked meanwhile):
         a finished run ends done, a failure goes to the restart policy; nothing is started again on a guess."""
-        self.launcher.adopt(child)
+        ended = self.launcher.adopt(child)
         self.state = RunState.RUNNING
-        self.launcher.poll()
-        ended = self.launcher.exit_status is not None
-        keeper = getattr(child, "keeper", None)
         self.message = "adopted the %s child %d after an agent restart" % ("ended" if ended else "live", child.pid)
         self.journal.save()
         self.emit("adopted", pid=child.pid, start_time=child.start_time, ended=ended,
-                  keeper=keeper.pid if keeper is not None else None)
+                  keeper=getattr(getattr(child, "keeper", None), "pid", None))
         self._ready()
         if ended:
             self._after_exit()
@@ -290,7 +287,10 @@ class Supervisor:
         for s in signals:
             self.intake.on_signal(s, now_m, now_w)
         for lead, src, detail in self.notices.drain():
-            self.intake.on_notice(lead, src, detail, now_m, now_w)
+            if src.startswith(PEER_RESTART):  # the attempt under way, if one runs, is stopped at the next check
+                self.hang.peer_word(src[len(PEER_RESTART):], detail, self.launcher, self.state.value)
+            else:
+                self.intake.on_notice(lead, src, detail, now_m, now_w)
         self.intake.check_request(now_m, now_w)
         self._check_deadline(now_m, now_w)
         self._look_for_fence(now_m, now_w)
@@ -374,12 +374,13 @@ class Supervisor:
 
     def _watch_hang(self, now: float) -> None:
         """A hung trainer (hang.py): its evidence first, then --on-hang: alert only; restart (the attempt stopped,
-        its `hung` exit handed to the restart policy); stop (the run ends FAILED)."""
+        its `hung` exit handed to the restart policy); stop (the run ends FAILED). A peer's group restart is a
+        restart."""
         verdict = self.hang.check(now, self.launcher, ending=getattr(self.phases, "stop", None) is not None)
         result = self.hang.respond(verdict, self.launcher, self.hooks, self._hook) if verdict is not None else None
         if result is None:
             return
-        if self.cfg.on_hang == "stop":
+        if self.hang.action == "stop":
             self._end(RunState.FAILED, result.message, cls.HUNG, classification=cls.HUNG)
         else:
             self._after_exit(result)

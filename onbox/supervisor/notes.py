@@ -109,6 +109,17 @@ class RunNotes:
     def _hang(self, kind: str, ev: Dict[str, Any]) -> None:
         """The `hang` warning: critical from the detection until the trainer reports a step again (then a warning
         that says it came back), naming the stacks file and, once acted on, what was done."""
+        peer = ev.get("peer")
+        if kind == "hang_detected" and isinstance(peer, dict):  # a peer's judgement: its warning is the critical one
+            self._warnings["hang"] = {
+                "code": "hang", "severity": "critical", "at": ev.get("time"), "stacks": ev.get("stacks"),
+                "message": "attempt %s stopped with its group: node %s judged the group hung (no new step for %.0f s "
+                           "there, bound %.0f s); this node's stacks of %s process(es): %s; node %s's: %s" % (
+                               ev.get("attempt"), peer.get("node"), peer.get("quiet_s") or 0,
+                               peer.get("bound_s") or 0, ev.get("process_count"),
+                               ev.get("stacks") or ev.get("stacks_problem"), peer.get("node"), peer.get("stacks")),
+                "hint": HANG_HINT % (ev.get("stacks") or "the stacks file")}
+            return
         if kind == "hang_detected":
             self._warnings["hang"] = {
                 "code": "hang", "severity": "critical", "at": ev.get("time"), "stacks": ev.get("stacks"),
@@ -125,6 +136,8 @@ class RunNotes:
         if kind == "hang_action":
             w["message"] = "%s; %s" % (w["message"], ev.get("message"))
             w["action"] = ev.get("action")
+            if ev.get("peer") is not None and ev.get("state") == "backoff":
+                w["severity"] = "warning"  # restarted with its group; a node that prints no step never "recovers"
         else:  # hang_recovered
             w["severity"] = "warning"
             w["message"] = "%s; recovered: step %s reported %.0f s after the hang was detected" % (

@@ -20,6 +20,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--save-every", type=int, default=3)
     ap.add_argument("--sleep", type=float, default=0.1)
+    # the ranks of the other nodes print no step (as trainers that log from rank 0 only): their agents' cadence can
+    # never judge them, only node 0's word can
+    ap.add_argument("--steps-on-node0-only", action="store_true")
     args = ap.parse_args()
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
@@ -43,8 +46,9 @@ def main() -> int:
         dist.all_reduce(packet)
         w += packet[:4] / world
         stopping = packet[4].item() > 0
-        print(json.dumps({"rank": rank, "step": step, "loss": round(1.0 / (1.0 + float(w.sum())), 6),
-                          "start": start}), flush=True)
+        if not args.steps_on_node0_only or os.environ.get("NODE_RANK", "0") == "0":
+            print(json.dumps({"rank": rank, "step": step, "loss": round(1.0 / (1.0 + float(w.sum())), 6),
+                              "start": start}), flush=True)
         if rank == 0 and (stopping or step % args.save_every == 0 or step == args.steps - 1):
             path = os.path.join(ckpt_dir, "step_%05d.pt" % step)
             torch.save({"step": step, "w": w.clone()}, path + ".tmp")
