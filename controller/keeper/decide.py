@@ -36,8 +36,9 @@ keeper's own network or the tracker was away are no evidence against a box.
 
 The keeper's own sight (`sight`): a keeper whose network went away sees every box fail at once, and a tracker on
 its own machine then sees every beat go late too. It suspects itself, and declares nothing lost, when no tracker
-beyond its own machine answered and fewer than a quarter of the boxes it asked answered ssh (none of two to four,
-at most one of five to eight, ...). At least two must have been asked: with one box it cannot tell its own
+beyond its own machine answered and fewer than a quarter of the boxes it asked answered (none of two to four,
+at most one of five to eight, ...); a box answers when ssh reached it, or when its host did and refused (a closed
+port, a refused key: the network to it works). At least two must have been asked: with one box it cannot tell its own
 blindness from that box's death, and decides as before. Why a quarter: a reclaim wave leaves the spares (and
 whatever else the keeper watches) answering, while a keeper whose own network went reaches nothing, or only a box
 or two it reaches by another path (one on its own LAN while its uplink is down). A wave that leaves fewer than a
@@ -85,6 +86,7 @@ class Observation:
     resumed_step: Optional[int] = None  # the step of the checkpoint the newest attempt resumed from
     error: Optional[str] = None  # why ssh failed
     silent: bool = False  # ssh got no answer at all (a timeout, no route), not a refusal: see the fast path
+    heard: bool = False  # ssh failed, but the box's host answered (refused, closed, a key or login refused)
 
 
 UNKNOWN = "unknown"  # no tracker configured for the run: ssh alone decides

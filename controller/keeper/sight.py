@@ -1,8 +1,9 @@
 """Whether the keeper can see: "these boxes died" or "I lost the network" (decide.sight is the rule).
 
-Each pass counts the boxes of the watched runs that answered ssh and those that did not. When they cannot settle it
-(too few answered, or fewer than two were asked), the witnesses are asked too: the idle boxes of the watched runs'
-pools (the spares), at once, each bounded by the suspect-timeout. A tracker beyond this machine that answered
+Each pass counts the boxes of the watched runs that answered and those that did not (a box whose host refused the
+connection answered: the network to it works; a timeout, no route or no name is darkness). When they cannot settle
+it (too few answered, or fewer than two were asked), the witnesses are asked too: the idle boxes of the watched
+runs' pools (the spares), at once, each bounded by the suspect-timeout. A tracker beyond this machine that answered
 settles it at once: the keeper's network works. A tracker on this machine proves nothing: when the keeper's network
 goes, the boxes cannot reach it either, and every beat goes late.
 
@@ -39,12 +40,12 @@ class Sight:
         settle it."""
         seen: Dict[str, bool] = {}
         for o in observed:
-            seen[o.box] = seen.get(o.box, False) or o.reached
+            seen[o.box] = seen.get(o.box, False) or o.reached or o.heard
         dark = [b for b, lit in seen.items() if not lit]
         answered, asked = sum(seen.values()), len(seen)
         if dark and not tracker_seen and (asked < BLIND_FLOOR or sight(answered, asked, False)):
             for o in witnesses.ask(set(seen)):
-                answered, asked = answered + (1 if o.reached else 0), asked + 1
+                answered, asked = answered + (1 if o.reached or o.heard else 0), asked + 1
         self.counts = (answered, asked)
         why = sight(answered, asked, tracker_seen) if dark else None
         if why is None and (self.blind is not None or self.since is None):

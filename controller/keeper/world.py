@@ -30,6 +30,7 @@ from onbox import untrusted
 from onbox.errors import OnboxError
 
 STATUS_SCHEMA = "onbox.status/1"
+HEARD = ("refused", "closed", "auth", "host_key_changed", "host_key_unknown")  # ssh failed, the box's host answered
 PUSH_FRESH = 60.0  # seconds a push this keeper verified on a box stands for the next one (without a code dir)
 AUDIT_SCHEMA = "onbox.audit/1"
 
@@ -164,8 +165,10 @@ class World:
             box = self.box(box_name)
             doc, res, _what = ask(self.ssh, box, ["status", run, "--json"], timeout=self.probe_timeout)
         except (BoxUnreachable, RemoteTimeout) as e:
-            silent = isinstance(e, RemoteTimeout) or getattr(e, "kind", None) in ("timeout", "no_route")
-            return Observation(box_name, run, reached=False, error=untrusted.printable(e.message), silent=silent)
+            kind = getattr(e, "kind", None)
+            return Observation(box_name, run, reached=False, error=untrusted.printable(e.message),
+                               silent=isinstance(e, RemoteTimeout) or kind in ("timeout", "no_route"),
+                               heard=kind in HEARD)
         return observation_from_status(box_name, run, doc, res.returncode, res.err_text or res.text)
 
     def beats(self, runs: Sequence[LaunchRecord]) -> Dict[str, Beats]:

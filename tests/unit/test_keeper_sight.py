@@ -383,3 +383,16 @@ def test_include_secret_is_recorded_by_path_with_its_code_dir_and_refused_withou
     assert rec.include_secrets == [".env"] and store.load_launch("kp").include_secrets == [".env"]
     with open(store.launch_path("kp")) as f:
         assert "t-1" not in f.read()
+
+
+def test_a_box_whose_host_refuses_ssh_counts_as_seen(store):
+    """A refused connection is the box's host answering: the keeper's network reaches it. A run whose box and only
+    spare both refuse ssh is judged as before (lost, then no box), never waited out as blindness."""
+    clock = FakeClock(start_wall=1000.0)
+    record(store, "r1", ["b1"], lost_after=0.0, tries=1)
+    inv = {"b1": Box(name="b1", host="h1"), "s1": Box(name="s1", host="h2", pool="a100")}
+    refused = {b: [dataclass_replace(down(b, "r1"), heard=True)] for b in ("b1", "s1")}
+    world = FakeWorld(clock, refused, inv, spares={"s1": "cannot reach box s1: Connection refused"})
+    report = Keeper(store, world, clock=clock).tick()
+    assert report.blind is None and report.sight == (1, 1)  # b1 answered: nothing dark, no witness asked
+    assert store.load("r1")[1].state == KeepState.FAILED_NO_RESOURCE
