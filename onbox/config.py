@@ -84,7 +84,7 @@ RANGES: Dict[str, Tuple[float, float, str]] = {
     "log_max_bytes": (0, 2 ** 40, "bytes"),  # 0: never rotate
     "log_backups": (0, 1000, "files"),
     "log_tail_lines": (0, 200, "lines"),  # 0: the job's output stays on the box
-    # one scan of the checkpoint dir (onbox/checkpoints/detect.py): a dir past these is no checkpoint dir
+    # one scan of the checkpoint dir (onbox/checkpoints/local/detect.py): a dir past these is no checkpoint dir
     "scan_max_entries": (1, 10 ** 8, "entries"),
     "scan_max_depth": (1, 1000, "levels"),
     "scan_max_seconds": (0.001, HOUR, "seconds"),
@@ -122,7 +122,7 @@ class RunConfig:
     durable: Optional[str] = None  # a mounted path, or an rclone remote "remote:path"
     sync_interval: float = 60.0  # seconds between looks for a new complete checkpoint to commit
     # seconds the run's lease on durable storage stays live after a renewal (renewed every third of it; another
-    # launch is refused while it is live). None: max(60 s, 3 x sync_interval). onbox/checkpoints/fencing.py
+    # launch is refused while it is live). None: max(60 s, 3 x sync_interval). onbox/checkpoints/leases/fencing.py
     lease_ttl: Optional[float] = None
     settle_seconds: float = 10.0  # a checkpoint untouched this long (and format-valid) is complete
     # top-level names of ckpt_dir that are checkpoints (globs; empty: any name) and that never are (logs, events,
@@ -194,7 +194,7 @@ class RunConfig:
     hang_floor: float = 120.0
     hang_startup: float = 1200.0
     # how much of the checkpoint dir one scan may read: a dir past these bounds is implausibly large for checkpoints
-    # (a wrong --ckpt-dir); the scan stops there and the run says so (onbox/checkpoints/detect.py)
+    # (a wrong --ckpt-dir); the scan stops there and the run says so (onbox/checkpoints/local/detect.py)
     scan_max_entries: int = 500000
     scan_max_depth: int = 32
     scan_max_seconds: float = 5.0

@@ -80,7 +80,7 @@ def commits(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> bool:
 
 
 def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> Any:
-    """The run's lease on its durable storage (onbox/checkpoints/fencing.py), taken once per agent launch before
+    """The run's lease on its durable storage (onbox/checkpoints/leases/fencing.py), taken once per agent launch before
     the supervisor starts; None for an agent that does not commit. Refusals: LeaseRefused (exit 2: another agent
     holds the run, its lease cannot be read, another launch won the epoch), UnfitError (exit 3: the durable
     storage cannot be reached, after a few tries)."""

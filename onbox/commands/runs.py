@@ -94,7 +94,7 @@ def _summary(rd: Any) -> Dict[str, Any]:
     for key, filename in (("progress", paths.PROGRESS_FILE), ("checkpoint", paths.CHECKPOINT_STATUS_FILE),
                           ("mlflow", paths.MLFLOW_RUN_FILE)):
         state[key] = _read_doc(rd.file(filename))
-    # the run's lease on durable storage (onbox/checkpoints/fencing.py): {epoch, holder, renewed_at, ...}
+    # the run's lease on durable storage (onbox/checkpoints/leases/fencing.py): {epoch, holder, renewed_at, ...}
     lease = (state.get("checkpoint") or {}).get("lease")
     state["lease"] = lease if isinstance(lease, dict) else None
     if not alive and state.get("state") not in TERMINAL and state.get("state") != "unknown":
