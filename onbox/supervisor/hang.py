@@ -20,7 +20,7 @@ A `hang_recovered` event says when the trainer reported a new step again, how lo
 
 A multi-node group restarts together (Hooks.nodes, onbox/multinode/hooks.py): a node that judges its own attempt
 hung (--on-hang restart) tells its peers once its stacks are kept and before it stops anything, so the peers take
-their stacks of the group as it hung; a peer's word (`peer_restart`) is a verdict of its own at the next check:
+their stacks of the group as it hung; a peer's word (`peer_word`) is a verdict of its own at the next check:
 this node's stacks, then its attempt stopped and restarted under the restart policy, whatever its own --on-hang
 says (the judging node decided for the group), and never sent on. So a node whose trainer reports no step (a rank
 stopped, or one that logs from rank 0 only), which its own cadence can never judge, is covered by node K's.
