@@ -151,10 +151,16 @@ class HeartbeatHook:
             loss = fields.get("loss")
             if loss is not None and self.alerts.observe_loss(float(loss), None if step is None else int(step)) is not None:
                 self._stream_alert = True
+            if self.alerts.observe_record(fields) is not None:  # a resume that went backwards (resumecheck.py)
+                self._stream_alert = True
+            backwards = self.alerts.take_resume_event()
+        if backwards is not None:  # outside the lock: emit() calls back into on_event
+            self.ctx.emit("resume_backwards", **backwards)
 
     def on_event(self, event: Dict[str, Any]) -> None:
         with self._lock:
             self._event_pending = True
+            self.alerts.on_event(event)  # a restore and the attempt it starts: the resume check
         self.times.on_event(event)
 
     def tick(self, state: Dict[str, Any]) -> None:
@@ -268,7 +274,7 @@ class HeartbeatHook:
             self.alerts.evaluate(child_alive=alive and st.lower() not in ENDED_STATES, child_pid=pid,
                                  quiet_seconds=quiet, disks=disks, gpus=(gpus or {}).get("gpus") or [],
                                  oom_kill=(host or {}).get("oom_kill"),
-                                 last_sync=(checkpoint or {}).get("last_sync"), state=state)
+                                 last_sync=(checkpoint or {}).get("last_sync"), state=state, checkpoint=checkpoint)
             alerts = self.alerts.collect()
             codes = {a.code for a in alerts}
             if codes - self._last_alert_codes and reason == "interval":

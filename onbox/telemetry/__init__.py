@@ -7,9 +7,12 @@ redacted) and the alert rules over them.
   progress.py     the ProgressFeed: the trainer's progress parsed once, its newest values (progress.json), the
                   incremental metrics file reader
   logtail.py      the last lines of the job's output, bounded, secrets redacted
-  alerts.py       the alert rules: NaN/spikes, stall, disks, GPUs, OOM kills, sync failures, crash loops
+  alerts.py       the alert rules: NaN/spikes, stall, disks, GPUs, OOM kills, sync failures, crash loops, and the
+                  warnings the agent's records hold (state.json, checkpoint_status.json) as alerts
+  resumecheck.py  a resume that went backwards: the trainer's first step after a restore far below the checkpoint's
   cadence.py      the hang rule: the trainer's step cadence per phase (startup, train, eval) and when it is hung
 
-GPU readings live in onbox.gpu, beside the NVML seam they share with the reaper. May import: onbox.errors only;
-the supervisor, heartbeats and `onbox audit` read from here.
+GPU readings live in onbox.gpu, beside the NVML seam they share with the reaper. May import: onbox.errors and
+onbox.vocab (the alert kinds) only; the supervisor, heartbeats and `onbox audit` read from here, and onboxctl reads
+the alerts of a box's records (alerts.recorded_alerts) from here too.
 """

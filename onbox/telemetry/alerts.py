@@ -1,11 +1,17 @@
-"""Alerts: conditions a person should look at, each with a hint saying what to do.
+"""Alerts: conditions a person should look at, each with a hint saying what to do. Their kinds and severities are
+onbox.vocab's (one vocabulary for the agent, the tracker and onboxctl).
 
-Two kinds of input:
+Three kinds of input:
 - the loss stream (`observe_loss`): NaN/Inf and spikes are latched until the next heartbeat collects them, so a
-  spike between two beats is not lost;
-- readings taken at each beat (`evaluate`): stall, disks, GPUs, host OOM kills, sync failure, crash loop, and
-  the warnings the supervisor keeps in state.json (`thread_died`: a thread of the agent died, e.g. the metadata
-  poller, so preemption notices are off; `no_metrics`: output but no metric recognised, with the flag to use).
+  spike between two beats is not lost; the same records and the run's events feed the resume check
+  (resumecheck.py: a trainer whose first step after a restore is far below the restored checkpoint's);
+- readings taken at each beat (`evaluate`): stall, disks, GPUs, host OOM kills, sync failure, crash loop;
+- what the agent's records say (`recorded_alerts`, also for a reader of those records, such as `onboxctl status`
+  over ssh): the warnings the supervisor keeps in state.json (`thread_died`: a thread of the agent died, e.g. the
+  metadata poller, so preemption notices are off; `no_metrics`: output but no metric recognised, with the flag to
+  use; ...) and the checkpoint hook's in checkpoint_status.json (`no_checkpoint`: nothing in the checkpoint dir
+  counts, and why; `checkpoint_dir_too_large`; the newest checkpoint unreadable; a start from scratch; a failed
+  sync).
 
 `AlertEngine.collect()` returns the alerts active now (sorted by code); the heartbeat sends at once when a code
 appears that the previous beat did not carry.
@@ -17,6 +23,9 @@ import math
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
+from onbox import vocab
+from onbox.telemetry import resumecheck
+
 # U23: the clock-event reasons that steal throughput (power cap, HW slowdown, thermal, power brake); an idle GPU,
 # application clocks, sync boost or the display clock are benign. Same bits as onbox.gpu.readings.SLOWDOWN_BITS.
 SLOWDOWN_REASONS = {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"}
@@ -26,8 +35,8 @@ MAX_SEEN_XIDS = 4096
 
 @dataclasses.dataclass
 class Alert:
-    code: str  # stable machine name: nan_loss, loss_spike, stall, low_disk, low_inodes, gpu_throttle, xid, ...
-    severity: str  # "warning" | "critical"
+    code: str  # stable machine name: onbox.vocab.ALERT_KINDS (nan_loss, loss_spike, stall, low_disk, ...)
+    severity: str  # onbox.vocab.SEVERITIES: "warning" | "critical"
     message: str
     hint: str
     data: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -75,6 +84,26 @@ class AlertEngine:
         self._current: Dict[str, Alert] = {}
         self._oom_baseline: Optional[int] = None
         self._seen_xids: Dict[Any, None] = {}  # insertion-ordered set, bounded
+        self.resume = resumecheck.ResumeCheck()
+        self._resume_said: Optional[Dict[str, Any]] = None  # a verdict the caller has not emitted as an event yet
+
+    # -- the run's events and progress records: the resume check
+    def on_event(self, ev: Mapping[str, Any]) -> None:
+        self.resume.on_event(ev)
+
+    def observe_record(self, fields: Mapping[str, Any]) -> Optional[Alert]:
+        """One progress record of the trainer (its step, loss, epoch): the resume check's alert when this record
+        makes its verdict (take_resume_event() then has the event's fields), else None."""
+        verdict = self.resume.on_record(fields)
+        if verdict is None:
+            return None
+        self._resume_said = verdict
+        return _resume_alert(verdict)
+
+    def take_resume_event(self) -> Optional[Dict[str, Any]]:
+        """The fields of the `resume_backwards` event still to be emitted (once), or None."""
+        said, self._resume_said = self._resume_said, None
+        return said
 
     # -- the loss stream
     def observe_loss(self, loss: float, step: Optional[int] = None) -> Optional[Alert]:
@@ -105,8 +134,10 @@ class AlertEngine:
     def evaluate(self, *, child_alive: bool, child_pid: Optional[int] = None,
                  quiet_seconds: Optional[float] = None, disks: Sequence[Mapping[str, Any]] = (),
                  gpus: Sequence[Mapping[str, Any]] = (), oom_kill: Optional[int] = None,
-                 last_sync: Optional[Mapping[str, Any]] = None, state: Optional[Mapping[str, Any]] = None) -> None:
-        """Recompute the condition alerts from this beat's readings.
+                 last_sync: Optional[Mapping[str, Any]] = None, state: Optional[Mapping[str, Any]] = None,
+                 checkpoint: Optional[Mapping[str, Any]] = None) -> None:
+        """Recompute the condition alerts from this beat's readings and the agent's records (state.json's document,
+        checkpoint_status.json's: recorded_alerts).
 
         quiet_seconds: time since the later of the last new step and the last output line.
         """
@@ -136,31 +167,17 @@ class AlertEngine:
                     "U9/U41: a process in this container was OOM-killed: lower num_workers or free host RAM; "
                     "host `free` is not your cgroup — read memory.current/memory.max",
                     {"oom_kill": oom_kill, "baseline": self._oom_baseline})
-        if last_sync and last_sync.get("ok") is False:
-            cur["sync_failed"] = Alert(
-                "sync_failed", "critical", "the last checkpoint sync failed: %s" % (last_sync.get("error") or "?"),
-                "U33: the durable copy is NOT current; check `df -i` on the durable dir and the rclone remote; "
-                "the local checkpoint is still the source of truth", {"at": last_sync.get("at")})
+        if last_sync is None and checkpoint is not None and isinstance(checkpoint.get("last_sync"), Mapping):
+            last_sync = checkpoint["last_sync"]
+        _sync_failed(cur, last_sync)
         loop = crash_loop(state, s.crash_loop_threshold)
         if loop:
             cur["crash_loop"] = loop
-        self._warnings(cur, (state or {}).get("warnings") or [])
+        _warnings(cur, (state or {}).get("warnings") or [])
+        _checkpoint(cur, checkpoint)
+        if self.resume.verdict is not None:
+            cur[vocab.RESUME_BACKWARDS] = _resume_alert(self.resume.verdict)
         self._current = cur
-
-    @staticmethod
-    def _warnings(cur: Dict[str, Alert], warnings: Sequence[Any]) -> None:
-        """state.json's warnings (onbox/supervisor/notes.py) as alerts, one per code (messages joined)."""
-        for w in warnings:
-            if not isinstance(w, Mapping) or not w.get("code"):
-                continue
-            code = str(w["code"])[:64]
-            severity = w.get("severity") if w.get("severity") in ("warning", "critical") else "warning"
-            prev = cur.get(code)
-            if prev is not None:
-                prev.message += "; %s" % w.get("message")
-                continue
-            cur[code] = Alert(code, str(severity), str(w.get("message") or code), str(w.get("hint") or ""),
-                              {k: w[k] for k in ("thread", "at", "stacks", "action") if w.get(k) is not None})
 
     def _disk(self, cur: Dict[str, Alert], disk: Mapping[str, Any]) -> None:
         s = self.settings
@@ -232,6 +249,65 @@ class AlertEngine:
         merged.update(self._latched)
         self._latched = {}
         return [merged[k] for k in sorted(merged)]
+
+
+def recorded_alerts(state: Optional[Mapping[str, Any]], checkpoint: Optional[Mapping[str, Any]],
+                    crash_loop_threshold: int = AlertSettings.crash_loop_threshold) -> List[Alert]:
+    """The alerts the agent's records say, sorted by code: state.json's warnings and crash loop, checkpoint_status.json's
+    warnings and failed sync. What a reader of those records shows (`onboxctl status` over ssh reads `onbox status
+    --json`), the same as the beats carry."""
+    cur: Dict[str, Alert] = {}
+    _sync_failed(cur, (checkpoint or {}).get("last_sync") if isinstance((checkpoint or {}).get("last_sync"),
+                                                                        Mapping) else None)
+    loop = crash_loop(state, crash_loop_threshold)
+    if loop:
+        cur["crash_loop"] = loop
+    _warnings(cur, (state or {}).get("warnings") or [])
+    _checkpoint(cur, checkpoint)
+    return [cur[k] for k in sorted(cur)]
+
+
+def _sync_failed(cur: Dict[str, Alert], last_sync: Optional[Mapping[str, Any]]) -> None:
+    if last_sync and last_sync.get("ok") is False:
+        cur["sync_failed"] = Alert(
+            "sync_failed", vocab.CRITICAL, "the last checkpoint sync failed: %s" % (last_sync.get("error") or "?"),
+            "U33: the durable copy is NOT current; check `df -i` on the durable dir and the rclone remote; "
+            "the local checkpoint is still the source of truth", {"at": last_sync.get("at")})
+
+
+def _warnings(cur: Dict[str, Alert], warnings: Sequence[Any]) -> None:
+    """state.json's warnings (onbox/supervisor/notes.py) as alerts, one per code (messages joined)."""
+    for w in warnings:
+        if not isinstance(w, Mapping) or not w.get("code"):
+            continue
+        code = str(w["code"])[:vocab.CODE_CHARS]
+        prev = cur.get(code)
+        if prev is not None:
+            prev.message += "; %s" % w.get("message")
+            continue
+        cur[code] = Alert(code, vocab.severity_of(code, w.get("severity")), str(w.get("message") or code),
+                          str(w.get("hint") or ""),
+                          {k: w[k] for k in ("thread", "at", "stacks", "action") if w.get(k) is not None})
+
+
+def _checkpoint(cur: Dict[str, Alert], status: Optional[Mapping[str, Any]]) -> None:
+    """checkpoint_status.json's warning (onbox/checkpoints/hook/localdir.py) as an alert. (The newest checkpoint
+    unreadable and a start from scratch reach state.json's warnings through the supervisor's notes.)"""
+    if not isinstance(status, Mapping):
+        return
+    warning = status.get("warning")
+    if not isinstance(warning, str) or not warning:
+        return
+    code = status.get("warning_code")
+    if not isinstance(code, str) or not code:  # an agent before the codes: the two warnings it wrote
+        code = vocab.CHECKPOINT_DIR_TOO_LARGE if "implausibly large" in warning else vocab.NO_CHECKPOINT
+    hint = status.get("warning_hint")
+    cur.setdefault(code, Alert(code, vocab.severity_of(code), warning, hint if isinstance(hint, str) else ""))
+
+
+def _resume_alert(verdict: Mapping[str, Any]) -> Alert:
+    return Alert(vocab.RESUME_BACKWARDS, vocab.CRITICAL, resumecheck.describe(verdict), resumecheck.HINT,
+                 {k: verdict.get(k) for k in ("attempt", "restored_step", "first_step", "checkpoint")})
 
 
 NOT_FAILURES = ("success", "preempted", "stopped", "fenced", "unknown")

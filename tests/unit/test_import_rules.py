@@ -20,9 +20,10 @@ from tests.conftest import REPO_ROOT
 # What each part of onbox may import (besides itself). A top-level module counts as its own part.
 LEAVES = {"onbox", "onbox.errors", "onbox.clock", "onbox.paths", "onbox.fsutil", "onbox.proc", "onbox.tomlread",
           "onbox.environment",
-          "onbox.untrusted", "onbox.toolrun"}
+          "onbox.untrusted", "onbox.toolrun", "onbox.vocab"}
 CONTRACT: Dict[str, Set[str]] = {
     "onbox.errors": set(),
+    "onbox.vocab": set(),  # the run's vocabulary (alert kinds and severities): every part may import it
     "onbox.clock": set(),
     "onbox.environment": set(),
     "onbox.paths": {"onbox.environment"},
@@ -33,7 +34,7 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.untrusted": set(),
     "onbox.fsutil": {"onbox.untrusted"},  # every JSON state file and token file is read through untrusted
     "onbox.tomlread": {"onbox.errors", "onbox.untrusted"},
-    "onbox.telemetry": {"onbox.errors"},
+    "onbox.telemetry": {"onbox.errors", "onbox.vocab"},
     "onbox.config": {"onbox.errors", "onbox.paths", "onbox.tomlread", "onbox.telemetry", "onbox.untrusted"},
     "onbox.checkpoints": LEAVES,
     "onbox.gpu": LEAVES,
