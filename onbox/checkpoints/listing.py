@@ -1,7 +1,8 @@
 """What `onbox checkpoints --json` says of a run (schema onbox.checkpoints/1): its local checkpoints (complete or
 why not), the committed ones, and, on a mounted durable target, every MANIFEST.json byte for byte. onboxctl pull
 and its teardown gate read this over ssh instead of sending a script of their own (README.md, "What onboxctl
-reads", lists the fields). Fields are added, never renamed.
+reads", lists the fields). Fields are added, never renamed. `nothing_committed`: one line, why the run has no
+committed checkpoint (local/whynone.py), None when it has one.
 
 `manifests` is not `committed`: it lists every checkpoint dir whose MANIFEST.json is a regular file of at most
 MANIFEST_MAX_BYTES, also one this box refuses (`problem` says why; step and time then read leniently), with the
@@ -43,6 +44,7 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     (state.json) and `node` ({rank, run, nnodes} of a multi-node group's node) come from the caller."""
     from onbox.checkpoints.durable.localpath import LocalPathTarget
     from onbox.checkpoints.hook import CheckpointCommitHook
+    from onbox.checkpoints.local import whynone
     from onbox.checkpoints.local.completion import CompletionTracker, read_progress
     from onbox.checkpoints.local.detect import CheckpointDirTooLarge, ScanBound, Selection, scan
 
@@ -70,6 +72,11 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     doc = blank(ctx.name, state)
     doc.update(ckpt_dir=ctx.ckpt_dir, durable=ctx.config.durable, local=local, committed=committed,
                status=hook.status, trainer_alive=writing, local_problem=problem, node=node)
+    if committed == [] and not (hook.status or {}).get("latest_durable"):  # why, in words (local/whynone.py)
+        select = Selection.of(ctx.config)
+        doc["nothing_committed"] = whynone.nothing_committed(
+            ctx.config.durable, hook.status, problem or whynone.explain(ctx.ckpt_dir, whynone.survey(
+                ctx.ckpt_dir, select, cands), select))
     if root is not None:  # a mounted path: what pull copies from, and every manifest on it
         doc.update(durable_root=root, has_index=os.path.isfile(os.path.join(root, INDEX)),
                    has_logs=os.path.isdir(os.path.join(root, "logs")),
@@ -83,7 +90,7 @@ def blank(run: str, state: Optional[Dict[str, Any]], problem: Optional[str] = No
     return {"schema": SCHEMA, "run": run, "state": (state or {}).get("state"), "problem": problem,
             "ckpt_dir": None, "durable": None, "durable_root": None, "has_index": False, "has_logs": False,
             "node": None, "local": [], "local_problem": None, "trainer_alive": False, "committed": [],
-            "manifests": [], "status": {}}
+            "manifests": [], "status": {}, "nothing_committed": None}
 
 
 def durable_manifests(ckpts: str) -> List[Dict[str, Any]]:

@@ -208,7 +208,12 @@ def status(name: Optional[str], as_json: bool) -> int:
     Exit 0; 2 for an unknown or invalid name, an ONBOX_HOME that is not a directory, or a run whose state.json
     is corrupt (every other run is printed first; the corrupt one says how to recover).
     """
-    docs = [_summary(_rundir(name))] if name else [_summary(rd) for rd in _all_runs()]
+    if name:
+        rd = _rundir(name)
+        docs = [_summary(rd)]
+        _say_nothing_committed(rd, docs[0])
+    else:
+        docs = [_summary(rd) for rd in _all_runs()]
     if as_json:
         echo_json(docs[0] if name else docs)
     else:
@@ -218,6 +223,16 @@ def status(name: Optional[str], as_json: bool) -> int:
         raise UsageError("run %s: %s" % (corrupt[0]["run"], corrupt[0]["corrupt"]) + (
             " (and %d more run(s))" % (len(corrupt) - 1) if len(corrupt) > 1 else ""), hint=corrupt[0]["hint"])
     return 0
+
+
+def _say_nothing_committed(rd: Any, doc: Dict[str, Any]) -> None:
+    """`nothing_committed` (one line: why) in the status of one run that has ended without a durable checkpoint:
+    what `onboxctl stop --wait` says then. Only for a named run: it scans the run's checkpoint dir."""
+    from onbox.supervisor.detach import TERMINAL
+
+    ckpt = doc.get("checkpoint") if isinstance(doc.get("checkpoint"), dict) else {}
+    if doc.get("state") in TERMINAL and not doc.get("agent_alive") and not (ckpt or {}).get("latest_durable"):
+        doc["nothing_committed"] = _nothing_committed(rd, doc, ckpt or {})
 
 
 def _print_status(docs: List[Dict[str, Any]]) -> None:
@@ -248,6 +263,8 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
             if isinstance(w, dict) and not (w.get("code") == "no_metrics" and has_metrics(doc.get("progress"))):
                 echo_line("  %s: %s%s" % ("WARNING" if w.get("severity") == "critical" else "warning",
                                           w.get("message"), (" — %s" % w["hint"]) if w.get("hint") else ""))
+        if doc.get("nothing_committed"):
+            echo_line("  %s" % doc["nothing_committed"])
         if doc.get("note"):
             echo_line("  note: %s" % doc["note"])
 
@@ -521,4 +538,33 @@ def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool
         echo_json(_stop_doc(final, "stopped"))
     else:
         echo_line("%s: %s" % (name, final.get("state")))
+        echo_line("  %s" % _committed_line(rd, final))
     return 0
+
+
+def _committed_line(rd: Any, state: Dict[str, Any]) -> str:
+    """The run's newest durable checkpoint, or why nothing was committed (the checkpoint hook's word, else what is
+    in its checkpoint dir now that the trainer has stopped: onbox/checkpoints/local/whynone.py)."""
+    from onbox import paths
+
+    status = _read_doc(rd.file(paths.CHECKPOINT_STATUS_FILE)) or {}
+    latest = status.get("latest_durable")
+    if isinstance(latest, dict) and latest.get("name"):
+        return "newest durable checkpoint: %s%s%s" % (latest["name"], " (step %s)" % latest["step"] if latest.get(
+            "step") is not None else "", " in %s" % status["durable"] if status.get("durable") else "")
+    return _nothing_committed(rd, state, status)
+
+
+def _nothing_committed(rd: Any, state: Dict[str, Any], status: Dict[str, Any]) -> str:
+    """Why the run has no committed checkpoint, in one line (whynone.nothing_committed over what the box knows)."""
+    from onbox import paths
+    from onbox.checkpoints.local.whynone import diagnose, nothing_committed
+    from onbox.config import RunConfig
+
+    try:
+        cfg = RunConfig.from_dict(rd.load_config(), "config.json")
+    except (OSError, ValueError, TypeError, OnboxError):
+        return nothing_committed(status.get("durable"), status)
+    ckpt_dir = state.get("ckpt_dir") or cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)
+    why = diagnose(ckpt_dir, cfg, _read_doc(rd.file(paths.PROGRESS_FILE)))
+    return nothing_committed(status.get("durable") or cfg.durable, status, why)

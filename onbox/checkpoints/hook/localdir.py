@@ -1,6 +1,7 @@
 """The checkpoint hook's look at the box's own checkpoint dir: the scans (bounded) and what each found complete,
-its newest entry unreadable here (nothing newer than durable storage holds is committed), the dir staying empty
-(the trainer writes elsewhere, or not at all), and committed local copies pruned when the local disk runs low (U6).
+its newest entry unreadable here (nothing newer than durable storage holds is committed), nothing in the dir counting
+as a checkpoint (what is there and why none counts, local/whynone.py: the trainer writes elsewhere, under names onbox
+leaves out, or never finishes a save), and committed local copies pruned when the local disk runs low (U6).
 """
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import fsutil
+from onbox import fsutil, vocab
 from onbox.checkpoints.commit import CheckpointCommitter
 from onbox.checkpoints.hook.status import StatusFile
+from onbox.checkpoints.local import whynone
 from onbox.checkpoints.local.completion import CompletionTracker
 from onbox.checkpoints.local.detect import (
     BoundedScan,
@@ -43,6 +45,7 @@ class LocalDirScanner:
         self.cands: List[Candidate] = []
         self._first_look: Optional[float] = None
         self._warned_none = False
+        self.finished = whynone.FinishWatch(cfg.settle_seconds)  # when the trainer first finished a save-like entry
 
     def complete(self) -> List[Candidate]:
         """The complete candidates of the last scan, newest last (no scan)."""
@@ -69,7 +72,8 @@ class LocalDirScanner:
         except CheckpointDirTooLarge as e:  # nothing in it is a checkpoint onbox can know: said once, found none
             if e.first:
                 self.emit("checkpoint_dir_too_large", error=str(e), **e.fields)
-                self.status.update(warning=str(e))
+                self.status.update(warning=str(e), warning_code=vocab.CHECKPOINT_DIR_TOO_LARGE,
+                                   warning_hint="give --ckpt-dir the directory the trainer saves its checkpoints to")
             found = []
         cands = self.tracker.update(found, self.clock.monotonic(), self.clock.time(), self.progress(),
                                     settle=settle)
@@ -100,23 +104,35 @@ class LocalDirScanner:
             self.emit("checkpoint_readable", checkpoint=was.get("name"))
 
     def watch_for_none(self, now: float) -> None:
-        """Say so (once: an event, and a warning in checkpoint_status.json that `onbox status` shows) when the
-        checkpoint dir stayed empty for NO_CHECKPOINT_INTERVALS sync intervals: the trainer writes elsewhere,
-        or not at all, and a preemption would lose everything."""
+        """Say why nothing counts (an event once, `no_checkpoint_yet`, and the `no_checkpoint` warning in
+        checkpoint_status.json that `onbox status`, the beats, `onboxctl status` and the dashboard show: what IS in
+        the dir and why none of it is a checkpoint, local/whynone.py) while nothing in the checkpoint dir is
+        complete: a short grace (the settle period, at most a sync interval) after the trainer first finished
+        something save-like there, or after NO_CHECKPOINT_INTERVALS sync intervals with no candidate at all (the
+        trainer writes elsewhere, or not at all). It goes once a checkpoint is complete."""
         if self._first_look is None:
             self._first_look = now
-        if self.cands:
+        if any(c.complete for c in self.cands):
+            self.finished.reset()
             if self.status.get("warning"):
-                self.status.update(warning=None)
+                self.status.update(warning=None, warning_code=None, warning_hint=None)
             return
+        if self.status.get("warning_code") == vocab.CHECKPOINT_DIR_TOO_LARGE:  # the scan passed: it is no longer
+            self.status.update(warning=None, warning_code=None, warning_hint=None)
+        entries = whynone.survey(self.ckpt_dir, self.scans.select, self.cands)
+        first = self.finished.update(entries, now, self.watch)
         waited = now - self._first_look
-        if self._warned_none or waited < NO_CHECKPOINT_INTERVALS * self.cfg.sync_interval:
+        grace = min(self.cfg.sync_interval, self.cfg.settle_seconds)
+        if not ((first is not None and now - first >= grace) or
+                (not self.cands and waited >= NO_CHECKPOINT_INTERVALS * self.cfg.sync_interval)):
             return
-        self._warned_none = True
-        msg = ("no checkpoint in %s after %.0f s: nothing can be committed or resumed; point the trainer's "
-               "saves at $ONBOX_CKPT_DIR or give --ckpt-dir its output dir" % (self.ckpt_dir, waited))
-        self.emit("no_checkpoint_yet", ckpt_dir=self.ckpt_dir, seconds=round(waited, 1))
-        self.status.update(warning=msg)
+        msg = whynone.explain(self.ckpt_dir, entries, self.scans.select, waited)
+        if not msg or msg == self.status.get("warning"):
+            return
+        if not self._warned_none:
+            self._warned_none = True
+            self.emit("no_checkpoint_yet", ckpt_dir=self.ckpt_dir, seconds=round(waited, 1), why=msg)
+        self.status.update(warning=msg, warning_code=vocab.NO_CHECKPOINT, warning_hint=whynone.HINT)
 
     def prune(self, committer: CheckpointCommitter, low_fraction: float = 0.05) -> List[str]:
         """U6: when the local disk runs low, delete local copies already committed (never the newest)."""
