@@ -41,6 +41,17 @@ def summary(r: CommitResult) -> Dict[str, Any]:
             "digest": r.digest, "durable": r.url}
 
 
+def _step_time(entry: Dict[str, Any]) -> Optional[float]:
+    """When the trainer reported the checkpoint's step (its metrics' `time`: the progress report at its step), the
+    moment work at risk is measured from; None when it reported none (the commit time is then the nearest)."""
+    metrics = entry.get("metrics")
+    at = metrics.get("time") if isinstance(metrics, dict) else None
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or at != at or abs(at) == float("inf"):
+        return None
+    created = entry.get("created")
+    return None if isinstance(created, (int, float)) and at > created else float(at)
+
+
 class CommitScheduler:
     """The commits of one run on this box: the periodic one (in the thread `onbox-commit`) and the final one.
     `pinned()` names the checkpoints retention must keep whatever its rules say (the current resume point)."""
@@ -192,7 +203,7 @@ class CommitScheduler:
         for e in self.committer.committed():
             if e["name"] == name:
                 return {"name": name, "step": e.get("step"), "committed_at": e.get("created"),
-                        "digest": e.get("digest"), "bytes": e.get("bytes")}
+                        "digest": e.get("digest"), "bytes": e.get("bytes"), "step_time": _step_time(e)}
         return None
 
     @contextlib.contextmanager
