@@ -31,6 +31,7 @@ from controller.sshfail import unreachable
 from onbox import untrusted
 from onbox.checkpoints.listing import LIST_SCHEMA
 from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA
+from onbox.checkpoints.local.whynone import nothing_committed
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UsageError
 from onbox.fsutil import atomic_write_json
@@ -86,6 +87,9 @@ def _run_doc(box: Box, doc: Any) -> Dict[str, Any]:
         out["node"] = node
     if doc.get("problem"):
         out["problem"] = doc["problem"]
+    said = doc.get("nothing_committed")  # why, in the agent's words (onbox/checkpoints/local/whynone.py)
+    out["nothing_committed"] = untrusted.printable(said)[:2000] if isinstance(said, str) and said else \
+        nothing_committed(out["durable"], doc.get("status") if isinstance(doc.get("status"), dict) else None)
     return out
 
 
@@ -339,9 +343,11 @@ def pull_run(ssh: Ssh, box: Box, run: str, dest: str, latest_only: bool = False,
     if not info.get("run_root"):
         raise UsageError("run %s commits to %s, an rclone remote: pull it from there with rclone" % (run, durable))
     ckpts: List[RemoteCheckpoint] = info["checkpoints"]
-    if not ckpts:
-        raise JobFailed("run %s on %s has no committed checkpoint yet" % (run, box.name),
-                        hint="wait for the first sync (see `onboxctl status`), or `onbox sync %s --now` on the box" % run)
+    if not ckpts:  # why, in the agent's words: a live run may still commit at its next sync, an ended one will not
+        raise JobFailed("run %s on %s (%s) has no committed checkpoint: %s" % (
+            run, box.name, info.get("state") or "?", info["nothing_committed"]),
+            hint="a live run commits a complete checkpoint at its next sync (now: `onbox sync %s --now` on the box); "
+                 "for one that ended, fix what the line says and the same `onboxctl run` line resumes it" % run)
     top = newest(ckpts)
     wanted = [top] if latest_only and top else sorted(ckpts, key=lambda c: (c.step if isinstance(c.step, int) else -1, c.name))
     root = info["run_root"].rstrip("/")

@@ -29,7 +29,9 @@ from controller.tracker.client import (  # noqa: F401 (re-exported: status and t
     read_tracker,
     view_of_answer,
 )
+from onbox.telemetry.alerts import recorded_alerts
 from onbox.untrusted import printable
+from onbox.vocab import CRITICAL, alert_from
 
 LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
 
@@ -46,15 +48,18 @@ class RunRow:
     gpu_util: Optional[float] = None  # percent, mean over the box's GPUs
     gpu_mem_used: Optional[int] = None  # bytes, summed
     gpu_mem_total: Optional[int] = None  # bytes, summed
-    checkpoint: Optional[str] = None  # newest durable checkpoint (name, or step)
+    checkpoint: Optional[str] = None  # newest durable checkpoint (name, or step); "none" when nothing is committed
     age_s: Optional[float] = None  # seconds since the newest heartbeat
     liveness: str = "ok"  # ok | late | silent | ended (tracker) | unknown (asked over ssh)
-    alerts: List[str] = dataclasses.field(default_factory=list)
+    alerts: List[str] = dataclasses.field(default_factory=list)  # the open alerts' codes (onbox.vocab)
+    # each open alert in full, as the agent raised it: {code, severity, message, hint} (a WARN line in the table)
+    alert_details: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     source: str = "tracker"
     phase: Optional[str] = None  # "2/3 finetune": where a [[phase]] curriculum stands (None for a plain run)
     step_time: Optional[float] = None  # when the newest step was seen (the box's clock)
     durable_step: Optional[int] = None  # the newest durable checkpoint's step: the recovery point
     durable_at: Optional[float] = None  # when it was committed (the box's clock)
+    durable_step_time: Optional[float] = None  # when the trainer reported its step (the box's clock): work at risk
     at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/keeper/atrisk.py): seconds, steps, bound, alert
     keeper: Optional[Dict[str, Any]] = None  # `onboxctl keep`'s word on the run (state, recoveries, where it lives)
     interval_s: Optional[float] = None  # the agent's heartbeat interval, as its beat says (the tracker's clock)
@@ -100,6 +105,14 @@ def _ckpt_label(v: Any) -> Optional[str]:
     return os.path.basename(str(v))
 
 
+def _durable_label(checkpoint: Any) -> Optional[str]:
+    """The DURABLE CKPT cell: the newest durable checkpoint, `none` when the agent reports that nothing is committed
+    (never its durable target's path, whose last part is the run's own name), None when it reports nothing."""
+    if not isinstance(checkpoint, dict):
+        return None
+    return _ckpt_label(checkpoint.get("latest_durable")) or "none"
+
+
 def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Optional[str] = None,
                        liveness: Optional[str] = None, age_s: Optional[float] = None, now: Optional[float] = None,
                        source: str = "tracker") -> RunRow:
@@ -114,15 +127,19 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
     t = _num(dig(beat, "time", "updated_at"))
     if age_s is None and t is not None:
         age_s = max(0.0, (now if now is not None else time.time()) - t)
-    alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
+    raw_alerts: List[Any] = beat["alerts"] if isinstance(beat.get("alerts"), list) else []
+    alerts = [a for a in (alert_from(x) for x in raw_alerts) if a is not None]
     step = _num(dig(beat, "progress.step", "step"))
     attempt = _num(dig(beat, "attempt"))
     durable = dig(beat, "checkpoint.latest_durable")
     durable_step = _num(durable.get("step")) if isinstance(durable, dict) else None
     durable_at = _num(durable.get("committed_at")) if isinstance(durable, dict) else None
+    # the checkpoint's own step time (the trainer's report at its step), else its commit: up to a sync interval late
+    durable_step_time = _num(durable.get("step_time")) if isinstance(durable, dict) else None
     step_time = _num(dig(beat, "progress.time")) or t
     risk = work_at_risk(int(step) if step is not None else None, step_time,
-                        int(durable_step) if durable_step is not None else None, durable_at)
+                        int(durable_step) if durable_step is not None else None,
+                        durable_step_time if durable_step_time is not None else durable_at)
     return RunRow(
         box=str(box or beat.get("box") or "?"),
         run=str(run or beat.get("run") or "?"),
@@ -134,13 +151,14 @@ def row_from_heartbeat(beat: Dict[str, Any], box: Optional[str] = None, run: Opt
         gpu_util=sum(utils_ok) / len(utils_ok) if utils_ok else None,
         gpu_mem_used=int(sum(x for x in used if x is not None)) if any(x is not None for x in used) else None,
         gpu_mem_total=int(sum(x for x in total if x is not None)) if any(x is not None for x in total) else None,
-        checkpoint=_ckpt_label(dig(beat, "checkpoint.latest_durable", "checkpoint.durable")),
+        checkpoint=_durable_label(beat.get("checkpoint")),
         age_s=age_s,
         liveness=str(liveness or "ok"),
-        alerts=[str(dig(a, "code", "kind") or a) for a in alerts],
+        alerts=[a["code"] for a in alerts], alert_details=alerts,
         source=source,
         phase=_phase_label(beat.get("phase")),
-        step_time=step_time, durable_step=risk.durable_step, durable_at=durable_at, at_risk=risk.to_dict(),
+        step_time=step_time, durable_step=risk.durable_step, durable_at=durable_at,
+        durable_step_time=durable_step_time, at_risk=risk.to_dict(),
         interval_s=_interval(beat.get("interval_s")),
         deadline=_deadline(beat.get("deadline")),
     )
@@ -203,6 +221,9 @@ def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> Lis
         merged.setdefault("run", e.get("name") or e.get("run"))
         if "progress" not in merged and isinstance(e.get("latest"), dict):
             merged["progress"] = e["latest"]
+        if not isinstance(merged.get("alerts"), list):  # what the agent's records say, as its beats would carry it
+            merged["alerts"] = [a.to_dict() for a in recorded_alerts(e, e.get("checkpoint") if isinstance(
+                e.get("checkpoint"), dict) else None)]
         rows.append(row_from_heartbeat(merged, box=box, liveness="unknown", now=now, source="ssh"))
     return rows
 
@@ -271,10 +292,14 @@ def fmt_num(v: Optional[float], digits: int = 4) -> str:
 
 
 def at_risk_label(r: RunRow) -> str:
-    if not r.at_risk:
+    return risk_label(r.at_risk)
+
+
+def risk_label(at_risk: Optional[Dict[str, Any]]) -> str:
+    """The AT RISK cell of a row's `at_risk` (`12m/340`, ` !` past its bound): onboxctl status and the dashboard."""
+    if not at_risk:
         return "-"
-    risk = AtRisk(r.at_risk.get("seconds"), r.at_risk.get("steps"), r.at_risk.get("durable_step"),
-                  r.at_risk.get("bound"))
+    risk = AtRisk(at_risk.get("seconds"), at_risk.get("steps"), at_risk.get("durable_step"), at_risk.get("bound"))
     return risk.label() + (" !" if risk.alert else "")
 
 
@@ -334,9 +359,20 @@ def render_table(rows: Iterable[RunRow], now: Optional[float] = None) -> str:
     lines = [tuple(printable(c) for c in line) for line in lines]  # box, state, alerts ... came in beats
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     out = []
-    for line in lines:
+    for i, line in enumerate(lines):
         cells = [c.ljust(w) for c, w in zip(line[:-1], widths)] + [line[-1]]
         out.append("  ".join(cells).rstrip())
+        out += warn_lines(rows[i - 1]) if i else []
     if len(lines) == 1:
         out.append("(no runs)")
     return "\n".join(out) + "\n"
+
+
+def warn_lines(r: RunRow) -> List[str]:
+    """One line under the run per open alert the agent raised, what it says and what to do: `  WARN code: message
+    — hint` (`CRIT` for a critical one). Text from beats, made printable."""
+    out = []
+    for a in r.alert_details:
+        text = "%s: %s" % (a["code"], a["message"] or "(no message)") + (" — %s" % a["hint"] if a["hint"] else "")
+        out.append("  %s %s" % ("CRIT" if a["severity"] == CRITICAL else "WARN", printable(" ".join(text.split()))))
+    return out

@@ -16,6 +16,7 @@ from controller.agent import agent_json, ask, refusal
 from controller.boxes import Box
 from controller.ssh import BoxUnreachable, Ssh
 from onbox.errors import JobFailed, OnboxError
+from onbox.untrusted import printable
 
 STOP_SCHEMA = "onbox.stop/1"
 STATUS_SCHEMA = "onbox.status/1"
@@ -44,6 +45,7 @@ class StopReport:
     durable: Optional[str] = None  # where the run commits (None: no --durable)
     last_sync: Optional[Dict[str, Any]] = None
     waited_s: Optional[float] = None
+    nothing_committed: Optional[str] = None  # the agent's why, when nothing is committed (onbox status RUN --json)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,6 +137,8 @@ def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: 
     report.checkpoint = ck.get("latest_durable") if isinstance(ck.get("latest_durable"), dict) else None
     report.durable = ck.get("durable") if isinstance(ck.get("durable"), str) else None
     report.last_sync = ck.get("last_sync") if isinstance(ck.get("last_sync"), dict) else None
+    said = final.get("nothing_committed")
+    report.nothing_committed = printable(said)[:2000] if isinstance(said, str) and said else None
     report.waited_s = round(clock() - t0, 1)
     return report
 
@@ -162,6 +166,8 @@ def checkpoint_line(r: StopReport) -> str:
                                                      else "")
         if r.durable:
             line += " in %s" % r.durable
+    elif r.nothing_committed:  # the agent's why: what is in the checkpoint dir, its failed sync, ...
+        return r.nothing_committed
     elif r.durable:
         line = "no checkpoint committed to %s" % r.durable
     else:

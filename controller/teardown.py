@@ -82,8 +82,11 @@ def judge_run(box: str, doc: Dict[str, Any], record: PullsRecord, abandoned: Seq
                           kind="off_box")
     if top is None:
         blocking = run not in abandoned
+        said = doc.get("nothing_committed")  # the agent's why (onbox/checkpoints/local/whynone.py)
         why = "no committed durable checkpoint%s" % (" (abandoned with --abandon)" if not blocking else
                                                       ": nothing would survive the teardown")
+        if said and blocking:
+            why += " (%s)" % said
         return RunVerdict(run, state, None, None, False, False, blocking, why,
                           kind="blocked" if blocking else "abandoned")
     pulled_entry = record.get(box, run).get("checkpoints", {}).get(top.name)

@@ -2,8 +2,10 @@
 
 A row is what `onboxctl status --json` shows for the run (controller/runview.py's row_from_heartbeat over its
 newest beat; liveness by controller/tracker/store.py's rules: LATE after 2 intervals, SILENT after 5, judged on
-the tracker's clock), plus what the page shows beside it: the alerts with their hints, the newest durable
-checkpoint and what this machine knows of its pull (controller/tracker/pulled.py).
+the tracker's clock), plus what the page shows beside it: the alerts with their messages and hints (every alert the
+agent knows: its rules, the supervisor's and the checkpoint hook's warnings), the newest durable checkpoint (`none`
+when nothing is committed), the work at risk as `onboxctl status` labels it, and what this machine knows of its
+pull (controller/tracker/pulled.py).
 
 Cheap at 100 boxes: a poll sends `after=<cursor>` (the highest beat id it has seen, `id` only grows) and gets full
 rows only for the runs with a beat stored since, plus every run's liveness and age (a few bytes each: those
@@ -15,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.runview import LIVENESS_MARK, dig, row_from_heartbeat
+from controller.runview import LIVENESS_MARK, dig, risk_label, row_from_heartbeat
 from controller.tracker.pulled import PullsView
 from controller.tracker.store import Store, liveness, parse_doc
 from onbox.fsutil import json_safe
@@ -95,6 +97,8 @@ def summarise(run: str, box: Optional[str], attempt: int, seq: int, state: Optio
         preemption=beat.get("preemption") if isinstance(beat.get("preemption"), dict) else None,
         # the run's deadline as the agent reported it: {at, source, ask_at, left_s, commit_estimate_s, ...}
         deadline=_deadline_of(beat.get("deadline")),
+        # work at risk as `onboxctl status` shows it (AT RISK: time/steps since the durable checkpoint's step)
+        at_risk_text=risk_label(row.get("at_risk")),
         unreadable=doc is None, log_tail=log_tail(beat), phase=phase_of(beat), node=node_of(beat),
         log_lines_total=dig(beat, "log_tail.lines_total") if isinstance(beat.get("log_tail"), dict) else None)
     # "NaN"/"Infinity" strings as the beat carries them (a diverged loss): the row is sent as strict JSON

@@ -1,7 +1,8 @@
 """What a run page shows of a run at a glance, besides its curves (API.md, "Dashboard"): how it was launched (the
 command line, the durable target: the launch records, runfacts.py), its box's profile and pool, when it started and
 how long it has run (its goodput ledger: from its first agent's start, on the box's clock), its heartbeat interval,
-its work at risk (the newest step and its time less the newest durable checkpoint's), its ledger (the split of its
+its work at risk (the newest step and its time less the newest durable checkpoint's step and its time: the figure
+`onboxctl status` shows, from the run's newest beat), its ledger (the split of its
 wall time, and what each part cost where the boxes have a price) and, once it stopped without finishing, the next
 step: who brings it back (the keeper, Slurm) or the command that does.
 """
@@ -77,6 +78,14 @@ def next_step(run: str, state: Optional[str], liveness: Optional[str], durable_s
                                  "`onboxctl keep` does it)" % (how, at)}
 
 
+def _at_risk(summary: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    risk = summary.get("at_risk")
+    if not isinstance(risk, dict):
+        return None
+    return {"steps": risk.get("steps"), "seconds": risk.get("seconds"), "durable_step": risk.get("durable_step"),
+            "text": summary.get("at_risk_text")}
+
+
 def run_page(store: Store, facts: RunFacts, run: str, summary: Optional[Dict[str, Any]], ledger: Optional[Ledger],
              ) -> Dict[str, Any]:
     """The run page's facts of `run` (summary: its row in the overview)."""
@@ -94,8 +103,9 @@ def run_page(store: Store, facts: RunFacts, run: str, summary: Optional[Dict[str
         "profile": entry.get("profile"), "pool": entry.get("pool") or (launch or {}).get("pool"),
         "price": facts.price(box), "interval_s": interval,
         "started_at": ledger.start if ledger else None, "elapsed_s": round(ledger.wall, 3) if ledger else None,
-        "at_risk": {"steps": ledger.at_risk_steps, "seconds": ledger.at_risk_s,
-                    "durable_step": ledger.durable_step} if ledger else None,
+        # the figure `onboxctl status` shows (controller/keeper/atrisk.py over the newest beat: from the durable
+        # checkpoint's step time), not the ledger's own (measured from its commit)
+        "at_risk": _at_risk(summary),
         "ledger": dict(ledger.to_dict(segments=True), money=money(ledger, facts)) if ledger else None,
         "next_step": next_step(run, summary.get("state"), summary.get("liveness"), durable.get("step"),
                                _keeper_events(store, run), _slurm_job(store, run), launch, box),

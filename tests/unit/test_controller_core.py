@@ -63,7 +63,13 @@ def test_status_table_golden_with_late_and_silent():
         {"run": "gpt-small", "box": "gpu1", "liveness": "ok", "latest": _beat(run="gpt-small", box="gpu1")},
         {"run": "gpt-large", "box": "gpu2", "liveness": "late", "age_s": 95,
          "latest": _beat(run="gpt-large", box="gpu2", attempt=2, state="running",
-                         alerts=[{"code": "loss_spike", "severity": "warning", "hint": "..."}])},
+                         alerts=[{"code": "loss_spike", "severity": "warning", "hint": "look at the batch",
+                                  "message": "loss spiked to 9.1 at step 1190"}])},
+        {"run": "json-loop", "box": "gpu4", "liveness": "ok",  # nothing committed: `none`, and the agent's word
+         "latest": _beat(run="json-loop", box="gpu4", checkpoint={"latest_durable": None, "durable": "/d/json-loop"},
+                         alerts=[{"code": "no_checkpoint", "severity": "warning", "hint": "until one counts ...",
+                                  "message": "38 files in /ck, none a checkpoint: state_000760.txt, state_000780.txt "
+                                             "and 36 more are *.txt, a name onbox ignores by default"}])},
         {"run": "sweep-3", "box": "spot7", "liveness": "silent", "age_s": 1260,
          "latest": {"run": "sweep-3", "box": "spot7", "state": "preempting", "attempt": 1, "time": NOW - 1260,
                     "progress": {"step": 50}, "gpus": {"available": False, "gpus": [], "reason": "no driver"}}},
@@ -71,8 +77,9 @@ def test_status_table_golden_with_late_and_silent():
          "latest": _beat(run="curriculum", box="gpu3", phase={"name": "anneal", "index": 2, "count": 3})},
     ]}
     rows = rows_from_tracker(doc, now=NOW)
-    assert [r.liveness for r in rows] == ["ok", "late", "ok", "silent"]
-    assert [r.phase for r in rows] == [None, None, "3/3 anneal", None]
+    assert [r.liveness for r in rows] == ["ok", "late", "ok", "ok", "silent"]
+    assert [r.phase for r in rows] == [None, None, "3/3 anneal", None, None]
+    assert [r.checkpoint for r in rows] == ["step_001000"] * 3 + ["none", None]  # never the durable dir's name
     check_golden("status_table.txt", render_table(rows))
 
 

@@ -110,9 +110,11 @@ def test_no_beat_breaks_the_tracker_or_hides_a_run_from_its_readers(client, raw)
     assert view.skipped == []  # the tracker took nothing its readers refuse
     runs = {e["run"]: e for e in view.runs}
     assert isinstance(runs["good"]["latest"], dict)
-    table = render_table(rows_from_tracker(view.document()))
+    rows = rows_from_tracker(view.document())
+    table = render_table(rows)
     assert "good" in table and "\x1b" not in table and "\x07" not in table
-    assert sum(1 for line in table.splitlines()) == len(view.runs) + 1  # no forged line
+    warned = sum(len(r.alert_details) for r in rows)  # a WARN line under its run for each alert the agent raised
+    assert sum(1 for line in table.splitlines()) == len(view.runs) + 1 + warned  # no forged line
     for run in runs:
         assert client.get("/api/v1/runs/%s/heartbeats" % run, headers=AUTH).status_code == 200
         assert client.get("/api/v1/runs/%s/series" % run, headers=AUTH).status_code == 200

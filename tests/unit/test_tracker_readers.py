@@ -144,14 +144,15 @@ def test_a_deep_stored_row_marks_its_run_and_is_skipped_everywhere(tmp_path):
 # -- item 11: text from beats in the status table ------------------------------------------------------------------
 def test_the_status_table_shows_control_characters_of_beat_text_as_escapes():
     row = row_from_heartbeat(beat(1, run="esc", box="gpu1\x1b]0;PWNED\x07", state="run\rning",
-                                  alerts=[{"code": "x\x1b[1A"}],
+                                  alerts=[{"code": "x\x1b[1A", "message": "m\nFORGED\x1b[2J"}],
                                   checkpoint={"latest_durable": {"name": "ck\nFORGED", "step": 1}},
                                   phase={"name": "p\x1b[31m", "index": 0, "count": 2}), now=1.9e9 + 2)
     text = render_table([row, RunRow(box="b", run="plain", state="running")], now=1.9e9 + 2)
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text
     assert "gpu1\\x1b]0;PWNED\\x07" in text and "run\\x0dning" in text and "x\\x1b[1A" in text
     assert "ck\\x0aFORGED" in text and "p\\x1b[31m" in text
-    assert len(text.splitlines()) == 3  # the header and two rows: no forged line
+    assert "m FORGED\\x1b[2J" in text  # the alert's WARN line: one line, escaped
+    assert len(text.splitlines()) == 4  # the header, two rows and the alert's WARN line: no forged line
 
 
 def test_the_dashboard_writes_tracker_values_as_text_never_as_html():

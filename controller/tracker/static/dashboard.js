@@ -166,7 +166,7 @@
 
   // -- the run list ---------------------------------------------------------------------------------------------
   var LIST_HEAD = ["run", "box", "state", "att", "step", "loss", "tok/s", "GPU%", "GPU mem", "durable ckpt",
-                   "pulled", "beat", "alerts"];
+                   "at risk", "pulled", "beat", "alerts"];
 
   function listView() {
     S.view = "list";
@@ -243,7 +243,7 @@
     if (tr) return tr;
     tr = el("tr");
     tr.dataset.run = name;
-    LIST_HEAD.forEach(function (_, i) { tr.appendChild(el("td", i >= 4 && i <= 8 ? "num" : null)); });
+    LIST_HEAD.forEach(function (_, i) { tr.appendChild(el("td", (i >= 4 && i <= 8) || i === 10 ? "num" : null)); });
     var a = el("a", null, name);
     a.href = "/run/" + encodeURIComponent(name);
     tr.cells[0].appendChild(a);
@@ -285,12 +285,14 @@
     c[7].textContent = row.gpu_util === null ? "-" : Math.round(row.gpu_util);
     c[8].textContent = row.gpu_mem_used === null ? "-" : fmtBytes(row.gpu_mem_used) + "/" + fmtBytes(row.gpu_mem_total);
     c[9].textContent = ckptLabel(row);
-    c[10].textContent = "";
-    var p = c[10].appendChild(el("span", "pulled pulled-" + (row.pulled ? row.pulled.status : "unknown"),
+    c[10].textContent = row.at_risk_text || "-";  // as `onboxctl status` shows it: time/steps since the durable step
+    c[10].title = "work at risk: time/steps since the newest durable checkpoint's step";
+    c[11].textContent = "";
+    var p = c[11].appendChild(el("span", "pulled pulled-" + (row.pulled ? row.pulled.status : "unknown"),
                                  pulledText(row.pulled)));
     p.title = row.pulled ? row.pulled.text : "";
-    c[11].textContent = fmtAge(row.age_s);
-    alertsInto(c[12], row.alerts, false);
+    c[12].textContent = fmtAge(row.age_s);
+    alertsInto(c[13], row.alerts, false);
   }
 
   function pollList() {
@@ -551,7 +553,7 @@
     ck.textContent = "";
     var d = r.durable;
     ck.appendChild(el("div", null, d ? ckptLabel(r) + (d.committed_at ? ", committed " + fmtTime(d.committed_at) : "")
-                                     : "none reported yet"));
+                                     : r.checkpoint === "none" ? "none: nothing is committed" : "none reported yet"));
     if (d) ck.appendChild(el("div", null, "verified on the box: " + (r.box_verified ? "yes" : "not reported")));
     if (r.last_sync) {
       ck.appendChild(el("div", r.last_sync.ok ? null : "error", "last sync: " +
@@ -602,9 +604,11 @@
         (isNum(pg.price) ? ", " + pg.price + " an hour" : "")],
       ["heartbeat", isNum(pg.interval_s) ? "every " + fmtDur(pg.interval_s) : "-"],
       ["deadline", r.deadline && r.deadline.at ? deadlineText(r.deadline) : "none"],
+      // the figure `onboxctl status` shows (its AT RISK cell: time/steps since the durable checkpoint's step)
       ["work at risk", risk.steps === null || risk.steps === undefined ? "-" :
         risk.steps + " steps" + (isNum(risk.seconds) ? ", " + fmtDur(risk.seconds) : "") +
-        (isNum(risk.durable_step) ? " since step " + risk.durable_step + " (durable)" : " (nothing durable yet)")]];
+        (isNum(risk.durable_step) ? " since step " + risk.durable_step + " (durable)" : " (nothing durable yet)") +
+        (risk.text ? "; AT RISK " + risk.text : "")]];
     rows.forEach(function (kv) {
       var dt = dl.appendChild(el("dt", null, kv[0]));
       var dd = dl.appendChild(el("dd", kv[0] === "command" ? "cmd" : null, kv[1]));
