@@ -2,7 +2,8 @@
 *durable* checkpoint (the recovery point), so it is the time and the steps since that checkpoint's step.
 
     steps at risk = the newest step - the newest durable checkpoint's step
-    time at risk  = when the newest step was seen - when that checkpoint was committed (both on the box's clock)
+    time at risk  = when the newest step was seen - when the trainer reported that checkpoint's step (its
+                    `step_time`; its commit time where the agent does not say it), both on the box's clock
 
 With no durable checkpoint yet, every step is at risk (the time is unknown: the beats do not carry the run's
 start). Past the bound (`--max-at-risk`), the row carries the alert `at_risk`.
