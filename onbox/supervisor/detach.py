@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 from onbox import fsutil, paths, untrusted
 from onbox.errors import UsageError
 from onbox.proc import Child, ProcessSeam, ProcRef, is_alive
-from onbox.supervisor import shim
 from onbox.supervisor.rundir import RunDir
 from onbox.supervisor.state import TERMINAL_VALUES
 
@@ -106,6 +105,9 @@ def live_child(rd: RunDir, proc: ProcessSeam) -> Optional[Child]:
     state = rd.read_state()
     if not state or state.get("state") in TERMINAL or not state.get("child_pid"):
         return None
+    # imported here: `onbox status` of ended runs never pays for the keeper's imports
+    from onbox.supervisor import shim
+
     live = proc.adopt(int(state["child_pid"]), state.get("child_start_time"))
     return shim.recorded_child(state, rd.file(paths.CHILD_EXIT_FILE), live)
 
