@@ -174,11 +174,11 @@ PROV_ROWS = [
     ProvRow("leftovers-timeout", script(LEAVE + "; exec sleep 60"), "did not print a box within 2 s", timeout=2),
     ProvRow("stdout-300mb-small-tmpdir", script("head -c %d /dev/zero | tr '\\0' x; echo; echo 'no box today'"
                                                 % MB300),
-            "(its stdout cut to its last 64 KiB of 300.0 MB)", env={"TMPDIR": "TMP/no-such-tmp"}),
+            "(its stdout cut to its last 64 KiB of 300.0 MB)", timeout=120, env={"TMPDIR": "TMP/no-such-tmp"}),
     ProvRow("stderr-300mb", script("head -c %d /dev/zero | tr '\\0' x >&2; echo >&2; echo 'out of capacity' >&2; "
                                    "exit 1" % MB300),
             "exited 1: out of capacity (its stderr cut to its last 64 KiB of 300.0 MB)",
-            env={"TMPDIR": "TMP/no-such-tmp"}),
+            timeout=120, env={"TMPDIR": "TMP/no-such-tmp"}),  # 300 MB through a pipe: 10 s were too few under load
     ProvRow("stderr-escapes", script("printf 'renting\\n\\033]0;PWNED-TITLE\\007\\033[2J' >&2; exit 1"),
             "exited 1: \\x1b]0;PWNED-TITLE\\x07\\x1b[2J"),
 ]
