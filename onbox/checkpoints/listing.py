@@ -75,8 +75,8 @@ def run_listing(ctx: Any, ask_remote: bool = True, state: Optional[Dict[str, Any
     if committed == [] and not (hook.status or {}).get("latest_durable"):  # why, in words (local/whynone.py)
         select = Selection.of(ctx.config)
         doc["nothing_committed"] = whynone.nothing_committed(
-            ctx.config.durable, hook.status, problem or whynone.explain(ctx.ckpt_dir, whynone.survey(
-                ctx.ckpt_dir, select, cands), select))
+            hook.target.url if hook.target else None, hook.status, problem or whynone.explain(
+                ctx.ckpt_dir, whynone.survey(ctx.ckpt_dir, select, cands), select))
     if root is not None:  # a mounted path: what pull copies from, and every manifest on it
         doc.update(durable_root=root, has_index=os.path.isfile(os.path.join(root, INDEX)),
                    has_logs=os.path.isdir(os.path.join(root, "logs")),
