@@ -17,6 +17,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--sleep", type=float, default=0.02)
+    ap.add_argument("--name", default="state_%06d.json", help="the saves' name, %%d the step (the journey: .txt)")
     a = ap.parse_args()
     ckpt = os.environ["ONBOX_CKPT_DIR"]
     os.makedirs(ckpt, exist_ok=True)
@@ -31,7 +32,7 @@ def main() -> None:
         state["w"] = [w + 0.01 for w in state["w"]]
         seam.progress(state["step"], math.exp(-state["step"] / 50.0))
         if state["step"] % a.save_every == 0:
-            final = os.path.join(ckpt, "state_%06d.json" % state["step"])
+            final = os.path.join(ckpt, a.name % state["step"])
             data = json.dumps(state)
             with open(final + ".tmp", "w") as f:
                 if seam.reached("own-save"):
