@@ -3,7 +3,8 @@
 - on_output(line): keep the line in the log tail each beat carries (bounded, secrets redacted:
   onbox/telemetry/logtail.py); it tells the stall alert that the child is not silent.
 - on_progress(fields): a record of the run's progress feed (RunContext.progress: parsed once, by the supervisor
-  loop, from the output and ONBOX_METRICS_FILE): its loss to the alert engine, all of it to the sinks that draw
+  loop, from the output and ONBOX_METRICS_FILE): its loss and step to the alert engine (spikes, and a resume that
+  went backwards: the event `resume_backwards`, onbox/telemetry/resumecheck.py), all of it to the sinks that draw
   curves. Each beat carries the feed's newest values (`progress`) and every record since the previous beat
   (`points`, bounded: onbox/heartbeat/points.py).
 - on_event(event): a lifecycle event makes the next tick send a beat at once; the events that say when an
