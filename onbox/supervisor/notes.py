@@ -95,8 +95,16 @@ class RunNotes:
                     "hint": "see `onbox checkpoints` and the run's events (checkpoint_refused, restore_verify_failed) "
                             "for why; refused checkpoints are kept whole in <durable>/<run>/quarantine/"}
                 self._state_due = True
+            elif kind == "resume_backwards":  # onbox/telemetry/resumecheck.py: for the rest of the attempt
+                from onbox.telemetry import resumecheck
+
+                self._warnings["resume_backwards"] = {
+                    "code": "resume_backwards", "severity": "critical", "at": ev.get("time"),
+                    "message": resumecheck.describe(ev), "hint": resumecheck.HINT}
+                self._state_due = True
             elif kind in ("node_resume", "checkpoint_resume") and any(
-                    [self._warnings.pop(k, None) is not None for k in ("node_resume", "from_scratch")]):
+                    [self._warnings.pop(k, None) is not None for k in ("node_resume", "from_scratch",
+                                                                       "resume_backwards")]):
                 self._state_due = True  # a later attempt started from a checkpoint again
             elif kind == "requeue":
                 self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),

@@ -59,6 +59,9 @@ def test_a_restarted_trainer_that_ignores_the_restored_checkpoint_is_said_at_onc
     [alert] = [a for a in alerted[0]["alerts"] if a["code"] == "resume_backwards"]
     assert alert["severity"] == "critical" and "reported step 1 first, far below step %d" % resumed["step"] in \
         alert["message"]
+    # and state.json (`onbox status`, training_status.md) says it too, with what to do
+    [warned] = [w for w in state(onbox_home, "rb").get("warnings") or [] if w["code"] == "resume_backwards"]
+    assert warned["severity"] == "critical" and "ONBOX_RESUME_FROM" in warned["hint"]
 
 
 def test_a_restarted_trainer_that_loads_it_says_nothing(tmp_path, onbox_home, cleanup):
