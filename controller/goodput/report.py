@@ -175,7 +175,7 @@ def render(groups: List[Group], by: str, problems: List[str]) -> List[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in rows]
-    if any(g.money and g.unpriced_s for g in groups + [total]):
+    if any(g.money and g.unpriced_s for g in [*groups, total]):
         lines.append("* some hours are on boxes without a price (onboxctl box add NAME --price PER_HOUR, or "
                      "prices.toml): left out of the money")
     elif not any(g.money for g in groups) and groups:
