@@ -127,7 +127,7 @@ def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppab
                     stop.kill()
                     stop.wait()
             assert stop.returncode == 0, err
-            assert out.splitlines()[-1] == "x: stopped" and "Traceback" not in err
+            assert "x: stopped" in out.splitlines() and "Traceback" not in err  # then why nothing is committed
             assert "cannot write" in err  # said why the stop went by signal
             wait_for(lambda: not is_alive(*agent), timeout=30, what="the agent's exit")
             doc = state(home, "x")
@@ -199,7 +199,7 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
                 if stop.poll() is None:
                     stop.kill()
                     stop.wait()
-            assert stop.returncode == 0 and out.splitlines()[-1] == "x: stopped", err
+            assert stop.returncode == 0 and "x: stopped" in out.splitlines(), err
             assert "Traceback" not in err and state(home, "x")["state"] == "stopped"
         finally:
             started.stop()

@@ -104,7 +104,8 @@ def test_box_reaches_a_loopback_tracker_through_the_tunnel(netns_box, tmp_path, 
         r = ctl("stop", "b1", RUN, "--wait", "--grace", "2")
         lines = r.stdout.splitlines()
         assert lines[1].startswith("b1/%s: stopped after " % RUN) and lines[2] == (
-            "  no durable checkpoint: the run commits nowhere (no --durable); its checkpoints stay on the box"), r.stdout
+            "  nothing is committed: the run has no durable storage (no --durable); its checkpoints stay on the box"), \
+            r.stdout  # the agent's own why
     finally:
         subprocess.run(["ssh", *netns_box.client_options_argv(), "-p", str(e["port"]), "root@" + e["host"],
                         "%s .onbox/onbox.pyz stop %s --grace 2" % (e["python"], RUN)], capture_output=True, timeout=60)
