@@ -51,6 +51,7 @@ class Context:
     last_state: str = ""
     durable_step: Optional[int] = None
     durable_at: Optional[float] = None
+    durable_step_time: Optional[float] = None
     preempted: bool = False  # a preemption notice was under way
     thinned: int = 0  # samples dropped by the bound
     after: float = float("-inf")  # without its child's spawn time: steps reported after the previous life's last beat
@@ -91,6 +92,7 @@ class Fold:
                           agent_at=b.agent_at, setup_at=b.setup_at, child_at=b.child_at)
             if prev is not None and prev.durable_step is not None and b.durable_step is None:
                 cur.durable_step, cur.durable_at = prev.durable_step, prev.durable_at
+                cur.durable_step_time = prev.durable_step_time
             # what it resumed from (the agent restores the newest checkpoint that verifies): at least the durable step
             # the run had; a run's first life with none starts from scratch
             cur.resumed_step = 0 if prev is None else prev.durable_step
@@ -122,7 +124,7 @@ class Fold:
             if getattr(c, name) is None and getattr(b, name) is not None:
                 setattr(c, name, getattr(b, name))
         if b.durable_step is not None and (c.durable_step is None or b.durable_step >= c.durable_step):
-            c.durable_step, c.durable_at = b.durable_step, b.durable_at
+            c.durable_step, c.durable_at, c.durable_step_time = b.durable_step, b.durable_at, b.durable_step_time
         if not c.samples:
             # what it resumed from: a checkpoint committed before its child started (one committed later is its own
             # work), or the local one its first beat found; never one this life made

@@ -73,7 +73,7 @@ class Ledger:
     restarts: int  # lives after the first (a restart after a crash, a relaunch, a recovery, a requeue)
     preemptions: int
     at_risk_steps: Optional[int] = None  # the newest step less the newest durable checkpoint's
-    at_risk_s: Optional[float] = None  # the newest step's time less that checkpoint's commit time
+    at_risk_s: Optional[float] = None  # the newest step's time less that checkpoint's step time (else commit time)
     durable_step: Optional[int] = None
     kept_steps: int = 0  # the steps of the lineage, each once (productive); recomputed_steps: those trained again
     final: bool = False  # the run ended (done, stopped, failed for good): later `now`s change nothing
@@ -299,8 +299,11 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
     at_steps = at_s = None
     if tip is not None:
         at_steps = max(0, tip[1] - last.durable_step) if last.durable_step is not None else tip[1]
-        if last.durable_at is not None:
-            at_s = round(max(0.0, tip[0] - last.durable_at), 3)
+        # from when the trainer reported the checkpoint's step, as `onboxctl status` and the dashboard count it (an
+        # older agent's beat has only the commit time)
+        since = last.durable_step_time if last.durable_step_time is not None else last.durable_at
+        if since is not None:
+            at_s = round(max(0.0, tip[0] - since), 3)
     return Ledger(start=start, end=run_end, live=live, state=last.last_state, segments=merge(visible),
                   overlap=merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
                   preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (

@@ -50,6 +50,7 @@ class Beat:
     first_point: Optional[Tuple[float, int]] = None  # the first record with a step this beat brought (points)
     durable_step: Optional[int] = None  # the newest durable checkpoint's step and commit time
     durable_at: Optional[float] = None
+    durable_step_time: Optional[float] = None  # when the trainer reported that checkpoint's step (work at risk)
     local_step: Optional[int] = None  # the newest complete local checkpoint's step (what a restart resumes from)
     stalled: bool = False  # the agent's `stall` alert: no new step and no output while the child lives
     agent_at: Optional[float] = None  # times: when its agent started, the attempt's setup began, its child spawned
@@ -100,6 +101,7 @@ def beat_from_doc(doc: Any) -> Optional[Beat]:
         step=whole(_dig(doc, "progress", "step")), step_time=number(_dig(doc, "progress", "time")),
         first_point=_first_point(doc.get("points")),
         durable_step=whole(_dig(latest, "step")), durable_at=number(_dig(latest, "committed_at")),
+        durable_step_time=number(_dig(latest, "step_time")),
         local_step=whole(_dig(doc, "checkpoint", "latest_local", "step")),
         stalled=_has_stall(doc.get("alerts")),
         agent_at=number(times.get("agent_started_at")), setup_at=number(times.get("setup_at")),

@@ -228,3 +228,13 @@ def test_an_ended_life_keeps_few_samples_but_every_step():
 def test_no_beats_is_an_empty_ledger():
     led = ledger_of([], 5.0)
     assert led.wall == 0 and led.segments == [] and led.goodput is None
+
+
+def test_work_at_risk_counts_from_the_checkpoints_step_time_as_onboxctl_status_does():
+    """The checkpoint of step 20 was reported at t 21 and committed at t 50 (a sync interval later): a loss at t 60
+    costs the training since t 21, not since the commit; an older agent's beat without the step time keeps the
+    commit time."""
+    led = Run().beat(1).steps(2, 60, 1, durable_step=20, durable_at=50.0, durable_step_time=21.0).ledger(now=60.0)
+    assert (led.at_risk_steps, led.at_risk_s) == (39, 39.0)
+    old = Run().beat(1).steps(2, 60, 1, durable_step=20, durable_at=50.0).ledger(now=60.0)
+    assert (old.at_risk_steps, old.at_risk_s) == (39, 10.0)
