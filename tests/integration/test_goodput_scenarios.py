@@ -256,18 +256,29 @@ def test_a_fenced_box_trains_beside_its_replacement_and_that_time_is_counted_apa
         ns = b0.netns
         subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "down"], check=True, timeout=30)  # the cut
         try:
-            rig.keeper()
+            keep = rig.keeper()
             wait_for(rig.recovered, 120, "the recovery on the spare", 0.3)
         finally:
             subprocess.run(["ip", "-n", ns.ns, "link", "set", BridgeNet.IFNAME, "up"], check=True, timeout=30)
         wait_for(lambda: rig.state("b0").get("state") == "fenced", 60, "b0 fenced after the heal")
         resumed = rig.starts()[-1]["start"]
         wait_for(lambda: max(box_steps(rig, "s0") or [0]) >= resumed + 20, 60, "20 steps on the spare")
+        # the keeper goes first: it would relaunch the preempted run on s0 at once (the scenario ends preempted)
+        keep.terminate()
+        keep.wait(timeout=30)
         rig.kill_run("s0", signal.SIGTERM)
         wait_for(lambda: rig.state("s0").get("state") == "preempted", 60, "the spare's run preempted")
         # b0's spooled beats (sent after the heal) and s0's: every beat of both is in
-        led = wait_for(lambda: (lambda x: x if x["state"] == "preempted" and "b0" in x["overlap_s"] else None)(
-            goodput(tracker, rig.run)), 60, "b0's beats after the heal")
+        seen = []
+
+        def both_in():
+            seen[:] = [goodput(tracker, rig.run)]
+            return seen[0] if seen[0]["state"] == "preempted" and "b0" in seen[0]["overlap_s"] else None
+        try:
+            led = wait_for(both_in, 60, "b0's beats after the heal")
+        except AssertionError as e:  # what the tracker folded instead: the state, the overlap, the losses
+            raise AssertionError("%s: %s" % (e, {k: seen[0].get(k) for k in ("state", "live", "overlap_s", "losses",
+                                                                               "restarts")} if seen else None))
         beats = tracker_timeline(tracker, rig.run)
         truth = steps_truth(box_steps(rig, "b0") + box_steps(rig, "s0"), starts=[x["start"] for x in rig.starts()])
         save_fixture("fenced_box", rig.run, beats, led["end"], truth,
