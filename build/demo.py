@@ -27,8 +27,8 @@ from typing import Any, Callable, Dict, List, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from controller.boxes import Inventory  # noqa: E402
-from controller.ssh import Ssh, SshSettings  # noqa: E402
+from controller.boxes.inventory import Inventory  # noqa: E402
+from controller.boxes.ssh import Ssh, SshSettings  # noqa: E402
 from tests.hosts.sshd_box import (  # noqa: E402
     SshdBox,
     close_masters,
@@ -214,7 +214,7 @@ class Demo:
                                                                 ("preempted", "stopped", "failed", "done") else None)(
             self.box_state()), 60)
         print("  state: %s, last exit: %s" % (st.get("state"), json.dumps(st.get("last_exit"))[:160]))
-        from controller.pull import newest, remote_run
+        from controller.results.pull import newest, remote_run
 
         box = Inventory(self.env["ONBOX_CONFIG_DIR"]).resolve("demo")
         top = newest(remote_run(self.ssh, box, RUN)["checkpoints"])

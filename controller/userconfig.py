@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from controller.boxes import config_dir
+from controller.boxes.inventory import config_dir
 from onbox.environment import Environment
 from onbox.errors import UsageError
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 import click
 
 from onbox import __version__
-from onbox.commands.clikit import LazyGroup, run_cli
+from onbox.clikit import LazyGroup, run_cli
 
 C = "onbox.commands."
 COMMANDS = {

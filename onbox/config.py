@@ -206,7 +206,7 @@ class RunConfig:
     phases: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     # multi-node over SSH: the node-group file onboxctl wrote (rank, peers, rendezvous; its key stays in the file)
     node_group: Optional[str] = None
-    # containers (onbox/supervisor/container.py): the image the command runs in, extra `docker run` options, /dev/shm
+    # containers (onbox/launch/container.py): the image the command runs in, extra `docker run` options, /dev/shm
     docker_image: Optional[str] = None
     docker_args: List[str] = dataclasses.field(default_factory=list)
     docker_shm_size: str = "16g"

@@ -38,10 +38,10 @@ class Environment:
     kaggle_api_token: Optional[str] = dataclasses.field(default=None, repr=False)  # KAGGLE_API_TOKEN: a secret
     kaggle_config_dir: Optional[str] = None  # KAGGLE_CONFIG_DIR: where kaggle.json is (default ~/.kaggle)
     # ONBOX_SSH_CONNECT_TIMEOUT, _ALIVE_INTERVAL, _ALIVE_COUNT, _COMMAND_TIMEOUT, _CONTROL_DIR, _MULTIPLEX: raw
-    # strings, checked where they are turned into ssh settings (controller/ssh.py)
+    # strings, checked where they are turned into ssh settings (controller/boxes/ssh.py)
     ssh: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # ONBOX_TUNNEL_WATCH, _POLL, _BACKOFF_MAX, _RUN_CHECK, _GIVE_UP: the tunnel supervisor's knobs, raw strings
-    # checked where they are read (controller/tunnel.py WatchKnobs)
+    # checked where they are read (controller/boxes/tunnel.py WatchKnobs)
     tunnel: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod

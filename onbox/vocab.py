@@ -59,7 +59,7 @@ _KINDS = (
     # the checkpoint hook's warnings in checkpoint_status.json (onbox/checkpoints/hook/)
     AlertKind("no_checkpoint", WARNING, "nothing in the checkpoint dir counts as a checkpoint: nothing is committed"),
     AlertKind("checkpoint_dir_too_large", CRITICAL, "the checkpoint dir is too large to scan: nothing is committed"),
-    # onboxctl's own (controller/keeper/atrisk.py)
+    # onboxctl's own (controller/goodput/atrisk.py)
     AlertKind("at_risk", WARNING, "the training since the newest durable checkpoint passed --max-at-risk"),
 )
 ALERT_KINDS: Dict[str, AlertKind] = {k.code: k for k in _KINDS}

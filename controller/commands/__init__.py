@@ -14,4 +14,7 @@
   report.py    `report`: the goodput ledgers, per run, box, profile or pool (controller/goodput/)
   kaggle.py    `kaggle push|status|logs|pull` (controller/kaggle/)
   params.py    click parameter types: finite numbers in range
+
+The top room: may import every other room of the controller, onbox's library and onbox/clikit.py (the kit both
+CLIs share).
 """

@@ -6,8 +6,8 @@ from typing import Optional, Tuple
 
 import click
 
-from controller.boxes import OPTION_RE, Box, Inventory, check_box_fields, check_name, check_pool
-from onbox.commands.clikit import echo_json
+from controller.boxes.inventory import OPTION_RE, Box, Inventory, check_box_fields, check_name, check_pool
+from onbox.clikit import echo_json
 from onbox.errors import UsageError
 
 
@@ -107,7 +107,7 @@ def rm(name: str) -> None:
 def _check_profile(name: str) -> None:
     """Reject an unknown profile when the profile catalogue is available (foundation issue)."""
     try:
-        from controller.profiles import known_profiles
+        from controller.boxes.profiles import known_profiles
     except ImportError:  # pragma: no cover
         return
     names = known_profiles()
@@ -126,8 +126,8 @@ def forget_key(name: str, as_json: bool) -> None:
     known_hosts (ssh-keygen keeps the file as it was in known_hosts.old); the next connection accepts and
     records the box's new key. Nothing else is touched.
     """
-    from controller.hostkeys import forget_host_key
-    from controller.ssh import Ssh, settings_from_env
+    from controller.boxes.hostkeys import forget_host_key
+    from controller.boxes.ssh import Ssh, settings_from_env
 
     check_name(name)
     inv = Inventory()

@@ -11,9 +11,9 @@ from controller.commands.pull import say_pulled
 from controller.kaggle import folder, onboxargs
 from controller.kaggle.cli import ACTIVE, KaggleCli, credentials, log_lines
 from controller.kaggle.output import outcome_in_log, pull
-from controller.launch import check_name
-from controller.secretfiles import Selection
-from onbox.commands.clikit import echo_json
+from controller.launch.secretfiles import Selection
+from controller.launch.start import check_name
+from onbox.clikit import echo_json
 from onbox.errors import UnfitError, UsageError
 from onbox.untrusted import printable
 
@@ -58,7 +58,7 @@ def _ref(owner: str, run: str) -> str:
 
 
 def _pyz(path: Optional[str]) -> bytes:
-    from controller.push import default_pyz
+    from controller.launch.push import default_pyz
 
     path = path or default_pyz()
     if not os.path.isfile(path):

@@ -50,12 +50,12 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
     2 a record could not be read (said in one line; that run is left alone).
     """
     from controller import userconfig
-    from controller.boxes import Inventory
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
     from controller.keeper.loop import Keeper, KeeperLock, PassReport
     from controller.keeper.records import RecordStore
     from controller.keeper.world import World
-    from controller.launch import check_name
-    from controller.ssh import Ssh, settings_from_env
+    from controller.launch.start import check_name
 
     for r in runs:
         check_name(r)

@@ -7,13 +7,13 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
-from controller.boxes import Box, Inventory
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
 from controller.commands.params import Duration, HangAfter, Seconds
-from controller.launch import LaunchResult, check_job_options, check_name, launch_many, read_fanout
-from controller.relaunch import Choice
-from controller.ssh import Ssh, settings_from_env
+from controller.launch.relaunch import Choice
+from controller.launch.start import LaunchResult, check_job_options, check_name, launch_many, read_fanout
 from controller.userconfig import check_tracker_url
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 from onbox.errors import OnboxError, UsageError
 from onbox.paths import default_run_name
 
@@ -209,11 +209,11 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         tracker = check_tracker_url(tracker, "--tracker")
     elif tunnel:
         raise UsageError("--tunnel needs --tracker", hint="e.g. --tracker http://127.0.0.1:8787")
-    from controller.tunnel import is_local
+    from controller.boxes.tunnel import is_local
 
     tunnel_to = tracker if tracker and (tunnel or (tunnel is None and is_local(tracker))) else None
     if tunnel_to:
-        from controller.tunnel import WatchKnobs
+        from controller.boxes.tunnel import WatchKnobs
 
         WatchKnobs.from_env()  # its supervisor's settings, refused now rather than after the launch
     onbox_env = {}
@@ -248,7 +248,7 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
                       tunnel_to is not None, timeout, warn=lambda text: click.echo("onboxctl: warning: " + text, err=True))
 
     if as_nodes:
-        from controller.nodes import launch_group
+        from controller.launch.nodes import launch_group
 
         group = check_name(name or default_run_name(cmd))
         results = launch_group(Ssh(settings_from_env()), [inv.resolve(b) for b in boxes], cmd,
@@ -293,13 +293,13 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
 def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[Any], forwarded: List[str],
                workdir: Optional[str], onbox_env: Dict[str, str], parallel: int, timeout: float,
                take_over: bool, new: bool) -> List[Any]:
-    """For each box, the run this launch continues (controller/relaunch.py): a Choice, or the failed LaunchResult
+    """For each box, the run this launch continues (controller/launch/relaunch.py): a Choice, or the failed LaunchResult
     of a box whose agent could not be asked or whose run is still alive (that box is not launched). `new`
     (--new): a new run on each box, under a name none of its runs has."""
     import concurrent.futures
 
-    from controller.launchlog import LaunchLog
-    from controller.relaunch import ask, candidate_names, decide, free_name
+    from controller.launch.launchlog import LaunchLog
+    from controller.launch.relaunch import ask, candidate_names, decide, free_name
 
     # newest first; a damaged log is refused here, before any box is asked
     log = [] if new else LaunchLog().load()[::-1]
@@ -341,7 +341,7 @@ def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[A
 
 def _record_launches(results: List[LaunchResult]) -> None:
     """Every run a box started, into this machine's launch log (what its agent recorded as making it this run)."""
-    from controller.launchlog import LaunchLog
+    from controller.launch.launchlog import LaunchLog
 
     rows = [dict(r.recorded, run=r.name, box=r.box) for r in results
             if r.ok and isinstance(r.recorded, dict) and isinstance(r.recorded.get("command"), list)]

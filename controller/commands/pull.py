@@ -6,11 +6,11 @@ from typing import Optional
 
 import click
 
-from controller.boxes import Inventory
-from controller.launch import check_name
-from controller.pull import Transfer, pull_run
-from controller.ssh import Ssh, settings_from_env
-from onbox.commands.clikit import echo_json
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from controller.launch.start import check_name
+from controller.results.pull import Transfer, pull_run
+from onbox.clikit import echo_json
 from onbox.errors import JobFailed
 
 

@@ -6,11 +6,11 @@ from typing import IO, Optional, Tuple, Union
 
 import click
 
-from controller.boxes import Inventory
-from controller.push import EMPTY_SECRET, check_secret_name, default_pyz, push_secret, secret_input
-from controller.push import push as push_core
-from controller.ssh import Ssh, settings_from_env
-from onbox.commands.clikit import echo_json
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from controller.launch.push import EMPTY_SECRET, check_secret_name, default_pyz, push_secret, secret_input
+from controller.launch.push import push as push_core
+from onbox.clikit import echo_json
 
 
 @click.command("push")

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import click
 
-from controller.boxes import Inventory
-from controller.launch import parse_json_any
-from controller.push import REMOTE_PYZ
-from controller.ssh import Ssh, settings_from_env
-from onbox.commands.clikit import echo_json
+from controller.boxes.agent import REMOTE_PYZ, parse_json_any
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from onbox.clikit import echo_json
 from onbox.errors import UnfitError
 
 
@@ -20,7 +19,7 @@ def queue(box: str, as_json: bool) -> None:
     Entries are added on the box (`onbox queue add ... -- CMD`); this reads them. Exit 3 when the box does not
     answer or its onbox has no queue (push a newer onbox.pyz).
     """
-    from onbox.commands.queue import render_queue
+    from onbox.queue.render import render_queue
 
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env())

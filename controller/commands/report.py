@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from controller import userconfig
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 from onbox.errors import UsageError
 
 
@@ -31,10 +31,10 @@ def report(run: Optional[str], since: Optional[str], by: str, tracker: Optional[
     part cost; COST is all of it, LOST what was not productive. The ledgers are the tracker's (its dashboard and
     /metrics show the same).
     """
-    from controller.boxes import Inventory, config_dir
+    from controller.boxes.inventory import Inventory, config_dir
     from controller.goodput.prices import load_prices
     from controller.goodput.report import fetch_ledgers, group, parse_since, render, window_label
-    from controller.launch import check_name
+    from controller.launch.start import check_name
 
     if run is not None:
         check_name(run)

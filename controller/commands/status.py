@@ -9,12 +9,12 @@ from typing import List, Optional, Tuple
 import click
 
 from controller import userconfig
-from controller.agent import ask, refusal
-from controller.boxes import Box, Inventory
+from controller.boxes.agent import REMOTE_PYZ, ask, refusal
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
 from controller.commands.params import Duration, Seconds
-from controller.launch import check_name
-from controller.push import REMOTE_PYZ
-from controller.runview import (
+from controller.launch.start import check_name
+from controller.tracker.runview import (
     RunRow,
     SkippedRun,
     beat_hint,
@@ -23,8 +23,7 @@ from controller.runview import (
     rows_from_box_status,
     rows_from_tracker,
 )
-from controller.ssh import Ssh, settings_from_env
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 from onbox.untrusted import printable
 
@@ -70,7 +69,7 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
 def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
     """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network): since when, and
     whether its supervisor is re-opening it."""
-    from controller.tunnel import Records, is_open
+    from controller.boxes.tunnel import Records, is_open
 
     inv = Inventory()
     out = []

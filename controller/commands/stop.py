@@ -1,4 +1,4 @@
-"""`onboxctl stop BOX RUN [--grace S] [--wait] [--json]`: the agent's graceful stop (controller/stop.py)."""
+"""`onboxctl stop BOX RUN [--grace S] [--wait] [--json]`: the agent's graceful stop (controller/launch/stop.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +6,7 @@ from typing import Optional
 import click
 
 from controller.commands.params import Seconds
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 
 
 @click.command("stop")
@@ -29,10 +29,10 @@ def stop(box: str, run: str, grace: Optional[float], wait: bool, as_json: bool) 
     """
     import sys
 
-    from controller.boxes import Inventory
-    from controller.launch import check_name
-    from controller.ssh import Ssh, settings_from_env
-    from controller.stop import render, stop_run
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
+    from controller.launch.start import check_name
+    from controller.launch.stop import render, stop_run
 
     check_name(run)
     b = Inventory().resolve(box)

@@ -6,10 +6,10 @@ from typing import Tuple
 
 import click
 
-from controller.boxes import Inventory
-from controller.launch import check_name
-from controller.ssh import Ssh, settings_from_env
-from controller.teardown import (
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from controller.launch.start import check_name
+from controller.results.teardown import (
     gate,
     meter_argv,
     meter_command,
@@ -18,7 +18,7 @@ from controller.teardown import (
     render,
     run_meter_stop,
 )
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 from onbox.errors import JobFailed, UsageError
 
 
@@ -66,7 +66,7 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
     if not as_json:
         click.echo(passed_line(report))
         click.echo(meter_sentence(report.meter, cmd))
-    from controller.tunnel import Records, close_tunnels
+    from controller.boxes.tunnel import Records, close_tunnels
 
     try:
         if Records().find(box):  # the box goes: its tracker tunnel (and the persistent ssh master) go too

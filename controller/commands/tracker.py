@@ -155,7 +155,7 @@ def serve(db: Optional[str], host: str, port: int, token_file: Optional[str], pu
     allowed = AllowedHosts(host, [check_allowed_host(name) for name in allowed_host])
     token = read_token_file(token_file) if token_file else None
     if pulls_record is None:  # before anything is made: a config dir that is a file is refused here
-        from controller.boxes import config_dir
+        from controller.boxes.inventory import config_dir
 
         pulls_record = os.path.join(config_dir(), "pulls.json")
     tls = check_tls(tls_cert, tls_key)

@@ -7,10 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from controller.boxes import Inventory
-from controller.commands.params import Seconds
-from controller.ssh import Ssh, settings_from_env
-from controller.tunnel import (
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from controller.boxes.tunnel import (
     Records,
     Tunnel,
     WatchKnobs,
@@ -19,7 +18,8 @@ from controller.tunnel import (
     open_tunnel,
     start_supervisor,
 )
-from onbox.commands.clikit import echo_json
+from controller.commands.params import Seconds
+from onbox.clikit import echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 Key = Tuple[str, str]

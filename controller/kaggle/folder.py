@@ -24,7 +24,7 @@ import re
 import tarfile
 from typing import Any, Dict, List, Optional
 
-from controller.secretfiles import Selection
+from controller.launch.secretfiles import Selection
 from onbox import __version__
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write
@@ -34,7 +34,7 @@ SCRIPT_FILE = "onbox_kernel.py"
 MAIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_main.py")
 CODE_MAX_BYTES = 20 * 1024 * 1024  # compressed: it travels inside the script, with every version
 # left out without a word: caches and virtualenvs (secret-looking paths, .git among them, are left out and named:
-# controller/secretfiles.py)
+# controller/launch/secretfiles.py)
 CODE_SKIP_DIRS = {"__pycache__", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"}
 TITLE_PREFIX = "onbox "  # Kaggle wants a title of at least 5 characters; a run name may be shorter
 SLUG_MAX = 50

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from controller.kaggle.cli import KaggleCli
 from controller.kaggle.kernel_main import DURABLE_DIR, LOG_PREFIX, OUTCOME_FILE, OUTCOME_SCHEMA
-from controller.pull import PullReport, PullsRecord, verified_line, verify_local
+from controller.results.pull import PullReport, PullsRecord, verified_line, verify_local
 from onbox import untrusted
 from onbox.errors import JobFailed
 

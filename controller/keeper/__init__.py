@@ -1,7 +1,7 @@
 """The keeper: `onboxctl keep` watches the runs launched with `--recover pool:P` and brings them back without a
 person: relaunched on the same box after a preemption, or recovered on a spare of the pool (or a box the user's
-provision command brings up) once its box is lost. It never tears anything down. May import controller's other
-modules and onbox's leaves; nothing else in controller imports it but the commands and status.
+provision command brings up) once its box is lost. It never tears anything down. May import
+controller.boxes, .launch, .tracker and .goodput, and onbox's library; only the commands import it.
 
 Modules:
   policy.py     the recovery policy and the launch record `onboxctl run --recover` writes; durations
@@ -20,7 +20,6 @@ Modules:
   loop.py       the keeper's one loop (a pass over every run), its lock, and the per-run summary
   enrol.py      `onboxctl run --recover`: the checks before the launch and the records written after it
   view.py       what `onboxctl status` adds from the keeper's records (read-only)
-  atrisk.py     work at risk: time and steps since the newest durable checkpoint
 
 The threat model of each surface the keeper reads (a provision's output, the records, the boxes' answers, the
 tracker's beats) is in README.md here.

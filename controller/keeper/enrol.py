@@ -69,7 +69,7 @@ def check_recovery(recover: Optional[str], opts: Dict[str, Any], cmd: List[str],
         if code is None:
             raise UsageError("--include-secret goes with --code: it names a file of the code dir the keeper pushes",
                              hint="e.g. --code ./train --include-secret .env")
-        from controller.push import code_selection
+        from controller.launch.push import code_selection
 
         code_selection(code, list(opts["include_secret"]))  # a name that matches no secret-looking file: refused now
     return RecoveryPolicy(
@@ -85,7 +85,7 @@ def enrol(store: RecordStore, policy: RecoveryPolicy, run: str, boxes: List[str]
           onbox_args: List[str], onbox_env: Dict[str, str], workdir: Optional[str], opts: Dict[str, Any],
           tracker: Optional[str], tunnel: bool, timeout: float, now: Optional[float] = None) -> LaunchRecord:
     """Write the run's launch record and a fresh recovery record (WATCHING on `boxes`)."""
-    from controller.push import default_pyz
+    from controller.launch.push import default_pyz
 
     now = time.time() if now is None else now
     hb = onbox_env.get("ONBOX_HEARTBEAT_INTERVAL")
@@ -147,9 +147,9 @@ def enrol_checked(policy: RecoveryPolicy, run: str, boxes: List[str], cmd: List[
                   tracker: Optional[str], tunnel: bool, timeout: float, warn: Callable[[str], None]) -> LaunchRecord:
     """`onboxctl run --recover`'s records (enrol), then its spares checked (spares_unfit): a pool that cannot take
     the run is said now through `warn`, not at the run's first loss."""
-    from controller.boxes import Inventory
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
     from controller.keeper.world import World
-    from controller.ssh import Ssh, settings_from_env
 
     store = RecordStore()
     rec = enrol(store, policy, run, boxes, cmd, nodes, onbox_args, onbox_env, workdir, opts, tracker, tunnel, timeout)

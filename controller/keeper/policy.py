@@ -1,7 +1,7 @@
 """A run's recovery policy and its launch record: what `onboxctl run --recover pool:P` records so that `onboxctl
 keep` can launch the same run again, on the same box or elsewhere, without the person who started it.
 
-The launch record holds what `controller.launch.launch` (or `controller.nodes.launch_group`) needs to start the run
+The launch record holds what `controller.launch.start.launch` (or `controller.launch.nodes.launch_group`) needs to start the run
 again: the command, the `onbox run` options onboxctl forwarded (secrets by name only: `--secret NAME`, never a
 value), the `ONBOX_<FIELD>` settings, the work dir, the tracker and whether it is tunnelled, plus what a fresh box
 needs first (the local code dir and onbox.pyz to push, and the secret-looking files of that dir the user sent on
@@ -55,20 +55,9 @@ def _shown(seconds: Any) -> str:
     return repr(seconds)[:40]
 
 
-def format_duration(seconds: Optional[float]) -> str:
-    """30m, 2h, 45s, 1.5s: the short form status prints."""
-    if seconds is None:
-        return "-"
-    if seconds >= 5400:
-        return "%.1fh" % (seconds / 3600.0)
-    if seconds >= 90:
-        return "%dm" % (seconds // 60)
-    return "%ds" % seconds if seconds >= 10 else "%.1fs" % seconds
-
-
 def parse_recover(spec: str) -> str:
     """The pool of `--recover pool:P`."""
-    from controller.boxes import check_pool
+    from controller.boxes.inventory import check_pool
 
     if not isinstance(spec, str) or not spec.startswith(POOL_PREFIX):
         raise UsageError("--recover %r: expected pool:NAME" % (spec,),
@@ -177,7 +166,7 @@ def _want(doc: Dict[str, Any], key: str, kind: Any, where: str, optional: bool =
 
 def box_name_problem(name: Any) -> Optional[str]:
     """Why `name` is no box a record may name (None: it is one): an inventory name or an ssh alias, as
-    `onboxctl run` takes them (controller/boxes.py Inventory.resolve). It is handed to ssh and printed: never empty,
+    `onboxctl run` takes them (controller/boxes/inventory.py Inventory.resolve). It is handed to ssh and printed: never empty,
     never starting with '-' (ssh would read an option), no whitespace or control characters."""
     if not isinstance(name, str) or not name or len(name) > 255:
         return "box %s is not a box name" % repr(name)[:80]
@@ -205,7 +194,7 @@ def _strings(v: Any, where: str, key: str) -> List[str]:
 def policy_from_dict(doc: Any, where: str) -> RecoveryPolicy:
     if not isinstance(doc, dict):
         raise ValueError("%s: policy must be an object" % where)
-    from controller.boxes import BOX_NAME_RE
+    from controller.boxes.inventory import BOX_NAME_RE
 
     pool = _want(doc, "pool", str, where)
     if not BOX_NAME_RE.fullmatch(pool):
@@ -234,7 +223,7 @@ def policy_from_dict(doc: Any, where: str) -> RecoveryPolicy:
 
 def launch_from_dict(doc: Any, where: str) -> LaunchRecord:
     """A launch record read back (ValueError naming the field when a hand edit broke it)."""
-    from controller.launch import check_name
+    from controller.launch.start import check_name
 
     if not isinstance(doc, dict) or doc.get("schema") != LAUNCH_SCHEMA:
         raise ValueError("%s is not a launch record (schema %s)" % (where, LAUNCH_SCHEMA))

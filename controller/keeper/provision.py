@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Optional
 
-from controller.boxes import BOX_NAME_RE, OPTION_RE, Box, check_box_fields
+from controller.boxes.inventory import BOX_NAME_RE, OPTION_RE, Box, check_box_fields
 from controller.keeper.provision_options import key_path_problem, option_problem
 from controller.keeper.provision_run import LEFTOVER_GRACE, OUTPUT_MAX_BYTES, ProvisionRunner
 from onbox import untrusted
@@ -139,7 +139,7 @@ def box_from_line(line: str, pool: str, cmd: str = "the provision command") -> B
 def _profile_problem(name: str) -> Optional[str]:
     """Why `name` is no profile a provided box may carry (None: a known one): a profile's file is read by later
     commands (`onboxctl down` runs its meter-stop), so a name must never lead to another file."""
-    from controller.profiles import known_profiles
+    from controller.boxes.profiles import known_profiles
 
     family, _, sub = name.partition("/")
     known = known_profiles()

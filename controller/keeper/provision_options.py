@@ -22,7 +22,7 @@ import os
 import re
 from typing import Callable, Dict, List, Optional
 
-from controller.ssh import check_ssh_word
+from controller.boxes.ssh import check_ssh_word
 from onbox import untrusted
 from onbox.errors import UsageError
 
@@ -123,7 +123,7 @@ SHOWN = ("Port, User, IdentityFile, ConnectTimeout, ServerAliveInterval, ServerA
 
 def key_dirs() -> List[str]:
     """Where a provision may point ssh at a key or known-hosts file: the onboxctl config dir and ~/.ssh (resolved)."""
-    from controller.boxes import config_dir
+    from controller.boxes.inventory import config_dir
 
     return [os.path.realpath(config_dir()), os.path.realpath(os.path.join(os.path.expanduser("~"), ".ssh"))]
 

@@ -265,13 +265,13 @@ class RecordStore:
 
     def __init__(self, directory: Optional[str] = None) -> None:
         if directory is None:
-            from controller.boxes import config_dir
+            from controller.boxes.inventory import config_dir
 
             directory = config_dir()
         self.root = os.path.join(directory, "runs")
 
     def run_dir(self, run: str) -> str:
-        from controller.launch import check_name
+        from controller.launch.start import check_name
 
         return os.path.join(self.root, check_name(run))
 
@@ -331,7 +331,7 @@ class RecordStore:
         return keep
 
     def load(self, run: str) -> Tuple[LaunchRecord, RunKeep]:
-        from controller.launch import check_name
+        from controller.launch.start import check_name
 
         try:
             check_name(run)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import BLIND_FLOOR, Observation, sight
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.probes import Probes

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.keeper.atrisk import ALERT, AtRisk, work_at_risk
+from controller.goodput.atrisk import ALERT, AtRisk, work_at_risk
 from controller.keeper.loop import summary
 from controller.keeper.records import RecordProblem, RecordStore
-from controller.runview import RunRow
+from controller.tracker.runview import RunRow
 
 
 def _bound(row: RunRow, bound: Optional[float]) -> None:

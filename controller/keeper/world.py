@@ -2,7 +2,7 @@
 beats, check a spare, run the provision command, push, launch. The keeper (loop.py, recovery.py) gets a World;
 tests pass a scripted one (tests/unit/test_keeper.py), as the elastic agent's tests script their observations.
 
-Every remote call is an `onbox ... --json` command over ssh (controller/agent.py), never a script; an ssh that
+Every remote call is an `onbox ... --json` command over ssh (controller/boxes/agent.py), never a script; an ssh that
 does not reach the box (BoxUnreachable, or no answer within the probe timeout) is an observation, never an error
 (`silent` when nothing answered at all: a timeout, no route; a refused connection is the box's kernel answering).
 Any other failure (no ssh client here, a bug) is raised: it must never read as "every box is lost".
@@ -19,13 +19,13 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from controller.agent import ask
-from controller.boxes import Box, Inventory
+from controller.boxes.agent import ask
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import BoxUnreachable, RemoteTimeout, Ssh
 from controller.keeper.decide import LIVENESS, UNREADABLE, Beats, Observation
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.provision import Note, run_provision
-from controller.launch import LaunchResult
-from controller.ssh import BoxUnreachable, RemoteTimeout, Ssh
+from controller.launch.start import LaunchResult
 from onbox import untrusted
 from onbox.errors import OnboxError
 
@@ -175,7 +175,7 @@ class World:
         """The tracker's view of every run's node runs (one request per tracker); none for a run without a tracker
         (ssh alone decides: `unknown`). A tracker that is configured but cannot be read (down, an error, an answer
         runview refuses or the keeper cannot use) makes each of its runs `unreadable`, never absent or late."""
-        from controller.runview import fetch_tracker_runs
+        from controller.tracker.runview import fetch_tracker_runs
 
         by_url: Dict[str, List[str]] = {}
         for rec in runs:
@@ -293,7 +293,7 @@ class World:
         """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there. Without the code dir, a push
         this keeper made and verified within PUSH_FRESH seconds is not made again (unless `again`): the spare's check
         pushed it a moment before the recovery's push phase."""
-        from controller.push import default_pyz, push
+        from controller.launch.push import default_pyz, push
 
         pyz = rec.pyz or default_pyz()
         if not os.path.isfile(pyz):
@@ -336,8 +336,8 @@ class World:
 
     def launch(self, rec: LaunchRecord, boxes: Sequence[Box], take_over: bool) -> List[LaunchResult]:
         """`onbox run` of the recorded run on `boxes` (node 0 first for a group), as `onboxctl run` did."""
-        from controller.launch import launch
-        from controller.nodes import launch_group
+        from controller.launch.nodes import launch_group
+        from controller.launch.start import launch
 
         args = list(rec.onbox_args) + (["--take-over"] if take_over else [])
         tunnel_to = rec.tracker if rec.tunnel else None

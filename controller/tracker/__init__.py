@@ -19,7 +19,11 @@ and the dashboard.
   runfacts.py   what the onboxctl config dir says of a run: its launch record, its box's profile, pool, price
   runpage.py    a run page's facts: command line, start, elapsed, durable target, work at risk, next step
   client.py     the other side: reading a tracker's run list for `onboxctl status` and the keeper (via
-                controller/runview.py), each run checked on its own; imports nothing of the server
+                runview.py), each run checked on its own; imports nothing of the server
+  runview.py    what `onboxctl status`, the dashboard and the keeper show of a run: one normalized row, from the
+                tracker or from the boxes, and the table
+
+May import controller.boxes (the inventory), .results (the pulls record) and .goodput, and onbox's library.
 
 README.md says what each surface reads from whom and what stops a bad input (the threat model).
 """

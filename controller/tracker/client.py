@@ -1,5 +1,5 @@
 """Reading the tracker's run list (`GET /api/v1/runs`): what `onboxctl status` and the keeper read, through
-controller/runview.py.
+controller/tracker/runview.py.
 
 Whatever answers at the tracker's URL (a proxy, a broken or hostile tracker, an older tracker that stored a beat
 nested ~980 deep) is outside input. The answer is read no further than RUNS_MAX_BYTES and parsed with room

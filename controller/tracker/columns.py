@@ -26,7 +26,7 @@ POINTS_INDEX = ("CREATE INDEX IF NOT EXISTS beats_points ON beats (run, seq, att
 
 def gpu_numbers(gpus: Any) -> Tuple[Optional[float], Optional[float]]:
     """(mean utilisation %, memory used in bytes summed) over a beat's GPUs, as `onboxctl status` shows them
-    (controller/runview.py); None where no GPU reported the number."""
+    (controller/tracker/runview.py); None where no GPU reported the number."""
     items = gpus.get("gpus") if isinstance(gpus, dict) else None
     if not isinstance(items, list):
         return None, None

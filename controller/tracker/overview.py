@@ -1,6 +1,6 @@
 """The dashboard's run list: one summary row per run, sent again only when the run has new beats.
 
-A row is what `onboxctl status --json` shows for the run (controller/runview.py's row_from_heartbeat over its
+A row is what `onboxctl status --json` shows for the run (controller/tracker/runview.py's row_from_heartbeat over its
 newest beat; liveness by controller/tracker/store.py's rules: LATE after 2 intervals, SILENT after 5, judged on
 the tracker's clock), plus what the page shows beside it: the alerts with their messages and hints (every alert the
 agent knows: its rules, the supervisor's and the checkpoint hook's warnings), the newest durable checkpoint (`none`
@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from controller.runview import LIVENESS_MARK, dig, risk_label, row_from_heartbeat
 from controller.tracker.pulled import PullsView
+from controller.tracker.runview import LIVENESS_MARK, dig, risk_label, row_from_heartbeat
 from controller.tracker.store import Store, liveness, parse_doc
 from onbox.fsutil import json_safe
 

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from controller.pull import read_pulls
+from controller.results.pull import read_pulls
 from onbox import untrusted
 
 log = logging.getLogger("onbox.tracker")

@@ -77,7 +77,7 @@ class _Cached:
 
 
 def _inventory(path: str) -> Dict[str, Dict[str, Any]]:
-    from controller.boxes import Inventory
+    from controller.boxes.inventory import Inventory
 
     boxes = Inventory(os.path.dirname(path)).load()
     return {n: {"profile": b.profile, "pool": b.pool, "price": b.price} for n, b in boxes.items()}

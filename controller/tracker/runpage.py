@@ -103,7 +103,7 @@ def run_page(store: Store, facts: RunFacts, run: str, summary: Optional[Dict[str
         "profile": entry.get("profile"), "pool": entry.get("pool") or (launch or {}).get("pool"),
         "price": facts.price(box), "interval_s": interval,
         "started_at": ledger.start if ledger else None, "elapsed_s": round(ledger.wall, 3) if ledger else None,
-        # the figure `onboxctl status` shows (controller/keeper/atrisk.py over the newest beat: from the durable
+        # the figure `onboxctl status` shows (controller/goodput/atrisk.py over the newest beat: from the durable
         # checkpoint's step time), not the ledger's own (measured from its commit)
         "at_risk": _at_risk(summary),
         "ledger": dict(ledger.to_dict(segments=True), money=money(ledger, facts)) if ledger else None,

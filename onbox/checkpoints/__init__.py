@@ -5,7 +5,7 @@ This module is the base every part shares: the names onbox writes (MANIFEST, IND
 holder's name rule, and the errors of a commit (SyncFailed and its kin).
 
   durable/      the durable side: the DurableTarget protocol, a mounted path or an rclone remote as the target,
-                hashcopy, manifest, index, retention, the commit lock, phases (its __init__ names each module)
+                hashcopy, manifest, index, retention, the commit lock, steptimes (its __init__ names each module)
   formats/      format checks without torch (torch zips and pickles, safetensors, JSON), the step a checkpoint
                 records, what a checkpoint directory is (HF Trainer, save_pretrained, DCP, DeepSpeed)
   local/        the box's checkpoint dir: candidates and when each is complete (detect.py), restore into it

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 
 from onbox import fsutil
 from onbox.checkpoints import INDEX_SCHEMA, MANIFEST_SCHEMA, DurableFull, SyncFailed, formats
-from onbox.checkpoints.durable import DurableTarget, FileHashes, hashcopy, manifest, phases, retention
+from onbox.checkpoints.durable import DurableTarget, FileHashes, hashcopy, manifest, retention, steptimes
 from onbox.checkpoints.durable.index import entry_from_manifest, record_checks, upgrade_entry
 from onbox.checkpoints.local.detect import Candidate, durable_name, fingerprint_of
 
@@ -62,7 +62,7 @@ class CheckpointCommitter:
         lease_check: Callable[[str], None] = guard or (lambda what: None)
 
         def checked(what: str) -> None:
-            with phases.phase("lease checks"):
+            with steptimes.phase("lease checks"):
                 lease_check(what)
         self.guard: Callable[[str], None] = checked
         self.stamp = stamp or (lambda: None)
@@ -79,8 +79,8 @@ class CheckpointCommitter:
         self._refused: Set[str] = set()  # checkpoints whose manifest was refused, said once each
         self._holding = False  # inside held(): committed() is read once, then follows this committer's writes
         self._known: Optional[List[Dict[str, Any]]] = None
-        # the split of the last commit (and of the retention after it): phases.py, tests/bench/bench_checkpoints.py
-        self.last_phases = phases.PhaseTimes()
+        # the split of the last commit (and of the retention after it): steptimes.py, tests/bench/bench_checkpoints.py
+        self.last_phases = steptimes.PhaseTimes()
 
     def start(self) -> None:
         """Clean what an interrupted commit left behind (once per committer)."""
@@ -188,8 +188,8 @@ class CheckpointCommitter:
     def commit(self, cand: Candidate) -> CommitResult:
         """Commit one complete candidate. Raises SyncFailed (or DurableFull) loudly; never half-commits."""
         # one commit reads what is committed once (before it, and for the index after it) however it is called
-        self.last_phases = phases.PhaseTimes()
-        with contextlib.nullcontext() if self._holding else self.held(), phases.recording(self.last_phases):
+        self.last_phases = steptimes.PhaseTimes()
+        with contextlib.nullcontext() if self._holding else self.held(), steptimes.recording(self.last_phases):
             try:
                 return self._commit(cand)
             except BaseException:
@@ -199,14 +199,14 @@ class CheckpointCommitter:
     def _commit(self, cand: Candidate) -> CommitResult:
         t0 = self.clock.monotonic()
         name = durable_name(cand)
-        with phases.phase("look-up"):
+        with steptimes.phase("look-up"):
             same = self.find_same_source(cand)
             self.start()  # after the first read: a leftover is no committed checkpoint, and its listing serves both
         if same is not None:
             return CommitResult(same["name"], same.get("step"), "already", 0, 0.0, same.get("digest", ""),
                                 self.target.url)
         try:
-            with phases.phase("look-up"):
+            with steptimes.phase("look-up"):
                 existing = self.target.read_manifest(name)
         except manifest.BadManifest:  # the name is taken by a checkpoint restore refuses: commit beside it
             existing = {"files": [], "digest": None}
@@ -228,7 +228,7 @@ class CheckpointCommitter:
         if fingerprint_of_safe(cand) != cand.fingerprint:  # rewritten since it was judged complete: look again
             return CommitResult(name, cand.step, "source_changed", 0, self.clock.monotonic() - t0, "",
                                 self.target.url)
-        with phases.phase("preflight"):
+        with steptimes.phase("preflight"):
             self.preflight(cand)
         self.emit("checkpoint_commit_started", checkpoint=name, step=cand.step, bytes=cand.bytes,
                   durable=self.target.url)
@@ -248,7 +248,7 @@ class CheckpointCommitter:
             self.target.remove(name)  # U33: what landed is not what the trainer wrote, and nothing changed it
             raise SyncFailed("copy to %s came out short: %s" % (self.target.url, "; ".join(short)),
                              hint="the durable storage lost data in flight; check it and retry", errno_name="EIO")
-        with phases.phase("format check"):
+        with steptimes.phase("format check"):
             problem = None if fingerprint_of_safe(cand) != cand.fingerprint else self._whole_after_copy(cand)
         if problem is not None or fingerprint_of_safe(cand) != cand.fingerprint:
             # the trainer rewrote it while we copied (nanoGPT's in-place torch.save): this copy may be torn
@@ -260,11 +260,11 @@ class CheckpointCommitter:
         doc = self._manifest(name, cand, hashes)
         self.guard("the manifest of %s" % name)  # the last look before the commit point
         hashcopy.fault_point("before-manifest")
-        with phases.phase("manifest"):
+        with steptimes.phase("manifest"):
             self.target.put_manifest(name, doc)  # the commit point
         hashcopy.fault_point("after-manifest")
         seconds = max(self.clock.monotonic() - t0, 1e-6)
-        with phases.phase("index"):
+        with steptimes.phase("index"):
             self._update_index(entry_from_manifest(doc))
         self.emit("checkpoint_committed", checkpoint=name, step=cand.step, bytes=doc["bytes"],
                   seconds=round(seconds, 3), digest=doc["digest"], durable=self.target.url,
@@ -344,7 +344,7 @@ class CheckpointCommitter:
         each of `pinned` (the checkpoint the current attempt resumed from: a group's other nodes fetch it while
         node 0 trains on and commits). Only this holder's lineage counts (`in_lineage`): what lies outside it is
         never retired here (it is quarantined)."""
-        with phases.recording(self.last_phases), phases.phase("retention"):
+        with steptimes.recording(self.last_phases), steptimes.phase("retention"):
             return self._apply_retention(keep_last, best_metric, best_mode, every_steps, pinned)
 
     def _apply_retention(self, keep_last: int, best_metric: Optional[str], best_mode: str,
@@ -372,7 +372,7 @@ index_entry = entry_from_manifest  # the name older callers import
 
 def fingerprint_of_safe(cand: Candidate) -> Any:
     try:
-        with phases.phase("fingerprint"):
+        with steptimes.phase("fingerprint"):
             return fingerprint_of(cand)
     except OSError:
         return None

@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import FiniteFloat, PathValue, echo_json
+from onbox.clikit import FiniteFloat, PathValue, echo_json
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import PathValue, echo_json, echo_line
+from onbox.clikit import PathValue, echo_json, echo_line
 from onbox.errors import ExitCode, OnboxError, UsageError
 
 MiB = 1024 * 1024

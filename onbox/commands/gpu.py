@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import FiniteFloat, echo_json
+from onbox.clikit import FiniteFloat, echo_json
 from onbox.errors import JobFailed, UsageError
 
 DEVICES_HELP = "Glob of the NVIDIA device files to look for holders of (env ONBOX_GPU_DEVICES)."

@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import PathValue, echo_json
+from onbox.clikit import PathValue, echo_json
 from onbox.templates import KINDS, TEMPLATES
 
 

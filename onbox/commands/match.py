@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import echo_json, echo_line
+from onbox.clikit import echo_json, echo_line
 from onbox.commands.run import run_options
 
 SCHEMA = "onbox.match/1"

@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 
 
 @click.group()

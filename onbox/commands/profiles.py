@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import PathValue, echo_json
+from onbox.clikit import PathValue, echo_json
 
 MONEY_TABLES = ("billing", "preemption", "paths", "session", "accelerators")  # the tables with a source
 

@@ -12,11 +12,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import echo_json
+from onbox.clikit import echo_json
 from onbox.commands.run import run_options
 from onbox.errors import ExitCode, UsageError
-
-NAME_WIDTH = 28
+from onbox.queue.render import render_queue
 
 
 @click.group("queue")
@@ -151,39 +150,6 @@ def queue_doc(journal: Any) -> Dict[str, Any]:
         doc["phase"] = (run.get("phase") or {}).get("name")
         out.append(doc)
     return {"schema": "onbox.queue/1", "runner": _runner_doc(journal), "entries": out, "problems": journal.problems}
-
-
-def render_queue(doc: Dict[str, Any]) -> str:
-    """The text of `onbox queue ls` (and `onboxctl queue BOX`)."""
-    r = doc.get("runner") or {}
-    if r.get("alive"):
-        head = "runner: pid %s, %s, %s" % (r.get("pid"), r.get("state"), r.get("mode"))
-    elif r.get("state"):
-        head = "runner: not running (last: %s%s)" % (r.get("state"), ", exit %s" % r["exit"] if r.get(
-            "exit") is not None else "")
-    else:
-        head = "runner: never started"
-    pending = [e for e in doc.get("entries") or [] if e.get("state") not in ("done", "failed", "stopped")]
-    if pending and not r.get("alive"):
-        head += "; `onbox queue run` runs what is left"
-    lines = [head, "%-4s %-9s %-*s %-9s %-4s %s" % ("ID", "STATE", NAME_WIDTH, "RUN", "RUN-STATE", "GPU", "COMMAND")]
-    import shlex
-
-    for e in doc.get("entries") or []:
-        cmd = shlex.join(str(c) for c in e.get("command") or [])
-        lost = e.get("state") == "running" and e.get("agent_alive") is False
-        lines.append("%-4s %-9s %-*s %-9s %-4s %s" % (
-            e.get("id"), "stale" if lost else e.get("state"), NAME_WIDTH, e.get("name"), e.get("run_state") or "-",
-            e.get("gpu") if e.get("gpu") is not None else "-", cmd if len(cmd) <= 60 else cmd[:57] + "..."))
-        if e.get("state") in ("failed", "preempted") and e.get("message"):
-            lines.append("     %s" % e["message"])
-        elif lost:
-            lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` records that, or resumes it")
-    lines += ["! %s" % p for p in doc.get("problems") or []]
-    from onbox.untrusted import printable
-
-    # an entry's message and command come from the run's records and the user's argv: one line each, no escapes
-    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 @queue.command("ls")

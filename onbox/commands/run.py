@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import PathValue, echo_json
+from onbox.clikit import PathValue, echo_json
 from onbox.config import RANGES
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.commands.clikit import FiniteFloat, echo_json, echo_line
+from onbox.clikit import FiniteFloat, echo_json, echo_line
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 
 STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit

@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Tuple
 
 import click
 
-from onbox.commands.clikit import PathValue, echo_json
+from onbox.clikit import PathValue, echo_json
 from onbox.errors import UsageError
 
 

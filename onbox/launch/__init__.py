@@ -3,6 +3,7 @@ Supervisor. prepare() resolves and checks everything in the foreground, so every
 anything is created and reaches the user, not a detached agent's log; start(plan) creates the run and supervises it.
 
   plan.py     prepare() and prepare_adopt() -> LaunchPlan: the configuration layers, the re-launch record, checks
+  container.py training in a container: the docker client as the supervised child, its process seam
   checks.py   what is checked and said before anything is created, beyond RunConfig.validate
   deadline.py the run's deadline for this launch: --deadline, the Slurm job's EndTime, the profile's session hours
   match.py    which runs on this box a launch of a command would continue (the reading side of `onbox match`)

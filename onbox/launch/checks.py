@@ -309,7 +309,7 @@ def node_group(cfg: Any) -> Any:
 
 def check_container(cfg: Any) -> None:
     """--docker with a command to run inside, or a `docker run` the agent can supervise (attached)."""
-    from onbox.supervisor.container import check_client_command, is_client_command
+    from onbox.launch.container import check_client_command, is_client_command
 
     if cfg.docker_image and is_client_command(cfg.command):
         raise UsageError("--docker IMAGE builds the `docker run` line itself: give it the command to run inside",

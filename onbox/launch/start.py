@@ -137,8 +137,8 @@ def _recorded(rd: RunDir, fallback: RunConfig) -> RunConfig:
 
 
 def _container_seam(cfg: RunConfig, rd: RunDir) -> Optional[Any]:
-    """The process seam of a container job (onbox/supervisor/container.py), None for any other run."""
-    from onbox.supervisor.container import seam_for
+    """The process seam of a container job (onbox/launch/container.py), None for any other run."""
+    from onbox.launch.container import seam_for
 
     def log(message: str) -> None:
         sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))

@@ -1,4 +1,4 @@
-"""The pre-flight check (`onbox audit`): is this box fit for the run? Phase 0 of the seeds, in under 2 seconds.
+"""The pre-flight check (`onbox audit`): is this box fit for the run? Asked before anything starts, in under 2 seconds.
 
 Each check gives a verdict (ok / warn / fail / info), a one-line summary and, when something needs doing, a hint.
 A `fail` makes the box unfit (exit 3): the checkpoint dir is unwritable or below the free-space/inode floor, the

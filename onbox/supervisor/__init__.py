@@ -24,7 +24,6 @@
   leftovers.py   what an attempt left running (its tree, its marker) and how it is stopped
   preempt.py     signals and cloud metadata notices -> one PreemptionNotice
   childenv.py    the child's argv and environment
-  container.py   training in a container: the docker client as the supervised child
   rundir.py      the run directory's files, their writers, and the one reader of config.json
   detach.py      daemonize, the per-run lock, re-adopting a live child, stopping one whose agent is gone
   shim.py        the keeper of an attempt's child (a shim): the child's exit status outlives the agent, an adopting

@@ -5,7 +5,7 @@
   a user runs: Python start-up, the scan, the status file, the commit, the logs) beside `cp -r` + `sync` and
   `rsync -a` + `sync`. Target: the committer <= 1.10x cp+sync, and faster than rsync; the command's ratio is shown
   beside it. Printed with each: the CPU time (user + system) and every round's time (the spread), and the split
-  of each onbox method's best round (onbox/checkpoints/phases.py; for the command, its start-up and what is
+  of each onbox method's best round (onbox/checkpoints/durable/steptimes.py; for the command, its start-up and what is
   around the commit too).
 - `onbox verify` of the committed checkpoint (every manifest hash + every zip CRC) vs `sha256sum` of its files, both
   reading from the page cache (the committed files are read once before, so neither reads the disk).
@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TIMEOUT = 600
 COMMIT_TARGET = 1.10
 RUN = "bench"  # the run name of `onbox sync`
-# the committer's phases, in protocol order (phases.py); what the sum leaves is "other"
+# the committer's phases, in protocol order (durable/steptimes.py); what the sum leaves is "other"
 PHASES = ("look-up", "fingerprint", "preflight", "lease checks", "copy+hash", "fsync files", "fsync dirs", "rename",
           "format check", "manifest", "index", "retention")
 

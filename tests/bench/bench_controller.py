@@ -13,10 +13,10 @@ import sys
 import tempfile
 import time
 
-from controller.boxes import Box
-from controller.pull import PullsRecord, Transfer, pull_run
-from controller.push import push
-from controller.ssh import Ssh, SshSettings
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Ssh, SshSettings
+from controller.launch.push import push
+from controller.results.pull import PullsRecord, Transfer, pull_run
 from tests.hosts.sshd_box import SshdBox, build_pyz, close_masters, have_sshd
 
 

@@ -135,8 +135,8 @@ def by_hand(rig: Any, pair: Tuple[Any, Any], tracker: Any) -> Dict[str, Any]:
 
 
 def _report(k: Dict[str, Any], h: Dict[str, Any], lost_after: float, keep: Dict[str, Any]) -> bool:
+    from controller.boxes.ssh import SshSettings
     from controller.keeper.policy import LOST_AFTER_BEATS, MIN_LOST_AFTER
-    from controller.ssh import SshSettings
 
     ssh = SshSettings()
     total_k, total_h = k["first"] - k["dead"], h["first"] - h["dead"]

@@ -323,11 +323,11 @@ def close_masters(control_dir: str) -> None:
 
 
 def tunnel_supervisors(config_dir: str) -> List[Tuple[int, int]]:
-    """(pid, start time) of each tunnel supervisor (controller/tunnelwatch.py) running for `config_dir`: onboxctl
+    """(pid, start time) of each tunnel supervisor (controller/boxes/tunnelwatch.py) running for `config_dir`: onboxctl
     starts them with ONBOX_CONFIG_DIR=<config_dir> in their environment."""
     from tests.processes import with_env
 
-    return with_env("ONBOX_CONFIG_DIR", config_dir, argv_has="controller.tunnelwatch")
+    return with_env("ONBOX_CONFIG_DIR", config_dir, argv_has="controller.boxes.tunnelwatch")
 
 
 def stop_tunnel_supervisors(config_dir: str, timeout: float = 15.0) -> None:

@@ -2,7 +2,7 @@
 
 Each row: a request (method, path, body, the Host it names, with or without the token), the status it must get and
 a piece of its one-line `{"error": ...}`. For every row: that status; that piece; the tracker still serves; its run
-list still reads, through the controller's own reader (controller/runview.py), with the good run and its newest
+list still reads, through the controller's own reader (controller/tracker/runview.py), with the good run and its newest
 beat in it; a refused beat stored nothing. Rows with status 200 are the false positives: the legitimate request
 beside each refusal (a beat at the bound, an agent through an ssh tunnel, a name given with --allowed-host).
 
@@ -24,7 +24,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import pytest
 import requests
 
-from controller.runview import read_tracker
+from controller.tracker.runview import read_tracker
 from tests.conftest import subprocess_env
 from tests.hosts.tracker import TrackerProcess
 

@@ -178,7 +178,7 @@ def test_a_tracker_answer_nested_100000_deep_is_one_clear_line_not_a_traceback(c
 
 
 def test_a_tracker_answer_is_read_no_further_than_its_bound(raw_tracker):
-    from controller.runview import fetch_tracker_runs
+    from controller.tracker.runview import fetch_tracker_runs
     from onbox.errors import UnfitError
 
     _RawTracker.body = b'{"runs": []}' + b" " * 4096

@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from controller.boxes import Box, Inventory
-from controller.pull import PARTIAL_DIR, PullsRecord, Transfer, pull_run
-from controller.push import REMOTE_PYZ, push, verify_pushed
-from controller.ssh import Ssh, SshSettings
+from controller.boxes.agent import REMOTE_PYZ
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import Ssh, SshSettings
+from controller.launch.push import push, verify_pushed
+from controller.results.pull import PARTIAL_DIR, PullsRecord, Transfer, pull_run
 from onbox.errors import JobFailed
 from tests.conftest import default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters

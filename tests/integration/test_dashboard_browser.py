@@ -241,10 +241,10 @@ def keeper_world(tracker, t0):
     """The real keeper's World with its boxes scripted (no ssh): gpu1 stops answering, spare s0 of pool a100 takes
     the run and trains from step 1351 (restored from durable step 1350), then s0 stops answering too. What the
     tracker says (beats) and where the events go (POST /api/v1/events) are the real ones."""
-    from controller.boxes import Box
+    from controller.boxes.inventory import Box
     from controller.keeper.decide import Observation
     from controller.keeper.world import World
-    from controller.launch import LaunchResult
+    from controller.launch.start import LaunchResult
 
     class Scripted(World):
         def __init__(self):

@@ -74,10 +74,10 @@ def test_a_pool_whose_every_spare_fails_audit_is_said_at_run_and_a_fit_one_is_no
 
 
 def test_a_secret_sent_on_purpose_is_recorded_and_sent_to_a_replacement_box(rig, two_boxes, tmp_path, monkeypatch):
-    from controller.boxes import Inventory
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
     from controller.keeper.records import RecordStore
     from controller.keeper.world import World
-    from controller.ssh import Ssh, settings_from_env
 
     code = tmp_path / "train"
     code.mkdir()

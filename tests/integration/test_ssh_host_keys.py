@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.root]
 @pytest.fixture
 def ctl(tmp_path):
     cm = tempfile.mkdtemp(prefix="ok", dir="/tmp")
-    # a space and a `%` in the path: ssh reads its -o values as words with %-tokens (controller/ssh.py config_path)
+    # a space and a `%` in the path: ssh reads its -o values as words with %-tokens (controller/boxes/ssh.py config_path)
     env = subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "my cfg 100%"), "ONBOX_SSH_CONTROL_DIR": cm,
                           "ONBOX_SSH_CONNECT_TIMEOUT": "5"})
     yield env

@@ -27,7 +27,7 @@ import json
 with open(out, "w") as f:
     json.dump(loaded, f)
 """
-CLI = {"onbox", "onbox.cli", "onbox.commands", "onbox.commands.clikit", "onbox.errors"}
+CLI = {"onbox", "onbox.cli", "onbox.commands", "onbox.clikit", "onbox.errors"}
 # What reading run directories needs: the state, the pid + start time check, the run's lock.
 STATUS = CLI | {"onbox.commands.runs", "onbox.paths", "onbox.environment", "onbox.fsutil", "onbox.untrusted",
                 "onbox.proc", "onbox.clock", "onbox.supervisor", "onbox.supervisor.detach", "onbox.supervisor.rundir",

@@ -1,5 +1,5 @@
 """The tracker tunnel stays up without the user: the supervisor `onboxctl run` starts beside it
-(controller/tunnelwatch.py) re-opens it after a link drop, and `onboxctl tunnel --keep` prints each change once.
+(controller/boxes/tunnelwatch.py) re-opens it after a link drop, and `onboxctl tunnel --keep` prints each change once.
 
 - a box in its own network namespace (it cannot reach this machine's 127.0.0.1), a real tracker on 127.0.0.1,
   `onboxctl run --tracker http://127.0.0.1:PORT`: the box's link is cut for 20 s (`ip -n NS link set IF down`,
@@ -197,9 +197,9 @@ def test_keep_prints_one_line_per_change(sshd_box, tmp_path):
     ctl = Ctl(tmp_path)
     try:
         ctl.add("b1", sshd_box)
-        from controller.boxes import Inventory
-        from controller.ssh import Ssh, SshSettings
-        from controller.tunnel import Records, open_tunnel, start_supervisor
+        from controller.boxes.inventory import Inventory
+        from controller.boxes.ssh import Ssh, SshSettings
+        from controller.boxes.tunnel import Records, open_tunnel, start_supervisor
 
         ssh = Ssh(SshSettings(control_dir=ctl.cm, connect_timeout=3, alive_interval=1, alive_count=3))
         records = Records(ctl.cfg)

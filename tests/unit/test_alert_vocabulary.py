@@ -12,7 +12,7 @@ from tests.conftest import REPO_ROOT
 RAISERS = {  # where alerts are spelled, and how a code looks there
     "onbox/telemetry/alerts.py": r'Alert\(\s*"([a-z_]+)"',
     "onbox/supervisor/notes.py": r'"code": "([a-z_]+)"',
-    "controller/keeper/atrisk.py": r'^ALERT = "([a-z_]+)"',
+    "controller/goodput/atrisk.py": r'^ALERT = "([a-z_]+)"',
 }
 
 

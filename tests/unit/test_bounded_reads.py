@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from controller import boxes, pull, tunnel
+from controller.boxes import inventory as boxes
+from controller.boxes import tunnel
+from controller.results import pull
 from controller.tracker.pulled import PullsView
 from onbox import fsutil, untrusted
 from onbox.errors import UsageError
@@ -271,7 +273,7 @@ def test_a_cidfile_that_is_a_fifo_is_skipped_for_the_one_before(tmp_path):
     from types import SimpleNamespace
 
     from onbox.gpu.ownership import container_ids
-    from onbox.supervisor.container import ContainerSeam
+    from onbox.launch.container import ContainerSeam
 
     cid = "ab" * 32
     (tmp_path / "containers").mkdir()

@@ -19,7 +19,7 @@ from onbox.checkpoints.hook import CheckpointCommitHook
 from onbox.checkpoints.recheck import record_verification
 from onbox.checkpoints.verify import verify_path
 from onbox.cli import cli
-from onbox.commands.clikit import run_cli
+from onbox.clikit import run_cli
 from onbox.paths import COMMIT_LOCK_FILE
 from tests.checkpoint_files import flip_byte, write_torch_zip
 from tests.fakes.run_context import run_context

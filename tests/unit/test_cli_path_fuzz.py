@@ -13,7 +13,7 @@ import click
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from onbox.commands.clikit import option_like
+from onbox.clikit import option_like
 from onbox.commands.run import check_run_options
 from onbox.config import RunConfig
 from onbox.errors import OnboxError, UsageError

@@ -6,8 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from onbox.clikit import PathValue, option_like
 from onbox.commands import checkpoints, run, sbatch
-from onbox.commands.clikit import PathValue, option_like
 from onbox.errors import UsageError
 
 PATH_OPTIONS = {"--run-file": "run_file", "--ckpt-dir": "ckpt_dir", "--durable": "durable", "--workdir": "workdir",

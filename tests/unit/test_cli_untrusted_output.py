@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 import onbox.commands.checkpoints as ckpt_cmd
 import onbox.commands.runs as runs_cmd
-from onbox.commands.clikit import report_error
-from onbox.commands.queue import render_queue
+from onbox.clikit import report_error
 from onbox.errors import JobFailed, UnfitError, UsageError
+from onbox.queue.render import render_queue
 from onbox.supervisor.rundir import RunDir
 
 EVIL = "ck\nr: done (attempt 9, restarts 0, child -, agent alive)\x1b]0;PWNED\x07\x9b2J\r"

@@ -13,7 +13,7 @@ from onbox.errors import UsageError
 from onbox.gpu.holders import Holder, container_id
 from onbox.gpu.ownership import AttemptIndex, classify
 from onbox.gpu.reaper import decide
-from onbox.supervisor import container as ct
+from onbox.launch import container as ct
 from onbox.supervisor.childenv import child_env
 from tests.golden import check_golden
 

@@ -13,13 +13,12 @@ from typing import Any, List
 
 import pytest
 
-from controller.agent import agent_json
-from controller.boxes import Box
+from controller.boxes.agent import REMOTE_PYZ, agent_json
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Result
 from controller.commands.status import box_rows
-from controller.pull import PullsRecord, remote_run, remote_runs
-from controller.push import REMOTE_PYZ
-from controller.ssh import Result
-from controller.teardown import judge_run
+from controller.results.pull import PullsRecord, remote_run, remote_runs
+from controller.results.teardown import judge_run
 from onbox.errors import JobFailed, UsageError
 
 BOX = Box(name="b1", host="h")
@@ -191,7 +190,7 @@ def test_the_push_hash_is_sha256sum_and_says_when_the_box_has_none(tmp_path):
     """The one command push sends that is no `onbox` command (the pyz may not be there yet, and what landed must
     not vouch for itself): sha256sum's hash, nothing for a missing file, and a box without sha256sum is told, not
     read as "no pyz" (the Python fallback it had never ran: the pipeline's status was cut's)."""
-    from controller.push import _REMOTE_SHA
+    from controller.launch.push import _REMOTE_SHA
 
     assert "python" not in _REMOTE_SHA and " -c " not in _REMOTE_SHA
     f = tmp_path / "onbox.pyz"

@@ -8,12 +8,12 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from controller.boxes import Box, Inventory
-from controller.launch import parse_json_tail, read_fanout
-from controller.pull import PullsRecord, RemoteCheckpoint, newest
-from controller.runview import render_table, rows_from_box_status, rows_from_tracker
-from controller.ssh import Ssh, SshSettings, Target, remote_command
-from controller.teardown import judge_run
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import Ssh, SshSettings, Target, remote_command
+from controller.launch.start import parse_json_tail, read_fanout
+from controller.results.pull import PullsRecord, RemoteCheckpoint, newest
+from controller.results.teardown import judge_run
+from controller.tracker.runview import render_table, rows_from_box_status, rows_from_tracker
 from onbox.errors import UsageError
 from onbox.paths import default_run_name  # the one rule, shared with the agent (tests/unit/test_run_names.py)
 from tests.golden import check_golden
@@ -183,8 +183,8 @@ def test_a_fanout_file_is_read_bounded_and_only_when_regular(tmp_path):
 
 
 def test_a_push_record_nested_100000_deep_is_no_record_not_a_traceback():
-    from controller.launch import remote_env
-    from controller.ssh import Result
+    from controller.boxes.ssh import Result
+    from controller.launch.start import remote_env
 
     class BoxAnswers:
         def run(self, target, argv=None, **kw):
@@ -231,8 +231,8 @@ def test_teardown_judgement(tmp_path):
 
 
 def test_gate_report_golden():
-    from controller.profiles import MeterStop
-    from controller.teardown import GateReport, RunVerdict, render
+    from controller.boxes.profiles import MeterStop
+    from controller.results.teardown import GateReport, RunVerdict, render
 
     report = GateReport(
         box="gpu1",
@@ -248,7 +248,7 @@ def test_gate_report_golden():
 
 
 def test_meter_stop_from_the_shipped_profiles():
-    from controller.profiles import known_profiles, meter_stop
+    from controller.boxes.profiles import known_profiles, meter_stop
 
     if "runpod" not in known_profiles():
         pytest.skip("profiles/ not in this checkout yet")
@@ -258,7 +258,7 @@ def test_meter_stop_from_the_shipped_profiles():
 
 
 def test_a_refused_user_profile_is_said_never_replaced_by_the_built_in_one(tmp_path, monkeypatch):
-    from controller.profiles import meter_stop
+    from controller.boxes.profiles import meter_stop
 
     monkeypatch.setenv("ONBOX_HOME", str(tmp_path))
     mine = tmp_path / "profiles" / "runpod.toml"
@@ -280,7 +280,7 @@ def test_a_refused_user_profile_is_said_never_replaced_by_the_built_in_one(tmp_p
 
 
 def test_rsync_progress_lines_parse():
-    from controller.pull import PROGRESS_RE
+    from controller.results.pull import PROGRESS_RE
 
     m = PROGRESS_RE.match("    111,443,968  20%  106.28MB/s    0:00:03")
     assert m and m.group(2) == "20" and m.group(3) == "106.28MB/s"
@@ -288,7 +288,7 @@ def test_rsync_progress_lines_parse():
 
 
 def test_ssh_settings_from_env():
-    from controller.ssh import settings_from_env
+    from controller.boxes.ssh import settings_from_env
 
     s = settings_from_env({"ONBOX_SSH_CONNECT_TIMEOUT": "3", "ONBOX_SSH_MULTIPLEX": "0"}, connect_timeout=None)
     assert s.connect_timeout == 3 and not s.multiplex
@@ -301,7 +301,7 @@ def test_ssh_settings_from_env():
 
 def test_json_output_is_strict_json_even_for_a_diverged_run(capsys):
     """`onboxctl status --json` of a run whose loss is NaN or Infinity: what any JSON parser (jq) reads."""
-    from onbox.commands.clikit import echo_json
+    from onbox.clikit import echo_json
 
     rows = rows_from_tracker({"runs": [{"run": "div", "box": "b", "liveness": "ok",
                                          "latest": _beat(progress={"step": 3, "loss": "NaN", "tokens_per_s": "Infinity"})}]},

@@ -27,13 +27,13 @@ def test_tracker_announcement_names_the_address_the_dashboard_and_the_token(host
 
 # -- onboxctl status: the heartbeat hint -----------------------------------------------------------------------
 def _row(run="gpt", source="tracker", liveness="ok", state="running", age=3.0, interval=None, box="gpu1"):
-    from controller.runview import RunRow
+    from controller.tracker.runview import RunRow
 
     return RunRow(box=box, run=run, state=state, liveness=liveness, source=source, age_s=age, interval_s=interval)
 
 
 def test_beat_hint_for_the_default_interval_names_the_flag():
-    from controller.runview import beat_hint
+    from controller.tracker.runview import beat_hint
 
     assert beat_hint([_row()]) == (
         "the table is as old as each run's newest beat: gpu1/gpt beats every 30 s (the default), so its step and loss "
@@ -44,7 +44,7 @@ def test_beat_hint_for_the_default_interval_names_the_flag():
 
 
 def test_beat_hint_for_an_overdue_beat():
-    from controller.runview import beat_hint
+    from controller.tracker.runview import beat_hint
 
     assert beat_hint([_row(interval=5.0, age=9.0)]) == (
         "gpu1/gpt's newest beat is 9s old, overdue for a run that beats every 5 s: its row is that far behind the "
@@ -59,13 +59,13 @@ def test_beat_hint_for_an_overdue_beat():
     _row(source="ssh", liveness="unknown", age=40.0),  # read from the box itself: no beat behind
 ])
 def test_no_beat_hint(row):
-    from controller.runview import beat_hint
+    from controller.tracker.runview import beat_hint
 
     assert beat_hint([row]) is None
 
 
 def test_the_row_carries_the_interval_the_beat_says():
-    from controller.runview import row_from_heartbeat
+    from controller.tracker.runview import row_from_heartbeat
 
     assert row_from_heartbeat({"run": "r", "interval_s": 5}).interval_s == 5.0
     assert row_from_heartbeat({"run": "r", "interval_s": "soon"}).interval_s is None
@@ -79,7 +79,7 @@ def _report(files, load_note="", loaded=None, problems=()):
 
 
 def test_checked_words_say_only_what_was_checked():
-    from controller.pull import checked_words, verified_line
+    from controller.results.pull import checked_words, verified_line
 
     torch_zip = {"path": "model.pt", "kind": "torch-zip", "ok": True}
     plain = {"path": "model.dat", "kind": "", "ok": True, "note": "hash only"}
@@ -102,8 +102,8 @@ def test_checked_words_say_only_what_was_checked():
 
 # -- onboxctl down: the verdict once the gate passes, and how to stop the meter, for every profile ---------------
 def _gate(*kinds, box="gpu1"):
-    from controller.profiles import MeterStop
-    from controller.teardown import GateReport, RunVerdict
+    from controller.boxes.profiles import MeterStop
+    from controller.results.teardown import GateReport, RunVerdict
 
     runs = [RunVerdict("r%d" % i, "done", None, None, k == "verified", k == "verified", False, "", kind=k)
             for i, k in enumerate(kinds, 1)]
@@ -113,7 +113,7 @@ def _gate(*kinds, box="gpu1"):
 
 
 def test_passed_line_names_each_run_for_what_it_is():
-    from controller.teardown import passed_line
+    from controller.results.teardown import passed_line
 
     assert passed_line(_gate("verified", "verified")) == (
         "Gate passed: every run's newest checkpoint on gpu1 is pulled and verified.")
@@ -127,8 +127,8 @@ def test_passed_line_names_each_run_for_what_it_is():
 
 
 def test_judge_run_kinds(tmp_path):
-    from controller.pull import PullsRecord, RemoteCheckpoint
-    from controller.teardown import judge_run
+    from controller.results.pull import PullsRecord, RemoteCheckpoint
+    from controller.results.teardown import judge_run
 
     rec = PullsRecord(str(tmp_path / "pulls.json"))
     ck = RemoteCheckpoint(name="step_1", manifest_sha256="a" * 64, step=1)
@@ -143,7 +143,7 @@ def test_judge_run_kinds(tmp_path):
 
 
 def _all_profiles():
-    from controller.profiles import known_profiles, load_profile
+    from controller.boxes.profiles import known_profiles, load_profile
 
     out = []
     for name in known_profiles():
@@ -157,8 +157,8 @@ def test_every_profile_says_how_to_stop_the_meter_in_a_sentence(name):
     """The teardown text of every built-in profile (and sub-platform) reads as a sentence of its own: it says how to
     stop the meter, or that there is none; never a verb spliced into a template ("manual (provider-specific) the
     box on its platform")."""
-    from controller.profiles import meter_stop
-    from controller.teardown import meter_sentence
+    from controller.boxes.profiles import meter_stop
+    from controller.results.teardown import meter_sentence
 
     m = meter_stop(name)
     assert m.how, "profile %s has no [billing] teardown sentence" % name
@@ -170,8 +170,8 @@ def test_every_profile_says_how_to_stop_the_meter_in_a_sentence(name):
 
 
 def test_meter_sentence_without_a_profile_sentence_or_with_a_command():
-    from controller.profiles import MeterStop, meter_stop
-    from controller.teardown import meter_sentence
+    from controller.boxes.profiles import MeterStop, meter_stop
+    from controller.results.teardown import meter_sentence
 
     mine = MeterStop(profile="mycloud", verb="manual (provider-specific)", irreversible=True, verified=None,
                      source=None, command=None)

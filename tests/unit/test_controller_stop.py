@@ -1,12 +1,12 @@
-"""`onboxctl stop`'s logic without a box (controller/stop.py): what it says for each outcome, the bound of --wait,
+"""`onboxctl stop`'s logic without a box (controller/launch/stop.py): what it says for each outcome, the bound of --wait,
 and the agent's answers it refuses. The real thing against an sshd box: tests/integration/test_controller_stop.py."""
 from __future__ import annotations
 
 import pytest
 
-from controller import stop as st
-from controller.boxes import Box
-from controller.ssh import BoxUnreachable, Result
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import BoxUnreachable, Result
+from controller.launch import stop as st
 from onbox.errors import JobFailed, UsageError
 
 BOX = Box(name="gpu1", host="h")

@@ -7,9 +7,9 @@ import json
 import math
 import sqlite3
 
-from controller.runview import LIVENESS_MARK, row_from_heartbeat
 from controller.tracker.overview import Overview
 from controller.tracker.pulled import PullsView
+from controller.tracker.runview import LIVENESS_MARK, row_from_heartbeat
 from controller.tracker.series import _read_sql, series_body
 from controller.tracker.series import read_series as _read_series
 from controller.tracker.session import Auth, same_origin

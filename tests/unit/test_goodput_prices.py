@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from controller.boxes import Inventory
+from controller.boxes.inventory import Inventory
 from controller.cli import cli
 from controller.goodput.prices import load_prices, price_of
 from controller.goodput.report import group, parse_since, render

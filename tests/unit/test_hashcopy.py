@@ -1,10 +1,10 @@
-"""The copy+hash of one file (hashcopy.copy_and_hash) on real files, and the split a commit records (phases.py)."""
+"""The copy+hash of one file (hashcopy.copy_and_hash) on real files, and the split a commit records (steptimes.py)."""
 from __future__ import annotations
 
 import os
 
 from onbox.checkpoints.commit import CheckpointCommitter
-from onbox.checkpoints.durable import hashcopy, phases
+from onbox.checkpoints.durable import hashcopy, steptimes
 from onbox.checkpoints.durable.localpath import LocalPathTarget
 from onbox.clock import FakeClock
 from tests.checkpoint_files import complete_cands, write_torch_zip
@@ -46,6 +46,6 @@ def test_a_commit_records_where_its_time_went_and_its_event_carries_it(tmp_path)
     assert all(s >= 0 for s in com.last_phases.seconds.values())
     [ev] = emit.of("checkpoint_committed")
     assert steps <= set(ev["phases"]) and "retention" not in ev["phases"]  # retention comes after the event
-    with phases.phase("outside a commit"):  # records nowhere, runs its block
+    with steptimes.phase("outside a commit"):  # records nowhere, runs its block
         pass
     assert "outside a commit" not in com.last_phases.seconds

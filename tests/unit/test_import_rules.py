@@ -2,7 +2,8 @@
 inside functions and TYPE_CHECKING blocks too):
 
 - onbox never imports controller (the agent ships alone in onbox.pyz);
-- library code never imports onbox.commands or click (only onbox/cli.py and onbox/commands/ are CLI);
+- library code never imports onbox.commands or click (only onbox/cli.py, onbox/clikit.py and onbox/commands/ are CLI);
+- the controller has rooms (boxes, launch, results, tracker, keeper, kaggle, goodput, commands) with contracts too;
 - no import circles, between modules or between packages;
 - each package imports only what its contract below allows (the same lists as the package docstrings).
 """
@@ -53,7 +54,7 @@ CONTRACT: Dict[str, Set[str]] = {
     "onbox.examples": set(),
     "onbox.templates": LEAVES,  # its data files (the templates) import nothing of onbox
 }
-CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands"}
+CLI_PARTS = {"onbox.cli", "onbox.__main__", "onbox.commands", "onbox.clikit"}
 
 
 def module_files() -> Dict[str, str]:
@@ -270,3 +271,73 @@ def test_each_part_of_the_checkpoints_package_imports_only_what_stands_below_it(
 
 def test_the_checkpoint_layers_have_no_circle():
     assert cycles(CHECKPOINT_LAYERS) == []
+
+
+# The controller's rooms, each over the rooms it may import (besides onbox's library): the same lists as their
+# package docstrings. boxes is the floor (inventory, ssh, the agent's questions, tunnels); launch and results stand on
+# it; the tracker reads pull records and prices; the keeper uses all of those; commands and the CLI sit on top.
+CONTROLLER_CONTRACT: Dict[str, Set[str]] = {
+    "controller": set(),
+    "controller.goodput": set(),  # pure: beats in, ledgers out (prices read from a file)
+    "controller.boxes": {"controller.goodput"},  # a box's price
+    "controller.userconfig": {"controller.boxes"},
+    "controller.launch": {"controller.boxes"},
+    "controller.results": {"controller.boxes"},
+    "controller.tracker": {"controller.boxes", "controller.goodput", "controller.results"},
+    "controller.kaggle": {"controller.launch", "controller.results"},
+    "controller.keeper": {"controller.boxes", "controller.goodput", "controller.launch", "controller.tracker"},
+    "controller.commands": {"controller.boxes", "controller.goodput", "controller.kaggle", "controller.keeper",
+                            "controller.launch", "controller.results", "controller.tracker", "controller.userconfig"},
+    "controller.cli": {"controller.commands"},
+    "controller.__main__": {"controller.cli"},
+}
+# onbox's CLI parts a controller module may import: the kit both CLIs share (onbox/clikit.py) in the controller's own
+# CLI; the agent's `onbox run` parser where a Kaggle push checks a session's options with it.
+CONTROLLER_CLI = {"controller.cli", "controller.commands"}
+ONBOX_CLI_USERS = {"controller.kaggle.onboxargs": {"onbox.commands"}}
+
+
+def controller_part(module: str) -> str:
+    """controller.boxes.ssh -> controller.boxes; controller.cli -> controller.cli; onbox.x.y -> onbox.x."""
+    return ".".join(module.split(".")[:2])
+
+
+def controller_part_graph(g: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    out: Dict[str, Set[str]] = {}
+    for m, ts in internal(g).items():
+        if m.split(".")[0] != "controller":
+            continue
+        a = controller_part(m)
+        out.setdefault(a, set()).update(controller_part(t) for t in ts
+                                        if t.split(".")[0] == "controller" and controller_part(t) != a)
+    return out
+
+
+def test_every_room_of_the_controller_has_a_contract():
+    assert set(controller_part_graph(graph())) - set(CONTROLLER_CONTRACT) == set()
+
+
+@pytest.mark.parametrize("part", sorted(CONTROLLER_CONTRACT))
+def test_each_room_of_the_controller_imports_only_what_its_contract_allows(part):
+    actual = controller_part_graph(graph()).get(part, set())
+    assert actual - CONTROLLER_CONTRACT[part] == set(), "widen CONTROLLER_CONTRACT (and the docstring) on purpose"
+
+
+def test_the_controller_contract_has_no_circle_and_nothing_runs_back_up():
+    assert cycles(CONTROLLER_CONTRACT) == []
+    assert cycles(controller_part_graph(graph())) == []
+
+
+def test_only_the_controllers_cli_imports_onboxs_cli_parts():
+    bad = sorted("%s imports %s" % (m, t) for m, ts in graph().items() if m.split(".")[0] == "controller"
+                 and controller_part(m) not in CONTROLLER_CLI
+                 for t in ts if (t == "onbox.clikit" or t == "click" or part_of(t) in CLI_PARTS)
+                 and part_of(t) not in ONBOX_CLI_USERS.get(m, set()) and not (t == "click" and m in ONBOX_CLI_USERS))
+    assert bad == []
+
+
+def test_the_controller_checker_sees_a_room_that_imports_upward():
+    fake = {"controller.boxes.ssh": {"controller.keeper.loop"}, "controller.keeper.loop": {"controller.boxes.ssh"}}
+    assert controller_part_graph(fake) == {"controller.boxes": {"controller.keeper"},
+                                           "controller.keeper": {"controller.boxes"}}
+    assert "controller.keeper" not in CONTROLLER_CONTRACT["controller.boxes"]

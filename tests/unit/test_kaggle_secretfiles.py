@@ -1,4 +1,4 @@
-"""Secret-looking files of a code dir that leaves this machine (controller/secretfiles.py): the names and contents
+"""Secret-looking files of a code dir that leaves this machine (controller/launch/secretfiles.py): the names and contents
 that are left out, the look-alikes that are not, --include-secret, and both ways out: the Kaggle kernel's code
 archive (folder.pack_code) and the rsync of `onboxctl push` (a real local rsync with the push's own filters)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import tarfile
 
 import pytest
 
-from controller import secretfiles
 from controller.kaggle import folder
-from controller.push import code_filter_args, code_selection
-from controller.secretfiles import Selection
+from controller.launch import secretfiles
+from controller.launch.push import code_filter_args, code_selection
+from controller.launch.secretfiles import Selection
 from onbox.errors import UsageError
 
 SECRETS = [".env", ".env.local", ".env.production", ".envrc", "prod.env", "deploy/.env", "kaggle.json",

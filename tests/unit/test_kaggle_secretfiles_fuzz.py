@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from controller.kaggle import folder
-from controller.push import code_filter_args, code_selection
-from controller.secretfiles import Selection
+from controller.launch.push import code_filter_args, code_selection
+from controller.launch.secretfiles import Selection
 
 word = st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True)
 dirs = st.lists(st.from_regex(r"d[a-z0-9]{0,4}", fullmatch=True), max_size=2).map("/".join)

@@ -14,7 +14,7 @@ import pytest
 from controller.kaggle import cli as kcli
 from controller.kaggle import folder, kernel_main, onboxargs, output
 from controller.kaggle.output import check_tree, outcome_in_log, output_pattern, pull
-from controller.pull import PullsRecord
+from controller.results.pull import PullsRecord
 from onbox.errors import JobFailed, UsageError
 
 DEEP = "[" * 100000 + "]" * 100000

@@ -11,13 +11,13 @@ from unittest import mock
 
 import pytest
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats, Observation, Verdict, first_new_step, judge, judge_box
 from controller.keeper.loop import Keeper, KeeperLock
 from controller.keeper.policy import LaunchRecord, RecoveryPolicy
 from controller.keeper.provision import ProvisionFailed
 from controller.keeper.records import PHASES, KeepState, RecordStore
-from controller.launch import LaunchResult
+from controller.launch.start import LaunchResult
 from onbox.clock import FakeClock
 from onbox.errors import UsageError
 

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.loop import Keeper
 from controller.keeper.provision import ProvisionFailed, box_from_line, run_provision
 from controller.keeper.records import RecordStore

@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import Observation
 from controller.keeper.loop import Keeper
 from controller.keeper.policy import LaunchRecord, RecoveryPolicy, check_provision_timeout

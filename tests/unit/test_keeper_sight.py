@@ -11,13 +11,13 @@ from typing import Any, Dict, List
 
 import pytest
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats, Observation, Verdict, judge_box, sight
 from controller.keeper.loop import Keeper, summary
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, RecordStore
 from controller.keeper.view import apply_keeper
-from controller.runview import RunRow, keeper_label
+from controller.tracker.runview import RunRow, keeper_label
 from onbox.clock import FakeClock
 from tests.unit.test_keeper import FakeWorld, alive, dataclass_replace, down, policy
 
@@ -342,7 +342,7 @@ def test_a_keeper_started_again_mid_launch_says_why_it_waits_and_launches_when_n
 def test_a_launch_refused_because_the_run_is_alive_there_reads_as_landed(store):
     """A second `onbox run` under a live name is refused (exit 2); when the box then says the run is alive there,
     the earlier launch landed: relaunched, not a launch failure."""
-    from controller.launch import LaunchResult
+    from controller.launch.start import LaunchResult
 
     clock = FakeClock(start_wall=1000.0)
     record(store, "r1", ["b1"], lost_after=0.0, tries=1)

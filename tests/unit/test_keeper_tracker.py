@@ -5,7 +5,7 @@ document nested too deep, or a run list the keeper cannot use for the run, is wa
 configured ssh alone decides, as before.
 
 The tracker here is a real HTTP server on loopback answering what each row says (tests/hosts/tracker_stub.py), read
-by the keeper's real World.beats (controller/runview.py's fetch); only the ssh side is scripted (the box fails every
+by the keeper's real World.beats (controller/tracker/runview.py's fetch); only the ssh side is scripted (the box fails every
 probe), on a FakeClock.
 """
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any, Dict, List
 
 import pytest
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats, Observation, Verdict, judge, judge_box
 from controller.keeper.loop import Keeper
 from controller.keeper.policy import LaunchRecord, RecoveryPolicy
 from controller.keeper.records import KeepState, RecordStore
 from controller.keeper.world import World
-from controller.launch import LaunchResult
+from controller.launch.start import LaunchResult
 from onbox.clock import FakeClock
 from tests.hosts.tracker_stub import TrackerStub
 

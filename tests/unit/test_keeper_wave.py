@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import List
 
-from controller.boxes import Box
+from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats
 from controller.keeper.loop import Keeper
 from controller.keeper.records import KeepState, RecordStore

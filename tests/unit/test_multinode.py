@@ -206,8 +206,8 @@ def test_node0_publishes_each_restore_and_a_node_follows_it(tmp_path):
 
 
 def test_a_non_primary_node_never_blocks_its_boxs_teardown():
-    from controller.pull import PullsRecord
-    from controller.teardown import judge_run
+    from controller.results.pull import PullsRecord
+    from controller.results.teardown import judge_run
 
     rec = PullsRecord("/nonexistent/pulls.json")
     node1 = {"run": "big.node1", "state": "preempted", "durable": "/d", "run_root": "/d/big.node1",
@@ -219,8 +219,8 @@ def test_a_non_primary_node_never_blocks_its_boxs_teardown():
 
 
 def test_each_node_is_reached_on_the_subnet_all_boxes_share():
-    from controller.boxes import Box
-    from controller.nodes import group_docs, node_address
+    from controller.boxes.inventory import Box
+    from controller.launch.nodes import group_docs, node_address
 
     boxes = [Box("b0", "203.0.113.5"), Box("b1", "203.0.113.6"), Box("b2", "gpu2", in_inventory=False)]
     probes = [{"addrs": [{"addr": "203.0.113.5", "prefix": 32}, {"addr": "10.0.0.5", "prefix": 16}],

@@ -15,12 +15,12 @@ import warnings
 
 import pytest
 
-from controller import stop as st
 from controller.commands.status import box_rows
-from controller.pull import PullsRecord, pull_run, remote_run
-from controller.runview import at_risk_label, render_table, row_from_heartbeat, rows_from_tracker
-from controller.teardown import judge_run
+from controller.launch import stop as st
+from controller.results.pull import PullsRecord, pull_run, remote_run
+from controller.results.teardown import judge_run
 from controller.tracker.app import create_app
+from controller.tracker.runview import at_risk_label, render_table, row_from_heartbeat, rows_from_tracker
 from controller.tracker.store import open_store
 from onbox.errors import JobFailed
 from tests.unit.test_controller_contract import BOX, LocalBox

@@ -179,7 +179,7 @@ def test_a_meter_stop_command_that_hangs_is_stopped_at_its_timeout_and_said(tmp_
 
     import pytest
 
-    from controller.teardown import run_meter_stop
+    from controller.results.teardown import run_meter_stop
     from onbox.errors import JobFailed
 
     started = time.monotonic()

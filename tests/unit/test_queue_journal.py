@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from onbox.commands.queue import render_queue
 from onbox.errors import UnfitError, UsageError
 from onbox.queue.journal import Journal
+from onbox.queue.render import render_queue
 from onbox.queue.slots import CONFIG_VARS, agent_env
 from tests.golden import check_golden
 

@@ -1,6 +1,6 @@
 """Which run a launch belongs to (`onboxctl run` without --name): the matching rules of the agent (onbox/launch/
 match.py, `onbox match`), the controller's decision over the box's answer and its launch log (controller/
-relaunch.py: resume, new, refused), the words it says, and the launch log itself (controller/launchlog.py).
+relaunch.py: resume, new, refused), the words it says, and the launch log itself (controller/launch/launchlog.py).
 The whole story against real sshd boxes and agents: tests/integration/test_relaunch_ssh.py."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from controller.boxes import Box
-from controller.launchlog import MAX_ENTRIES, LaunchLog
-from controller.relaunch import Choice, candidate_names, decide, free_name
+from controller.boxes.inventory import Box
+from controller.launch.launchlog import MAX_ENTRIES, LaunchLog
+from controller.launch.relaunch import Choice, candidate_names, decide, free_name
 from onbox.config import RunConfig
 from onbox.errors import UsageError
 from onbox.launch.match import differences

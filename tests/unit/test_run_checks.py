@@ -11,8 +11,8 @@ import pytest
 from onbox import config
 from onbox.config import CONTRACT_VARS, RunConfig, check_env_entry, check_path, contract_var_hint, resolve
 from onbox.errors import UsageError
+from onbox.launch import container
 from onbox.launch.checks import SYSTEM_DIRS, check_paths, ckpt_dir_problem, written_file_problem
-from onbox.supervisor import container
 from onbox.supervisor.childenv import child_env, read_env_file, read_secret
 from onbox.untrusted import path_length_problem
 

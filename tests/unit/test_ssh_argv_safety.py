@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from controller.ssh import Ssh, SshSettings, Target
+from controller.boxes.ssh import Ssh, SshSettings, Target
 from onbox.errors import UsageError
 
 BAD = ["-oProxyCommand=touch /tmp/x", "-F/tmp/evil", "-", "", "host name", "host\nname", "a\x00b"]

@@ -1,12 +1,12 @@
-"""ssh's own failures read as their causes (controller/ssh.py `classify`, `unreachable`), and the host-key options an
+"""ssh's own failures read as their causes (controller/boxes/ssh.py `classify`, `unreachable`), and the host-key options an
 inventory box gets (onbox's known_hosts, accept-new) or keeps (its own)."""
 from __future__ import annotations
 
 import pytest
 
-from controller.boxes import Box, Inventory
-from controller.ssh import Ssh, SshSettings, Target, config_path, manages_host_keys
-from controller.sshfail import classify, unreachable
+from controller.boxes.inventory import Box, Inventory
+from controller.boxes.ssh import Ssh, SshSettings, Target, config_path, manages_host_keys
+from controller.boxes.sshfail import classify, unreachable
 
 CHANGED = """@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
 @    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @

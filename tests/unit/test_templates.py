@@ -16,7 +16,7 @@ import types
 import pytest
 
 from onbox.cli import cli
-from onbox.commands.clikit import run_cli
+from onbox.clikit import run_cli
 from onbox.templates import COMMON, HERE, KINDS, TRAINKIT, render
 from tests.golden import check_golden
 

@@ -98,7 +98,7 @@ def test_input_goes_to_stdin():
 
 def test_callers_keep_their_own_words():
     """Each caller's Tool, on the failures its tests and goldens know."""
-    from controller.ssh import SSH, RemoteCommandFailed, RemoteTimeout
+    from controller.boxes.ssh import SSH, RemoteCommandFailed, RemoteTimeout
     from onbox.checkpoints import SyncFailed
     from onbox.checkpoints.durable.rclone import RcloneTarget
     from onbox.slurm.job import SlurmError

@@ -1,6 +1,6 @@
 """Property: whatever beats a token holder posts (random bodies, and near-valid beats with deep or large unknown
 keys, junk sections, control characters, run names of other runs), the tracker answers a 2xx or a 4xx with one
-line, never a 500; and its run list, read back through the controller's own reader (controller/runview.py), is
+line, never a 500; and its run list, read back through the controller's own reader (controller/tracker/runview.py), is
 always readable, skips nothing (the tracker takes nothing its readers refuse: one bound), keeps the good run with
 its newest beat, and renders as a status table with no control character in it.
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from controller.runview import render_table, rows_from_tracker, view_of_answer
 from controller.tracker.app import create_app
 from controller.tracker.hosts import AllowedHosts
+from controller.tracker.runview import render_table, rows_from_tracker, view_of_answer
 from controller.tracker.store import open_store
 
 with warnings.catch_warnings():  # starlette 1.x would rather have httpx2; httpx is what this venv has

@@ -1,4 +1,4 @@
-"""The readers of the tracker (controller/tracker/client.py, through controller/runview.py): each run of an answer
+"""The readers of the tracker (controller/tracker/client.py, through controller/tracker/runview.py): each run of an answer
 is checked on its own, so one bad run is said and never hides the others; an answer that cannot be read at all is
 told apart from one that lists no run. And the tracker's own side of the same bound: a deep row an older tracker
 stored marks its run in the list, is skipped in its history and on the dashboard, and the status table shows text
@@ -11,7 +11,9 @@ import sqlite3
 
 import pytest
 
-from controller.runview import (
+from controller.tracker.overview import Overview
+from controller.tracker.pulled import PullsView
+from controller.tracker.runview import (
     RunRow,
     check_runs,
     render_table,
@@ -19,8 +21,6 @@ from controller.runview import (
     rows_from_tracker,
     view_of_answer,
 )
-from controller.tracker.overview import Overview
-from controller.tracker.pulled import PullsView
 from controller.tracker.store import Store
 
 URL = "http://127.0.0.1:8787"

@@ -1,4 +1,4 @@
-"""The tunnel's supervisor (controller/tunnelwatch.py) without a network: its loop against a scripted master and a
+"""The tunnel's supervisor (controller/boxes/tunnelwatch.py) without a network: its loop against a scripted master and a
 scripted re-open (backoff capped, one log line per change, every way it ends), its knobs, the record's new fields,
 and what `onboxctl tunnel --keep` says of two looks at a tunnel."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import List, Optional
 
 import pytest
 
-import controller.tunnelwatch as tw
+import controller.boxes.tunnelwatch as tw
+from controller.boxes.tunnel import Records, Tunnel, TunnelClosed, WatchKnobs
 from controller.commands.tunnel import _change, _line
-from controller.tunnel import Records, Tunnel, TunnelClosed, WatchKnobs
 from onbox.errors import UnfitError, UsageError
 
 
@@ -38,7 +38,7 @@ def cfg(tmp_path, monkeypatch):
 
 
 def supervisor(records, ssh, **knobs):
-    sup = tw.Supervisor("b1", "127.0.0.1:8787", records=records, ssh=ssh,
+    sup = tw.TunnelWatcher("b1", "127.0.0.1:8787", records=records, ssh=ssh,
                         knobs=WatchKnobs(**dict(dict(poll=0.01, backoff_max=0.08, run_check=3600, give_up=60),
                                                 **knobs)))
     assert sup.register() is None
@@ -124,7 +124,7 @@ def test_a_recorded_supervisor_counts_only_while_that_very_process_lives(cfg):
     with cfg.editing() as tunnels:
         tunnels[0].supervisor_pid = 1  # pid 1 lives, but started at another time: a recycled pid, no supervisor
     assert not cfg.get(("b1", "127.0.0.1:8787")).supervised()
-    again = tw.Supervisor("b1", "127.0.0.1:8787", records=cfg, ssh=FakeSsh([111]), knobs=WatchKnobs())
+    again = tw.TunnelWatcher("b1", "127.0.0.1:8787", records=cfg, ssh=FakeSsh([111]), knobs=WatchKnobs())
     assert again.register() is None and cfg.get(("b1", "127.0.0.1:8787")).supervised()
 
 

@@ -82,7 +82,7 @@
     var gib = n / 1073741824;
     return gib >= 1 ? gib.toFixed(1) + "G" : Math.floor(n / 1048576) + "M";
   }
-  function fmtAge(s) {  // as `onboxctl status` prints it (controller/runview.py fmt_age)
+  function fmtAge(s) {  // as `onboxctl status` prints it (controller/tracker/runview.py fmt_age)
     if (s === null || s === undefined) return "-";
     if (s < 90) return Math.floor(s) + "s";
     if (s < 5400) return Math.floor(s / 60) + "m";

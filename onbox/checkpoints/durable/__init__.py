@@ -11,7 +11,7 @@ and the error for a directory that is not onbox's.
   index.py      checkpoints_index.json: its entries, their verification state, re-checks recorded
   retention.py  which committed checkpoints to keep (last N, best, every K steps, always the newest verified)
   runlock.py    the run's commit lock (every writer of the durable side and the index on this box)
-  phases.py     where a commit's time goes: seconds per step, in its checkpoint_committed event
+  steptimes.py  where a commit's time goes: seconds per step, in its checkpoint_committed event
 
 May import: the shared leaves and onbox.checkpoints (the base: names, errors). Nothing else of the package.
 

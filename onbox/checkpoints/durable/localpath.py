@@ -26,7 +26,7 @@ from onbox.checkpoints.durable import (
     foreign_entry,
     hashcopy,
     manifest,
-    phases,
+    steptimes,
 )
 from onbox.checkpoints.durable.manifest import check_files as manifest_check_files
 
@@ -133,7 +133,7 @@ class LocalPathTarget:
                         made.add(parent)
                         parent = os.path.dirname(parent)
             out = copy_files(root, staging, files, hash_name)
-            with phases.phase("fsync dirs"):
+            with steptimes.phase("fsync dirs"):
                 for d in sorted(made, key=len, reverse=True):
                     fsutil.fsync_dir(d)
             hashcopy.fault_point("before-rename")
@@ -143,7 +143,7 @@ class LocalPathTarget:
                 if os.path.islink(final) or not os.path.lexists(os.path.join(final, PARTIAL_MARKER)):
                     raise foreign_entry(self.run_root, name)
                 self._discard(name)
-            with phases.phase("rename"):
+            with steptimes.phase("rename"):
                 os.rename(staging, final)
                 fsutil.fsync_dir(self.ckpts)
             hashcopy.fault_point("after-rename")
@@ -353,10 +353,10 @@ def copy_files(root: str, dest: str, files: List[str], hash_name: str, workers: 
         return hashcopy.copy_and_hash(os.path.join(root, rel), os.path.join(dest, rel), hash_name, fsync=False)
 
     order = sorted(files, key=lambda r: -os.path.getsize(os.path.join(root, r)))
-    with phases.phase("copy+hash"), ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
+    with steptimes.phase("copy+hash"), ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
         futures = [(rel, pool.submit(one, rel)) for rel in order]
         out = {rel: f.result() for rel, f in futures}
-    with phases.phase("fsync files"):
+    with steptimes.phase("fsync files"):
         for rel in order:
             hashcopy.fsync_file(os.path.join(dest, rel))
     return {rel: out[rel] for rel in files}

@@ -8,8 +8,8 @@ that is not a directory is refused rather than read as an empty inventory.
 A box name that is not in the inventory is handed to ssh as a host alias, so ~/.ssh/config (HostName, Port,
 User, ProxyJump, IdentityFile) and the agent decide how to reach it.
 
-Host keys of inventory boxes are kept in known_hosts next to the inventory (controller/ssh.py): a new box's key
-is accepted on first contact, a changed one refused until `onboxctl box forget-key NAME` (controller/hostkeys.py).
+Host keys of inventory boxes are kept in known_hosts next to the inventory (controller/boxes/ssh.py): a new box's key
+is accepted on first contact, a changed one refused until `onboxctl box forget-key NAME` (controller/boxes/hostkeys.py).
 A box whose `options` set StrictHostKeyChecking or UserKnownHostsFile (or the like) keeps its own.
 
     [boxes.gpu1]
@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from controller.ssh import Target, check_ssh_word, manages_host_keys
+from controller.boxes.ssh import Target, check_ssh_word, manages_host_keys
 from onbox import untrusted
 from onbox.environment import Environment
 from onbox.errors import UsageError

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, Dict, Iterable, List, Optional
 
-from controller.keeper.atrisk import AtRisk, work_at_risk
+from controller.goodput.atrisk import AtRisk, work_at_risk
 from controller.tracker.client import (  # noqa: F401 (re-exported: status and the keeper read the tracker here)
     RUNS_MAX_BYTES,
     SkippedRun,
@@ -60,7 +60,7 @@ class RunRow:
     durable_step: Optional[int] = None  # the newest durable checkpoint's step: the recovery point
     durable_at: Optional[float] = None  # when it was committed (the box's clock)
     durable_step_time: Optional[float] = None  # when the trainer reported its step (the box's clock): work at risk
-    at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/keeper/atrisk.py): seconds, steps, bound, alert
+    at_risk: Optional[Dict[str, Any]] = None  # work at risk (controller/goodput/atrisk.py): seconds, steps, bound, alert
     keeper: Optional[Dict[str, Any]] = None  # `onboxctl keep`'s word on the run (state, recoveries, where it lives)
     interval_s: Optional[float] = None  # the agent's heartbeat interval, as its beat says (the tracker's clock)
     # the run's deadline as its beat or `onbox status` says: {at, ask_at, asked_at, source} (the box's clock)

@@ -19,10 +19,10 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller.boxes import Box
-from controller.launch import LaunchResult, launch, parse_json_tail
-from controller.push import REMOTE_PYZ
-from controller.ssh import Ssh
+from controller.boxes.agent import REMOTE_PYZ
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Ssh
+from controller.launch.start import LaunchResult, launch, parse_json_tail
 from onbox.errors import OnboxError, UsageError
 from onbox.multinode.role import SCHEMA, check_addr, node_run_name
 

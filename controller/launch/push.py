@@ -20,19 +20,15 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from controller.boxes import Box
-from controller.secretfiles import Selection
-from controller.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link
-from controller.sshfail import unreachable
+from controller.boxes.agent import REMOTE_CODE, REMOTE_PUSHED, REMOTE_PYZ, REMOTE_ROOT, REMOTE_SECRETS
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link
+from controller.boxes.sshfail import unreachable
+from controller.launch.secretfiles import Selection
 from onbox.environment import Environment
 from onbox.errors import JobFailed, UsageError
 from onbox.toolrun import Says, Tool
 
-REMOTE_ROOT = ".onbox"
-REMOTE_PYZ = REMOTE_ROOT + "/onbox.pyz"
-REMOTE_CODE = REMOTE_ROOT + "/code"
-REMOTE_PUSHED = REMOTE_ROOT + "/pushed.json"
-REMOTE_SECRETS = REMOTE_ROOT + "/secrets"
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 # sha256 of a remote file, or nothing when it is missing. Not an `onbox` command: before the first push there is
@@ -103,7 +99,7 @@ def _rsync_pattern(rel: str) -> str:
 
 def code_selection(code_dir: str, include: Sequence[str] = (), timeout: float = 120.0) -> Tuple[Selection, List[str]]:
     """What of `code_dir` a push sends, as rsync itself lists it (.gitignore honoured), with its secret-looking
-    paths (controller/secretfiles.py) left out unless `include`d: the Selection (what was left out and why), and
+    paths (controller/launch/secretfiles.py) left out unless `include`d: the Selection (what was left out and why), and
     the --exclude rules that leave them out (anchored, escaped)."""
     src = os.path.abspath(code_dir).rstrip("/") + "/"
     sel = Selection(code_dir, include)

@@ -8,11 +8,30 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from controller.boxes import Box
-from controller.launch import parse_json_any
-from controller.push import REMOTE_PYZ
-from controller.ssh import Result, Ssh
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Result, Ssh
+from onbox import untrusted
 from onbox.errors import JobFailed, OnboxError, UsageError
+
+# where things live on a box, relative to the login directory (the box's own python runs the pyz)
+REMOTE_ROOT = ".onbox"
+REMOTE_PYZ = REMOTE_ROOT + "/onbox.pyz"
+REMOTE_CODE = REMOTE_ROOT + "/code"
+REMOTE_PUSHED = REMOTE_ROOT + "/pushed.json"
+REMOTE_SECRETS = REMOTE_ROOT + "/secrets"
+
+
+def parse_json_any(text: str) -> Any:
+    """The JSON document (object or list) a command printed, even if a stray line came before it; None if none."""
+    text = text.strip()
+    for start in [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]:
+        chunk = text[start:]
+        if chunk.startswith(("{", "[")):
+            try:  # a box's answer is untrusted: nested 100,000 deep it is no document, never a RecursionError
+                return untrusted.loads_json(chunk, "the box's answer")
+            except ValueError:
+                continue
+    return None
 
 
 def ask(ssh: Ssh, box: Box, args: List[str], timeout: float = 60.0) -> Tuple[Any, Result, str]:

@@ -1,7 +1,7 @@
 """The tunnel's supervisor: one background process per recorded tracker tunnel, so that a tunnel `onboxctl run`
 opened stays up without the user.
 
-    python -m controller.tunnelwatch BOX HOST:PORT     (started by controller.tunnel.start_supervisor)
+    python -m controller.boxes.tunnelwatch BOX HOST:PORT     (started by controller.boxes.tunnel.start_supervisor)
 
 The ssh master that carries the tunnel runs with ServerAliveInterval/CountMax, so a dead link ends it within
 interval x count seconds. The supervisor checks every `poll` seconds, locally (`ssh -O check`: no network),
@@ -25,9 +25,9 @@ import sys
 import time
 from typing import Any, List, Optional
 
-from controller.boxes import Inventory
-from controller.ssh import Ssh, settings_from_env
-from controller.tunnel import Records, Tunnel, TunnelClosed, WatchKnobs, open_tunnel
+from controller.boxes.inventory import Inventory
+from controller.boxes.ssh import Ssh, settings_from_env
+from controller.boxes.tunnel import Records, Tunnel, TunnelClosed, WatchKnobs, open_tunnel
 from onbox.errors import OnboxError
 from onbox.proc import start_time
 
@@ -36,7 +36,7 @@ def stamp(t: Optional[float] = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
-class Supervisor:
+class TunnelWatcher:
     def __init__(self, box: str, local: str, records: Optional[Records] = None, ssh: Optional[Ssh] = None,
                  knobs: Optional[WatchKnobs] = None) -> None:
         self.key = (box, local)
@@ -99,7 +99,7 @@ class Supervisor:
     # -- the box ----------------------------------------------------------------------------------------------
     def runs_alive(self) -> Optional[bool]:
         """Whether a run on the box has a live agent: True, False, or None when the box did not say."""
-        from controller.agent import ask
+        from controller.boxes.agent import ask
 
         try:
             doc, _res, _ = ask(self.ssh, Inventory().resolve(self.box), ["status", "--json"], timeout=30)
@@ -194,14 +194,14 @@ class Supervisor:
 def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2:
-        print("usage: python -m controller.tunnelwatch BOX HOST:PORT", file=sys.stderr)
+        print("usage: python -m controller.boxes.tunnelwatch BOX HOST:PORT", file=sys.stderr)
         return 2
     # The process that started us waits for this one only: the supervisor is its child, so that a launcher that
     # lives on (`onboxctl keep`) is never left with a zombie to reap.
     if os.fork():
         os._exit(0)
     try:
-        sup = Supervisor(args[0], args[1])
+        sup = TunnelWatcher(args[0], args[1])
         other = sup.register()
     except OnboxError as e:
         print("not supervising %s %s: %s" % (args[0], args[1], e.message), flush=True)

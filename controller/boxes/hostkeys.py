@@ -1,7 +1,7 @@
 """onbox's own known_hosts ($ONBOX_CONFIG_DIR/known_hosts): where inventory boxes' host keys are kept.
 
 ssh itself writes it: an inventory box is reached with `StrictHostKeyChecking=accept-new` against this file
-(controller/ssh.py), so a box met for the first time is accepted and its key recorded, and a box whose key has
+(controller/boxes/ssh.py), so a box met for the first time is accepted and its key recorded, and a box whose key has
 CHANGED since is refused (a re-rented machine at the same address, or someone in the middle). Nothing here ever
 accepts a changed key: `onboxctl box forget-key NAME` removes the old one, on the user's word, and the next
 connection records the new one.
@@ -17,8 +17,8 @@ import stat
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from controller.boxes import Box, known_hosts_path
-from controller.ssh import Ssh, manages_host_keys
+from controller.boxes.inventory import Box, known_hosts_path
+from controller.boxes.ssh import Ssh, manages_host_keys
 from onbox.errors import UnfitError, UsageError
 from onbox.toolrun import Says, Tool
 

@@ -1,4 +1,4 @@
-"""Launch `onbox run` on boxes, detached, and return at once (seeds phase 3).
+"""Launch `onbox run` on boxes, detached, and return at once, in parallel over several boxes.
 
 The box's agent does the detaching (it survives our ssh session, U1-U3); here we only start it, read back the
 run it reports, and probe it in a SEPARATE call (U4: never chain a kill or a probe into the launching command).
@@ -14,9 +14,9 @@ import shlex
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from controller.boxes import Box
-from controller.push import REMOTE_PUSHED, REMOTE_PYZ
-from controller.ssh import Ssh
+from controller.boxes.agent import REMOTE_PUSHED, REMOTE_PYZ, parse_json_any
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Ssh
 from onbox import untrusted
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.paths import valid_run_name
@@ -36,8 +36,8 @@ class LaunchResult:
     exit_code: int = 0
     seconds: float = 0.0
     tracker: Optional[str] = None  # the tracker URL the agent on the box was given
-    tunnel: Optional[Dict[str, Any]] = None  # the reverse tunnel that URL goes through (controller/tunnel.py)
-    # which run this launch is, and why (controller/relaunch.py): resumed, new, or named by --name
+    tunnel: Optional[Dict[str, Any]] = None  # the reverse tunnel that URL goes through (controller/boxes/tunnel.py)
+    # which run this launch is, and why (controller/launch/relaunch.py): resumed, new, or named by --name
     match: Optional[Dict[str, Any]] = None
     # what the agent recorded as making the run this run (command, workdir, durable, ckpt_dir): the launch log's
     recorded: Optional[Dict[str, Any]] = None
@@ -83,19 +83,6 @@ def box_script(box: Box, workdir: str, argv: Sequence[str], onbox_env: Optional[
     return ("cd %s && exec " % shlex.quote(workdir)) + " ".join(shlex.quote(a) for a in ["env", *envs, *argv])
 
 
-def parse_json_any(text: str) -> Any:
-    """The JSON document (object or list) a command printed, even if a stray line came before it; None if none."""
-    text = text.strip()
-    for start in [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]:
-        chunk = text[start:]
-        if chunk.startswith(("{", "[")):
-            try:  # a box's answer is untrusted: nested 100,000 deep it is no document, never a RecursionError
-                return untrusted.loads_json(chunk, "the box's answer")
-            except ValueError:
-                continue
-    return None
-
-
 def parse_json_tail(text: str) -> Dict[str, Any]:
     """The JSON object a command printed ({} when there is none)."""
     doc = parse_json_any(text)
@@ -116,7 +103,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
     tun = None
     try:
         if tunnel_to:
-            from controller.tunnel import box_url, open_tunnel
+            from controller.boxes.tunnel import box_url, open_tunnel
 
             tun = open_tunnel(ssh, box, tunnel_to)  # first: the master it rides on is the persistent one
             res.tracker = onbox_env["ONBOX_TRACKER"] = box_url(tunnel_to, tun.remote_port)
@@ -130,7 +117,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         if ran.returncode in (2, 3):  # the agent refused (a live lease, bad input) or the box is unfit: its words
             raise agent_refusal(box.name, name, ran.returncode, ran.err_text or ran.text)
         if ran.returncode != 0:
-            from controller.ssh import SSH
+            from controller.boxes.ssh import SSH
 
             SSH.check(ran, what="onbox run", box=box.name)
         out = ran.text
@@ -147,7 +134,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
         res.state = probe(ssh, box, home, res.name) or doc.get("state")
         res.ok = True
         if tun is not None and res.tunnel is not None:  # the run is there: keep its tunnel up from now on
-            from controller.tunnel import Records, start_supervisor
+            from controller.boxes.tunnel import Records, start_supervisor
 
             records = Records()
             res.tunnel["supervisor"], why = start_supervisor(tun, records)

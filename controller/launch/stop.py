@@ -12,9 +12,9 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from controller.agent import agent_json, ask, refusal
-from controller.boxes import Box
-from controller.ssh import BoxUnreachable, Ssh
+from controller.boxes.agent import agent_json, ask, refusal
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import BoxUnreachable, Ssh
 from onbox.errors import JobFailed, OnboxError
 from onbox.untrusted import printable
 

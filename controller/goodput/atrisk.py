@@ -13,9 +13,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional
 
-from controller.keeper.policy import format_duration
-
 ALERT = "at_risk"
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """30m, 2h, 45s, 1.5s: the short form status prints."""
+    if seconds is None:
+        return "-"
+    if seconds >= 5400:
+        return "%.1fh" % (seconds / 3600.0)
+    if seconds >= 90:
+        return "%dm" % (seconds // 60)
+    return "%ds" % seconds if seconds >= 10 else "%.1fs" % seconds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ run`). Where it looks:
 1. the box's own runs (`onbox match` lists those of the same command, with their state, whether their agent is
    alive and the newest checkpoint's step: durable, or local without --durable);
 2. for a box that never held the run (a replacement box, or one reset or rented again under the same name), this
-   machine's launch log (controller/launchlog.py): runs of the same command, workdir, durable target and
+   machine's launch log (controller/launch/launchlog.py): runs of the same command, workdir, durable target and
    checkpoint dir started there or on other boxes (not on another box of this same launch), which the agent
    looks up on the durable target (`onbox match --candidate RUN`: newest checkpoint, lease). Only with a durable
    target, and only runs it holds something of: without one there is nothing on a new box to resume from.
@@ -29,10 +29,10 @@ import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from controller.boxes import Box
-from controller.launch import box_script, box_workdir, parse_json_any, remote_env
-from controller.push import REMOTE_PYZ
-from controller.ssh import Ssh
+from controller.boxes.agent import REMOTE_PYZ, parse_json_any
+from controller.boxes.inventory import Box
+from controller.boxes.ssh import Ssh
+from controller.launch.start import box_script, box_workdir, remote_env
 from onbox.errors import UsageError
 
 SCHEMA = "onbox.match/1"
@@ -84,7 +84,7 @@ def ask(ssh: Ssh, box: Box, cmd: Sequence[str], onbox_args: Sequence[str], workd
         onbox_env: Optional[Dict[str, str]], candidates: Sequence[str], timeout: float = 60.0) -> Dict[str, Any]:
     """`onbox match --json` on `box`, in the directory and environment the launch would run in, with the same
     `onbox run` options: its onbox.match/1 document, else the agent's refusal as an OnboxError."""
-    from controller.agent import refusal
+    from controller.boxes.agent import refusal
 
     home, pushed = remote_env(ssh, box)
     wd = box_workdir(home, pushed, workdir)

@@ -10,7 +10,7 @@ Lifetime. The run outlives `onboxctl run`, so the master that carries the tunnel
 (`ControlPersist=yes`): it stays in the background after onboxctl exits, until its link dies (U17: ServerAlive
 ends it within interval x count seconds of a cut or a sleeping laptop, never a half-open hang), `onboxctl tunnel
 --close BOX`, or `onboxctl down BOX`. A link that dies is not the end of the tunnel: `onboxctl run` also starts the
-tunnel's supervisor (controller/tunnelwatch.py, one background process per tunnel), which notices the master is
+tunnel's supervisor (controller/boxes/tunnelwatch.py, one background process per tunnel), which notices the master is
 gone and re-opens the tunnel on the SAME box port (the agent's URL does not change) as soon as the box answers,
 with a bounded backoff; it ends when the tunnel is closed, when no run on the box has a live agent any more, or
 after a day down (WatchKnobs). While the tunnel is down the agent spools every beat to disk and delivers the
@@ -36,8 +36,8 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-from controller.boxes import Box, config_dir
-from controller.ssh import Ssh
+from controller.boxes.inventory import Box, config_dir
+from controller.boxes.ssh import Ssh
 from onbox import untrusted
 from onbox.environment import Environment
 from onbox.errors import OnboxError, UnfitError, UsageError
@@ -78,7 +78,7 @@ class Tunnel:
     remote_port: int  # the box's 127.0.0.1 port
     spec_port: int  # the port named in the forward request the live master holds (0: allocated by sshd)
     master_pid: Optional[int] = None
-    supervisor_pid: Optional[int] = None  # the tunnel's supervisor (controller/tunnelwatch.py), with its start
+    supervisor_pid: Optional[int] = None  # the tunnel's supervisor (controller/boxes/tunnelwatch.py), with its start
     supervisor_start: Optional[int] = None  # time (clock ticks since boot): a recycled pid is never taken for it
     state: Optional[str] = None  # "up" or "down", as last seen by whoever opened or watched it
     since: Optional[float] = None  # when it went up or down (epoch seconds)
@@ -332,14 +332,14 @@ def start_supervisor(t: Tunnel, records: Optional[Records] = None,
     log = records.log_path(t)
     os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
     _rotate(log)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the controller package is
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `controller` is
     env = dict(os.environ, PYTHONPATH=here + (os.pathsep + os.environ["PYTHONPATH"]
                                                if os.environ.get("PYTHONPATH") else ""))
     env["ONBOX_CONFIG_DIR"] = os.path.dirname(records.path)
     env.pop("ONBOX_TRACKER_TOKEN", None)  # it lives for days and needs no token: none sits in its environment
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        p = subprocess.Popen([sys.executable, "-m", "controller.tunnelwatch", t.box, t.local],
+        p = subprocess.Popen([sys.executable, "-m", "controller.boxes.tunnelwatch", t.box, t.local],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd, env=env,
                              start_new_session=True, close_fds=True, cwd="/")
     except OSError as e:

@@ -1,5 +1,5 @@
-"""The teardown gate (the seeds' Iron Law): a box may be torn down only when, for every run on it, the newest
-durable checkpoint has been pulled home AND verified locally.
+"""The teardown gate, the one rule never bent: a box may be torn down only when, for every run on it, the newest
+durable checkpoint has been pulled home AND verified locally (no checkpoint is lost with its box).
 
 "Pulled and verified" means the pulls record holds a passing verification of a checkpoint of that name whose
 MANIFEST.json has the same sha256 as the one on the box now: a checkpoint committed after the pull, or a
@@ -11,10 +11,10 @@ import dataclasses
 import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller.boxes import Box
-from controller.profiles import MeterStop, meter_stop
-from controller.pull import PullsRecord, newest, remote_runs
-from controller.ssh import Ssh
+from controller.boxes.inventory import Box
+from controller.boxes.profiles import MeterStop, meter_stop
+from controller.boxes.ssh import Ssh
+from controller.results.pull import PullsRecord, newest, remote_runs
 from onbox.errors import JobFailed, UnfitError, UsageError
 from onbox.toolrun import Says, Tool
 

@@ -1,5 +1,5 @@
 """$ONBOX_CONFIG_DIR/launches.json: the runs `onboxctl run` started, so that the same command run again on a
-replacement box (one that never saw the run) finds the run it belongs to (controller/relaunch.py).
+replacement box (one that never saw the run) finds the run it belongs to (controller/launch/relaunch.py).
 
     {"schema": "onboxctl.launches/1", "launches": [{"run", "box", "command", "workdir", "durable", "ckpt_dir",
                                                     "at"}, ...]}
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from controller.boxes import config_dir
+from controller.boxes.inventory import config_dir
 from onbox import untrusted
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json

@@ -24,10 +24,10 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from controller.agent import agent_json
-from controller.boxes import Box, config_dir
-from controller.ssh import RemoteCommandFailed, Ssh, rsync_lost_link
-from controller.sshfail import unreachable
+from controller.boxes.agent import agent_json
+from controller.boxes.inventory import Box, config_dir
+from controller.boxes.ssh import RemoteCommandFailed, Ssh, rsync_lost_link
+from controller.boxes.sshfail import unreachable
 from onbox import untrusted
 from onbox.checkpoints.listing import LIST_SCHEMA
 from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from onbox.environment import Environment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # controller/boxes/ -> the checkout
 DEFAULT_PROFILE = "generic-ssh"
 
 

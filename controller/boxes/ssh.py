@@ -1,6 +1,6 @@
 """The OpenSSH / rsync seam: every remote call onboxctl makes goes through here.
 
-Rules this module enforces (seeds U1, U4, U12, U13, U17):
+Rules this module enforces (gotchas U1, U4, U12, U13, U17):
 - every call is a list argv, never a local shell string; a remote command is built from argv with shlex quoting;
 - BatchMode (never a password prompt that hangs), ConnectTimeout, ServerAliveInterval/CountMax (a dead link
   kills the client in interval x count seconds instead of a half-open hang);
@@ -35,8 +35,8 @@ import threading
 import time
 from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from controller.sshfail import BoxUnreachable as BoxUnreachable  # where onboxctl's commands find it
-from controller.sshfail import unreachable
+from controller.boxes.sshfail import BoxUnreachable as BoxUnreachable  # where onboxctl's commands find it
+from controller.boxes.sshfail import unreachable
 from onbox.environment import Environment
 from onbox.errors import JobFailed, UnfitError, UsageError
 from onbox.toolrun import Says, Tool, stderr_tail
@@ -161,7 +161,7 @@ class Ssh:
 
     def options(self, target: Target, master: Optional[str] = None, persist: bool = False) -> List[str]:
         """The `-o`/`-p`/`-i` part shared by ssh and rsync's `-e` (without the destination). `persist`: a master
-        that stays until its link dies or it is told to go (it carries a tunnel; see controller/tunnel.py)."""
+        that stays until its link dies or it is told to go (it carries a tunnel; see controller/boxes/tunnel.py)."""
         s = self.settings
         opts = [
             "-o", "BatchMode=yes",  # never prompt: a prompt in a script is a hang
