@@ -1,17 +1,19 @@
 """`onboxctl status [--watch] [--json]` and `onboxctl logs BOX RUN [-f]`."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import click
 
 from controller import userconfig
 from controller.boxes.agent import REMOTE_PYZ, ask, refusal
 from controller.boxes.inventory import Box, Inventory
-from controller.boxes.ssh import Ssh, settings_from_env
+from controller.boxes.ssh import SSH_FAILURE, Ssh, settings_from_env
+from controller.boxes.sshfail import unreachable
 from controller.commands.params import Duration, Seconds
 from controller.launch.start import check_name
 from controller.tracker.runview import (
@@ -24,7 +26,7 @@ from controller.tracker.runview import (
     rows_from_tracker,
 )
 from onbox.clikit import echo_json
-from onbox.errors import OnboxError, UnfitError, UsageError
+from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.untrusted import printable
 
 
@@ -175,10 +177,28 @@ def logs(box: str, run: str, follow: bool, lines: int) -> None:
     ssh.ensure_master(b.target())
     # following is open-ended by intent; ServerAlive still ends it within seconds when the link dies (U17)
     proc = subprocess.Popen(ssh.ssh_argv(b.target(), argv), stdin=subprocess.DEVNULL)
+    if follow_until_interrupted(proc):
+        return  # Ctrl-C is how a follow ends: exit 0, quietly, whatever ssh said as it went (255 on SIGTERM)
+    if proc.returncode == SSH_FAILURE:
+        raise unreachable(b.target(), "ssh exited 255 while following the log")
+    if proc.returncode != 0:
+        raise JobFailed("following the log of %s on %s ended with exit %d" % (run, box, proc.returncode))
+
+
+def follow_until_interrupted(proc: "subprocess.Popen[bytes]") -> bool:
+    """Wait for `proc`; a SIGINT (Ctrl-C: the terminal sends it to ssh too, or to us alone) ends it with SIGTERM.
+    True when the wait ended by a SIGINT. The handler sets a flag rather than raising, so no moment of the wait
+    lets a KeyboardInterrupt escape as click's "Aborted!"."""
+    interrupted: List[int] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        if proc.poll() is None:
+            proc.terminate()
+
+    old = signal.signal(signal.SIGINT, on_sigint)
     try:
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        rc = proc.wait(timeout=10)
-    if rc not in (0, -15, 130):
-        raise UsageError("following the log of %s on %s ended with exit %d" % (run, box, rc))
+        proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    return bool(interrupted)

@@ -1,0 +1,119 @@
+"""The first hour, round two (issue 34, section 4): what the README journey met on a box of its own, each driven
+through the real onboxctl (`python -m controller`) against a real sshd in a network namespace (tests/hosts/
+sshd_box.py) running the real onbox.pyz: `logs -f` ended by Ctrl-C, where `status` read what it shows and how old
+it is, a push after a pull, a refusal's words, what typing the box name to `down` does, and an unknown box or run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional
+
+import pytest
+
+from tests.conftest import default_sigint, subprocess_env
+from tests.hosts.sshd_box import close_masters
+from tests.polling import wait_for
+from tests.processes import kill_exact
+
+pytestmark = [pytest.mark.integration, pytest.mark.root]
+
+# a trainer that says one line every 0.1 s: something for `logs -f` to follow
+TICKER = "import itertools, sys, time\nfor i in itertools.count():\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+@pytest.fixture
+def ctl_env(tmp_path):
+    cm = tempfile.mkdtemp(prefix="o2", dir="/tmp")
+    env = subprocess_env({"ONBOX_CONFIG_DIR": str(tmp_path / "cfg"), "ONBOX_SSH_CONTROL_DIR": cm,
+                          "ONBOX_SSH_CONNECT_TIMEOUT": "5"})
+    yield env
+    close_masters(cm)
+    shutil.rmtree(cm, ignore_errors=True)
+
+
+def ctl(env: Dict[str, str], *args: str, timeout: float = 120, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controller", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def add_box(env: Dict[str, str], name: str, box, *extra: str) -> subprocess.CompletedProcess:
+    e = box.inventory_entry()
+    argv = ["box", "add", name, "--host", e["host"], "--port", str(e["port"]), "--user", "root",
+            "--identity", e["identity"], "--python", e["python"], *extra]
+    for o in e["options"]:
+        argv += ["--ssh-option", o]
+    return ctl(env, *argv)
+
+
+def state(box, run: str) -> Dict:
+    try:
+        with open(os.path.join(box.home, ".onbox", "runs", run, "state.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def kill_leftovers(box, runs: List[str]) -> None:
+    for run in runs:
+        st = state(box, run)
+        for pid_key, start_key in (("agent_pid", "agent_start_time"), ("child_pid", "child_start_time")):
+            pid, start = st.get(pid_key), st.get(start_key)
+            if isinstance(pid, int) and isinstance(start, int):
+                kill_exact(pid, start)
+
+
+def pushed_box(env: Dict[str, str], box, pyz: str) -> None:
+    r = add_box(env, "b1", box)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = ctl(env, "push", "b1", "--pyz", pyz)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def launch(env: Dict[str, str], box, tmp_path, run: str, *extra: str) -> None:
+    trainer = tmp_path / "ticker.py"
+    trainer.write_text(TICKER)
+    r = ctl(env, "run", "b1", "--name", run, "--workdir", str(tmp_path), "--heartbeat-interval", "1",
+            "--set", "notice_source=none", *extra, "--", sys.executable, str(trainer))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: state(box, run).get("state") == "running", 60, "run %s running" % run, 0.1)
+
+
+# -- 1. `logs -f` ends with Ctrl-C: exit 0, quietly ----------------------------------------------------------------
+def test_logs_follow_ended_by_ctrl_c_exits_0_quietly(netns_box, ctl_env, tmp_path, onbox_pyz):
+    pushed_box(ctl_env, netns_box, onbox_pyz)
+    try:
+        launch(ctl_env, netns_box, tmp_path, "tk")
+        p = subprocess.Popen([sys.executable, "-m", "controller", "logs", "b1", "tk", "-f"], env=ctl_env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=default_sigint)
+        seen = b""
+        while b"tick" not in seen:  # the follow is under way: lines arrive from the box
+            chunk = p.stdout.read1(4096)
+            assert chunk, "onboxctl logs -f ended before any line: %s" % p.stderr.read()
+            seen += chunk
+        os.kill(p.pid, signal.SIGINT)  # onboxctl alone, as `kill -INT`; a terminal's Ctrl-C reaches ssh too
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, (p.returncode, err)
+        assert err == b"", err  # no "ended with exit 255", no "Aborted!"
+
+        # beside it: a follow that the link ends (the box's sshd goes, and the session with it) is no Ctrl-C: it
+        # says the box was lost, exit 3
+        p = subprocess.Popen([sys.executable, "-m", "controller", "logs", "b1", "tk", "-f"], env=ctl_env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=default_sigint)
+        seen = b""
+        while b"tick" not in seen:
+            chunk = p.stdout.read1(4096)
+            assert chunk, "onboxctl logs -f ended before any line: %s" % p.stderr.read()
+            seen += chunk
+        netns_box.stop()
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 3 and b"cannot reach box b1" in err, (p.returncode, err)
+    finally:
+        kill_leftovers(netns_box, ["tk"])
