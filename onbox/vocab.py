@@ -7,13 +7,65 @@ agent's alert rules (onbox/telemetry/alerts.py), the warnings the supervisor kee
 hook's in checkpoint_status.json all become such documents with the codes below; the tracker and onboxctl read them
 back through `alert_from`, which keeps a code it does not know (a newer agent's) but never a severity outside the two.
 
-Issue 34 grows this module into the one vocabulary of the run: its states and their terminal set, event types and
-schema ids, beside the alert kinds. A leaf: it imports nothing of onbox, so that every part may import it.
+Beside the alerts, the run's states and which of them mean it ended (every reader of a state.json, a beat or an
+`onbox status --json` judges "ended" by TERMINAL_STATES / ENDED_STATES here, so that a new state cannot be missed by
+one of them), and the `schema` ids of the documents onbox and onboxctl write and read. A leaf: it imports nothing of
+onbox, so that every part may import it. tests/unit/test_vocab_rules.py fails on a state used as one, or a schema
+id, spelled anywhere else.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
+
+# The run's states (state.json's `state`, a beat's, `onbox status --json`'s). onbox/supervisor/state.py's RunState
+# takes its values from here and holds the legal transitions and the exit codes.
+STARTING = "starting"
+RUNNING = "running"
+BACKOFF = "backoff"  # its child exited and a restart follows, after the backoff
+STOPPING = "stopping"  # a notice, a stop or a fence is being handled: the trainer checkpoints and exits
+DONE = "done"
+FAILED = "failed"
+PREEMPTED = "preempted"
+STOPPED = "stopped"
+FENCED = "fenced"  # a newer lease holds the run: another agent took it over
+LIVE_STATES = (STARTING, RUNNING, BACKOFF, STOPPING)  # an agent is at work on the run
+TERMINAL_STATES = (DONE, FAILED, PREEMPTED, STOPPED, FENCED)  # the run ended: only a new start changes it
+RUN_STATES = LIVE_STATES + TERMINAL_STATES
+# Words an older agent or another client wrote into a beat's state (the tracker accepts any string): read, never
+# written by this onbox.
+CRASH_LOOP, CRASHLOOP, SUCCEEDED, EXITED = "crash_loop", "crashloop", "succeeded", "exited"
+RESTARTING, PREEMPTING = "restarting", "preempting"
+# What a reader of beats takes for a run that ended / ended failing / ended as it was meant to / is at work.
+ENDED_STATES = frozenset(TERMINAL_STATES + (CRASH_LOOP, CRASHLOOP, SUCCEEDED, EXITED))
+FAILED_STATES = frozenset({FAILED, CRASH_LOOP, CRASHLOOP})
+CLEAN_STATES = frozenset({DONE, STOPPED, SUCCEEDED, EXITED})
+BEAT_LIVE_STATES = frozenset(LIVE_STATES + (RESTARTING, PREEMPTING))
+
+# The `schema` ids of the documents onbox and onboxctl write (state files, `--json` output) and read back: a reader
+# refuses a document whose schema is not the one it knows.
+SCHEMA_HEARTBEAT = "onbox.heartbeat/1"
+SCHEMA_STATUS = "onbox.status/1"  # onbox status --json
+SCHEMA_STOP = "onbox.stop/1"  # onbox stop --json
+SCHEMA_CHECKPOINTS = "onbox.checkpoints/1"  # onbox checkpoints RUN --json
+SCHEMA_CHECKPOINTS_LIST = "onbox.checkpoints_list/1"  # onbox checkpoints --all --json
+SCHEMA_QUEUE = "onbox.queue/1"  # onbox queue --json
+SCHEMA_MATCH = "onbox.match/1"  # onbox match --json
+SCHEMA_AUDIT = "onbox.audit/1"  # onbox audit --json
+SCHEMA_NODE_PROBE = "onbox.node_probe/1"  # onbox node-probe
+SCHEMA_NODE_GROUP = "onbox.node_group/1"  # a node's group file under $ONBOX_HOME/nodes/
+SCHEMA_CHILD_EXIT = "onbox.child_exit/1"  # the shim's exit record of an adopted child
+SCHEMA_CHECKPOINT_STATUS = "onbox.checkpoint_status/1"  # checkpoint_status.json
+SCHEMA_MANIFEST = "onbox.manifest/1"  # a durable checkpoint's manifest
+SCHEMA_INDEX = "onbox.checkpoints_index/2"  # the durable index (a superset of /1)
+SCHEMA_INDEX_V1 = "onbox.checkpoints_index/1"
+SCHEMA_LEASE = "onbox.lease/1"  # the run's lease on durable storage
+SCHEMA_KAGGLE_PUSH = "onbox.kaggle.push/1"  # onboxctl kaggle push --json
+SCHEMA_KAGGLE_STATUS = "onbox.kaggle.status/1"  # onboxctl kaggle status --json
+SCHEMA_RECOVERY = "onboxctl.recovery/1"  # the keeper's recovery record
+SCHEMA_KEEP_PASS = "onboxctl.keep_pass/1"  # onboxctl keep --once --json
+SCHEMA_LAUNCH = "onboxctl.launch/1"  # the keeper's launch record
+SCHEMA_LAUNCHES = "onboxctl.launches/1"  # onboxctl's launch log
 
 WARNING = "warning"
 CRITICAL = "critical"

@@ -31,7 +31,7 @@ from controller.tracker.client import (  # noqa: F401 (re-exported: status and t
 )
 from onbox.telemetry.alerts import recorded_alerts
 from onbox.untrusted import printable
-from onbox.vocab import CRITICAL, alert_from
+from onbox.vocab import CRITICAL, ENDED_STATES, alert_from
 
 LIVENESS_MARK = {"late": "LATE", "silent": "SILENT"}  # tracker liveness; "ok" and "ended" need no mark
 
@@ -258,9 +258,6 @@ def beat_hint(rows: Iterable[RunRow]) -> Optional[str]:
 
 def _every(r: RunRow) -> str:
     return "%g s" % r.interval_s if r.interval_s else "%g s (the default)" % DEFAULT_INTERVAL
-
-
-ENDED_STATES = {"done", "failed", "stopped", "preempted", "fenced", "crash_loop", "succeeded"}
 
 
 # -- rendering -------------------------------------------------------------------------------------------------

@@ -63,10 +63,10 @@ from controller.tracker.columns import (
 from onbox.errors import UnfitError, UsageError
 from onbox.heartbeat.schema import loads_strict, metric_point
 from onbox.untrusted import MAX_DEPTH, depth
+from onbox.vocab import ENDED_STATES
 
 log = logging.getLogger("onbox.tracker")
 
-ENDED_STATES = {"done", "failed", "stopped", "preempted", "crash_loop", "succeeded"}
 LATE_AFTER = 2.0  # intervals
 SILENT_AFTER = 5.0
 DEFAULT_INTERVAL = 30.0

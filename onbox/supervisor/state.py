@@ -1,7 +1,10 @@
-"""The run lifecycle as one documented str-Enum: the states, the legal transitions, the exit codes."""
+"""The run lifecycle as one documented str-Enum: the states (their words and the terminal set are onbox/vocab.py's),
+the legal transitions, the exit codes."""
 from __future__ import annotations
 
 import enum
+
+from onbox import vocab
 
 
 class RunState(str, enum.Enum):
@@ -22,19 +25,19 @@ class RunState(str, enum.Enum):
     stop was under way. A relaunch on this box is refused by the newer holder's live lease.
     """
 
-    STARTING = "starting"
-    RUNNING = "running"
-    BACKOFF = "backoff"
-    STOPPING = "stopping"
-    DONE = "done"
-    FAILED = "failed"
-    PREEMPTED = "preempted"
-    STOPPED = "stopped"
-    FENCED = "fenced"
+    STARTING = vocab.STARTING
+    RUNNING = vocab.RUNNING
+    BACKOFF = vocab.BACKOFF
+    STOPPING = vocab.STOPPING
+    DONE = vocab.DONE
+    FAILED = vocab.FAILED
+    PREEMPTED = vocab.PREEMPTED
+    STOPPED = vocab.STOPPED
+    FENCED = vocab.FENCED
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.DONE, RunState.FAILED, RunState.PREEMPTED, RunState.STOPPED, RunState.FENCED)
+        return self.value in vocab.TERMINAL_STATES
 
 
 TRANSITIONS = {
@@ -44,7 +47,7 @@ TRANSITIONS = {
     RunState.BACKOFF: (RunState.STARTING, RunState.STOPPING),
     RunState.STOPPING: (RunState.PREEMPTED, RunState.STOPPED, RunState.FENCED),
 }
-TERMINAL_VALUES = tuple(s.value for s in RunState if s.terminal)  # what state.json says of a run that ended
+TERMINAL_VALUES = vocab.TERMINAL_STATES  # what state.json says of a run that ended
 
 
 class IllegalTransition(RuntimeError):
