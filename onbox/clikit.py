@@ -1,11 +1,13 @@
-"""What both CLIs share: a group that imports each command only when it is run (fast `--version`),
+"""What both CLIs share: a group that imports each command only when it is run (fast `--version`), a help layout
+that starts with what to type (LaidOut: usage, examples, the common options, the rest under headings),
 and the one place that turns a domain error into a message, a hint and an exit code."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -161,3 +163,110 @@ def echo_json(obj: Any) -> None:
     from onbox.fsutil import json_safe
 
     click.echo(json.dumps(json_safe(obj), indent=2, sort_keys=True, default=str, allow_nan=False))
+
+
+class LaidOut(click.Command):
+    """A command whose `--help` starts with what to type: the usage line, the first paragraph of its help, its
+    examples, the common options, then the rest under headings, then the other paragraphs (exit codes, ...).
+
+    `examples`: command lines shown as written. `sections`: (heading, [flag, ...]) in the order shown; an option no
+    section names is a common one, listed first under "Options". A flag a section names that the command lacks is an
+    error when the help is drawn (a renamed option cannot silently drop out of its heading). `usage`: the text after
+    the command's path on the usage line (default: click's). `renamed_values`: {old: new} for an option whose value
+    moved to another one: `old NUMBER` (or `old=NUMBER`) is read as `new NUMBER` with a warning, while `old` alone
+    stays what it is now (`onbox stop --wait 30` is `--timeout 30`; `--wait` is a flag).
+    """
+
+    def __init__(self, *args: Any, examples: Sequence[str] = (), sections: Sequence[Tuple[str, Sequence[str]]] = (),
+                 usage: Optional[str] = None, renamed_values: Optional[Dict[str, str]] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.examples = list(examples)
+        self.sections = [(heading, list(flags)) for heading, flags in sections]
+        self.usage = usage
+        self.renamed_values = dict(renamed_values or {})
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        return super().parse_args(ctx, renamed(args, self.renamed_values, ctx.command_path))
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.usage is None:
+            super().format_usage(ctx, formatter)
+        else:
+            formatter.write_usage(ctx.command_path, self.usage)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.format_usage(ctx, formatter)
+        text = inspect.cleandoc(self.help or "").split("\f")[0]
+        paragraphs = [p for p in text.split("\n\n") if p.strip()]
+        if paragraphs:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(paragraphs[0])
+        if self.examples:
+            with formatter.section("Examples"):
+                for line in self.examples:
+                    formatter.write("%*s%s\n" % (formatter.current_indent, "", line))
+        for heading, rows in self.option_sections(ctx):
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)
+        if paragraphs[1:]:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text("\n\n".join(paragraphs[1:]))
+        self.format_epilog(ctx, formatter)
+
+    def option_sections(self, ctx: click.Context) -> List[Tuple[str, List[Tuple[str, str]]]]:
+        """(heading, help rows) in the order --help shows them: "Options" (the common ones) first."""
+        by_flag: Dict[str, click.Parameter] = {}
+        for param in self.get_params(ctx):
+            for flag in getattr(param, "opts", []) + getattr(param, "secondary_opts", []):
+                by_flag[flag] = param
+        placed: Dict[str, str] = {}
+        for heading, flags in self.sections:
+            for flag in flags:
+                if flag not in by_flag:
+                    raise ValueError("%s --help: section %r names %s, which the command does not have" % (
+                        ctx.command_path, heading, flag))
+                placed[by_flag[flag].name or flag] = heading
+        rows: Dict[str, List[Tuple[str, str]]] = {"Options": []}
+        rows.update((heading, []) for heading, _ in self.sections)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[placed.get(param.name or "", "Options")].append(record)
+        return list(rows.items())
+
+
+def renamed(args: List[str], renames: Dict[str, str], prog: str) -> List[str]:
+    """`args` with each `OLD NUMBER` / `OLD=NUMBER` (before a `--`) rewritten as `NEW NUMBER`, saying so on stderr;
+    `OLD` followed by anything else is left alone (it is a flag now)."""
+    if not renames:
+        return args
+    out: List[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        old, eq, value = arg.partition("=")
+        if old in renames and not eq and i + 1 < len(args) and _number(args[i + 1]):
+            eq, value = "=", args[i + 1]
+            i += 1
+        if old in renames and eq:
+            click.echo("%s: warning: `%s %s` is deprecated: it is `%s %s` now (%s alone is a flag)" % (
+                prog, old, value, renames[old], value, old), err=True)
+            out += [renames[old], value]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
