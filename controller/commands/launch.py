@@ -13,14 +13,14 @@ from controller.commands.params import Duration, HangAfter, Seconds
 from controller.launch.relaunch import Choice
 from controller.launch.start import LaunchResult, check_job_options, check_name, launch_many, read_fanout
 from controller.userconfig import check_tracker_url
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import OnboxError, UsageError
 from onbox.paths import default_run_name
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class DashDashCommand(click.Command):
+class DashDashCommand(LaidOut):
     """Everything after the first `--` is the command to run, kept verbatim in ctx.meta["cmd"]."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
@@ -58,22 +58,37 @@ def _forward(flag: str, value: Any) -> List[str]:
     return [flag, str(value)]
 
 
-@click.command("run", cls=DashDashCommand)
+# `onboxctl run --help`: the common options first (those not named here), then these under their headings
+RUN_SECTIONS = [
+    ("Recovery (onboxctl keep)", ["--recover", "--provision", "--provision-timeout", "--lost-after",
+                                  "--max-recoveries", "--max-at-risk", "--backoff", "--recover-tries", "--code",
+                                  "--include-secret", "--take-over"]),
+    ("Restarts, hangs and preemption", ["--restart", "--max-restarts", "--grace", "--checkpoint-signal",
+                                        "--hang-after", "--on-hang"]),
+    ("Heartbeats and tracking", ["--tracker", "--tunnel", "--tracker-token-file", "--heartbeat-interval", "--mlflow",
+                                 "--mlflow-experiment", "--mlflow-token-file"]),
+    ("Many boxes and multi-node", ["--nodes", "--master-addr", "--fanout", "--parallel"]),
+    ("Advanced", ["--sync-interval", "--set", "--onbox-arg", "--timeout"]),
+]
+RUN_EXAMPLES = [
+    "onboxctl run gpu1 --durable /workspace/durable -- python3 train.py --lr 3e-4",
+    "onboxctl run gpu1 gpu2 --nodes --name big --durable remote:ckpt -- torchrun --nproc-per-node=8 train.py",
+    "onboxctl run gpu1 --durable remote:ckpt --recover pool:spares -- python3 train.py",
+]
+
+
+@click.command("run", cls=DashDashCommand, usage="[OPTIONS] BOX [BOX...] -- CMD [ARGS]...", examples=RUN_EXAMPLES,
+               sections=RUN_SECTIONS)
 @click.argument("boxes", nargs=-1)
 @click.option("--name", default=None,
-              help="Run name. Without it the launch continues the run of the same command, working dir, durable "
-                   "target and checkpoint dir that the box (or, for a replacement box, this machine's launch log "
-                   "and the durable target) knows, and says `resuming RUN from step S`; a run still alive is "
-                   "refused; with none (or the newest ended done), a new run: <program>-<UTC time> ('-<box>' added "
-                   "per box when several).")
+              help="Run name (default: the run of this same command the box or the durable target knows, "
+                   "continued; else a new <program>-<UTC time>).")
 @click.option("--new", "new", is_flag=True,
-              help="Always a new run (named <program>-<UTC time>), even when an earlier run of the same command "
-                   "could be resumed. Not with --name (a new name is a new run already).")
+              help="Always a new run, even when an earlier run of the same command could be resumed (not with "
+                   "--name).")
 @click.option("--take-over", "take_over", is_flag=True,
-              help="Relaunching by hand on a replacement box while the lost box's lease on the durable target is "
-                   "still live (it renewed within its ttl): this launch supersedes that lease. The old box's agent, "
-                   "if it still runs (a partition, not a death), is fenced: it writes nothing more to the durable "
-                   "target and stops its trainer. Only when that box is gone or cut off for good. Needs --durable.")
+              help="On a replacement box while the lost box's lease is still live: supersede it (the old agent, "
+                   "if it still runs, is fenced). Only when that box is gone for good.")
 @click.option("--fanout", type=click.Path(dir_okay=False), default=None,
               help="File with one `BOX` or `BOX -- CMD ...` a line.")
 @click.option("--parallel", type=click.IntRange(1, 64), default=8, show_default=True, help="Boxes launched at once.")
@@ -91,8 +106,8 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--resume-arg", multiple=True, help="Appended to CMD when a checkpoint exists ({ckpt} = its path).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VAL", help="Environment for the job (repeatable).")
 @click.option("--secret", "secret", multiple=True, metavar="NAME|VAR=NAME",
-              help="The job gets VAR (default NAME) from the box's .onbox/secrets/NAME, put there by `onboxctl secrets "
-                   "push BOX NAME`; the value never travels in an argv (repeatable).")
+              help="The job gets VAR (default NAME) from the box's .onbox/secrets/NAME (`onboxctl secrets push`), "
+                   "never in an argv (repeatable).")
 @click.option("--env-file", "env_file", multiple=True, metavar="PATH",
               help="KEY=VAL file on the box for the job's environment, read at each attempt (repeatable).")
 @click.option("--mlflow", default=None, help="MLflow tracking server URL the agent sends the run to (the box must "
@@ -121,33 +136,28 @@ def _forward(flag: str, value: Any) -> List[str]:
 @click.option("--timeout", type=Seconds(0, 3600, open_lo=True), default=60.0, show_default=True,
               help="Seconds each launch may take.")
 @click.option("--recover", default=None, metavar="pool:NAME",
-              help="`onboxctl keep` brings the run back without you: relaunched on its box after a preemption, or "
-                   "on a healthy idle spare of pool NAME (else a box --provision brings up) once its box is lost. "
-                   "Needs --durable.")
+              help="`onboxctl keep` brings the run back: on its box after a preemption, else on an idle spare of "
+                   "pool NAME (or a box --provision brings up). Needs --durable.")
 @click.option("--provision", default=None, metavar="CMD",
-              help="With --recover: your command that rents a box and prints one JSON line {host, port, user, name} "
-                   "(README.md, \"Leave it running\").")
+              help="Your command that rents a box and prints one JSON line {host, port, user, name}.")
 @click.option("--lost-after", type=Duration(), default=None, metavar="DUR",
-              help="With --recover: how long the box must fail ssh probes, with its beats late, before it is lost "
-                   "(default: 3 heartbeat intervals, at least 5s).")
+              help="How long the box fails ssh probes, its beats late, before it is lost (default: 3 heartbeat "
+                   "intervals, at least 5s).")
 @click.option("--max-recoveries", type=click.IntRange(0, 1000000), default=None,
-              help="With --recover: recoveries before the keeper gives up (default 10).")
+              help="Recoveries before the keeper gives up (default 10).")
 @click.option("--max-at-risk", type=Duration(), default=None, metavar="DUR",
-              help="Alert in `onboxctl status` when the training since the newest durable checkpoint passes this "
-                   "(e.g. 30m). With --recover.")
+              help="Alert when the training since the newest durable checkpoint passes this (e.g. 30m).")
 @click.option("--backoff", type=Duration(), default=None, metavar="DUR",
-              help="With --recover: the wait after a failed try to find a box or to launch; doubles (default 30s).")
+              help="The wait after a failed try to find a box or to launch; doubles (default 30s).")
 @click.option("--recover-tries", type=click.IntRange(1, 1000), default=None,
-              help="With --recover: tries to find a box (or to launch) before the run ends failed_no_resource "
-                   "(default 3).")
+              help="Tries to find a box (or to launch) before the run ends failed_no_resource (default 3).")
 @click.option("--provision-timeout", type=Duration(), default=None, metavar="DUR", callback=_provision_timeout,
-              help="With --provision: how long the command may take, 1s to 24h (default 10m).")
+              help="How long --provision may take, 1s to 24h (default 10m).")
 @click.option("--code", "code", type=click.Path(file_okay=False), default=None,
-              help="With --recover: the local code dir the keeper pushes to a replacement box (as `onboxctl push "
-                   "--code`).")
-@click.option("--include-secret", "include_secret", multiple=True, metavar="PATH", help="With --code: a secret-looking "
-              "file of the code dir the keeper sends to a replacement box too (as `onboxctl push --include-secret`).")
-@click.option("--json", "as_json", is_flag=True)
+              help="The local code dir the keeper pushes to a replacement box.")
+@click.option("--include-secret", "include_secret", multiple=True, metavar="PATH", help="A secret-looking file of --code "
+              "the keeper sends too (as `onboxctl push --include-secret`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
         workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
@@ -156,20 +166,14 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
         as_nodes: bool, master_addr: Optional[str], recover: Optional[str], **opts: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
-    Example: onboxctl run gpu1 gpu2 --durable /workspace/durable -- python train.py --lr 3e-4
+    Without --name the same line again continues its run (same command, working dir, durable target and checkpoint
+    dir) and says `resuming RUN from step S`; on a replacement box this machine's launch log and the durable target
+    find it (--take-over while the lost box's lease is live). A run still alive is refused (exit 2); one that ended
+    done, or none, gives a new run, as --new does. --json carries the decision under `match`.
 
-    With --nodes the boxes run one job together: onboxctl run gpu1 gpu2 --nodes --name big --durable remote:ckpt
-    -- torchrun --nproc-per-node=8 train.py. The same line again (or without `-- CMD`: from the recorded runs)
-    relaunches the whole group, resuming from node 0's newest committed checkpoint.
-
-    Without --name, the same line again continues its run: after a preemption, `onboxctl run gpu1 --durable D --
-    python train.py` finds the run of that command (same working dir, durable target and checkpoint dir) on gpu1
-    and says `resuming train-20261125-114657 from step 1351`; on a replacement box that never saw it, this
-    machine's launch log (launches.json in the config dir) and the durable target find it (add --take-over while
-    the lost box's lease is still live). A run still alive is refused (exit 2); a run that ended done, or none,
-    gives a new run, and so does --new. --json carries the decision and why under `match`.
-
-    With --recover pool:NAME the run is recorded for `onboxctl keep` (README.md, "Leave it running").
+    With --nodes the boxes run one job (node 0 first); the same line again relaunches the whole group from node 0's
+    newest committed checkpoint. With --recover pool:NAME, `onboxctl keep` brings the run back without you
+    (README.md, "Leave it running").
     """
     cmd: List[str] = ctx.meta.get("cmd", [])
     keep_opts = {k: opts.pop(k) for k in ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff",
