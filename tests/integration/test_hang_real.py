@@ -159,7 +159,7 @@ def test_a_gloo_collective_hang_is_detected_its_stacks_kept_and_the_run_resumes_
     run, durable = "gloo", str(tmp_path / "durable")
     seen = gloo_hang(onbox_home, run, durable, stopped, env={"PATH": path})  # the venv's py-spy on the agent's PATH
     hang = seen["hang"]
-    # detected by the cadence: past the 2 s bound the README states, within a loop step and a look at the dir
+    # detected by the cadence: past the 2 s bound onbox/supervisor/README.md ("Hung trainers") states, within a loop step and a look at the dir
     assert hang["phase"] == "train" and "median step interval" in hang["rule"]
     assert abs(hang["bound_s"] - max(2.0, 10 * hang["typical_step_s"])) < 0.01 and hang["bound_s"] < 3.0
     assert hang["bound_s"] <= hang["quiet_s"] <= hang["bound_s"] + 1.0

@@ -1,6 +1,6 @@
 """End to end on a real Slurm: `onbox sbatch` + the agent (supervisor + checkpoints) + the stand-in trainer.
 
-Contracts used (README): the run dir $ONBOX_HOME/runs/<run>/ (state.json, events.jsonl, output.log), exit 75 on
+Contracts used (onbox/supervisor/README.md, onbox/slurm/README.md): the run dir $ONBOX_HOME/runs/<run>/ (state.json, events.jsonl, output.log), exit 75 on
 preemption, ONBOX_RESUME_FROM, the durable layout <durable>/<run>/checkpoints/<name>/MANIFEST.json. The run is
 named after the job: slurm-<job id>.
 """
