@@ -101,6 +101,15 @@ def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
     return out
 
 
+def source_line(url: Optional[str], read_at: float) -> str:
+    """Where the table came from and when it was read: the tracker's beats, or each box's records over ssh (whose
+    BEAT is the age of the newest beat or progress the box recorded, measured on the box's own clock)."""
+    when = time.strftime("%H:%M:%S", time.localtime(read_at))
+    if url:
+        return printable("from the tracker %s, read %s" % (url, when))
+    return "from the boxes over ssh, read %s (BEAT: each run's newest beat or progress, by its box's clock)" % when
+
+
 @click.command("status")
 @click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
 @click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
@@ -128,21 +137,20 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     n = 0
     tty = sys.stdout.isatty()
     while True:
+        read_at = time.time()
         rows, problems, skipped = collect(url, token, boxes, ssh)
         rows, kept, record_problems = apply_keeper(rows, default_bound=max_at_risk)
         hint = beat_hint(rows)
         notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems + ([hint] if hint else [])
         if as_json:
-            echo_json({"source": "tracker" if url else "ssh", "tracker": url, "runs": [r.to_dict() for r in rows],
+            echo_json({"source": "tracker" if url else "ssh", "tracker": url, "read_at": read_at, "runs": [r.to_dict() for r in rows],
                        "problems": problems, "notes": notes, "keeper": kept, "skipped": [s.to_dict() for s in skipped]})
         else:
             # every line below may carry text from outside (box names, a tracker's word): shown, never obeyed
             said = ["! %s" % s.describe() for s in skipped] + ["! %s" % p for p in problems] + [
                 "note: %s" % x for x in notes]
-            text = render_table(rows) + "".join(printable(line) + "\n" for line in said)
-            if watch:
-                text = "onboxctl status  %s  %s  (every %gs, Ctrl-C to stop)\n\n" % (
-                    "tracker " + url if url else "over ssh", time.strftime("%H:%M:%S"), interval) + text
+            head = source_line(url, read_at) + ("  (every %gs, Ctrl-C to stop)\n\n" % interval if watch else "\n")
+            text = head + render_table(rows) + "".join(printable(line) + "\n" for line in said)
             if watch and tty:
                 # home the cursor, rewrite each line, clear what is left: refresh in place without flicker
                 sys.stdout.write(("\x1b[2J" if n == 0 else "") + "\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")

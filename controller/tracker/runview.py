@@ -224,8 +224,20 @@ def rows_from_box_status(box: str, doc: Any, now: Optional[float] = None) -> Lis
         if not isinstance(merged.get("alerts"), list):  # what the agent's records say, as its beats would carry it
             merged["alerts"] = [a.to_dict() for a in recorded_alerts(e, e.get("checkpoint") if isinstance(
                 e.get("checkpoint"), dict) else None)]
-        rows.append(row_from_heartbeat(merged, box=box, liveness="unknown", now=now, source="ssh"))
+        rows.append(row_from_heartbeat(merged, box=box, liveness="unknown", age_s=box_age(e), now=now, source="ssh"))
     return rows
+
+
+def box_age(entry: Dict[str, Any]) -> Optional[float]:
+    """The age of the newest news a box recorded of a run, on the box's clock: `onbox status --json`'s `read_at`
+    (when the box read it) less the newest of its agent's last beat (`beat_at`), the trainer's last progress and
+    the last state change. None from an agent too old to say `read_at` (the caller's clock then decides)."""
+    read_at = _num(entry.get("read_at"))
+    news = [t for t in (_num(entry.get("beat_at")), _num(dig(entry, "progress.time", "latest.time")),
+                        _num(entry.get("updated_at"))) if t is not None and math.isfinite(t)]
+    if read_at is None or not math.isfinite(read_at) or not news:
+        return None
+    return max(0.0, read_at - max(news))
 
 
 # -- the heartbeat hint ----------------------------------------------------------------------------------------

@@ -5,13 +5,12 @@ Exit codes beyond 0: 2 for a bad name or value, an ONBOX_HOME that is not a dire
 `onbox stop` gave up waiting (the stop request stays: the agent still stops the run); 3 when ONBOX_HOME's disk
 keeps `onbox stop` from knowing or recording the end (read-only, full): the message says what did happen.
 
-Past 400 lines on purpose: the four commands that read run directories share one summary of a run (state,
-records, progress, checkpoint and lease lines), and `onbox stop`'s request/signal fallback sits beside the state it
-reads; the views are data the commands print or dump as JSON.
+The four commands that read run directories share one summary of a run (state, records, progress, checkpoint and
+lease lines); `onbox stop` is a thin command over onbox/launch/stopping.py (prepare_stop, then stop), as `onbox run`
+is over onbox/launch (prepare, then start).
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -19,16 +18,16 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.clikit import FiniteFloat, echo_json, echo_line
-from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
+from onbox import vocab
+from onbox.clikit import FiniteFloat, LaidOut, echo_json, echo_line
+from onbox.errors import OnboxError, UsageError
 
-STOP_MARGIN = 30.0  # seconds `onbox stop` waits beyond the grace for the agent's final commit and exit
 # `onbox stop --json`: the run's state.json plus `outcome` (stopped, already_ended, nothing_to_stop, asked), and with
 # `asked` the grace the agent applies and how long `onbox stop` would have waited (`wait_s`); onboxctl stop reads it
-STOP_SCHEMA = "onbox.stop/1"
+STOP_SCHEMA = vocab.SCHEMA_STOP
 # `onbox status --json`: every run's state.json plus what this command adds (README.md, "What onboxctl reads");
 # onboxctl reads it over ssh. Fields are added, never renamed: scripts read them too.
-STATUS_SCHEMA = "onbox.status/1"
+STATUS_SCHEMA = vocab.SCHEMA_STATUS
 
 
 def _check_home() -> None:
@@ -94,6 +93,12 @@ def _summary(rd: Any) -> Dict[str, Any]:
     for key, filename in (("progress", paths.PROGRESS_FILE), ("checkpoint", paths.CHECKPOINT_STATUS_FILE),
                           ("mlflow", paths.MLFLOW_RUN_FILE)):
         state[key] = _read_doc(rd.file(filename))
+    # the box's clock, for onboxctl status's BEAT: when this was read, and the agent's newest beat (its seq file)
+    state["read_at"] = time.time()
+    try:
+        state["beat_at"] = os.stat(rd.file(paths.HEARTBEAT_SEQ_FILE)).st_mtime
+    except OSError:
+        state["beat_at"] = None
     # the run's lease on durable storage (onbox/checkpoints/leases/fencing.py): {epoch, holder, renewed_at, ...}
     lease = (state.get("checkpoint") or {}).get("lease")
     state["lease"] = lease if isinstance(lease, dict) else None
@@ -107,20 +112,9 @@ def _summary(rd: Any) -> Dict[str, Any]:
 
 
 def _records_problem(rd: Any, state: Dict[str, Any], alive: bool) -> Optional[str]:
-    """Why what state.json says may be stale: the run's filesystem cannot take writes now (the agent then holds
-    the newest state in memory, onbox/supervisor/records.py). Checked with statvfs, for runs not known ended."""
-    from onbox import fsutil, paths
-    from onbox.supervisor.detach import TERMINAL
+    from onbox.supervisor.detach import records_problem
 
-    if state.get("state") in TERMINAL and not alive:
-        return None
-    problem = fsutil.space_problem(rd.path)
-    if not problem:
-        return None
-    return ("ONBOX_HOME's filesystem %s is %s: the agent cannot record this run's state, so what is shown may be "
-            "stale; %s" % (paths.onbox_home(), problem,
-                           "it supervises on and writes the state once there is space: free space there (`df -h`, "
-                           "`df -i`)" if alive else "free space there, then `onbox status` again"))
+    return records_problem(rd, state, alive)
 
 
 def _read_doc(path: str) -> Optional[Dict[str, Any]]:
@@ -294,6 +288,7 @@ def ls(as_json: bool) -> int:
               help="Lines from the end to show first.")
 def logs(name: str, follow: bool, lines: int) -> int:
     """Show (or follow) run NAME's output log."""
+    from onbox.clock import SystemClock
     from onbox.supervisor.detach import TERMINAL, agent_alive
     from onbox.supervisor.rundir import LogTailer, tail_lines
 
@@ -303,6 +298,7 @@ def logs(name: str, follow: bool, lines: int) -> int:
     if not follow:
         return 0
     tailer = LogTailer(rd.log_path, from_end=True)
+    clock = SystemClock()
     while True:
         for line in tailer.read_new():
             click.echo(line)
@@ -312,135 +308,7 @@ def logs(name: str, follow: bool, lines: int) -> int:
             for line in tailer.read_new() + tailer.flush_partial():
                 click.echo(line)
             return 0
-        time.sleep(0.2)
-
-
-def _effective_grace(rd: Any, grace: Optional[float]) -> float:
-    """The grace the agent will apply: --grace, else the run's configured grace, else the supervisor default."""
-    from onbox.supervisor.stop import DEFAULT_GRACE
-
-    if grace is not None:
-        return grace
-    try:
-        configured = float(rd.load_config().get("grace"))
-    except (OSError, ValueError, TypeError):
-        configured = None
-    if configured is None or not math.isfinite(configured) or configured < 0:
-        return DEFAULT_GRACE
-    return min(configured, 86400.0)
-
-
-def _write_stop_request(rd: Any, grace: Optional[float]) -> bool:
-    """stop.request for the agent; False when the disk refused it (full, failing, read-only): the stop then goes by
-    signal (a live agent) or straight to the supervisor `onbox stop` runs itself."""
-    from onbox import fsutil
-
-    try:
-        fsutil.atomic_write_json(rd.stop_request, {"grace": grace, "requested_at": time.time()})
-        return True
-    except OSError as e:
-        fault = fsutil.disk_fault(e)
-        if fault is None:
-            raise UsageError("cannot write the stop request %s: %s" % (rd.stop_request, e.strerror or e),
-                             hint="check the permissions of %s" % rd.path)
-        click.echo("onbox: warning: cannot write %s (%s: %s): the stop goes to the agent without it" % (
-            rd.stop_request, fault, e.strerror), err=True)
-    return False
-
-
-def _drop_stop_request(rd: Any, written: bool) -> None:
-    if written:
-        try:
-            os.unlink(rd.stop_request)
-        except FileNotFoundError:
-            pass
-
-
-def _signal_stop(rd: Any, state: Dict[str, Any], grace: Optional[float]) -> None:
-    """Ask the live agent to stop with STOP_SIGNAL: only the agent state.json names (pid AND start time) and only
-    when it catches that signal (its default action would end the agent and leave the child unsupervised)."""
-    from onbox.proc import ProcessSeam, ProcRef
-    from onbox.supervisor.detach import lock_holder
-    from onbox.supervisor.preempt import STOP_SIGNAL
-
-    seam = ProcessSeam()
-    pid, start = state.get("agent_pid"), state.get("agent_start_time")
-    if not (isinstance(pid, int) and isinstance(start, int) and seam.start_time_of(pid) == start):
-        holder = lock_holder(rd, seam)  # state.json may name an earlier agent: the one holding the lock counts
-        pid, start = (holder.pid, holder.start_time) if holder else (None, None)
-    why = None
-    if not isinstance(pid, int) or not isinstance(start, int):
-        why = "no live agent holds the run's lock"
-    elif not seam.catches(pid, STOP_SIGNAL):
-        why = "agent %d does not take the stop signal (an older onbox, or still starting)" % pid
-    elif not seam.signal_process(ProcRef(pid, start), STOP_SIGNAL):
-        why = "agent %d is gone" % pid
-    if why is None:
-        if grace is not None:
-            click.echo("onbox: warning: --grace cannot go by signal: the run's own grace applies", err=True)
-        return
-    child = state.get("child_pid")
-    raise JobFailed("run %s: cannot write the stop request and cannot signal its agent: %s" % (rd.name, why),
-                    hint="free space on ONBOX_HOME (`df -h %s`) and run `onbox stop %s` again%s" % (
-                        rd.path, rd.name, "; or stop the child's process group yourself: `kill -TERM -%s`"
-                        % child if child else ""))
-
-
-def _take_lock(rd: Any, lock: Any) -> bool:
-    """The run's lock, taken (True: no live agent) or not (a live agent holds it). A lock file that cannot be opened
-    or created (a read-only or full ONBOX_HOME without one) is said as what it is, not a traceback."""
-    from onbox import fsutil, paths
-
-    try:
-        return bool(lock.acquire())
-    except OSError as e:
-        disk = fsutil.space_problem(rd.path)
-        if fsutil.disk_fault(e) is None and not disk:
-            raise UsageError("cannot open run %s's lock %s: %s" % (rd.name, rd.lock_path, e.strerror or e),
-                             hint="check the permissions of %s" % rd.path)
-        raise UnfitError("run %s: cannot tell whether its agent lives: its lock %s cannot be opened (%s) and "
-                         "ONBOX_HOME %s is %s" % (rd.name, rd.lock_path, e.strerror or e, paths.onbox_home(),
-                                                  disk or fsutil.disk_fault(e)),
-                         hint="%s, then `onbox stop %s` again" % (_disk_fix(disk), rd.name))
-
-
-def _disk_fix(disk: Optional[str]) -> str:
-    """What makes ONBOX_HOME's filesystem take writes again, for a hint."""
-    from onbox import paths
-
-    home = paths.onbox_home()
-    if disk == "read-only":
-        return "remount ONBOX_HOME's filesystem (%s) read-write" % home
-    return "free space on ONBOX_HOME (`df -h %s`, `df -i %s`)" % (home, home)
-
-
-def _wait_ran_out(rd: Any, state: Dict[str, Any], waited: float, written: bool) -> OnboxError:
-    """What `onbox stop` says when its wait runs out, as it is: the trainer may have stopped while its agent stays,
-    unable to record it (a full or read-only ONBOX_HOME: the agent holds the final state in memory for up to
-    final_sync_timeout) or still committing. "did not stop" is said only when the trainer has not stopped."""
-    from onbox import fsutil, paths
-    from onbox.proc import ProcessSeam
-
-    child, start = state.get("child_pid"), state.get("child_start_time")
-    stopped = isinstance(child, int) and isinstance(start, int) and ProcessSeam().start_time_of(child) != start
-    disk = fsutil.space_problem(rd.path)
-    if stopped and disk:
-        return UnfitError("run %s: its trainer has stopped (child %s ended), but its final state is not recorded: "
-                          "ONBOX_HOME's filesystem %s is %s; the agent (pid %s) holds it and writes it, then exits, "
-                          "once the disk takes it" % (rd.name, child, paths.onbox_home(), disk,
-                                                      state.get("agent_pid") or "?"),
-                          hint="%s: `onbox status %s` then shows how the run ended and its final commit" % (
-                              _disk_fix(disk), rd.name))
-    if stopped:
-        return JobFailed("run %s: its trainer has stopped (child %s ended), but its agent is still finishing after "
-                         "%g s (the final commit)" % (rd.name, child, waited),
-                         hint="`onbox status %s` follows it; a stuck agent: `onbox logs %s`, its agent.log" % (
-                             rd.name, rd.name))
-    records = _records_problem(rd, state, True)
-    return JobFailed("run %s did not stop within %g s%s" % (rd.name, waited, "; " + records if records else ""),
-                     hint="the %s and the agent still stops the run: `onbox status %s`; a stuck agent: `onbox logs "
-                          "%s`, its agent.log" % ("stop request stays in place" if written else
-                                                  "agent got the stop by signal", rd.name, rd.name))
+        clock.sleep(0.2)
 
 
 def _stop_doc(state: Dict[str, Any], outcome: str, **extra: Any) -> Dict[str, Any]:
@@ -448,97 +316,54 @@ def _stop_doc(state: Dict[str, Any], outcome: str, **extra: Any) -> Dict[str, An
     return dict(state, schema=STOP_SCHEMA, outcome=outcome, **extra)
 
 
-@click.command()
+STOP_EXAMPLES = [
+    "onbox stop NAME                       # wait until it has stopped (at most its grace plus 30 s)",
+    "onbox stop NAME --grace 120 --timeout 600",
+    "onbox stop NAME --no-wait --json      # return once the agent has the request",
+]
+
+
+@click.command(cls=LaidOut, examples=STOP_EXAMPLES, renamed_values={"--wait": "--timeout"})
 @click.argument("name")
-@click.option("--grace", type=FiniteFloat(0.0, 86400.0),
+@click.option("--grace", type=FiniteFloat(0.0, 86400.0), metavar="SECONDS",
               help="Seconds the child gets to checkpoint before the hard kill (0-86400; default: the run's).")
-@click.option("--wait", type=FiniteFloat(0.0, 86400.0),
-              help="Seconds to wait for the agent to finish (0-86400; default: the grace plus 30).")
-@click.option("--no-wait", is_flag=True,
-              help="Return once the live agent has the request (it stops the run on its own; `onbox status NAME` "
-                   "follows it). A run without a live agent is still stopped before this returns.")
+@click.option("--wait/--no-wait", default=True,
+              help="Wait for the agent to finish (the default), or return once the live agent has the request (it "
+                   "stops the run on its own; `onbox status NAME` follows it). A run without a live agent is still "
+                   "stopped before this returns.")
+@click.option("--timeout", type=FiniteFloat(0.0, 86400.0), metavar="SECONDS",
+              help="The longest wait (0-86400; default: the grace plus 30). `--wait SECONDS` is its old, deprecated "
+                   "spelling.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one document: the run's state and what was done (outcome: stopped, already_ended, "
                    "nothing_to_stop, asked).")
-def stop(name: str, grace: Optional[float], wait: Optional[float], no_wait: bool, as_json: bool) -> int:
+def stop(name: str, grace: Optional[float], wait: bool, timeout: Optional[float], as_json: bool) -> int:
     """Stop run NAME gracefully: checkpoint signal, final commit, exit; no restart.
 
-    Waits for the agent (--wait, default the grace plus 30 s; --no-wait: not at all). Exit 0 when the run stopped
-    (or had already ended, or the live agent has the request with --no-wait); 1 when the wait ran out: the stop
-    request stays in place and the agent still stops the run (`onbox status NAME`), or the trainer has stopped and
-    the agent is still finishing (the final commit); 2 for bad input, an unknown run or a corrupt state.json; 3
-    when ONBOX_HOME's filesystem is full or read-only and the trainer has stopped but its agent cannot record the
-    end (it does once the disk takes writes), or the run's lock cannot be opened there.
+    Exit 0 when the run stopped (or had already ended, or the live agent has the request with --no-wait); 1 when
+    the wait ran out: the stop request stays in place and the agent still stops the run (`onbox status NAME`), or
+    the trainer has stopped and the agent is still finishing (the final commit); 2 for bad input, an unknown run or
+    a corrupt state.json; 3 when ONBOX_HOME's filesystem is full or read-only and the trainer has stopped but its
+    agent cannot record the end (it does once the disk takes writes), or the run's lock cannot be opened there.
     """
-    from onbox.proc import ProcessSeam
-    from onbox.supervisor import detach
+    from onbox.launch.stopping import prepare_stop
+    from onbox.launch.stopping import stop as stop_run
 
-    if no_wait and wait is not None:
-        raise UsageError("--wait and --no-wait go separately", hint="--no-wait returns at once; --wait S waits S s")
     rd = _rundir(name)
-    state, problem = rd.load_state()
-    if problem:
-        raise UsageError("run %s: %s is corrupt: %s" % (name, rd.state_path, problem), hint=corrupt_hint(rd))
-    state = state or {}
-    if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
-        if as_json:
-            echo_json(_stop_doc(state, "already_ended"))
-        else:
-            echo_line("%s is already %s" % (name, state.get("state")))
-        return 0
-    written = _write_stop_request(rd, grace)
-    lock = detach.RunLock(rd.lock_path)
-    if _take_lock(rd, lock):  # no live agent: stop the orphaned child ourselves, through the same supervisor path
-        child = detach.live_child(rd, ProcessSeam())
-        if child is None:
-            lock.release()
-            _drop_stop_request(rd, written)
-            now = rd.read_state() or state  # an agent that ended a moment ago has recorded how the run ended
-            ended = now.get("state") in detach.TERMINAL
-            if as_json:
-                echo_json(_stop_doc(now, "already_ended" if ended else "nothing_to_stop"))
-            elif ended:
-                echo_line("%s is already %s" % (name, now.get("state")))
-            else:
-                echo_line("%s has no live agent and no live child; nothing to stop" % name)
-            return 0
-        try:
-            from onbox import subsystems
-
-            detach.stop_without_agent(rd, child, subsystems.make_hooks, grace, written)
-        finally:
-            lock.release()
-    else:
-        if not written:
-            _signal_stop(rd, state, grace)
-        effective = _effective_grace(rd, grace if written else None)  # a signal carries no --grace
-        waited = wait if wait is not None else effective + STOP_MARGIN
-        if no_wait:  # the live agent has the request (or the signal): it stops the run on its own
-            now = rd.read_state() or state
-            if as_json:
-                echo_json(_stop_doc(now, "asked", grace=effective, wait_s=effective + STOP_MARGIN))
-            else:
-                echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, effective, name))
-            return 0
-        limit = time.monotonic() + waited
-        while True:
-            state = rd.read_state() or {}
-            if not detach.agent_alive(state) and (state.get("state") in detach.TERMINAL or lock.acquire()):
-                lock.release()  # the agent is gone (it held the lock for its whole life)
-                break
-            if time.monotonic() >= limit:  # not bad usage (2): the operation asked for did not finish
-                raise _wait_ran_out(rd, state, waited, written)
-            time.sleep(0.1)
-    final = rd.read_state() or {}
-    if final.get("state") not in detach.TERMINAL:  # the agent ended without recording how the run ended
-        raise JobFailed("run %s: its agent has ended but the final state is not recorded (state.json still says %s)%s"
-                        % (name, final.get("state"), "; " + (_records_problem(rd, final, False) or "")),
-                        hint="`onbox status %s` and its agent.log tell more" % name)
+    plan = prepare_stop(rd, grace, wait, timeout, corrupt_hint(rd))
+    done = stop_run(plan, warn=lambda line: click.echo("onbox: warning: %s" % line, err=True))
     if as_json:
-        echo_json(_stop_doc(final, "stopped"))
+        extra = {"grace": done.grace, "wait_s": done.wait_s} if done.outcome == "asked" else {}
+        echo_json(_stop_doc(done.state, done.outcome, **extra))
+    elif done.outcome == "already_ended":
+        echo_line("%s is already %s" % (name, done.state.get("state")))
+    elif done.outcome == "nothing_to_stop":
+        echo_line("%s has no live agent and no live child; nothing to stop" % name)
+    elif done.outcome == "asked":
+        echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, done.grace, name))
     else:
-        echo_line("%s: %s" % (name, final.get("state")))
-        echo_line("  %s" % _committed_line(rd, final))
+        echo_line("%s: %s" % (name, done.state.get("state")))
+        echo_line("  %s" % _committed_line(rd, done.state))
     return 0
 
 

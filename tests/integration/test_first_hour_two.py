@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Optional
 
 import pytest
@@ -117,3 +119,57 @@ def test_logs_follow_ended_by_ctrl_c_exits_0_quietly(netns_box, ctl_env, tmp_pat
         assert p.returncode == 3 and b"cannot reach box b1" in err, (p.returncode, err)
     finally:
         kill_leftovers(netns_box, ["tk"])
+
+
+# -- 2. `status` without a tracker: where it read, when, and BEAT by the box's own clock ----------------------------
+def seq_mtime(box, run: str) -> float:
+    return os.stat(os.path.join(box.home, ".onbox", "runs", run, "heartbeats", "seq.json")).st_mtime
+
+
+def newest_news(box, run: str) -> float:
+    """The newest thing the box recorded of the run: its last beat, state change or progress."""
+    prog = {}
+    try:
+        with open(os.path.join(box.home, ".onbox", "runs", run, "progress.json")) as f:
+            prog = json.load(f)
+    except (OSError, ValueError):
+        pass
+    return max(t for t in (seq_mtime(box, run), state(box, run).get("updated_at"), prog.get("time"))
+               if isinstance(t, (int, float)))
+
+
+@pytest.mark.slow
+def test_status_over_ssh_names_its_source_and_beat_is_the_newest_beat_on_the_box(netns_box, ctl_env, tmp_path,
+                                                                                 onbox_pyz):
+    pushed_box(ctl_env, netns_box, onbox_pyz)
+    try:
+        launch(ctl_env, netns_box, tmp_path, "bt")
+        # beats every second, the last state change (running) well behind them: what BEAT used to show
+        wait_for(lambda: seq_mtime(netns_box, "bt") - state(netns_box, "bt")["updated_at"] > 3, 60,
+                 "beats 3 s past the run's last state change", 0.2)
+        beat_before = seq_mtime(netns_box, "bt")
+        r = ctl(ctl_env, "status", "--json")
+        after = time.time()
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        [row] = [x for x in doc["runs"] if x["run"] == "bt"]
+        assert doc["source"] == "ssh" and row["source"] == "ssh"
+        assert row["age_s"] is not None and row["age_s"] <= after - beat_before, (row["age_s"], after - beat_before)
+
+        r = ctl(ctl_env, "status")
+        assert r.returncode == 0, r.stderr
+        head = r.stdout.splitlines()[0]
+        assert re.fullmatch(r"from the boxes over ssh, read \d\d:\d\d:\d\d \(BEAT: each run's newest beat or "
+                            r"progress, by its box's clock\)", head), r.stdout
+        assert r.stdout.splitlines()[1].startswith("BOX "), r.stdout
+
+        # beside it: once the run has ended its beats stop, and BEAT grows from its last one (never a fresh 0s)
+        assert ctl(ctl_env, "stop", "b1", "bt", "--wait", "--grace", "5").returncode == 0
+        last = newest_news(netns_box, "bt")
+        wait_for(lambda: time.time() - last > 3, 30, "3 s past the run's last beat", 0.2)
+        before = time.time()
+        doc = json.loads(ctl(ctl_env, "status", "--json").stdout)
+        [row] = [x for x in doc["runs"] if x["run"] == "bt"]
+        assert row["state"] == "stopped" and row["age_s"] >= before - last, (row, before - last)
+    finally:
+        kill_leftovers(netns_box, ["bt"])
