@@ -360,7 +360,7 @@ def stop(name: str, grace: Optional[float], wait: bool, timeout: Optional[float]
     elif done.outcome == "nothing_to_stop":
         echo_line("%s has no live agent and no live child; nothing to stop" % name)
     elif done.outcome == "asked":
-        echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, done.grace, name))
+        echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, done.grace or 0.0, name))
     else:
         echo_line("%s: %s" % (name, done.state.get("state")))
         echo_line("  %s" % _committed_line(rd, done.state))

@@ -8,6 +8,8 @@ anything is created and reaches the user, not a detached agent's log; start(plan
   deadline.py the run's deadline for this launch: --deadline, the Slurm job's EndTime, the profile's session hours
   match.py    which runs on this box a launch of a command would continue (the reading side of `onbox match`)
   start.py    start(plan): the run dir, its lock and record, the Supervisor in the foreground or detached
+  stopping.py `onbox stop` the same way: prepare_stop() checks, stop(plan) asks the agent (or stops an orphaned
+              child itself) and waits on the clock seam
 
 It sits above the supervisor and the subsystems and wires them together, as a command would; only onbox.commands
 imports it. May import: the shared leaves, onbox.config, onbox.supervisor, onbox.subsystems (preflight, the hooks),

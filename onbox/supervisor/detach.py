@@ -86,6 +86,20 @@ def agent_alive(state: Optional[Dict[str, Any]]) -> bool:
     return is_alive(int(state["agent_pid"]), state.get("agent_start_time"))
 
 
+def records_problem(rd: RunDir, state: Dict[str, Any], alive: bool) -> Optional[str]:
+    """Why what state.json says may be stale: the run's filesystem cannot take writes now (the agent then holds
+    the newest state in memory, records.py). Checked with statvfs, for runs not known ended."""
+    if state.get("state") in TERMINAL and not alive:
+        return None
+    problem = fsutil.space_problem(rd.path)
+    if not problem:
+        return None
+    return ("ONBOX_HOME's filesystem %s is %s: the agent cannot record this run's state, so what is shown may be "
+            "stale; %s" % (paths.onbox_home(), problem,
+                           "it supervises on and writes the state once there is space: free space there (`df -h`, "
+                           "`df -i`)" if alive else "free space there, then `onbox status` again"))
+
+
 def lock_holder(rd: RunDir, proc: ProcessSeam) -> Optional[ProcRef]:
     """The live agent holding the run's lock, from the lock file's owner line: for when state.json cannot name it
     (an agent that adopted the child on a full disk could not record itself). Only a process that has the lock

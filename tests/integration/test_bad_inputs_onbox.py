@@ -358,7 +358,10 @@ ROWS += [
     row("stop-grace-abc", ["stop", "r", "--grace", "abc"], 2, "--grace", state=RUNNING),
     row("stop-grace-nan-stopped", ["stop", "r", "--grace", "nan"], 2, "--grace",
         state=json.dumps({"run": "r", "state": "stopped"})),
-    row("stop-wait-and-no-wait", ["stop", "r", "--wait", "5", "--no-wait"], 2, "--wait and --no-wait",
+    row("stop-timeout-and-no-wait", ["stop", "r", "--timeout", "5", "--no-wait"], 2, "--timeout and --no-wait",
+        state=RUNNING),
+    # the old spelling of --timeout: read as it, with a warning
+    row("stop-old-wait-and-no-wait", ["stop", "r", "--wait", "5", "--no-wait"], 2, "--timeout and --no-wait",
         state=RUNNING),
     row("adopt-nosuch", ["adopt", "nosuch"], 2, "no run named"),
     row("adopt-dotdot", ["adopt", "../x"], 2, "invalid run name"),

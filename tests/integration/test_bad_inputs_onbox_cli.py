@@ -183,7 +183,7 @@ def test_stop_on_a_full_onbox_home_says_the_trainer_stopped_and_what_was_not_rec
             wait_for(lambda: state(home, "x").get("state") == "running", timeout=30, what="the run's state")
             filler = _fill(home)
             # the whole --wait passes (the disk stays full): long enough for the trainer's stop on a busy machine
-            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--wait", "6"], env=env_for(home),
+            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--timeout", "6"], env=env_for(home),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
                 wait_for(lambda: not is_alive(*child), timeout=30, what="the trainer stopped by `onbox stop`")

@@ -143,7 +143,7 @@ def test_stop_that_times_out_exits_1_and_leaves_the_request(onbox_home, tmp_path
             time.sleep(60)
         """), str(d / "lock")], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "locked"
-        r = onbox(onbox_home, "stop", "stuck", "--wait", "0.5")
+        r = onbox(onbox_home, "stop", "stuck", "--timeout", "0.5")
         assert r.returncode == 1, (r.returncode, r.stderr)
         first, hint = r.stderr.splitlines()[:2]
         assert first == "onbox: run stuck did not stop within 0.5 s" and "stop request stays" in hint

@@ -112,7 +112,7 @@ def test_a_home_that_fills_during_the_run_keeps_the_child_supervised_and_stoppab
             s = onbox(home, "status", "x")
             assert s.returncode == 0 and "Traceback" not in s.stderr
             assert "ONBOX_HOME's filesystem %s is full" % home in s.stdout, s.stdout
-            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--wait", "60"], env=env_for(home),
+            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--timeout", "60"], env=env_for(home),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
             try:
@@ -188,7 +188,7 @@ def test_a_live_child_is_adopted_on_a_full_home_and_the_new_agent_is_found_and_s
             fill(home)
             s = onbox(home, "status", "x")
             assert "agent alive" in s.stdout.splitlines()[0] and "is full" in s.stdout, s.stdout
-            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--wait", "60"], env=env_for(home),
+            stop = subprocess.Popen([PY, "-m", "onbox", "stop", "x", "--timeout", "60"], env=env_for(home),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
             try:

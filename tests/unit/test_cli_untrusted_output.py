@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import onbox.commands.checkpoints as ckpt_cmd
 import onbox.commands.runs as runs_cmd
+import onbox.launch.stopping as stopping_lib
 from onbox.clikit import report_error
 from onbox.errors import JobFailed, UnfitError, UsageError
 from onbox.queue.render import render_queue
@@ -94,7 +95,7 @@ def stopping(onbox_home, monkeypatch):
 def _outcome(monkeypatch, rd, state, child_start, disk):
     monkeypatch.setattr("onbox.proc.ProcessSeam.start_time_of", lambda self, pid: child_start)
     monkeypatch.setattr("onbox.fsutil.space_problem", lambda path, *a, **k: disk)
-    return runs_cmd._wait_ran_out(rd, state, 30.0, written=False)
+    return stopping_lib.wait_ran_out(rd, state, 30.0, written=False)
 
 
 def test_a_trainer_that_stopped_on_a_full_home_is_said_stopped_and_unrecorded(stopping, monkeypatch, onbox_home):
