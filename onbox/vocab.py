@@ -37,10 +37,16 @@ RUN_STATES = LIVE_STATES + TERMINAL_STATES
 CRASH_LOOP, CRASHLOOP, SUCCEEDED, EXITED = "crash_loop", "crashloop", "succeeded", "exited"
 RESTARTING, PREEMPTING = "restarting", "preempting"
 # What a reader of beats takes for a run that ended / ended failing / ended as it was meant to / is at work.
-ENDED_STATES = frozenset(TERMINAL_STATES + (CRASH_LOOP, CRASHLOOP, SUCCEEDED, EXITED))
+ENDED_STATES = frozenset((*TERMINAL_STATES, CRASH_LOOP, CRASHLOOP, SUCCEEDED, EXITED))
 FAILED_STATES = frozenset({FAILED, CRASH_LOOP, CRASHLOOP})
 CLEAN_STATES = frozenset({DONE, STOPPED, SUCCEEDED, EXITED})
-BEAT_LIVE_STATES = frozenset(LIVE_STATES + (RESTARTING, PREEMPTING))
+BEAT_LIVE_STATES = frozenset((*LIVE_STATES, RESTARTING, PREEMPTING))
+
+# What `onbox stop --json` did (its `outcome`), as onboxctl stop reads it.
+STOP_ASKED = "asked"  # the live agent has the request
+STOP_STOPPED = "stopped"  # the run stopped (--wait)
+STOP_ALREADY_ENDED = "already_ended"
+STOP_NOTHING = "nothing_to_stop"  # no live agent and no live trainer
 
 # The `schema` ids of the documents onbox and onboxctl write (state files, `--json` output) and read back: a reader
 # refuses a document whose schema is not the one it knows.

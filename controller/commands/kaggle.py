@@ -13,12 +13,13 @@ from controller.kaggle.cli import ACTIVE, KaggleCli, credentials, log_lines
 from controller.kaggle.output import outcome_in_log, pull
 from controller.launch.secretfiles import Selection
 from controller.launch.start import check_name
+from onbox import vocab
 from onbox.clikit import echo_json
 from onbox.errors import UnfitError, UsageError
 from onbox.untrusted import printable
 
-PUSH_SCHEMA = "onbox.kaggle.push/1"
-STATUS_SCHEMA = "onbox.kaggle.status/1"
+PUSH_SCHEMA = vocab.SCHEMA_KAGGLE_PUSH
+STATUS_SCHEMA = vocab.SCHEMA_KAGGLE_STATUS
 REMOTE_RE = re.compile(r"^(:[A-Za-z0-9_-]+[^:]*|[A-Za-z0-9_][A-Za-z0-9_. -]*):")
 NEXT = {"session_limit": "push again to continue (onboxctl kaggle push ... --name {run})",
         "preempted": "push again to continue (onboxctl kaggle push ... --name {run})",

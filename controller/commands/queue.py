@@ -6,6 +6,7 @@ import click
 from controller.boxes.agent import REMOTE_PYZ, parse_json_any
 from controller.boxes.inventory import Inventory
 from controller.boxes.ssh import Ssh, settings_from_env
+from onbox import vocab
 from onbox.clikit import echo_json
 from onbox.errors import UnfitError
 
@@ -26,7 +27,7 @@ def queue(box: str, as_json: bool) -> None:
     res = ssh.run(b.target(), [b.python, REMOTE_PYZ, "queue", "ls", "--json"], timeout=60, what="onbox queue ls",
                   check=False)
     doc = parse_json_any(res.text)
-    if res.returncode != 0 or not isinstance(doc, dict) or doc.get("schema") != "onbox.queue/1":
+    if res.returncode != 0 or not isinstance(doc, dict) or doc.get("schema") != vocab.SCHEMA_QUEUE:
         said = (res.err_text or res.text.strip())[-300:] or "(no output)"
         raise UnfitError("%s did not answer with its queue (exit %d): %s" % (box, res.returncode, said),
                          hint="`onboxctl push %s` installs an onbox.pyz that has `onbox queue`" % box)

@@ -24,6 +24,7 @@ import dataclasses
 from typing import List, Optional, Set, Tuple
 
 from controller.goodput.records import BACKOFF_STATE, FINAL_STATES, STOPPING_STATE, Beat
+from onbox import vocab
 
 MAX_SAMPLES = 1024  # step samples a live context keeps before the older ones are thinned (to half of it)
 CLOSED_SAMPLES = 128  # and one that ended: its part before its newest durable step is settled unless a loss
@@ -153,7 +154,7 @@ class Fold:
             c.backoff_at = b.time
         if b.state in FINAL_STATES and c.end_state is None:
             c.end_state = b.state
-            if b.state == "preempted":
+            if b.state == vocab.PREEMPTED:
                 c.preempted = True
 
     def _sample(self, c: Context, t: float, step: int, phase: int) -> None:

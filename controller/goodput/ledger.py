@@ -32,6 +32,7 @@ from controller.goodput.fold import Context
 from controller.goodput.records import BACKOFF_STATE as BACKOFF
 from controller.goodput.records import CLEAN_STATES
 from controller.goodput.spans import Segment, Spans, free, merge
+from onbox import vocab
 
 PRODUCTIVE, RECOMPUTED, DOWN, RESTORING, STARTING, STALLED = (
     "productive", "recomputed", "down", "restoring", "starting", "stalled")
@@ -39,7 +40,7 @@ CATEGORIES = (PRODUCTIVE, RECOMPUTED, DOWN, RESTORING, STARTING, STALLED)
 TRAINING = "training"  # a claim the lineage splits into productive and recomputed
 FIRST = "first"  # a life's first step: judged by the lineage, no time of its own
 SILENT_AFTER = 5.0  # heartbeat intervals without a beat: the trainer is no longer taken to be running (the tracker's)
-LOST_FOR_GOOD = frozenset({"failed", "crash_loop", "crashloop", "fenced"})
+LOST_FOR_GOOD = vocab.FAILED_STATES | {vocab.FENCED}
 
 Slice = Tuple[int, int, int]  # steps (s0, s1] of a phase
 
@@ -306,7 +307,7 @@ def ledger_of(contexts: List[Context], now: Optional[float] = None, silent_after
             at_s = round(max(0.0, tip[0] - since), 3)
     return Ledger(start=start, end=run_end, live=live, state=last.last_state, segments=merge(visible),
                   overlap=merge(hidden), losses=losses, steps_known=measured, restarts=len(contexts) - 1,
-                  preemptions=sum(1 for c in contexts if c.end_state == "preempted" or (
+                  preemptions=sum(1 for c in contexts if c.end_state == vocab.PREEMPTED or (
                       c.end_state is None and c.preempted and c.stopping_at is not None)),  # (a fence is no notice)
                   at_risk_steps=at_steps, at_risk_s=at_s, durable_step=last.durable_step, kept_steps=kept_steps,
                   final=final, live_until=last.last_beat + silent_after * last.interval if live else None)

@@ -11,13 +11,14 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from onbox import vocab
+
 MAX_NUMBER = 1e13  # seconds (the year 318857) and steps: past it a number is a hand edit, read as unknown
 # the states a run's agent ends in (onbox/supervisor/state.py, plus an older agent's and Slurm's words)
-FINAL_STATES = frozenset({"done", "succeeded", "exited", "failed", "crash_loop", "crashloop", "stopped", "preempted",
-                          "fenced"})
-CLEAN_STATES = frozenset({"done", "succeeded", "exited", "stopped"})  # the run ended as it was meant to
-BACKOFF_STATE = "backoff"  # its child exited and a restart follows (after the backoff)
-STOPPING_STATE = "stopping"  # a notice, a stop or a fence is being handled: the trainer checkpoints and exits
+FINAL_STATES = vocab.ENDED_STATES
+CLEAN_STATES = vocab.CLEAN_STATES  # the run ended as it was meant to
+BACKOFF_STATE = vocab.BACKOFF  # its child exited and a restart follows (after the backoff)
+STOPPING_STATE = vocab.STOPPING  # a notice, a stop or a fence is being handled: the trainer checkpoints and exits
 
 
 def number(v: Any) -> Optional[float]:

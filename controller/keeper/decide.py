@@ -51,7 +51,9 @@ import dataclasses
 import enum
 from typing import Any, Dict, List, Optional, Sequence
 
-TERMINAL = ("done", "failed", "preempted", "stopped", "fenced")
+from onbox import vocab
+
+TERMINAL = vocab.TERMINAL_STATES
 LATE_AFTER = 2.0  # heartbeat intervals without a beat before the tracker calls a run late (controller/tracker/store.py)
 BLIND_FLOOR = 2  # boxes asked: with fewer, the keeper cannot tell its own blindness from one box's death
 
@@ -154,15 +156,15 @@ def judge_box(obs: Observation, beats: Beats, suspect_since: Optional[float], no
         if obs.agent_alive:
             return Judgement(Verdict.HEALTHY, "%s: the agent of %s is alive (%s)" % (obs.box, obs.run, obs.state),
                              obs.box)
-        if obs.fenced or obs.state == "fenced":
+        if obs.fenced or obs.state == vocab.FENCED:
             return Judgement(Verdict.ENDED, "%s: %s was fenced (a newer lease holds the run)" % (obs.box, obs.run),
                              obs.box)
-        if obs.state in ("done", "stopped"):
+        if obs.state in (vocab.DONE, vocab.STOPPED):
             return Judgement(Verdict.ENDED, "%s: %s ended %s" % (obs.box, obs.run, obs.state), obs.box)
-        if obs.state == "failed":
+        if obs.state == vocab.FAILED:
             return Judgement(Verdict.ENDED, "%s: %s failed under its own restart policy (not recovered: a relaunch "
                                             "would repeat it)" % (obs.box, obs.run), obs.box)
-        if obs.state == "preempted":
+        if obs.state == vocab.PREEMPTED:
             return Judgement(Verdict.RELAUNCH_HERE, "%s answers and %s was preempted" % (obs.box, obs.run), obs.box)
         return Judgement(Verdict.RELAUNCH_HERE, "%s answers, but the agent of %s is gone (state %s)"
                          % (obs.box, obs.run, obs.state), obs.box)

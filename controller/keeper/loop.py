@@ -34,7 +34,7 @@ from controller.keeper.records import KeepState, RecordProblem, RecordStore, Run
 from controller.keeper.recovery import Recoverer
 from controller.keeper.sight import Sight, Witnesses
 from controller.keeper.watch import RunWatch
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.clock import Clock, SystemClock
 from onbox.errors import UsageError
 
@@ -60,7 +60,7 @@ class PassReport:
     sight: Tuple[int, int] = (0, 0)  # (boxes that answered, boxes asked)
 
     def to_dict(self) -> Dict[str, Any]:
-        return dict(dataclasses.asdict(self), schema="onboxctl.keep_pass/1")
+        return dict(dataclasses.asdict(self), schema=vocab.SCHEMA_KEEP_PASS)
 
 
 class Keeper:

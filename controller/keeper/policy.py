@@ -16,6 +16,7 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional
 
+from onbox import vocab
 from onbox.errors import UsageError
 
 DEFAULT_HEARTBEAT_INTERVAL = 30.0  # the agent's default (onbox/config.py)
@@ -141,7 +142,7 @@ class LaunchRecord:
         return dict(dataclasses.asdict(self), schema=LAUNCH_SCHEMA)
 
 
-LAUNCH_SCHEMA = "onboxctl.launch/1"
+LAUNCH_SCHEMA = vocab.SCHEMA_LAUNCH
 
 
 def finite(v: Any) -> bool:

@@ -15,11 +15,11 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from controller.keeper.policy import MAX_NUMBER, LaunchRecord, box_names, finite, launch_from_dict
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json
 
-RECOVERY_SCHEMA = "onboxctl.recovery/1"
+RECOVERY_SCHEMA = vocab.SCHEMA_RECOVERY
 PHASES = ("detected", "declared_lost", "box_chosen", "pushed", "relaunched", "first_new_step")
 MAX_EVENTS = 200  # newest kept; older ones are in the tracker's and the agent's own logs
 MAX_HISTORY = 50

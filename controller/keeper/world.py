@@ -26,13 +26,13 @@ from controller.keeper.decide import LIVENESS, UNREADABLE, Beats, Observation
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.provision import Note, run_provision
 from controller.launch.start import LaunchResult
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.errors import OnboxError
 
-STATUS_SCHEMA = "onbox.status/1"
+STATUS_SCHEMA = vocab.SCHEMA_STATUS
 HEARD = ("refused", "closed", "auth", "host_key_changed", "host_key_unknown")  # ssh failed, the box's host answered
 PUSH_FRESH = 60.0  # seconds a push this keeper verified on a box stands for the next one (without a code dir)
-AUDIT_SCHEMA = "onbox.audit/1"
+AUDIT_SCHEMA = vocab.SCHEMA_AUDIT
 
 
 def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) -> Observation:
@@ -64,7 +64,7 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
             resumed = step_from_name(os.path.basename(name))
     return Observation(
         box, run, reached=True, known=True, state=state, agent_alive=doc.get("agent_alive") is True,
-        fenced=state == "fenced" or last_exit.get("classification") == "fenced",
+        fenced=state == vocab.FENCED or last_exit.get("classification") == vocab.FENCED,
         step=_int(progress.get("step")), step_time=_num(progress.get("time")), attempt_started=_num(started),
         durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
         lease=lease or None, resumed_step=resumed)

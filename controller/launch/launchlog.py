@@ -21,12 +21,12 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from controller.boxes.inventory import config_dir
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.errors import UsageError
 from onbox.fsutil import atomic_write_json
 from onbox.paths import valid_run_name
 
-SCHEMA = "onboxctl.launches/1"
+SCHEMA = vocab.SCHEMA_LAUNCHES
 FILE = "launches.json"
 MAX_ENTRIES = 500
 _LOCK = threading.Lock()  # flock is per open file: threads of one onboxctl take turns here first

@@ -23,6 +23,7 @@ from controller.boxes.agent import REMOTE_PYZ
 from controller.boxes.inventory import Box
 from controller.boxes.ssh import Ssh
 from controller.launch.start import LaunchResult, launch, parse_json_tail
+from onbox import vocab
 from onbox.errors import OnboxError, UsageError
 from onbox.multinode.role import SCHEMA, check_addr, node_run_name
 
@@ -31,7 +32,7 @@ def probe_box(ssh: Ssh, box: Box, run: str, timeout: float) -> Dict[str, Any]:
     res = ssh.run(box.target(), [box.python, REMOTE_PYZ, "node", "probe", "--run", run, "--json"], timeout=timeout,
                   what="onbox node probe")
     doc = parse_json_tail(res.text)
-    if doc.get("schema") != "onbox.node_probe/1":
+    if doc.get("schema") != vocab.SCHEMA_NODE_PROBE:
         raise UsageError("box %s did not answer `onbox node probe`: %r" % (box.name, res.text[-200:]),
                          hint="push the current onbox.pyz first: onboxctl push %s" % box.name)
     return doc

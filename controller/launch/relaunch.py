@@ -33,9 +33,10 @@ from controller.boxes.agent import REMOTE_PYZ, parse_json_any
 from controller.boxes.inventory import Box
 from controller.boxes.ssh import Ssh
 from controller.launch.start import box_script, box_workdir, remote_env
+from onbox import vocab
 from onbox.errors import UsageError
 
-SCHEMA = "onbox.match/1"
+SCHEMA = vocab.SCHEMA_MATCH
 MAX_CANDIDATES = 20  # runs of the launch log asked about at once (the newest first): an argv stays short
 
 
@@ -199,7 +200,7 @@ def decide(box: Box, answer: Dict[str, Any], log: Sequence[Dict[str, Any]], new_
     last, kind, r, facts = found[0]
     others = [f[2]["run"] for f in found[1:]]
     ended = r.get("state") if kind == "box" else (facts.get("lease") or {}).get("ended")
-    if ended == "done":
+    if ended == vocab.DONE:
         return Choice(box.name, "new", new_name, others=others,
                       why="the newest run of this command, %s, ended done%s" % (
                           r["run"], "" if kind == "box" else " (on %s)" % r["box_ran"]))

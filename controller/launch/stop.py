@@ -15,12 +15,13 @@ from typing import Any, Callable, Dict, List, Optional
 from controller.boxes.agent import agent_json, ask, refusal
 from controller.boxes.inventory import Box
 from controller.boxes.ssh import BoxUnreachable, Ssh
+from onbox import vocab
 from onbox.errors import JobFailed, OnboxError
 from onbox.untrusted import printable
 
-STOP_SCHEMA = "onbox.stop/1"
-STATUS_SCHEMA = "onbox.status/1"
-ENDED = ("done", "failed", "preempted", "stopped", "fenced")  # onbox's terminal states (supervisor/state.py)
+STOP_SCHEMA = vocab.SCHEMA_STOP
+STATUS_SCHEMA = vocab.SCHEMA_STATUS
+ENDED = vocab.TERMINAL_STATES
 ASK_TIMEOUT = 60.0  # the ask itself returns at once when the run has a live agent ...
 ORPHAN_GRACE = 600.0  # ... without one, `onbox stop` stops the trainer itself: a grace (unknown here) and a commit
 FINAL_COMMIT = 300.0  # the agent's default final_sync_timeout
@@ -66,16 +67,16 @@ def ask_stop(ssh: Ssh, box: Box, run: str, grace: Optional[float]) -> Dict[str, 
     if res.returncode != 0 or not isinstance(doc, dict) or doc.get("schema") != STOP_SCHEMA:
         raise refusal(box, what, res, STOP_SCHEMA)
     outcome = doc.get("outcome")
-    if outcome == "already_ended":
+    if outcome == vocab.STOP_ALREADY_ENDED:
         raise NothingToStop("run %s on %s has already ended (%s): nothing to stop" % (run, box.name,
                                                                                     doc.get("state")),
                             hint="`onboxctl pull %s %s` takes its checkpoints home" % (box.name, run))
-    if outcome == "nothing_to_stop":
+    if outcome == vocab.STOP_NOTHING:
         raise NothingToStop("run %s on %s has no live agent and no live trainer (state.json says %s): nothing to stop"
                             % (run, box.name, doc.get("state")),
                             hint="`onboxctl status --box %s` shows it; `onboxctl logs %s %s` shows how it ended"
                                  % (box.name, box.name, run))
-    if outcome not in ("asked", "stopped"):
+    if outcome not in (vocab.STOP_ASKED, vocab.STOP_STOPPED):
         raise refusal(box, what, res, STOP_SCHEMA)
     return doc
 
@@ -111,10 +112,10 @@ def wait_ended(ssh: Ssh, box: Box, run: str, bound: float, clock: Callable[[], f
 
 def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: bool = False,
              say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic,
-             sleep: Callable[[float], None] = time.sleep) -> StopReport:
-    """Ask the agent to stop RUN; with `wait`, wait (bounded) for the run to end and report how it ended and its
-    newest durable checkpoint. A run without a live agent is stopped by `onbox stop` itself: it has ended when
-    the ask returns."""
+             sleep: Callable[[float], None] = time.sleep, timeout: Optional[float] = None) -> StopReport:
+    """Ask the agent to stop RUN; with `wait`, wait (bounded: `timeout` seconds, else the agent's own bound plus
+    SLACK_S) for the run to end and report how it ended and its newest durable checkpoint. A run without a live
+    agent is stopped by `onbox stop` itself: it has ended when the ask returns."""
     t0 = clock()
     doc = ask_stop(ssh, box, run, grace)
     report = StopReport(box=box.name, run=run, outcome="asked", grace=_num(doc.get("grace")),
@@ -122,8 +123,9 @@ def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: 
     if doc.get("outcome") == "asked":
         if not wait:
             return report
-        say(asked_line(report, waiting=True))
-        bound = (report.wait_s if report.wait_s is not None else (grace or 0.0) + 30.0) + SLACK_S
+        say(asked_line(report, waiting=True, bound=timeout))
+        bound = timeout if timeout is not None else (
+            (report.wait_s if report.wait_s is not None else (grace or 0.0) + 30.0) + SLACK_S)
         final = wait_ended(ssh, box, run, bound, clock, sleep)
     else:
         try:
@@ -148,12 +150,14 @@ def _num(v: Any) -> Optional[float]:
 
 
 # -- what it says ----------------------------------------------------------------------------------------------
-def asked_line(r: StopReport, waiting: bool = False) -> str:
+def asked_line(r: StopReport, waiting: bool = False, bound: Optional[float] = None) -> str:
     grace = " (grace %g s)" % r.grace if r.grace is not None else ""
     if waiting:
-        bound = " up to %.0f s" % (r.wait_s + SLACK_S) if r.wait_s is not None else ""
+        if bound is None and r.wait_s is not None:
+            bound = r.wait_s + SLACK_S
+        until = " up to %.0f s" % bound if bound is not None else ""
         return "%s/%s: stop asked: the trainer checkpoints%s, the agent commits and ends the run; waiting%s" % (
-            r.box, r.run, grace, bound)
+            r.box, r.run, grace, until)
     return ("%s/%s: stop asked: the trainer checkpoints%s, the agent commits and ends the run (not restarted); "
             "`onboxctl status --box %s` follows it" % (r.box, r.run, grace, r.box))
 

@@ -15,6 +15,7 @@ from controller.boxes.inventory import Box
 from controller.boxes.profiles import MeterStop, meter_stop
 from controller.boxes.ssh import Ssh
 from controller.results.pull import PullsRecord, newest, remote_runs
+from onbox import vocab
 from onbox.errors import JobFailed, UnfitError, UsageError
 from onbox.toolrun import Says, Tool
 
@@ -30,7 +31,7 @@ METER_STOP = Tool(
                    hint="check on the platform whether {box} stopped; the box may still bill"),
     failed=Says("the meter-stop command `{cmd}` failed (exit {rc}): {stderr}",
                 hint="the box may still bill: stop {box} the way its platform does"))
-LIVE_STATES = {"running", "starting", "restarting", "backoff", "preempting", "stopping"}
+LIVE_STATES = vocab.BEAT_LIVE_STATES
 
 
 @dataclasses.dataclass

@@ -16,11 +16,12 @@ from controller.goodput.ledger import Ledger
 from controller.tracker.ledgers import money
 from controller.tracker.runfacts import RunFacts
 from controller.tracker.store import Store
+from onbox import vocab
 from onbox.untrusted import printable
 
 KEEPER_GAVE_UP = {"failed_no_resource": "found no box", "failed_max_recoveries": "reached its most recoveries",
                   "failed_launch": "could not launch it", "needs_a_person": "needs a person"}
-STOPPED_SHORT = {"preempted", "failed", "crash_loop", "fenced"}
+STOPPED_SHORT = vocab.FAILED_STATES | {vocab.PREEMPTED, vocab.FENCED}
 
 
 def _keeper_events(store: Store, run: str) -> List[Dict[str, Any]]:
@@ -51,7 +52,7 @@ def next_step(run: str, state: Optional[str], liveness: Optional[str], durable_s
     if state not in STOPPED_SHORT and liveness != "silent":
         return None
     at = " from step %d (its newest durable checkpoint)" % durable_step if durable_step is not None else ""
-    if state == "fenced":
+    if state == vocab.FENCED:
         return {"by": "none", "text": "a newer lease holds the run: another agent took it over, this box's agent "
                                       "stopped; nothing to do here"}
     if keeper:
@@ -67,7 +68,7 @@ def next_step(run: str, state: Optional[str], liveness: Optional[str], durable_s
                 [:300])}
         return {"by": "keeper", "text": "the keeper relaunches it at its next pass (`onboxctl keep`); it resumes%s"
                                         % at}
-    if slurm_job and state == "preempted":
+    if slurm_job and state == vocab.PREEMPTED:
         return {"by": "slurm", "text": "Slurm requeues job %s: the run resumes%s when the job starts again (`squeue "
                                        "-j %s`)" % (slurm_job, at, slurm_job)}
     cmd = launch.get("command") if launch else None

@@ -24,9 +24,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from controller.tracker.columns import POINT_FIELDS, durable_name, gpu_numbers
 from controller.tracker.store import Store, parse_doc
+from onbox import vocab
 
 COLUMNS = ("seq", "time", "attempt", "step", "loss", "eval_loss", "lr", "tokens_per_s", "gpu_util", "gpu_mem")
-FAILED_STATES = {"failed", "crash_loop"}
+FAILED_STATES = vocab.FAILED_STATES
 # a legacy row (stored before the box/gpu/ckpt columns existed) has box NULL: those come from its document
 _SELECT = ("SELECT seq, time, attempt, step, loss, eval_loss, lr, tokens_per_s, gpu_util, gpu_mem, state, box, ckpt, "
            "CASE WHEN box IS NULL THEN doc END FROM beats WHERE run=? ")
@@ -108,7 +109,7 @@ def events_between(prev: Optional[Key], cur: Key) -> List[Tuple[str, str]]:
         out.append(("restart", "attempt %d%s" % (attempt, " on %s" % box if moved else "")))
     if moved:
         out.append(("box", "now on %s (was %s)" % (box, p_box)))
-    if state != p_state and state == "preempted":
+    if state != p_state and state == vocab.PREEMPTED:
         out.append(("preempted", "preempted on %s" % (box or "its box")))
     if state != p_state and state in FAILED_STATES:
         out.append(("failed", str(state)))

@@ -27,13 +27,14 @@ import errno
 import re
 from typing import Any, Dict, Optional
 
+from onbox import vocab
 from onbox.errors import JobFailed
 
 MANIFEST = "MANIFEST.json"
 INDEX = "checkpoints_index.json"
-MANIFEST_SCHEMA = "onbox.manifest/1"
-INDEX_SCHEMA = "onbox.checkpoints_index/2"  # a superset of /1 (index.py)
-INDEX_SCHEMA_V1 = "onbox.checkpoints_index/1"
+MANIFEST_SCHEMA = vocab.SCHEMA_MANIFEST
+INDEX_SCHEMA = vocab.SCHEMA_INDEX  # a superset of /1 (index.py)
+INDEX_SCHEMA_V1 = vocab.SCHEMA_INDEX_V1
 # a lease holder's name (leases): what a manifest's `holder` must match, read back from durable storage
 HOLDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 

@@ -15,12 +15,12 @@ import hashlib
 import os
 from typing import Any, Dict, List, Optional
 
-from onbox import fsutil, paths, untrusted
+from onbox import fsutil, paths, untrusted, vocab
 from onbox.checkpoints import INDEX, MANIFEST
 from onbox.checkpoints.durable import manifest
 
-SCHEMA = "onbox.checkpoints/1"
-LIST_SCHEMA = "onbox.checkpoints_list/1"  # `--all`: {"schema", "runs": [one onbox.checkpoints/1 document a run]}
+SCHEMA = vocab.SCHEMA_CHECKPOINTS
+LIST_SCHEMA = vocab.SCHEMA_CHECKPOINTS_LIST  # `--all`: {"schema", "runs": [one onbox.checkpoints/1 document a run]}
 
 
 def trainer_alive(run_dir: str) -> bool:

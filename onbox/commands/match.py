@@ -8,10 +8,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
+from onbox import vocab
 from onbox.clikit import echo_json, echo_line
 from onbox.commands.run import run_options
 
-SCHEMA = "onbox.match/1"
+SCHEMA = vocab.SCHEMA_MATCH
 
 
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})

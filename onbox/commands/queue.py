@@ -12,9 +12,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
+from onbox import vocab
 from onbox.clikit import echo_json
 from onbox.commands.run import run_options
 from onbox.errors import ExitCode, UsageError
+from onbox.queue.journal import RUNNING
 from onbox.queue.render import render_queue
 
 
@@ -127,7 +129,7 @@ def _runner_doc(journal: Any) -> Dict[str, Any]:
 
     doc = journal.read_runner()
     doc["alive"] = bool(doc.get("pid")) and is_alive(int(doc["pid"]), doc.get("start_time")) and doc.get(
-        "state") in ("running", "stopping")
+        "state") in (vocab.RUNNING, vocab.STOPPING)
     return doc
 
 
@@ -144,12 +146,12 @@ def queue_doc(journal: Any) -> Dict[str, Any]:
         if e.state == REMOVED:
             continue
         doc = e.to_dict()
-        doc["agent_alive"] = e.state == "running" and _agent_alive(e)
+        doc["agent_alive"] = e.state == RUNNING and _agent_alive(e)
         run = RunDir(doc["run_dir"]).read_state() or {}
         doc["run_state"] = run.get("state")
         doc["phase"] = (run.get("phase") or {}).get("name")
         out.append(doc)
-    return {"schema": "onbox.queue/1", "runner": _runner_doc(journal), "entries": out, "problems": journal.problems}
+    return {"schema": vocab.SCHEMA_QUEUE, "runner": _runner_doc(journal), "entries": out, "problems": journal.problems}
 
 
 @queue.command("ls")

@@ -18,13 +18,13 @@ import glob
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from onbox import fsutil, paths, untrusted
+from onbox import fsutil, paths, untrusted, vocab
 from onbox.gpu.holders import Holder, ScanResult
 from onbox.proc import environ_of, is_alive, read_stat
 from onbox.untrusted import CONFIG_MAX_BYTES
 
 # Run states after which no attempt of the run is live (supervisor.RunState's terminal values).
-TERMINAL_STATES = frozenset({"done", "failed", "preempted", "stopped", "fenced"})
+TERMINAL_STATES = frozenset(vocab.TERMINAL_STATES)
 START_SLACK_S = 5.0  # wall-clock slack for the recycled-session guard when only `started_at` is known
 
 

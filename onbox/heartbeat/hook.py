@@ -24,7 +24,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from onbox import paths
+from onbox import paths, vocab
 from onbox.environment import Environment
 from onbox.fsutil import atomic_write_json, disk_fault, json_safe, read_json
 from onbox.heartbeat.collect import BoxReaders, default_readers
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("onbox.heartbeat")
 
-ENDED_STATES = {"done", "failed", "stopped", "preempted", "fenced", "crash_loop", "crashloop", "succeeded", "exited"}
-FAILED_STATES = {"failed", "crash_loop", "crashloop"}
+ENDED_STATES = vocab.ENDED_STATES
+FAILED_STATES = vocab.FAILED_STATES
 
 
 def box_name(environ: Optional[Mapping[str, str]] = None) -> str:

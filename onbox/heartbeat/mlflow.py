@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from onbox import paths
+from onbox import paths, vocab
 from onbox.fsutil import atomic_write_json, read_json
 from onbox.heartbeat.mlflow_rest import MlflowError, MlflowRest, auth_header
 from onbox.heartbeat.sinks import Rejected, SinkError
@@ -43,7 +43,7 @@ PARAM_VALUE_MAX, TAG_VALUE_MAX = 6000, 5000  # MLflow takes 6000 / 8000 characte
 INT64_MAX = 2 ** 63 - 1
 RUN_TAG = "onbox.run"
 POINT_FIELDS = tuple(f for f in FIELDS if f != "step")
-STATUS_OF_STATE = {"done": "FINISHED", "failed": "FAILED", "stopped": "KILLED", "fenced": "KILLED"}  # anything else: RUNNING
+STATUS_OF_STATE = {vocab.DONE: "FINISHED", vocab.FAILED: "FAILED", vocab.STOPPED: "KILLED", vocab.FENCED: "KILLED"}  # anything else: RUNNING
 VARYING_PARAMS = ("box", "slurm_job")  # a replacement box, a new job: the tags say what is current
 GPU_METRICS = (("util_percent", "utilization_percentage", 1.0), ("memory_used_bytes", "memory_usage_megabytes", 1e-6),
                ("power_w", "power_usage_watts", 1.0), ("temperature_c", "temperature_celsius", 1.0))

@@ -16,10 +16,11 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from onbox import vocab
 from onbox.heartbeat.schemacheck import Check, Pred, compile_schema
 from onbox.untrusted import MAX_DEPTH, depth, human
 
-SCHEMA = "onbox.heartbeat/1"
+SCHEMA = vocab.SCHEMA_HEARTBEAT
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heartbeat.schema.json")
 RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_SEQ = 2**53  # JSON numbers stay exact below this

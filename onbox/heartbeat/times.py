@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, Optional
 
+from onbox import vocab
+
 
 class AttemptTimes:
     """Fed the supervisor's events (`on_event`), asked for the block of each beat (`block`). Thread-safe."""
@@ -24,7 +26,7 @@ class AttemptTimes:
     def on_event(self, event: Dict[str, Any]) -> None:
         kind, at = event.get("type"), event.get("time")
         with self._lock:
-            if kind == "state" and event.get("new") == "starting" and isinstance(at, (int, float)):
+            if kind == "state" and event.get("new") == vocab.STARTING and isinstance(at, (int, float)):
                 self._pending = float(at)
             elif kind == "adopted":  # a child an earlier agent set up: when that began is not known here
                 self._pending = None

@@ -9,7 +9,7 @@ import shutil
 import sys
 from typing import Any, Callable, Dict, Optional
 
-from onbox import fsutil, paths
+from onbox import fsutil, paths, vocab
 from onbox.config import RunConfig
 from onbox.errors import OnboxError, UnfitError, UsageError
 from onbox.launch.plan import LaunchPlan
@@ -104,10 +104,10 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
             if foreground:
                 raise
             return int(e.exit_code)
-        sup.on_ready = lambda s: ready({"ok": s.state.value == "running", "run": rd.name, "run_dir": rd.path,
+        sup.on_ready = lambda s: ready({"ok": s.state.value == vocab.RUNNING, "run": rd.name, "run_dir": rd.path,
                                         "pid": s.child.pid if s.child else None, "agent_pid": os.getpid(),
                                         "state": s.state.value, "adopted": child is not None,
-                                        "error": s.message if s.state.value != "running" else None,
+                                        "error": s.message if s.state.value != vocab.RUNNING else None,
                                         # what makes the run this run (onbox/launch/match.py): onboxctl records it
                                         "command": cfg.command, "workdir": cfg.workdir, "durable": cfg.durable,
                                         "ckpt_dir": cfg.ckpt_dir})

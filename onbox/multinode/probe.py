@@ -9,10 +9,10 @@ import os
 import socket
 from typing import Any, Dict, List, Optional
 
-from onbox import fsutil, paths
+from onbox import fsutil, paths, vocab
 
-SCHEMA = "onbox.node_probe/1"
-TERMINAL = ("done", "failed", "preempted", "stopped", "fenced")  # RunState's terminal values
+SCHEMA = vocab.SCHEMA_NODE_PROBE
+TERMINAL = vocab.TERMINAL_STATES
 
 
 def addresses() -> List[Dict[str, Any]]:

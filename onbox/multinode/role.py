@@ -22,10 +22,10 @@ import re
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox import fsutil, paths, untrusted
+from onbox import fsutil, paths, untrusted, vocab
 from onbox.errors import UsageError
 
-SCHEMA = "onbox.node_group/1"
+SCHEMA = vocab.SCHEMA_NODE_GROUP
 GROUP_ID_RE = re.compile(r"^[0-9a-f]{8,64}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")  # a DNS name; IP literals are checked apart
 MAX_NODES = 1024

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from onbox import vocab
 from onbox.fsutil import FreeSpace, free_space, is_writable_dir
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -66,7 +67,7 @@ class AuditReport:
     def to_dict(self) -> Dict[str, Any]:
         from onbox import __version__
 
-        return {"schema": "onbox.audit/1", "onbox_version": __version__, "fit": self.fit,
+        return {"schema": vocab.SCHEMA_AUDIT, "onbox_version": __version__, "fit": self.fit,
                 "elapsed_s": round(self.elapsed_s, 3), "checks": [dataclasses.asdict(c) for c in self.checks]}
 
 

@@ -27,11 +27,11 @@ import os
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from onbox import fsutil, paths, untrusted
+from onbox import fsutil, paths, untrusted, vocab
 from onbox.errors import UnfitError, UsageError
 
-PENDING, RUNNING, DONE, FAILED, PREEMPTED, STOPPED, REMOVED = (
-    "pending", "running", "done", "failed", "preempted", "stopped", "removed")
+PENDING, REMOVED = "pending", "removed"  # an entry's own states; the others are the words of its run's
+RUNNING, DONE, FAILED, PREEMPTED, STOPPED = vocab.RUNNING, vocab.DONE, vocab.FAILED, vocab.PREEMPTED, vocab.STOPPED
 STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, STOPPED, REMOVED)
 FINAL = (DONE, FAILED, STOPPED, REMOVED)  # never run again (a relaunch of the queue skips them)
 # Every record is a line of ~1 KiB (an entry's RunConfig): 64 MiB is tens of thousands of them, and a compaction

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict
 
+from onbox.queue.journal import DONE, FAILED, PREEMPTED, RUNNING, STOPPED
 from onbox.untrusted import printable
 
 NAME_WIDTH = 28
@@ -20,17 +21,17 @@ def render_queue(doc: Dict[str, Any]) -> str:
             "exit") is not None else "")
     else:
         head = "runner: never started"
-    pending = [e for e in doc.get("entries") or [] if e.get("state") not in ("done", "failed", "stopped")]
+    pending = [e for e in doc.get("entries") or [] if e.get("state") not in (DONE, FAILED, STOPPED)]
     if pending and not r.get("alive"):
         head += "; `onbox queue run` runs what is left"
     lines = [head, "%-4s %-9s %-*s %-9s %-4s %s" % ("ID", "STATE", NAME_WIDTH, "RUN", "RUN-STATE", "GPU", "COMMAND")]
     for e in doc.get("entries") or []:
         cmd = shlex.join(str(c) for c in e.get("command") or [])
-        lost = e.get("state") == "running" and e.get("agent_alive") is False
+        lost = e.get("state") == RUNNING and e.get("agent_alive") is False
         lines.append("%-4s %-9s %-*s %-9s %-4s %s" % (
             e.get("id"), "stale" if lost else e.get("state"), NAME_WIDTH, e.get("name"), e.get("run_state") or "-",
             e.get("gpu") if e.get("gpu") is not None else "-", cmd if len(cmd) <= 60 else cmd[:57] + "..."))
-        if e.get("state") in ("failed", "preempted") and e.get("message"):
+        if e.get("state") in (FAILED, PREEMPTED) and e.get("message"):
             lines.append("     %s" % e["message"])
         elif lost:
             lines.append("     its agent is gone and no runner recorded how it ended: `onbox queue run` records that, or resumes it")

@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from onbox import vocab
 from onbox.clock import Clock, SystemClock
 from onbox.fsutil import make_private_dir
 from onbox.proc import Child, ExitStatus, ProcessSeam, is_alive, start_time
@@ -182,7 +183,7 @@ class QueueRunner:
         such, never started again; one that was preempted or cut short is started again (it resumes)."""
         doc = RunDir(os.path.join(self.runs_dir, e.name)).read_state() or {}
         # fenced: another box holds the run now; starting it here again would only be refused by that lease
-        state = {"done": DONE, "failed": FAILED, "stopped": STOPPED, "fenced": FAILED}.get(str(doc.get("state")))
+        state = {vocab.DONE: DONE, vocab.FAILED: FAILED, vocab.STOPPED: STOPPED, vocab.FENCED: FAILED}.get(str(doc.get("state")))
         if state is None:
             return False
         self.journal.set_state(e, state, message=str(doc.get("message") or ""))
@@ -264,15 +265,15 @@ class QueueRunner:
         if doc.get("agent_pid") != agent_pid:
             doc = {}
         run_state, message = doc.get("state"), str(doc.get("message") or "")
-        if status.code == 75 or run_state == "preempted":
+        if status.code == 75 or run_state == vocab.PREEMPTED:
             return PREEMPTED, "stopped after its final commit; `onbox queue run` resumes it from its newest checkpoint"
-        if status.code == 0 or (status.code is None and run_state in ("done", "stopped")):
-            return (STOPPED if run_state == "stopped" else DONE), message
+        if status.code == 0 or (status.code is None and run_state in (vocab.DONE, vocab.STOPPED)):
+            return (STOPPED if run_state == vocab.STOPPED else DONE), message
         if status.code in (2, 3):  # refused before its job started: the reason is the agent's last words
             said = [line for line in tail_lines(os.path.join(self.journal.logs, "%d.log" % e.id), 20)
                     if line.startswith(("onbox:", "hint:"))]
             return FAILED, " ".join(said) or "its agent refused to start (exit %d)" % status.code
-        if run_state == "failed":
+        if run_state == vocab.FAILED:
             return FAILED, message
         if self.notice is not None:  # ended during the stop, before its run could say more: nothing is lost
             return PREEMPTED, "its agent ended during the queue's preemption (%s)" % _describe(status)

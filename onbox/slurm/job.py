@@ -18,6 +18,7 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from onbox import vocab
 from onbox.errors import JobFailed
 from onbox.multinode.hooks import PrimaryOnlyCommits, for_role
 from onbox.multinode.role import NodeRole, node_run_name
@@ -194,11 +195,11 @@ def requeue_decision(job: Optional[SlurmJob], outcome: str, notice_signal: Optio
         return False, "requeue disabled"
     if not job.is_primary:
         return False, "node %d is not the primary; node 0 requeues the job" % job.node_id
-    if outcome in ("done", "succeeded", "stopped"):
+    if outcome in (vocab.DONE, vocab.SUCCEEDED, vocab.STOPPED):
         return False, "the run ended as %s: not requeued" % outcome
-    if outcome == "fenced":  # another agent holds the run's lease: a requeued job would be a second writer
+    if outcome == vocab.FENCED:  # another agent holds the run's lease: a requeued job would be a second writer
         return False, "the run was fenced (a newer lease holds it elsewhere): never requeued"
-    if outcome != "preempted":
+    if outcome != vocab.PREEMPTED:
         return False, ("the run ended as %s for its own reasons, not a preemption: not requeued "
                        "(a crash loop is not a preemption)" % outcome)
     if notice_signal == SESSION_LIMIT:  # the run's deadline (onbox/supervisor/deadline.py): only when asked for

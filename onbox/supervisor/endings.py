@@ -82,7 +82,7 @@ class RunEndings:
     def fenced(self) -> Ending:
         """FENCED: exit 1, last_exit says fenced (also when no child was running to be stopped)."""
         fence = self.intake.fence or {}
-        if (self.launcher.last_exit or {}).get("classification") != "fenced":
+        if (self.launcher.last_exit or {}).get("classification") != cls.FENCED:
             self.launcher.record_fence(fence)
         return Ending(RunState.FENCED, "fenced: %s" % (self.launcher.last_exit or {}).get("hint"), "fenced",
                       {"newer_epoch": fence.get("newer_epoch"), "newer_holder": fence.get("newer_holder")})

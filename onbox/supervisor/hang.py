@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox import fsutil, paths
+from onbox import fsutil, paths, vocab
 from onbox.clock import Clock
 from onbox.config import RunConfig
 from onbox.proc import ProcessSeam, ProcRef
@@ -113,7 +113,7 @@ class HangWatch:
         at the next check, its own stacks taken first. With none (a backoff, a stop) the word is ignored: the next
         attempt joins the group's restart anyway."""
         node: Any = int(name[4:]) if name.startswith("node") and name[4:].isdigit() else name
-        if state != "running" or not launcher.running:
+        if state != vocab.RUNNING or not launcher.running:
             self.emit("peer_restart_ignored", node=node, state=state,
                       reason="no attempt runs here: the next one joins the group's restart")
             return
@@ -198,16 +198,16 @@ class HangWatch:
         the run's own (state.json's), kept as `detail`."""
         said = message
         group = self.last.get("peer")
-        if state == "backoff" and group:
+        if state == vocab.BACKOFF and group:
             said = ("the attempt was stopped (all its processes) with its group: node %s judged it hung; it restarts "
                     "from the newest checkpoint in %.1f s (restart %s of at most %s)" % (
                         group.get("node"), restart_in_s or 0.0, restarts, max_restarts))
-        elif state == "backoff":
+        elif state == vocab.BACKOFF:
             said = ("the attempt was stopped (all its processes); it restarts from the newest checkpoint in %.1f s "
                     "(restart %s of at most %s)" % (restart_in_s or 0.0, restarts, max_restarts))
-        elif state == "failed" and self.action == "stop":
+        elif state == vocab.FAILED and self.action == "stop":
             said = "the attempt was stopped (all its processes) and the run ended failed (--on-hang stop)"
-        elif state == "failed":
+        elif state == vocab.FAILED:
             said = "the attempt was stopped (all its processes); the restart policy ends the run: %s" % message[:300]
         self.emit("hang_action", action=self.action, state=state, message=said, detail=message[:1000],
                   stacks=self.last.get("stacks"), restarts=restarts, max_restarts=max_restarts,

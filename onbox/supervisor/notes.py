@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from onbox import vocab
+
 # Events after which training_status.md says something new (a commit, a failed sync, a restore, ...).
 SUMMARY_EVENTS = {"checkpoint_committed", "sync_failed", "durable_full", "checkpoint_restored", "checkpoint_resume",
                   "restore_failed", "local_pruned", "final_checkpoint", "final_sync_none", "final_sync_skipped"}
@@ -144,7 +146,7 @@ class RunNotes:
         if kind == "hang_action":
             w["message"] = "%s; %s" % (w["message"], ev.get("message"))
             w["action"] = ev.get("action")
-            if ev.get("peer") is not None and ev.get("state") == "backoff":
+            if ev.get("peer") is not None and ev.get("state") == vocab.BACKOFF:
                 w["severity"] = "warning"  # restarted with its group; a node that prints no step never "recovers"
         else:  # hang_recovered
             w["severity"] = "warning"

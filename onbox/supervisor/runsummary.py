@@ -10,18 +10,21 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
+from onbox import vocab
+
 STATE_MEANING = {
-    "starting": "starting an attempt",
-    "running": "the job is running",
-    "backoff": "waiting before the next restart",
-    "stopping": "preemption/stop under way: checkpoint requested, waiting for the child",
-    "done": "finished successfully",
-    "failed": "failed; not restarting",
-    "preempted": "stopped for a preemption, after its final commit",
-    "stopped": "stopped on request",
-    "fenced": "stopped: another agent took the run over (a newer lease on durable storage)",
+    vocab.STARTING: "starting an attempt",
+    vocab.RUNNING: "the job is running",
+    vocab.BACKOFF: "waiting before the next restart",
+    vocab.STOPPING: "preemption/stop under way: checkpoint requested, waiting for the child",
+    vocab.DONE: "finished successfully",
+    vocab.FAILED: "failed; not restarting",
+    vocab.PREEMPTED: "stopped for a preemption, after its final commit",
+    vocab.STOPPED: "stopped on request",
+    vocab.FENCED: "stopped: another agent took the run over (a newer lease on durable storage)",
 }
-LIVE = ("starting", "running", "backoff", "stopping")
+LIVE = vocab.LIVE_STATES
+PHASE_UNDER_WAY = ("pending", "running", "ending")  # a phase's status (phases.py) while it is not over
 
 
 def has_metrics(progress: Optional[Dict[str, Any]]) -> bool:
@@ -38,23 +41,23 @@ def next_step(state: Dict[str, Any], checkpoint: Optional[Dict[str, Any]] = None
     hung = hang_next(state, relaunch, resumes)
     if hung:
         return hung
-    if st == "starting":
+    if st == vocab.STARTING:
         return "the agent is starting attempt %s" % state.get("attempt")
-    if st == "running":
+    if st == vocab.RUNNING:
         return "nothing to do: the agent supervises it (`onbox status %s`, `onbox logs %s -f`)" % (run, run)
-    if st == "backoff":
+    if st == vocab.BACKOFF:
         return "the agent restarts it at %s" % _iso(state.get("backoff_until"))
-    if st == "stopping":
+    if st == vocab.STOPPING:
         return "the agent is stopping it: checkpoint signal sent, the final commit follows"
-    if st == "done":
+    if st == vocab.DONE:
         return "nothing: it finished; fetch the results (`onboxctl pull BOX %s`)" % run
-    if st == "failed":
+    if st == vocab.FAILED:
         return "fix the cause (the last exit below), then relaunch with %s" % relaunch
-    if st == "stopped":
+    if st == vocab.STOPPED:
         return "relaunch with %s when you want it back: %s" % (relaunch, resumes)
-    if st == "fenced":
+    if st == vocab.FENCED:
         return (state.get("last_exit") or {}).get("hint") or "nothing on this box: the run continues elsewhere"
-    if st == "preempted":
+    if st == vocab.PREEMPTED:
         requeue = state.get("requeue") or {}
         if requeue.get("ok"):
             return "requeued as Slurm job %s: when it runs again %s" % (requeue.get("job_id"), resumes)
@@ -71,15 +74,15 @@ def hang_next(state: Dict[str, Any], relaunch: str, resumes: str) -> Optional[st
     w = next((w for w in state.get("warnings") or [] if isinstance(w, dict) and w.get("code") == "hang"
               and w.get("severity") == "critical"), None)
     st = state.get("state")
-    if w is None or st not in ("running", "backoff", "starting", "failed"):
+    if w is None or st not in (vocab.RUNNING, vocab.BACKOFF, vocab.STARTING, vocab.FAILED):
         return None
     stacks = w.get("stacks") or "the stacks file (see the hang_detected event)"
-    if st == "failed":
+    if st == vocab.FAILED:
         return "fix the hang (read the stacks in %s), then relaunch with %s: %s" % (stacks, relaunch, resumes)
-    if st == "running" and w.get("action") in (None, "alert"):
+    if st == vocab.RUNNING and w.get("action") in (None, "alert"):
         return ("the trainer is HUNG and left as it is (--on-hang alert): read the stacks in %s, then stop it "
                 "(`onbox stop %s`) and relaunch, or wait for it to come back" % (stacks, state.get("run")))
-    if st == "backoff":
+    if st == vocab.BACKOFF:
         return "the agent restarts it at %s after a hang: read the stacks in %s" % (_iso(state.get("backoff_until")),
                                                                                   stacks)
     return "the agent restarted it after a hang, from the newest checkpoint: read the stacks in %s" % stacks
@@ -199,7 +202,7 @@ def _phase_table(phase: Any) -> List[str]:
                                               " — " + checks if checks else ""))
     names = phase.get("names") or []
     index = phase.get("index") or 0
-    if phase.get("status") in ("pending", "running", "ending"):  # else it ended: its record is above
+    if phase.get("status") in PHASE_UNDER_WAY:  # else it ended: its record is above
         out.append("- %s: current (%s)" % (phase.get("name"), phase_line(phase)))
     out += ["- %s: to come" % n for n in names[index + 1:]]
     return out

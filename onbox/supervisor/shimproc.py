@@ -11,10 +11,10 @@ import signal
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from onbox import fsutil
+from onbox import fsutil, vocab
 from onbox.proc import ExitStatus, ProcessSeam
 
-SCHEMA = "onbox.child_exit/1"  # the exit record's
+SCHEMA = vocab.SCHEMA_CHILD_EXIT  # the exit record's
 RECORD_TRIES = 20  # writes of the record a keeper tries, a second apart (a full disk may be freed meanwhile)
 # the signals whose default action ends a process, and that no one sends a process for its own faults (SEGV, ...)
 STAY = frozenset(s for s in (getattr(signal, n, None) for n in (

@@ -310,7 +310,7 @@ def _resume_alert(verdict: Mapping[str, Any]) -> Alert:
                  {k: verdict.get(k) for k in ("attempt", "restored_step", "first_step", "checkpoint")})
 
 
-NOT_FAILURES = ("success", "preempted", "stopped", "fenced", "unknown")
+NOT_FAILURES = ("success", vocab.PREEMPTED, vocab.STOPPED, vocab.FENCED, "unknown")  # exit classifications
 
 
 def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[Alert]:
@@ -328,7 +328,7 @@ def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[A
         c = ex.get("classification")
         if c in NOT_FAILURES:
             return None
-        if c == "failed":
+        if c == vocab.FAILED:
             keys.append("failed (exit %s)" % ex.get("code"))
         elif c == "signal":
             keys.append("signal %s" % (ex.get("signal_name") or ex.get("signal")))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
+from onbox import vocab
+
 MIN_LOST = 3  # steps below the restored one before a first report counts as backwards (with the half rule)
 FRACTION = 0.5  # ... and below this share of it
 
@@ -55,7 +57,7 @@ class ResumeCheck:
                 "source": ev.get("source")}
         elif kind == "phase_started":
             self._new_phase = True
-        elif kind == "state" and ev.get("new") == "running":  # an attempt starts: what was restored for it
+        elif kind == "state" and ev.get("new") == vocab.RUNNING:  # an attempt starts: what was restored for it
             self._armed = None if self._new_phase else self._restored
             self._restored, self._new_phase, self.verdict = None, False, None
             if self._armed is not None:

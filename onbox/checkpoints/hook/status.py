@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from onbox import fsutil
+from onbox import fsutil, vocab
 
-STATUS_SCHEMA = "onbox.checkpoint_status/1"
+STATUS_SCHEMA = vocab.SCHEMA_CHECKPOINT_STATUS
 DEFAULT_THROUGHPUT = 100 * 1024 * 1024  # bytes/s assumed before the first commit is measured
 
 

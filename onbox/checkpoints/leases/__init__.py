@@ -34,14 +34,14 @@ import re
 import socket
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set
 
-from onbox import untrusted
+from onbox import untrusted, vocab
 
-LEASE_SCHEMA = "onbox.lease/1"
+LEASE_SCHEMA = vocab.SCHEMA_LEASE
 LEASE_NAME_RE = re.compile(r"^([0-9]{10})\.([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.json$")
 MAX_EPOCH = 10 ** 10 - 1
 MAX_BASE = 100_000
 NONCE_HEX = 8
-ENDED_STATES = ("done", "failed", "stopped", "preempted")  # how a released lease's run ended (`ended`)
+ENDED_STATES = (vocab.DONE, vocab.FAILED, vocab.STOPPED, vocab.PREEMPTED)  # how a released lease's run ended (`ended`)
 
 
 class BadLease(untrusted.UntrustedInput):
