@@ -1,8 +1,9 @@
 """`onboxctl push BOX [--code DIR]` and `onboxctl secrets push BOX NAME` (value on stdin)."""
 from __future__ import annotations
 
+import os
 import sys
-from typing import IO, Optional, Tuple, Union
+from typing import IO, List, Optional, Tuple, Union
 
 import click
 
@@ -10,13 +11,16 @@ from controller.boxes.inventory import Inventory
 from controller.boxes.ssh import Ssh, settings_from_env
 from controller.launch.push import EMPTY_SECRET, check_secret_name, default_pyz, push_secret, secret_input
 from controller.launch.push import push as push_core
+from controller.results.pull import PullsRecord
 from onbox.clikit import echo_json
+from onbox.errors import UsageError
 
 
 @click.command("push")
 @click.argument("box")
 @click.option("--code", "code_dir", type=click.Path(file_okay=False), default=None,
-              help="Code directory to sync to the box (.gitignore honoured).")
+              help="Code directory to sync to the box (.gitignore honoured; the dirs `onboxctl pull` brought "
+                   "checkpoints home into are left out, and named).")
 @click.option("--pyz", default=None, type=click.Path(dir_okay=False), help="onbox.pyz to push (default: dist/onbox.pyz).")
 @click.option("--include-secret", "include_secrets", multiple=True, metavar="PATH", help="Send this secret-looking "
               "file or directory of --code anyway (the path the warning names, relative to --code; repeatable). "
@@ -32,7 +36,10 @@ def push(box: str, code_dir: Optional[str], include_secrets: Tuple[str, ...], py
     ssh = Ssh(settings_from_env(connect_timeout=connect_timeout))
     say = None if as_json else (lambda m: click.echo("push: " + m))
     report = push_core(ssh, b, pyz or default_pyz(), code_dir=code_dir, delete=delete, progress=say,
-                       include_secrets=include_secrets)
+                       include_secrets=include_secrets, pulled=pulled_dirs() if code_dir else ())
+    if report.pulled_left_out and not as_json:
+        click.echo("push: left out what `onboxctl pull` brought home (its record, %s): %s" % (
+            PullsRecord().path, ", ".join(os.path.join(code_dir or ".", rel) + "/" for rel in report.pulled_left_out)))
     for line in report.warnings:  # on stderr, --json or not: the document carries them as secrets_left_out
         click.echo("onboxctl: warning: %s" % line, err=True)
     if as_json:
@@ -42,6 +49,18 @@ def push(box: str, code_dir: Optional[str], include_secrets: Tuple[str, ...], py
         box, report.pyz_sha256[:12], report.remote_version,
         ", code %s (%d files changed)" % (report.code_dir, report.code_files_changed) if report.code_dir else "",
         report.seconds))
+
+
+def pulled_dirs() -> List[str]:
+    """Every local dir `onboxctl pull` brought a run home into, from its record (pulls.json). A record that cannot
+    be read is said on stderr, and nothing is left out for it."""
+    try:
+        pulls = PullsRecord().load()["pulls"]
+    except UsageError as e:
+        click.echo("onboxctl: warning: %s: what `onboxctl pull` brought home is not known, so not left out" % e.message,
+                   err=True)
+        return []
+    return [str(p["dest"]) for p in pulls.values() if isinstance(p, dict) and isinstance(p.get("dest"), str)]
 
 
 @click.group("secrets")

@@ -50,6 +50,8 @@ class PushReport:
     steps: List[str] = dataclasses.field(default_factory=list)
     secrets_left_out: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     secrets_included: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    # the dirs of --code that `onboxctl pull` brought home (its pulls record), relative to --code: never sent
+    pulled_left_out: List[str] = dataclasses.field(default_factory=list)
     warnings: List[str] = dataclasses.field(default_factory=list)  # what was left out, in words, for stderr
 
     def to_dict(self) -> Dict[str, Any]:
@@ -124,9 +126,21 @@ def code_selection(code_dir: str, include: Sequence[str] = (), timeout: float = 
     return sel, ["--exclude=" + _rsync_pattern(f.path) for f in sel.left_out]
 
 
+def inside(code_dir: str, dirs: Sequence[str]) -> List[str]:
+    """Those of `dirs` that lie inside `code_dir` (symlinks resolved), relative to it, sorted; `code_dir` itself
+    never (a pull into the code dir's own root is not a dir of it to leave out)."""
+    root = os.path.realpath(code_dir)
+    out = set()
+    for d in dirs:
+        rel = os.path.relpath(os.path.realpath(d), root)
+        if rel != "." and rel != ".." and not rel.startswith(".." + os.sep):
+            out.add(rel)
+    return sorted(out)
+
+
 def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: bool = False,
          io_timeout: int = 60, progress: Optional[Callable[[str], None]] = None,
-         include_secrets: Sequence[str] = ()) -> PushReport:
+         include_secrets: Sequence[str] = (), pulled: Sequence[str] = ()) -> PushReport:
     """Copy the pyz (when its hash differs) and the code dir; verify both on the box. Raises on any mismatch.
 
     Secret-looking files of the code dir (.env, keys, kaggle.json, .netrc, .git/, ...) are left out unless
@@ -134,7 +148,11 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
     a box is someone else's machine (a marketplace host has root on it, an image may ship its disk elsewhere) and
     a code dir is pushed again and again, so a warning alone would be read once and the key would still go every
     time; a secret the job needs travels by `onboxctl secrets push` (stdin, mode 0600, U34), or on purpose with
-    --include-secret. Decided before any connection."""
+    --include-secret. Decided before any connection.
+
+    `pulled`: the local dirs `onboxctl pull` brought checkpoints home into (its pulls record); those inside the
+    code dir are left out (the report's `pulled_left_out`): a pull into ./results followed by `push --code .`
+    would otherwise send the checkpoints back to the box."""
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     if not os.path.isfile(pyz):
@@ -152,6 +170,8 @@ def push(ssh: Ssh, box: Box, pyz: str, code_dir: Optional[str] = None, delete: b
         report.secrets_left_out = [f.to_dict() for f in selection.left_out]
         report.secrets_included = [f.to_dict() for f in selection.included]
         report.warnings = selection.summary("--code %s" % code_dir)
+        report.pulled_left_out = inside(code_dir, pulled)
+        excludes = ["--exclude=%s/" % _rsync_pattern(rel) for rel in report.pulled_left_out] + excludes
 
     # one call: create the dirs (U13: never assume a sibling made them) and read the remote hash
     script = "umask 022; mkdir -p %s %s && mkdir -p -m 700 %s && %s" % (

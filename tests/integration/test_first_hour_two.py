@@ -173,3 +173,46 @@ def test_status_over_ssh_names_its_source_and_beat_is_the_newest_beat_on_the_box
         assert row["state"] == "stopped" and row["age_s"] >= before - last, (row, before - last)
     finally:
         kill_leftovers(netns_box, ["bt"])
+
+
+# -- 3. `push --code .` after `pull ... ./results`: what pull brought home stays home -------------------------------
+KEEP_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keep_trainer.py")
+
+
+def committed(box, run: str) -> List[str]:
+    d = os.path.join(box.home, "durable", run, "checkpoints")
+    return sorted(n for n in (os.listdir(d) if os.path.isdir(d) else [])
+                  if os.path.exists(os.path.join(d, n, "MANIFEST.json")))
+
+
+@pytest.mark.slow
+def test_push_after_pull_leaves_the_pulled_checkpoints_home(netns_box, ctl_env, tmp_path, onbox_pyz):
+    pushed_box(ctl_env, netns_box, onbox_pyz)
+    code = tmp_path / "proj"
+    (code / "outputs").mkdir(parents=True)
+    (code / "train.py").write_text("print('hi')\n")
+    (code / "outputs" / "mine.txt").write_text("not pulled: pushed like any file\n")
+    try:
+        r = ctl(ctl_env, "run", "b1", "--name", "pp", "--durable", "/root/durable", "--workdir", str(tmp_path),
+                "--sync-interval", "0.3", "--set", "settle_seconds=0.3", "--set", "notice_source=none",
+                "--max-restarts", "0", "--", sys.executable, KEEP_TRAINER, "--steps", "20", "--interval", "0.05",
+                "--save-every", "5", "--trace", str(tmp_path / "trace.jsonl"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: state(netns_box, "pp").get("state") == "done", 90, "run pp done", 0.2)
+        assert committed(netns_box, "pp")
+        r = ctl(ctl_env, "pull", "b1", "pp", "./results", "--no-load", cwd=str(code))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert os.listdir(code / "results" / "pp" / "checkpoints")
+
+        r = ctl(ctl_env, "push", "b1", "--code", ".", "--pyz", onbox_pyz, cwd=str(code))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "push: left out what `onboxctl pull` brought home (its record, %s): ./results/pp/" % (
+            os.path.join(ctl_env["ONBOX_CONFIG_DIR"], "pulls.json")) in r.stdout, r.stdout
+        landed = os.path.join(netns_box.home, ".onbox", "code", "proj")
+        sent = sorted(os.path.relpath(os.path.join(d, f), landed) for d, _, fs in os.walk(landed) for f in fs)
+        assert sent == ["outputs/mine.txt", "train.py"], sent  # (results/ itself may land, empty)
+
+        r = ctl(ctl_env, "push", "b1", "--code", ".", "--pyz", onbox_pyz, "--json", cwd=str(code))
+        assert r.returncode == 0 and json.loads(r.stdout)["pulled_left_out"] == ["results/pp"], r.stdout + r.stderr
+    finally:
+        kill_leftovers(netns_box, ["pp"])
