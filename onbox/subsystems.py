@@ -185,7 +185,7 @@ def launch_commit_estimate(cfg: RunConfig, run_dir: str) -> float:
     checkpoint and the throughput an earlier agent of the run measured (its checkpoint_status.json), else none
     and the assumed throughput; 0 without durable storage (nothing is committed)."""
     from onbox import fsutil, paths
-    from onbox.checkpoints.hook.scheduler import COMMIT_OVERHEAD_S, FINAL_SETTLE_S
+    from onbox.checkpoints.hook.scheduler import commit_seconds, final_settle
     from onbox.checkpoints.hook.status import DEFAULT_THROUGHPUT
 
     if not cfg.durable:
@@ -200,4 +200,4 @@ def launch_commit_estimate(cfg: RunConfig, run_dir: str) -> float:
     size = float(size) if isinstance(size, (int, float)) else 0.0
     measured = doc.get("throughput_bytes_per_s")
     rate = float(measured) if isinstance(measured, (int, float)) and measured > 0 else float(DEFAULT_THROUGHPUT)
-    return size / rate + COMMIT_OVERHEAD_S + min(cfg.settle_seconds, FINAL_SETTLE_S)
+    return commit_seconds(size, rate, final_settle(cfg.settle_seconds))

@@ -36,6 +36,18 @@ SETTLE_POLL_S = 0.1  # how often the final commit looks again at a checkpoint st
 LOG_FILES = (paths.OUTPUT_LOG, paths.EVENTS_FILE)  # copied to <durable>/<run>/logs/<box>/ after each commit
 
 
+def commit_seconds(nbytes: float, throughput: float, settle: float = 0.0) -> float:
+    """Seconds a commit of `nbytes` takes at `throughput` bytes/s, with the commit's overhead and `settle` (the
+    final quiet period, final_settle()): the one estimate, for the final commit here and a launch's deadline
+    (onbox/subsystems.py)."""
+    return nbytes / throughput + COMMIT_OVERHEAD_S + settle
+
+
+def final_settle(settle_seconds: float) -> float:
+    """The quiet period of the final commit: the run's settle_seconds, at most FINAL_SETTLE_S."""
+    return min(settle_seconds, FINAL_SETTLE_S)
+
+
 def summary(r: CommitResult) -> Dict[str, Any]:
     return {"name": r.name, "step": r.step, "status": r.status, "bytes": r.bytes, "seconds": round(r.seconds, 3),
             "digest": r.digest, "durable": r.url}
@@ -153,14 +165,15 @@ class CommitScheduler:
         if self.committer is None:
             return None
         complete = self.scanner.complete()
-        settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
+        settle = final_settle(self.cfg.settle_seconds)
         throughput = round(self.status.throughput)
         if not complete:
-            return {"seconds": COMMIT_OVERHEAD_S + settle, "bytes": 0, "checkpoint": None,
+            return {"seconds": commit_seconds(0, self.status.throughput, settle), "bytes": 0, "checkpoint": None,
                     "throughput_bytes_per_s": throughput}
         newest = complete[-1]
-        return {"seconds": round(self._estimate(newest) + settle, 3), "bytes": newest.bytes,
-                "checkpoint": newest.name, "throughput_bytes_per_s": throughput}
+        seconds = commit_seconds(newest.bytes, self.status.throughput, settle)
+        return {"seconds": round(seconds, 3), "bytes": newest.bytes, "checkpoint": newest.name,
+                "throughput_bytes_per_s": throughput}
 
     def _scan_settled(self, deadline: float) -> List[Candidate]:
         """The complete candidates for the final commit. The child has stopped (or is out of time): a shorter
@@ -168,7 +181,7 @@ class CommitScheduler:
         the signal, or right before it exited, is the one worth committing). When the newest entry is still
         inside that quiet period, wait it out, but only while the deadline leaves room for its commit AND for the
         fallback's (the newest complete one): a short preemption grace commits what is complete at once."""
-        settle = min(self.cfg.settle_seconds, FINAL_SETTLE_S)
+        settle = final_settle(self.cfg.settle_seconds)
         give_up = self.clock.monotonic() + settle + SETTLE_POLL_S
         while True:
             complete = self.scanner.scan(settle=settle)
@@ -184,7 +197,7 @@ class CommitScheduler:
 
     def _estimate(self, cand: Candidate) -> float:
         """Seconds a commit of `cand` takes by the measured throughput."""
-        return cand.bytes / self.status.throughput + COMMIT_OVERHEAD_S
+        return commit_seconds(cand.bytes, self.status.throughput)
 
     def join_worker(self, deadline: Optional[float]) -> None:
         w = self.worker
