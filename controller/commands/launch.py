@@ -1,23 +1,17 @@
-"""`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once."""
+"""`onboxctl run BOX [BOX...] [--name] [run options] -- CMD`: start supervised runs, return at once. The launch is
+controller/launch/plan.py's prepare() (every refusal, before any box is asked) and runs.py's start()."""
 from __future__ import annotations
 
-import dataclasses
-import re
-from typing import Any, Dict, List, Optional, Set, Tuple
+import functools
+from typing import Any, Dict, List, Optional
 
 import click
 
-from controller.boxes.inventory import Box, Inventory
-from controller.boxes.ssh import Ssh, settings_from_env
 from controller.commands.params import Duration, HangAfter, Seconds
-from controller.launch.relaunch import Choice
-from controller.launch.start import LaunchResult, check_job_options, check_name, launch_many, read_fanout
-from controller.userconfig import check_tracker_url
+from controller.launch.plan import RunPlan, prepare
+from controller.launch.runs import start
 from onbox.clikit import LaidOut, echo_json
-from onbox.errors import OnboxError, UsageError
-from onbox.paths import default_run_name
-
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from onbox.errors import UsageError
 
 
 class DashDashCommand(LaidOut):
@@ -43,19 +37,6 @@ def _provision_timeout(ctx: click.Context, param: click.Parameter, value: Option
         return check_provision_timeout(value, what="")
     except UsageError as e:
         raise click.BadParameter(e.message, ctx=ctx, param=param)
-
-
-def _forward(flag: str, value: Any) -> List[str]:
-    if value is None or value == () or value is False:
-        return []
-    if value is True:
-        return [flag]
-    if isinstance(value, tuple):
-        out: List[str] = []
-        for v in value:
-            out += [flag, str(v)]
-        return out
-    return [flag, str(value)]
 
 
 # `onboxctl run --help`: the common options first (those not named here), then these under their headings
@@ -159,11 +140,7 @@ RUN_EXAMPLES = [
               "the keeper sends too (as `onboxctl push --include-secret`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout: Optional[str], parallel: int,
-        workdir: Optional[str], as_json: bool, timeout: float, onbox_args: Tuple[str, ...],
-        tracker: Optional[str], tunnel: Optional[bool], tracker_token_file: Optional[str],
-        heartbeat_interval: Optional[float], sync_interval: Optional[float], settings: Tuple[str, ...],
-        as_nodes: bool, master_addr: Optional[str], recover: Optional[str], **opts: Any) -> None:
+def run(ctx: click.Context, as_json: bool, **values: Any) -> None:
     """Launch CMD under `onbox run` on each BOX, detached; prints the run names and returns at once.
 
     Without --name the same line again continues its run (same command, working dir, durable target and checkpoint
@@ -175,208 +152,33 @@ def run(ctx: click.Context, boxes: Tuple[str, ...], name: Optional[str], fanout:
     newest committed checkpoint. With --recover pool:NAME, `onboxctl keep` brings the run back without you
     (README.md, "Leave it running").
     """
-    cmd: List[str] = ctx.meta.get("cmd", [])
-    keep_opts = {k: opts.pop(k) for k in ("provision", "lost_after", "max_recoveries", "max_at_risk", "backoff",
-                                          "recover_tries", "provision_timeout", "code", "include_secret")}
-    new = opts.pop("new")
-    # --take-over is for this launch only: never in what the keeper records and relaunches with
-    take_over = ["--take-over"] if opts.pop("take_over") else []
-    if new and name is not None:
-        raise UsageError("--new and --name together: --name names the run (an existing one is continued), --new "
-                         "asks for a new run with the default name",
-                         hint="drop --new to launch the run named by --name, or drop --name for a new run named "
-                              "<program>-<UTC time>")
-    if new and as_nodes:
-        raise UsageError("--new goes with single-box and fan-out launches: a --nodes group is new unless --name "
-                         "names a recorded one", hint="drop --new")
-    if as_nodes:
-        _check_nodes(boxes, fanout, name, cmd, opts, settings, onbox_args)
-    elif master_addr is not None:
-        raise UsageError("--master-addr goes with --nodes")
-    planned: List[Tuple[str, List[str]]] = [(b, list(cmd)) for b in boxes]
-    if fanout:
-        planned += [(b, c or list(cmd)) for b, c in read_fanout(fanout)]
-    if not planned:
-        raise UsageError("no box given", hint="onboxctl run BOX [BOX...] -- CMD  (or --fanout FILE)")
-    missing = [b for b, c in planned if not c]
-    if missing and not as_nodes:
-        raise UsageError("no command to run on %s" % ", ".join(missing), hint="put it after `--`: onboxctl run BOX -- python train.py")
-    if name is not None:
-        check_name(name)
-    if workdir is not None and (not workdir or workdir.startswith("-") or any(ord(c) < 32 for c in workdir)):
-        raise UsageError("invalid --workdir %r" % workdir, hint="a directory on the box, e.g. /workspace/code")
-    for kv in opts.get("env") or ():
-        if not ENV_NAME_RE.fullmatch(kv.partition("=")[0]) or "=" not in kv:
-            raise UsageError("--env must look like KEY=VAL (KEY letters, digits and _), not %r" % kv)
-    check_job_options(opts)
-    if tracker is not None:
-        tracker = check_tracker_url(tracker, "--tracker")
-    elif tunnel:
-        raise UsageError("--tunnel needs --tracker", hint="e.g. --tracker http://127.0.0.1:8787")
-    from controller.boxes.tunnel import is_local
+    plan = prepare(values, ctx.meta.get("cmd", []), _check_recovery)
+    for line in plan.warnings:
+        _warn(line)
+    results = start(plan, functools.partial(_enrol, plan), say=None if as_json else click.echo, warn=_warn)
+    _report(ctx, results, as_json)
 
-    tunnel_to = tracker if tracker and (tunnel or (tunnel is None and is_local(tracker))) else None
-    if tunnel_to:
-        from controller.boxes.tunnel import WatchKnobs
 
-        WatchKnobs.from_env()  # its supervisor's settings, refused now rather than after the launch
-    onbox_env = {}
-    for field, value in (("tracker", tracker), ("tracker_token_file", tracker_token_file),
-                         ("heartbeat_interval", heartbeat_interval), ("sync_interval", sync_interval)):
-        if value is not None:
-            onbox_env["ONBOX_" + field.upper()] = str(value)
-    for kv in settings:
-        field, sep, value = kv.partition("=")
-        if not sep or not ENV_NAME_RE.fullmatch(field.replace("-", "_")):
-            raise UsageError("--set must look like FIELD=VALUE, not %r" % kv)
-        onbox_env["ONBOX_" + field.replace("-", "_").upper()] = value
-    forwarded: List[str] = []
-    for key, value in sorted(opts.items()):
-        forwarded += _forward("--" + key.replace("_", "-"), value)
-    forwarded += list(onbox_args)
-    inv = Inventory()
-    policy = None
-    recorded = dict(opts, **keep_opts)
-    recorded["durable"] = opts.get("durable") or onbox_env.get("ONBOX_DURABLE")
-    if recover is not None or any(v not in (None, ()) for v in keep_opts.values()):
-        from controller.keeper.enrol import check_recovery
+def _warn(text: str) -> None:
+    click.echo("onboxctl: warning: " + text, err=True)
 
-        policy = check_recovery(recover, recorded, cmd if as_nodes else list(planned[0][1]), recorded["durable"],
-                                inv.load())
 
-    def enrol(run_name: str, run_boxes: List[str], run_cmd: List[str]) -> None:
-        if policy is None:
-            return
-        from controller.keeper.enrol import enrol_checked
-        enrol_checked(policy, run_name, run_boxes, run_cmd, as_nodes, forwarded, onbox_env, workdir, recorded, tracker,
-                      tunnel_to is not None, timeout, warn=lambda text: click.echo("onboxctl: warning: " + text, err=True))
+def _check_recovery(recover: Optional[str], opts: Dict[str, Any], cmd: List[str], durable: Optional[str],
+                    boxes: Dict[str, Any]) -> Any:
+    """--recover and its companions, checked by the keeper (imported only then)."""
+    from controller.keeper.enrol import check_recovery
 
-    if as_nodes:
-        from controller.launch.nodes import launch_group
+    return check_recovery(recover, opts, cmd, durable, boxes)
 
-        group = check_name(name or default_run_name(cmd))
-        results = launch_group(Ssh(settings_from_env()), [inv.resolve(b) for b in boxes], cmd,
-                               group, forwarded + take_over, workdir=workdir,
-                               parallel=parallel, timeout=timeout, onbox_env=onbox_env, tunnel_to=tunnel_to,
-                               master_addr=master_addr)
-        if all(r.ok for r in results):
-            enrol(group, list(boxes), cmd)
-        _report(ctx, results, as_json)
+
+def _enrol(plan: RunPlan, run_name: str, run_boxes: List[str], run_cmd: List[str]) -> None:
+    """A started run's records for `onboxctl keep`, with --recover."""
+    if plan.policy is None:
         return
-    several = len(planned) > 1
-    resolved = [(inv.resolve(box_name), box_cmd) for box_name, box_cmd in planned]
-    choices: List[Any] = []
-    for box, box_cmd in resolved:
-        base = name or default_run_name(box_cmd)
-        run_name = check_name("%s-%s" % (base, box.name) if several else base)
-        choices.append(Choice(box.name, "named" if name else "new", run_name,
-                              why="named by --name" if name else "asked for with --new"))
-    ssh = Ssh(settings_from_env())
-    if name is None:
-        choices = _find_runs(ssh, resolved, choices, forwarded, workdir, onbox_env, parallel, timeout,
-                             bool(take_over), new)
-    for c in choices:
-        if not as_json and isinstance(c, Choice) and c.decision != "named":
-            click.echo("%s: %s" % (c.box, c.line()))
-    jobs = [(box, box_cmd, c.run) for (box, box_cmd), c in zip(resolved, choices) if isinstance(c, Choice)]
-    launched = iter(launch_many(ssh, jobs, forwarded + take_over, workdir=workdir, parallel=parallel, timeout=timeout,
-                                onbox_env=onbox_env, tunnel_to=tunnel_to) if jobs else [])
-    started: List[LaunchResult] = []
-    for c in choices:
-        res = next(launched) if isinstance(c, Choice) else c  # a box whose run could not be found failed there
-        if isinstance(c, Choice):
-            res.match = c.to_dict()
-        started.append(res)
-    for (box_name, box_cmd), res in zip(planned, started):
-        if res.ok:
-            enrol(res.name, [box_name], box_cmd)
-    _record_launches(started)
-    _report(ctx, started, as_json)
+    from controller.keeper.enrol import enrol_checked
 
-
-def _find_runs(ssh: Ssh, resolved: List[Tuple[Box, List[str]]], defaults: List[Any], forwarded: List[str],
-               workdir: Optional[str], onbox_env: Dict[str, str], parallel: int, timeout: float,
-               take_over: bool, new: bool) -> List[Any]:
-    """For each box, the run this launch continues (controller/launch/relaunch.py): a Choice, or the failed LaunchResult
-    of a box whose agent could not be asked or whose run is still alive (that box is not launched). `new`
-    (--new): a new run on each box, under a name none of its runs has."""
-    import concurrent.futures
-
-    from controller.launch.launchlog import LaunchLog
-    from controller.launch.relaunch import ask, candidate_names, decide, free_name
-
-    # newest first; a damaged log is refused here, before any box is asked
-    log = [] if new else LaunchLog().load()[::-1]
-    boxes = {box.name for box, _ in resolved}
-    logs = [[e for e in log if e["command"] == list(box_cmd)] for _, box_cmd in resolved]
-
-    def one(i: int) -> Any:
-        box, box_cmd = resolved[i]
-        return ask(ssh, box, box_cmd, forwarded, workdir, onbox_env,
-                   candidate_names(logs[i], box.name, boxes - {box.name}), timeout=timeout)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(one, i) for i in range(len(resolved))]
-        answers: List[Any] = []
-        for f in futures:
-            try:
-                answers.append(f.result())
-            except OnboxError as e:
-                answers.append(e)
-    out: List[Any] = []
-    claimed: Set[str] = set()
-    for i, ((box, _), default, answer) in enumerate(zip(resolved, defaults, answers)):
-        try:
-            if isinstance(answer, OnboxError):
-                raise answer
-            if new:
-                choice = dataclasses.replace(default, run=free_name(default.run, set(answer.get("names") or [])))
-            else:
-                choice = decide(box, answer, logs[i], default.run, take_over, claimed)
-        except OnboxError as e:
-            out.append(LaunchResult(box=box.name, name=getattr(e, "run", default.run), ok=False, error=e.message,
-                                    hint=e.hint, exit_code=int(e.exit_code)))
-            continue
-        if choice.decision == "resume":
-            claimed.add(choice.run)
-        out.append(choice)
-    return out
-
-
-def _record_launches(results: List[LaunchResult]) -> None:
-    """Every run a box started, into this machine's launch log (what its agent recorded as making it this run)."""
-    from controller.launch.launchlog import LaunchLog
-
-    rows = [dict(r.recorded, run=r.name, box=r.box) for r in results
-            if r.ok and isinstance(r.recorded, dict) and isinstance(r.recorded.get("command"), list)]
-    if not rows:
-        return
-    problem = LaunchLog().record(rows)
-    if problem:
-        click.echo("onboxctl: warning: %s: the launch is not recorded (a relaunch on another box will not find "
-                   "it by itself; --name names it)" % problem, err=True)
-
-
-def _check_nodes(boxes: Tuple[str, ...], fanout: Optional[str], name: Optional[str], cmd: List[str],
-                 opts: Dict[str, Any], settings: Tuple[str, ...], onbox_args: Tuple[str, ...]) -> None:
-    """--nodes: two boxes or more on the command line, a durable target (the other nodes restore from it), a
-    command or a --name to relaunch from the boxes' records (which hold the durable target)."""
-    if fanout:
-        raise UsageError("--nodes takes its boxes on the command line, in node order, not from --fanout")
-    if len(boxes) < 2:
-        raise UsageError("--nodes needs two boxes or more", hint="onboxctl run gpu1 gpu2 --nodes -- torchrun ...")
-    if not cmd and not name:
-        raise UsageError("no command to run", hint="onboxctl run gpu1 gpu2 --nodes -- torchrun ... (or --name RUN "
-                                                   "to relaunch a group from its records)")
-    if cmd and not opts.get("durable") and not any(s.replace("-", "_").startswith("durable=") for s in settings) and \
-            not any(a == "--durable" or a.startswith("--durable=") for a in onbox_args):
-        raise UsageError("--nodes needs --durable", hint="node 0 commits there and the other nodes restore from "
-                                                         "it: an rclone remote, or a mount every node shares")
-    words = " ".join(cmd)
-    if "c10d" in words and "rdzv" in words:
-        click.echo("onboxctl: warning: torchrun's c10d rendezvous ignores --node-rank and may put rank 0 (the rank "
-                   "that saves) on another node than node 0 (the node that commits); onbox sets torchrun's static "
-                   "rendezvous through PET_* variables: drop the --rdzv-* flags", err=True)
+    enrol_checked(plan.policy, run_name, run_boxes, run_cmd, plan.nodes, plan.forwarded, plan.onbox_env, plan.workdir,
+                  plan.recorded, plan.tracker, plan.tunnel_to is not None, plan.timeout, warn=_warn)
 
 
 def _report(ctx: click.Context, results: List[Any], as_json: bool) -> None:
@@ -395,7 +197,7 @@ def _report(ctx: click.Context, results: List[Any], as_json: bool) -> None:
                     click.echo("%s: heartbeats go to %s, tunnelled over ssh to %s (%s)" % (r.box, r.tracker,
                                                                                          r.tunnel["to"], how))
             else:
-                click.echo("%s: FAILED to start %s: %s" % (r.box, r.name, r.error), err=True)
+                click.echo("%s: %s" % (r.box, r.not_started()), err=True)
                 if r.hint:
                     click.echo("hint: %s" % r.hint, err=True)
     failed = [r for r in results if not r.ok]

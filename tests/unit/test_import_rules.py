@@ -281,7 +281,7 @@ CONTROLLER_CONTRACT: Dict[str, Set[str]] = {
     "controller.goodput": set(),  # pure: beats in, ledgers out (prices read from a file)
     "controller.boxes": {"controller.goodput"},  # a box's price
     "controller.userconfig": {"controller.boxes"},
-    "controller.launch": {"controller.boxes"},
+    "controller.launch": {"controller.boxes", "controller.userconfig"},  # the tracker URL's rule
     "controller.results": {"controller.boxes"},
     "controller.tracker": {"controller.boxes", "controller.goodput", "controller.results"},
     "controller.kaggle": {"controller.launch", "controller.results"},

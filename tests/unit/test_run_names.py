@@ -40,6 +40,6 @@ def test_a_default_name_is_the_program_and_the_utc_time_nothing_random():
 
 
 def test_the_controller_names_runs_with_the_agents_own_function():
-    import controller.commands.launch as ctl_launch
+    import controller.launch.plan as ctl_plan
 
-    assert ctl_launch.default_run_name is default_run_name
+    assert ctl_plan.default_run_name is default_run_name
