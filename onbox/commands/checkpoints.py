@@ -28,7 +28,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     cfg = RunConfig(name=name)
     if os.path.exists(rd.config_path):
         try:
-            cfg = RunConfig.from_dict(rd.load_config(), source=rd.config_path)
+            cfg = rd.run_config(validate=False, source=rd.config_path)
         except (ValueError, TypeError) as e:
             raise UsageError("unreadable %s: %s" % (rd.config_path, e))
     elif durable is None or ckpt_dir is None:

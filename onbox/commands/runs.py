@@ -384,10 +384,9 @@ def _nothing_committed(rd: Any, state: Dict[str, Any], status: Dict[str, Any]) -
     """Why the run has no committed checkpoint, in one line (whynone.nothing_committed over what the box knows)."""
     from onbox import paths
     from onbox.checkpoints.local.whynone import diagnose, nothing_committed
-    from onbox.config import RunConfig
 
     try:
-        cfg = RunConfig.from_dict(rd.load_config(), "config.json")
+        cfg = rd.run_config(validate=False)
     except (OSError, ValueError, TypeError, OnboxError):
         return nothing_committed(status.get("durable"), status)
     ckpt_dir = state.get("ckpt_dir") or cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)

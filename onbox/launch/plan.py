@@ -133,7 +133,7 @@ def prepare_adopt(name: str) -> LaunchPlan:
     if not rd.exists():
         raise UsageError("no run named %s in %s" % (name, paths.runs_dir()), hint="`onbox ls` lists runs")
     try:
-        cfg = RunConfig.from_dict(rd.load_config(), paths.CONFIG_FILE).validate()
+        cfg = rd.run_config()
     except (OSError, ValueError, TypeError) as e:
         raise UsageError("cannot read %s: %s" % (rd.config_path, e))
     except UsageError as e:

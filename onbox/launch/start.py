@@ -131,7 +131,7 @@ def start(plan: LaunchPlan, foreground: bool, on_ready: Callable[[Dict[str, Any]
 def _recorded(rd: RunDir, fallback: RunConfig) -> RunConfig:
     """The configuration the run's live child was started with (its config.json), else `fallback`."""
     try:
-        return RunConfig.from_dict(rd.load_config(), paths.CONFIG_FILE).validate()
+        return rd.run_config()
     except (OSError, ValueError, TypeError, UsageError):
         return fallback
 

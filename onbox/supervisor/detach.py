@@ -132,11 +132,10 @@ def stop_without_agent(rd: RunDir, child: Child, hooks_factory: Callable[["RunCo
     through the supervisor loop (checkpoint signal, grace, final commit), as the agent would have. The caller holds
     the run's lock. `request_written`: stop.request is in place; else the stop is asked with `grace` directly (the
     disk refused the file). A config.json that cannot supervise the stop is a UsageError, and the request goes."""
-    from onbox.config import RunConfig  # this rare case only, as the loop: `onbox status` stays light
     from onbox.supervisor.loop import Supervisor
 
     try:
-        cfg = RunConfig.from_dict(rd.load_config(), paths.CONFIG_FILE).validate()
+        cfg = rd.run_config()
     except (OSError, ValueError, TypeError, UsageError) as e:
         if request_written:
             try:

@@ -30,9 +30,12 @@ import collections
 import os
 import stat
 import time
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
 from onbox import fsutil, paths, untrusted
+
+if TYPE_CHECKING:
+    from onbox.config import RunConfig
 
 TAIL_LINES = 200  # lines of output kept for exit classification (U10)
 
@@ -183,6 +186,14 @@ class RunDir:
         if not isinstance(doc, dict):
             raise TypeError("not a JSON object")
         return doc
+
+    def run_config(self, validate: bool = True, source: str = paths.CONFIG_FILE) -> "RunConfig":
+        """config.json as the RunConfig it records, validated unless told not to: load_config's refusals, and
+        a UsageError (a ConfigError) when it is no valid configuration; `source` names it in the messages."""
+        from onbox.config import RunConfig  # when asked: `onbox status` stays light
+
+        cfg = RunConfig.from_dict(self.load_config(), source)
+        return cfg.validate() if validate else cfg
 
     def write_config(self, config: Dict[str, Any]) -> None:
         fsutil.atomic_write_json(self.config_path, config)
