@@ -16,6 +16,8 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
+TRACKER_TOKEN_VAR = "ONBOX_TRACKER_TOKEN"  # the tracker's bearer token (the agent's sinks, onboxctl tracker serve)
+
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
@@ -53,7 +55,7 @@ class Environment:
             return value if value else None  # set but empty means unset, as a shell's `VAR= cmd` intends
 
         return cls(home=get("ONBOX_HOME"), box=get("ONBOX_BOX"), tracker=get("ONBOX_TRACKER"),
-                   tracker_token=get("ONBOX_TRACKER_TOKEN"), config_dir=get("ONBOX_CONFIG_DIR"),
+                   tracker_token=get(TRACKER_TOKEN_VAR), config_dir=get("ONBOX_CONFIG_DIR"),
                    xdg_config_home=get("XDG_CONFIG_HOME"), xdg_runtime_dir=get("XDG_RUNTIME_DIR"),
                    profiles_dir=get("ONBOX_PROFILES_DIR"), pyz=get("ONBOX_PYZ"), rclone_rcd=get("ONBOX_RCLONE_RCD"),
                    kaggle_username=get("KAGGLE_USERNAME"), kaggle_key=get("KAGGLE_KEY"),

@@ -9,11 +9,9 @@ from typing import List, Optional, Tuple
 import click
 
 from controller.commands.params import Seconds
-from onbox.environment import Environment
+from onbox.environment import TRACKER_TOKEN_VAR, Environment
 from onbox.errors import UsageError
 from onbox.paths import onbox_home
-
-TOKEN_ENV = "ONBOX_TRACKER_TOKEN"
 
 
 def default_db() -> str:
@@ -54,7 +52,7 @@ def resolve_token_where(token_file: Optional[str], db: str) -> Tuple[str, str]:
         return read_token_file(token_file), "in %s" % os.path.abspath(os.path.expanduser(token_file))
     token = Environment.read().tracker_token
     if token:
-        return token, "from $%s" % TOKEN_ENV
+        return token, "from $%s" % TRACKER_TOKEN_VAR
     path = os.path.join(os.path.dirname(os.path.abspath(db)), "tracker.token")
     if os.path.exists(path):
         token = read_token_file(path)

@@ -16,13 +16,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from onbox.clock import Clock, SystemClock
 from onbox.config import url_problem
+from onbox.environment import Environment
 from onbox.errors import UsageError
 from onbox.fsutil import read_token_file
 from onbox.heartbeat.spool import Spool
 
 log = logging.getLogger("onbox.heartbeat")
 
-TOKEN_ENV = "ONBOX_TRACKER_TOKEN"
 MAX_REQUEST_BYTES = 1 << 20  # a request's body; the tracker takes up to 4 MiB (--max-body)
 
 
@@ -40,9 +40,8 @@ class Rejected(Exception):
 
 def read_token(token_file: Optional[str], environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The bearer token: the file's first line, else $ONBOX_TRACKER_TOKEN, else None."""
-    env: Mapping[str, str] = os.environ if environ is None else environ
     token = read_token_file(token_file) if token_file else ""
-    return token or env.get(TOKEN_ENV) or None
+    return token or Environment.read(environ).tracker_token
 
 
 def preflight(cfg: Any, environ: Optional[Mapping[str, str]] = None) -> None:
