@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import re
 import shlex
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -44,6 +45,12 @@ class LaunchResult:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def not_started(self) -> str:
+        """A launch that started nothing, in words: `refused` when the agent or this launch said no (exit 2: a
+        live run, a held lease, a bad input), else that no run started and why. The run's name only where the
+        reason names it: a run that never started does not exist."""
+        return ("refused, nothing started: %s" if self.exit_code == 2 else "no run started: %s") % self.error
 
 
 def remote_env(ssh: Ssh, box: Box) -> Tuple[str, Dict[str, Any]]:
@@ -156,6 +163,8 @@ def agent_refusal(box: str, name: str, rc: int, said: str) -> OnboxError:
     errors = [ln for ln in own if not ln.startswith("warning:")]  # a warning before the refusal is not it
     line = errors[-1] if errors else own[-1] if own else lines[-1] if lines else ""
     hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
+    if rc == 2:  # the agent's own words for a refusal open with "run NAME failed to start: ": the why follows
+        line = re.sub(r"^run \S+ failed to start: ", "", line)
     error = UsageError if rc == 2 else UnfitError
     return error("onbox run on %s: %s" % (box, line or "refused %s (exit %d), saying nothing" % (name, rc)), hint=hint)
 

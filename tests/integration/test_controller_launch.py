@@ -69,7 +69,7 @@ def test_run_on_several_boxes_with_bounded_concurrency_and_fanout(sshd_box, ctl_
     assert '"WANDB=wandbkey"' in record.stdout and secret not in record.stdout  # recorded by name, never by value
     # a second launch under a live name is refused by the agent (no double launch), reported per box
     r = ctl(ctl_env, "run", "b1", "--name", "sweep-b1", "--", "sleep", "1", check=False)
-    assert r.returncode != 0 and "FAILED to start sweep-b1" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("b1: refused, nothing started: ") and "sweep-b1" in r.stderr
     # without a tracker, status asks each box over ssh
     r = ctl(ctl_env, "status", "--json")
     names = {(x["box"], x["run"]) for x in json.loads(r.stdout)["runs"]}

@@ -216,3 +216,35 @@ def test_push_after_pull_leaves_the_pulled_checkpoints_home(netns_box, ctl_env, 
         assert r.returncode == 0 and json.loads(r.stdout)["pulled_left_out"] == ["results/pp"], r.stdout + r.stderr
     finally:
         kill_leftovers(netns_box, ["pp"])
+
+
+# -- 4. a refusal says "refused"; a run that never started is not named ---------------------------------------------
+def test_a_refusal_says_refused_and_a_run_never_started_is_not_named(netns_box, ctl_env, tmp_path, onbox_pyz):
+    # a box the inventory does not know (nor DNS): nothing started, and no run name is made up for it
+    r = ctl(ctl_env, "run", "gpu2", "--", "python3", "train.py")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stderr.startswith("gpu2: no run started: cannot reach box gpu2"), r.stderr
+    assert "train-" not in r.stderr and "FAILED" not in r.stderr, r.stderr
+
+    pushed_box(ctl_env, netns_box, onbox_pyz)
+    try:
+        launch(ctl_env, netns_box, tmp_path, "lv")
+        # the same name while it runs: the agent refuses (exit 2), in its words, once
+        r = ctl(ctl_env, "run", "b1", "--name", "lv", "--workdir", str(tmp_path), "--", sys.executable,
+                str(tmp_path / "ticker.py"))
+        assert r.returncode == 2, r.stdout + r.stderr
+        first = r.stderr.splitlines()[0]
+        assert first.startswith("b1: refused, nothing started: onbox run on b1: "), r.stderr
+        assert "failed to start" not in first.lower() and "lv" in first, r.stderr
+        # the same command without --name: this launch finds the live run and refuses to start a second one
+        r = ctl(ctl_env, "run", "b1", "--workdir", str(tmp_path), "--heartbeat-interval", "1", "--set",
+                "notice_source=none", "--", sys.executable, str(tmp_path / "ticker.py"))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stderr.startswith("b1: refused, nothing started: run lv of this command is still running on b1"), \
+            r.stderr
+        # beside them: a launch that is not refused still says what it started
+        r = ctl(ctl_env, "run", "b1", "--name", "lv2", "--workdir", str(tmp_path), "--", sys.executable,
+                str(tmp_path / "ticker.py"))
+        assert r.returncode == 0 and r.stdout.startswith("b1: started run lv2 "), r.stdout + r.stderr
+    finally:
+        kill_leftovers(netns_box, ["lv", "lv2"])

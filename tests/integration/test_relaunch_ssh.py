@@ -152,7 +152,7 @@ def test_the_same_command_resumes_its_run_after_a_preemption(rig):
 
     r = rig.launch("a", check=False)  # the same line while the run is alive: refused, nothing started
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "a: FAILED to start %s: run %s of this command is still running on a (running, agent pid" % (run, run) in r.stderr
+    assert "a: refused, nothing started: run %s of this command is still running on a (running, agent pid" % run in r.stderr
     assert "--new" in r.stderr and "stop %s" % run in r.stderr
     assert len(rig.starts()) == 1
 
@@ -298,7 +298,7 @@ def test_a_hand_relaunch_with_name_refused_by_a_live_lease_exits_2_with_the_agen
     wait_for(lambda: rig.state("a", "held").get("state") == "running", 60, "the run on a")
     r = rig.launch("b", "--name", "held", check=False)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "onbox run on b: run held failed to start: run held is held by another agent:" in r.stderr, r.stderr
+    assert "b: refused, nothing started: onbox run on b: run held is held by another agent:" in r.stderr, r.stderr
     assert "--take-over" in r.stderr and "Traceback" not in r.stderr
     assert rig.state("a", "held").get("state") == "running"  # the false-positive side: the holder trains on
     rig.preempt("a", "held")
