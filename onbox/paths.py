@@ -63,6 +63,12 @@ def run_dir(name: str) -> str:
     return os.path.join(runs_dir(), name)
 
 
+def ckpt_dir(named: Optional[str], run_dir: str) -> str:
+    """The run's checkpoint dir (ONBOX_CKPT_DIR): the one its configuration names, else checkpoints/ in its run
+    directory."""
+    return named or os.path.join(run_dir, CHECKPOINTS_DIR)
+
+
 def valid_run_name(name: str) -> bool:
     """Run names become directory names and tracker keys: letters, digits, '.', '_', '-'."""
     return bool(RUN_NAME_RE.fullmatch(name))

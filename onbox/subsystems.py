@@ -33,7 +33,7 @@ def preflight(cfg: RunConfig, environ: Optional[Dict[str, str]] = None) -> None:
         durable_preflight(cfg.durable)
         if cfg.name:
             problem = overlap_problem(cfg.durable, cfg.name,
-                                      cfg.ckpt_dir or os.path.join(paths.run_dir(cfg.name), paths.CHECKPOINTS_DIR))
+                                      paths.ckpt_dir(cfg.ckpt_dir, paths.run_dir(cfg.name)))
             if problem:
                 raise UsageError(problem, hint="give --durable a directory outside --ckpt-dir (and vice versa)")
     heartbeat_preflight(cfg, environ)

@@ -47,7 +47,7 @@ def _context(name: str, durable: Optional[str], ckpt_dir: Optional[str], create:
     def emit(event_type: str, **fields: Any) -> None:
         fsutil.append_jsonl(events, dict(fields, type=event_type, time=clock.time(), source="onbox-cli"))
 
-    return RunContext(name=name, run_dir=run_dir, ckpt_dir=cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR),
+    return RunContext(name=name, run_dir=run_dir, ckpt_dir=paths.ckpt_dir(cfg.ckpt_dir, rd.path),
                       config=cfg, clock=clock, emit=emit, attempt=lambda: 0)
 
 

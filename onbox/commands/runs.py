@@ -389,6 +389,6 @@ def _nothing_committed(rd: Any, state: Dict[str, Any], status: Dict[str, Any]) -
         cfg = rd.run_config(validate=False)
     except (OSError, ValueError, TypeError, OnboxError):
         return nothing_committed(status.get("durable"), status)
-    ckpt_dir = state.get("ckpt_dir") or cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)
+    ckpt_dir = state.get("ckpt_dir") or paths.ckpt_dir(cfg.ckpt_dir, rd.path)
     why = diagnose(ckpt_dir, cfg, _read_doc(rd.file(paths.PROGRESS_FILE)))
     return nothing_committed(status.get("durable") or cfg.durable, status, why)

@@ -143,4 +143,4 @@ def _container_seam(cfg: RunConfig, rd: RunDir) -> Optional[Any]:
     def log(message: str) -> None:
         sys.stderr.write("onbox[%d]: %s\n" % (os.getpid(), message))
 
-    return seam_for(cfg, rd, os.path.abspath(cfg.ckpt_dir or rd.file(paths.CHECKPOINTS_DIR)), os.environ, log)
+    return seam_for(cfg, rd, os.path.abspath(paths.ckpt_dir(cfg.ckpt_dir, rd.path)), os.environ, log)

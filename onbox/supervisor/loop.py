@@ -98,7 +98,7 @@ class Supervisor:
         self.waiter = seams.waiter or self._select_wait
         self.environ = dict(os.environ if seams.environ is None else seams.environ)
         self._log: Callable[[str], None] = seams.log or stderr_log
-        self.ckpt_dir = os.path.abspath(cfg.ckpt_dir or rundir.file(paths.CHECKPOINTS_DIR))
+        self.ckpt_dir = os.path.abspath(paths.ckpt_dir(cfg.ckpt_dir, rundir.path))
         prev = rundir.read_state() or {}  # an earlier agent's: its attempts, restarts and phase carry on
         self.state = RunState.STARTING
         self.message = ""
