@@ -4,7 +4,7 @@ local checkpoint disk, sharing one durable target (a mounted directory, or an rc
 - A takeover (`--take-over`, as `onboxctl keep` does after declaring a box lost): the old agent commits nothing
   more, stops its trainer within one sync interval and ends `fenced`; the new one resumed from the old one's
   newest durable checkpoint (invariant 1).
-- The race window: the old agent is held (ONBOX_TEST_PAUSE_AT, test only) between its lease check and its manifest
+- The race window: the old agent is held (at hashcopy's fault point: PAUSED_AGENT) between its lease check and its manifest
   write while the new agent takes over, and the new one right after its take, before its first write (else its
   cleanup of interrupted commits removes the old agent's manifest-less copy: no orphan at all); the checkpoint
   the old agent then commits is never restored, by the new agent nor by a third launch, and ends in
@@ -60,10 +60,36 @@ while True:
 """
 
 
-class Box:
-    """One agent's box on this machine: its ONBOX_HOME, its local checkpoint disk, its trainer's log."""
+# `onbox` with a pause at a fault point (hashcopy.fault_hook, the seam tests set): `LABEL:N:GATE` holds the agent
+# the N-th time it passes LABEL: it creates GATE.waiting and waits until GATE exists (at most 120 s). The detached
+# agent is a fork of this process, so it keeps the hook.
+PAUSED_AGENT = """\
+import os, sys, time
+from onbox.checkpoints.durable import hashcopy
+label, count, gate = sys.argv[1].split(":", 2)
+seen = [0]
+def pause(at):
+    if at != label:
+        return
+    seen[0] += 1
+    if seen[0] != int(count):
+        return
+    open(gate + ".waiting", "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+hashcopy.fault_hook = pause
+from onbox.cli import main
+main(sys.argv[2:])
+"""
 
-    def __init__(self, tmp: Any, tag: str, durable: str, started: Started, env: Optional[Dict[str, str]] = None):
+
+class Box:
+    """One agent's box on this machine: its ONBOX_HOME, its local checkpoint disk, its trainer's log; `pause`:
+    hold its agent at a fault point (PAUSED_AGENT)."""
+
+    def __init__(self, tmp: Any, tag: str, durable: str, started: Started, env: Optional[Dict[str, str]] = None,
+                 pause: Optional[str] = None):
         self.tag = tag
         self.home = tmp / ("home-" + tag)
         self.disk = tmp / ("disk-" + tag)
@@ -72,11 +98,13 @@ class Box:
         self.durable = durable
         self.started = started
         self.env = dict(env or {})
+        self.pause = pause
         with open(self.trainer, "w") as f:
             f.write(TRAINER)
 
     def argv(self, *extra: str) -> List[str]:
-        return [sys.executable, "-m", "onbox", "run", "--name", "fx", "--durable", self.durable, "--ckpt-dir",
+        onbox = [sys.executable, "-c", PAUSED_AGENT, self.pause] if self.pause else [sys.executable, "-m", "onbox"]
+        return [*onbox, "run", "--name", "fx", "--durable", self.durable, "--ckpt-dir",
                 str(self.disk), "--sync-interval", str(SYNC), "--lease-ttl", str(TTL), "--settle-seconds", "0",
                 "--restart", "never", *extra, "--", sys.executable, self.trainer, self.tag, self.log]
 
@@ -215,9 +243,9 @@ def test_a_checkpoint_committed_in_the_race_window_is_never_restored_and_ends_in
     durable = str(tmp_path / "durable")
     root = os.path.join(durable, "fx")
     gate1, gate2 = str(tmp_path / "gate1"), str(tmp_path / "gate2")
-    # agent 1 stops at its 3rd manifest write, after that commit's lease check passed (test-only knob)
-    a1 = Box(tmp_path, "a1", durable, started, env={"ONBOX_TEST_PAUSE_AT": "before-manifest:3:" + gate1})
-    a2 = Box(tmp_path, "a2", durable, started, env={"ONBOX_TEST_PAUSE_AT": "after-lease:1:" + gate2})
+    # agent 1 stops at its 3rd manifest write, after that commit's lease check passed
+    a1 = Box(tmp_path, "a1", durable, started, pause="before-manifest:3:" + gate1)
+    a2 = Box(tmp_path, "a2", durable, started, pause="after-lease:1:" + gate2)
     a3 = Box(tmp_path, "a3", durable, started)
     assert a1.run().returncode == 0
     wait_for(lambda: os.path.exists(gate1 + ".waiting"), timeout=60, what="agent 1 inside the race window")
@@ -294,7 +322,7 @@ def test_two_launches_that_tie_on_an_epoch_make_exactly_one_writer(tmp_path, sta
     listed again before the winner's lease was there, fenced at its first check, before its first write."""
     durable = str(tmp_path / "durable")
     gates = [str(tmp_path / ("gate-" + t)) for t in ("t1", "t2")]
-    boxes = [Box(tmp_path, t, durable, started, env={"ONBOX_TEST_PAUSE_AT": "before-lease:1:" + g})
+    boxes = [Box(tmp_path, t, durable, started, pause="before-lease:1:" + g)
              for t, g in zip(("t1", "t2"), gates)]
     procs = [b.popen() for b in boxes]
     wait_for(lambda: all(os.path.exists(g + ".waiting") for g in gates), timeout=60, what="both before their lease")

@@ -49,3 +49,18 @@ def test_a_commit_records_where_its_time_went_and_its_event_carries_it(tmp_path)
     with steptimes.phase("outside a commit"):  # records nowhere, runs its block
         pass
     assert "outside a commit" not in com.last_phases.seconds
+
+
+def test_no_environment_variable_plants_a_fault_hook_in_a_real_agent(tmp_path):
+    """The fault point is a seam tests set in the process (hashcopy.fault_hook), never read from the environment: a
+    variable left in a box's environment must not pause a real agent's commits (it used to: ONBOX_TEST_PAUSE_AT)."""
+    import subprocess
+    import sys
+
+    gate = str(tmp_path / "gate")
+    code = "from onbox.checkpoints.durable import hashcopy; hashcopy.fault_point('before-manifest'); " \
+           "print(hashcopy.fault_hook)"
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, ONBOX_TEST_PAUSE_AT="before-manifest:1:"
+                                                              + gate), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr
+    assert not os.path.exists(gate + ".waiting")

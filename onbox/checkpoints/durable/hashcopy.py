@@ -25,41 +25,12 @@ CHUNK = 8 * 1024 * 1024  # large reads: fewer syscalls, full-speed sequential I/
 CFR_CHUNK = 64 * 1024 * 1024  # per copy_file_range call: one hasher hand-off each
 WRITEBACK_EVERY = 64 * 1024 * 1024
 
-PAUSE_ENV = "ONBOX_TEST_PAUSE_AT"  # TEST ONLY: see pause_from_env
-PAUSE_MAX_S = 120.0
-
-
-def pause_from_env(spec: Optional[str]) -> Optional[Callable[[str], None]]:
-    """TEST ONLY (never set it on a real run): `ONBOX_TEST_PAUSE_AT=LABEL:N:GATE` makes the agent stop at the N-th
-    time it passes the fault point LABEL (before-manifest comes right after a commit's lease check, before-lease
-    right before a launch writes its lease, after-lease right after it took it, before its first write), create
-    GATE.waiting and wait until GATE exists (at most 120 s): a real-process test holds an agent inside the race
-    window between its lease check and its manifest write. Anything malformed is ignored."""
-    import time
-
-    label, _, rest = (spec or "").partition(":")
-    count, _, gate = rest.partition(":")
-    if not label or not count.isdigit() or not gate:
-        return None
-    seen = [0]
-
-    def pause(at: str) -> None:
-        if at != label:
-            return
-        seen[0] += 1
-        if seen[0] != int(count):
-            return
-        with open(gate + ".waiting", "w"):
-            pass
-        deadline = time.monotonic() + PAUSE_MAX_S
-        while not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    return pause
-
-
-# tests inject a crash point: called with a label at each step of a commit (see tests/unit/test_ckpt_crash.py)
-fault_hook: Optional[Callable[[str], None]] = pause_from_env(os.environ.get(PAUSE_ENV))
+# The seam tests set (never a real run): called with a label at each step of a commit and of a lease's take
+# (before-manifest comes right after a commit's lease check, before-lease right before a launch writes its lease,
+# after-lease right after it took it, before its first write). Unit tests inject a crash or a race there
+# (tests/unit/test_ckpt_edges.py); real-agent tests start the agent through a driver that sets it before the
+# agent forks (tests/integration/test_fencing.py, PAUSED_AGENT).
+fault_hook: Optional[Callable[[str], None]] = None
 
 
 def fault_point(label: str) -> None:

@@ -13,7 +13,7 @@ thread of its own, and checked before every write that changes what readers see 
   holds the lease the box's agent recorded in checkpoint_status.json, never renews it, and fences the same way;
   with no lease recorded it may write only while the run has no leases at all (an agent without leases).
 
-TEST ONLY: ONBOX_TEST_PAUSE_AT (hashcopy.py) pauses a commit between its lease check and its manifest write.
+Tests hold a commit between its lease check and its manifest write at hashcopy.fault_point (hashcopy.fault_hook).
 
 Past 400 lines on purpose: the agent's RunLease and the PassiveLease of every other committer fence by the same
 check, kept in one module so that there is one fencing rule.
