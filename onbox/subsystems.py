@@ -84,8 +84,6 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
     the supervisor starts; None for an agent that does not commit. Refusals: LeaseRefused (exit 2: another agent
     holds the run, its lease cannot be read, another launch won the epoch), UnfitError (exit 3: the durable
     storage cannot be reached, after a few tries)."""
-    import time
-
     from onbox.checkpoints import NotARealDir, SyncFailed
     from onbox.checkpoints.commit import CheckpointCommitter
     from onbox.checkpoints.durable.targets import make_target
@@ -112,7 +110,7 @@ def take_lease(cfg: RunConfig, run: str, take_over: bool, clock: Any = None) -> 
                 raise UnfitError("cannot take run %s's lease on %s: %s" % (run, target.url, e),
                                  hint="the durable storage must be reachable when a run starts (every write checks "
                                       "the lease); check the mount or the remote, then launch again")
-            time.sleep(1.0 + 2.0 * attempt)
+            clock.sleep(1.0 + 2.0 * attempt)
     return None
 
 
