@@ -193,7 +193,9 @@ def _all_runs() -> List[Any]:
     return [RunDir(os.path.join(root, n)) for n in names if os.path.isfile(os.path.join(root, n, paths.CONFIG_FILE))]
 
 
-@click.command()
+@click.command(cls=LaidOut, examples=["onbox status              # every run on this box",
+                                      "onbox status NAME         # one run: state, step, checkpoints, lease",
+                                      "onbox status NAME --json  # what onboxctl reads (schema onbox.status/1)"])
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print state.json (plus agent liveness) as JSON.")
 def status(name: Optional[str], as_json: bool) -> int:

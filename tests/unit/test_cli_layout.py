@@ -24,9 +24,9 @@ def commands(group: click.Group, prefix: Tuple[str, ...] = ()) -> Iterator[Tuple
         cmd = group.get_command(ctx, name)
         assert cmd is not None
         if isinstance(cmd, click.Group):
-            yield from commands(cmd, prefix + (name,))
+            yield from commands(cmd, (*prefix, name))
         else:
-            yield " ".join(prefix + (name,)), cmd
+            yield " ".join((*prefix, name)), cmd
 
 
 def options(cmd: click.Command) -> Dict[str, click.Option]:
@@ -34,15 +34,17 @@ def options(cmd: click.Command) -> Dict[str, click.Option]:
 
 
 def help_of(group: click.Group, argv: List[str]) -> str:
-    r = CliRunner().invoke(group, argv + ["--help"], terminal_width=80)
+    r = CliRunner().invoke(group, [*argv, "--help"], terminal_width=80)
     assert r.exit_code == 0, r.output
     return r.output
 
 
-LAID_OUT = [(onbox_cli, ["run"]), (ctl_cli, ["run"]), (onbox_cli, ["stop"]), (ctl_cli, ["stop"])]
+LAID_OUT = [(onbox_cli, ["run"]), (ctl_cli, ["run"]), (onbox_cli, ["stop"]), (ctl_cli, ["stop"]),
+            (onbox_cli, ["status"])]
 
 
-@pytest.mark.parametrize("group,argv", LAID_OUT, ids=["onbox run", "onboxctl run", "onbox stop", "onboxctl stop"])
+@pytest.mark.parametrize("group,argv", LAID_OUT, ids=["onbox run", "onboxctl run", "onbox stop", "onboxctl stop",
+                                                       "onbox status"])
 def test_help_starts_with_usage_and_examples_then_lists_every_option(group, argv):
     text = help_of(group, argv)
     cmd = dict(commands(group))[" ".join(argv)]
