@@ -29,7 +29,7 @@ AGENT_ONLY_VARS = ("ONBOX_TRACKER_TOKEN",)
 # inherit them (a trainer that logs to MLflow itself gets its own with --secret).
 MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # POSIX portable names: what a shell can export and read
-# The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (README, `onbox run`).
+# The child's contract: the variables onbox/supervisor/childenv.py sets for every attempt (onbox/supervisor/README.md, `onbox run`).
 # They are onbox's answers to the trainer, never the user's to set. U32: one setting quietly overriding the right
 # value is how runs go wrong unseen; `--env ONBOX_CKPT_DIR=/elsewhere` used to win that way, the trainer saved
 # where onbox never looks and nothing was ever committed. So they are refused, each with what to give instead.
@@ -52,7 +52,7 @@ PHASE_VAR = "ONBOX_PHASE"
 
 MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
 LEASE_TTL_FLOOR = 60.0  # seconds: lease_ttl defaults to max(this, 3 x sync_interval)
-# Every number a run takes, finite and inside these bounds (inclusive); README and `onbox run --help` say the same.
+# Every number a run takes, finite and inside these bounds (inclusive); onbox/supervisor/README.md says the same.
 # A value beyond them is a typo or a unit mix-up (ms for s), never a setting: `inf` made every heartbeat
 # unsendable, `nan` made `onbox stop` give up at once and skip the final commit.
 RANGES: Dict[str, Tuple[float, float, str]] = {

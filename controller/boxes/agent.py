@@ -1,6 +1,6 @@
 """Asking a box's agent: `python3 .onbox/onbox.pyz ARGS --json` over ssh, and nothing else (no script sent).
 
-The documents are versioned (`schema`) and documented in README.md, "What onboxctl reads". An answer without the
+The documents are versioned (`schema`) and documented in onbox/commands/README.md, "What onboxctl reads". An answer without the
 document is the agent's refusal (exit 2: no such run, a bad name; said in its words) or a failure (an onbox.pyz
 older than this onboxctl, a crash): both say what came back and how to get the onbox this onboxctl speaks to.
 """

@@ -1,6 +1,6 @@
 """What `onbox checkpoints --json` says of a run (schema onbox.checkpoints/1): its local checkpoints (complete or
 why not), the committed ones, and, on a mounted durable target, every MANIFEST.json byte for byte. onboxctl pull
-and its teardown gate read this over ssh instead of sending a script of their own (README.md, "What onboxctl
+and its teardown gate read this over ssh instead of sending a script of their own (onbox/commands/README.md, "What onboxctl
 reads", lists the fields). Fields are added, never renamed. `nothing_committed`: one line, why the run has no
 committed checkpoint (local/whynone.py), None when it has one.
 

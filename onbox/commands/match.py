@@ -1,7 +1,7 @@
 """`onbox match [RUN OPTIONS] [--candidate NAME]... -- CMD`: the runs a launch of CMD with these options would
 continue, on this box and on the launch's durable target. `onboxctl run` asks it (over ssh, in the directory and
 with the environment it would launch in) before it names a run: it resumes the run it finds, or starts a new one
-and says why. Reads only; creates nothing (README.md, "What onboxctl reads": onbox.match/1)."""
+and says why. Reads only; creates nothing (onbox/commands/README.md, "What onboxctl reads": onbox.match/1)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple

@@ -1,4 +1,4 @@
-"""The child's environment and argv: ONBOX_RUN, ONBOX_CKPT_DIR, ONBOX_RESUME_FROM, ... (README, `onbox run`)."""
+"""The child's environment and argv: ONBOX_RUN, ONBOX_CKPT_DIR, ONBOX_RESUME_FROM, ... (onbox/supervisor/README.md, `onbox run`)."""
 from __future__ import annotations
 
 import math

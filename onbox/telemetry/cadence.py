@@ -2,7 +2,7 @@
 output byte, each progress record, each line that announces an eval, the checkpoint dir being written) with the
 monotonic time, and asks it; onbox/supervisor/hang.py acts on its verdict.
 
-The rule (README "Hung trainers", `onbox run --help`): a trainer that has reported a step is HUNG when nothing
+The rule (onbox/supervisor/README.md, "Hung trainers"; `onbox run --help`): a trainer that has reported a step is HUNG when nothing
 happened for longer than the bound of the phase it is in. "Nothing" is: no new step, no output byte (a tqdm bar
 redrawn with a carriage return counts), no write in the checkpoint dir (a save in progress is no hang). The bound:
 

@@ -235,7 +235,7 @@ def test_the_extraction_root_imports_nothing_of_onbox():
 
 def _subpackages():
     """Every package below onbox/ and controller/ that holds modules of its own (the templates are user code and the
-    top-level packages are described in the README's layout)."""
+    top-level packages are described in onbox/README.md's layout)."""
     out = []
     for top in ("onbox", "controller"):
         for dirpath, _dirs, files in os.walk(os.path.join(REPO_ROOT, top)):
