@@ -187,7 +187,7 @@ class LaidOut(click.Command):
         self.renamed_values = dict(renamed_values or {})
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
-        return super().parse_args(ctx, renamed(args, self.renamed_values, ctx.command_path))
+        return super().parse_args(ctx, renamed(args, self.renamed_values, ctx.find_root().info_name or ""))
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         if self.usage is None:
