@@ -152,7 +152,7 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
 
     Starting an existing run again re-adopts its child if it is still alive (no double launch); `onbox run --name X`
     without a command re-launches X from its recorded config.json. Every number must be finite and inside its range
-    (shown with each option; the ranges of the run-file and ONBOX_* knobs are in the reference, README.md). Booleans
+    (shown with each option; the ranges of the run-file and ONBOX_* knobs are in onbox/supervisor/README.md). Booleans
     are true/false, never numbers.
 
     With --durable the run's lease there keeps a second agent off it (--take-over supersedes a lost box's). A hung
