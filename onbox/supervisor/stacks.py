@@ -146,7 +146,7 @@ def _faulthandler(seam: ProcessSeam, out: ProcessStacks, stacks_dir: Optional[st
     try:
         st = os.lstat(path)
     except OSError:
-        out.why_not.append("faulthandler: not opted in (no %s; see ONBOX_STACKS_DIR in onbox/supervisor/README.md, "Hung trainers")" % path)
+        out.why_not.append("faulthandler: not opted in (no %s; see ONBOX_STACKS_DIR in onbox/supervisor/README.md, 'Hung trainers')" % path)
         return
     started = _started_at(proc, out.ref.start_time)
     if not (os.path.isfile(path) and not os.path.islink(path)) or (started is not None and st.st_ctime < started - 0.05):
