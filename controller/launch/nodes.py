@@ -115,7 +115,7 @@ def stop_group(ssh: Ssh, box: Box, run: str, timeout: float) -> None:
     """`onbox stop` on node 0 without waiting: its agent tells every other node (onbox/multinode/notices.py). Its own
     ssh call, never chained to a launch (U4)."""
     try:
-        ssh.run(box.target(), [box.python, REMOTE_PYZ, "stop", run, "--wait", "0"], timeout=timeout, check=False,
+        ssh.run(box.target(), [box.python, REMOTE_PYZ, "stop", run, "--no-wait"], timeout=timeout, check=False,
                 what="onbox stop")
     except OnboxError:
         pass  # node 0 unreachable: the others fail their rendezvous and end under their restart policy
