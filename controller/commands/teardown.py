@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Tuple
+from typing import Optional, Tuple
 
 import click
 
@@ -24,6 +24,18 @@ from onbox.errors import JobFailed, UsageError
 
 class GateRefused(JobFailed):
     """At least one run's newest checkpoint is not pulled and verified."""
+
+
+def what_typing_does(tunnelled: bool, executes: bool, cmd: Optional[str]) -> str:
+    """What typing the box name back to `onboxctl down` does, said in the prompt: onbox stops or deletes nothing on
+    the box itself; it closes the tracker tunnel (when there is one) and says, or with --execute-meter-stop runs,
+    the profile's command that stops the meter."""
+    done = ["close its tracker tunnel"] if tunnelled else []
+    if executes:
+        done.append("RUN the meter-stop command `%s`" % cmd)
+        return " and ".join(done)
+    done.append("show how to stop its meter")
+    return "%s (onboxctl stops and deletes nothing on the box: stopping the meter is yours to do)" % " and ".join(done)
 
 
 @click.command("down")
@@ -57,22 +69,27 @@ def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool
         raise GateRefused("refusing to tear down %s: %d run(s) not safe: %s" % (box, len(blocked), ", ".join(blocked)),
                           hint="pull and verify first: onboxctl pull %s %s  (or --abandon RUN to accept the loss)"
                                % (box, blocked[0]))
+    from controller.boxes.tunnel import Records, close_tunnels
+
+    try:
+        tunnelled = bool(Records().find(box))
+    except UsageError as e:  # a damaged tunnel record: say so, the teardown verdict stands
+        click.echo("note: %s" % e.message, err=True)
+        tunnelled = False
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("confirmation needed: type the box name back on a terminal, or pass --yes")
-        typed = click.prompt("Type the box name (%s) to confirm teardown" % box, default="", show_default=False)
+        typed = click.prompt("Type the box name (%s) to %s" % (box, what_typing_does(tunnelled, argv is not None, cmd)),
+                             default="", show_default=False)
         if typed.strip() != box:
             raise UsageError("confirmation did not match %r: nothing done" % box)
     if not as_json:
         click.echo(passed_line(report))
         click.echo(meter_sentence(report.meter, cmd))
-    from controller.boxes.tunnel import Records, close_tunnels
-
     try:
-        if Records().find(box):  # the box goes: its tracker tunnel (and the persistent ssh master) go too
-            for t in close_tunnels(Ssh(settings_from_env()), b):
-                if not as_json:
-                    click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
+        for t in close_tunnels(Ssh(settings_from_env()), b) if tunnelled else []:  # the box goes: its tunnel too
+            if not as_json:
+                click.echo("Closed the tracker tunnel %s 127.0.0.1:%d -> %s." % (t.box, t.remote_port, t.local))
     except UsageError as e:  # a damaged tunnel record: say so, the teardown verdict stands
         click.echo("note: %s" % e.message, err=True)
     if argv is not None:  # destructive, asked for: said before it runs and after (stderr: --json keeps stdout)

@@ -35,7 +35,7 @@ def typed_back(env, box, answer):
     os.close(slave)
     screen = b""
     deadline = time.monotonic() + 60
-    while b"to confirm teardown" not in screen and time.monotonic() < deadline:
+    while b"deletes nothing on the box" not in screen and time.monotonic() < deadline:
         screen += os.read(master, 4096)
     os.write(master, answer.encode())
     while True:

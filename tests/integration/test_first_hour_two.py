@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import shutil
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -248,3 +249,46 @@ def test_a_refusal_says_refused_and_a_run_never_started_is_not_named(netns_box, 
         assert r.returncode == 0 and r.stdout.startswith("b1: started run lv2 "), r.stdout + r.stderr
     finally:
         kill_leftovers(netns_box, ["lv", "lv2"])
+
+
+# -- 5. `down`'s prompt says what typing the name does --------------------------------------------------------------
+def down_on_a_terminal(env: Dict[str, str], box: str, answer: str) -> Tuple[int, str]:
+    """`onboxctl down BOX` on a pseudo-terminal, `answer` typed at its prompt: (exit code, the screen)."""
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "controller", "down", box], env=env, stdin=follower, stdout=follower,
+                         stderr=follower)
+    os.close(follower)
+    screen = b""
+    while b"Type the box name" not in screen or not screen.endswith(b": "):  # the prompt, whole
+        chunk = os.read(leader, 4096)
+        assert chunk, screen
+        screen += chunk
+    os.write(leader, (answer + "\n").encode())
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO once the child has closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    rc = p.wait(timeout=60)
+    os.close(leader)
+    return rc, screen.decode("utf-8", "replace")
+
+
+def test_down_says_what_typing_the_box_name_does(netns_box, ctl_env, onbox_pyz):
+    r = add_box(ctl_env, "b1", netns_box, "--profile", "runpod")
+    assert r.returncode == 0, r.stderr
+    assert ctl(ctl_env, "push", "b1", "--pyz", onbox_pyz).returncode == 0
+    rc, screen = down_on_a_terminal(ctl_env, "b1", "b1")
+    assert rc == 0, screen
+    assert ("Type the box name (b1) to show how to stop its meter (onboxctl stops and deletes nothing on the box: "
+            "stopping the meter is yours to do): ") in screen, screen
+    assert "teardown" not in screen.split("Type the box name")[1].split("\n")[0], screen
+    assert "To stop the meter, terminate the pod" in screen.split("stopping the meter is yours to do): ")[1], screen
+    assert netns_box.probe()  # the box still answers: nothing was torn down
+    assert os.path.exists(os.path.join(netns_box.home, ".onbox", "onbox.pyz"))
+    # beside it: a name typed wrong does nothing, and says so
+    rc, screen = down_on_a_terminal(ctl_env, "b1", "b2")
+    assert rc == 2 and "confirmation did not match 'b1': nothing done" in screen, screen
