@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -67,6 +68,92 @@ def call(argv: Sequence[str], *, timeout: Optional[float], input: Any = None, st
             p.wait()
         raise
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+LINE_BREAK = re.compile(rb"[\r\n]")
+
+
+def stream(argv: Sequence[str], *, timeout: Optional[float], on_line: Callable[[str], None], input: Any = None,
+           stdin: Stream = None, stdout: Stream = PIPE, stderr: Stream = PIPE, cwd: Optional[str] = None,
+           env: Optional[Mapping[str, str]] = None, text: bool = False, start_new_session: bool = False,
+           interrupt_grace: float = 15.0) -> "subprocess.CompletedProcess[Any]":
+    """`call` for a tool whose output is progress: each line of its stdout (ended by \n or \r, as rsync's and
+    curl's meters are) goes to `on_line` as it comes, and stdout is not kept (CompletedProcess.stdout is None);
+    stderr is. A watchdog thread kills the tool (with its group in a session of its own) once `timeout` s have
+    passed, however much it printed: a stalled transfer ends with TimeoutExpired, as in `call`. A caller
+    interrupted (Ctrl-C) passes SIGINT on to a tool in its own session and gives it `interrupt_grace` s to end
+    cleanly (rsync then keeps its half-copied file for the next try) before it is killed."""
+    if input is not None or stdout is not PIPE:
+        raise ValueError("stream() reads the tool's stdout line by line and gives it no input")
+    p = subprocess.Popen(list(argv), stdin=stdin, stdout=PIPE, stderr=stderr, cwd=cwd,
+                         env=None if env is None else dict(env), start_new_session=start_new_session)
+    assert p.stdout is not None
+    errbuf: List[bytes] = []
+    reader = threading.Thread(target=lambda: errbuf.append(p.stderr.read() if p.stderr else b""), daemon=True)
+    reader.start()
+    timed_out = threading.Event()
+
+    def watchdog() -> None:  # at the timeout, unless the tool ended (and was reaped) first
+        if p.poll() is None:
+            timed_out.set()
+            if start_new_session:
+                kill_group(p)
+            else:
+                p.kill()
+
+    timer = threading.Timer(timeout, watchdog) if timeout is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        try:
+            buf = b""
+            while True:
+                chunk = p.stdout.read1(4096)  # type: ignore[attr-defined]
+                if not chunk:
+                    break
+                *lines, buf = LINE_BREAK.split(buf + chunk)
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace"))
+            if buf:
+                on_line(buf.decode("utf-8", "replace"))
+        except BaseException:
+            _interrupt(p, start_new_session, interrupt_grace)
+            raise
+        rc = p.wait()  # still under the watchdog: a tool may close its stdout and hang on
+    finally:
+        if timer is not None:
+            timer.cancel()
+    reader.join(timeout=5)  # a straggler of its group may hold stderr open: what came is enough
+    p.stdout.close()
+    if p.stderr is not None:
+        p.stderr.close()
+    err: Any = b"".join(errbuf)
+    err = err.decode("utf-8", "replace") if text else err
+    if timed_out.is_set():
+        raise subprocess.TimeoutExpired(p.args, timeout or 0.0, output=None, stderr=err)
+    return subprocess.CompletedProcess(p.args, rc, None, err)
+
+
+def _interrupt(p: "subprocess.Popen[bytes]", own_session: bool, grace: float) -> None:
+    """A streaming caller interrupted (or its on_line raised): SIGINT to a tool in its own session (Ctrl-C never
+    reached it) and up to `grace` s to end, its stdout drained meanwhile so its last words never hit a closed pipe;
+    then, or at once for a tool in the caller's session, KILL."""
+    if own_session:
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+        except (ProcessLookupError, PermissionError):
+            return
+        if p.stdout is not None:
+            threading.Thread(target=p.stdout.read, daemon=True).start()
+        try:
+            p.wait(timeout=grace)
+            return
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            kill_group(p)
+    else:
+        p.kill()
+    p.wait()
 
 
 class Says:
@@ -121,20 +208,21 @@ class Tool:
             runner: Optional[Runner] = None, input: Any = None, stdin: Stream = None, stdout: Stream = PIPE,
             stderr: Stream = PIPE, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
             binary: bool = False, new_session: bool = False, timed_out_rc: Optional[int] = None,
-            **fields: Any) -> "subprocess.CompletedProcess[Any]":
+            on_line: Optional[Callable[[str], None]] = None, **fields: Any) -> "subprocess.CompletedProcess[Any]":
         """Run argv; raise the missing / timed-out error, and with `check` the failed one. `binary`: bytes out.
         `new_session`: the tool leads a session of its own (killed as a group, see `call`). `timed_out_rc`: a
         timeout is no error but a CompletedProcess with this exit code and what the tool wrote until then.
-        `fields`: the caller's own template fields."""
+        `on_line`: each line of stdout as it comes, not kept (see `stream`). `fields`: the caller's own template
+        fields."""
         argv = list(argv)
         kw: dict = dict(stdout=stdout, stderr=stderr, text=not binary, timeout=timeout)
-        for key, value in (("input", input), ("stdin", stdin), ("cwd", cwd), ("env", env)):
+        for key, value in (("input", input), ("stdin", stdin), ("cwd", cwd), ("env", env), ("on_line", on_line)):
             if value is not None:
                 kw[key] = value
         if new_session:
             kw["start_new_session"] = True
         try:
-            done = (runner or call)(argv, **kw)
+            done = (runner or (call if on_line is None else stream))(argv, **kw)
         except FileNotFoundError:
             raise self._error(self.missing, argv, timeout=timeout, **fields)
         except subprocess.TimeoutExpired as e:

@@ -15,33 +15,37 @@ the outcome, with what was checked in words, goes into the pulls record, which t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import os
 import re
-import signal
-import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from controller.boxes.agent import agent_json
 from controller.boxes.inventory import Box, config_dir
-from controller.boxes.ssh import RemoteCommandFailed, Ssh, rsync_lost_link
+from controller.boxes.ssh import RSYNC_MISSING, RemoteCommandFailed, Ssh, rsync_lost_link
 from controller.boxes.sshfail import unreachable
 from onbox import untrusted
 from onbox.checkpoints.listing import LIST_SCHEMA
 from onbox.checkpoints.listing import SCHEMA as LISTING_SCHEMA
 from onbox.checkpoints.local.whynone import nothing_committed
 from onbox.clock import Clock, SystemClock
-from onbox.errors import JobFailed, OnboxError, UsageError
+from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.fsutil import atomic_write_json
-from onbox.toolrun import kill_group
+from onbox.toolrun import DEVNULL, Says, Tool, stderr_tail
 
 PARTIAL_DIR = ".onbox-partial"
 # pulls.json grows by ~300 bytes for every checkpoint ever pulled, like a checkpoints index: the index's bound
 PULLS_MAX_BYTES = untrusted.INDEX_MAX_BYTES
 
 PROGRESS_RE = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\S+)")
+# each attempt through the tool runner: rsync's lines streamed for the progress, the attempt killed with its ssh at
+# the wall-clock cap (rsync's own --timeout ends a stall sooner); a Ctrl-C lets rsync keep its half-copied file
+RSYNC_FROM = Tool("rsync", RemoteCommandFailed, missing=RSYNC_MISSING,
+                  timed_out=Says("pulling {label} took longer than {timeout:.0f} s", error=JobFailed),
+                  failed=Says("rsync of {label} from {box} exited {rc}: {stderr}"), tail=stderr_tail(chars=400))
 
 
 @dataclasses.dataclass
@@ -229,6 +233,8 @@ class Transfer:
             try:
                 self._once(label, sources, dest, extra)
                 return attempt
+            except UnfitError:  # rsync or ssh not installed here: no retry brings them
+                raise
             except OnboxError as e:
                 last = e.message
                 if attempt < self.attempts:
@@ -243,68 +249,17 @@ class Transfer:
                                    extra=["--partial-dir=" + PARTIAL_DIR, "--info=progress2", "--no-inc-recursive",
                                           *(["--bwlimit=%d" % self.bwlimit_kbps] if self.bwlimit_kbps else []),
                                           *extra])
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        deadline = self.clock.monotonic() + self.attempt_timeout
-        assert proc.stdout is not None
-        import threading
+        done = RSYNC_FROM.run(argv, self.attempt_timeout, check=False, stdin=DEVNULL, new_session=True,
+                              on_line=functools.partial(self._line, label), label=label, box=self.box.name)
+        err = done.stderr.strip()
+        if rsync_lost_link(done.returncode, err):
+            raise unreachable(target, err or "rsync exited %d" % done.returncode)
+        RSYNC_FROM.check(done, label=label, box=self.box.name)
 
-        errbuf: List[bytes] = []
-        t = threading.Thread(target=lambda: errbuf.append(proc.stderr.read() if proc.stderr else b""), daemon=True)
-        t.start()
-        buf = b""
-        timed_out = threading.Event()
-
-        def watchdog() -> None:
-            while proc.poll() is None:
-                if self.clock.monotonic() > deadline:
-                    timed_out.set()
-                    kill_group(proc)
-                    return
-                time.sleep(0.2)
-
-        threading.Thread(target=watchdog, daemon=True).start()
-        try:
-            while True:
-                chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
-                if not chunk:
-                    break
-                buf += chunk
-                *parts, buf = re.split(rb"[\r\n]", buf)
-                for part in parts:
-                    m = PROGRESS_RE.match(part.decode("utf-8", "replace"))
-                    if m and self.progress:
-                        self.progress(label, int(m.group(2)), m.group(3))
-        except KeyboardInterrupt:
-            # rsync runs in its own session: pass the Ctrl-C on and let it move the half-copied file into the
-            # partial dir (the next pull resumes from it) before we go; a killed rsync would leave a stray temp
-            interrupt(proc)
-            raise
-        rc = proc.wait()
-        t.join(timeout=5)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        err = b"".join(errbuf).decode("utf-8", "replace").strip()
-        if timed_out.is_set():
-            raise JobFailed("pulling %s took longer than %.0f s" % (label, self.attempt_timeout))
-        if rsync_lost_link(rc, err):
-            raise unreachable(target, err or "rsync exited %d" % rc)
-        if rc != 0:
-            raise RemoteCommandFailed("rsync of %s from %s exited %d: %s" % (label, self.box.name, rc, err[-400:]))
-
-
-def interrupt(proc: "subprocess.Popen[bytes]", grace: float = 15.0) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-    except (ProcessLookupError, PermissionError):
-        return
-    try:
-        if proc.stdout is not None:
-            proc.stdout.read()  # keep draining so its last messages never hit a closed pipe
-        proc.wait(timeout=grace)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        kill_group(proc)
+    def _line(self, label: str, line: str) -> None:
+        m = PROGRESS_RE.match(line)
+        if m and self.progress:
+            self.progress(label, int(m.group(2)), m.group(3))
 
 
 def verified_line(name: str, v: Dict[str, Any]) -> str:

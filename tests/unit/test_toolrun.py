@@ -12,7 +12,7 @@ import pytest
 
 from onbox.errors import ExitCode, JobFailed, UnfitError
 from onbox.proc import is_alive
-from onbox.toolrun import Helper, Says, Tool, call, stderr_tail
+from onbox.toolrun import Helper, Says, Tool, call, stderr_tail, stream
 from tests.conftest import subprocess_env
 from tests.fakes.recorders import RunnerRecorder
 from tests.polling import wait_for
@@ -195,3 +195,70 @@ def test_a_fork_of_the_starter_never_stops_its_helper():
     finally:
         h.stop()
     assert not is_alive(h.pid, h.start_time)
+
+
+# A progress meter as rsync's --info=progress2 writes it: \r between updates of one line, \n at its end. Each line
+# waits for the caller to have seen the one before (a file the callback writes): lines kept until the tool ended
+# would never be seen in time, and the tool would say so and fail.
+METER = r"""
+import os, sys, time
+seen = sys.argv[1]
+for i, end in enumerate(["\r", "\r", "\n", "\n"]):
+    sys.stdout.write("%d%%%s" % (i * 25, end))
+    sys.stdout.flush()
+    deadline = time.monotonic() + 20
+    while not os.path.exists("%s.%d" % (seen, i)):
+        if time.monotonic() > deadline:
+            sys.stderr.write("line %d was never seen\n" % i)
+            sys.exit(3)
+        time.sleep(0.01)
+sys.stderr.write("meter done\n")
+"""
+
+
+def test_a_streamed_tool_hands_each_line_to_the_caller_as_it_comes(tmp_path):
+    seen = []
+
+    def on_line(line):
+        open("%s.%d" % (tmp_path / "seen", len(seen)), "w").close()
+        seen.append(line)
+
+    done = stream([sys.executable, "-c", METER, str(tmp_path / "seen")], timeout=60, on_line=on_line, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, None, "meter done\n")
+    assert seen == ["0%", "25%", "50%", "75%"]
+
+
+def test_a_streamed_tool_through_a_tool_keeps_the_callers_words():
+    lines = []
+    said = "import sys; print('10%'); print('20%'); sys.stderr.write('disk full\\n'); sys.exit(11)"
+    done = TOOL.run([sys.executable, "-c", said], 60, check=False, on_line=lines.append)
+    assert (done.returncode, done.stderr, lines) == (11, "disk full\n", ["10%", "20%"])
+    with pytest.raises(Refused, match=r"^frob y failed \(exit 11\): disk full$"):
+        TOOL.run([sys.executable, "-c", said], 60, on_line=lines.append, op="y")
+
+
+# prints its own pid, then its child's, then a progress line, then stalls: a transfer whose link went quiet
+STALL = "import subprocess, sys, time, os; p = subprocess.Popen(['sleep', '60']); " \
+        "print(os.getpid(), flush=True); print(p.pid, flush=True); print('42%', flush=True); time.sleep(60)"
+
+
+def test_a_stalled_streamed_tool_is_killed_at_its_timeout_with_its_group():
+    lines = []
+    try:
+        with pytest.raises(Refused, match=r"^frob pull hung 2.0 s$"):
+            TOOL.run([sys.executable, "-c", STALL], 2, on_line=lines.append, new_session=True, op="pull",
+                     where="w")
+        assert lines[2:] == ["42%"]  # what it said before it stalled came through
+        for pid in map(int, lines[:2]):  # the tool and what it started: the whole group, and only those
+            wait_for(lambda pid=pid: not is_alive(pid), timeout=10, what="pid %d killed" % pid)
+    finally:
+        for pid in map(int, lines[:2]):
+            if is_alive(pid):
+                os.kill(pid, 9)
+
+
+def test_a_streamed_tool_that_ends_in_time_is_left_alone():
+    lines = []
+    done = stream([sys.executable, "-c", "print('100%')"], timeout=60, on_line=lines.append,
+                  start_new_session=True)
+    assert (done.returncode, lines) == (0, ["100%"])  # no TimeoutExpired: the watchdog never fired
