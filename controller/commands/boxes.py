@@ -8,7 +8,8 @@ import click
 
 from controller.boxes.inventory import OPTION_RE, Box, Inventory, check_box_fields, check_name, check_pool
 from onbox.clikit import echo_json
-from onbox.errors import UsageError
+from onbox.errors import OnboxError, UnfitError, UsageError
+from onbox.untrusted import printable
 
 
 @click.group("box")
@@ -36,10 +37,13 @@ def box() -> None:
               help="What an hour of this box costs (e.g. 0.44): `onboxctl report` shows what each part of a run's "
                    "time cost. Without it, its profile's price in prices.toml, if any.")
 @click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
+@click.option("--check", is_flag=True, help="First ssh to the box and say its python's version and whether "
+              "onbox.pyz is there. A box that does not answer, or whose --python does not run, is NOT added (exit "
+              "3, with what ssh said and what fixes it).")
 def add(name: str, host: str, port: Optional[int], user: Optional[str], profile: Optional[str],
         identity: Optional[str], python: str, options: Tuple[str, ...], pool: Optional[str], price: Optional[str],
-        replace: bool) -> None:
-    """Add box NAME to the inventory."""
+        replace: bool, check: bool) -> None:
+    """Add box NAME to the inventory. With --check, only once it answers over ssh and its python runs."""
     check_name(name)
     check_box_fields(host, user, python)
     if pool is not None:
@@ -54,10 +58,49 @@ def add(name: str, host: str, port: Optional[int], user: Optional[str], profile:
     if profile is not None:
         _check_profile(profile)
     inv = Inventory()
-    inv.add(Box(name=name, host=host, port=port, user=user, profile=profile, identity=identity, python=python,
-                options=list(options), pool=pool, price=per_hour), replace=replace)
+    entry = Box(name=name, host=host, port=port, user=user, profile=profile, identity=identity, python=python,
+                options=list(options), pool=pool, price=per_hour)
+    if not replace and name in inv.load():  # refused before any connection, as the add itself would refuse it
+        inv.add(entry)
+    if check:
+        try:
+            click.echo(answers(entry))
+        except OnboxError as e:  # the entry is not written: said, so no one looks for it in `box ls`
+            e.message = "%s; box %s was not added to %s" % (e.message, name, inv.path())
+            raise
+    inv.add(entry, replace=replace)
     click.echo("added box %s (%s%s%s) to %s" % (name, host, ", pool %s" % pool if pool else "",
                                                 ", %g an hour" % per_hour if per_hour is not None else "", inv.path()))
+
+
+# one call: the python's version (or why it does not run), then whether onbox.pyz is there
+_CHECK = ('v=$(%s -c "import sys; print(\'%%d.%%d.%%d\' %% sys.version_info[:3])" 2>&1) && echo "python $v" '
+          '|| echo "python-fails $v"; [ -f %s ] && echo pyz || echo no-pyz')
+
+
+def answers(box: Box) -> str:
+    """`box add --check`: ssh to the box (its host key recorded as on any first contact) and say, in one line,
+    its python's version and whether onbox.pyz is there. Raises BoxUnreachable (exit 3) with what ssh said when
+    it does not answer, UnfitError (exit 3) when its --python does not run."""
+    import shlex
+
+    from controller.boxes.agent import REMOTE_PYZ
+    from controller.boxes.ssh import Ssh, settings_from_env
+
+    ssh = Ssh(settings_from_env())
+    try:
+        out = ssh.run(box.target(), script=_CHECK % (shlex.quote(box.python), REMOTE_PYZ), timeout=60,
+                      what="check the box").text
+    finally:
+        ssh.close(box.target())
+    said = out.strip().splitlines()
+    first = said[0] if said else ""
+    if not first.startswith("python "):
+        raise UnfitError("box %s answers, but its python %s does not run: %s" % (
+            box.name, box.python, printable(first[len("python-fails "):].strip()) or "no output"),
+            hint="give the box's interpreter: --python PATH (e.g. /usr/bin/python3 or a conda env's python)")
+    pyz = "onbox.pyz is there" if "pyz" in said[1:] else "no onbox.pyz yet (`onboxctl push %s`)" % box.name
+    return "box %s answers over ssh: %s %s; %s" % (box.name, box.python, printable(first[len("python "):]), pyz)
 
 
 def _price(text: str) -> float:

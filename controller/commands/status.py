@@ -68,6 +68,25 @@ def collect(tracker: Optional[str], token: Optional[str], boxes: Tuple[str, ...]
     return rows, problems, []
 
 
+def check_known(boxes: Tuple[str, ...], rows: List[RunRow], url: Optional[str]) -> None:
+    """A --box that names no box: not in the inventory, and neither the tracker's runs nor ssh (as a host alias)
+    know it. Exit 2 naming it: an empty table, exit 0, read as "that box has no runs"."""
+    inv = Inventory()
+    known = inv.load()
+    for name in boxes:
+        if name in known:
+            continue
+        mine = [r for r in rows if r.box == name]
+        if url and not mine:
+            where = "the tracker %s has no runs from it" % url
+        elif not url and all(r.state == "UNREACHABLE" for r in mine):
+            where = "no ssh host answers to that name"
+        else:
+            continue
+        raise UsageError("unknown box %s: it is not in the inventory (%s), and %s" % (name, inv.path(), where),
+                         hint="`onboxctl box ls` lists the boxes; `onboxctl box add %s --host ADDRESS` adds it" % name)
+
+
 def tunnel_notes(ssh: Ssh, boxes: Tuple[str, ...]) -> List[str]:
     """One line per recorded tracker tunnel whose ssh master is gone (a local check: no network): since when, and
     whether its supervisor is re-opening it."""
@@ -139,6 +158,7 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
     while True:
         read_at = time.time()
         rows, problems, skipped = collect(url, token, boxes, ssh)
+        check_known(boxes, rows, url)
         rows, kept, record_problems = apply_keeper(rows, default_bound=max_at_risk)
         hint = beat_hint(rows)
         notes = (tunnel_notes(ssh, boxes) if url else []) + record_problems + ([hint] if hint else [])
@@ -170,14 +190,23 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
 
 @click.command("logs")
 @click.argument("box")
-@click.argument("run")
+@click.argument("run", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until Ctrl-C.")
 @click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
-def logs(box: str, run: str, follow: bool, lines: int) -> None:
-    """Show (or follow) RUN's output log on BOX."""
-    check_name(run)
+def logs(box: str, run: Optional[str], follow: bool, lines: int) -> None:
+    """Show (or follow) RUN's output log on BOX. Without RUN, or with one the box does not have, the box's runs
+    are listed (exit 2)."""
+    if run is not None:
+        check_name(run)
     b = Inventory().resolve(box)
     ssh = Ssh(settings_from_env())
+    runs = {r.run: r.state for r in box_rows(ssh, b)}
+    if run is None or run not in runs:
+        have = ", ".join("%s (%s)" % (printable(n), printable(st)) for n, st in sorted(runs.items())) or "no runs"
+        first = printable(sorted(runs)[0]) if runs else "RUN"
+        raise UsageError(("which run? %s has: %s" if run is None else "no run named %s on %s; it has: %s") % (
+            *(() if run is None else (run,)), box, have),
+            hint="`onboxctl logs %s %s`; `onboxctl status --box %s` shows each run" % (box, first, box))
     argv = [b.python, REMOTE_PYZ, "logs", run, "-n", str(lines)] + (["-f"] if follow else [])
     if not follow:
         click.echo(ssh.run(b.target(), argv, timeout=60, what="onbox logs").text, nl=False)

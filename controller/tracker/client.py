@@ -161,6 +161,10 @@ def _get(url: str, token: Optional[str], timeout: float, limit: int) -> bytes:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = r.read(limit + 1)
     except urllib.error.HTTPError as e:
+        if e.code in (401, 403) and not token:
+            raise UsageError("tracker %s asks for a token and none was sent (HTTP %d)" % (url, e.code),
+                             hint="give the tracker's token: --tracker-token-file FILE, ONBOX_TRACKER_TOKEN, or "
+                                  "tracker_token_file in config.toml (the file given to `onboxctl tracker serve --token-file`)")
         if e.code in (401, 403):
             raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
                              hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")

@@ -292,3 +292,69 @@ def test_down_says_what_typing_the_box_name_does(netns_box, ctl_env, onbox_pyz):
     # beside it: a name typed wrong does nothing, and says so
     rc, screen = down_on_a_terminal(ctl_env, "b1", "b2")
     assert rc == 2 and "confirmation did not match 'b1': nothing done" in screen, screen
+
+
+# -- 6. an unknown box or run, a token not sent, a box added without a look ----------------------------------------
+def test_box_add_check_adds_only_a_box_that_answers(netns_box, ctl_env):
+    inventory = os.path.join(ctl_env["ONBOX_CONFIG_DIR"], "boxes.toml")
+    r = add_box(ctl_env, "b1", netns_box, "--check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    v = "%d.%d.%d" % sys.version_info[:3]
+    assert "box b1 answers over ssh: %s %s; no onbox.pyz yet (`onboxctl push b1`)" % (sys.executable, v) in r.stdout
+    assert os.path.exists(inventory) and "b1" in ctl(ctl_env, "box", "ls").stdout
+
+    e = netns_box.inventory_entry()
+    # a port nothing listens on: ssh's word for it, exit 3, and no entry
+    closed = ["box", "add", "b2", "--host", e["host"], "--port", "1", "--user", "root", "--identity", e["identity"],
+              "--check"] + [w for o in e["options"] for w in ("--ssh-option", o)]
+    r = ctl(ctl_env, *closed)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "cannot reach box b2" in r.stderr and "box b2 was not added to %s" % inventory in r.stderr, r.stderr
+    # it answers, but its --python does not run: exit 3, and no entry
+    r = add_box(ctl_env, "b3", netns_box, "--check", "--python", "/nonexistent/python3")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "box b3 answers, but its python /nonexistent/python3 does not run" in r.stderr, r.stderr
+    assert "box b3 was not added" in r.stderr and "--python PATH" in r.stderr, r.stderr
+    listed = [line.split()[0] for line in ctl(ctl_env, "box", "ls").stdout.splitlines()[1:]]
+    assert listed == ["b1"], listed
+    # without --check, as before: added without a connection
+    r = ctl(ctl_env, *[w for w in closed if w != "--check"])
+    assert r.returncode == 0 and "added box b2" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_unknown_box_or_run_is_said_with_the_command_that_lists_them(netns_box, ctl_env, tmp_path, onbox_pyz,
+                                                                        tracker):
+    pushed_box(ctl_env, netns_box, onbox_pyz)
+    try:
+        launch(ctl_env, netns_box, tmp_path, "lg")
+        # a box that is not in the inventory, over ssh and from a tracker: unknown, exit 2, how to list them
+        r = ctl(ctl_env, "status", "--box", "gpu2")
+        assert r.returncode == 2 and "unknown box gpu2: it is not in the inventory" in r.stderr, r.stdout + r.stderr
+        assert "`onboxctl box ls`" in r.stderr and "(no runs)" not in r.stdout, r.stderr
+        r = ctl(ctl_env, "status", "--box", "gpu2", "--tracker", tracker.url, "--tracker-token-file",
+                tracker.token_file)
+        assert r.returncode == 2 and "the tracker %s has no runs from it" % tracker.url in r.stderr, r.stderr
+        r = ctl(ctl_env, "status", "--box", "b1")  # beside it: a known box, its runs
+        assert r.returncode == 0 and re.search(r"^b1 +lg +running", r.stdout, re.M), r.stdout + r.stderr
+
+        # logs without a run: the box's runs; a run it does not have: the same, never the box-side `onbox ls`
+        r = ctl(ctl_env, "logs", "b1")
+        assert r.returncode == 2 and "which run? b1 has: lg (running)" in r.stderr, r.stderr
+        assert "`onboxctl logs b1 lg`" in r.stderr, r.stderr
+        r = ctl(ctl_env, "logs", "b1", "nosuch")
+        assert r.returncode == 2 and "no run named nosuch on b1; it has: lg (running)" in r.stderr, r.stderr
+        assert "onboxctl status --box b1" in r.stderr and "onbox ls" not in r.stderr, r.stderr
+        r = ctl(ctl_env, "logs", "b1", "lg", "-n", "2")  # beside it: a run it has
+        assert r.returncode == 0 and "tick" in r.stdout, r.stdout + r.stderr
+
+        # a tracker that asks for a token: none sent is said so, a wrong one is refused
+        r = ctl(ctl_env, "status", "--tracker", tracker.url)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "tracker %s asks for a token and none was sent (HTTP 401)" % tracker.url in r.stderr, r.stderr
+        assert "--tracker-token-file FILE, ONBOX_TRACKER_TOKEN" in r.stderr, r.stderr
+        wrong = tmp_path / "wrong.token"
+        wrong.write_text("not-the-token\n")
+        r = ctl(ctl_env, "status", "--tracker", tracker.url, "--tracker-token-file", str(wrong))
+        assert r.returncode == 2 and "refused the token (HTTP 401)" in r.stderr, r.stderr
+    finally:
+        kill_leftovers(netns_box, ["lg"])
