@@ -52,6 +52,10 @@ def fetch_ledgers(url: str, token: Optional[str], since: Optional[float], run: O
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = r.read(MAX_ANSWER + 1)
     except urllib.error.HTTPError as e:
+        if e.code in (401, 403) and not token:  # the same words as onboxctl status (controller/tracker/client.py)
+            raise UsageError("tracker %s asks for a token and none was sent (HTTP %d)" % (url, e.code),
+                             hint="give the tracker's token: --tracker-token-file FILE, ONBOX_TRACKER_TOKEN, or "
+                                  "tracker_token_file in config.toml")
         if e.code in (401, 403):
             raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
                              hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")

@@ -39,7 +39,7 @@ def filled(tracker, tmp_path):
 
 def report(tracker, cfg, *args, token=None, url=None):
     env = subprocess_env({"ONBOX_CONFIG_DIR": str(cfg), "ONBOX_TRACKER": url or tracker.url,
-                          "ONBOX_TRACKER_TOKEN": token or tracker.token})
+                          "ONBOX_TRACKER_TOKEN": tracker.token if token is None else token})
     return subprocess.run([sys.executable, "-m", "controller", "report", *args], env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -106,6 +106,8 @@ def test_no_tracker_a_silent_one_a_refused_token_and_an_older_tracker(filled, tm
     assert r.returncode == 3 and "cannot read the tracker at http://127.0.0.1:9" in r.stderr
     r = report(tracker, cfg, token="wrong")
     assert r.returncode == 2 and "refused the token (HTTP 401)" in r.stderr
+    r = report(tracker, cfg, token="")  # none sent: said so, not "refused the token"
+    assert r.returncode == 2 and "asks for a token and none was sent (HTTP 401)" in r.stderr, r.stderr
     from tests.hosts.tracker_stub import TrackerStub
 
     stub = TrackerStub().start()  # a tracker older than the ledgers: 404 to everything but its run list
