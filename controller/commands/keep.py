@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from controller.commands.params import Seconds
+from onbox import vocab
 from onbox.errors import JobFailed, UsageError
 
 
@@ -70,7 +71,7 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
     lock = KeeperLock(store.root).acquire(create=not once)
 
     def say(ev: Dict[str, Any]) -> None:
-        if ev.get("kind") == "record_problem" and once and not as_json:
+        if ev.get("kind") == vocab.KEPT_RECORD_PROBLEM and once and not as_json:
             return  # --once ends with it as its one `onboxctl: ...` line
         click.echo(json.dumps(ev, sort_keys=True) if as_json else _line(ev))
         sys.stdout.flush()

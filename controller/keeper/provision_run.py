@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.proc import KILL_WAIT
 
 OUTPUT_MAX_BYTES = 64 * 1024  # of stdout, and of stderr: the contract's bound (provision.py)
@@ -207,14 +207,14 @@ class ProvisionRunner:
         n, names = self.stopped()
         if n:
             survived = self.report.get("survived") or []
-            out.append(("provision_leftovers", "stopped %d process(es) the provision command left running: %s%s%s" % (
+            out.append((vocab.KEPT_PROVISION_LEFTOVERS, "stopped %d process(es) the provision command left running: %s%s%s" % (
                 n, ", ".join(names), " and %d more" % (n - len(names)) if n > len(names) else "",
                 "; still running after KILL: %s" % survived if survived else "")))
         if self.problem:
-            out.append(("provision_leftovers", "the provision command's processes: %s" % self.problem))
+            out.append((vocab.KEPT_PROVISION_LEFTOVERS, "the provision command's processes: %s" % self.problem))
         for name, t in (("stdout", self.out), ("stderr", self.err)):
             if t.cut:
-                out.append(("provision_output_cut", "the provision command printed %s on %s: only its last %s were "
+                out.append((vocab.KEPT_PROVISION_OUTPUT_CUT, "the provision command printed %s on %s: only its last %s were "
                                                     "read" % (_mb(t.total), name, untrusted.human(t.limit))))
         return out
 

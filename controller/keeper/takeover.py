@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol
 from controller.keeper.decide import Observation
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, Recovery, RunKeep
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.clock import Clock
 
 LAUNCH_GRACE = 30.0  # seconds beyond the launch timeout that an earlier keeper's launch may still land in
@@ -64,7 +64,7 @@ def landed_nowhere(r: "Recoverer", rec: LaunchRecord, keep: RunKeep, cur: Recove
                                          "launching again now (a second agent under a live name is refused there)"
                % (waited, ", ".join(cur.to_boxes), cur.to_boxes[0], rec.run))
         return True
-    said = [e for e in keep.events[-20:] if e.get("kind") == "launch_in_flight" and e.get("recovery") == cur.id]
+    said = [e for e in keep.events[-20:] if e.get("kind") == vocab.KEPT_LAUNCH_IN_FLIGHT and e.get("recovery") == cur.id]
     if not said:
         why = ("its ssh still runs here" if on_way else "this machine cannot tell" if obs.reached
                else "%s cannot say: %s" % (cur.to_boxes[0], obs.error or "it does not answer"))

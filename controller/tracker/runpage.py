@@ -19,8 +19,12 @@ from controller.tracker.store import Store
 from onbox import vocab
 from onbox.untrusted import printable
 
-KEEPER_GAVE_UP = {"failed_no_resource": "found no box", "failed_max_recoveries": "reached its most recoveries",
-                  "failed_launch": "could not launch it", "needs_a_person": "needs a person"}
+KEEPER_GAVE_UP = {vocab.KEPT_FAILED_NO_RESOURCE: "found no box",
+                  vocab.KEPT_FAILED_MAX_RECOVERIES: "reached its most recoveries",
+                  vocab.KEPT_FAILED_LAUNCH: "could not launch it",
+                  vocab.KEPT_NEEDS_A_PERSON: "needs a person"}
+# the keeper's newest event says it is not bringing the run back now
+KEEPER_AT_REST = (vocab.KEPT_ENDED, vocab.KEPT_FIRST_NEW_STEP, vocab.KEPT_LAUNCHED, vocab.KEPT_SUSPECT_CLEARED)
 STOPPED_SHORT = vocab.FAILED_STATES | {vocab.PREEMPTED, vocab.FENCED}
 
 
@@ -61,7 +65,7 @@ def next_step(run: str, state: Optional[str], liveness: Optional[str], durable_s
             return {"by": "you", "text": "the keeper %s (%s): relaunch it with `onboxctl run --recover pool:POOL ...`"
                                          ", which resumes it%s" % (KEEPER_GAVE_UP[last["kind"]],
                                                                    printable(last.get("text") or "")[:300], at)}
-        if last["kind"] not in ("ended", "first_new_step", "launched", "suspect_cleared"):
+        if last["kind"] not in KEEPER_AT_REST:
             n = last.get("recovery")
             return {"by": "keeper", "text": "the keeper is bringing it back%s: %s %s" % (
                 " (recovery %s)" % n if isinstance(n, int) else "", last["kind"], printable(last.get("text") or "")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from onbox import vocab
+
 HINT = ("give the shape with --metrics-regex, e.g. --metrics-regex 'step (?P<step>\\d+) .*loss (?P<loss>[-+.\\deE]+)' "
         "(named groups: step, loss, eval_loss, lr, tokens_per_s, samples_per_s, epoch), or have the trainer append "
         "JSON lines to $ONBOX_METRICS_FILE")
@@ -38,12 +40,12 @@ class MetricsHint:
         said: List[Tuple[str, Dict[str, Any]]] = []
         if self._recognised_pending:
             self._recognised_pending = False
-            said.append(("metrics_recognised", {}))
+            said.append((vocab.EV_METRICS_RECOGNISED, {}))
         if (not self.hinted and self.hint_seconds > 0 and not self.heard and self.first_output is not None
                 and mono - self.first_output >= self.hint_seconds):
             self.hinted = True
             minutes = self.hint_seconds / 60.0
-            said.append(("metrics_unrecognised", {
+            said.append((vocab.EV_METRICS_UNRECOGNISED, {
                 "lines": self.lines, "minutes": minutes,
                 "message": "the job has printed %d lines in %s min and none of them was recognised as a metric: no "
                            "step, no loss in status or heartbeats" % (self.lines, "%g" % minutes),

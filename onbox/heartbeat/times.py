@@ -26,9 +26,9 @@ class AttemptTimes:
     def on_event(self, event: Dict[str, Any]) -> None:
         kind, at = event.get("type"), event.get("time")
         with self._lock:
-            if kind == "state" and event.get("new") == vocab.STARTING and isinstance(at, (int, float)):
+            if kind == vocab.EV_STATE and event.get("new") == vocab.STARTING and isinstance(at, (int, float)):
                 self._pending = float(at)
-            elif kind == "adopted":  # a child an earlier agent set up: when that began is not known here
+            elif kind == vocab.EV_ADOPTED:  # a child an earlier agent set up: when that began is not known here
                 self._pending = None
 
     def block(self, state: Dict[str, Any], attempt: Any) -> Dict[str, Any]:

@@ -16,11 +16,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from onbox import vocab
 
 # Events after which training_status.md says something new (a commit, a failed sync, a restore, ...).
-SUMMARY_EVENTS = {"checkpoint_committed", "sync_failed", "durable_full", "checkpoint_restored", "checkpoint_resume",
-                  "restore_failed", "local_pruned", "final_checkpoint", "final_sync_none", "final_sync_skipped"}
+SUMMARY_EVENTS = {vocab.EV_CHECKPOINT_COMMITTED, vocab.EV_SYNC_FAILED, vocab.EV_DURABLE_FULL,
+                  vocab.EV_CHECKPOINT_RESTORED, vocab.EV_CHECKPOINT_RESUME, vocab.EV_RESTORE_FAILED,
+                  vocab.EV_LOCAL_PRUNED, vocab.EV_FINAL_CHECKPOINT, vocab.EV_FINAL_SYNC_NONE,
+                  vocab.EV_FINAL_SYNC_SKIPPED}
 # A node of a multi-node group that could not start from node 0's checkpoint (onbox/multinode/hooks.py).
-NODE_RESUME_PROBLEMS = {"node_resume_failed", "node_resume_mismatch", "node_resume_fallback"}
-HANG_EVENTS = {"hang_detected", "hang_action", "hang_recovered"}  # onbox/supervisor/hang.py
+NODE_RESUME_PROBLEMS = {vocab.EV_NODE_RESUME_FAILED, vocab.EV_NODE_RESUME_MISMATCH, vocab.EV_NODE_RESUME_FALLBACK}
+HANG_EVENTS = {vocab.EV_HANG_DETECTED, vocab.EV_HANG_ACTION, vocab.EV_HANG_RECOVERED}  # onbox/supervisor/hang.py
 HANG_HINT = ("read the stacks in %s: the frame each process waits in tells which rank or worker is stuck; a hang that "
              "repeats is not fixed by restarting (look for a dead or slow rank, a stuck DataLoader worker, the "
              "interconnect: NCCL_SOCKET_IFNAME, NCCL_DEBUG=INFO)")
@@ -39,7 +41,7 @@ class RunNotes:
     def on_event(self, ev: Dict[str, Any]) -> None:
         kind = ev.get("type")
         with self._lock:
-            if kind == "thread_died":
+            if kind == vocab.EV_THREAD_DIED:
                 key = "thread_died:%s" % ev.get("thread")
                 self._warnings[key] = {"code": "thread_died", "severity": "critical", "at": ev.get("time"),
                                        "thread": ev.get("thread"),
@@ -47,15 +49,15 @@ class RunNotes:
                                            ev.get("what"), ev.get("thread"), ev.get("error")),
                                        "hint": ev.get("hint")}
                 self._state_due = True
-            elif kind == "heartbeat_sink_down":
+            elif kind == vocab.EV_HEARTBEAT_SINK_DOWN:
                 self._warnings["sink_down:%s" % ev.get("sink")] = {
                     "code": "sink_down", "severity": "warning", "at": ev.get("time"), "sink": ev.get("sink"),
                     "message": "heartbeats to %s are failing: %s" % (ev.get("sink"), ev.get("error")),
                     "hint": ev.get("hint")}
                 self._state_due = True
-            elif kind == "heartbeat_sink_up" and self._warnings.pop("sink_down:%s" % ev.get("sink"), None):
+            elif kind == vocab.EV_HEARTBEAT_SINK_UP and self._warnings.pop("sink_down:%s" % ev.get("sink"), None):
                 self._state_due = True
-            elif kind == "run_dir_unwritable":  # onbox/supervisor/records.py
+            elif kind == vocab.EV_RUN_DIR_UNWRITABLE:  # onbox/supervisor/records.py
                 self._warnings["run_dir_unwritable"] = {
                     "code": "run_dir_unwritable", "severity": "critical", "at": ev.get("time"),
                     "message": "the run directory refuses writes (%s: %s, writing %s): the agent supervises on and "
@@ -63,16 +65,16 @@ class RunNotes:
                                % (ev.get("errno"), ev.get("error"), ev.get("what")),
                     "hint": ev.get("hint")}
                 self._state_due = True
-            elif kind == "run_dir_writable" and self._warnings.pop("run_dir_unwritable", None) is not None:
+            elif kind == vocab.EV_RUN_DIR_WRITABLE and self._warnings.pop("run_dir_unwritable", None) is not None:
                 self._state_due = True
             elif kind in HANG_EVENTS:
                 self._hang(kind, ev)
                 self._state_due = True
-            elif kind == "metrics_unrecognised":
+            elif kind == vocab.EV_METRICS_UNRECOGNISED:
                 self._warnings["no_metrics"] = {"code": "no_metrics", "severity": "warning", "at": ev.get("time"),
                                                 "message": ev.get("message"), "hint": ev.get("hint")}
                 self._state_due = True
-            elif kind == "metrics_recognised" and self._warnings.pop("no_metrics", None) is not None:
+            elif kind == vocab.EV_METRICS_RECOGNISED and self._warnings.pop("no_metrics", None) is not None:
                 self._state_due = True
             elif kind in NODE_RESUME_PROBLEMS:
                 self._warnings["node_resume"] = {"code": kind, "severity": "critical", "at": ev.get("time"),
@@ -81,37 +83,37 @@ class RunNotes:
                                                  "hint": "stop the group and relaunch it with a --durable every "
                                                          "node reaches (an rclone remote or a shared mount)"}
                 self._state_due = True
-            elif kind == "checkpoint_unreadable":
+            elif kind == vocab.EV_CHECKPOINT_UNREADABLE:
                 self._warnings["unreadable"] = {
                     "code": "checkpoint_unreadable", "severity": "critical", "at": ev.get("time"),
                     "message": "the newest checkpoint %s cannot be read here (%s): it is not committed, and a "
                                "restart resumes from an older one" % (ev.get("checkpoint"), ev.get("problem")),
                     "hint": "check its permissions and the disk (`ls -l %s`, dmesg for I/O errors)" % ev.get("path")}
                 self._state_due = True
-            elif kind == "checkpoint_readable" and self._warnings.pop("unreadable", None) is not None:
+            elif kind == vocab.EV_CHECKPOINT_READABLE and self._warnings.pop("unreadable", None) is not None:
                 self._state_due = True
-            elif kind == "resume_from_scratch":
+            elif kind == vocab.EV_RESUME_FROM_SCRATCH:
                 self._warnings["from_scratch"] = {
                     "code": "resume_from_scratch", "severity": "critical", "at": ev.get("time"),
                     "message": "the attempt starts from scratch: %s" % ev.get("why"),
                     "hint": "see `onbox checkpoints` and the run's events (checkpoint_refused, restore_verify_failed) "
                             "for why; refused checkpoints are kept whole in <durable>/<run>/quarantine/"}
                 self._state_due = True
-            elif kind == "resume_backwards":  # onbox/telemetry/resumecheck.py: for the rest of the attempt
+            elif kind == vocab.EV_RESUME_BACKWARDS:  # onbox/telemetry/resumecheck.py: for the rest of the attempt
                 from onbox.telemetry import resumecheck
 
                 self._warnings["resume_backwards"] = {
                     "code": "resume_backwards", "severity": "critical", "at": ev.get("time"),
                     "message": resumecheck.describe(ev), "hint": resumecheck.HINT}
                 self._state_due = True
-            elif kind in ("node_resume", "checkpoint_resume") and any(
+            elif kind in (vocab.EV_NODE_RESUME, vocab.EV_CHECKPOINT_RESUME) and any(
                     [self._warnings.pop(k, None) is not None for k in ("node_resume", "from_scratch",
                                                                        "resume_backwards")]):
                 self._state_due = True  # a later attempt started from a checkpoint again
-            elif kind == "requeue":
+            elif kind == vocab.EV_REQUEUE:
                 self._requeue = {"ok": bool(ev.get("ok")), "job_id": ev.get("job_id"),
                                  "detail": ev.get("reason") if ev.get("ok") else ev.get("error")}
-            elif kind == "requeue_skipped":
+            elif kind == vocab.EV_REQUEUE_SKIPPED:
                 self._requeue = {"ok": False, "job_id": ev.get("job_id"), "detail": ev.get("reason")}
             elif kind in SUMMARY_EVENTS:
                 self._status_due = True
@@ -120,7 +122,7 @@ class RunNotes:
         """The `hang` warning: critical from the detection until the trainer reports a step again (then a warning
         that says it came back), naming the stacks file and, once acted on, what was done."""
         peer = ev.get("peer")
-        if kind == "hang_detected" and isinstance(peer, dict):  # a peer's judgement: its warning is the critical one
+        if kind == vocab.EV_HANG_DETECTED and isinstance(peer, dict):  # a peer's judgement: its warning is critical
             self._warnings["hang"] = {
                 "code": "hang", "severity": "critical", "at": ev.get("time"), "stacks": ev.get("stacks"),
                 "message": "attempt %s stopped with its group: node %s judged the group hung (no new step for %.0f s "
@@ -130,7 +132,7 @@ class RunNotes:
                                ev.get("stacks") or ev.get("stacks_problem"), peer.get("node"), peer.get("stacks")),
                 "hint": HANG_HINT % (ev.get("stacks") or "the stacks file")}
             return
-        if kind == "hang_detected":
+        if kind == vocab.EV_HANG_DETECTED:
             self._warnings["hang"] = {
                 "code": "hang", "severity": "critical", "at": ev.get("time"), "stacks": ev.get("stacks"),
                 "message": "attempt %s hung at step %s (%s): no new step and no output for %.0f s, past its bound "
@@ -143,7 +145,7 @@ class RunNotes:
         w = self._warnings.get("hang")
         if w is None:
             return
-        if kind == "hang_action":
+        if kind == vocab.EV_HANG_ACTION:
             w["message"] = "%s; %s" % (w["message"], ev.get("message"))
             w["action"] = ev.get("action")
             if ev.get("peer") is not None and ev.get("state") == vocab.BACKOFF:

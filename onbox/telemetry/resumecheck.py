@@ -50,14 +50,14 @@ class ResumeCheck:
 
     def on_event(self, ev: Mapping[str, Any]) -> None:
         kind = ev.get("type")
-        if kind == "checkpoint_resume":
+        if kind == vocab.EV_CHECKPOINT_RESUME:
             step = _int(ev.get("step"))
             self._restored = None if step is None or step <= 0 else {
                 "restored_step": step, "checkpoint": ev.get("checkpoint"), "path": ev.get("path"),
                 "source": ev.get("source")}
-        elif kind == "phase_started":
+        elif kind == vocab.EV_PHASE_STARTED:
             self._new_phase = True
-        elif kind == "state" and ev.get("new") == vocab.RUNNING:  # an attempt starts: what was restored for it
+        elif kind == vocab.EV_STATE and ev.get("new") == vocab.RUNNING:  # an attempt starts: what was restored for it
             self._armed = None if self._new_phase else self._restored
             self._restored, self._new_phase, self.verdict = None, False, None
             if self._armed is not None:

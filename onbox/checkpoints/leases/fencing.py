@@ -25,7 +25,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from onbox import untrusted
+from onbox import untrusted, vocab
 from onbox.checkpoints import SyncFailed
 from onbox.checkpoints.durable import LEASES_DIR, DurableTarget, hashcopy
 from onbox.checkpoints.leases import (
@@ -193,7 +193,7 @@ class RunLease:
                     raise LeaseRefused("the lease that holds run %s cannot be read: %s" % (run, e),
                                        hint="the file is kept as it is; if the agent that wrote it is gone for "
                                             "good, relaunch with --take-over (the new lease supersedes it)")
-                pending.append(("lease_unreadable", {"lease": prev.name, "problem": str(e), "durable": store.url}))
+                pending.append((vocab.EV_LEASE_UNREADABLE, {"lease": prev.name, "problem": str(e), "durable": store.url}))
             if prev_doc is not None and is_live(prev_doc, now, ttl):
                 mine_dead = not blocks(prev_doc, prev.holder, box, alive, slurm_job, now, ttl)
                 if not mine_dead and not take_over:
@@ -205,7 +205,7 @@ class RunLease:
                              "--take-over (onboxctl keep does once it has declared the box lost)" % (
                                  run, prev_doc["host"]))
                 if not mine_dead:
-                    pending.append(("lease_taken_over", {
+                    pending.append((vocab.EV_LEASE_TAKEN_OVER, {
                         "from_epoch": prev.epoch, "from_holder": prev.holder, "from_host": prev_doc["host"],
                         "renewed_ago_s": round(max(0.0, now - float(prev_doc["renewed_at"])), 3),
                         "warning": "--take-over: the live lease of %s on %s is superseded; that agent is fenced at "
@@ -234,7 +234,7 @@ class RunLease:
                  "previous": None if prev is None else {"epoch": prev.epoch, "holder": prev.holder,
                                                         "host": (prev_doc or {}).get("host")},
                  "base": base[:20], "base_count": len(base)}
-        lease._pending = [*pending, ("lease_taken", taken)]
+        lease._pending = [*pending, (vocab.EV_LEASE_TAKEN, taken)]
         return lease
 
     # -- the run's recorder -----------------------------------------------------------------------------------------
