@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 from controller.boxes.inventory import Box, config_dir
 from controller.boxes.ssh import Ssh
 from onbox import untrusted
+from onbox.clock import Clock, SystemClock
 from onbox.environment import Environment
 from onbox.errors import OnboxError, UnfitError, UsageError
 from onbox.fsutil import atomic_write_json
@@ -224,7 +225,7 @@ def _forward(ssh: Ssh, box: Box, spec: str) -> Tuple[bool, str, Optional[int]]:
 
 
 def open_tunnel(ssh: Ssh, box: Box, tracker_url: str, records: Optional[Records] = None,
-                reopen_only: bool = False) -> Tunnel:
+                reopen_only: bool = False, clock: Optional[Clock] = None) -> Tunnel:
     """Open (or find open) the reverse tunnel from `box`'s 127.0.0.1 to the tracker; returns it, recorded.
 
     A recorded tunnel is re-opened on its recorded box port; a new one gets a port sshd allocates. `reopen_only`
@@ -258,7 +259,7 @@ def open_tunnel(ssh: Ssh, box: Box, tracker_url: str, records: Optional[Records]
             ok, err, allocated = _forward(ssh, box, t.spec())
             if ok:
                 break
-            time.sleep(0.3)
+            (clock or SystemClock()).sleep(0.3)
         if not ok:
             detail = (err.splitlines() or ["ssh exited with an error"])[-1]
             if old is not None:

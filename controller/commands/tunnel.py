@@ -20,6 +20,7 @@ from controller.boxes.tunnel import (
 )
 from controller.commands.params import Seconds
 from onbox.clikit import echo_json
+from onbox.clock import Clock, SystemClock
 from onbox.errors import OnboxError, UnfitError, UsageError
 
 Key = Tuple[str, str]
@@ -154,16 +155,17 @@ def tunnel(boxes: Tuple[str, ...], close: bool, keep: bool, interval: float, as_
                                  ", and the supervisor re-opens it then" if knobs.enabled else ""))
         return
     try:
-        _follow(ssh, inv, records, keys, dict(zip(keys, rows)), interval, knobs, as_json)
+        _follow(ssh, inv, records, keys, dict(zip(keys, rows)), interval, knobs, as_json, SystemClock())
     except KeyboardInterrupt:  # the way --keep ends: the supervisors keep the tunnels up without it
         return
 
 
 def _follow(ssh: Ssh, inv: Inventory, records: Records, keys: List[Key], last: Dict[Key, Dict[str, Any]],
-            interval: float, knobs: WatchKnobs, as_json: bool) -> None:
-    """--keep: look every `interval` seconds, say each change once; until every tunnel is closed."""
+            interval: float, knobs: WatchKnobs, as_json: bool, waits: Clock) -> None:
+    """--keep: look every `interval` seconds (`waits`: the clock seam), say each change once; until every tunnel is
+    closed."""
     while any(r["state"] != "closed" for r in last.values()):
-        time.sleep(interval)
+        waits.sleep(interval)
         changes: List[Tuple[Dict[str, Any], str]] = []
         for k in keys:
             # a tunnel down with no supervisor alive is re-opened here; with one, it does that and this only looks

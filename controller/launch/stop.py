@@ -9,13 +9,13 @@ own bound (its grace plus 30 s) has passed: no ssh session stays open for the le
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable, Dict, List, Optional
 
 from controller.boxes.agent import agent_json, ask, refusal
 from controller.boxes.inventory import Box
 from controller.boxes.ssh import BoxUnreachable, Ssh
 from onbox import vocab
+from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError
 from onbox.untrusted import printable
 
@@ -89,11 +89,10 @@ def ended(doc: Dict[str, Any]) -> bool:
     return doc.get("state") in ENDED and not doc.get("agent_alive")
 
 
-def wait_ended(ssh: Ssh, box: Box, run: str, bound: float, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
+def wait_ended(ssh: Ssh, box: Box, run: str, bound: float, clock: Clock) -> Dict[str, Any]:
     """The run's status once it has ended (state terminal, agent gone), asking every POLL_S; JobFailed after
     `bound` seconds: the request stays with the agent, which still stops the run."""
-    deadline = clock() + bound
+    deadline = clock.monotonic() + bound
     while True:
         try:
             doc = run_status(ssh, box, run)
@@ -102,21 +101,22 @@ def wait_ended(ssh: Ssh, box: Box, run: str, bound: float, clock: Callable[[], f
                                  "out without this connection" % (e.message, run), hint=e.hint)
         if ended(doc):
             return doc
-        if clock() >= deadline:
+        if clock.monotonic() >= deadline:
             raise JobFailed("run %s on %s did not stop within %.0f s (it is %s)" % (run, box.name, bound,
                                                                                   doc.get("state")),
                             hint="the stop request stays and the agent still stops the run: `onboxctl status --box "
                                  "%s`; a stuck trainer: `onboxctl logs %s %s`" % (box.name, box.name, run))
-        sleep(POLL_S)
+        clock.sleep(POLL_S)
 
 
 def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: bool = False,
-             say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic,
-             sleep: Callable[[float], None] = time.sleep, timeout: Optional[float] = None) -> StopReport:
+             say: Callable[[str], None] = lambda line: None, clock: Optional[Clock] = None,
+             timeout: Optional[float] = None) -> StopReport:
     """Ask the agent to stop RUN; with `wait`, wait (bounded: `timeout` seconds, else the agent's own bound plus
     SLACK_S) for the run to end and report how it ended and its newest durable checkpoint. A run without a live
     agent is stopped by `onbox stop` itself: it has ended when the ask returns."""
-    t0 = clock()
+    clock = clock or SystemClock()
+    t0 = clock.monotonic()
     doc = ask_stop(ssh, box, run, grace)
     report = StopReport(box=box.name, run=run, outcome="asked", grace=_num(doc.get("grace")),
                         wait_s=_num(doc.get("wait_s")), state=doc.get("state"))
@@ -126,7 +126,7 @@ def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: 
         say(asked_line(report, waiting=True, bound=timeout))
         bound = timeout if timeout is not None else (
             (report.wait_s if report.wait_s is not None else (grace or 0.0) + 30.0) + SLACK_S)
-        final = wait_ended(ssh, box, run, bound, clock, sleep)
+        final = wait_ended(ssh, box, run, bound, clock)
     else:
         try:
             final = run_status(ssh, box, run)
@@ -141,7 +141,7 @@ def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: 
     report.last_sync = ck.get("last_sync") if isinstance(ck.get("last_sync"), dict) else None
     said = final.get("nothing_committed")
     report.nothing_committed = printable(said)[:2000] if isinstance(said, str) and said else None
-    report.waited_s = round(clock() - t0, 1)
+    report.waited_s = round(clock.monotonic() - t0, 1)
     return report
 
 

@@ -7,20 +7,10 @@ import pytest
 from controller.boxes.inventory import Box
 from controller.boxes.ssh import BoxUnreachable, Result
 from controller.launch import stop as st
+from onbox.clock import FakeClock
 from onbox.errors import JobFailed, UsageError
 
 BOX = Box(name="gpu1", host="h")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 def answer(monkeypatch, doc, rc=0, err=b""):
@@ -72,8 +62,7 @@ def test_wait_polls_status_until_ended_then_names_state_and_newest_durable_check
     running = dict(ENDED, state="stopping", agent_alive=True)
     calls = statuses(monkeypatch, [running, running, dict(ENDED, agent_alive=True), ENDED])
     clock, said = FakeClock(), []
-    rep = st.stop_run(None, BOX, "gpt", wait=True, say=said.append, clock=clock,  # type: ignore[arg-type]
-                      sleep=clock.sleep)
+    rep = st.stop_run(None, BOX, "gpt", wait=True, say=said.append, clock=clock)  # type: ignore[arg-type]
     assert len(calls) == 4 and calls[0] == ["status", "gpt", "--json"]  # ended = terminal AND the agent gone
     assert said == ["gpu1/gpt: stop asked: the trainer checkpoints (grace 30 s), the agent commits and ends the run; "
                     "waiting up to 90 s"]
@@ -89,17 +78,17 @@ def test_wait_is_bounded_by_the_agents_own_wait_and_says_the_request_stays(monke
     calls = statuses(monkeypatch, [dict(ENDED, state="stopping", agent_alive=True)])
     clock = FakeClock()
     with pytest.raises(JobFailed) as e:
-        st.stop_run(None, BOX, "gpt", wait=True, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+        st.stop_run(None, BOX, "gpt", wait=True, clock=clock)  # type: ignore[arg-type]
     assert e.value.message == "run gpt on gpu1 did not stop within 35 s (it is stopping)"
     assert "the stop request stays and the agent still stops the run" in (e.value.hint or "")
-    assert clock.t == 35.0 and len(calls) == 36
+    assert sum(clock.sleeps) == 35.0 and len(calls) == 36
 
 
 def test_a_box_lost_while_waiting_says_the_stop_was_asked(monkeypatch):
     answer(monkeypatch, ASKED)
     statuses(monkeypatch, [BoxUnreachable("cannot reach box gpu1 (h): Connection timed out", hint="check it")])
     with pytest.raises(BoxUnreachable) as e:
-        st.stop_run(None, BOX, "gpt", wait=True, sleep=lambda s: None)  # type: ignore[arg-type]
+        st.stop_run(None, BOX, "gpt", wait=True, clock=FakeClock())  # type: ignore[arg-type]
     assert e.value.exit_code == 3
     assert e.value.message.startswith("cannot reach box gpu1 (h): Connection timed out, while waiting for run gpt")
     assert "the stop was asked" in e.value.message
