@@ -26,8 +26,11 @@ from controller.tracker.runview import (
     rows_from_tracker,
 )
 from onbox.clikit import echo_json
+from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.untrusted import printable
+
+WAITS: Clock = SystemClock()  # the clock seam of `status --watch`'s interval (a test passes a FakeClock)
 
 
 def box_rows(ssh: Ssh, box: Box) -> List[RunRow]:
@@ -185,7 +188,7 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
                 raise UnfitError("%d box(es) did not answer: %s" % (len(problems), "; ".join(problems)),
                                  hint="check the box is up (`ssh BOX true`); its job may still be running")
             return
-        time.sleep(interval)
+        WAITS.sleep(interval)
 
 
 @click.command("logs")
