@@ -48,6 +48,25 @@ STOP_ASKED = "asked"  # the live agent has the request
 STOP_STOPPED = "stopped"  # the run stopped (--wait)
 STOP_ALREADY_ENDED = "already_ended"
 STOP_NOTHING = "nothing_to_stop"  # no live agent and no live trainer
+STOP_OUTCOMES = (STOP_ASKED, STOP_STOPPED, STOP_ALREADY_ENDED, STOP_NOTHING)
+
+# How an attempt's exit is classified (an `exit` event's and state.json's `classification`): onbox/supervisor/exits.py
+# tells them and holds what each means; the crash-loop alert, the keeper and onboxctl stop read them.
+EXIT_SUCCESS = "success"
+EXIT_FAILED = "failed"  # a non-zero exit code, its cause not recognised
+EXIT_SIGNALED = "signal"  # killed by a signal, its cause not recognised
+EXIT_HOST_OOM, EXIT_CUDA_OOM = "host_oom", "cuda_oom"
+EXIT_NCCL_TIMEOUT, EXIT_NCCL_ERROR = "nccl_timeout", "nccl_error"
+EXIT_DISK_FULL, EXIT_GPU_ERROR = "disk_full", "gpu_error"
+EXIT_NO_GPU_RUNTIME = "no_gpu_runtime"  # a container job: docker cannot give the container GPUs
+EXIT_PREEMPTED, EXIT_STOPPED = "preempted", "stopped"
+EXIT_SESSION_LIMIT = "session_limit"  # the run's deadline: stopped in time, a relaunch continues
+EXIT_FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer
+EXIT_UNKNOWN = "unknown"  # the exit status cannot be known (an adopted child whose keeper was killed)
+EXIT_HUNG = "hung"  # no step, no output, no checkpoint write past its bound: the agent stopped it
+EXIT_CLASSES = (EXIT_SUCCESS, EXIT_FAILED, EXIT_SIGNALED, EXIT_HOST_OOM, EXIT_CUDA_OOM, EXIT_NCCL_TIMEOUT,
+                EXIT_NCCL_ERROR, EXIT_DISK_FULL, EXIT_GPU_ERROR, EXIT_NO_GPU_RUNTIME, EXIT_PREEMPTED, EXIT_STOPPED,
+                EXIT_SESSION_LIMIT, EXIT_FENCED, EXIT_UNKNOWN, EXIT_HUNG)
 
 # The `schema` ids of the documents onbox and onboxctl write (state files, `--json` output) and read back: a reader
 # refuses a document whose schema is not the one it knows.

@@ -118,9 +118,9 @@ def stop_run(ssh: Ssh, box: Box, run: str, grace: Optional[float] = None, wait: 
     clock = clock or SystemClock()
     t0 = clock.monotonic()
     doc = ask_stop(ssh, box, run, grace)
-    report = StopReport(box=box.name, run=run, outcome="asked", grace=_num(doc.get("grace")),
+    report = StopReport(box=box.name, run=run, outcome=vocab.STOP_ASKED, grace=_num(doc.get("grace")),
                         wait_s=_num(doc.get("wait_s")), state=doc.get("state"))
-    if doc.get("outcome") == "asked":
+    if doc.get("outcome") == vocab.STOP_ASKED:
         if not wait:
             return report
         say(asked_line(report, waiting=True, bound=timeout))
@@ -192,5 +192,5 @@ def ended_lines(r: StopReport) -> List[str]:
 
 
 def render(r: StopReport) -> str:
-    lines = [asked_line(r)] if r.outcome == "asked" else ended_lines(r)
+    lines = [asked_line(r)] if r.outcome == vocab.STOP_ASKED else ended_lines(r)
     return "\n".join(lines) + "\n"

@@ -78,7 +78,7 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     from onbox import paths
     from onbox.commands.run import say_warnings
     from onbox.launch.plan import prepare
-    from onbox.queue.journal import REMOVED
+    from onbox.queue.journal import PENDING, REMOVED
     from onbox.subsystems import preflight
 
     if foreground or resume_existing:
@@ -111,7 +111,7 @@ def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
         journal.append(record)
     runner = _runner_doc(journal)
     if as_json:
-        echo_json({"id": next_id, "name": cfg.name, "state": "pending", "runner_alive": runner.get("alive")})
+        echo_json({"id": next_id, "name": cfg.name, "state": PENDING, "runner_alive": runner.get("alive")})
     else:
         click.echo("queued %d %s (%s)" % (next_id, cfg.name, "the running queue starts it in its turn"
                                           if runner.get("alive") else "start the queue with `onbox queue run`"))

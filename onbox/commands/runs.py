@@ -355,13 +355,13 @@ def stop(name: str, grace: Optional[float], wait: bool, timeout: Optional[float]
     plan = prepare_stop(rd, grace, wait, timeout, corrupt_hint(rd))
     done = stop_run(plan, warn=lambda line: click.echo("onbox: warning: %s" % line, err=True))
     if as_json:
-        extra = {"grace": done.grace, "wait_s": done.wait_s} if done.outcome == "asked" else {}
+        extra = {"grace": done.grace, "wait_s": done.wait_s} if done.outcome == vocab.STOP_ASKED else {}
         echo_json(_stop_doc(done.state, done.outcome, **extra))
-    elif done.outcome == "already_ended":
+    elif done.outcome == vocab.STOP_ALREADY_ENDED:
         echo_line("%s is already %s" % (name, done.state.get("state")))
-    elif done.outcome == "nothing_to_stop":
+    elif done.outcome == vocab.STOP_NOTHING:
         echo_line("%s has no live agent and no live child; nothing to stop" % name)
-    elif done.outcome == "asked":
+    elif done.outcome == vocab.STOP_ASKED:
         echo_line("%s: stop asked (grace %g s); `onbox status %s` follows it" % (name, done.grace or 0.0, name))
     else:
         echo_line("%s: %s" % (name, done.state.get("state")))

@@ -14,6 +14,7 @@ import math
 import os
 from typing import Any, Callable, Dict, Optional
 
+from onbox import vocab
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.supervisor.rundir import RunDir
@@ -66,7 +67,7 @@ def stop(plan: StopPlan, clock: Optional[Clock] = None,
     clock = clock or SystemClock()
     rd, state, grace = plan.rd, plan.state, plan.grace
     if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
-        return StopOutcome("already_ended", state)
+        return StopOutcome(vocab.STOP_ALREADY_ENDED, state)
     written = _write_stop_request(rd, grace, clock, warn)
     lock = detach.RunLock(rd.lock_path)
     if _take_lock(rd, lock):  # no live agent: stop the orphaned child ourselves, through the same supervisor path
@@ -75,8 +76,8 @@ def stop(plan: StopPlan, clock: Optional[Clock] = None,
             if child is None:
                 _drop_stop_request(rd, written)
                 now = rd.read_state() or state  # an agent that ended a moment ago has recorded how the run ended
-                return StopOutcome("already_ended" if now.get("state") in detach.TERMINAL else "nothing_to_stop",
-                                   now)
+                ended = now.get("state") in detach.TERMINAL
+                return StopOutcome(vocab.STOP_ALREADY_ENDED if ended else vocab.STOP_NOTHING, now)
             from onbox import subsystems
 
             detach.stop_without_agent(rd, child, subsystems.make_hooks, grace, written)
@@ -87,7 +88,8 @@ def stop(plan: StopPlan, clock: Optional[Clock] = None,
             _signal_stop(rd, state, grace, warn)
         effective = effective_grace(rd, grace if written else None)  # a signal carries no --grace
         if not plan.wait:  # the live agent has the request (or the signal): it stops the run on its own
-            return StopOutcome("asked", rd.read_state() or state, grace=effective, wait_s=effective + STOP_MARGIN)
+            return StopOutcome(vocab.STOP_ASKED, rd.read_state() or state, grace=effective,
+                               wait_s=effective + STOP_MARGIN)
         _wait_for_agent(rd, lock, plan.timeout if plan.timeout is not None else effective + STOP_MARGIN, written,
                         clock)
     final = rd.read_state() or {}
@@ -95,7 +97,7 @@ def stop(plan: StopPlan, clock: Optional[Clock] = None,
         raise JobFailed("run %s: its agent has ended but the final state is not recorded (state.json still says %s)%s"
                         % (rd.name, final.get("state"), "; " + (detach.records_problem(rd, final, False) or "")),
                         hint="`onbox status %s` and its agent.log tell more" % rd.name)
-    return StopOutcome("stopped", final)
+    return StopOutcome(vocab.STOP_STOPPED, final)
 
 
 def _wait_for_agent(rd: RunDir, lock: Any, bound: float, written: bool, clock: Clock) -> None:

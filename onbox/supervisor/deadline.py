@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-SESSION_LIMIT = "session_limit"  # the notice's source and the exit's classification
+from onbox import vocab
+
+SESSION_LIMIT = vocab.EXIT_SESSION_LIMIT  # the notice's source and the exit's classification
 
 
 class SessionDeadline:

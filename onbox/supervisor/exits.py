@@ -9,24 +9,27 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from onbox import vocab
 from onbox.proc import ExitStatus, signal_name
 
-SUCCESS = "success"
-FAILED = "failed"  # non-zero exit code, cause not recognised
-SIGNALED = "signal"  # killed by a signal, cause not recognised
-HOST_OOM = "host_oom"
-CUDA_OOM = "cuda_oom"
-NCCL_TIMEOUT = "nccl_timeout"
-NCCL_ERROR = "nccl_error"
-DISK_FULL = "disk_full"
-GPU_ERROR = "gpu_error"
-NO_GPU_RUNTIME = "no_gpu_runtime"  # a container job: docker cannot give the container GPUs (exit 125 at start)
-PREEMPTED = "preempted"
-STOPPED = "stopped"
-SESSION_LIMIT = "session_limit"  # the run's deadline (supervisor/deadline.py): stopped in time, a relaunch continues
-FENCED = "fenced"  # a newer lease holds the run: the agent stopped its own trainer (its work continues elsewhere)
-UNKNOWN = "unknown"  # the exit status cannot be known: an adopted child whose keeper was killed (supervisor/shim.py)
-HUNG = "hung"  # no step, no output, no checkpoint write past its bound: the agent stopped it (supervisor/hang.py)
+# The classifications are the run's vocabulary (onbox/vocab.py: the crash-loop alert, the keeper and onboxctl
+# read them); named here as the supervisor has always named them.
+SUCCESS = vocab.EXIT_SUCCESS
+FAILED = vocab.EXIT_FAILED  # non-zero exit code, cause not recognised
+SIGNALED = vocab.EXIT_SIGNALED  # killed by a signal, cause not recognised
+HOST_OOM = vocab.EXIT_HOST_OOM
+CUDA_OOM = vocab.EXIT_CUDA_OOM
+NCCL_TIMEOUT = vocab.EXIT_NCCL_TIMEOUT
+NCCL_ERROR = vocab.EXIT_NCCL_ERROR
+DISK_FULL = vocab.EXIT_DISK_FULL
+GPU_ERROR = vocab.EXIT_GPU_ERROR
+NO_GPU_RUNTIME = vocab.EXIT_NO_GPU_RUNTIME  # a container job: docker cannot give the container GPUs (exit 125)
+PREEMPTED = vocab.EXIT_PREEMPTED
+STOPPED = vocab.EXIT_STOPPED
+SESSION_LIMIT = vocab.EXIT_SESSION_LIMIT  # the run's deadline (supervisor/deadline.py): a relaunch continues
+FENCED = vocab.EXIT_FENCED  # a newer lease holds the run: the agent stopped its own trainer
+UNKNOWN = vocab.EXIT_UNKNOWN  # the exit status cannot be known: an adopted child whose keeper died (shim.py)
+HUNG = vocab.EXIT_HUNG  # no step, no output, no checkpoint write past its bound: the agent stopped it (hang.py)
 # failures that no restart can mend (the host must be changed first): the run fails at the first one, with its fix,
 # instead of spending its backoffs and restarts on the same refusal
 RESTART_CANNOT_FIX = frozenset({NO_GPU_RUNTIME})

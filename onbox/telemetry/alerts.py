@@ -310,7 +310,8 @@ def _resume_alert(verdict: Mapping[str, Any]) -> Alert:
                  {k: verdict.get(k) for k in ("attempt", "restored_step", "first_step", "checkpoint")})
 
 
-NOT_FAILURES = ("success", vocab.PREEMPTED, vocab.STOPPED, vocab.FENCED, "unknown")  # exit classifications
+NOT_FAILURES = (vocab.EXIT_SUCCESS, vocab.EXIT_PREEMPTED, vocab.EXIT_STOPPED, vocab.EXIT_FENCED,
+                vocab.EXIT_UNKNOWN)  # exit classifications
 
 
 def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[Alert]:
@@ -328,9 +329,9 @@ def crash_loop(state: Optional[Mapping[str, Any]], threshold: int) -> Optional[A
         c = ex.get("classification")
         if c in NOT_FAILURES:
             return None
-        if c == vocab.FAILED:
+        if c == vocab.EXIT_FAILED:
             keys.append("failed (exit %s)" % ex.get("code"))
-        elif c == "signal":
+        elif c == vocab.EXIT_SIGNALED:
             keys.append("signal %s" % (ex.get("signal_name") or ex.get("signal")))
         else:
             keys.append(str(c))

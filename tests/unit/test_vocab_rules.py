@@ -41,7 +41,16 @@ SCHEMA_ID = re.compile(r"onbox(ctl)?\.[a-z0-9_.]+/[0-9]+")
 VOCAB = os.path.join("onbox", "vocab.py")
 KEEPER = os.path.join("controller", "keeper") + os.sep
 EMITS = ("emit", "_emit", "_say")  # the agent's: (type, **fields); the keeper's: (keep, kind, text, **fields)
-TYPE_KEYS = ("type", "kind")  # an event's type: `type` in events.jsonl, `kind` in the keeper's and the tracker's
+# A field read whose value is a word of a vocabulary (its key: `doc.get(KEY)`, `doc[KEY]`, and for the last two
+# `obj.KEY`), the words, and how a literal compared with it is reported. An event's type is `type` in events.jsonl,
+# `kind` in the keeper's record and the tracker's events.
+EXIT_WORDS = frozenset(vocab.EXIT_CLASSES)
+STOP_WORDS = frozenset(vocab.STOP_OUTCOMES)
+READS: Dict[str, Tuple[FrozenSet[str], str]] = {
+    "type": (EVENT_WORDS, "compared as an event type"), "kind": (EVENT_WORDS, "compared as an event type"),
+    "classification": (EXIT_WORDS, "compared as an exit's classification"),
+    "outcome": (STOP_WORDS, "compared as onbox stop's outcome")}
+ATTRIBUTE_READS = ("classification", "outcome")
 # Files that may spell a word of the vocabulary, each with why.
 ALLOWED: Dict[str, str] = {
     os.path.join("controller", "kaggle", "kernel_main.py"):
@@ -51,7 +60,7 @@ ALLOWED: Dict[str, str] = {
 }
 _IGNORED = (ast.Name, ast.Load, ast.Store, ast.arg, ast.keyword, ast.BinOp, ast.Subscript)  # nothing to judge
 UNKNOWN_EVENT = "emitted, not in onbox/vocab.py's %s"
-COMPARED_EVENT = "compared as an event type"
+COMPARED_EVENT = READS["type"][1]
 
 
 def _words(node: ast.AST) -> List[ast.Constant]:
@@ -64,17 +73,20 @@ def _words(node: ast.AST) -> List[ast.Constant]:
     return []
 
 
-def _reads_type(node: ast.AST, names: Set[str]) -> bool:
-    """`x.get("type")`, `x["kind"]`, or a name bound from such a read."""
+def _read_key(node: ast.AST, names: Dict[str, str]) -> str:
+    """The key of READS that `node` reads (`x.get("type")`, `x["kind"]`, `r.outcome`, or a name bound from such a
+    read), else ""."""
     if isinstance(node, ast.Name):
-        return node.id in names
+        return names.get(node.id, "")
+    if isinstance(node, ast.Attribute):
+        return node.attr if node.attr in ATTRIBUTE_READS else ""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
         key = node.args[0] if node.args else None
     elif isinstance(node, ast.Subscript):
         key = node.slice
     else:
-        return False
-    return isinstance(key, ast.Constant) and key.value in TYPE_KEYS
+        return ""
+    return key.value if isinstance(key, ast.Constant) and key.value in READS else ""
 
 
 def _bound_names(target: ast.AST, value: ast.AST) -> List[Tuple[str, ast.AST]]:
@@ -87,11 +99,11 @@ def _bound_names(target: ast.AST, value: ast.AST) -> List[Tuple[str, ast.AST]]:
     return []
 
 
-def _event_words(node: ast.AST) -> List[ast.Constant]:
-    """The event words a literal is or holds (a tuple, list or set's elements, a dict's keys)."""
+def _vocab_words(node: ast.AST, words: FrozenSet[str]) -> List[ast.Constant]:
+    """The `words` a literal is or holds (a tuple, list or set's elements, a dict's keys)."""
     elts = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(
         node, (ast.Tuple, ast.List, ast.Set)) else [node]
-    return [e for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in EVENT_WORDS]
+    return [e for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in words]
 
 
 def _call_name(node: ast.Call) -> str:
@@ -119,7 +131,7 @@ def scan(source: str, where: str = "<source>") -> Scan:
     found: Dict[int, Tuple[int, str, str]] = {}
     emitted: Set[str] = set()
     named: Set[str] = set()
-    type_names: Set[str] = set()
+    read_names: Dict[str, str] = {}  # a name bound from a read of READS: its key
     compares: List[ast.Compare] = []
 
     def add(nodes: List[ast.Constant], how: str) -> None:
@@ -183,16 +195,18 @@ def scan(source: str, where: str = "<source>") -> Scan:
                 add(keys, "a key of a table of states")
         elif kind is ast.Assign:
             for target in node.targets:
-                type_names.update(name for name, v in _bound_names(target, node.value) if _reads_type(v, set()))
+                read_names.update((name, key) for name, v in _bound_names(target, node.value)
+                                  for key in [_read_key(v, {})] if key)
 
-    for node in compares:  # an event's type read, compared with a spelling of the type
+    for node in compares:  # a read of an event's type (an exit's classification, ...) compared with a spelling
         operands = [node.left, *node.comparators]
-        if not any(_reads_type(o, type_names) for o in operands):
-            continue
-        for o in operands:
-            literal = consts.get(o.id) if isinstance(o, ast.Name) else o  # a module's set or table of types
-            if literal is not None and not _reads_type(o, type_names):
-                add(_event_words(literal), COMPARED_EVENT)
+        keys = [_read_key(o, read_names) for o in operands]
+        for key in filter(None, keys):
+            words, how = READS[key]
+            for o, other in zip(operands, keys):
+                literal = consts.get(o.id) if isinstance(o, ast.Name) else o  # a module's set or table of them
+                if literal is not None and not other:
+                    add(_vocab_words(literal, words), how)
     return Scan(sorted(found.values()), frozenset(emitted), frozenset(named))
 
 
@@ -369,3 +383,20 @@ def on_event(ev, cur, op, doc):
         pass
 '''
     assert spellings(clean) == []
+
+
+def test_the_checker_catches_a_classification_or_a_stop_outcome_compared_outside_the_vocabulary():
+    planted = '''
+def said(done, ex, result):
+    c = ex.get("classification")
+    if c == "signal" or result.classification in ("cuda_oom", "hung") or done.outcome == "already_ended":
+        pass
+    if ex["outcome"] != "asked" or c == vocab.EXIT_FENCED or done.outcome == vocab.STOP_ASKED:
+        pass
+    if d.outcome == "terminated by SIGTERM" or ex.get("signal") == "SIGKILL":   # words of no vocabulary here
+        pass
+'''
+    exit_how, stop_how = READS["classification"][1], READS["outcome"][1]
+    assert spellings(planted) == [
+        (4, "already_ended", stop_how), (4, "cuda_oom", exit_how), (4, "hung", exit_how), (4, "signal", exit_how),
+        (6, "asked", stop_how)]
