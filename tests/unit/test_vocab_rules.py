@@ -400,3 +400,18 @@ def said(done, ex, result):
     assert spellings(planted) == [
         (4, "already_ended", stop_how), (4, "cuda_oom", exit_how), (4, "hung", exit_how), (4, "signal", exit_how),
         (6, "asked", stop_how)]
+
+
+def test_the_dashboards_keeper_kinds_are_the_keepers():
+    """The dashboard (JavaScript, which cannot import vocab) marks the keeper's events by kind: each kind it names
+    is one the keeper writes."""
+    with open(os.path.join(REPO_ROOT, "controller", "tracker", "static", "dashboard.js"), encoding="utf-8") as f:
+        js = f.read()
+    def table(name: str) -> str:
+        m = re.search(r"var %s = ([\[{].*?[\]}]);" % name, js, re.S)
+        assert m, name
+        return m.group(1)
+
+    kinds = set(re.findall(r"([a-z_]+):", table("KEEPER_MARKS")))  # its keys
+    kinds |= set(re.findall(r'"([a-z_]+)"', table("RECOVERY_KINDS")))
+    assert len(kinds) >= 10 and kinds - set(vocab.KEEPER_EVENTS) == set()
