@@ -28,10 +28,11 @@ with open(out, "w") as f:
     json.dump(loaded, f)
 """
 CLI = {"onbox", "onbox.cli", "onbox.commands", "onbox.clikit", "onbox.errors"}
-# What reading run directories needs: the state, the pid + start time check, the run's lock.
+# What reading run directories needs: the state (its words from the vocabulary, a leaf), the pid + start time check,
+# the run's lock.
 STATUS = CLI | {"onbox.commands.runs", "onbox.paths", "onbox.environment", "onbox.fsutil", "onbox.untrusted",
                 "onbox.proc", "onbox.clock", "onbox.supervisor", "onbox.supervisor.detach", "onbox.supervisor.rundir",
-                "onbox.supervisor.state"}
+                "onbox.supervisor.state", "onbox.vocab"}
 # Heavy or never needed to print a version, help or a status (click's help formatter imports shutil itself).
 NEVER = {"subprocess", "tempfile", "socket", "requests", "psutil", "urllib3", "pynvml", "tomllib", "tomli"}
 CASES = [
