@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pty
 import shutil
 import signal
 import subprocess
@@ -23,32 +22,9 @@ from controller.results.pull import PARTIAL_DIR, PullsRecord, Transfer, pull_run
 from onbox.errors import JobFailed
 from tests.conftest import default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters
+from tests.hosts.terminal import down_on_a_terminal
 
 pytestmark = pytest.mark.integration
-
-
-def typed_back(env, box, answer):
-    """Run `onboxctl down BOX` on a pseudo-terminal and type `answer` at the prompt; (exit code, screen)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "controller", "down", box], env=env, stdin=slave, stdout=slave,
-                         stderr=slave)
-    os.close(slave)
-    screen = b""
-    deadline = time.monotonic() + 60
-    while b"deletes nothing on the box" not in screen and time.monotonic() < deadline:
-        screen += os.read(master, 4096)
-    os.write(master, answer.encode())
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO once the child has closed the terminal
-            break
-        if not chunk:
-            break
-        screen += chunk
-    rc = p.wait(timeout=60)
-    os.close(master)
-    return rc, screen.decode("utf-8", "replace")
 
 
 def _read(path):
@@ -269,8 +245,8 @@ def test_pull_interrupted_resumes_then_gate_allows(sshd_box, ctl, tmp_path, onbo
     assert r.returncode == 0, r.stderr
     assert "Gate passed" in r.stdout.decode() and "Meter stop" in r.stdout.decode()
     # on a terminal the box name must be typed back: a wrong name does nothing, the right one passes
-    assert typed_back(ctl, "b1", "b2\n")[0] == 2
-    rc, screen = typed_back(ctl, "b1", "b1\n")
+    assert down_on_a_terminal(ctl, "b1", "b2")[0] == 2
+    rc, screen = down_on_a_terminal(ctl, "b1", "b1")
     assert rc == 0 and "Type the box name (b1)" in screen and "Gate passed" in screen
 
     # a new commit on the box after the pull: the gate refuses again

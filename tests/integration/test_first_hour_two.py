@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shutil
 import signal
@@ -15,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import pytest
 
 from tests.conftest import default_sigint, subprocess_env
 from tests.hosts.sshd_box import close_masters
+from tests.hosts.terminal import down_on_a_terminal
 from tests.polling import wait_for
 from tests.processes import kill_exact
 
@@ -252,31 +252,6 @@ def test_a_refusal_says_refused_and_a_run_never_started_is_not_named(netns_box, 
 
 
 # -- 5. `down`'s prompt says what typing the name does --------------------------------------------------------------
-def down_on_a_terminal(env: Dict[str, str], box: str, answer: str) -> Tuple[int, str]:
-    """`onboxctl down BOX` on a pseudo-terminal, `answer` typed at its prompt: (exit code, the screen)."""
-    leader, follower = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "controller", "down", box], env=env, stdin=follower, stdout=follower,
-                         stderr=follower)
-    os.close(follower)
-    screen = b""
-    while b"Type the box name" not in screen or not screen.endswith(b": "):  # the prompt, whole
-        chunk = os.read(leader, 4096)
-        assert chunk, screen
-        screen += chunk
-    os.write(leader, (answer + "\n").encode())
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO once the child has closed the terminal
-            break
-        if not chunk:
-            break
-        screen += chunk
-    rc = p.wait(timeout=60)
-    os.close(leader)
-    return rc, screen.decode("utf-8", "replace")
-
-
 def test_down_says_what_typing_the_box_name_does(netns_box, ctl_env, onbox_pyz):
     r = add_box(ctl_env, "b1", netns_box, "--profile", "runpod")
     assert r.returncode == 0, r.stderr
