@@ -5,13 +5,15 @@ clock seam, waking early when a run's beats are about to turn late (its box is t
 A pass:
   1. the records, and the tracker's beats (one request per tracker)
   2. every box of every run that is not recovering is asked at once (probes.py: a bounded pool; a probe still out
-     is taken by a later pass; a box in doubt that has not answered within --suspect-timeout is `silent`)
+     is taken by a later pass; a box in doubt that has not answered within --suspect-timeout is `silent`, and a
+     probe already out that long is not waited for again)
   3. the keeper's sight (sight.py): too few boxes answered and no tracker beyond this machine: it is blind, and
      declares nothing lost
   4. each observed run judged (watch.py), in turn: cheap, no remote call but what a same-box relaunch needs
   5. every open recovery advanced, all at once, each in a thread of its own (its own record and phases; spares are
-     handed out once, under the Recoverer's lock); a recovery still under way when its pass ends (a provision
-     command renting a box) goes on, and its run is left out of the passes until it returns
+     handed out once, under the Recoverer's lock), a run declared lost at once, not after the other runs'
+     judgements; a recovery still under way when its pass ends (a provision command renting a box) goes on, and
+     its run is left out of the passes until it returns
 `tick(wait=None)` (tests, `keep --once`) waits for every probe and recovery; `run()` waits --suspect-timeout for
 the probes and not at all for the recoveries.
 
@@ -132,14 +134,20 @@ class Keeper:
         for pairs in keys.values():
             for box, run in pairs:
                 self.probes.ask(box, run)
-        self.probes.wait([k for pairs in keys.values() for k in pairs], None if wait is None else self.suspect_timeout)
+        now = self.clock.time()
+        doubt = {rec.run: keep.state == KeepState.SUSPECT or any(
+            beats.get(run, Beats()).late(now + self.suspect_timeout) for _, run in keys[rec.run]) for rec, keep in looking}
+        # a box in doubt whose probe has been out for --suspect-timeout already reads as silent: not waited for again
+        self.probes.wait([k for run, pairs in keys.items() for k in pairs
+                          if not doubt[run] or wait is None or self.probes.left(*k, self.suspect_timeout) > 0],
+                         None if wait is None else self.suspect_timeout)
         answers: Dict[str, Tuple[List[Observation], float]] = {}
         now = self.clock.time()
-        for rec, keep in looking:
-            doubt = keep.state == KeepState.SUSPECT or any(
+        for rec, _ in looking:
+            doubt[rec.run] = doubt[rec.run] or any(
                 beats.get(run, Beats()).late(now + self.suspect_timeout) for _, run in keys[rec.run])
-            taken = [self.probes.take(box, run, self.suspect_timeout if doubt else None,
-                                      give_up=doubt and wait is not None) for box, run in keys[rec.run]]
+            taken = [self.probes.take(box, run, self.suspect_timeout if doubt[rec.run] else None,
+                                      give_up=doubt[rec.run] and wait is not None) for box, run in keys[rec.run]]
             if all(t is not None for t in taken):  # else: still being asked, judged once it answers
                 answers[rec.run] = ([t[0] for t in taken if t], min(t[1] for t in taken if t))
         if beats and any(not o.reached for obs, _ in answers.values() for o in obs):
@@ -161,13 +169,11 @@ class Keeper:
                     self.clock.sleep(max(0.0, held[rec.run] - self.clock.time()))
                 obs, asked = answers[rec.run]
                 self.watch.judge(rec, keep, obs, [beats.get(run, Beats()) for _, run in keys[rec.run]], asked, blind)
+                self._recover(rec, keep, loaded, blind)  # at once: not after the held runs' judgements
         self._watched = [rec for rec, _ in active]
         self._due = {run: b for run, b in beats.items() if not b.late(self.clock.time() + self.suspect_timeout)}
         for rec, keep in active:
-            if keep.state == KeepState.RECOVERING and not (blind and keep.current and keep.current.kind == "elsewhere"):
-                self._busy[rec.run] = (self._tasks.submit(self._advance, rec, keep, _in_use(loaded, rec.run,
-                                                                                             self.clock.time())),
-                                       keep, keep.state)
+            self._recover(rec, keep, loaded, blind)
         if wait is None:
             concurrent.futures.wait([f for f, _, _ in self._busy.values()])
         self._collect(report)
@@ -177,6 +183,16 @@ class Keeper:
         report.runs = [summary(rec, keep) for rec, keep in loaded]
         self._report = None
         return report
+
+    def _recover(self, rec: LaunchRecord, keep: RunKeep, loaded: List[Tuple[LaunchRecord, RunKeep]],
+                 blind: Optional[str]) -> None:
+        """The run's open recovery advanced in a thread of its own (once per pass; while blind, none elsewhere)."""
+        if rec.run in self._busy or keep.state != KeepState.RECOVERING or (
+                blind and keep.current and keep.current.kind == "elsewhere"):
+            return
+        self._busy[rec.run] = (self._tasks.submit(self._advance, rec, keep, _in_use(loaded, rec.run,
+                                                                                     self.clock.time())),
+                               keep, keep.state)
 
     def _beats(self, recs: List[LaunchRecord]) -> Dict[str, Beats]:
         """The tracker's word on `recs`, each stamped with when it was read (an `ok` beat's age goes on from then)."""

@@ -345,7 +345,7 @@ class World:
             return launch_group(self.ssh, list(boxes), rec.command, rec.run, args, workdir=rec.workdir,
                                 timeout=rec.timeout, onbox_env=rec.onbox_env, tunnel_to=tunnel_to)
         return [launch(self.ssh, boxes[0], rec.command, rec.run, args, rec.workdir, rec.timeout, rec.onbox_env,
-                       tunnel_to)]
+                       tunnel_to, probe_after=False)]  # recovery.py asks the box itself, when it needs to
 
 
 def _obj(v: Any) -> Dict[str, Any]:

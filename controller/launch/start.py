@@ -99,10 +99,12 @@ def parse_json_tail(text: str) -> Dict[str, Any]:
 def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequence[str] = (),
            workdir: Optional[str] = None, timeout: float = 60.0,
            onbox_env: Optional[Dict[str, str]] = None, tunnel_to: Optional[str] = None,
-           stdin: Optional[bytes] = None) -> LaunchResult:
+           stdin: Optional[bytes] = None, probe_after: bool = True) -> LaunchResult:
     """Start one supervised run on `box`; never waits for the job itself. `tunnel_to`: a tracker URL this
     machine reaches; the box gets a reverse tunnel to it and the agent the tunnel's 127.0.0.1 URL. `stdin`: bytes
-    for `onbox run`'s stdin (a node group's document: its key never goes into an argv)."""
+    for `onbox run`'s stdin (a node group's document: its key never goes into an argv). Without `probe_after` the
+    state is the one `onbox run` reported, not asked again (the keeper: a python start less on a box that is
+    starting its trainer)."""
     t0 = time.monotonic()
     res = LaunchResult(box=box.name, name=name, ok=False)
     onbox_env = dict(onbox_env or {})
@@ -138,7 +140,7 @@ def launch(ssh: Ssh, box: Box, cmd: Sequence[str], name: str, onbox_args: Sequen
             raise JobFailed("onbox run on %s did not start %s: %s" % (box.name, res.name, doc.get("error")),
                             hint="see `onboxctl logs %s %s`" % (box.name, res.name))
         # the probe is its own call (U4)
-        res.state = probe(ssh, box, home, res.name) or doc.get("state")
+        res.state = (probe(ssh, box, home, res.name) if probe_after else None) or doc.get("state")
         res.ok = True
         if tun is not None and res.tunnel is not None:  # the run is there: keep its tunnel up from now on
             from controller.boxes.tunnel import Records, start_supervisor

@@ -69,6 +69,65 @@ def _fleet(root: str, pyz: str, n: int, spares: int) -> Tuple[Any, Any, Any, Lis
     return made, tracker, rig, runs
 
 
+CPU_KINDS = ("keeper", "ssh masters", "boxes' sshd + onbox commands", "agents", "trainers", "tracker")
+
+
+def _cpu(keeper: int) -> Dict[Tuple[int, int], Tuple[str, float]]:
+    """Every process: (pid, start) -> (its kind, CPU seconds it and its reaped children used). Kinds: the keeper (its
+    ssh clients are reaped into it), its ssh masters, what runs under the boxes' sshd (the onbox commands the
+    keeper and `onboxctl` ask, rsync, the shells), the boxes' agents and trainers, the tracker; the rest is
+    `other` (this machine's other work)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    root_ns = os.readlink("/proc/self/ns/net")
+    out: Dict[Tuple[int, int], Tuple[str, float]] = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                stat = f.read()
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            ns = os.readlink("/proc/%d/ns/net" % pid)
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        used = sum(int(x) for x in rest[11:15]) / tick
+        if pid == keeper:
+            kind = "keeper"
+        elif "keep_trainer.py" in cmd:
+            kind = "trainers"
+        elif "onbox.pyz" in cmd and " run " in cmd and ns != root_ns:
+            kind = "agents"
+        elif "tracker serve" in cmd:
+            kind = "tracker"
+        elif comm == "ssh" and ns == root_ns:
+            kind = "ssh masters"
+        elif comm.startswith("sshd") and ns != root_ns:
+            kind = "boxes' sshd + onbox commands"
+        else:
+            kind = "other"
+        out[(pid, int(rest[19]))] = (kind, used)
+    return out
+
+
+def _cpu_used(before: Dict[Tuple[int, int], Tuple[str, float]], after: Dict[Tuple[int, int], Tuple[str, float]],
+              seconds: float) -> Dict[str, float]:
+    """CPU seconds each kind used between the two snapshots, and `all`: the whole machine's in that time."""
+    used: Dict[str, float] = {kind: 0.0 for kind in CPU_KINDS}
+    for key, (kind, t) in after.items():
+        if kind in used:
+            used[kind] += t - (before[key][1] if key in before else 0.0)
+    used["other"] = seconds - sum(used.values())  # processes that ended in between are in it, where not reaped
+    used["all"] = seconds
+    return used
+
+
+def _machine_cpu() -> float:
+    """CPU seconds this machine has spent working (all CPUs) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _wave(root: str, pyz: str, n: int, k: int) -> Dict[str, Any]:
     from controller.keeper.policy import RecoveryPolicy
     from tests.hosts.keeper_rig import PHASES
@@ -78,7 +137,7 @@ def _wave(root: str, pyz: str, n: int, k: int) -> Dict[str, Any]:
     made, tracker, rig, runs = _fleet(root, pyz, n, k)
     try:
         t_keep = time.time()
-        rig.keeper()
+        keeper = rig.keeper()
         armed = t_keep + RecoveryPolicy(pool="p").lost_after_s(HEARTBEAT) + 1.0
 
         def watched() -> bool:
@@ -90,6 +149,7 @@ def _wave(root: str, pyz: str, n: int, k: int) -> Dict[str, Any]:
 
         wait_for(watched, 120, "the keeper watching every run for --lost-after", 0.3)
         lost = runs[:k]
+        cpu0, machine0 = _cpu(keeper.pid), _machine_cpu()
         t_cut = time.time()
         for i in range(k):  # every link first: they vanish at the same instant
             subprocess.run(["ip", "-n", rig.boxes["b%d" % i].netns.ns, "link", "set", BridgeNet.IFNAME, "down"],
@@ -105,21 +165,28 @@ def _wave(root: str, pyz: str, n: int, k: int) -> Dict[str, Any]:
             return got if len(got) >= k else None
 
         first = wait_for(firsts, WAIT, "%d runs training again on spares" % k, 0.3)
-        phases: Dict[str, List[float]] = {p: [] for p in PHASES[:-1]}
+        cpu = _cpu_used(cpu0, _cpu(keeper.pid), _machine_cpu() - machine0)
+        t_end = time.time()
+        phases: Dict[str, List[float]] = {p: [] for p in (*PHASES[:-1], "launch_started")}
 
         def relaunched(run: str) -> Any:
             with rig.named(run):
                 rec = rig.record()
             last = rec.get("current") or (rec.get("history") or [None])[-1] or {}
-            return last.get("phases") if "relaunched" in (last.get("phases") or {}) else None
+            return rec if "relaunched" in (last.get("phases") or {}) else None
 
+        records = {}
         for run in lost:  # the keeper writes `relaunched` once `onbox run` returned: maybe after the first step
-            for p, t in wait_for(lambda r=run: relaunched(r), 60, "%s's record" % run, 0.3).items():
-                if p in phases:
+            rec = records[run] = wait_for(lambda r=run: relaunched(r), 60, "%s's record" % run, 0.3)
+            last = rec.get("current") or rec["history"][-1]
+            for p, t in dict(last["phases"], launch_started=last.get("launch_started_at")).items():
+                if p in phases and t is not None:
                     phases[p].append(t - t_cut)
+        _keep(os.environ.get("ONBOX_BENCH_WAVE_RECORDS"), k, t_cut, records, first, rig)
         took = sorted(t - t_cut for t in first.values())
-        return {"k": k, "n": n, "took": took, "cut_spread": t_cut_end - t_cut, "phases": phases,
-                "boxes": sorted(first), "load": os.getloadavg()[0]}
+        return {"k": k, "n": n, "took": took, "cut_spread": t_cut_end - t_cut, "phases": phases, "cpu": cpu,
+                "window": t_end - t_cut,
+                "boxes": sorted(first), "load": os.getloadavg()}
     finally:
         rig.close()
         for run in runs:  # wherever each run lives now
@@ -130,22 +197,59 @@ def _wave(root: str, pyz: str, n: int, k: int) -> Dict[str, Any]:
         made.close()
 
 
+def _keep(where: Any, k: int, t_cut: float, records: Dict[str, Any], first: Dict[str, float], rig: Any) -> None:
+    """With ONBOX_BENCH_WAVE_RECORDS=DIR: the wave's keeper records, first steps and keeper output kept there."""
+    if not where:
+        return
+    import json
+
+    os.makedirs(where, exist_ok=True)
+    agents = {}
+    for run, rec in records.items():  # what the agent on its new box said, with the times
+        with rig.named(run):
+            agents[run] = [{"type": e.get("type"), "time": e.get("time")} for b in rec.get("boxes") or []
+                           if b in rig.boxes for e in rig.events(b)]
+    with open(os.path.join(where, "k%d.json" % k), "w") as f:
+        json.dump({"cut": t_cut, "first": first, "records": records, "agents": agents}, f, indent=1)
+    shutil.copy(str(rig.tmp / "keep.out"), os.path.join(where, "k%d-keep.out" % k))
+
+
+def _spread(v: List[float]) -> str:
+    return "%5.1f %5.1f %5.1f" % (min(v), statistics.median(v), max(v)) if v else "    -     -     -"
+
+
 def _report(results: List[Dict[str, Any]]) -> bool:
     base = next((r for r in results if r["k"] == 1), results[0])
     print("N runs, K boxes lost at once (links cut, then killed); spares: K, warm (no onbox.pyz); heartbeat %g s, "
           "keep's defaults" % HEARTBEAT)
-    print("  %-4s %-4s %12s %12s %12s %14s %s" % ("N", "K", "first run", "median", "LAST run", "LAST / K=1's",
-                                                   "the keeper's phases, seconds after the cut (min-max)"))
+    print("  %-4s %-4s %12s %12s %12s %14s" % ("N", "K", "first run", "median", "LAST run", "LAST / K=1's"))
     ok = True
     for r in results:
         ratio = r["took"][-1] / base["took"][-1]
-        spread = ", ".join("%s %.1f-%.1f" % (p, min(v), max(v)) for p, v in r["phases"].items() if v)
-        print("  %-4d %-4d %10.1f s %10.1f s %10.1f s %13.2fx %s" % (
-            r["n"], r["k"], r["took"][0], statistics.median(r["took"]), r["took"][-1], ratio, spread))
+        print("  %-4d %-4d %10.1f s %10.1f s %10.1f s %13.2fx" % (
+            r["n"], r["k"], r["took"][0], statistics.median(r["took"]), r["took"][-1], ratio))
         if r["k"] >= 16:
             ok = ok and ratio <= GOAL
-    print("  load average at the end of each wave: %s on %d CPUs" % (
-        ", ".join("%.1f" % r["load"] for r in results), os.cpu_count() or 0))
+    print("  each phase, seconds after the cut (min median max over the K runs); launch_started: `onbox run` called "
+          "(the keeper's side ends there, the box's begins: its agent, the trainer's start, its first step)")
+    order = ("detected", "declared_lost", "box_chosen", "pushed", "launch_started", "relaunched")
+    print("  %-4s %s %17s" % ("K", " ".join("%17s" % p for p in order), "first new step"))
+    for r in results:
+        print("  %-4d %s %17s" % (r["k"], " ".join("%17s" % _spread(r["phases"].get(p, [])) for p in order),
+                                  _spread(r["took"])))
+    for r in results:
+        keeper, box = max(r["phases"]["launch_started"] or [0.0]), r["took"][-1] - max(
+            r["phases"]["launch_started"] or [0.0])
+        print("  K=%-3d the keeper's side: the cut to the LAST launch started %.1f s; the box's: from there to the "
+              "LAST first new step %.1f s" % (r["k"], keeper, box))
+    print("  CPU seconds used from the cut to the LAST first new step (%d CPUs), by whom:" % (os.cpu_count() or 0))
+    kinds = (*CPU_KINDS, "other")
+    print("  %-4s %7s %s %8s" % ("K", "window", " ".join("%14s" % x[:14] for x in kinds), "machine"))
+    for r in results:
+        print("  %-4d %6.1fs %s %8.1f" % (r["k"], r["window"], " ".join("%14.1f" % r["cpu"].get(x, 0.0) for x in kinds),
+                                          r["cpu"]["all"]))
+    print("  load average (1, 5, 15 min) at the end of each wave: %s on %d CPUs" % (
+        "; ".join("%.1f %.1f %.1f" % r["load"] for r in results), os.cpu_count() or 0))
     print("  goal: the LAST of K=16 within %.1fx of K=1: %s" % (GOAL, "MET" if ok else "MISSED (see the phases: "
                                                                    "what grows with K is this machine's CPU)"))
     return ok

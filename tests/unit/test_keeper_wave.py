@@ -125,3 +125,61 @@ def test_a_healthy_fleet_beside_one_lost_box_recovers_it_alone(tmp_path):
     Keeper(store, world, clock=clock).tick()
     assert world.launch.call_count == 1 and store.load("r0")[1].boxes == ["s0"]
     assert [store.load("r%d" % i)[1].boxes for i in range(1, 5)] == [["b1"], ["b2"], ["b3"], ["b4"]]
+
+
+def test_a_box_in_doubt_whose_probe_is_already_silent_is_not_waited_for_again(tmp_path):
+    """b0's probe hangs from one pass into the next; by then its run's beats are late: the probe has been out longer
+    than --suspect-timeout, so it reads as silent at once and the pass waits only for the probes that can still
+    answer in time (b1's), never again for b0's (with a wave of such boxes, that wait delayed every judgement)."""
+    clock = FakeClock(start_wall=1000.0)
+    store = RecordStore(str(tmp_path))
+    inv = wave(store, 2, 2)
+    release = threading.Event()
+
+    class Hangs(FakeWorld):
+        def observe(self, box, run):
+            if box == "b0":
+                release.wait(BOUND)
+            return super().observe(box, run)
+
+    beats = {"r0": Beats(liveness="ok"), "r1": Beats(liveness="ok")}
+    world = Hangs(clock, {"b0": [alive("b0", "r0")], "b1": [alive("b1", "r1")]}, inv, beats=beats)
+    k = Keeper(store, world, clock=clock, suspect_timeout=0.2)
+    waited: List[List[tuple]] = []
+    wait = k.probes.wait
+    k.probes.wait = lambda keys, budget: (waited.append(list(keys)), wait(keys, budget))[1]  # type: ignore
+    try:
+        k.tick(wait=0.2)  # b0 in no doubt yet: its probe is waited for (0.2 s), and stays out
+        assert ("b0", "r0") in waited[0] and k.probes.out("b0", "r0")
+        clock.advance(5.0)
+        beats["r0"] = LATE
+        k.tick(wait=0.2)
+        assert ("b0", "r0") not in waited[1] and ("b1", "r1") in waited[1]
+        wait_for(lambda: world.launch.called, BOUND, "r0 judged lost at once and relaunched on a spare")
+        assert store.load("r1")[1].boxes == ["b1"] and store.load("r1")[1].state == KeepState.WATCHING
+    finally:
+        release.set()
+
+
+def test_a_run_declared_lost_is_recovered_while_another_run_is_held_for_its_beats(tmp_path):
+    """r0 is lost (beats late, no answer); r1's box is silent too and its beats turn late within --suspect-timeout,
+    so the pass holds r1's judgement until then: r0's recovery has begun while r1 is held, not after."""
+    started = threading.Event()
+    during: List[bool] = []
+
+    class Held(FakeClock):
+        def sleep(self, seconds):  # only a held judgement sleeps inside a pass
+            during.append(started.wait(BOUND))
+            super().sleep(seconds)
+
+    clock = Held(start_wall=1000.0)
+    store = RecordStore(str(tmp_path))
+    inv = wave(store, 2, 2)
+    beats = {"r0": LATE, "r1": Beats(liveness="ok", age=9.0, interval=5.0)}  # r1 late 1 s after it is read
+    world = FakeWorld(clock, {"b0": [silent("b0", "r0")], "b1": [silent("b1", "r1")]}, inv, beats=beats)
+    world.spare_problem.side_effect = lambda name, rec: started.set() if rec.run == "r0" else None
+    k = Keeper(store, world, clock=clock, suspect_timeout=3.0)
+    k.tick(wait=3.0)
+    assert during == [True]  # r0's spare was being checked while r1 was held
+    wait_for(lambda: world.launch.call_count == 2, BOUND, "both runs relaunched")
+    assert sorted(store.load(r)[1].boxes[0] for r in ("r0", "r1")) == ["s0", "s1"]
