@@ -5,12 +5,14 @@ from typing import Optional
 
 import click
 
-from onbox.clikit import FiniteFloat, PathValue, echo_json
+from onbox.clikit import FiniteFloat, LaidOut, PathValue, echo_json
 
 MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
 
-@click.command("audit")
+@click.command("audit", cls=LaidOut, examples=[
+    "onbox audit", "onbox audit --ckpt-dir /workspace/ckpt --durable remote:ckpt --min-free-gb 50",
+    "onbox audit --json"])
 @click.option("--ckpt-dir", type=PathValue(click.Path(file_okay=False)), help="Where the trainer will write checkpoints "
               "(default: the profile's fast disk if present, else $ONBOX_HOME).")
 @click.option("--durable", type=PathValue(), help="Durable target: a mounted path or an rclone remote (default: the profile's).")
@@ -23,8 +25,10 @@ MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema onbox.audit/1).")
 def audit(ckpt_dir: Optional[str], durable: Optional[str], min_free_gb: float, min_free_inodes: int,
           profile: Optional[str], profile_file: Optional[str], as_json: bool) -> None:
-    """Pre-flight check: disks and inodes, cgroup memory and OOM kills, CPU quota vs threads, GPUs, torch's CUDA
-    build vs the driver, tmux/rsync/rclone, Python. Exit 3 when the box is unfit for the run, 0 otherwise."""
+    """Pre-flight check of this box before a run: exit 3 when it is unfit, 0 otherwise.
+
+    It checks disks and inodes, cgroup memory and OOM kills, CPU quota vs threads, GPUs, torch's CUDA build vs the
+    driver, tmux/rsync/rclone and Python."""
     from onbox.errors import UnfitError
     from onbox.platform.audit import AuditOptions, run_audit
 

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from onbox.clikit import PathValue, echo_json, echo_line
+from onbox.clikit import LaidOut, PathValue, echo_json, echo_line
 from onbox.errors import ExitCode, OnboxError, UsageError
 
 MiB = 1024 * 1024
@@ -62,7 +62,8 @@ def _check_durable(durable: Optional[str]) -> None:
             raise UsageError("--durable %s %s" % (durable, problem), hint=DURABLE_HINT)
 
 
-@click.command("sync")
+@click.command("sync", cls=LaidOut, examples=["onbox sync NAME                # once the newest checkpoint has settled",
+                                             "onbox sync NAME --now --json   # at once"])
 @click.argument("name")
 @click.option("--now", is_flag=True, help="Do not wait for the settle interval (format checks still apply).")
 @click.option("--durable", default=None, type=PathValue(), help="Durable target (path or rclone remote); default: the run's.")
@@ -126,7 +127,9 @@ def _nothing_to_commit(name: str, ckpt_dir: str, hook: Any, now: bool) -> Tuple[
             "checks still apply)")
 
 
-@click.command("checkpoints")
+@click.command("checkpoints", cls=LaidOut, examples=[
+    "onbox checkpoints NAME", "onbox checkpoints NAME --json",
+    "onbox checkpoints --all --json   # every run's (what onboxctl pull and down read)"])
 @click.argument("name", required=False)
 @click.option("--all", "every", is_flag=True, help="Every run on this box (what `onboxctl pull` and `down` read); "
                                                   "an rclone remote is not asked then.")
@@ -246,7 +249,9 @@ def _verification(entry: Dict[str, Any]) -> str:
                                          last.get("time"), last.get("by"))
 
 
-@click.command("verify")
+@click.command("verify", cls=LaidOut, examples=[
+    "onbox verify /workspace/durable/NAME              # every committed checkpoint of the run",
+    "onbox verify /workspace/durable/NAME/checkpoints/CKPT --load --json"])
 @click.argument("path", type=PathValue(click.Path(exists=True, dir_okay=True, file_okay=True)))
 @click.option("--load", is_flag=True, help="Also torch.load(weights_only=True) each torch file; fails if torch "
                                            "cannot be imported here (see --no-load-ok).")

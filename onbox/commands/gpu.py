@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.clikit import FiniteFloat, echo_json
+from onbox.clikit import FiniteFloat, LaidOut, echo_json
 from onbox.errors import JobFailed, UsageError
 
 DEVICES_HELP = "Glob of the NVIDIA device files to look for holders of (env ONBOX_GPU_DEVICES)."
@@ -40,11 +40,13 @@ def _monitor(seam: Any) -> Any:
     return GpuMonitor(seam)
 
 
-@click.command("gpu")
+@click.command("gpu", cls=LaidOut, examples=["onbox gpu", "onbox gpu --json   # what the heartbeats carry"])
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the heartbeat's GPU readings).")
 @click.option("--devices", default="/dev/nvidia*", envvar="ONBOX_GPU_DEVICES", show_default=True, help=DEVICES_HELP)
 def gpu(as_json: bool, devices: str) -> None:
-    """GPU health: utilisation beside SM clock and power (U21), memory, temperature, throttle reasons (U23), ECC,
+    """GPU health, with a verdict per GPU: healthy, throttled, memory pinned by N holders, or dead.
+
+    Utilisation beside SM clock and power (U21), memory, temperature, throttle reasons (U23), ECC,
     Xid events (U22: Xid 48/79 = dead card, re-rent) and a verdict per GPU: healthy, throttled, memory pinned by N
     holders, or dead. A box without the NVIDIA driver prints why and exits 0."""
     from onbox.gpu.holders import HolderScan
@@ -106,7 +108,10 @@ def _print_scan_footer(scan: Dict[str, Any]) -> None:
                        u["pid"], _gib(u["memory_bytes"]), u["gpu"]))
 
 
-@click.command("reap")
+@click.command("reap", cls=LaidOut, examples=[
+    "onbox reap                      # dry run: every holder, with a verdict and the reason",
+    "onbox reap --force              # kill the candidates",
+    "onbox reap --force --min-age 300 --all-users"])
 @click.option("--force", is_flag=True, help="Kill the candidates (TERM, wait, KILL). Without it: a dry run.")
 @click.option("--all-users", is_flag=True, help="As root: also consider other users' processes.")
 @click.option("--min-age", type=FiniteFloat(0.0, 1e9), default=60.0, show_default=True, metavar="S",

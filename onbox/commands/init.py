@@ -5,11 +5,12 @@ from typing import Optional
 
 import click
 
-from onbox.clikit import PathValue, echo_json
+from onbox.clikit import LaidOut, PathValue, echo_json
 from onbox.templates import KINDS, TEMPLATES
 
 
-@click.command("init")
+@click.command("init", cls=LaidOut, examples=["onbox init plain ./train", "onbox init nanogpt ./gpt --name gpt",
+                                             "onbox init hf ./finetune --force   # rewrite the template's files"])
 @click.argument("kind", type=click.Choice(KINDS))
 @click.argument("directory", type=PathValue(click.Path(file_okay=False)))
 @click.option("--force", is_flag=True, help="Overwrite the template's files where DIR already has them (other "

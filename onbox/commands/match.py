@@ -9,13 +9,21 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox import vocab
-from onbox.clikit import echo_json, echo_line
-from onbox.commands.run import run_options
+from onbox.clikit import LaidOut, echo_json, echo_line
+from onbox.commands.run import RUN_SECTIONS, run_options
 
 SCHEMA = vocab.SCHEMA_MATCH
 
 
-@click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+EXAMPLES = [
+    "onbox match --durable /workspace/durable -- python3 train.py --lr 3e-4",
+    "onbox match --durable remote:ckpt --candidate gpt --json -- python3 train.py   # as onboxctl run asks",
+]
+
+
+@click.command(cls=LaidOut, usage="[OPTIONS] [--candidate NAME]... -- CMD [ARGS]...", examples=EXAMPLES,
+               sections=RUN_SECTIONS,
+               context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @run_options
 @click.option("--take-over", "take_over", is_flag=True, help="Accepted as `onbox run` takes it; changes nothing here.")
 @click.option("--candidate", "candidates", multiple=True, metavar="NAME",
@@ -24,8 +32,9 @@ SCHEMA = vocab.SCHEMA_MATCH
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def match(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
           take_over: bool, candidates: Tuple[str, ...], **flags: Any) -> int:
-    """The runs that `onbox run [OPTIONS] -- CMD` would continue: those on this box whose config.json records the
-    same command, working directory (this one, or --workdir), durable target and checkpoint dir, with their state,
+    """The runs that `onbox run [OPTIONS] -- CMD` would continue, here and on its durable target; reads only.
+
+    Those on this box whose config.json records the same command, working directory (this one, or --workdir), durable target and checkpoint dir, with their state,
     whether their agent is alive, and the newest durable checkpoint's step (the local one without --durable); runs
     of the same command that differ elsewhere, with what differs; for each --candidate, what the durable target
     holds of it; and the names of every run here (a new run takes another).

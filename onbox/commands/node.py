@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 
 
 @click.group()
@@ -14,7 +14,7 @@ def node() -> None:
     """A box as a node of a multi-node group (`onboxctl run BOX... --nodes` drives these)."""
 
 
-@node.command("probe")
+@node.command("probe", cls=LaidOut, examples=["onbox node probe", "onbox node probe --run big --json   # what onboxctl run --nodes asks"])
 @click.option("--run", "run", default=None, help="Also say whether run RUN has a live agent here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def probe(run: Optional[str], as_json: bool) -> None:

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from onbox.clikit import PathValue, echo_json
+from onbox.clikit import LaidOut, PathValue, echo_json
 
 MONEY_TABLES = ("billing", "preemption", "paths", "session", "accelerators")  # the tables with a source
 
@@ -18,7 +18,7 @@ def profiles() -> None:
     """
 
 
-@profiles.command("list")
+@profiles.command("list", cls=LaidOut, examples=["onbox profiles list", "onbox profiles list --json"])
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(as_json: bool) -> None:
     """List the built-in profiles (and their sub-platforms)."""
@@ -75,7 +75,9 @@ def _show_text(p: Any) -> None:
     click.echo("files: %s" % ", ".join(p.files))
 
 
-@profiles.command("show")
+@profiles.command("show", cls=LaidOut, examples=[
+    "onbox profiles show runpod", "onbox profiles show china/gpushare --json",
+    "onbox profiles show runpod --profile-file ./runpod.toml   # with your overrides"])
 @click.argument("name")
 @click.option("--profile-file", type=PathValue(click.Path(dir_okay=False)), help="A user file merged over the built-in one.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -90,7 +92,8 @@ def show(name: str, profile_file: Optional[str], as_json: bool) -> None:
         _show_text(p)
 
 
-@profiles.command("detect")
+@profiles.command("detect", cls=LaidOut, examples=["onbox profiles detect",
+                                                    "onbox profiles detect --profile runpod --json"])
 @click.option("--profile", "forced", help="Skip detection and use this profile.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def detect_cmd(forced: Optional[str], as_json: bool) -> None:

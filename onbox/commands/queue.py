@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from onbox import vocab
-from onbox.clikit import echo_json
-from onbox.commands.run import run_options
+from onbox.clikit import LaidOut, echo_json
+from onbox.commands.run import RUN_SECTIONS, run_options
 from onbox.errors import ExitCode, UsageError
 from onbox.queue.journal import RUNNING
 from onbox.queue.render import render_queue
@@ -63,12 +63,21 @@ def _peek_run_file(run_file: Optional[str]) -> Tuple[Optional[str], List[str]]:
     return (name if isinstance(name, str) else None), [str(c) for c in command] if isinstance(command, list) else []
 
 
-@queue.command("add", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+ADD_EXAMPLES = [
+    "onbox queue add --name lr-3e-4 --durable /workspace/durable -- python3 train.py --lr 3e-4",
+    "onbox queue add -- python3 train.py --lr 1e-3      # named q<ID>-train",
+    "onbox queue add --name det-50ep -f det.toml -- python3 train.py --task det --epochs 50",
+]
+
+
+@queue.command("add", cls=LaidOut, usage="[OPTIONS] -- CMD [ARGS]...", examples=ADD_EXAMPLES,
+               sections=[(heading, [f for f in flags if f != "--take-over"]) for heading, flags in RUN_SECTIONS],
+               context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @run_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def add(command: List[str], run_file: Optional[str], foreground: bool, as_json: bool, resume_existing: bool,
         **flags: Any) -> int:
-    """Queue a run of CMD: `onbox queue add [OPTIONS] -- CMD [ARGS...]` (the options of `onbox run`).
+    """Queue a run of CMD, with the options of `onbox run`; `onbox queue run` starts it in its turn.
 
     The entry is resolved and checked now, as `onbox run` would (flags > ONBOX_* > run file > profile), and runs
     with exactly that configuration: editing the run file later changes nothing queued (rm and add again). Each
@@ -154,7 +163,7 @@ def queue_doc(journal: Any) -> Dict[str, Any]:
     return {"schema": vocab.SCHEMA_QUEUE, "runner": _runner_doc(journal), "entries": out, "problems": journal.problems}
 
 
-@queue.command("ls")
+@queue.command("ls", cls=LaidOut, examples=["onbox queue ls", "onbox queue ls --json"])
 @click.option("--json", "as_json", is_flag=True, help="Print the queue as JSON.")
 def ls(as_json: bool) -> int:
     """The entries (id, state, run name, the run's own state, GPU, command) and the queue runner."""
@@ -166,7 +175,8 @@ def ls(as_json: bool) -> int:
     return 0
 
 
-@queue.command("rm")
+@queue.command("rm", cls=LaidOut, examples=["onbox queue rm 3          # by id",
+                                             "onbox queue rm lr-3e-4    # or by run name"])
 @click.argument("entry")
 @click.option("--json", "as_json", is_flag=True, help="Print the removed entry as JSON.")
 def rm(entry: str, as_json: bool) -> int:
@@ -189,7 +199,9 @@ def rm(entry: str, as_json: bool) -> int:
     return 0
 
 
-@queue.command("run")
+@queue.command("run", cls=LaidOut, examples=["onbox queue run                # one entry at a time, detached",
+                                              "onbox queue run --parallel 2   # two at a time",
+                                              "onbox queue run --per-gpu --foreground"])
 @click.option("--parallel", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Run N entries at a time (default 1).")
 @click.option("--per-gpu", is_flag=True, help="One entry per GPU at a time, with CUDA_VISIBLE_DEVICES set.")
@@ -201,10 +213,9 @@ def rm(entry: str, as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def run(parallel: Optional[int], per_gpu: bool, notice_source: str, metadata_url: Optional[str], foreground: bool,
         as_json: bool) -> int:
-    """Run the queue: entries in id order, one at a time (or --parallel N, or --per-gpu), each as its own
-    `onbox run`. Detaches and returns once the first entries started (--foreground to stay).
+    """Run the queue's entries in id order, each as its own `onbox run`; detaches once the first ones started.
 
-    Continues where a preempted runner stopped; entries added while it runs are run too. Exit 0 started (or
+    One entry at a time, or --parallel N, or one per GPU (--per-gpu); --foreground stays. Continues where a preempted runner stopped; entries added while it runs are run too. Exit 0 started (or
     nothing to run), 2 bad usage or a runner already running, 3 --per-gpu without GPUs.
     """
     from onbox import config, paths

@@ -171,7 +171,8 @@ def run(command: List[str], run_file: Optional[str], foreground: bool, as_json: 
     return _start(plan, foreground, as_json)
 
 
-@click.command()
+@click.command(cls=LaidOut, examples=["onbox adopt NAME                # re-attach to a child whose agent died",
+                                      "onbox adopt NAME --foreground   # and supervise it from this shell"])
 @click.argument("name")
 @click.option("--foreground", is_flag=True, help="Stay in the foreground.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

@@ -265,7 +265,8 @@ def _print_status(docs: List[Dict[str, Any]]) -> None:
             echo_line("  note: %s" % doc["note"])
 
 
-@click.command()
+@click.command(cls=LaidOut, examples=["onbox ls         # run, state, attempt, child PID, last update",
+                                      "onbox ls --json  # the same, one object a run"])
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def ls(as_json: bool) -> int:
     """List runs on this box."""
@@ -283,7 +284,8 @@ def ls(as_json: bool) -> int:
     return 0
 
 
-@click.command()
+@click.command(cls=LaidOut, examples=["onbox logs NAME         # its last 50 lines", "onbox logs NAME -n 500",
+                                      "onbox logs NAME -f      # and what follows, until the run ends"])
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
 @click.option("-n", "lines", type=click.IntRange(min=0), default=50, show_default=True,

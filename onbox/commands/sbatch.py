@@ -6,11 +6,11 @@ from typing import Any, List, Optional, Tuple
 
 import click
 
-from onbox.clikit import PathValue, echo_json
+from onbox.clikit import LaidOut, PathValue, echo_json
 from onbox.errors import UsageError
 
 
-class _CommandAfterDashes(click.Command):
+class _CommandAfterDashes(LaidOut):
     """Splits argv at the first `--` before click sees it: CMD is everything after it, verbatim; options before
     it that are not ours are `onbox run` options and pass through in order."""
 
@@ -24,7 +24,17 @@ class _CommandAfterDashes(click.Command):
         return super().parse_args(ctx, args)
 
 
-@click.command(cls=_CommandAfterDashes, options_metavar="[SBATCH OPTIONS] [RUN OPTIONS]",
+EXAMPLES = [
+    "onbox sbatch --time 4:00:00 --durable /shared/ckpt --restart never -- python3 train.py",
+    "onbox sbatch -t 4:00:00 -p gpu --sbatch-arg=--gres=gpu:1 --durable /shared/ckpt -- python3 train.py",
+    "onbox sbatch --print --time 4:00:00 --durable /shared/ckpt -- python3 train.py   # the script, not submitted",
+]
+SECTIONS = [("More sbatch options", ["--array", "--job-name", "--output", "--sbatch-arg"]),
+            ("The time-limit warning", ["--signal", "--signal-lead"]), ("Advanced", ["--agent"])]
+
+
+@click.command(cls=_CommandAfterDashes, options_metavar="[SBATCH OPTIONS] [RUN OPTIONS]", examples=EXAMPLES,
+               sections=SECTIONS,
                context_settings={"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]})
 @click.option("--time", "-t", "time_", metavar="LIMIT", help="sbatch --time (e.g. 4:00:00).")
 @click.option("--partition", "-p", help="sbatch --partition.")
@@ -54,10 +64,7 @@ def sbatch(ctx: click.Context, time_: Optional[str], partition: Optional[str], n
 
     The script asks for --requeue --open-mode=append --signal=B:SIG@LEAD and execs `onbox run --foreground`,
     so on the signal the agent checkpoints, commits and requeues the job; the requeued job continues the same run
-    and resumes from the committed checkpoint. Options that are not sbatch's go to `onbox run` unchanged:
-
-    \b
-      onbox sbatch --time 4:00:00 --durable /shared/ckpt --restart never -- python train.py
+    and resumes from the committed checkpoint. Options that are not sbatch's go to `onbox run` unchanged.
     """
     from onbox import __version__
     from onbox.slurm.script import SbatchScript, default_agent, profile_defaults, submit
