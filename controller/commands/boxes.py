@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import click
 
 from controller.boxes.inventory import OPTION_RE, Box, Inventory, check_box_fields, check_name, check_pool
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import OnboxError, UnfitError, UsageError
 from onbox.untrusted import printable
 
@@ -22,7 +22,15 @@ def box() -> None:
     """
 
 
-@box.command("add")
+ADD_EXAMPLES = [
+    "onboxctl box add gpu1 --host 203.0.113.7 --user root --profile runpod",
+    "onboxctl box add gpu2 --host 203.0.113.9 --check     # added only once it answers over ssh",
+    "onboxctl box add spare1 --host 203.0.113.8 --user root --pool a100 --price 1.19",
+]
+
+
+@box.command("add", cls=LaidOut, examples=ADD_EXAMPLES,
+             sections=[("SSH", ["--identity", "--python", "--ssh-option"]), ("Spares and prices", ["--pool", "--price"])])
 @click.argument("name")
 @click.option("--host", required=True, help="Hostname, address or ~/.ssh/config alias.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="SSH port (default: ssh's).")
@@ -117,7 +125,7 @@ def _price(text: str) -> float:
     return value
 
 
-@box.command("ls")
+@box.command("ls", cls=LaidOut, examples=["onboxctl box ls", "onboxctl box ls --json"])
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls(as_json: bool) -> None:
     """List the boxes in the inventory."""
@@ -138,7 +146,8 @@ def ls(as_json: bool) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-@box.command("rm")
+@box.command("rm", cls=LaidOut, examples=["onboxctl box rm gpu1",
+                                           "onboxctl box rm spare1     # the machine itself is not touched"])
 @click.argument("name")
 def rm(name: str) -> None:
     """Remove box NAME from the inventory (the machine itself is not touched)."""
@@ -158,7 +167,9 @@ def _check_profile(name: str) -> None:
         raise UsageError("unknown profile %r" % name, hint="known: %s" % ", ".join(sorted(names)))
 
 
-@box.command("forget-key")
+@box.command("forget-key", cls=LaidOut, examples=[
+    "onboxctl box forget-key gpu1          # the box was re-rented: the next contact records its new key",
+    "onboxctl box forget-key gpu1 --json"])
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def forget_key(name: str, as_json: bool) -> None:

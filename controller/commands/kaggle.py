@@ -14,7 +14,7 @@ from controller.kaggle.output import outcome_in_log, pull
 from controller.launch.secretfiles import Selection
 from controller.launch.start import check_name
 from onbox import vocab
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import UnfitError, UsageError
 from onbox.untrusted import printable
 
@@ -68,7 +68,19 @@ def _pyz(path: Optional[str]) -> bytes:
         return f.read()
 
 
-@kaggle.command("push", context_settings={"ignore_unknown_options": True})
+PUSH_EXAMPLES = [
+    "onboxctl kaggle push ./kernel --name gpt --code . -- python3 train.py",
+    "onboxctl kaggle push ./kernel --name gpt --code . --accelerator NvidiaTeslaT4 --durable r2:ckpt "
+    "-- python3 train.py",
+    "onboxctl kaggle push ./kernel --name gpt --code . --no-push -- python3 train.py   # the folder only",
+]
+PUSH_SECTIONS = [("The session", ["--resume-arg", "--onbox-arg", "--internet"]),
+                 ("Secrets and publishing", ["--include-secret", "--public", "--yes-publish-secrets"]),
+                 ("Advanced", ["--owner", "--pyz", "--no-push"])]
+
+
+@kaggle.command("push", cls=LaidOut, usage="[OPTIONS] DIR -- COMMAND...", examples=PUSH_EXAMPLES,
+                sections=PUSH_SECTIONS, context_settings={"ignore_unknown_options": True})
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--name", "run", required=True, help="The run; the kernel is OWNER/onbox-NAME.")
 @click.option("--accelerator", metavar="SHAPE", help="Kaggle's machine shape (NvidiaTeslaT4, NvidiaTeslaP100, "
@@ -103,12 +115,11 @@ def push(directory: str, run: str, accelerator: Optional[str], durable: Optional
          datasets: Tuple[str, ...], resume_args: Tuple[str, ...], onbox_args: Tuple[str, ...], internet: bool,
          public: bool, owner: Optional[str], pyz: Optional[str], include_secrets: Tuple[str, ...],
          yes_publish_secrets: bool, no_push: bool, as_json: bool, command: Tuple[str, ...]) -> None:
-    """Write DIR (kernel-metadata.json and a script carrying onbox.pyz) for run NAME and push it: Kaggle runs
-    COMMAND under `onbox run --foreground` with the session's deadline, and a push after the first continues from
-    the newest checkpoint the previous session committed.
+    """Write DIR as a Kaggle kernel of run NAME and push it: one session, resumed from the one before.
 
-    \b
-    onboxctl kaggle push ./kernel --name gpt --accelerator NvidiaTeslaT4 --code . -- python train.py
+    DIR gets kernel-metadata.json and a script carrying onbox.pyz; Kaggle runs COMMAND under `onbox run
+    --foreground` with the session's deadline, and a push after the first continues from the newest checkpoint the
+    previous session committed.
     """
     check_name(run)
     if durable is not None and not REMOTE_RE.match(durable):
@@ -186,7 +197,7 @@ def _say_secrets(selection: Selection, code_dir: str, public: bool, yes: bool) -
         click.echo("onboxctl: warning: %s" % line, err=True)
 
 
-@kaggle.command("status")
+@kaggle.command("status", cls=LaidOut, examples=["onboxctl kaggle status gpt", "onboxctl kaggle status gpt --json"])
 @click.argument("run")
 @click.option("--owner", help="The kernel's owner (default: the Kaggle credentials' user).")
 @click.option("--json", "as_json", is_flag=True, help="One onbox.kaggle.status/1 document on stdout.")
@@ -217,7 +228,7 @@ def status(run: str, owner: Optional[str], as_json: bool) -> None:
         click.echo("  next: %s" % doc["next"])
 
 
-@kaggle.command("logs")
+@kaggle.command("logs", cls=LaidOut, examples=["onboxctl kaggle logs gpt", "onboxctl kaggle logs gpt --raw"])
 @click.argument("run")
 @click.option("--owner", help="The kernel's owner (default: the Kaggle credentials' user).")
 @click.option("--raw", is_flag=True, help="The log as Kaggle stores it (a JSON array), not its text.")
@@ -230,7 +241,8 @@ def logs(run: str, owner: Optional[str], raw: bool) -> None:
     click.echo(printable(text.rstrip("\n") if raw else "\n".join(log_lines(text)), keep_newlines=True))
 
 
-@kaggle.command("pull")
+@kaggle.command("pull", cls=LaidOut, examples=["onboxctl kaggle pull gpt ./results",
+                                                "onboxctl kaggle pull gpt ./results --json"])
 @click.argument("run")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--owner", help="The kernel's owner (default: the Kaggle credentials' user).")
@@ -238,8 +250,10 @@ def logs(run: str, owner: Optional[str], raw: bool) -> None:
               "installed).")
 @click.option("--json", "as_json", is_flag=True, help="The pull report as JSON (what `onboxctl pull --json` prints).")
 def pull_cmd(run: str, dest: str, owner: Optional[str], load: Optional[bool], as_json: bool) -> None:
-    """Download RUN's newest output from Kaggle (`kaggle kernels output`) into DEST/RUN/, verify every committed
-    checkpoint and record it in the pulls record, as `onboxctl pull` does."""
+    """Download RUN's newest output from Kaggle into DEST/RUN/ and verify it, as `onboxctl pull` does.
+
+    The output is `kaggle kernels output`'s; every committed checkpoint in it is verified and recorded in the pulls
+    record."""
     who, _ = _who(owner)
     ref = _ref(who, run)
     say = (lambda m: None) if as_json else (lambda m: click.echo("pull: " + m))

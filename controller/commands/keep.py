@@ -10,6 +10,7 @@ import click
 
 from controller.commands.params import Seconds
 from onbox import vocab
+from onbox.clikit import LaidOut
 from onbox.errors import JobFailed, UsageError
 
 
@@ -19,14 +20,17 @@ def _line(ev: Dict[str, Any]) -> str:
     return "keep %s %s%s" % (stamp, who, ev.get("text", ""))
 
 
-@click.command("keep")
+@click.command("keep", cls=LaidOut, examples=[
+    "onboxctl keep                   # in tmux or under systemd, on a machine that stays up",
+    "onboxctl keep --once --json     # one pass (cron)", "onboxctl keep --run gpt --probe-timeout 30"])
 @click.option("--once", is_flag=True, help="One pass over every run, then exit (for cron).")
 @click.option("--interval", type=Seconds(0.05, 3600), default=5.0, show_default=True,
               help="Seconds between passes.")
 @click.option("--run", "runs", multiple=True, help="Only this run (repeatable).")
 @click.option("--tracker", default=None, help="Tracker URL for the runs' beats (default: ONBOX_TRACKER, config.toml, "
                                               "else each run's own --tracker).")
-@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
+@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False),
+              help="File holding the tracker's token (default: ONBOX_TRACKER_TOKEN, then config.toml).")
 @click.option("--probe-timeout", type=Seconds(1, 600), default=20.0, show_default=True,
               help="Seconds one ssh probe of a box may take before it counts as failed.")
 @click.option("--suspect-timeout", type=Seconds(0.5, 120), default=3.0, show_default=True,

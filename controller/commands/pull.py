@@ -10,11 +10,14 @@ from controller.boxes.inventory import Inventory
 from controller.boxes.ssh import Ssh, settings_from_env
 from controller.launch.start import check_name
 from controller.results.pull import Transfer, pull_run
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import JobFailed
 
 
-@click.command("pull")
+@click.command("pull", cls=LaidOut, examples=[
+    "onboxctl pull gpu1 RUN ./results          # every committed checkpoint, each verified",
+    "onboxctl pull gpu1 RUN --latest           # the newest only, into ./pulled/RUN/",
+    "onboxctl pull gpu1 RUN ./results --bwlimit 50000 --json"])
 @click.argument("box")
 @click.argument("run")
 @click.argument("dest", required=False, default="pulled", type=click.Path(file_okay=False))
@@ -25,7 +28,7 @@ from onbox.errors import JobFailed
 @click.option("--io-timeout", type=click.IntRange(1, 3600), default=30, show_default=True,
               help="Seconds without progress before an attempt is abandoned and retried.")
 @click.option("--bwlimit", type=click.IntRange(1), default=None, help="Bandwidth cap in KiB/s (rsync --bwlimit).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the pull report as JSON.")
 def pull(box: str, run: str, dest: str, latest: bool, no_verify: bool, load: Optional[bool], attempts: int,
          io_timeout: int, bwlimit: Optional[int], as_json: bool) -> None:
     """Copy RUN's committed checkpoints, index and logs from BOX into DEST/RUN/ and verify each one.

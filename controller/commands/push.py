@@ -12,11 +12,14 @@ from controller.boxes.ssh import Ssh, settings_from_env
 from controller.launch.push import EMPTY_SECRET, check_secret_name, default_pyz, push_secret, secret_input
 from controller.launch.push import push as push_core
 from controller.results.pull import PullsRecord
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import UsageError
 
 
-@click.command("push")
+@click.command("push", cls=LaidOut, examples=[
+    "onboxctl push gpu1 --code .          # onbox.pyz and your code, verified on the box",
+    "onboxctl push gpu1                   # onbox.pyz alone",
+    "onboxctl push gpu1 --code . --delete --include-secret configs/dev.env"])
 @click.argument("box")
 @click.option("--code", "code_dir", type=click.Path(file_okay=False), default=None,
               help="Code directory to sync to the box (.gitignore honoured; the dirs `onboxctl pull` brought "
@@ -68,14 +71,13 @@ def secrets() -> None:
     """Move secrets to a box without them ever appearing in a command line (U34)."""
 
 
-@secrets.command("push")
+@secrets.command("push", cls=LaidOut, examples=[
+    "onboxctl secrets push gpu1 tracker < ~/.onbox-token   # the job gets it with --secret tracker",
+    "onboxctl secrets push gpu1 WANDB_API_KEY              # typed at a hidden prompt"])
 @click.argument("box")
 @click.argument("name")
 def secrets_push(box: str, name: str) -> None:
-    """Read a secret from stdin and store it on BOX as ~/.onbox/secrets/NAME (mode 0600).
-
-    Example: onboxctl secrets push gpu1 wandb < ~/.wandb-key
-    """
+    """Read a secret from stdin and store it on BOX as ~/.onbox/secrets/NAME (mode 0600)."""
     b = Inventory().resolve(box)
     check_secret_name(name)
     value: Union[bytes, IO[bytes]]

@@ -7,11 +7,11 @@ from controller.boxes.agent import REMOTE_PYZ, parse_json_any
 from controller.boxes.inventory import Inventory
 from controller.boxes.ssh import Ssh, settings_from_env
 from onbox import vocab
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import UnfitError
 
 
-@click.command("queue")
+@click.command("queue", cls=LaidOut, examples=["onboxctl queue gpu1", "onboxctl queue gpu1 --json"])
 @click.argument("box")
 @click.option("--json", "as_json", is_flag=True, help="Print the box's queue as JSON (with the box's name).")
 def queue(box: str, as_json: bool) -> None:

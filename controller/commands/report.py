@@ -7,18 +7,21 @@ from typing import Optional
 import click
 
 from controller import userconfig
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import UsageError
 
 
-@click.command("report")
+@click.command("report", cls=LaidOut, examples=[
+    "onboxctl report                    # every run, since it began", "onboxctl report RUN --since 7d",
+    "onboxctl report --by pool --json"])
 @click.argument("run", required=False)
 @click.option("--since", default=None, metavar="DUR", help="Only the last DUR of wall time: 90m, 12h, 7d, 4w "
                                                              "(default: since each run began).")
 @click.option("--by", "by", type=click.Choice(["run", "box", "profile", "pool"]), default="run", show_default=True,
               help="One line per run, box, profile (platform) or pool (the inventory says each box's).")
 @click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
-@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
+@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False),
+              help="File holding the tracker's token (default: ONBOX_TRACKER_TOKEN, then config.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every run's ledger in `runs`).")
 def report(run: Optional[str], since: Optional[str], by: str, tracker: Optional[str],
            tracker_token_file: Optional[str], as_json: bool) -> None:

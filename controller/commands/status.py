@@ -25,7 +25,7 @@ from controller.tracker.runview import (
     rows_from_box_status,
     rows_from_tracker,
 )
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.clock import Clock, SystemClock
 from onbox.errors import JobFailed, OnboxError, UnfitError, UsageError
 from onbox.untrusted import printable
@@ -132,22 +132,27 @@ def source_line(url: Optional[str], read_at: float) -> str:
     return "from the boxes over ssh, read %s (BEAT: each run's newest beat or progress, by its box's clock)" % when
 
 
-@click.command("status")
+@click.command("status", cls=LaidOut, examples=[
+    "onboxctl status                    # every run of every box", "onboxctl status --box gpu1 --watch",
+    "onboxctl status --json --max-at-risk 30m"])
 @click.option("--tracker", default=None, help="Tracker URL (default: ONBOX_TRACKER, then config.toml).")
-@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False))
+@click.option("--tracker-token-file", default=None, type=click.Path(dir_okay=False),
+              help="File holding the tracker's token (default: ONBOX_TRACKER_TOKEN, then config.toml).")
 @click.option("--box", "boxes", multiple=True, help="Only these boxes (repeatable).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True)
+@click.option("--interval", type=Seconds(0.2, 3600), default=5.0, show_default=True,
+              help="With --watch: seconds between refreshes.")
 @click.option("--count", type=click.IntRange(1), default=None, help="With --watch: stop after this many refreshes.")
 @click.option("--max-at-risk", type=Duration(), default=None, metavar="DUR",
               help="Alert (at_risk) on a run whose training since its newest durable checkpoint passes this (a run "
                    "launched with its own --max-at-risk keeps that one).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs, problems and notes as JSON.")
 def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tuple[str, ...], watch: bool,
            interval: float, count: Optional[int], max_at_risk: Optional[float], as_json: bool) -> None:
-    """Every run of every box: state, attempt, step, loss, tokens/s, GPU, newest durable checkpoint, work at risk
-    (time/steps since it), heartbeat age; for runs `onboxctl keep` watches, its state (RECOVERING), the number of
-    recoveries and where the run lives now.
+    """Every run of every box: state, step, loss, GPU, newest durable checkpoint, work at risk, heartbeat age.
+
+    Each row also has the attempt, tokens/s and the time and steps since that checkpoint; for runs `onboxctl keep`
+    watches, its state (RECOVERING), the number of recoveries and where the run lives now.
 
     Reads the tracker; without one, asks each box in the inventory over ssh.
     """
@@ -191,11 +196,14 @@ def status(tracker: Optional[str], tracker_token_file: Optional[str], boxes: Tup
         WAITS.sleep(interval)
 
 
-@click.command("logs")
+@click.command("logs", cls=LaidOut, examples=[
+    "onboxctl logs gpu1 RUN              # its last 50 lines", "onboxctl logs gpu1 RUN -n 500",
+    "onboxctl logs gpu1 RUN -f           # and what follows, until Ctrl-C"])
 @click.argument("box")
 @click.argument("run", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until Ctrl-C.")
-@click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(1), default=50, show_default=True,
+              help="Lines from the end to show first.")
 def logs(box: str, run: Optional[str], follow: bool, lines: int) -> None:
     """Show (or follow) RUN's output log on BOX. Without RUN, or with one the box does not have, the box's runs
     are listed (exit 2)."""

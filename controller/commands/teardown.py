@@ -18,7 +18,7 @@ from controller.results.teardown import (
     render,
     run_meter_stop,
 )
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.errors import JobFailed, UsageError
 
 
@@ -38,13 +38,17 @@ def what_typing_does(tunnelled: bool, executes: bool, cmd: Optional[str]) -> str
     return "%s (onboxctl stops and deletes nothing on the box: stopping the meter is yours to do)" % " and ".join(done)
 
 
-@click.command("down")
+@click.command("down", cls=LaidOut, examples=[
+    "onboxctl down gpu1                  # asks you to type gpu1 back once every run is safe",
+    "onboxctl down gpu1 --abandon old-run --yes",
+    "onboxctl down gpu1 --execute-meter-stop   # also runs the profile's meter-stop command"])
 @click.argument("box")
 @click.option("--yes", is_flag=True, help="Do not ask for the box name to be typed back.")
 @click.option("--abandon", multiple=True, metavar="RUN", help="Accept losing RUN's unpulled state (repeatable).")
 @click.option("--execute-meter-stop", is_flag=True,
               help="Also RUN the profile's meter-stop command (destructive; off by default).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict per run (and the meter-stop command) as "
+              "JSON.")
 def down(box: str, yes: bool, abandon: Tuple[str, ...], execute_meter_stop: bool, as_json: bool) -> None:
     """Check that BOX may be torn down: every run's newest durable checkpoint pulled AND verified locally.
 

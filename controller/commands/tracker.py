@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 import click
 
 from controller.commands.params import Seconds
+from onbox.clikit import LaidOut
 from onbox.environment import TRACKER_TOKEN_VAR, Environment
 from onbox.errors import UsageError
 from onbox.paths import onbox_home
@@ -93,7 +94,20 @@ def tracker() -> None:
     """The embedded heartbeat tracker that agents push to and `onboxctl status` reads."""
 
 
-@tracker.command()
+SERVE_EXAMPLES = [
+    "onboxctl tracker serve --token-file ~/.onbox-token   # on 127.0.0.1:8787; boxes reach it through ssh tunnels",
+    "onboxctl tracker serve --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem --token-file ~/.onbox-token",
+    "onboxctl tracker serve --port 0 --ready-file ready.json   # any free port, written to ready.json",
+]
+SERVE_SECTIONS = [
+    ("Serving beyond this machine", ["--tls-cert", "--tls-key", "--allowed-host"]),
+    ("Limits and timeouts", ["--max-body", "--header-timeout", "--body-timeout", "--write-timeout", "--keep-alive",
+                             "--max-conns-per-client", "--max-conns"]),
+    ("Advanced", ["--ready-file", "--pulls-record"]),
+]
+
+
+@tracker.command(cls=LaidOut, examples=SERVE_EXAMPLES, sections=SERVE_SECTIONS)
 @click.option("--db", "db", type=click.Path(dir_okay=False), default=None,
               help="SQLite database (WAL), created 0600. Default: $ONBOX_HOME/tracker/tracker.db")
 @click.option("--host", default="127.0.0.1", show_default=True,

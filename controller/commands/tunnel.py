@@ -19,7 +19,7 @@ from controller.boxes.tunnel import (
     start_supervisor,
 )
 from controller.commands.params import Seconds
-from onbox.clikit import echo_json
+from onbox.clikit import LaidOut, echo_json
 from onbox.clock import Clock, SystemClock
 from onbox.errors import OnboxError, UnfitError, UsageError
 
@@ -100,13 +100,17 @@ def _change(before: Dict[str, Any], now: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-@click.command("tunnel")
+@click.command("tunnel", cls=LaidOut, examples=[
+    "onboxctl tunnel                 # every recorded tunnel, re-opened where it is down",
+    "onboxctl tunnel gpu1 --keep     # and follow it until Ctrl-C", "onboxctl tunnel gpu1 --close"])
 @click.argument("boxes", nargs=-1)
 @click.option("--close", is_flag=True, help="Close the tunnels (and let their ssh master go) and forget them.")
 @click.option("--keep", is_flag=True, help="Stay, check every --interval seconds, and print each change (down at T, "
                                            "reopened at T) until Ctrl-C.")
-@click.option("--interval", type=Seconds(1, 3600), default=5.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--interval", type=Seconds(1, 3600), default=5.0, show_default=True,
+              help="With --keep: seconds between checks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tunnels as JSON (with --keep, one more document "
+              "per change).")
 def tunnel(boxes: Tuple[str, ...], close: bool, keep: bool, interval: float, as_json: bool) -> None:
     """Show, re-open (or with --close, close) the recorded reverse tunnels of BOX (default: every box with one).
 
