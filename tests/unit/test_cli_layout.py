@@ -4,6 +4,7 @@ the other (`onbox stop --wait` took a number, `onboxctl stop --wait` was a flag)
 walked as they are, so a new command or option is checked without a list here."""
 from __future__ import annotations
 
+import shlex
 from typing import Dict, Iterator, List, Tuple
 
 import click
@@ -39,16 +40,23 @@ def help_of(group: click.Group, argv: List[str]) -> str:
     return r.output
 
 
-LAID_OUT = [(onbox_cli, ["run"]), (ctl_cli, ["run"]), (onbox_cli, ["stop"]), (ctl_cli, ["stop"]),
-            (onbox_cli, ["status"])]
+EVERY = [(prog, group, name, cmd) for prog, group in (("onbox", onbox_cli), ("onboxctl", ctl_cli))
+         for name, cmd in commands(group)]
+HEADINGS_FROM = 8  # a command with no more options than this lists them all under "Options"
 
 
-@pytest.mark.parametrize("group,argv", LAID_OUT, ids=["onbox run", "onboxctl run", "onbox stop", "onboxctl stop",
-                                                       "onbox status"])
-def test_help_starts_with_usage_and_examples_then_lists_every_option(group, argv):
-    text = help_of(group, argv)
-    cmd = dict(commands(group))[" ".join(argv)]
-    assert isinstance(cmd, LaidOut) and cmd.examples
+def example_args(prog: str, name: str, example: str) -> List[str]:
+    """An example line's arguments after `prog name` (a `  # comment` and a redirection `< FILE` cut off)."""
+    words = shlex.split(example.split("  #")[0])
+    words = words[:words.index("<")] if "<" in words else words
+    assert words[:1 + len(name.split())] == [prog, *name.split()], example
+    return words[1 + len(name.split()):]
+
+
+@pytest.mark.parametrize("prog,group,name,cmd", EVERY, ids=["%s %s" % (e[0], e[2]) for e in EVERY])
+def test_help_starts_with_usage_and_examples_then_lists_every_option(prog, group, name, cmd):
+    text = help_of(group, name.split())
+    assert isinstance(cmd, LaidOut) and 2 <= len(cmd.examples) <= 3
     usage, examples, common = text.index("Usage:"), text.index("\nExamples:\n"), text.index("\nOptions:\n")
     assert usage == 0 and examples < common
     assert text[:examples].count("\n") <= 6  # the usage line and the one-paragraph summary, nothing more
@@ -56,8 +64,27 @@ def test_help_starts_with_usage_and_examples_then_lists_every_option(group, argv
         assert text.index(example) < common
     for heading, _ in cmd.sections:
         assert text.index("\n%s:\n" % heading) > common
+    assert not cmd.sections or len(options(cmd)) > HEADINGS_FROM  # headings only where the options are many
     for flag in options(cmd):  # every option still listed, once
         assert text.count(" %s" % flag) >= 1, flag
+
+
+@pytest.mark.parametrize("prog,group,name,cmd", EVERY, ids=["%s %s" % (e[0], e[2]) for e in EVERY])
+def test_every_example_parses_as_the_command_takes_it(prog, group, name, cmd):
+    for example in cmd.examples:
+        args = example_args(prog, name, example)
+        try:
+            cmd.make_context(name, args)
+        except click.BadParameter as e:  # a path the example names need not exist here
+            assert "does not exist" in e.format_message(), example
+
+
+def test_an_example_that_does_not_parse_is_caught():
+    stop = dict(commands(onbox_cli))["stop"]
+    with pytest.raises(click.UsageError):
+        stop.make_context("stop", example_args("onbox", "stop", "onbox stop NAME --grace soon"))
+    with pytest.raises(AssertionError):
+        example_args("onbox", "stop", "onboxctl stop gpu1 NAME")
 
 
 def test_onbox_run_help_leaves_the_internal_knob_ranges_to_the_reference():
