@@ -22,7 +22,8 @@ def _r(key: str) -> str:
 def run_options(f: Any) -> Any:
     """The options of `onbox run`, for `onbox run` and `onbox queue add`."""
     opts = [
-        click.option("--name", help="Run name (default: <program>-<UTC time>, as onboxctl run names it)."),
+        click.option("--name", help="Run name (default: <program>-<UTC time> for a run, as onboxctl run names it; "
+                                     "q<ID>-<script> for a queue entry)."),
         click.option("--profile", help="Platform profile whose defaults apply (grace, paths, notices)."),
         click.option("-f", "--run-file", "run_file", type=PathValue(click.Path(dir_okay=False)),
                      help="A TOML run file holding the same options (a [run] table)."),
