@@ -9,7 +9,10 @@ a spare (the trainer's own trace), and above all to the LAST one's, for K = 1, 4
 N is the same for every K (the same background: N agents and trainers on this machine), the spares are K. Each K
 is a fresh fleet. Goal: K = 16 within ~1.5x of K = 1 (the keeper asks every box at once and recovers every run at
 once: what is left is the machine's own CPU, shared by the keeper, every box and every recovery's processes).
-`ONBOX_BENCH_WAVE=N:K1,K2,...` changes the sizes (e.g. 6:1,4 on a small machine).
+`ONBOX_BENCH_WAVE=N:K1,K2,...` changes the sizes (e.g. 6:1,4 on a small machine). `ONBOX_BENCH_WAVE_WARM=1`: the
+spares have onbox.pyz already (`onboxctl push` before the keeper starts: what a spare that was used once has), so
+the wave costs no push and no first start of the pyz there. `ONBOX_BENCH_WAVE_RECORDS=DIR` keeps each wave's keeper
+records, the new agents' events and the keeper's output in DIR.
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ def _sizes() -> Tuple[int, List[int]]:
     return int(n), [int(k) for k in ks.split(",")]
 
 
+def _warm() -> bool:
+    return os.environ.get("ONBOX_BENCH_WAVE_WARM", "") not in ("", "0")
+
+
 def _fleet(root: str, pyz: str, n: int, spares: int) -> Tuple[Any, Any, Any, List[str]]:
     """N runs r<i> on boxes b<i>, `spares` idle spares s<j> (pool p), the tracker; the rig and the run names."""
     from tests.hosts.keeper_rig import Rig
@@ -52,6 +59,8 @@ def _fleet(root: str, pyz: str, n: int, spares: int) -> Tuple[Any, Any, Any, Lis
         rig.add("b%d" % i, boxes[i], pool="p")
     for j in range(spares):
         rig.add("s%d" % j, boxes[n + j], pool="p")
+        if _warm():
+            rig.ctl("push", "s%d" % j, "--pyz", pyz)
     runs = ["r%d" % i for i in range(n)]
 
     def start(i: int) -> None:
@@ -93,10 +102,10 @@ def _cpu(keeper: int) -> Dict[Tuple[int, int], Tuple[str, float]]:
         used = sum(int(x) for x in rest[11:15]) / tick
         if pid == keeper:
             kind = "keeper"
+        elif "onbox.pyz run " in cmd and ns != root_ns:  # its argv names the trainer too
+            kind = "agents"
         elif "keep_trainer.py" in cmd:
             kind = "trainers"
-        elif "onbox.pyz" in cmd and " run " in cmd and ns != root_ns:
-            kind = "agents"
         elif "tracker serve" in cmd:
             kind = "tracker"
         elif comm == "ssh" and ns == root_ns:
@@ -220,8 +229,8 @@ def _spread(v: List[float]) -> str:
 
 def _report(results: List[Dict[str, Any]]) -> bool:
     base = next((r for r in results if r["k"] == 1), results[0])
-    print("N runs, K boxes lost at once (links cut, then killed); spares: K, warm (no onbox.pyz); heartbeat %g s, "
-          "keep's defaults" % HEARTBEAT)
+    print("N runs, K boxes lost at once (links cut, then killed); spares: K, warm (%s); heartbeat %g s, "
+          "keep's defaults" % ("onbox.pyz there" if _warm() else "no onbox.pyz", HEARTBEAT))
     print("  %-4s %-4s %12s %12s %12s %14s" % ("N", "K", "first run", "median", "LAST run", "LAST / K=1's"))
     ok = True
     for r in results:
