@@ -19,7 +19,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from controller.boxes.agent import ask
+from controller.boxes.agent import REMOTE_PUSHED, REMOTE_PYZ, ask
 from controller.boxes.inventory import Box, Inventory
 from controller.boxes.ssh import BoxUnreachable, RemoteTimeout, Ssh
 from controller.keeper.decide import LIVENESS, UNREADABLE, Beats, Observation
@@ -290,9 +290,11 @@ class World:
         self.inv.add(box)
 
     def push(self, box: Box, rec: LaunchRecord, code: bool = True, again: bool = False) -> None:
-        """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there. Without the code dir, a push
-        this keeper made and verified within PUSH_FRESH seconds is not made again (unless `again`): the spare's check
-        pushed it a moment before the recovery's push phase."""
+        """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there. Without the code dir (and
+        unless `again`), no push is made where this keeper made and verified one within PUSH_FRESH seconds (the
+        spare's check pushed it a moment before the recovery's push phase), nor where the box has this onbox.pyz
+        already, recorded by a push without a code dir (`landed`: one ssh call instead of a push's five and a
+        start of the pyz)."""
         from controller.launch.push import default_pyz, push
 
         pyz = rec.pyz or default_pyz()
@@ -305,13 +307,31 @@ class World:
         key = (box.name, pyz, code_dir)
         with self._guard:
             fresh = time.monotonic() - self._pushed.get(key, -PUSH_FRESH) < PUSH_FRESH
-        if code_dir is None and fresh and not again:
+        if code_dir is None and not again and (fresh or self.landed(box, pyz)):
+            with self._guard:
+                self._pushed[key] = time.monotonic()
             return
         # the secret-looking files the user sent on purpose (`onboxctl run --include-secret`) go to a replacement box
         # too: without them the relaunched trainer would miss a file its first box had
         push(self.ssh, box, pyz, code_dir=code_dir, include_secrets=rec.include_secrets if code_dir else ())
         with self._guard:
             self._pushed[key] = time.monotonic()
+
+    def landed(self, box: Box, pyz: str) -> bool:
+        """Whether `box` has this onbox.pyz (its sha256, by sha256sum there: the bytes never vouch for themselves,
+        U42) and its push record says so, with no code dir (a launch there would run in that dir)."""
+        from controller.launch.push import sha256_file
+
+        script = "sha256sum -- %s 2>/dev/null | cut -c1-64; echo; cat %s 2>/dev/null" % (REMOTE_PYZ, REMOTE_PUSHED)
+        res = self.ssh.run(box.target(), script=script, check=False, timeout=30, what="read the push record")
+        sha, _, record = res.text.partition("\n")
+        try:
+            pushed = untrusted.loads_json(record, "the push record") if record.strip() else {}
+        except ValueError:
+            return False
+        local = sha256_file(pyz)
+        return (res.returncode == 0 and sha.strip() == local and isinstance(pushed, dict)
+                and pushed.get("pyz_sha256") == local and not pushed.get("code"))
 
     def launch_in_flight(self, rec: LaunchRecord, boxes: Sequence[str]) -> Optional[bool]:
         """Whether an ssh carrying an `onbox run` of the run to one of `boxes` still runs on this machine (an earlier

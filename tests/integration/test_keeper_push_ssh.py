@@ -1,0 +1,73 @@
+"""The keeper's push to a replacement box (issue 31, part 3: a wave recovers on many spares at once, each push a
+string of ssh calls and a start of the pyz there), on a real sshd box on loopback with the real onbox.pyz: a spare
+that has this onbox.pyz already, recorded by a push without a code dir, is not pushed again (one ssh call reads
+its hash and its push record); beside it, every case where the push must still be made: another onbox.pyz there,
+a push record of another pyz, a push record with a code dir (a launch there would run in that dir), no pyz at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.hosts.keeper_rig import Rig
+from tests.hosts.sshd_box import SshdBox, _need_root_tools
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def spare(tmp_path):
+    _need_root_tools()
+    box = SshdBox(str(tmp_path / "s"))
+    try:
+        yield box.start()
+    finally:
+        box.stop()
+
+
+def _pushed(box: SshdBox) -> dict:
+    with open(os.path.join(box.home, ".onbox", "pushed.json")) as f:
+        return json.load(f)
+
+
+def test_a_spare_that_has_this_pyz_is_not_pushed_again_and_every_other_one_is(tmp_path, onbox_pyz, spare,
+                                                                               monkeypatch):
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
+    from controller.keeper.policy import LaunchRecord, RecoveryPolicy
+    from controller.keeper.world import World
+
+    rig = Rig(tmp_path / "ctl", onbox_pyz)
+    try:
+        rig.add("s0", spare, pool="p")
+        for key, value in rig.env.items():
+            if key.startswith("ONBOX_"):
+                monkeypatch.setenv(key, value)
+        rec = LaunchRecord(run="kp", boxes=["b0"], command=["python", "train.py"], policy=RecoveryPolicy(pool="p"),
+                           pyz=onbox_pyz)
+        pyz = os.path.join(spare.home, ".onbox", "onbox.pyz")
+
+        def push() -> bool:
+            """The keeper's push to s0 (a fresh keeper each time): whether it pushed (the record was rewritten)."""
+            before = _pushed(spare) if os.path.exists(os.path.join(spare.home, ".onbox", "pushed.json")) else None
+            World(Ssh(settings_from_env()), Inventory()).push(Inventory().resolve("s0"), rec)
+            return _pushed(spare) != before
+
+        assert push()  # no pyz there: pushed
+        assert not push()  # this pyz, recorded without a code dir: nothing to do
+        with open(pyz, "r+b") as f:  # another pyz there (one byte differs)
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 1]))
+        assert push() and not push()
+        record = _pushed(spare)
+        for changed in ({"pyz_sha256": "0" * 64}, {"code": ".onbox/code/train"}):
+            with open(os.path.join(spare.home, ".onbox", "pushed.json"), "w") as f:
+                json.dump(dict(record, **changed), f)
+            assert push(), changed
+            assert _pushed(spare)["code"] is None and _pushed(spare)["pyz_sha256"] == record["pyz_sha256"]
+    finally:
+        rig.close()
