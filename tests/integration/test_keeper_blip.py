@@ -115,6 +115,7 @@ def blip(rig: Rig, boxes: List[Any], seconds: float) -> None:
              90, "the keeper to see again and watch both runs where they were", 0.3)
 
 
+@pytest.mark.timeout(300)  # two cuts (5 x --lost-after, then 60 s) and their heals: ~106 s on a quiet machine
 def test_the_keepers_own_link_cut_for_5x_lost_after_and_for_60_s_recovers_nothing(fleet):
     rig, _tracker, boxes, provision = fleet
     t0 = time.time()

@@ -367,7 +367,7 @@ def test_include_secret_is_recorded_by_path_with_its_code_dir_and_refused_withou
 
     code = tmp_path / "code"
     code.mkdir()
-    (code / ".env").write_text("TOKEN=t-1\n")
+    (code / ".env").write_text("TOKEN=s3cret-never-recorded\n")  # a value no temp path holds
     inv = {"s1": Box(name="s1", host="h", pool="a100")}
     with pytest.raises(UsageError, match="--include-secret goes with --recover"):
         check_recovery(None, {"include_secret": (".env",)}, ["python"], "/d", inv)
@@ -382,7 +382,7 @@ def test_include_secret_is_recorded_by_path_with_its_code_dir_and_refused_withou
     rec = enrol(store, p, "kp", ["b1"], ["python"], False, [], {}, None, opts, None, False, 60.0)
     assert rec.include_secrets == [".env"] and store.load_launch("kp").include_secrets == [".env"]
     with open(store.launch_path("kp")) as f:
-        assert "t-1" not in f.read()
+        assert "s3cret-never-recorded" not in f.read()
 
 
 def test_a_box_whose_host_refuses_ssh_counts_as_seen(store):
