@@ -64,7 +64,7 @@ def observation_from_status(box: str, run: str, doc: Any, rc: int, said: str) ->
             resumed = step_from_name(os.path.basename(name))
     return Observation(
         box, run, reached=True, known=True, state=state, agent_alive=doc.get("agent_alive") is True,
-        fenced=state == vocab.FENCED or last_exit.get("classification") == vocab.FENCED,
+        fenced=state == vocab.FENCED or last_exit.get("classification") == vocab.EXIT_FENCED,
         step=_int(progress.get("step")), step_time=_num(progress.get("time")), attempt_started=_num(started),
         durable_step=_int(durable.get("step")), durable_at=_num(durable.get("committed_at")),
         lease=lease or None, resumed_step=resumed)
