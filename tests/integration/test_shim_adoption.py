@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from tests.conftest import default_sigint
 from tests.integration.supervisor_helpers import events, onbox, state
 from tests.polling import wait_for
 from tests.processes import kill_exact, pid_alive, start_ticks
@@ -196,9 +197,11 @@ def test_the_keeper_changes_nothing_the_trainer_sees(onbox_home, tmp_path, clean
     line = next(x for x in (onbox_home / "runs" / "sees" / "output.log").read_text().splitlines()
                 if x.startswith("{"))
     seen = json.loads(line)
-    # the same interpreter started directly, as subprocess starts a child (restore_signals): the reference
+    # the same interpreter started directly, as subprocess starts a child (restore_signals), with SIGINT at its
+    # default as the agent gives every attempt: the reference (a runner started with SIGINT ignored, as CI's
+    # background job is, would otherwise pass the ignore on to it and not to the trainer)
     ref = json.loads(subprocess.run([PY, "-c", SELF_REPORT], capture_output=True, text=True, timeout=60,
-                                    stdin=subprocess.DEVNULL).stdout)
+                                    stdin=subprocess.DEVNULL, preexec_fn=default_sigint).stdout)
     assert seen["sid"] == seen["pgid"] == seen["pid"]
     assert (seen["blk"], seen["ign"], seen["cgt"]) == (ref["blk"], ref["ign"], ref["cgt"])
     assert seen["fds"][:3] == [0, 1, 2] and len(seen["fds"]) == 4  # 0-2 and the one listing /proc/self/fd

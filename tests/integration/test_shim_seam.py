@@ -94,7 +94,9 @@ def test_an_adopter_reads_the_record_of_that_very_child_only(tmp_path):
         assert read_record(seam.record, child, boot_id()) is None, bad
     (tmp_path / "child-exit.json").write_text("{not json")
     assert read_record(seam.record, child, boot_id()) is None
-    # with no record and its keeper gone, the exit is unknown, and says why
+    # with no record and its keeper gone, the exit is unknown, and says why (the keeper writes the record, then
+    # exits: under load the test can read the record before the keeper is gone)
+    wait_for(lambda: not pid_alive(keeper.pid), 20, "the keeper's own exit")
     lost = KeptProcessSeam(seam.record).poll(KeptChild(pid=child.pid, sid=child.pid, pgid=child.pid,
                                                        start_time=child.start_time, ours=False,
                                                        keeper=Keeper(keeper.pid, keeper.start_time, seam.record)))
