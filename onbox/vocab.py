@@ -16,8 +16,7 @@ schema id or an event type compared, spelled anywhere else, and on an event emit
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 # The run's states (state.json's `state`, a beat's, `onbox status --json`'s). onbox/supervisor/state.py's RunState
 # takes its values from here and holds the legal transitions and the exit codes.
@@ -101,8 +100,7 @@ CODE_CHARS = 64  # an alert code from outside is cut here (the heartbeat schema'
 MESSAGE_CHARS = 500  # ... its message and its hint here (what a table line or a page shows)
 
 
-@dataclasses.dataclass(frozen=True)
-class AlertKind:
+class AlertKind(NamedTuple):  # a NamedTuple, not a dataclass: `onbox status --json` imports this module (start-up)
     code: str
     severity: str  # the default; a warning of the supervisor may say its own (a hang that recovered: warning)
     means: str  # a few words: what a person reads in a legend
@@ -146,8 +144,7 @@ CHECKPOINT_DIR_TOO_LARGE = "checkpoint_dir_too_large"
 RESUME_BACKWARDS = "resume_backwards"
 
 
-@dataclasses.dataclass(frozen=True)
-class EventType:
+class EventType(NamedTuple):
     name: str  # an event's `type` in events.jsonl (the agent's), or its `kind` (the keeper's)
     means: str  # a few words: what happened
 
