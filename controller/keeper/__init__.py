@@ -14,6 +14,7 @@ Modules:
   world.py      the seam to boxes, the tracker and the inventory (ssh + `onbox ... --json` only)
   recovery.py   one recovery, phase by phase, each decision written before it is acted on
   takeover.py   the guards of a take-over: the lost box asked once more; an earlier keeper's launch in flight
+  spares.py     spares checked ahead while a run is in doubt; a fresh answer is what its recovery takes
   probes.py     every box asked at once, in a bounded pool; a probe still out taken later; `silent` boxes
   sight.py      "these boxes died" or "I lost the network": the witnesses, the keeper's blindness said once
   watch.py      one observed run judged, its record moved, what changed said

@@ -162,6 +162,8 @@ class Keeper:
                                                witnesses)
         report.sight = self.sight.counts
         held = self._held(answers, beats, keys) if wait is not None else {}
+        if wait is not None and not blind:  # `keep --once` and tests' passes: nothing goes on after the pass
+            self._prepare(active, answers, keys, loaded)
         for rec, keep in sorted(active, key=lambda rk: rk[0].run in held):
             self.watch.blind(keep, blind)
             if rec.run in answers:
@@ -183,6 +185,20 @@ class Keeper:
         report.runs = [summary(rec, keep) for rec, keep in loaded]
         self._report = None
         return report
+
+    def _prepare(self, active: List[Tuple[LaunchRecord, RunKeep]], answers: Dict[str, Tuple[List[Observation], float]],
+                 keys: Dict[str, List[Tuple[str, str]]], loaded: List[Tuple[LaunchRecord, RunKeep]]) -> None:
+        """The spares of each run with a silent box (no answer within --suspect-timeout: judged so in this pass, or
+        a probe of it out that long while its beats are not late yet) checked ahead, while the run is only in doubt
+        (spares.py): its recovery, if one follows, takes those answers."""
+        now = self.clock.time()
+        for rec, keep in active:
+            if not rec.policy.pool or keep.state == KeepState.RECOVERING:
+                continue
+            silent = any(o.silent for o in answers.get(rec.run, ([], 0.0))[0]) or any(
+                self.probes.out(*k) and self.probes.left(*k, self.suspect_timeout) <= 0 for k in keys.get(rec.run, []))
+            if silent:
+                self.recoverer.prepare(rec, keep, _in_use(loaded, rec.run, now))
 
     def _recover(self, rec: LaunchRecord, keep: RunKeep, loaded: List[Tuple[LaunchRecord, RunKeep]],
                  blind: Optional[str]) -> None:
@@ -314,6 +330,7 @@ class Keeper:
     def close(self) -> None:
         """Stop taking probes and recoveries; those under way finish on their own bounds."""
         self.probes.close()
+        self.recoverer.spares.close()
         self._tasks.shutdown(wait=False)
 
 

@@ -26,11 +26,12 @@ Nothing is ever torn down: a box provisioned for a recovery that then fails stay
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from controller.keeper.decide import Observation, first_new_step
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, Recovery, RunKeep
+from controller.keeper.spares import SpareChecks
 from controller.keeper.takeover import LAUNCH_GRACE, landed_nowhere, lost_box_lives
 from onbox import untrusted
 from onbox.clock import Clock
@@ -64,6 +65,7 @@ class Recoverer:
         self.recheck = recheck or world.observe
         self._claims: Dict[str, str] = {}  # box -> the run whose recovery holds it (chosen, or being checked)
         self._lock = threading.Lock()
+        self.spares = SpareChecks(lambda name, rec: self.world.spare_problem(name, rec), clock)  # checked ahead while a run is in doubt (spares.py)
 
     def _claim(self, box: str, run: str) -> bool:
         with self._lock:
@@ -81,6 +83,23 @@ class Recoverer:
         with self._lock:
             for box in [b for b, r in self._claims.items() if r == run]:
                 del self._claims[box]
+
+    def _candidates(self, rec: LaunchRecord, skip: Set[str]) -> List[str]:
+        """The pool's spares a recovery of `rec` would try, in its order: those prepared for it first, then the
+        others by name, those prepared for another run last."""
+        def order(name: str) -> Tuple[int, str]:
+            planned = self.spares.planned_for(name)
+            return (0 if planned == rec.run else 2 if planned else 1), name
+
+        return sorted((n for n, b in self.world.boxes().items() if b.pool == rec.policy.pool and n not in skip),
+                      key=order)
+
+    def prepare(self, rec: LaunchRecord, keep: RunKeep, in_use: Set[str]) -> None:
+        """A box of `rec` is silent: the spares its recovery would try are checked ahead (spares.py), nothing
+        claimed."""
+        with self._lock:
+            claimed = {b for b, r in self._claims.items() if r != rec.run}
+        self.spares.prepare(rec, self._candidates(rec, set(in_use) | set(keep.boxes) | claimed), len(keep.boxes))
 
     # -- starting --------------------------------------------------------------------------------------------
     def start(self, rec: LaunchRecord, keep: RunKeep, kind: str, reason: str, needs_push: bool = False,
@@ -166,21 +185,19 @@ class Recoverer:
     def _acquire(self, rec: LaunchRecord, keep: RunKeep, cur: Recovery, in_use: Set[str]) -> List[str]:
         """Boxes for every node: healthy idle spares of the pool first (by name), then provisioned ones."""
         need = len(cur.from_boxes)
-        skip = set(in_use) | set(cur.from_boxes) | set(cur.rejected)
-        pool = sorted(n for n, b in self.world.boxes().items()
-                      if b.pool == rec.policy.pool and n not in skip)
         chosen: List[str] = []
-        for name in pool:
+        for name in self._candidates(rec, set(in_use) | set(cur.from_boxes) | set(cur.rejected)):
             if len(chosen) == need:
                 break
             if not self._claim(name, rec.run):  # another run's recovery holds it (chosen, or being checked)
                 continue
-            problem = self.world.spare_problem(name, rec)
+            problem = self.spares.problem(name, rec)  # checked ahead while the run was in doubt, when fresh
             if problem:
                 self.unclaim(name)
                 self.emit(keep, "spare_skipped", "spare %s: %s" % (name, problem))
             else:
                 chosen.append(name)
+                self.spares.taken(name)
         while len(chosen) < need and rec.policy.provision:
             node = len(chosen)
             key = "%s-r%d-n%d" % (rec.run, cur.id, node)
