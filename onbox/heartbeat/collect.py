@@ -12,12 +12,14 @@ from onbox.fsutil import free_space
 def default_gpu_reader(seam: Any = None) -> Callable[[], Dict[str, Any]]:
     """gpu_readings() over one NVML seam for the agent's life (Xid events accumulate on it); `seam` for tests.
     A GPU-less box reads {"available": False, "reason": ...}; gpu_readings never raises for that."""
+    # imported here, when the agent builds its hooks before the first attempt starts, not at the first beat: the
+    # beat runs on the agent's main thread, and a signal that lands while it imports waits for it (~10 ms)
+    from onbox.gpu.nvml import NvmlSeam
+    from onbox.gpu.readings import gpu_readings
+
     holder: Dict[str, Any] = {} if seam is None else {"seam": seam}
 
     def read() -> Dict[str, Any]:
-        from onbox.gpu.nvml import NvmlSeam
-        from onbox.gpu.readings import gpu_readings
-
         one = holder.setdefault("seam", NvmlSeam())  # NVML initialised once per agent
         return gpu_readings(one)
 

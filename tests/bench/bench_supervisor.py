@@ -6,6 +6,8 @@
    ONBOX_BENCH_IDLE_SECONDS shortens it): its CPU seconds (as % of one core) and RSS, beside a bare `nohup sleep`. Targets <= 0.5 % of a core,
    <= 40 MB RSS.
 
+Steady state: SIGTERM is sent once the attempt is recorded running and the agent's first beat is written (its start-up
+is over); a shorter series sent the moment it is recorded running is printed beside it.
 Each latency trial forks an agent from this process (no interpreter start per trial) running the real Supervisor loop.
 Cloud metadata polling is off (notice_source=none): the bench must not touch the network.
 """
@@ -62,8 +64,9 @@ def _wait_file(path: str, timeout: float = 10.0) -> bool:
     return False
 
 
-def _wait_running(run_dir: str, timeout: float = 10.0) -> bool:
-    """Steady state: the agent has recorded the attempt as running (its start-up writes are done)."""
+def _wait_running(run_dir: str, timeout: float = 10.0, steady: bool = True) -> bool:
+    """The agent has recorded the attempt as running; with `steady`, its start-up is over too: its first beat (the
+    first tick, which loads the GPU readings) has been written, and 20 ms more."""
     import json
 
     deadline = time.monotonic() + timeout
@@ -71,12 +74,19 @@ def _wait_running(run_dir: str, timeout: float = 10.0) -> bool:
         try:
             with open(os.path.join(run_dir, "state.json")) as f:
                 if json.load(f).get("state") == "running":
-                    time.sleep(0.002)
-                    return True
+                    break
         except (OSError, ValueError):
             pass
         time.sleep(0.0005)
-    return False
+    else:
+        return False
+    if not steady:
+        time.sleep(0.002)
+        return True
+    if not _wait_file(os.path.join(run_dir, "heartbeats", "seq.json"), max(0.0, deadline - time.monotonic())):
+        return False
+    time.sleep(0.02)
+    return True
 
 
 def _read_float(path: str, timeout: float = 10.0) -> Optional[float]:
@@ -125,12 +135,15 @@ def _percentile(values: List[float], q: float) -> float:
     return ordered[k]
 
 
-def signal_latency(trials: int, tmp: str) -> Tuple[List[float], List[float]]:
+def signal_latency(trials: int, tmp: str, steady: bool = True) -> Tuple[List[float], List[float]]:
+    """SIGTERM to the agent -> the child's handler, and the baseline; `steady` False: sent the moment the agent
+    recorded the attempt running (its first tick, the first beat, may be under way)."""
     via_agent, direct = [], []
     for i in range(trials):
-        out, ready = os.path.join(tmp, "t%d.out" % i), os.path.join(tmp, "t%d.ready" % i)
-        agent = _fork_agent(tmp, "lat%d" % i, [sys.executable, "-S", "-c", CHILD, out, ready])
-        if not _wait_file(ready) or not _wait_running(os.path.join(tmp, "runs", "lat%d" % i)):
+        name = "lat%d%s" % (i, "" if steady else "s")
+        out, ready = os.path.join(tmp, name + ".out"), os.path.join(tmp, name + ".ready")
+        agent = _fork_agent(tmp, name, [sys.executable, "-S", "-c", CHILD, out, ready])
+        if not _wait_file(ready) or not _wait_running(os.path.join(tmp, "runs", name), steady=steady):
             raise RuntimeError("the child of trial %d never got ready" % i)
         t0 = time.monotonic()
         os.kill(agent, signal.SIGTERM)
@@ -209,6 +222,9 @@ def main() -> int:
         print("  baseline, SIGTERM straight to the child:            p50 %.2f ms  p99 %.2f ms"
               % (_percentile(direct, 50), _percentile(direct, 99)))
         print("  mean over agent: %.2f ms" % (statistics.mean(via) - statistics.mean(direct)))
+        early, _ = signal_latency(max(20, trials // 4), tmp, steady=False)
+        print("  sent the moment the attempt is recorded running (its first tick may be under way), %d trials: "
+              "p50 %.2f ms  p99 %.2f ms" % (len(early), _percentile(early, 50), _percentile(early, 99)))
         missed += p99 > 20.0
         (a_cpu, a_rss), (b_cpu, b_rss) = idle_overhead(seconds, tmp)
         print("idle overhead supervising sleep for %.0f s: agent %.3f %% of a core, RSS %.1f MB   "

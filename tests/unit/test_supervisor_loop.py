@@ -150,3 +150,36 @@ def test_a_checkpoint_saved_after_the_reserve_mark_still_gets_a_final_commit_whe
     assert [round(at - t0) for at, _ in ckpts.finals] == [20, 25]
     assert {round(d - t0) for _, d in ckpts.finals} == {30}
     assert signal.SIGKILL not in [s for _, s in procs.signals]
+
+
+def test_a_signal_that_lands_during_a_tick_is_acted_on_before_the_rest_of_it(tmp_path):
+    """SIGTERM lands while the tick's periodic commit runs: the child is signalled before the tick's beat (the
+    first beat of an agent loads the GPU readings: a signal waited ~10 ms for it), and the beat still comes after."""
+    order: List[str] = []
+
+    class Beats(NoTelemetry):
+        def tick(self, state):
+            order.append("beat")
+
+    sup, procs, ckpts, clock = make(tmp_path, [dies_on(signal.SIGTERM)], grace=30.0, sync_reserve=0.0)
+    sup.hooks = Hooks(ckpts, Beats(), NoReaper())
+    periodic = ckpts.periodic
+
+    def periodic_then_signal() -> None:
+        periodic()
+        if sup.state == RunState.RUNNING and clock.monotonic() >= 1003.0 and sup.notice is None:
+            order.append("signal lands")
+            sup._on_signal(signal.SIGTERM, None)
+
+    ckpts.periodic = periodic_then_signal  # type: ignore[method-assign]
+    original = procs.signal_group
+
+    def signal_group(pgid, sig):
+        order.append("child signalled")
+        return original(pgid, sig)
+
+    procs.signal_group = signal_group  # type: ignore[method-assign]
+    assert sup.run() == RunState.PREEMPTED
+    landed = order.index("signal lands")
+    assert order[landed + 1] == "child signalled", order
+    assert "beat" in order[landed + 1:], order  # the rest of the tick was done after
