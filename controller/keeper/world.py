@@ -32,6 +32,7 @@ from onbox.errors import OnboxError
 STATUS_SCHEMA = vocab.SCHEMA_STATUS
 HEARD = ("refused", "closed", "auth", "host_key_changed", "host_key_unknown")  # ssh failed, the box's host answered
 PUSH_FRESH = 60.0  # seconds a push this keeper verified on a box stands for the next one (without a code dir)
+PUSHED_MAX = 64 * 1024  # bytes of a box's push record read (ours are ~200 bytes)
 AUDIT_SCHEMA = vocab.SCHEMA_AUDIT
 
 
@@ -322,12 +323,16 @@ class World:
         U42) and its push record says so, with no code dir (a launch there would run in that dir)."""
         from controller.launch.push import sha256_file
 
-        script = "sha256sum -- %s 2>/dev/null | cut -c1-64; echo; cat %s 2>/dev/null" % (REMOTE_PYZ, REMOTE_PUSHED)
+        # the record is the box's word: at most PUSHED_MAX bytes of it are read (a larger one is no record of ours)
+        script = "sha256sum -- %s 2>/dev/null | cut -c1-64; echo; head -c %d %s 2>/dev/null" % (
+            REMOTE_PYZ, PUSHED_MAX + 1, REMOTE_PUSHED)
         res = self.ssh.run(box.target(), script=script, check=False, timeout=30, what="read the push record")
         sha, _, record = res.text.partition("\n")
+        if len(record.encode("utf-8", "replace")) > PUSHED_MAX:
+            return False
         try:
             pushed = untrusted.loads_json(record, "the push record") if record.strip() else {}
-        except ValueError:
+        except ValueError:  # untrusted.UntrustedInput too: a record nested too deep
             return False
         local = sha256_file(pyz)
         return (res.returncode == 0 and sha.strip() == local and isinstance(pushed, dict)

@@ -51,9 +51,10 @@ def test_a_spare_that_has_this_pyz_is_not_pushed_again_and_every_other_one_is(tm
 
         def push() -> bool:
             """The keeper's push to s0 (a fresh keeper each time): whether it pushed (the record was rewritten)."""
-            before = _pushed(spare) if os.path.exists(os.path.join(spare.home, ".onbox", "pushed.json")) else None
+            path = os.path.join(spare.home, ".onbox", "pushed.json")
+            before = open(path, "rb").read() if os.path.exists(path) else None
             World(Ssh(settings_from_env()), Inventory()).push(Inventory().resolve("s0"), rec)
-            return _pushed(spare) != before
+            return open(path, "rb").read() != before
 
         assert push()  # no pyz there: pushed
         assert not push()  # this pyz, recorded without a code dir: nothing to do
@@ -69,5 +70,13 @@ def test_a_spare_that_has_this_pyz_is_not_pushed_again_and_every_other_one_is(tm
                 json.dump(dict(record, **changed), f)
             assert push(), changed
             assert _pushed(spare)["code"] is None and _pushed(spare)["pyz_sha256"] == record["pyz_sha256"]
+        # the record is the box's word: one that is no record of ours (not JSON, nested past the bound, this pyz's
+        # record padded past 64 KiB) is no reason to skip the push, and never a traceback
+        for bad in (b"{not json", b"[" * 5000 + b"]" * 5000,
+                    json.dumps(dict(record, pad="x" * 70000)).encode()):
+            with open(os.path.join(spare.home, ".onbox", "pushed.json"), "wb") as f:
+                f.write(bad)
+            assert push(), bad[:20]
+            assert _pushed(spare)["pyz_sha256"] == record["pyz_sha256"]
     finally:
         rig.close()

@@ -194,3 +194,20 @@ def _as_ordered(v):
     if isinstance(v, list):
         return [_as_ordered(x) for x in v]
     return v
+
+
+@pytest.mark.parametrize("entry, age", [
+    ({"read_at": 1000.0, "beat_at": 990.0}, 10.0),
+    ({"read_at": 1000.0, "beat_at": 990.0, "updated_at": 995.0}, 5.0),  # the newest news counts
+    ({"read_at": 1000.0, "beat_at": 2000.0}, 0.0),  # a beat newer than the read: 0 s, never negative
+    ({"read_at": 1000.0, "beat_at": float("nan"), "updated_at": 980.0}, 20.0),  # no finite number: left out
+    ({"read_at": 1000.0, "beat_at": float("inf")}, None),
+    ({"read_at": 1000.0, "beat_at": "soon", "progress": {"time": [1]}}, None),  # not numbers at all
+    ({"read_at": float("nan"), "beat_at": 990.0}, None),  # the read's time unknown: the caller's clock decides
+    ({"beat_at": 990.0}, None),  # an agent too old to say read_at
+    ({"read_at": 1000.0}, None),
+])
+def test_a_box_s_own_word_on_its_beat_age_is_read_as_a_number_or_not_at_all(entry, age):
+    from controller.tracker.runview import box_age
+
+    assert box_age(entry) == age
