@@ -89,6 +89,13 @@ class Probes:
                 return None
         return p.future.result(), p.asked  # raises what the probe raised
 
+    def drop_answered(self, box: str, run: str) -> None:
+        """The answer of (box, run), when it came and was not taken, dropped unread (a probe still out stays)."""
+        with self._lock:
+            p = self._out.get((box, run))
+            if p is not None and p.future is not None and p.future.done() and p.future.exception() is None:
+                del self._out[(box, run)]
+
     def out(self, box: str, run: str) -> bool:
         with self._lock:
             return (box, run) in self._out

@@ -59,13 +59,14 @@ class Witnesses:
     suspect-timeout: an unanswered one is dark."""
 
     def __init__(self, probes: Probes, boxes: Callable[[], Dict[str, Box]], runs: Sequence[LaunchRecord],
-                 busy: Set[str], timeout: float, budget: Optional[float]) -> None:
+                 busy: Set[str], timeout: float, budget: Optional[float], since: float = float("-inf")) -> None:
         self.probes = probes
         self.boxes = boxes  # the inventory, read only when a pass is in doubt
         self.runs = runs
         self.busy = busy
         self.timeout = timeout
         self.budget = budget
+        self.since = since  # the pass's start (wall clock): a witness asked before it says nothing of now
 
     def candidates(self) -> List[Tuple[str, str]]:
         """(box, a run of its pool to ask it about): the idle boxes of the watched runs' pools, by name."""
@@ -78,11 +79,16 @@ class Witnesses:
     def ask(self, skip: Set[str]) -> List[Observation]:
         keys = [(b, r) for b, r in self.candidates() if b not in skip][:MAX_WITNESSES]
         for box, run in keys:
+            # an answer left from an earlier pass (a witness slower than its timeout then) was asked before the
+            # network may have gone: it is dropped, and the witness asked again now
+            self.probes.drop_answered(box, run)
             self.probes.ask(box, run)
         self.probes.wait(keys, self.timeout if self.budget is not None else None)
         out = []
         for box, run in keys:
             got = self.probes.take(box, run, silent_after=self.timeout, give_up=True)
             if got is not None:
-                out.append(got[0])
+                obs, asked = got
+                out.append(obs if asked >= self.since else Observation(
+                    box, run, reached=False, silent=True, error="its answer was asked before this pass"))
         return out

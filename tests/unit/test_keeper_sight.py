@@ -396,3 +396,38 @@ def test_a_box_whose_host_refuses_ssh_counts_as_seen(store):
     report = Keeper(store, world, clock=clock).tick()
     assert report.blind is None and report.sight == (1, 1)  # b1 answered: nothing dark, no witness asked
     assert store.load("r1")[1].state == KeepState.FAILED_NO_RESOURCE
+
+
+def test_a_witness_answer_left_from_an_earlier_pass_is_not_sight_now():
+    """A witness slower than its timeout in one pass answers (alive) after it; the network goes; the next doubtful
+    pass must not count that answer, asked before the cut, as seeing: it asks the witness again (dark now)."""
+    import threading
+
+    from controller.keeper.probes import Probes
+    from controller.keeper.sight import Witnesses
+
+    clock = FakeClock(start_wall=1000.0)
+    release = threading.Event()
+    network = {"up": True}
+
+    def observe(box, run):
+        if network["up"]:
+            release.wait(10)
+            return Observation(box, run, reached=True, known=True)
+        return Observation(box, run, reached=False, silent=True, error="no route")
+
+    probes = Probes(observe, clock)
+    rec = LaunchRecord(run="kp", boxes=["b1"], command=["x"], policy=policy())
+    boxes = {"b1": Box(name="b1", host="h1", pool="a100"), "s1": Box(name="s1", host="h2", pool="a100")}
+    try:
+        first = Witnesses(probes, lambda: boxes, [rec], {"b1"}, 0.05, 0.05, since=clock.time()).ask(set())
+        assert [o.silent for o in first] == [True]  # slower than its timeout: dark in that pass, still out
+        release.set()
+        probes.wait([("s1", "kp")], 10)  # ... and it answered alive after it
+        network["up"] = False
+        clock.advance(5.0)
+        now = Witnesses(probes, lambda: boxes, [rec], {"b1"}, 0.05, 0.05, since=clock.time()).ask(set())
+        assert [(o.box, o.reached or o.heard) for o in now] == [("s1", False)]
+    finally:
+        release.set()
+        probes.close()
