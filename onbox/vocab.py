@@ -307,6 +307,7 @@ _KEEPER_EVENTS = (
     # said in `onboxctl keep`'s output, not in a run's record
     EventType("record_problem", "a keeper record cannot be read or written"),
     EventType("tracker_problem", "the tracker cannot be reached"),
+    EventType("spare_warmed", "onbox.pyz was pushed to an idle spare that had none, before any loss"),
 )
 KEEPER_EVENTS: Dict[str, EventType] = {e.name: e for e in _KEEPER_EVENTS}
 KEPT_LAUNCHED, KEPT_ENDED, KEPT_SUSPECT_CLEARED = "launched", "ended", "suspect_cleared"
@@ -315,6 +316,7 @@ KEPT_FAILED_NO_RESOURCE, KEPT_FAILED_MAX_RECOVERIES = "failed_no_resource", "fai
 KEPT_FAILED_LAUNCH, KEPT_NEEDS_A_PERSON = "failed_launch", "needs_a_person"
 KEPT_PROVISION_LEFTOVERS, KEPT_PROVISION_OUTPUT_CUT = "provision_leftovers", "provision_output_cut"
 KEPT_RECORD_PROBLEM, KEPT_TRACKER_PROBLEM = "record_problem", "tracker_problem"
+KEPT_SPARE_WARMED = "spare_warmed"
 
 
 def severity_of(code: str, said: Any = None) -> str:

@@ -38,7 +38,7 @@ from controller.keeper.sight import Sight, Witnesses
 from controller.keeper.watch import RunWatch
 from onbox import untrusted, vocab
 from onbox.clock import Clock, SystemClock
-from onbox.errors import UsageError
+from onbox.errors import OnboxError, UsageError
 
 if TYPE_CHECKING:
     from controller.keeper.world import World
@@ -86,6 +86,7 @@ class Keeper:
         self._fresh: Dict[str, float] = {}
         self._due: Dict[str, Beats] = {}  # the beats of the runs watched in the newest pass, not late then
         self._watched: List[LaunchRecord] = []
+        self._warming: List[Tuple[str, "concurrent.futures.Future[bool]"]] = []  # spares being warmed (spares.py)
         self.recoverer = Recoverer(world, self.clock, self._save, self._emit, recheck=self._recheck)
         self.watch = RunWatch(self.clock, self._emit, self._save, self.recoverer, self._fresh_since, self._renew)
 
@@ -156,7 +157,7 @@ class Keeper:
             beats = dict(beats, **self._beats([rec for rec, _ in looking]))
         busy = _in_use(loaded, "", self.clock.time())
         witnesses = Witnesses(self.probes, self.world.boxes, [rec for rec, _ in active], busy, self.suspect_timeout,
-                              wait)
+                              wait, since=report.time - 0.001)
         blind = report.blind = self.sight.look(self.clock.time(), [o for obs, _ in answers.values() for o in obs],
                                                bool(getattr(self.world, "tracker_elsewhere_answered", False)),
                                                witnesses)
@@ -164,6 +165,7 @@ class Keeper:
         held = self._held(answers, beats, keys) if wait is not None else {}
         if wait is not None and not blind:  # `keep --once` and tests' passes: nothing goes on after the pass
             self._prepare(active, answers, keys, loaded)
+            self._warm(active, loaded)
         for rec, keep in sorted(active, key=lambda rk: rk[0].run in held):
             self.watch.blind(keep, blind)
             if rec.run in answers:
@@ -199,6 +201,23 @@ class Keeper:
                 self.probes.out(*k) and self.probes.left(*k, self.suspect_timeout) <= 0 for k in keys.get(rec.run, []))
             if silent:
                 self.recoverer.prepare(rec, keep, _in_use(loaded, rec.run, now))
+
+    def _warm(self, active: List[Tuple[LaunchRecord, RunKeep]], loaded: List[Tuple[LaunchRecord, RunKeep]]) -> None:
+        """The idle spares of the watched runs' pools warmed (spares.py), once each; those warmed since the last
+        pass said (what a warming raised, other than a box's failure, is raised here)."""
+        for name, future in [w for w in self._warming if w[1].done()]:
+            self._warming.remove((name, future))
+            if future.exception() is None and future.result():
+                self.say({"time": round(self.clock.time(), 3), "kind": vocab.KEPT_SPARE_WARMED,
+                          "text": "pushed onbox.pyz to idle spare %s (it had none): a recovery there will not wait "
+                                  "for it" % name})
+            elif not isinstance(future.exception(), (OnboxError, type(None))):
+                raise future.exception()  # type: ignore[misc]
+        pools = {rec.policy.pool: rec for rec, keep in active if rec.policy.pool}
+        busy = _in_use(loaded, "", self.clock.time())
+        for pool, rec in sorted(pools.items()):
+            idle = sorted(n for n, b in self.world.boxes().items() if b.pool == pool and n not in busy)
+            self._warming.extend(self.recoverer.spares.warm(idle, rec, self.world.warm))
 
     def _recover(self, rec: LaunchRecord, keep: RunKeep, loaded: List[Tuple[LaunchRecord, RunKeep]],
                  blind: Optional[str]) -> None:

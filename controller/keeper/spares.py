@@ -10,6 +10,10 @@ nothing and writes no record, so a run whose box answers again leaves no trace b
 silent is prepared for once per PREPARED_FRESH / 2; each run prepares as many spares as it has boxes, not one
 another run is preparing (`planned`), and its recovery tries those first.
 
+Idle spares are warmed too, once per keeper (World.warm): a spare of a watched run's pool with no onbox.pyz and no
+push record at all is given this onbox.pyz (and its first start made) while nothing is lost, so that neither the
+check ahead nor a recovery waits for that; a spare with any onbox.pyz or push record is left as it is.
+
 An answer is used only while fresh: a check that finished more than PREPARED_FRESH seconds ago is made again (a
 spare that was idle then may have been given a run since, by a person or another keeper; within this keeper the
 claims under the Recoverer's lock hand each spare out once). A check still under way is waited for, not made
@@ -20,7 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from onbox.clock import Clock
 
@@ -48,6 +52,7 @@ class SpareChecks:
                                                            thread_name_prefix="keep-spare")
         self._ahead: Dict[Key, Ahead] = {}
         self._planned: Dict[str, Tuple[str, float]] = {}  # spare -> (the run it is prepared for, monotonic)
+        self._warmed: Set[str] = set()  # spares this keeper has warmed, or is warming
         self._lock = threading.Lock()
 
     @staticmethod
@@ -97,6 +102,14 @@ class SpareChecks:
             self._planned.pop(name, None)
             for key in [k for k in self._ahead if k[0] == name]:
                 del self._ahead[key]
+
+    def warm(self, names: Iterable[str], rec: "LaunchRecord", warm: Callable[[str, "LaunchRecord"], bool]
+             ) -> List[Tuple[str, "concurrent.futures.Future[bool]"]]:
+        """`warm(name, rec)` in the background for each of `names` this keeper has not warmed yet (once each)."""
+        with self._lock:
+            todo = [n for n in names if n not in self._warmed]
+            self._warmed.update(todo)
+        return [(n, self._pool.submit(warm, n, rec)) for n in todo]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

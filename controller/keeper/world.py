@@ -153,6 +153,7 @@ class World:
         self.tracker_elsewhere_answered = False  # in the newest beats(): a tracker beyond this machine answered
         self._pushed: Dict[Tuple[str, str, Optional[str]], float] = {}  # (box, pyz, code): when pushed and verified
         self._guard = threading.Lock()
+        self._pushing: Dict[str, threading.Lock] = {}  # box -> held while a push to it runs (one at a time)
 
     # -- looking ---------------------------------------------------------------------------------------------
     def box(self, name: str) -> Box:
@@ -214,13 +215,14 @@ class World:
     def _spare_problem(self, name: str, rec: LaunchRecord, push: bool = True) -> Optional[str]:
         try:
             box = self.box(name)
+            asked = time.monotonic()
             doc, res, _ = ask(self.ssh, box, ["status", "--json"], timeout=self.probe_timeout)
             said = res.err_text or res.text
             if "can't open file" in said and "onbox.pyz" in said and not push:
                 return ("has no onbox.pyz yet, so `onbox audit` cannot run there (`onboxctl push %s` puts it there; "
                         "the keeper does at a loss)" % name)
             if "can't open file" in said and "onbox.pyz" in said:
-                self.push(box, rec, code=False, again=True)
+                self.push(box, rec, code=False, again=True, unless_since=asked)
                 doc = []  # no onbox.pyz a moment ago: no agent of any run there (not asked again: a python less)
             if not isinstance(doc, list):
                 return "its agent did not list its runs (exit %d)" % res.returncode
@@ -290,12 +292,14 @@ class World:
                                   hint="let the script name its boxes uniquely (e.g. after ONBOX_PROVISION_KEY)")
         self.inv.add(box)
 
-    def push(self, box: Box, rec: LaunchRecord, code: bool = True, again: bool = False) -> None:
-        """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there. Without the code dir (and
-        unless `again`), no push is made where this keeper made and verified one within PUSH_FRESH seconds (the
-        spare's check pushed it a moment before the recovery's push phase), nor where the box has this onbox.pyz
-        already, recorded by a push without a code dir (`landed`: one ssh call instead of a push's five and a
-        start of the pyz)."""
+    def push(self, box: Box, rec: LaunchRecord, code: bool = True, again: bool = False,
+             unless_since: Optional[float] = None) -> None:
+        """onbox.pyz (and, with `code`, the run's code dir) to `box`, verified there; one push to a box at a time.
+        Without the code dir (and unless `again`), no push is made where this keeper made and verified one within
+        PUSH_FRESH seconds (the spare's check pushed it a moment before the recovery's push phase), nor where the
+        box has this onbox.pyz already, recorded by a push without a code dir (`landed`: one ssh call instead of a
+        push's five and a start of the pyz). `unless_since` (monotonic): none is made where this keeper's push of
+        the same finished after then (the box was seen without one before another push, a warming, put it there)."""
         from controller.launch.push import default_pyz, push
 
         pyz = rec.pyz or default_pyz()
@@ -307,16 +311,35 @@ class World:
         code_dir = rec.code if code else None
         key = (box.name, pyz, code_dir)
         with self._guard:
-            fresh = time.monotonic() - self._pushed.get(key, -PUSH_FRESH) < PUSH_FRESH
-        if code_dir is None and not again and (fresh or self.landed(box, pyz)):
+            one_at_a_time = self._pushing.setdefault(box.name, threading.Lock())
+        with one_at_a_time:
+            with self._guard:
+                at = self._pushed.get(key)
+            if unless_since is not None and at is not None and at >= unless_since:
+                return
+            fresh = at is not None and time.monotonic() - at < PUSH_FRESH
+            if code_dir is None and not again and (fresh or self.landed(box, pyz)):
+                with self._guard:
+                    self._pushed[key] = time.monotonic()
+                return
+            # the secret-looking files the user sent on purpose (`onboxctl run --include-secret`) go to a
+            # replacement box too: without them the relaunched trainer would miss a file its first box had
+            push(self.ssh, box, pyz, code_dir=code_dir, include_secrets=rec.include_secrets if code_dir else ())
             with self._guard:
                 self._pushed[key] = time.monotonic()
-            return
-        # the secret-looking files the user sent on purpose (`onboxctl run --include-secret`) go to a replacement box
-        # too: without them the relaunched trainer would miss a file its first box had
-        push(self.ssh, box, pyz, code_dir=code_dir, include_secrets=rec.include_secrets if code_dir else ())
-        with self._guard:
-            self._pushed[key] = time.monotonic()
+
+    def warm(self, name: str, rec: LaunchRecord) -> bool:
+        """Idle spare `name` given this onbox.pyz when it has none and no push record at all (spares.py): a
+        recovery onto it later pays neither the push nor the pyz's first start (the push runs `onbox --version`
+        there). A spare with any onbox.pyz or push record (a person's push, maybe with a code dir) is left as it
+        is. True when pushed."""
+        box = self.box(name)
+        res = self.ssh.run(box.target(), script="test -e %s || test -e %s; echo $?" % (REMOTE_PYZ, REMOTE_PUSHED),
+                           check=False, timeout=30, what="look for onbox.pyz")
+        if res.returncode != 0 or res.text.strip() != "1":
+            return False
+        self.push(box, rec, code=False, again=True)
+        return True
 
     def landed(self, box: Box, pyz: str) -> bool:
         """Whether `box` has this onbox.pyz (its sha256, by sha256sum there: the bytes never vouch for themselves,

@@ -27,6 +27,11 @@ def spare(tmp_path):
         box.stop()
 
 
+def _bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _pushed(box: SshdBox) -> dict:
     with open(os.path.join(box.home, ".onbox", "pushed.json")) as f:
         return json.load(f)
@@ -52,9 +57,9 @@ def test_a_spare_that_has_this_pyz_is_not_pushed_again_and_every_other_one_is(tm
         def push() -> bool:
             """The keeper's push to s0 (a fresh keeper each time): whether it pushed (the record was rewritten)."""
             path = os.path.join(spare.home, ".onbox", "pushed.json")
-            before = open(path, "rb").read() if os.path.exists(path) else None
+            before = _bytes(path) if os.path.exists(path) else None
             World(Ssh(settings_from_env()), Inventory()).push(Inventory().resolve("s0"), rec)
-            return open(path, "rb").read() != before
+            return _bytes(path) != before
 
         assert push()  # no pyz there: pushed
         assert not push()  # this pyz, recorded without a code dir: nothing to do
@@ -78,5 +83,42 @@ def test_a_spare_that_has_this_pyz_is_not_pushed_again_and_every_other_one_is(tm
                 f.write(bad)
             assert push(), bad[:20]
             assert _pushed(spare)["pyz_sha256"] == record["pyz_sha256"]
+    finally:
+        rig.close()
+
+
+def test_an_idle_spare_with_no_onbox_is_warmed_and_one_with_anything_of_a_push_is_left_as_it_is(tmp_path, onbox_pyz,
+                                                                                                spare, monkeypatch):
+    """World.warm (spares.py): a spare with no onbox.pyz and no push record gets this pyz (verified, its first start
+    made: the extraction is there); warming it again does nothing; a spare with a person's push record (a code dir)
+    and no pyz is left as it is, as is one with any onbox.pyz."""
+    from controller.boxes.inventory import Inventory
+    from controller.boxes.ssh import Ssh, settings_from_env
+    from controller.keeper.policy import LaunchRecord, RecoveryPolicy
+    from controller.keeper.world import World
+
+    rig = Rig(tmp_path / "ctl", onbox_pyz)
+    try:
+        rig.add("s0", spare, pool="p")
+        for key, value in rig.env.items():
+            if key.startswith("ONBOX_"):
+                monkeypatch.setenv(key, value)
+        rec = LaunchRecord(run="kp", boxes=["b0"], command=["python", "train.py"], policy=RecoveryPolicy(pool="p"),
+                           pyz=onbox_pyz)
+        root = os.path.join(spare.home, ".onbox")
+        assert World(Ssh(settings_from_env()), Inventory()).warm("s0", rec)
+        assert _pushed(spare)["code"] is None and os.path.isfile(os.path.join(root, "onbox.pyz"))
+        shiv = os.path.join(spare.home, ".shiv")  # the box's HOME is writable: its extraction goes there
+        assert os.path.isdir(shiv) and any(n.startswith("onbox.pyz_") for n in os.listdir(shiv))  # its first start
+        assert not os.path.exists(os.path.join(root, "runs"))  # nothing launched
+        record = _bytes(os.path.join(root, "pushed.json"))
+        assert not World(Ssh(settings_from_env()), Inventory()).warm("s0", rec)  # it has one now
+        os.unlink(os.path.join(root, "onbox.pyz"))
+        person = json.dumps({"pyz_sha256": "0" * 64, "code": ".onbox/code/train"}).encode()
+        with open(os.path.join(root, "pushed.json"), "wb") as f:
+            f.write(person)
+        assert not World(Ssh(settings_from_env()), Inventory()).warm("s0", rec)  # a person's push: left alone
+        assert _bytes(os.path.join(root, "pushed.json")) == person != record
+        assert not os.path.exists(os.path.join(root, "onbox.pyz"))
     finally:
         rig.close()

@@ -105,6 +105,7 @@ class FakeWorld:
         self.provision = mock.Mock(side_effect=provision or [])
         self.launch = mock.Mock(side_effect=launches or self._launch_ok)
         self.push = mock.Mock()
+        self.warm = mock.Mock(return_value=False)  # an idle spare warmed (World.warm): it had onbox.pyz already
         self._beats = beats or {}
         self.observed: List[str] = []
 

@@ -26,7 +26,7 @@ def fleet(tmp_path, runs=2, spares=2, answers=None):
     inv = wave(store, runs, spares)
     beats = {"r%d" % i: OK for i in range(runs)}
     script = {"b%d" % i: [alive("b%d" % i, "r%d" % i)] for i in range(runs)}
-    script.update(answers or {"b0": [silent("b0", "r0")]})
+    script.update({"b0": [silent("b0", "r0")]} if answers is None else answers)
     world = FakeWorld(clock, script, inv, beats=beats)
     checked: List[str] = []
     lock = threading.Lock()
@@ -63,7 +63,7 @@ def test_a_silent_box_s_spare_is_checked_ahead_and_its_recovery_takes_that_answe
 def test_a_box_that_answers_again_leaves_the_prepared_spare_untouched(tmp_path):
     """The false positive beside it: b0 silent one pass, alive the next: no recovery, no launch, no push, no claim,
     the spare asked its questions only."""
-    clock, store, world, k, checked, beats = fleet(tmp_path, answers={"b0": [silent("b0", "r0"), alive("b0", "r0")]})
+    clock, store, world, k, checked, _beats = fleet(tmp_path, answers={"b0": [silent("b0", "r0"), alive("b0", "r0")]})
     try:
         k.tick(wait=0.2)
         wait_for(lambda: checked == ["s0:r0"], BOUND, "s0 checked ahead for r0")
@@ -79,7 +79,7 @@ def test_a_box_that_answers_again_leaves_the_prepared_spare_untouched(tmp_path):
 
 
 def test_a_stale_answer_is_not_used_the_spare_is_checked_again(tmp_path):
-    clock, store, world, k, checked, beats = fleet(tmp_path)
+    clock, _store, world, k, checked, beats = fleet(tmp_path)
     try:
         k.tick(wait=0.2)
         wait_for(lambda: checked == ["s0:r0"], BOUND, "s0 checked ahead for r0")
@@ -101,7 +101,7 @@ def test_a_blind_keeper_prepares_nothing(tmp_path):
     spare ahead (the spares are asked as witnesses only: that is World.observe, not a spare's check)."""
     answers = {"b%d" % i: [silent("b%d" % i, "r%d" % i)] for i in range(4)}
     answers.update({"s%d" % i: [silent("s%d" % i, "")] for i in range(2)})
-    clock, store, world, k, checked, beats = fleet(tmp_path, runs=4, answers=answers)
+    clock, store, world, k, checked, _beats = fleet(tmp_path, runs=4, answers=answers)
     try:
         for _ in range(2):
             k.tick(wait=0.2)
@@ -133,7 +133,7 @@ def test_a_probe_out_past_the_suspect_timeout_while_the_beats_are_fresh_prepares
     """A wave's boxes whose beats turn late last: their probe hangs while their beats are still fresh (the run is in
     no doubt yet, its probe not taken); the spare is checked ahead all the same, and nothing is claimed."""
     release = threading.Event()
-    clock, store, world, k, checked, beats = fleet(tmp_path, answers={"b0": [alive("b0", "r0")]})
+    clock, store, world, k, checked, _beats = fleet(tmp_path, answers={"b0": [alive("b0", "r0")]})
     observe = world.observe
 
     def hangs(box, run):
@@ -154,3 +154,45 @@ def test_a_probe_out_past_the_suspect_timeout_while_the_beats_are_fresh_prepares
     finally:
         release.set()
         k.close()
+
+
+def test_idle_spares_of_a_watched_pool_are_warmed_once_and_said(tmp_path):
+    """Each idle spare of a watched run's pool is warmed once per keeper (World.warm pushes onbox.pyz only where there
+    is none): never a watched run's own box, never a box of another pool; a warming that pushed is said."""
+    from controller.boxes.inventory import Box
+
+    clock, _store, world, k, checked, _beats = fleet(tmp_path, runs=2, spares=2, answers={})
+    world.inventory["o0"] = Box(name="o0", host="10.0.2.1", pool="h100")
+    world.warm.side_effect = lambda name, rec: name == "s1"  # s0 had onbox.pyz already
+    said: List[dict] = []
+    k.say = said.append
+    try:
+        for _ in range(3):
+            k.tick(wait=0.2)
+            clock.advance(5.0)
+        wait_for(lambda: world.warm.call_count == 2 and all(f.done() for _, f in k._warming), BOUND,
+                 "both spares warmed")
+        k.tick(wait=0.2)
+        assert sorted(c.args[0] for c in world.warm.call_args_list) == ["s0", "s1"]  # once each, spares only
+        assert [e["text"] for e in said if e["kind"] == "spare_warmed"] == [
+            "pushed onbox.pyz to idle spare s1 (it had none): a recovery there will not wait for it"]
+        assert not world.launch.called and not checked
+    finally:
+        k.close()
+
+
+def test_keep_once_and_a_blind_keeper_warm_nothing(tmp_path):
+    _clock, _store, world, k, _checked, _beats = fleet(tmp_path, runs=2, spares=2, answers={})
+    k.tick()  # `keep --once`: nothing may go on after the pass
+    answers = {"b%d" % i: [silent("b%d" % i, "r%d" % i)] for i in range(4)}
+    answers.update({"s%d" % i: [silent("s%d" % i, "")] for i in range(2)})
+    clock2, store2, world2, blind, _, _ = fleet(tmp_path / "blind", runs=4, answers=answers)
+    try:
+        for _ in range(2):
+            blind.tick(wait=0.2)
+            clock2.advance(5.0)
+        assert all(store2.load("r%d" % i)[1].blind_since for i in range(4))
+        assert not world.warm.called and not world2.warm.called
+    finally:
+        k.close()
+        blind.close()
