@@ -36,8 +36,9 @@ def report(run: Optional[str], since: Optional[str], by: str, tracker: Optional[
     """
     from controller.boxes.inventory import Inventory, config_dir
     from controller.goodput.prices import load_prices
-    from controller.goodput.report import fetch_ledgers, group, parse_since, render, window_label
+    from controller.goodput.report import group, parse_since, render, window_label
     from controller.launch.start import check_name
+    from controller.tracker.client import fetch_ledgers
 
     if run is not None:
         check_name(run)

@@ -8,7 +8,8 @@ already records (its beats: states, steps and when, durable checkpoints, the `ti
   spans.py    a ledger's segments and their merge; disjoint intervals (of time, of steps)
   prices.py   what an hour of a box costs: `onboxctl box add --price`, else its profile's in prices.toml
   atrisk.py   work at risk: the time and steps since the newest durable checkpoint (status, keeper, ledger)
-  report.py   `onboxctl report`: the ledgers from a tracker, grouped by run, box, profile or pool, over a window
+  report.py   `onboxctl report`: the ledgers (read by controller/tracker/client.py) grouped by run, box, profile or
+              pool, over a window
 
 Imports nothing else of the controller (the floor below boxes), only onbox's library; the tracker serves the ledgers
 (controller/tracker/goodput.py), the dashboard and /metrics read them from there. README.md defines each part and

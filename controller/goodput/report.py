@@ -10,21 +10,15 @@ hours on a box without a price are counted in `unpriced_s` and left out of the m
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any, Dict, List, Optional
 
 from controller.goodput.ledger import CATEGORIES, PRODUCTIVE
 from controller.goodput.prices import price_of
-from onbox import untrusted
-from onbox.errors import UnfitError, UsageError
+from onbox.errors import UsageError
 from onbox.untrusted import printable
 
 BY = ("run", "box", "profile", "pool")
-MAX_ANSWER = 64 * 1024 * 1024
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|d|w)?\s*$")
 UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 
@@ -36,45 +30,6 @@ def parse_since(text: str) -> float:
         raise UsageError("--since %r is not a duration" % (text,),
                          hint="a number with a unit: 90m, 12h, 7d, 4w (at most ten years)")
     return float(m.group(1)) * UNITS[m.group(2)]
-
-
-def fetch_ledgers(url: str, token: Optional[str], since: Optional[float], run: Optional[str],
-                  timeout: float = 60.0) -> Dict[str, Any]:
-    """The tracker's `GET /api/v1/goodput` answer; an OnboxError (UsageError for a refused token, UnfitError
-    otherwise) when it cannot be had or read."""
-    query = {k: v for k, v in (("since", "%.3f" % since if since is not None else None), ("run", run)) if v}
-    req = urllib.request.Request(url.rstrip("/") + "/api/v1/goodput" + ("?" + urllib.parse.urlencode(query)
-                                                                        if query else ""),
-                                 headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read(MAX_ANSWER + 1)
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403) and not token:  # the same words as onboxctl status (controller/tracker/client.py)
-            raise UsageError("tracker %s asks for a token and none was sent (HTTP %d)" % (url, e.code),
-                             hint="give the tracker's token: --tracker-token-file FILE, ONBOX_TRACKER_TOKEN, or "
-                                  "tracker_token_file in config.toml")
-        if e.code in (401, 403):
-            raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
-                             hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")
-        if e.code in (404, 405):
-            raise UnfitError("tracker %s has no goodput ledgers (HTTP %d): it is older than `onboxctl report`" % (
-                url, e.code), hint="restart it with this onboxctl: `onboxctl tracker serve`")
-        raise UnfitError("tracker %s answered HTTP %d" % (url, e.code))
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
-        raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)),
-                         hint="is `onboxctl tracker serve` running? `onboxctl report` reads the ledgers it keeps")
-    if len(body) > MAX_ANSWER:
-        raise UnfitError("the tracker at %s answered more than %s: refusing it" % (url, untrusted.human(MAX_ANSWER)))
-    try:
-        doc = untrusted.loads_json(body, "its goodput ledgers")
-    except ValueError as e:
-        raise UnfitError("the tracker at %s answered something unreadable: %s" % (url, untrusted.reason(e)))
-    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
-        raise UnfitError("the tracker at %s answered no goodput ledgers" % url)
-    return doc
 
 
 def _seconds(v: Any) -> float:

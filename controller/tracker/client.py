@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -152,9 +153,21 @@ def check_runs(entries: List[Any]) -> Tuple[List[Dict[str, Any]], List[SkippedRu
 
 
 def _get(url: str, token: Optional[str], timeout: float, limit: int) -> bytes:
-    """The answer's body, at most `limit` bytes; an OnboxError when it cannot be had (never onboxctl's memory or a
-    traceback)."""
-    req = urllib.request.Request(url.rstrip("/") + "/api/v1/runs", headers={"Accept": "application/json"})
+    """The run list's body, at most `limit` bytes; an OnboxError when it cannot be had (never onboxctl's memory or
+    a traceback)."""
+    return tracker_get(url, "/api/v1/runs", token, timeout, limit, "its run list",
+                       unreachable="is `onboxctl tracker serve` running? Without --tracker, status asks each box "
+                                   "over ssh", too_big_hint=HINT % url)
+
+
+def tracker_get(url: str, path: str, token: Optional[str], timeout: float, limit: int, what: str,
+                unreachable: str, older: Optional[Tuple[str, str]] = None, too_big_hint: Optional[str] = None
+                ) -> bytes:
+    """GET `path` of the tracker at `url` with the token (when there is one): the body, at most `limit` bytes. An
+    OnboxError otherwise: UsageError for a token refused or none sent (the same words for every reader), UnfitError
+    for the rest; `older` (what the tracker lacks, who needs it): a 404/405 means a tracker older than that reader;
+    `unreachable` is the hint when nothing answers."""
+    req = urllib.request.Request(url.rstrip("/") + path, headers={"Accept": "application/json"})
     if token:
         req.add_header("Authorization", "Bearer " + token)
     try:
@@ -168,14 +181,36 @@ def _get(url: str, token: Optional[str], timeout: float, limit: int) -> bytes:
         if e.code in (401, 403):
             raise UsageError("tracker %s refused the token (HTTP %d)" % (url, e.code),
                              hint="set ONBOX_TRACKER_TOKEN or --tracker-token-file to the tracker's token")
+        if e.code in (404, 405) and older:
+            raise UnfitError("tracker %s has no %s (HTTP %d): it is older than %s" % (url, older[0], e.code, older[1]),
+                             hint="restart it with this onboxctl: `onboxctl tracker serve`")
         raise UnfitError("tracker %s answered HTTP %d%s" % (url, e.code, _error_of(e)))
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:  # not HTTP, cut short
-        raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)),
-                         hint="is `onboxctl tracker serve` running? Without --tracker, status asks each box over ssh")
+        raise UnfitError("cannot read the tracker at %s: %s" % (url, getattr(e, "reason", e)), hint=unreachable)
     if len(body) > limit:
-        raise UnfitError("the tracker at %s answered more than %s for its run list: refusing it" % (
-            url, untrusted.human(limit)), hint=HINT % url)
+        raise UnfitError("the tracker at %s answered more than %s for %s: refusing it" % (
+            url, untrusted.human(limit), what), hint=too_big_hint)
     return body
+
+
+GOODPUT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def fetch_ledgers(url: str, token: Optional[str], since: Optional[float], run: Optional[str],
+                  timeout: float = 60.0) -> Dict[str, Any]:
+    """The tracker's `GET /api/v1/goodput` answer (`onboxctl report`); an OnboxError (UsageError for a refused
+    token, UnfitError otherwise) when it cannot be had or read."""
+    query = {k: v for k, v in (("since", "%.3f" % since if since is not None else None), ("run", run)) if v}
+    body = tracker_get(url, "/api/v1/goodput" + ("?" + urllib.parse.urlencode(query) if query else ""), token,
+                       timeout, GOODPUT_MAX_BYTES, "its goodput ledgers", older=("goodput ledgers", "`onboxctl report`"),
+                       unreachable="is `onboxctl tracker serve` running? `onboxctl report` reads the ledgers it keeps")
+    try:
+        doc = untrusted.loads_json(body, "its goodput ledgers")
+    except ValueError as e:
+        raise UnfitError("the tracker at %s answered something unreadable: %s" % (url, untrusted.reason(e)))
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+        raise UnfitError("the tracker at %s answered no goodput ledgers" % url)
+    return doc
 
 
 def _error_of(e: urllib.error.HTTPError) -> str:
