@@ -165,8 +165,9 @@ def agent_refusal(box: str, name: str, rc: int, said: str) -> OnboxError:
     errors = [ln for ln in own if not ln.startswith("warning:")]  # a warning before the refusal is not it
     line = errors[-1] if errors else own[-1] if own else lines[-1] if lines else ""
     hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
-    if rc == 2:  # the agent's own words for a refusal open with "run NAME failed to start: ": the why follows
-        line = re.sub(r"^run \S+ failed to start: ", "", line)
+    if rc == 2:  # the agent's own words for a refusal open with "run NAME refused, nothing started: " (an older
+        # agent's "run NAME failed to start: "): the why follows
+        line = re.sub(r"^run \S+ (failed to start|refused, nothing started): ", "", line)
     error = UsageError if rc == 2 else UnfitError
     return error("onbox run on %s: %s" % (box, line or "refused %s (exit %d), saying nothing" % (name, rc)), hint=hint)
 

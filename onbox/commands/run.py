@@ -202,7 +202,9 @@ def _start(plan: "LaunchPlan", foreground: bool, as_json: bool) -> int:
         elif info.get("ok"):
             _report(info, as_json)
         else:
-            click.echo("onbox: run %s failed to start: %s" % (plan.rd.name, info.get("error")), err=True)
+            # exit 2 is a refusal (a live lease, the run's lock, bad input): nothing was started, and it says so
+            said = "refused, nothing started" if info.get("exit") == 2 else "failed to start"
+            click.echo("onbox: run %s %s: %s" % (plan.rd.name, said, info.get("error")), err=True)
             if info.get("hint"):
                 click.echo("hint: %s" % info["hint"], err=True)
 

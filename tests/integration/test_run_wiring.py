@@ -172,3 +172,24 @@ def test_a_hook_failing_inside_the_detached_agent_still_reaches_the_user(onbox_h
         "onbox: run late failed to start: the durable mount went away", "hint: remount it"]
     assert not (onbox_home / "runs" / "late").exists()  # the refused launch left nothing behind
     wait_for(lambda: not pids_with_home(onbox_home), timeout=10, what="the agent gone")
+
+
+def test_a_start_refused_by_a_live_lease_is_said_refused_nothing_started(onbox_home, tmp_path):
+    """Exit 2 from inside the agent is a refusal (here the run's lease, held by a live agent on another box, a second
+    ONBOX_HOME on the same durable target): the box's own words say nothing was started (not "failed to start",
+    which reads as if a start was tried and broke); a start that did fail inside the agent keeps its words (above)."""
+    durable = str(tmp_path / "durable")
+    other = tmp_path / "other-box"
+    cmd = ["--durable", durable, "--", PY, "-c", "import time; time.sleep(60)"]
+    first = onbox(onbox_home, "run", "--name", "twice", *cmd)
+    assert first.returncode == 0, first.stderr
+    try:
+        again = onbox(other, "run", "--name", "twice", *cmd)
+        lines = [ln for ln in again.stderr.splitlines() if "no --ckpt-dir" not in ln]
+        assert again.returncode == 2, again.stderr
+        assert lines[0].startswith("onbox: run twice refused, nothing started: ") and "lease" in lines[0], lines
+        assert state(onbox_home, "twice").get("state") == "running"  # the live run untouched
+        assert not (other / "runs" / "twice").exists()  # the refused start left nothing behind
+    finally:
+        onbox(onbox_home, "stop", "twice", "--timeout", "20")
+    wait_for(lambda: not pids_with_home(onbox_home), timeout=20, what="the agent gone")
