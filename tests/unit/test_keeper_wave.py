@@ -29,6 +29,19 @@ def wave(store: RecordStore, runs: int, spares: int):
     return inv
 
 
+class Hangs(FakeWorld):
+    """b0's probe hangs until `release` is set (bounded)."""
+
+    def __init__(self, release: threading.Event, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    def observe(self, box, run):
+        if box == "b0":
+            self.release.wait(BOUND)
+        return super().observe(box, run)
+
+
 def test_every_box_is_asked_at_once(tmp_path):
     store = RecordStore(str(tmp_path))
     inv = wave(store, 6, 0)
@@ -55,13 +68,7 @@ def test_a_box_whose_probe_hangs_never_delays_another_runs_judgement(tmp_path):
     inv = wave(store, 2, 0)
     release = threading.Event()
 
-    class Hangs(FakeWorld):
-        def observe(self, box, run):
-            if box == "b0":
-                release.wait(BOUND)
-            return super().observe(box, run)
-
-    world = Hangs(clock, {"b0": [alive("b0", "r0")], "b1": [ended("preempted", "b1", "r1")]}, inv)
+    world = Hangs(release, clock, {"b0": [alive("b0", "r0")], "b1": [ended("preempted", "b1", "r1")]}, inv)
     k = Keeper(store, world, clock=clock, suspect_timeout=0.2)
     try:
         k.tick(wait=0.2)  # the probes waited for 0.2 s, the recoveries not at all: they go on in their threads
@@ -136,14 +143,8 @@ def test_a_box_in_doubt_whose_probe_is_already_silent_is_not_waited_for_again(tm
     inv = wave(store, 2, 2)
     release = threading.Event()
 
-    class Hangs(FakeWorld):
-        def observe(self, box, run):
-            if box == "b0":
-                release.wait(BOUND)
-            return super().observe(box, run)
-
     beats = {"r0": Beats(liveness="ok"), "r1": Beats(liveness="ok")}
-    world = Hangs(clock, {"b0": [alive("b0", "r0")], "b1": [alive("b1", "r1")]}, inv, beats=beats)
+    world = Hangs(release, clock, {"b0": [alive("b0", "r0")], "b1": [alive("b1", "r1")]}, inv, beats=beats)
     k = Keeper(store, world, clock=clock, suspect_timeout=0.2)
     waited: List[List[tuple]] = []
     wait = k.probes.wait
