@@ -4,7 +4,8 @@ new step on a warm spare, split into the keeper's phases, beside a person's rela
 Four boxes in network namespaces on one bridge, each with its own sshd (tests/hosts/sshd_box.py), the real
 onbox.pyz, real agents beating every 5 s to a real tracker, the pure-Python trainer of the keeper's e2e test
 (tests/integration/keep_trainer.py, a step every 0.1 s, a checkpoint every 5 steps, durable on a path every box
-shares). The spares are warm: up, sshd answering, python there, but no onbox.pyz yet (it is pushed during the
+shares). The spares are warm: up, sshd answering, python there, but no onbox.pyz when the keeper starts (the
+keeper warms an idle spare with none: pushed, first start made, before any loss; by hand it is pushed at the
 recovery). A box dies by losing its link first (it answers nothing: connections time out, as a box that lost power;
 no word of its dying sshd reaches anyone), then its agent and trainer are SIGKILLed (by PID and start time) and its
 sshd is stopped.
@@ -158,8 +159,8 @@ def _report(k: Dict[str, Any], h: Dict[str, Any], lost_after: float, keep: Dict[
         ("first step  -> the trainer's first new step", k["first"] - k["restored"], h["first"] - h["restored"]),
         ("total       box death -> first new step", total_k, total_h),
     ]
-    print("box death -> the trainer's first new step on a warm spare (up, answering ssh, no onbox.pyz yet: pushed "
-          "during the recovery)")
+    print("box death -> the trainer's first new step on a warm spare (up, answering ssh, no onbox.pyz when the "
+          "keeper started: the keeper warms it before any loss; by hand it is pushed at the recovery)")
     print("  heartbeat %g s; --lost-after %g s (the keeper's default for it: %g heartbeat intervals, at least %g s);"
           % (HEARTBEAT, lost_after, LOST_AFTER_BEATS, MIN_LOST_AFTER))
     print("  keep --interval %g s, --probe-timeout %g s, --suspect-timeout %g s; ssh ConnectTimeout %d s, ServerAlive "

@@ -1,7 +1,8 @@
 """Correlated loss (issue 31, part 3; `python -m tests.bench keeper_wave`): a spot market takes boxes in waves. N runs
 train, each on its own network-namespace box (its own sshd, the real onbox.pyz, a real agent beating every 5 s to a
 real tracker, the keeper's pure-Python trainer), with spares idle in the pool (up, sshd answering, no onbox.pyz
-yet); `onboxctl keep` runs with its defaults and has watched for --lost-after. Then K boxes vanish at the same
+when the keeper starts: it warms them, pushed and started once, before any loss); `onboxctl keep` runs with its
+defaults and has watched for --lost-after. Then K boxes vanish at the same
 instant (their links down first: they answer nothing, every probe of them waits out its timeout; then their agents
 and trainers SIGKILLed and their sshd stopped). Measured: the time from the cut to each lost run's first new step on
 a spare (the trainer's own trace), and above all to the LAST one's, for K = 1, 4 and 16, each beside K = 1.
@@ -230,7 +231,8 @@ def _spread(v: List[float]) -> str:
 def _report(results: List[Dict[str, Any]]) -> bool:
     base = next((r for r in results if r["k"] == 1), results[0])
     print("N runs, K boxes lost at once (links cut, then killed); spares: K, warm (%s); heartbeat %g s, "
-          "keep's defaults" % ("onbox.pyz there" if _warm() else "no onbox.pyz", HEARTBEAT))
+          "keep's defaults" % ("onbox.pyz pushed before the keeper started" if _warm()
+                               else "no onbox.pyz when the keeper started: it warms them", HEARTBEAT))
     print("  %-4s %-4s %12s %12s %12s %14s" % ("N", "K", "first run", "median", "LAST run", "LAST / K=1's"))
     ok = True
     for r in results:
