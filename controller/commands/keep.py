@@ -57,7 +57,8 @@ def keep(once: bool, interval: float, runs: Tuple[str, ...], tracker: Optional[s
     from controller import userconfig
     from controller.boxes.inventory import Inventory
     from controller.boxes.ssh import Ssh, settings_from_env
-    from controller.keeper.loop import Keeper, KeeperLock, PassReport
+    from controller.keeper.lock import KeeperLock
+    from controller.keeper.loop import Keeper, PassReport
     from controller.keeper.records import RecordStore
     from controller.keeper.world import World
     from controller.launch.start import check_name

@@ -17,15 +17,13 @@ A pass:
 `tick(wait=None)` (tests, `keep --once`) waits for every probe and recovery; `run()` waits --suspect-timeout for
 the probes and not at all for the recoveries.
 
-One keeper per config dir: a flock on its runs/ directory is held while it runs; a second one is refused. A keeper on
-another machine is not excluded by it: the agents' leases are (a launch under a live lease is refused).
+One keeper per config dir: a flock on its runs/ directory is held while it runs (lock.py); a second one is refused. A
+keeper on another machine is not excluded by it: the agents' leases are (a launch under a live lease is refused).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import fcntl
-import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -35,10 +33,11 @@ from controller.keeper.probes import WORKERS, Probes
 from controller.keeper.records import KeepState, RecordProblem, RecordStore, RunKeep
 from controller.keeper.recovery import Recoverer
 from controller.keeper.sight import Sight, Witnesses
+from controller.keeper.view import summary
 from controller.keeper.watch import RunWatch
 from onbox import untrusted, vocab
 from onbox.clock import Clock, SystemClock
-from onbox.errors import OnboxError, UsageError
+from onbox.errors import OnboxError
 
 if TYPE_CHECKING:
     from controller.keeper.world import World
@@ -377,46 +376,3 @@ def _in_use(loaded: List[Tuple[LaunchRecord, RunKeep]], me: str, now: float) -> 
         if keep.current is not None:
             out.update(keep.current.to_boxes)
     return out
-
-
-def summary(rec: LaunchRecord, keep: RunKeep) -> Dict[str, Any]:
-    """One run as `keep --json` and `status --json` show it."""
-    from controller.keeper.recovery import open_phase, split
-
-    cur = keep.current
-    return {"run": rec.run, "state": "recovering" if keep.recovering else keep.state.value,
-            "keeper_state": keep.state.value, "boxes": list(keep.boxes), "recoveries": keep.recoveries,
-            "pool": rec.policy.pool, "message": keep.message, "phase": open_phase(cur) if keep.recovering else None,
-            "current": dict(cur.to_dict(), split=split(cur)) if cur else None,
-            "last": keep.history[-1].to_dict() if keep.history else None, "last_seen": keep.last_seen,
-            "max_at_risk": rec.policy.max_at_risk}
-
-
-class KeeperLock:
-    """One keeper per config dir: an exclusive flock on its `runs/` directory (held open for the keeper's life; no
-    lock file is written, and a killed keeper's lock goes with its process)."""
-
-    def __init__(self, runs_dir: str) -> None:
-        self.path = runs_dir
-        self.fd: Optional[int] = None
-
-    def acquire(self, create: bool = True) -> "KeeperLock":
-        if create:
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-        elif not os.path.isdir(self.path):
-            return self  # no runs recorded: nothing to keep, nothing to exclude
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UsageError("another `onboxctl keep` is watching the runs in %s" % self.path,
-                             hint="one keeper per config dir: stop the other one (systemctl stop onbox-keep), or give "
-                                  "this one its own ONBOX_CONFIG_DIR")
-        self.fd = fd
-        return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None

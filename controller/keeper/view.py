@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from controller.goodput.atrisk import ALERT, AtRisk, work_at_risk
-from controller.keeper.loop import summary
-from controller.keeper.records import RecordProblem, RecordStore
+from controller.keeper.policy import LaunchRecord
+from controller.keeper.records import RecordProblem, RecordStore, RunKeep
 from controller.tracker.runview import RunRow
 
 
@@ -59,3 +59,16 @@ def apply_keeper(rows: List[RunRow], store: Optional[RecordStore] = None, defaul
         own = bounds.get(r.run)
         _bound(r, own if own is not None else default_bound)
     return rows, docs, problems
+
+
+def summary(rec: LaunchRecord, keep: RunKeep) -> Dict[str, Any]:
+    """One run as `keep --json` and `status --json` show it."""
+    from controller.keeper.recovery import open_phase, split
+
+    cur = keep.current
+    return {"run": rec.run, "state": "recovering" if keep.recovering else keep.state.value,
+            "keeper_state": keep.state.value, "boxes": list(keep.boxes), "recoveries": keep.recoveries,
+            "pool": rec.policy.pool, "message": keep.message, "phase": open_phase(cur) if keep.recovering else None,
+            "current": dict(cur.to_dict(), split=split(cur)) if cur else None,
+            "last": keep.history[-1].to_dict() if keep.history else None, "last_seen": keep.last_seen,
+            "max_at_risk": rec.policy.max_at_risk}

@@ -155,3 +155,11 @@ class RunJournal:
             self.save()
         elif status_due and self.records.write_status(self.state_doc()):
             self._say_unwritable()
+
+    def housekeep(self, feed: ProgressFeed, rotate_log: Callable[[], None]) -> None:
+        """Each tick's records: a fault's held writes again, output.log's rotation, progress.json, the summary."""
+        if self.records.degraded:
+            self.recover()
+        self.keep(paths.OUTPUT_LOG + " (rotation)", rotate_log)
+        self.record_progress(feed)
+        self.refresh_summary()

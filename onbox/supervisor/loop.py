@@ -325,24 +325,14 @@ class Supervisor:
     def _tick(self) -> None:
         """The periodic housekeeping, step by step. A signal that lands meanwhile ends it early and the next tick is
         due at once: a preemption notice is acted on before the beat, the rotation or the summary are done."""
-        for step in (self.launcher.watch, self._periodic_commit, self._beat, self._keep_records):
+        for step in (self.launcher.watch,
+                     lambda: self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic),
+                     lambda: self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc()),
+                     lambda: self.journal.housekeep(self.progress, self.launcher.rotate_log)):
             if self.inbox.pending:
                 self.next_tick = self.clock.monotonic()
                 return
             step()
-
-    def _periodic_commit(self) -> None:
-        self._hook("checkpoints.periodic", self.hooks.checkpoints.periodic)
-
-    def _beat(self) -> None:
-        self._hook("telemetry.tick", self.hooks.telemetry.tick, self.state_doc())
-
-    def _keep_records(self) -> None:
-        if self.journal.records.degraded:
-            self.journal.recover()
-        self.journal.keep(paths.OUTPUT_LOG + " (rotation)", self.launcher.rotate_log)
-        self.journal.record_progress(self.progress)
-        self.journal.refresh_summary()
 
     # ---- acts ----------------------------------------------------------------------------------------------
     def _start_attempt(self) -> None:

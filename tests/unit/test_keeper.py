@@ -13,7 +13,8 @@ import pytest
 
 from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats, Observation, Verdict, first_new_step, judge, judge_box
-from controller.keeper.loop import Keeper, KeeperLock
+from controller.keeper.lock import KeeperLock
+from controller.keeper.loop import Keeper
 from controller.keeper.policy import LaunchRecord, RecoveryPolicy
 from controller.keeper.provision import ProvisionFailed
 from controller.keeper.records import PHASES, KeepState, RecordStore

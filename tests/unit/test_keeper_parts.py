@@ -12,12 +12,12 @@ import pytest
 
 from controller.boxes.inventory import Box
 from controller.goodput.atrisk import format_duration, work_at_risk
+from controller.keeper.answers import beats_from_tracker, observation_from_status
 from controller.keeper.enrol import check_recovery, enrol
 from controller.keeper.policy import RecoveryPolicy, parse_duration
 from controller.keeper.provision import ProvisionFailed, box_from_line, run_provision
 from controller.keeper.records import KeepState, RecordStore, Recovery
 from controller.keeper.view import apply_keeper
-from controller.keeper.world import beats_from_tracker, observation_from_status
 from controller.tracker.runview import render_table, rows_from_tracker
 from onbox.errors import UsageError
 from tests.golden import check_golden

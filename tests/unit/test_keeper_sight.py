@@ -13,10 +13,10 @@ import pytest
 
 from controller.boxes.inventory import Box
 from controller.keeper.decide import Beats, Observation, Verdict, judge_box, sight
-from controller.keeper.loop import Keeper, summary
+from controller.keeper.loop import Keeper
 from controller.keeper.policy import LaunchRecord
 from controller.keeper.records import KeepState, RecordStore
-from controller.keeper.view import apply_keeper
+from controller.keeper.view import apply_keeper, summary
 from controller.tracker.runview import RunRow, keeper_label
 from onbox.clock import FakeClock
 from tests.unit.test_keeper import FakeWorld, alive, dataclass_replace, down, policy
