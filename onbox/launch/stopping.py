@@ -66,8 +66,11 @@ def stop(plan: StopPlan, clock: Optional[Clock] = None,
 
     clock = clock or SystemClock()
     rd, state, grace = plan.rd, plan.state, plan.grace
-    if state.get("state") in detach.TERMINAL and not detach.agent_alive(state):
-        return StopOutcome(vocab.STOP_ALREADY_ENDED, state)
+    if state.get("state") in detach.TERMINAL:  # the run has ended: nothing to ask, whether or not its agent is gone
+        if plan.wait and detach.agent_alive(state):  # it ended a moment ago: its agent is finishing its records
+            _wait_for_agent(rd, detach.RunLock(rd.lock_path), plan.timeout if plan.timeout is not None
+                            else STOP_MARGIN, False, clock)
+        return StopOutcome(vocab.STOP_ALREADY_ENDED, rd.read_state() or state)
     written = _write_stop_request(rd, grace, clock, warn)
     lock = detach.RunLock(rd.lock_path)
     if _take_lock(rd, lock):  # no live agent: stop the orphaned child ourselves, through the same supervisor path
