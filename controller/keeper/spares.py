@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 PREPARED_FRESH = 30.0  # seconds an answer from a spare's check is used for (from when the check finished)
 WORKERS = 16  # spares checked ahead at once: an ssh client each, mostly waiting on the box
+WARMERS = 4  # spares warmed at once, in a pool of their own: a dead spare's warming never delays a check ahead
 
 Check = Callable[[str, "LaunchRecord"], Optional[str]]  # (spare, record) -> why it cannot take the run, or None
 Key = Tuple[str, Optional[str], Optional[str]]
@@ -50,6 +51,7 @@ class SpareChecks:
         self._clock = clock
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
                                                            thread_name_prefix="keep-spare")
+        self._warmers = concurrent.futures.ThreadPoolExecutor(max_workers=WARMERS, thread_name_prefix="keep-warm")
         self._ahead: Dict[Key, Ahead] = {}
         self._planned: Dict[str, Tuple[str, float]] = {}  # spare -> (the run it is prepared for, monotonic)
         self._warmed: Set[str] = set()  # spares this keeper has warmed, or is warming
@@ -109,7 +111,8 @@ class SpareChecks:
         with self._lock:
             todo = [n for n in names if n not in self._warmed]
             self._warmed.update(todo)
-        return [(n, self._pool.submit(warm, n, rec)) for n in todo]
+        return [(n, self._warmers.submit(warm, n, rec)) for n in todo]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self._warmers.shutdown(wait=False)

@@ -196,3 +196,21 @@ def test_keep_once_and_a_blind_keeper_warm_nothing(tmp_path):
     finally:
         k.close()
         blind.close()
+
+
+def test_spares_whose_warming_hangs_never_delay_a_check_ahead(tmp_path):
+    """Every warming hangs (dead spares at the keeper's start, each waiting out its ssh timeouts); a pass later a
+    box goes silent: its spare is still checked ahead at once, the warmings being in a pool of their own."""
+    release = threading.Event()
+    clock, store, world, k, checked, beats = fleet(tmp_path, runs=2, spares=20, answers={})
+    world.warm.side_effect = lambda name, rec: release.wait(BOUND)
+    try:
+        k.tick(wait=0.2)  # every box answers: the 20 spares' warmings start, and hang
+        wait_for(lambda: world.warm.call_count >= 1, BOUND, "the warmings under way")
+        world.answers["b0"] = [silent("b0", "r0")]
+        clock.advance(5.0)
+        k.tick(wait=0.2)
+        wait_for(lambda: checked == ["s0:r0"], BOUND / 2, "s0 checked ahead while every warming hangs")
+    finally:
+        release.set()
+        k.close()
