@@ -124,7 +124,8 @@ class Keeper:
     # -- one pass --------------------------------------------------------------------------------------------
     def tick(self, wait: Optional[float] = None) -> PassReport:
         """One pass. `wait`: how long the probes are waited for (None: every probe and recovery is waited for)."""
-        report = self._report = PassReport(time=round(self.clock.time(), 3))
+        started = self.clock.time()
+        report = self._report = PassReport(time=round(started, 3))
         self._collect(report)
         loaded = self._load(report)
         active = [(rec, keep) for rec, keep in loaded if not keep.state.final and rec.run not in self._busy]
@@ -156,7 +157,7 @@ class Keeper:
             beats = dict(beats, **self._beats([rec for rec, _ in looking]))
         busy = _in_use(loaded, "", self.clock.time())
         witnesses = Witnesses(self.probes, self.world.boxes, [rec for rec, _ in active], busy, self.suspect_timeout,
-                              wait, since=report.time - 0.001)
+                              wait, since=started)
         blind = report.blind = self.sight.look(self.clock.time(), [o for obs, _ in answers.values() for o in obs],
                                                bool(getattr(self.world, "tracker_elsewhere_answered", False)),
                                                witnesses)
@@ -164,7 +165,7 @@ class Keeper:
         held = self._held(answers, beats, keys) if wait is not None else {}
         if wait is not None and not blind:  # `keep --once` and tests' passes: nothing goes on after the pass
             self._prepare(active, answers, keys, loaded)
-            self._warm(active, loaded)
+            self._warm(active, busy)
         for rec, keep in sorted(active, key=lambda rk: rk[0].run in held):
             self.watch.blind(keep, blind)
             if rec.run in answers:
@@ -201,21 +202,22 @@ class Keeper:
             if silent:
                 self.recoverer.prepare(rec, keep, _in_use(loaded, rec.run, now))
 
-    def _warm(self, active: List[Tuple[LaunchRecord, RunKeep]], loaded: List[Tuple[LaunchRecord, RunKeep]]) -> None:
-        """The idle spares of the watched runs' pools warmed (spares.py), once each; those warmed since the last
-        pass said (what a warming raised, other than a box's failure, is raised here)."""
+    def _warm(self, active: List[Tuple[LaunchRecord, RunKeep]], busy: Set[str]) -> None:
+        """The idle spares (not in `busy`) of the watched runs' pools warmed (spares.py), once each; those warmed since
+        the last pass said (what a warming raised, other than a box's failure, is raised here)."""
         for name, future in [w for w in self._warming if w[1].done()]:
             self._warming.remove((name, future))
-            if future.exception() is None and future.result():
+            error = future.exception()
+            if error is not None and not isinstance(error, OnboxError):
+                raise error
+            if error is None and future.result():
                 self.say({"time": round(self.clock.time(), 3), "kind": vocab.KEPT_SPARE_WARMED,
                           "text": "pushed onbox.pyz to idle spare %s (it had none): a recovery there will not wait "
                                   "for it" % name})
-            elif not isinstance(future.exception(), (OnboxError, type(None))):
-                raise future.exception()  # type: ignore[misc]
         pools = {rec.policy.pool: rec for rec, keep in active if rec.policy.pool}
-        busy = _in_use(loaded, "", self.clock.time())
+        boxes = self.world.boxes() if pools else {}  # the inventory read once per pass
         for pool, rec in sorted(pools.items()):
-            idle = sorted(n for n, b in self.world.boxes().items() if b.pool == pool and n not in busy)
+            idle = sorted(n for n, b in boxes.items() if b.pool == pool and n not in busy)
             self._warming.extend(self.recoverer.spares.warm(idle, rec, self.world.warm))
 
     def _recover(self, rec: LaunchRecord, keep: RunKeep, loaded: List[Tuple[LaunchRecord, RunKeep]],
